@@ -1,0 +1,1 @@
+"""Edges to other ecosystems: chat models, tools, checkpointers, durable ledgers."""

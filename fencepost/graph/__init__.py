@@ -1,0 +1,1 @@
+"""The LangGraph binding: state schema, nodes, routing, builder, run context, serializer."""

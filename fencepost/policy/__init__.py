@@ -1,0 +1,154 @@
+"""The application contract. Imports pydantic and the standard library only — never LangGraph."""
+
+from fencepost.policy.budget import (
+    BudgetAxis,
+    BudgetExhausted,
+    RuntimeBudget,
+    reason_for_axis,
+    reserve_step,
+    reserve_tool_call,
+)
+from fencepost.policy.deadline import (
+    Clock,
+    Deadline,
+    DeadlineExceeded,
+    FakeClock,
+    SystemClock,
+    stage_deadline,
+)
+from fencepost.policy.decision import (
+    AbstainProposal,
+    AgentDecision,
+    FinalProposal,
+    InvalidProposal,
+    ToolProposal,
+    parse_decision,
+)
+from fencepost.policy.decision_model import Decided, DecisionInput, DecisionModel, ToolBatch
+from fencepost.policy.error_codes import ErrorCode, ToolError, error_code_for, is_retryable
+from fencepost.policy.events import (
+    RuntimeEvent,
+    ToolFailed,
+    ToolSucceeded,
+    UnserializableResult,
+    reduce_tool_event,
+    reduce_tool_events,
+    serialize_tool_result,
+)
+from fencepost.policy.fingerprint import canonical_json, proposal_fingerprint
+from fencepost.policy.gates import (
+    DEFAULT_REPEAT_LIMIT,
+    HumanApprovalRequired,
+    NoProgressDetected,
+    ToolPolicyDenied,
+    ToolSemanticError,
+    authorize,
+    check_progress,
+    check_registered,
+    check_schema,
+    check_semantics,
+    gate_proposal,
+)
+from fencepost.policy.ledger import (
+    Balance,
+    InMemoryLedger,
+    Ledger,
+    LedgerConflict,
+    Reservation,
+    ReservationStatus,
+    UnknownAccount,
+    UnknownReservation,
+)
+from fencepost.policy.manifest import StepManifest
+from fencepost.policy.observation import AnswerPayload, Observation
+from fencepost.policy.phase import Phase, TerminationReason
+from fencepost.policy.receipt import Receipt, ReceiptStatus
+from fencepost.policy.registry import ToolRegistry, UnknownTool
+from fencepost.policy.state import AgentState
+from fencepost.policy.terminate import (
+    MissingCitation,
+    TerminalStateError,
+    UnsupportedCitation,
+    terminate,
+    validate_final_answer,
+)
+from fencepost.policy.tool import Effect, Principal, ToolContext, ToolSpec
+from fencepost.policy.verdict import Verdict, VerdictCode
+
+__all__ = [
+    "DEFAULT_REPEAT_LIMIT",
+    "AbstainProposal",
+    "AgentDecision",
+    "AgentState",
+    "AnswerPayload",
+    "Balance",
+    "BudgetAxis",
+    "BudgetExhausted",
+    "Clock",
+    "Decided",
+    "Deadline",
+    "DeadlineExceeded",
+    "DecisionInput",
+    "DecisionModel",
+    "Effect",
+    "ErrorCode",
+    "FakeClock",
+    "FinalProposal",
+    "HumanApprovalRequired",
+    "InMemoryLedger",
+    "InvalidProposal",
+    "Ledger",
+    "LedgerConflict",
+    "MissingCitation",
+    "NoProgressDetected",
+    "Observation",
+    "Phase",
+    "Principal",
+    "Receipt",
+    "ReceiptStatus",
+    "Reservation",
+    "ReservationStatus",
+    "RuntimeBudget",
+    "RuntimeEvent",
+    "StepManifest",
+    "SystemClock",
+    "TerminalStateError",
+    "TerminationReason",
+    "ToolBatch",
+    "ToolContext",
+    "ToolError",
+    "ToolFailed",
+    "ToolPolicyDenied",
+    "ToolProposal",
+    "ToolRegistry",
+    "ToolSemanticError",
+    "ToolSpec",
+    "ToolSucceeded",
+    "UnknownAccount",
+    "UnknownReservation",
+    "UnknownTool",
+    "UnserializableResult",
+    "UnsupportedCitation",
+    "Verdict",
+    "VerdictCode",
+    "authorize",
+    "canonical_json",
+    "check_progress",
+    "check_registered",
+    "check_schema",
+    "check_semantics",
+    "error_code_for",
+    "gate_proposal",
+    "is_retryable",
+    "parse_decision",
+    "proposal_fingerprint",
+    "reason_for_axis",
+    "reduce_tool_event",
+    "reduce_tool_events",
+    "reserve_step",
+    "reserve_tool_call",
+    "serialize_tool_result",
+    "stage_deadline",
+    "terminate",
+    "validate_final_answer",
+]

@@ -1,0 +1,190 @@
+"""Budgets: separate axes, reserved before the call, never refunded for an attempt."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import Field, Strict, model_validator
+
+from fencepost.policy._model import Frozen
+from fencepost.policy.phase import TerminationReason
+
+if TYPE_CHECKING:
+    from fencepost.policy.state import AgentState
+
+
+class BudgetAxis(StrEnum):
+    """One independently limited resource. Each axis is spent and checked on its own."""
+
+    STEPS = "steps"
+    TOOL_CALLS = "tool_calls"
+    TOKENS = "tokens"
+    COST = "cost"
+    MUTATIONS = "mutations"
+
+
+# Model-side axes end a run as a step-budget stop, tool-side axes as a tool-budget stop: the twelve
+# termination reasons are fixed, the axis that crossed its limit travels in the error.
+_REASON_FOR_AXIS = {
+    BudgetAxis.STEPS: TerminationReason.STEP_BUDGET_EXHAUSTED,
+    BudgetAxis.TOKENS: TerminationReason.STEP_BUDGET_EXHAUSTED,
+    BudgetAxis.TOOL_CALLS: TerminationReason.TOOL_BUDGET_EXHAUSTED,
+    BudgetAxis.COST: TerminationReason.TOOL_BUDGET_EXHAUSTED,
+    BudgetAxis.MUTATIONS: TerminationReason.TOOL_BUDGET_EXHAUSTED,
+}
+
+
+def reason_for_axis(axis: BudgetAxis) -> TerminationReason:
+    """The termination reason a run ends with when ``axis`` is exhausted."""
+    return _REASON_FOR_AXIS[axis]
+
+
+class BudgetExhausted(Exception):
+    """A reservation would cross a limit. Names the axis, the limit and what was asked for.
+
+    Example: ``BudgetExhausted(TerminationReason.TOOL_BUDGET_EXHAUSTED)`` is what
+    ``reserve_tool_call`` raises on a run with no tool calls left.
+    """
+
+    def __init__(
+        self,
+        reason: TerminationReason,
+        *,
+        axis: BudgetAxis | None = None,
+        limit: float | None = None,
+        requested: float | None = None,
+        account: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.axis = axis
+        self.limit = limit
+        self.requested = requested
+        self.account = account
+        where = f" on account {account!r}" if account else ""
+        detail = (
+            f": {axis.value} limit {limit:g} would be exceeded by a request for {requested:g}{where}"
+            if axis is not None and limit is not None and requested is not None
+            else ""
+        )
+        super().__init__(f"{reason.value}{detail}")
+
+
+NonNegativeInt = Annotated[int, Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+class RuntimeBudget(Frozen):
+    """What a run may still spend, per axis, and what it has spent.
+
+    ``None`` for an optional axis means the axis is not limited. Negative values are rejected at
+    construction. ``RuntimeBudget(steps_remaining=6, tool_calls_remaining=3)`` is the seed's shape.
+    """
+
+    steps_remaining: NonNegativeInt
+    """Model decisions the run may still make."""
+    tool_calls_remaining: NonNegativeInt
+    """Tool calls the run may still start."""
+    tokens_remaining: NonNegativeInt | None = None
+    """Model tokens the run may still consume (``None``: not limited)."""
+    cost_remaining: Annotated[NonNegativeFloat | None, Strict(False)] = None
+    """Cost units the run may still spend (``None``: not limited)."""
+    mutations_remaining: NonNegativeInt | None = None
+    """Write or external effects the run may still start (``None``: not limited)."""
+    steps_used: NonNegativeInt = 0
+    """Model decisions reserved so far (attempts, not successes)."""
+    tool_calls_used: NonNegativeInt = 0
+    """Tool calls reserved so far (attempts, not successes)."""
+    tokens_used: NonNegativeInt = 0
+    """Model tokens reported so far."""
+    cost_used: Annotated[NonNegativeFloat, Strict(False)] = 0.0
+    """Cost units spent so far."""
+    mutations_used: NonNegativeInt = 0
+    """Write or external effects reserved so far."""
+
+    @model_validator(mode="after")
+    def _no_nan_cost(self) -> RuntimeBudget:
+        for value in (self.cost_remaining, self.cost_used):
+            if value is not None and value != value:  # NaN never compares equal to itself
+                raise ValueError("cost must be a number")
+        return self
+
+    def remaining(self, axis: BudgetAxis) -> float | None:
+        """What is left on ``axis``; ``None`` when the axis is not limited."""
+        return {
+            BudgetAxis.STEPS: self.steps_remaining,
+            BudgetAxis.TOOL_CALLS: self.tool_calls_remaining,
+            BudgetAxis.TOKENS: self.tokens_remaining,
+            BudgetAxis.COST: self.cost_remaining,
+            BudgetAxis.MUTATIONS: self.mutations_remaining,
+        }[axis]
+
+    def used(self, axis: BudgetAxis) -> float:
+        """What has been spent on ``axis``."""
+        return {
+            BudgetAxis.STEPS: self.steps_used,
+            BudgetAxis.TOOL_CALLS: self.tool_calls_used,
+            BudgetAxis.TOKENS: self.tokens_used,
+            BudgetAxis.COST: self.cost_used,
+            BudgetAxis.MUTATIONS: self.mutations_used,
+        }[axis]
+
+    def limits(self) -> dict[str, float]:
+        """Each limited axis's total (used + remaining): the shape a :class:`Ledger` account takes."""
+        out: dict[str, float] = {}
+        for axis in BudgetAxis:
+            left = self.remaining(axis)
+            if left is not None:
+                out[axis.value] = self.used(axis) + left
+        return out
+
+    def spend(self, axis: BudgetAxis, amount: float = 1) -> RuntimeBudget:
+        """Reserve ``amount`` on ``axis`` or raise :class:`BudgetExhausted`; never goes negative."""
+        if amount < 0:
+            raise ValueError("a reservation cannot be negative")
+        left = self.remaining(axis)
+        if left is not None and amount > left:
+            raise BudgetExhausted(
+                reason_for_axis(axis), axis=axis, limit=self.used(axis) + left, requested=amount
+            )
+        name = axis.value
+        update: dict[str, float] = {f"{name}_used": self.used(axis) + amount}
+        if left is not None:
+            update[f"{name}_remaining"] = left - amount
+        return self.model_copy(update=update)
+
+    def check_before_step(self) -> None:
+        """Raise :class:`BudgetExhausted` if no model step could be reserved now."""
+        if self.steps_remaining <= 0:
+            raise BudgetExhausted(
+                TerminationReason.STEP_BUDGET_EXHAUSTED,
+                axis=BudgetAxis.STEPS,
+                limit=self.steps_used,
+                requested=1,
+            )
+        if self.tokens_remaining is not None and self.tokens_remaining <= 0:
+            raise BudgetExhausted(
+                TerminationReason.STEP_BUDGET_EXHAUSTED,
+                axis=BudgetAxis.TOKENS,
+                limit=self.tokens_used,
+                requested=1,
+            )
+
+
+def reserve_step(state: AgentState) -> AgentState:
+    """Reserve one model step before the model is called; raise if none is left."""
+    state.budget.check_before_step()
+    return state.model_copy(update={"budget": state.budget.spend(BudgetAxis.STEPS)})
+
+
+def reserve_tool_call(state: AgentState, *, mutation: bool = False, cost: float = 0) -> AgentState:
+    """Reserve one tool call (and a mutation for a write/external effect) before the call starts.
+
+    Nothing is refunded if the call then fails: a failed call still spent time and quota.
+    """
+    budget = state.budget.spend(BudgetAxis.TOOL_CALLS)
+    if mutation:
+        budget = budget.spend(BudgetAxis.MUTATIONS)
+    if cost:
+        budget = budget.spend(BudgetAxis.COST, cost)
+    return state.model_copy(update={"budget": budget})

@@ -1,0 +1,83 @@
+"""What a model may say: a tool proposal, a final answer, or an abstention. Nothing else."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+from pydantic import Field, JsonValue, TypeAdapter
+
+from fencepost.policy._model import Frozen
+from fencepost.policy.observation import AnswerPayload
+
+CALL_ID_MIN, CALL_ID_MAX = 8, 128
+TOOL_NAME_PATTERN = r"^[a-z][a-z0-9_]{1,63}$"
+
+
+class ToolProposal(Frozen):
+    """A model's request to call a tool. A proposal, never a command: every gate checks it first."""
+
+    kind: Literal["tool"] = "tool"
+    call_id: Annotated[str, Field(min_length=CALL_ID_MIN, max_length=CALL_ID_MAX)]
+    """The model's id for this call; results are joined to it, and it is the idempotency key."""
+    tool_name: Annotated[str, Field(pattern=TOOL_NAME_PATTERN)]
+    """The tool asked for. Looked up in the registry, never imported or ``getattr``-ed."""
+    arguments: dict[str, JsonValue]
+    """Untrusted arguments; the tool's strict schema decides what they mean."""
+
+
+class FinalProposal(Frozen):
+    """A model's final answer; its citations are checked against the observations."""
+
+    kind: Literal["final"] = "final"
+    answer: AnswerPayload
+
+
+class AbstainProposal(Frozen):
+    """A model declining to answer, with the reason it gives."""
+
+    kind: Literal["abstain"] = "abstain"
+    reason: Literal["insufficient_evidence", "needs_clarification"]
+
+
+AgentDecision = Annotated[
+    ToolProposal | FinalProposal | AbstainProposal,
+    Field(discriminator="kind"),
+]
+"""The decision union, discriminated on ``kind``."""
+
+_DECISION: TypeAdapter[ToolProposal | FinalProposal | AbstainProposal] = TypeAdapter(AgentDecision)
+
+
+class InvalidProposal(Exception):
+    """Model output that is not a valid decision. ``code`` says which rule; no input text is kept."""
+
+    def __init__(self, code: str = "malformed_decision") -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def parse_decision(raw: object) -> ToolProposal | FinalProposal | AbstainProposal:
+    """Parse untrusted model output (a mapping, or JSON text/bytes) into a decision.
+
+    Raises :class:`InvalidProposal` for anything else, and never any other exception.
+
+    >>> parse_decision({"kind": "abstain", "reason": "insufficient_evidence"}).kind
+    'abstain'
+    """
+    try:
+        if isinstance(raw, ToolProposal | FinalProposal | AbstainProposal):
+            return raw
+        if isinstance(raw, str | bytes | bytearray):
+            raw = json.loads(raw)
+        return _DECISION.validate_python(raw, strict=True)
+    except InvalidProposal:
+        raise
+    except RecursionError:
+        raise InvalidProposal("malformed_decision") from None
+    except Exception:
+        # Deliberately broad: the contract is "a decision or InvalidProposal" for any input.
+        raise InvalidProposal("malformed_decision") from None
+
+
+DecisionKind = Literal["tool", "final", "abstain", "invalid"]

@@ -1,0 +1,57 @@
+"""The port the loop asks for decisions, and what it hands over: data, never instructions."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Protocol, runtime_checkable
+
+from pydantic import Field, Strict
+
+from fencepost.policy._model import Frozen
+from fencepost.policy.budget import RuntimeBudget
+from fencepost.policy.deadline import Deadline
+from fencepost.policy.decision import AbstainProposal, FinalProposal, ToolProposal
+from fencepost.policy.observation import Observation
+
+
+class ToolBatch(Frozen):
+    """Several tool proposals made in one model turn: gated and reserved as a whole."""
+
+    kind: str = "batch"
+    calls: Annotated[tuple[ToolProposal, ...], Strict(False), Field(min_length=1)]
+
+
+class DecisionInput(Frozen):
+    """What a decision model sees: the question, observations as data, the catalog, the budget."""
+
+    run_id: str
+    question: str
+    observations: Annotated[tuple[Observation, ...], Strict(False)]
+    catalog: Annotated[tuple[dict[str, Any], ...], Strict(False)]
+    budget: RuntimeBudget
+    step: int
+
+
+Decision = ToolProposal | FinalProposal | AbstainProposal | ToolBatch
+
+
+class Decided(Frozen):
+    """A decision plus what it cost; adapters return this to report token usage."""
+
+    decision: ToolProposal | FinalProposal | AbstainProposal | ToolBatch
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    generated_call_ids: Annotated[tuple[str, ...], Strict(False)] = ()
+    """Call ids the adapter had to make up because the model's were missing or too short."""
+
+
+@runtime_checkable
+class DecisionModel(Protocol):
+    """Anything that turns a :class:`DecisionInput` into a decision before ``deadline``.
+
+    Raise :class:`~fencepost.policy.decision.InvalidProposal` for output that is not a decision;
+    any other exception is treated as a model failure and mapped to a safe code.
+    """
+
+    async def decide(self, input: DecisionInput, *, deadline: Deadline) -> Decision | Decided:
+        """Return the next decision."""
+        ...

@@ -1,0 +1,117 @@
+"""The fixed vocabulary of safe error codes, and the one mapping from exceptions to it.
+
+Nothing here ever reads an exception's message: a tool's or provider's text may hold secrets,
+stack traces or instructions, and none of that may reach the model, the trace or a checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """A safe, fixed error code. The only error detail a model or a trace ever sees."""
+
+    RATE_LIMITED = "rate_limited"
+    NOT_FOUND = "not_found"
+    INVALID_ARGUMENT = "invalid_argument"
+    TIMEOUT = "timeout"
+    PERMISSION_DENIED = "permission_denied"
+    UNAVAILABLE = "unavailable"
+    CONFLICT = "conflict"
+    CANCELLED = "cancelled"
+    EXECUTION_UNCERTAIN = "execution_uncertain"
+    UNSERIALIZABLE_RESULT = "unserializable_result"
+    INTERNAL_ERROR = "internal_error"
+
+
+_RETRYABLE = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE})
+
+
+def is_retryable(code: ErrorCode) -> bool:
+    """Whether trying the same call again later may succeed."""
+    return code in _RETRYABLE
+
+
+class ToolError(Exception):
+    """Raise from a tool to report a specific safe code.
+
+    Example: ``raise ToolError(ErrorCode.NOT_FOUND)``. The message is never shown to the model.
+    """
+
+    def __init__(self, code: ErrorCode, *, retryable: bool | None = None) -> None:
+        super().__init__(code.value)
+        self.code = code
+        self.retryable = is_retryable(code) if retryable is None else retryable
+
+
+_BY_STATUS = {
+    400: ErrorCode.INVALID_ARGUMENT,
+    401: ErrorCode.PERMISSION_DENIED,
+    403: ErrorCode.PERMISSION_DENIED,
+    404: ErrorCode.NOT_FOUND,
+    408: ErrorCode.TIMEOUT,
+    409: ErrorCode.CONFLICT,
+    422: ErrorCode.INVALID_ARGUMENT,
+    429: ErrorCode.RATE_LIMITED,
+    504: ErrorCode.TIMEOUT,
+}
+
+# Checked in order; the first class the exception is an instance of wins.
+_BY_TYPE: tuple[tuple[type[BaseException], ErrorCode], ...] = (
+    (ToolError, ErrorCode.INTERNAL_ERROR),  # handled before this table; listed for completeness
+    (asyncio.CancelledError, ErrorCode.CANCELLED),
+    (TimeoutError, ErrorCode.TIMEOUT),
+    (PermissionError, ErrorCode.PERMISSION_DENIED),
+    (FileNotFoundError, ErrorCode.NOT_FOUND),
+    (LookupError, ErrorCode.NOT_FOUND),
+    (ConnectionError, ErrorCode.UNAVAILABLE),
+    (ValueError, ErrorCode.INVALID_ARGUMENT),
+    (TypeError, ErrorCode.INVALID_ARGUMENT),
+)
+
+_BY_NAME = (
+    ("ratelimit", ErrorCode.RATE_LIMITED),
+    ("timeout", ErrorCode.TIMEOUT),
+    ("timedout", ErrorCode.TIMEOUT),
+    ("notfound", ErrorCode.NOT_FOUND),
+    ("permission", ErrorCode.PERMISSION_DENIED),
+    ("authentication", ErrorCode.PERMISSION_DENIED),
+    ("unavailable", ErrorCode.UNAVAILABLE),
+    ("connection", ErrorCode.UNAVAILABLE),
+)
+
+
+def _status_of(exc: BaseException) -> int | None:
+    for attr in ("status_code", "status", "http_status"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    response = getattr(exc, "response", None)
+    value = getattr(response, "status_code", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def error_code_for(exc: BaseException) -> ErrorCode:
+    """Map any exception to a safe code, looking at its type, HTTP status and class names only.
+
+    >>> error_code_for(TimeoutError("db password=hunter2"))
+    <ErrorCode.TIMEOUT: 'timeout'>
+    """
+    if isinstance(exc, ToolError):
+        return exc.code
+    status = _status_of(exc)
+    if status is not None:
+        if status in _BY_STATUS:
+            return _BY_STATUS[status]
+        if 500 <= status < 600:
+            return ErrorCode.UNAVAILABLE
+    for name in (cls.__name__.lower() for cls in type(exc).__mro__):
+        for needle, code in _BY_NAME:
+            if needle in name:
+                return code
+    for cls, code in _BY_TYPE[1:]:
+        if isinstance(exc, cls):
+            return code
+    return ErrorCode.INTERNAL_ERROR

@@ -1,0 +1,83 @@
+"""Tool events and the reducer that turns them into observations."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, JsonValue, Strict, TypeAdapter
+
+from fencepost.policy._model import Frozen
+from fencepost.policy.error_codes import ErrorCode
+from fencepost.policy.observation import Observation
+from fencepost.policy.phase import Phase
+from fencepost.policy.state import AgentState
+
+
+class ToolSucceeded(Frozen):
+    """A tool returned; ``result`` is its JSON-serialized value."""
+
+    call_id: str
+    tool_name: str
+    result: JsonValue = None
+
+
+class ToolFailed(Frozen):
+    """A tool failed; only the safe code and whether a retry may help are kept."""
+
+    call_id: str
+    tool_name: str
+    error_code: Annotated[ErrorCode, Strict(False)]
+    retryable: bool = False
+
+
+RuntimeEvent = ToolSucceeded | ToolFailed
+
+_JSON: TypeAdapter[JsonValue] = TypeAdapter(JsonValue)
+
+
+class UnserializableResult(TypeError):
+    """A tool returned something that is not JSON data."""
+
+
+def serialize_tool_result(result: Any) -> JsonValue:
+    """A tool's return value as JSON data: pydantic models are dumped, everything else checked."""
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json")
+    try:
+        return _JSON.validate_python(result, strict=True)
+    except Exception:
+        raise UnserializableResult(type(result).__name__) from None
+
+
+def observation_for(event: RuntimeEvent, sequence: int) -> Observation:
+    """The observation an event becomes at position ``sequence``."""
+    if isinstance(event, ToolSucceeded):
+        return Observation(
+            sequence=sequence,
+            call_id=event.call_id,
+            tool_name=event.tool_name,
+            kind="tool_result",
+            result=event.result,
+        )
+    return Observation(
+        sequence=sequence,
+        call_id=event.call_id,
+        tool_name=event.tool_name,
+        kind="tool_error",
+        error_code=event.error_code,
+        retryable=event.retryable,
+    )
+
+
+def reduce_tool_events(state: AgentState, events: tuple[RuntimeEvent, ...]) -> AgentState:
+    """Append one observation per event, numbered after the existing ones, in event order."""
+    start = len(state.observations)
+    added = tuple(observation_for(event, start + i) for i, event in enumerate(events))
+    return state.model_copy(
+        update={"phase": Phase.OBSERVE, "observations": state.observations + added}
+    )
+
+
+def reduce_tool_event(state: AgentState, event: RuntimeEvent) -> AgentState:
+    """Append the observation for one event (the seed's reducer)."""
+    return reduce_tool_events(state, (event,))

@@ -1,0 +1,183 @@
+"""The gates a proposal passes before it may run, each its own function with a typed failure.
+
+Order: registry -> strict schema -> semantic rules -> no-progress -> authorization and effect.
+Budget reservation comes last and lives in :mod:`fencepost.policy.budget`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import date, datetime
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from fencepost.policy.decision import ToolProposal
+from fencepost.policy.fingerprint import proposal_fingerprint
+from fencepost.policy.registry import ToolRegistry, UnknownTool
+from fencepost.policy.state import AgentState
+from fencepost.policy.tool import Effect, Principal, ToolSpec
+from fencepost.policy.verdict import Verdict, VerdictCode
+
+DEFAULT_REPEAT_LIMIT = 2
+
+
+class ToolSemanticError(ValueError):
+    """Arguments that pass the schema but make no sense (empty-like query, reversed range...)."""
+
+    code = "invalid_tool_semantics"
+
+    def __init__(self, rule: str) -> None:
+        super().__init__(rule)
+        self.rule = rule
+
+
+class NoProgressDetected(Exception):
+    """The same tool with the same canonical arguments was proposed past the repeat limit."""
+
+    code = "no_progress_detected"
+
+    def __init__(self, fingerprint: str) -> None:
+        super().__init__(fingerprint)
+        self.fingerprint = fingerprint
+
+
+class ToolPolicyDenied(Exception):
+    """The trusted principal lacks the tool's required capability."""
+
+    code = "tool_policy_denied"
+
+
+class HumanApprovalRequired(Exception):
+    """A write or external effect needs a human's approval before it may run."""
+
+    code = "human_approval_required"
+
+
+def check_registered(registry: ToolRegistry, proposal: ToolProposal) -> ToolSpec:
+    """Gate 1: the tool must be in the allowlist. Raises :class:`UnknownTool`."""
+    return registry.get(proposal.tool_name)
+
+
+def check_schema(spec: ToolSpec, proposal: ToolProposal) -> BaseModel:
+    """Gate 2: strict schema, no coercion, no extra keys. Raises pydantic ``ValidationError``."""
+    return spec.args_model.model_validate(proposal.arguments, strict=True)
+
+
+_EMPTY_LIKE = frozenset({"", "*", "?", "null", "none", "undefined", "n/a", "na", "nil", "''", '""'})
+_QUERY_FIELDS = ("query", "q", "search", "search_query", "text", "keywords")
+_RANGE_PAIRS = (
+    ("start", "end"),
+    ("since", "until"),
+    ("from_date", "to_date"),
+    ("start_date", "end_date"),
+    ("start_time", "end_time"),
+    ("date_from", "date_to"),
+    ("after", "before"),
+)
+
+
+def _is_empty_like(value: str) -> bool:
+    return value.strip().strip("'\"").strip().lower() in _EMPTY_LIKE
+
+
+def check_semantics(spec: ToolSpec, args: BaseModel, state: AgentState) -> None:
+    """Gate 3: rules a schema cannot say. Raises :class:`ToolSemanticError`.
+
+    Built in: a query-like field (``query``, ``q``, ``search``...) must not be empty-like
+    (``""``, ``"*"``, ``"null"``...), and a date/time range (``start``/``end``, ``since``/``until``
+    ...) must not be reversed. Then the tool's own ``semantic_validator``, if any.
+    """
+    values: Mapping[str, Any] = args.__dict__
+    for name in _QUERY_FIELDS:
+        value = values.get(name)
+        if isinstance(value, str) and _is_empty_like(value):
+            raise ToolSemanticError(f"empty_{name}")
+    for low, high in _RANGE_PAIRS:
+        a, b = values.get(low), values.get(high)
+        comparable = (isinstance(a, datetime) and isinstance(b, datetime)) or (
+            isinstance(a, date)
+            and isinstance(b, date)
+            and not isinstance(a, datetime)
+            and not isinstance(b, datetime)
+        )
+        if comparable and a > b:  # type: ignore[operator]
+            raise ToolSemanticError(f"reversed_range_{low}_{high}")
+    if spec.semantic_validator is not None:
+        spec.semantic_validator(args, state)
+
+
+def check_progress(
+    spec: ToolSpec,
+    proposal: ToolProposal,
+    state: AgentState,
+    *,
+    repeat_limit: int = DEFAULT_REPEAT_LIMIT,
+) -> str:
+    """Gate 4: refuse a repeat past ``repeat_limit`` unless the tool says it is progress.
+
+    O(1): counts per fingerprint are kept in ``state.fingerprints``, not re-scanned from history.
+    Returns the proposal's fingerprint. Raises :class:`NoProgressDetected`.
+    """
+    fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
+    if state.fingerprints.get(fingerprint, 0) >= repeat_limit and not (
+        spec.progress_predicate is not None and spec.progress_predicate(proposal, state)
+    ):
+        raise NoProgressDetected(fingerprint)
+    return fingerprint
+
+
+def authorize(spec: ToolSpec, principal: Principal, *, approved: bool = False) -> None:
+    """Gate 5: the principal holds the capability, and a write/external effect is approved.
+
+    Raises :class:`ToolPolicyDenied` or :class:`HumanApprovalRequired`.
+    """
+    if not principal.has(spec.required_capability):
+        raise ToolPolicyDenied(spec.name)
+    if spec.effect is not Effect.READ and not approved:
+        raise HumanApprovalRequired(spec.name)
+
+
+def gate_proposal(
+    registry: ToolRegistry,
+    proposal: ToolProposal,
+    state: AgentState,
+    principal: Principal,
+    *,
+    repeat_limit: int = DEFAULT_REPEAT_LIMIT,
+    approved: bool = False,
+) -> Verdict:
+    """Run gates 1-5 in order and return the verdict as data (budget is reserved separately)."""
+    fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
+
+    def verdict(code: VerdictCode) -> Verdict:
+        return Verdict(
+            call_id=proposal.call_id,
+            tool_name=proposal.tool_name,
+            fingerprint=fingerprint,
+            code=code,
+        )
+
+    try:
+        spec = check_registered(registry, proposal)
+    except UnknownTool:
+        return verdict(VerdictCode.UNKNOWN_TOOL)
+    try:
+        args = check_schema(spec, proposal)
+    except ValidationError:
+        return verdict(VerdictCode.SCHEMA_VIOLATION)
+    try:
+        check_semantics(spec, args, state)
+    except ToolSemanticError:
+        return verdict(VerdictCode.SEMANTIC_VIOLATION)
+    try:
+        check_progress(spec, proposal, state, repeat_limit=repeat_limit)
+    except NoProgressDetected:
+        return verdict(VerdictCode.NO_PROGRESS)
+    try:
+        authorize(spec, principal, approved=approved)
+    except ToolPolicyDenied:
+        return verdict(VerdictCode.CAPABILITY_DENIED)
+    except HumanApprovalRequired:
+        return verdict(VerdictCode.APPROVAL_REQUIRED)
+    return verdict(VerdictCode.ALLOWED)

@@ -1,0 +1,45 @@
+"""The per-step trace manifest: what happened, with no prompt, argument or result text."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, Strict
+
+from fencepost.policy._model import Frozen
+from fencepost.policy.phase import Phase
+from fencepost.policy.tool import Effect
+from fencepost.policy.verdict import VerdictCode
+
+Outcome = Literal[
+    "decided",
+    "allowed",
+    "denied",
+    "success",
+    "error",
+    "uncertain",
+    "approval_pending",
+    "terminal",
+]
+
+
+class StepManifest(Frozen):
+    """One node's record for the trace and for eval. Safe to log: it holds no payload text."""
+
+    run_id: str
+    step: Annotated[int, Field(ge=0)]
+    """The model step this record belongs to (1-based; 0 before the first decision)."""
+    phase: Annotated[Phase, Strict(False)]
+    decision_kind: Literal["tool", "final", "abstain", "invalid"] | None = None
+    tool_name: str | None = None
+    effect: Annotated[Effect | None, Strict(False)] = None
+    verdict: Annotated[VerdictCode | None, Strict(False)] = None
+    steps_remaining: int
+    tool_calls_remaining: int
+    tokens_used: int = 0
+    deadline_remaining_ms: int | None = None
+    outcome: Outcome
+    code: str | None = None
+    """A safe code: the error code, verdict code or termination reason for this record."""
+    input_tokens: int | None = None
+    output_tokens: int | None = None

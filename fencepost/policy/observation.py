@@ -1,0 +1,60 @@
+"""What the loop has seen: tool results and tool errors, joined to proposals by call id."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, JsonValue, Strict, field_validator
+
+from fencepost.policy._model import Frozen
+from fencepost.policy.error_codes import ErrorCode
+
+
+class Observation(Frozen):
+    """One tool outcome, as untrusted data.
+
+    ``result`` is whatever the tool returned, serialized to JSON; ``error_code`` is the only
+    detail of a failure. Observations are ordered by ``sequence`` and answer ``call_id``.
+    """
+
+    sequence: Annotated[int, Field(ge=0)]
+    """Position in the run's observation list (0-based, gap-free)."""
+    call_id: str
+    """The proposal this observation answers; results are joined by it, never by position."""
+    tool_name: str
+    """The registered tool that produced it."""
+    kind: Literal["tool_result", "tool_error"]
+    """Whether the tool returned or failed."""
+    result: JsonValue = None
+    """The tool's JSON result (``tool_result`` only). Untrusted: data, never instructions."""
+    error_code: Annotated[ErrorCode | None, Strict(False)] = None
+    """The safe failure code (``tool_error`` only)."""
+    retryable: bool = False
+    """Whether trying again later may succeed (``tool_error`` only)."""
+
+    @property
+    def evidence_id(self) -> str:
+        """The id a final answer cites to point at this observation: its call id."""
+        return self.call_id
+
+    @property
+    def is_evidence(self) -> bool:
+        """Only results are evidence; an error proves nothing about the question."""
+        return self.kind == "tool_result"
+
+
+class AnswerPayload(Frozen):
+    """A final answer and the observation evidence it rests on.
+
+    ``citations`` name observations by their evidence id (the call id of a tool result).
+    """
+
+    text: Annotated[str, Field(min_length=1, max_length=20_000)]
+    """The answer shown to the user."""
+    citations: Annotated[tuple[str, ...], Strict(False)] = ()
+    """Evidence ids (call ids of successful tool results) that support the answer."""
+
+    @field_validator("citations")
+    @classmethod
+    def _unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(value))

@@ -1,0 +1,34 @@
+"""What happened to each call, as a fact: the executor's receipt per call id."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import Field, Strict
+
+from fencepost.policy._model import Frozen
+from fencepost.policy.error_codes import ErrorCode
+
+
+class ReceiptStatus(StrEnum):
+    """The reportable outcome of one call."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    DENIED = "denied"
+    ACCEPTED_PENDING = "accepted_pending"
+    """The tool accepted the work (a task id) but it is not done yet."""
+    UNCERTAIN = "uncertain"
+    """A crash left it unknown whether the effect happened; it is not guessed."""
+
+
+class Receipt(Frozen):
+    """The executor's record of one call id: status, safe error code, and attempts made."""
+
+    call_id: str
+    tool_name: str
+    status: Annotated[ReceiptStatus, Strict(False)]
+    error_code: Annotated[ErrorCode | None, Strict(False)] = None
+    attempts: Annotated[int, Field(ge=0)] = 1
+    """How many times the call was started (each one reserved and charged)."""

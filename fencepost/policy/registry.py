@@ -1,0 +1,74 @@
+"""The allowlist: the only tools a run can ever execute."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from fencepost.policy.tool import ToolSpec
+
+
+class UnknownTool(Exception):
+    """The model asked for a tool that is not registered."""
+
+    code = "unknown_tool"
+
+    def __init__(self, name: str) -> None:
+        # The name is model output: keep its length bounded in the message.
+        super().__init__(f"unknown tool {name[:64]!r}")
+        self.name = name[:64]
+
+
+class ToolRegistry:
+    """An immutable allowlist of :class:`ToolSpec`, looked up by exact name.
+
+    Names from the model are only ever dictionary keys here: never imported, ``getattr``-ed or
+    evaluated. Duplicate names are rejected at construction.
+
+    >>> ToolRegistry([]).names()
+    ()
+    """
+
+    __slots__ = ("_by_name", "_catalog")
+
+    def __init__(self, specs: Iterable[ToolSpec]) -> None:
+        by_name: dict[str, ToolSpec] = {}
+        for spec in specs:
+            if not isinstance(spec, ToolSpec):
+                raise TypeError(f"registry entries must be ToolSpec, got {type(spec).__name__}")
+            if spec.name in by_name:
+                raise ValueError(f"duplicate tool name {spec.name!r}")
+            by_name[spec.name] = spec
+        self._by_name = by_name
+        self._catalog = tuple(
+            {
+                "name": spec.name,
+                "description": spec.description,
+                "parameters": spec.args_model.model_json_schema(),
+            }
+            for spec in by_name.values()
+        )
+
+    def get(self, name: str) -> ToolSpec:
+        """The spec registered under ``name``; raises :class:`UnknownTool` otherwise."""
+        spec = self._by_name.get(name) if isinstance(name, str) else None
+        if spec is None:
+            raise UnknownTool(str(name))
+        return spec
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._by_name
+
+    def __iter__(self) -> Iterator[ToolSpec]:
+        return iter(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def names(self) -> tuple[str, ...]:
+        """Registered names, in registration order."""
+        return tuple(self._by_name)
+
+    def model_catalog(self) -> list[dict[str, Any]]:
+        """What the model is shown: name, description and JSON schema of each tool, nothing else."""
+        return [dict(entry) for entry in self._catalog]

@@ -1,0 +1,56 @@
+"""The run's state: a frozen, strict model that LangGraph checkpoints and re-validates on load."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, Strict
+
+from fencepost.policy._model import Frozen
+from fencepost.policy.budget import RuntimeBudget
+from fencepost.policy.decision import ToolProposal
+from fencepost.policy.manifest import StepManifest
+from fencepost.policy.observation import AnswerPayload, Observation
+from fencepost.policy.phase import Phase, TerminationReason
+from fencepost.policy.receipt import Receipt
+from fencepost.policy.verdict import Verdict
+
+
+class AgentState(Frozen):
+    """Everything the loop knows about a run, and nothing it should not (no chain of thought).
+
+    Terminal states are absorbing: only :func:`~fencepost.policy.terminate.terminate` makes one,
+    and it refuses to make one twice.
+    """
+
+    run_id: Annotated[str, Field(min_length=1, max_length=128)]
+    tenant_id: str | None = None
+    """Bound from the trusted context when the run starts; never from the model."""
+    principal_id: str | None = None
+    """Bound from the trusted context when the run starts; resumes must present the same one."""
+    question: str
+    phase: Annotated[Phase, Strict(False)] = Phase.OBSERVE
+    budget: RuntimeBudget
+    step: Annotated[int, Field(ge=0)] = 0
+    """Model steps started so far (each one reserved before the model was called)."""
+    observations: Annotated[tuple[Observation, ...], Strict(False)] = ()
+    pending: Annotated[tuple[ToolProposal, ...], Strict(False)] = ()
+    """Proposals decided but not yet executed (a batch when several)."""
+    verdicts: Annotated[tuple[Verdict, ...], Strict(False)] = ()
+    """Gate verdicts for ``pending``, by call id."""
+    receipts: Annotated[tuple[Receipt, ...], Strict(False)] = ()
+    fingerprints: dict[str, int] = Field(default_factory=dict)
+    """How often each (tool, canonical args) fingerprint has been allowed: O(1) repeat checks."""
+    final_answer: AnswerPayload | None = None
+    termination: Annotated[TerminationReason | None, Strict(False)] = None
+    last_error_code: str | None = None
+    manifests: Annotated[tuple[StepManifest, ...], Strict(False)] = ()
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the run has ended; a terminal state refuses further transitions."""
+        return self.phase is Phase.TERMINAL
+
+    def evidence_ids(self) -> frozenset[str]:
+        """Ids a final answer may cite: call ids of successful tool results."""
+        return frozenset(o.evidence_id for o in self.observations if o.is_evidence)

@@ -1,0 +1,135 @@
+"""Tools as trusted configuration: what a tool does, what it may touch, and who may call it."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+
+from fencepost.policy._model import Frozen
+from fencepost.policy.deadline import Deadline
+from fencepost.policy.decision import TOOL_NAME_PATTERN
+
+if TYPE_CHECKING:
+    from fencepost.policy.decision import ToolProposal
+    from fencepost.policy.state import AgentState
+
+
+class Effect(StrEnum):
+    """What a tool does to the world. Only ``READ`` runs without an approval."""
+
+    READ = "read"
+    WRITE = "write"
+    EXTERNAL = "external"
+
+
+class Principal(Frozen):
+    """The caller a run acts for, and the capabilities it holds. Trusted: never from the model."""
+
+    id: Annotated[str, Field(min_length=1)]
+    capabilities: Annotated[frozenset[str], Strict(False)] = frozenset()
+
+    def has(self, capability: str) -> bool:
+        """Whether the principal holds ``capability``."""
+        return capability in self.capabilities
+
+
+class ToolContext(Frozen):
+    """What a tool may know about its run. Built by the runtime from trusted context only."""
+
+    run_id: str
+    tenant_id: str
+    principal_id: str
+    deadline: Deadline
+    """This call's stage deadline: the smaller of the run's remainder and the tool's timeout."""
+    idempotency_key: str = ""
+    """The call id: the same on every retry and resume of this call, so a write happens once."""
+    attempt: Annotated[int, Field(ge=1)] = 1
+    """1 for the first attempt; higher when a crash forced a retry of the same call id."""
+
+
+ToolExecute = Callable[[Any, ToolContext], Any]
+"""``execute(args, context)``: sync or async; returns a JSON-able value or a pydantic model."""
+SemanticValidator = Callable[[Any, "AgentState"], None]
+"""Raises :class:`~fencepost.policy.gates.ToolSemanticError` when valid-looking args make no sense."""
+ProgressPredicate = Callable[["ToolProposal", "AgentState"], bool]
+"""True when repeating this exact call is still progress (polling a durable task, say)."""
+
+
+def _forbids_extra(model: type[BaseModel], seen: set[type[BaseModel]]) -> str | None:
+    """The dotted path of the first model in ``model``'s tree that allows extra keys, if any."""
+    if model in seen:
+        return None
+    seen.add(model)
+    if model.model_config.get("extra") != "forbid":
+        return model.__name__
+    for name, field in model.model_fields.items():
+        stack: list[Any] = [field.annotation]
+        while stack:
+            tp = stack.pop()
+            if isinstance(tp, type) and issubclass(tp, BaseModel):
+                bad = _forbids_extra(tp, seen)
+                if bad:
+                    return f"{model.__name__}.{name}->{bad}"
+            elif get_origin(tp) is not None or isinstance(tp, types.UnionType):
+                stack.extend(get_args(tp))
+    return None
+
+
+class ToolSpec(BaseModel):
+    """A registered tool: its schema, effect, required capability, timeout and body.
+
+    ``effect`` and ``required_capability`` come from trusted configuration; the description only
+    helps the model choose. The args model must forbid extra keys all the way down.
+
+    Example::
+
+        class SearchArgs(BaseModel):
+            model_config = ConfigDict(extra="forbid", strict=True)
+            query: str
+
+        search = ToolSpec(
+            name="search_logs", description="Search logs.", args_model=SearchArgs,
+            effect=Effect.READ, required_capability="logs:read", timeout_seconds=5,
+            execute=lambda args, ctx: {"hits": []},
+        )
+    """
+
+    model_config = ConfigDict(
+        frozen=True, strict=True, extra="forbid", arbitrary_types_allowed=True
+    )
+
+    name: Annotated[str, Field(pattern=TOOL_NAME_PATTERN)]
+    description: Annotated[str, Field(min_length=1, max_length=4_000)]
+    args_model: type[BaseModel]
+    effect: Effect
+    required_capability: Annotated[str, Field(min_length=1)]
+    timeout_seconds: Annotated[float, Field(gt=0, le=86_400), Strict(False)]
+    execute: ToolExecute
+    semantic_validator: SemanticValidator | None = None
+    progress_predicate: ProgressPredicate | None = None
+    idempotent: bool | None = None
+    """Whether a retry after a crash is safe. Defaults to True for reads, False otherwise; a write
+    that honours ``ToolContext.idempotency_key`` may set True."""
+
+    @field_validator("args_model")
+    @classmethod
+    def _strict_args(cls, model: type[BaseModel]) -> type[BaseModel]:
+        bad = _forbids_extra(model, set())
+        if bad:
+            raise ValueError(f"args_model must forbid extra keys (extra='forbid'); {bad} does not")
+        return model
+
+    @model_validator(mode="after")
+    def _default_idempotent(self) -> ToolSpec:
+        if self.idempotent is None:
+            object.__setattr__(self, "idempotent", self.effect is Effect.READ)
+        return self
+
+    @property
+    def retry_safe(self) -> bool:
+        """Whether a call of this tool may be run again after an attempt of unknown outcome."""
+        return bool(self.idempotent)

@@ -1,0 +1,61 @@
+"""The gate's verdict on one proposal: allowed, or denied with a code. A result, not an exception."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import Strict
+
+from fencepost.policy._model import Frozen
+from fencepost.policy.phase import TerminationReason
+
+
+class VerdictCode(StrEnum):
+    """Why a proposal was allowed or denied."""
+
+    ALLOWED = "allowed"
+    UNKNOWN_TOOL = "unknown_tool"
+    SCHEMA_VIOLATION = "schema_violation"
+    SEMANTIC_VIOLATION = "semantic_violation"
+    NO_PROGRESS = "no_progress"
+    CAPABILITY_DENIED = "capability_denied"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_PENDING = "approval_pending"
+    REJECTED = "rejected"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+
+
+_REASON = {
+    VerdictCode.UNKNOWN_TOOL: TerminationReason.INVALID_PROPOSAL,
+    VerdictCode.SCHEMA_VIOLATION: TerminationReason.INVALID_PROPOSAL,
+    VerdictCode.SEMANTIC_VIOLATION: TerminationReason.INVALID_PROPOSAL,
+    VerdictCode.NO_PROGRESS: TerminationReason.NO_PROGRESS,
+    VerdictCode.CAPABILITY_DENIED: TerminationReason.POLICY_DENIED,
+    VerdictCode.APPROVAL_REQUIRED: TerminationReason.APPROVAL_REQUIRED,
+    VerdictCode.REJECTED: TerminationReason.POLICY_DENIED,
+}
+
+
+class Verdict(Frozen):
+    """The recorded outcome of gating one proposal.
+
+    The executor runs a call only when a verdict for the same ``call_id`` and the same
+    ``fingerprint`` says ``allowed`` — so nothing but the gate can let a call through.
+    """
+
+    call_id: str
+    tool_name: str
+    fingerprint: str
+    """sha256 of tool name and canonical arguments (see :func:`proposal_fingerprint`)."""
+    code: Annotated[VerdictCode, Strict(False)]
+
+    @property
+    def allowed(self) -> bool:
+        """Whether the executor may run this call."""
+        return self.code is VerdictCode.ALLOWED
+
+    @property
+    def termination(self) -> TerminationReason | None:
+        """The reason a run ends with when this verdict denies, if it ends the run."""
+        return _REASON.get(self.code)
