@@ -1,0 +1,37 @@
+"""Shared fixtures. Postgres tests read FENCEPOST_TEST_POSTGRES_DSN; .ci/run sets it."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+POSTGRES_DSN_ENV = "FENCEPOST_TEST_POSTGRES_DSN"
+
+
+@pytest.fixture
+def postgres_dsn() -> str:
+    """The test server's DSN; skips with the reason when the variable is not set.
+
+    When the variable IS set (as in CI) an unreachable server fails the test loudly instead.
+    """
+    dsn = os.environ.get(POSTGRES_DSN_ENV)
+    if not dsn:
+        pytest.skip(f"{POSTGRES_DSN_ENV} is not set: Postgres tests need a real server")
+    return dsn
+
+
+@pytest.fixture
+def postgres_schema(postgres_dsn: str) -> Iterator[str]:
+    """A DSN whose search_path is a fresh schema, dropped afterwards, so tests never collide."""
+    import psycopg
+
+    schema = f"fp_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in postgres_dsn else "?"
+    yield f"{postgres_dsn}{sep}options=-csearch_path%3D{schema}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
