@@ -1,1 +1,22 @@
 """The LangGraph binding: state schema, nodes, routing, builder, run context, serializer."""
+
+from fencepost.graph.builder import GraphConfigError, build_agent_graph
+from fencepost.graph.cancel import acancel, cancel
+from fencepost.graph.context import RunContext
+from fencepost.graph.serde import fencepost_serializer, serializer_allowlist
+from fencepost.graph.state import GraphState, InputState, StartRequest, run_output, start
+
+__all__ = [
+    "GraphConfigError",
+    "GraphState",
+    "InputState",
+    "RunContext",
+    "StartRequest",
+    "acancel",
+    "build_agent_graph",
+    "cancel",
+    "fencepost_serializer",
+    "run_output",
+    "serializer_allowlist",
+    "start",
+]

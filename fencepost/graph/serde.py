@@ -25,6 +25,7 @@ _CHECKPOINTED: tuple[type[Any], ...] = (
     policy.ToolBatch,
     policy.Verdict,
     policy.Receipt,
+    policy.StopRequest,
     policy.StepManifest,
     policy.Deadline,
     policy.Phase,

@@ -62,9 +62,9 @@ from fencepost.policy.ledger import (
 from fencepost.policy.manifest import StepManifest
 from fencepost.policy.observation import AnswerPayload, Observation
 from fencepost.policy.phase import Phase, TerminationReason
-from fencepost.policy.receipt import Receipt, ReceiptStatus
+from fencepost.policy.receipt import Accepted, Receipt, ReceiptStatus
 from fencepost.policy.registry import ToolRegistry, UnknownTool
-from fencepost.policy.state import AgentState
+from fencepost.policy.state import AgentState, StopRequest
 from fencepost.policy.terminate import (
     MissingCitation,
     TerminalStateError,
@@ -75,9 +75,13 @@ from fencepost.policy.terminate import (
 from fencepost.policy.tool import Effect, Principal, ToolContext, ToolSpec
 from fencepost.policy.verdict import Verdict, VerdictCode
 
+# ToolSpec's callable fields name AgentState and ToolProposal; resolve them once both exist.
+ToolSpec.model_rebuild(_types_namespace={"AgentState": AgentState, "ToolProposal": ToolProposal})
+
 __all__ = [
     "DEFAULT_REPEAT_LIMIT",
     "AbstainProposal",
+    "Accepted",
     "AgentDecision",
     "AgentState",
     "AnswerPayload",
@@ -111,6 +115,7 @@ __all__ = [
     "RuntimeBudget",
     "RuntimeEvent",
     "StepManifest",
+    "StopRequest",
     "SystemClock",
     "TerminalStateError",
     "TerminationReason",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated
 
@@ -140,8 +141,13 @@ class RuntimeBudget(Frozen):
 
     def spend(self, axis: BudgetAxis, amount: float = 1) -> RuntimeBudget:
         """Reserve ``amount`` on ``axis`` or raise :class:`BudgetExhausted`; never goes negative."""
-        if amount < 0:
-            raise ValueError("a reservation cannot be negative")
+        # Written so NaN fails too; ``model_copy`` skips validation, so nothing later would catch it.
+        if not 0 <= amount < math.inf:
+            raise ValueError("a reservation must be a finite, non-negative number")
+        if axis is not BudgetAxis.COST:
+            if not float(amount).is_integer():
+                raise ValueError(f"{axis.value} are counted in whole units")
+            amount = int(amount)
         left = self.remaining(axis)
         if left is not None and amount > left:
             raise BudgetExhausted(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
 
-from pydantic import field_validator
+from pydantic import Strict, field_validator
 
 from fencepost.policy._model import Frozen
 
@@ -59,8 +59,8 @@ class Deadline(Frozen):
         deadline.require_remaining(clock=SystemClock())  # raises DeadlineExceeded once past
     """
 
-    at: datetime
-    """The instant, in UTC."""
+    at: Annotated[datetime, Strict(False)]
+    """The instant, in UTC. Not strict, so the ISO text of a JSON dump validates back."""
 
     @field_validator("at")
     @classmethod

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import Field, JsonValue, TypeAdapter
+from pydantic import Field, JsonValue, TypeAdapter, field_validator
 
 from fencepost.policy._model import Frozen
+from fencepost.policy.fingerprint import canonical_json
 from fencepost.policy.observation import AnswerPayload
 
 CALL_ID_MIN, CALL_ID_MAX = 8, 128
@@ -24,6 +25,17 @@ class ToolProposal(Frozen):
     """The tool asked for. Looked up in the registry, never imported or ``getattr``-ed."""
     arguments: dict[str, JsonValue]
     """Untrusted arguments; the tool's strict schema decides what they mean."""
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_numbers(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        # json.loads accepts NaN/Infinity, JSON does not: such a proposal could never be
+        # fingerprinted, so the gate would crash instead of returning a verdict.
+        try:
+            canonical_json(value)
+        except ValueError:
+            raise ValueError("arguments must not contain NaN or infinite numbers") from None
+        return value
 
 
 class FinalProposal(Frozen):
@@ -70,7 +82,9 @@ def parse_decision(raw: object) -> ToolProposal | FinalProposal | AbstainProposa
             return raw
         if isinstance(raw, str | bytes | bytearray):
             raw = json.loads(raw)
-        return _DECISION.validate_python(raw, strict=True)
+        # No call-time ``strict=True``: it would override the ``Strict(False)`` on tuple fields
+        # (citations arrive as a JSON list); the models are strict through their config.
+        return _DECISION.validate_python(raw)
     except InvalidProposal:
         raise
     except RecursionError:

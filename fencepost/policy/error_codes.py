@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     CONFLICT = "conflict"
     CANCELLED = "cancelled"
     EXECUTION_UNCERTAIN = "execution_uncertain"
+    BUDGET_EXHAUSTED = "budget_exhausted"
     UNSERIALIZABLE_RESULT = "unserializable_result"
     INTERNAL_ERROR = "internal_error"
 
@@ -83,13 +84,20 @@ _BY_NAME = (
 )
 
 
+def _attr(obj: object, name: str) -> object:
+    # Some client errors expose these as properties that raise when unset; mapping must not fail.
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
 def _status_of(exc: BaseException) -> int | None:
     for attr in ("status_code", "status", "http_status"):
-        value = getattr(exc, attr, None)
+        value = _attr(exc, attr)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    response = getattr(exc, "response", None)
-    value = getattr(response, "status_code", None)
+    value = _attr(_attr(exc, "response"), "status_code")
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

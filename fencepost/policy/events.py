@@ -8,6 +8,7 @@ from pydantic import BaseModel, JsonValue, Strict, TypeAdapter
 
 from fencepost.policy._model import Frozen
 from fencepost.policy.error_codes import ErrorCode
+from fencepost.policy.fingerprint import canonical_json
 from fencepost.policy.observation import Observation
 from fencepost.policy.phase import Phase
 from fencepost.policy.state import AgentState
@@ -41,12 +42,17 @@ class UnserializableResult(TypeError):
 
 def serialize_tool_result(result: Any) -> JsonValue:
     """A tool's return value as JSON data: pydantic models are dumped, everything else checked."""
-    if isinstance(result, BaseModel):
-        return result.model_dump(mode="json")
     try:
-        return _JSON.validate_python(result, strict=True)
+        if isinstance(result, BaseModel):
+            value: JsonValue = result.model_dump(mode="json")
+        else:
+            value = _JSON.validate_python(result, strict=True)
+        # NaN/Infinity pass the JsonValue check but are not JSON: they would not survive a JSON
+        # checkpoint and would never compare equal after one.
+        canonical_json(value)
     except Exception:
         raise UnserializableResult(type(result).__name__) from None
+    return value
 
 
 def observation_for(event: RuntimeEvent, sequence: int) -> Observation:

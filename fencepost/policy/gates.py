@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from fencepost.policy.decision import ToolProposal
-from fencepost.policy.fingerprint import proposal_fingerprint
+from fencepost.policy.fingerprint import canonical_json, proposal_fingerprint
 from fencepost.policy.registry import ToolRegistry, UnknownTool
 from fencepost.policy.state import AgentState
 from fencepost.policy.tool import Effect, Principal, ToolSpec
@@ -60,8 +60,12 @@ def check_registered(registry: ToolRegistry, proposal: ToolProposal) -> ToolSpec
 
 
 def check_schema(spec: ToolSpec, proposal: ToolProposal) -> BaseModel:
-    """Gate 2: strict schema, no coercion, no extra keys. Raises pydantic ``ValidationError``."""
-    return spec.args_model.model_validate(proposal.arguments, strict=True)
+    """Gate 2: strict schema, no coercion, no extra keys. Raises pydantic ``ValidationError``.
+
+    Validated as the JSON it is (strict JSON mode): ``"5"`` is still not an int, but a date given
+    as ISO text, a tuple as a list and an enum as its value are accepted, as JSON has no others.
+    """
+    return spec.args_model.model_validate_json(canonical_json(proposal.arguments), strict=True)
 
 
 _EMPTY_LIKE = frozenset({"", "*", "?", "null", "none", "undefined", "n/a", "na", "nil", "''", '""'})

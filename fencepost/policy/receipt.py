@@ -32,3 +32,15 @@ class Receipt(Frozen):
     error_code: Annotated[ErrorCode | None, Strict(False)] = None
     attempts: Annotated[int, Field(ge=0)] = 1
     """How many times the call was started (each one reserved and charged)."""
+
+
+class Accepted(Frozen):
+    """Return this from a tool that only *accepted* work (an upload that yields a task id).
+
+    The call's receipt is ``accepted_pending``, not ``completed``: an HTTP 200 or a task id is not
+    evidence that the work is done. A later status check that finds the finished artifact is.
+    """
+
+    task_id: Annotated[str, Field(min_length=1)]
+    detail: dict[str, str] = Field(default_factory=dict)
+    """Safe, structured facts about the accepted work (never free text from a provider)."""

@@ -16,6 +16,14 @@ from fencepost.policy.receipt import Receipt
 from fencepost.policy.verdict import Verdict
 
 
+class StopRequest(Frozen):
+    """A node's request to end the run; the terminal node alone turns it into a terminal state."""
+
+    reason: Annotated[TerminationReason, Strict(False)]
+    answer: AnswerPayload | None = None
+    error_code: str | None = None
+
+
 class AgentState(Frozen):
     """Everything the loop knows about a run, and nothing it should not (no chain of thought).
 
@@ -45,6 +53,8 @@ class AgentState(Frozen):
     termination: Annotated[TerminationReason | None, Strict(False)] = None
     last_error_code: str | None = None
     manifests: Annotated[tuple[StepManifest, ...], Strict(False)] = ()
+    stop: StopRequest | None = None
+    """Set by a node that decided the run must end; consumed by the terminal node."""
 
     @property
     def is_terminal(self) -> bool:

@@ -105,7 +105,7 @@ class ToolSpec(BaseModel):
     name: Annotated[str, Field(pattern=TOOL_NAME_PATTERN)]
     description: Annotated[str, Field(min_length=1, max_length=4_000)]
     args_model: type[BaseModel]
-    effect: Effect
+    effect: Annotated[Effect, Strict(False)]
     required_capability: Annotated[str, Field(min_length=1)]
     timeout_seconds: Annotated[float, Field(gt=0, le=86_400), Strict(False)]
     execute: ToolExecute

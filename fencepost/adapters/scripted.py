@@ -1,0 +1,68 @@
+"""A decision model that plays back a script: for tests, demos and notebooks."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fencepost.policy import (
+    AbstainProposal,
+    Deadline,
+    Decided,
+    DecisionInput,
+    FinalProposal,
+    InvalidProposal,
+    ToolBatch,
+    ToolProposal,
+    parse_decision,
+)
+
+Decision = ToolProposal | FinalProposal | AbstainProposal | ToolBatch | Decided
+ScriptEntry = Decision | dict[str, Any] | str | Callable[[DecisionInput], Any]
+
+
+class ScriptedDecisionModel:
+    """Returns the next entry of a script on each call.
+
+    Entries are decisions, raw dicts/JSON (parsed as untrusted model output, so a malformed one
+    becomes an invalid proposal), exceptions to raise, or callables of the :class:`DecisionInput`
+    returning any of those. Past the end of the script it abstains.
+
+    Example::
+
+        model = ScriptedDecisionModel([
+            ToolProposal(call_id="call-0001", tool_name="search_logs", arguments={"query": "5xx"}),
+            lambda inp: FinalProposal(answer=AnswerPayload(
+                text="deploy 42 broke checkout", citations=(inp.observations[-1].call_id,))),
+        ])
+    """
+
+    def __init__(self, script: Sequence[ScriptEntry | BaseException]) -> None:
+        self._script = list(script)
+        self._lock = threading.Lock()
+        self.calls = 0
+        """How many times the model was asked (a crashed attempt counts too)."""
+        self.inputs: list[DecisionInput] = []
+        """Every input the model was given, in order."""
+
+    async def decide(self, input: DecisionInput, *, deadline: Deadline) -> Decision:
+        with self._lock:
+            index = self.calls
+            self.calls += 1
+            self.inputs.append(input)
+        if index >= len(self._script):
+            return AbstainProposal(reason="insufficient_evidence")
+        entry: Any = self._script[index]
+        if callable(entry) and not isinstance(entry, BaseException):
+            entry = entry(input)
+            if hasattr(entry, "__await__"):
+                entry = await entry
+        if isinstance(entry, BaseException):
+            raise entry
+        if isinstance(entry, ToolProposal | FinalProposal | AbstainProposal | ToolBatch | Decided):
+            return entry
+        try:
+            return parse_decision(entry)
+        except InvalidProposal:
+            raise

@@ -1,0 +1,102 @@
+"""``build_agent_graph``: the bounded loop as an uncompiled LangGraph ``StateGraph``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph._internal._runnable import RunnableCallable
+from langgraph.graph import END, START, StateGraph
+
+from fencepost.graph.context import RunContext
+from fencepost.graph.nodes import ApprovalMode, LoopConfig, Nodes
+from fencepost.graph.routing import (
+    route_after_approve,
+    route_after_decide,
+    route_after_execute,
+    route_start,
+)
+from fencepost.graph.state import GraphState, InputState
+from fencepost.policy import (
+    DEFAULT_REPEAT_LIMIT,
+    Clock,
+    DecisionModel,
+    Ledger,
+    SystemClock,
+    ToolRegistry,
+)
+
+
+class GraphConfigError(ValueError):
+    """``build_agent_graph`` was given a bad setting; the message names the field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+def build_agent_graph(
+    registry: ToolRegistry,
+    model: DecisionModel,
+    *,
+    approval: ApprovalMode = "terminate",
+    repeat_limit: int = DEFAULT_REPEAT_LIMIT,
+    ledger: Ledger | None = None,
+    clock: Clock | None = None,
+    model_timeout_seconds: float = 120.0,
+    require_citations: bool = False,
+) -> StateGraph[Any, RunContext, Any, Any]:
+    """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
+
+    ``approval="terminate"`` ends a run that proposes a write/external effect as
+    ``approval_required``; ``"interrupt"`` pauses it with LangGraph ``interrupt()`` until the
+    caller resumes with ``Command(resume="approve" | "reject" | {"decision": "edit", ...})``.
+    A durable ``ledger`` (SQLite/Postgres) makes reservations survive a crash mid-call, so a
+    retried step or call is charged once per attempt and an uncertain write is reported as such.
+
+    Example::
+
+        graph = build_agent_graph(registry, ScriptedDecisionModel([...])).compile(
+            checkpointer=InMemorySaver()
+        )
+        out = graph.invoke(start("question", budget), config, context=RunContext(...))
+        AgentState.model_validate(out).termination
+    """
+    if not isinstance(registry, ToolRegistry):
+        raise GraphConfigError("registry", "must be a ToolRegistry")
+    if not callable(getattr(model, "decide", None)):
+        raise GraphConfigError("model", "must implement DecisionModel.decide(input, *, deadline)")
+    if approval not in ("terminate", "interrupt"):
+        raise GraphConfigError("approval", "must be 'terminate' or 'interrupt'")
+    if not isinstance(repeat_limit, int) or isinstance(repeat_limit, bool) or repeat_limit < 1:
+        raise GraphConfigError("repeat_limit", "must be an integer >= 1")
+    if ledger is not None and not isinstance(ledger, Ledger):
+        raise GraphConfigError("ledger", "must be a fencepost Ledger")
+    if not model_timeout_seconds > 0:
+        raise GraphConfigError("model_timeout_seconds", "must be > 0")
+    nodes = Nodes(
+        LoopConfig(
+            registry=registry,
+            model=model,
+            approval=approval,
+            repeat_limit=repeat_limit,
+            ledger=ledger,
+            clock=clock or SystemClock(),
+            model_timeout_seconds=model_timeout_seconds,
+            require_citations=require_citations,
+        )
+    )
+    graph: StateGraph[Any, RunContext, Any, Any] = StateGraph(
+        GraphState, context_schema=RunContext, input_schema=InputState
+    )
+    graph.add_node("decide", RunnableCallable(nodes.decide, nodes.adecide, name="decide"))
+    graph.add_node("execute", RunnableCallable(nodes.execute, nodes.aexecute, name="execute"))
+    graph.add_node("approve", RunnableCallable(nodes.approve, name="approve"))
+    graph.add_node("terminal", RunnableCallable(nodes.terminal, name="terminal"))
+    graph.add_conditional_edges(START, route_start, ["decide", "approve", "execute", "terminal"])
+    graph.add_conditional_edges(
+        "decide", route_after_decide, ["approve", "execute", "decide", "terminal"]
+    )
+    graph.add_conditional_edges("approve", route_after_approve, ["execute", "decide", "terminal"])
+    graph.add_conditional_edges("execute", route_after_execute, ["decide", "terminal"])
+    graph.add_edge("terminal", END)
+    return graph

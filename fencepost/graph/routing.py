@@ -1,0 +1,57 @@
+"""Where the loop goes next. Routers read state only; every road out passes the terminal node."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fencepost.graph.nodes import RECURSION_MARGIN
+from fencepost.policy import Phase, VerdictCode
+
+Next = Literal["decide", "approve", "execute", "terminal"]
+
+
+def _out_of_supersteps(values: dict[str, Any]) -> bool:
+    # LangGraph's recursion limit would raise GraphRecursionError; end the run as data first.
+    remaining = values.get("remaining_steps")
+    return isinstance(remaining, int) and remaining <= RECURSION_MARGIN
+
+
+def _after_gate(values: dict[str, Any]) -> Next:
+    verdicts = values.get("verdicts") or ()
+    if any(v.code is VerdictCode.APPROVAL_PENDING for v in verdicts):
+        return "approve"
+    if any(v.code is VerdictCode.ALLOWED for v in verdicts):
+        return "execute"
+    return "decide"
+
+
+def route_start(values: dict[str, Any]) -> Next:
+    """Entry: a new run decides; a resumed one continues where its state says it is."""
+    if values.get("phase") is Phase.TERMINAL or values.get("stop") is not None:
+        return "terminal"
+    if "run_id" not in values or not values.get("pending"):
+        return "decide"
+    return _after_gate(values)
+
+
+def route_after_decide(values: dict[str, Any]) -> Next:
+    """After a decision was gated: pause for approval, execute, or end."""
+    if values.get("stop") is not None or _out_of_supersteps(values):
+        return "terminal"
+    if not values.get("pending"):
+        return "terminal"
+    return _after_gate(values)
+
+
+def route_after_approve(values: dict[str, Any]) -> Next:
+    """After a human answered: run what was approved, or ask the model again."""
+    if values.get("stop") is not None or _out_of_supersteps(values):
+        return "terminal"
+    return _after_gate(values)
+
+
+def route_after_execute(values: dict[str, Any]) -> Next:
+    """After tools ran: back to the model, or end."""
+    if values.get("stop") is not None or _out_of_supersteps(values):
+        return "terminal"
+    return "decide"

@@ -1,0 +1,117 @@
+"""The graph's channels: one per AgentState field, plus the start request."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, TypedDict
+
+from langgraph.managed import RemainingSteps
+
+from fencepost.policy import (
+    AgentState,
+    AnswerPayload,
+    Observation,
+    Phase,
+    Receipt,
+    RuntimeBudget,
+    StepManifest,
+    StopRequest,
+    TerminationReason,
+    ToolProposal,
+    Verdict,
+)
+from fencepost.policy._model import Frozen
+
+
+class StartRequest(Frozen):
+    """The input that starts a run. Made by :func:`start`."""
+
+    run_id: str
+    question: str
+    budget: RuntimeBudget
+
+
+class GraphState(TypedDict, total=False):
+    """LangGraph state schema: AgentState's fields as channels (validates back into AgentState)."""
+
+    request: StartRequest
+    run_id: str
+    tenant_id: str | None
+    principal_id: str | None
+    question: str
+    phase: Phase
+    budget: RuntimeBudget
+    step: int
+    observations: tuple[Observation, ...]
+    pending: tuple[ToolProposal, ...]
+    verdicts: tuple[Verdict, ...]
+    receipts: tuple[Receipt, ...]
+    fingerprints: dict[str, int]
+    final_answer: AnswerPayload | None
+    termination: TerminationReason | None
+    last_error_code: str | None
+    manifests: tuple[StepManifest, ...]
+    stop: StopRequest | None
+    remaining_steps: RemainingSteps
+
+
+class InputState(TypedDict):
+    """What ``invoke`` takes to start a run: ``{"request": StartRequest}`` (see :func:`start`)."""
+
+    request: StartRequest
+
+
+_FIELDS = tuple(AgentState.model_fields)
+
+
+def start(
+    question: str,
+    budget: RuntimeBudget | None = None,
+    *,
+    run_id: str | None = None,
+    steps: int = 8,
+    tool_calls: int = 8,
+) -> InputState:
+    """The input for ``invoke``/``stream`` that starts a run.
+
+    >>> start("why is checkout slow?", RuntimeBudget(steps_remaining=6, tool_calls_remaining=3))["request"].question
+    'why is checkout slow?'
+    """
+    return {
+        "request": StartRequest(
+            run_id=run_id or f"run-{uuid.uuid4().hex[:16]}",
+            question=question,
+            budget=budget or RuntimeBudget(steps_remaining=steps, tool_calls_remaining=tool_calls),
+        )
+    }
+
+
+def load_state(values: dict[str, Any]) -> AgentState | None:
+    """AgentState from channel values (None before a run has started on this thread).
+
+    In-process values are already validated instances, so they are assembled without a second
+    validation; anything that is not (a mapping from a foreign client) is validated in full.
+    """
+    if "run_id" not in values:
+        return None
+    data = {name: values[name] for name in _FIELDS if name in values}
+    if isinstance(data.get("budget"), RuntimeBudget):
+        return AgentState.model_construct(**data)
+    return AgentState.model_validate(data, strict=False)
+
+
+def changed(before: AgentState | None, after: AgentState) -> dict[str, Any]:
+    """The channel writes that turn ``before`` into ``after`` (only fields that changed)."""
+    if before is None:
+        return {name: getattr(after, name) for name in _FIELDS}
+    return {
+        name: value
+        for name in _FIELDS
+        if (value := getattr(after, name)) is not getattr(before, name)
+    }
+
+
+def run_output(values: dict[str, Any]) -> AgentState:
+    """A run's output (``invoke``'s return value or ``get_state(...).values``) as AgentState."""
+    data = {name: values[name] for name in _FIELDS if name in values}
+    return AgentState.model_validate(data, strict=False)
