@@ -55,6 +55,14 @@ _SETUP_LOCK = 0x6665_6E63_6570_6F73  # "fencepos"
 
 _MAX_DEPTH = 1000
 
+_TABLES = [
+    "fencepost_ledger_accounts",
+    "fencepost_ledger_limits",
+    "fencepost_ledger_held",
+    "fencepost_ledger_reservations",
+    "fencepost_ledger_reservation_amounts",
+]
+
 _SCHEMA = (
     """
     CREATE TABLE IF NOT EXISTS fencepost_ledger_accounts (
@@ -120,6 +128,7 @@ class PostgresLedger(Ledger):
         max_retries: int = 5,
     ) -> None:
         self._max_retries = max(1, max_retries)
+        self._closed = False
         self._pool: ConnectionPool[_Conn] = ConnectionPool(
             conninfo,
             min_size=min_size,
@@ -138,6 +147,8 @@ class PostgresLedger(Ledger):
 
     def _run(self, work: Callable[[_Conn], _T], *, read_only: bool = False) -> _T:
         """Run ``work`` in one transaction; retry on deadlock, serialisation failure, key race."""
+        if self._closed:
+            raise RuntimeError("the ledger is closed")
         attempt = 0
         while True:
             attempt += 1
@@ -158,6 +169,12 @@ class PostgresLedger(Ledger):
         """Create the tables if they are missing. Idempotent; called on construction."""
 
         def work(conn: _Conn) -> None:
+            # Skip the DDL when every table is there, so a role without CREATE can use the ledger.
+            row = conn.execute(
+                "SELECT count(to_regclass(name)) FROM unnest(%s::text[]) AS name", (_TABLES,)
+            ).fetchone()
+            if row is not None and row[0] == len(_TABLES):
+                return
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SETUP_LOCK,))
             for statement in _SCHEMA:
                 conn.execute(statement)
@@ -165,7 +182,8 @@ class PostgresLedger(Ledger):
         self._run(work)
 
     def close(self) -> None:
-        """Close the connection pool. Further calls fail."""
+        """Close the connection pool. Further calls raise ``RuntimeError``."""
+        self._closed = True
         self._pool.close()
 
     def __enter__(self) -> Self:

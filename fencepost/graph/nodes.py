@@ -418,7 +418,9 @@ class Nodes:
             # One denial stops the whole batch: nothing in it runs, nothing is reserved.
             return state.model_copy(update={"verdicts": tuple(verdicts), "stop": stop}), manifests
         state, verdicts = self._reserve_calls(state, verdicts)
-        return state.model_copy(update={"verdicts": tuple(verdicts)}), manifests
+        return state.model_copy(
+            update={"verdicts": tuple(verdicts), "stop": _stop_if_nothing_runs(verdicts)}
+        ), manifests
 
     def _reserve_calls(
         self, state: AgentState, verdicts: list[Verdict]
@@ -558,7 +560,9 @@ class Nodes:
                 next(it) if old.code is VerdictCode.APPROVAL_PENDING else v
                 for v, old in zip(verdicts, before.verdicts, strict=True)
             ]
-        state = state.model_copy(update={"verdicts": tuple(verdicts), "stop": stop})
+        state = state.model_copy(
+            update={"verdicts": tuple(verdicts), "stop": stop or _stop_if_nothing_runs(verdicts)}
+        )
         if rejected:
             state = reduce_tool_events(state, tuple(rejected))
             state = state.model_copy(update={"receipts": state.receipts + tuple(receipts)})
@@ -820,6 +824,15 @@ class Nodes:
             return done or {}
         results = await self._run_calls(state, ctx, runnable) if runnable else []
         return self._execute_finish(state, ctx, runnable, early, results, runtime, before)
+
+
+def _stop_if_nothing_runs(verdicts: Sequence[Verdict]) -> StopRequest | None:
+    """A batch whose every call was refused for budget ends the run now, not at the next step."""
+    if any(v.code is VerdictCode.BUDGET_EXHAUSTED for v in verdicts) and not any(
+        v.allowed or v.code is VerdictCode.APPROVAL_PENDING for v in verdicts
+    ):
+        return _stop(TerminationReason.TOOL_BUDGET_EXHAUSTED, "budget_exhausted")
+    return None
 
 
 def _require_state(values: dict[str, Any]) -> AgentState:

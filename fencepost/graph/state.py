@@ -62,6 +62,7 @@ class InputState(TypedDict):
 
 
 _FIELDS = tuple(AgentState.model_fields)
+_TUPLE_FIELDS = ("observations", "pending", "verdicts", "receipts", "manifests")
 
 
 def start(
@@ -96,7 +97,17 @@ def load_state(values: dict[str, Any]) -> AgentState | None:
         return None
     data = {name: values[name] for name in _FIELDS if name in values}
     if isinstance(data.get("budget"), RuntimeBudget):
-        return AgentState.model_construct(**data)
+        # A checkpoint turns tuples into lists; their items are revived, validated models.
+        revived = True
+        for name in _TUPLE_FIELDS:
+            items = data.get(name)
+            if type(items) is list:
+                revived = revived and not (items and isinstance(items[0], dict))
+                data[name] = tuple(items)
+        if revived:
+            return AgentState.model_construct(**data)
+    # Values that did not come back as fencepost types (a foreign client, a serializer without
+    # fencepost's allowlist) are validated in full rather than half-read.
     return AgentState.model_validate(data, strict=False)
 
 

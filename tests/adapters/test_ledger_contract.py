@@ -1,0 +1,642 @@
+"""One contract for every Ledger backend: in-memory (the reference), SQLite and Postgres.
+
+Each test names the rule it checks. The Postgres rows skip unless FENCEPOST_TEST_POSTGRES_DSN is
+set. The concurrency tests race real contenders: threads on the in-memory ledger, spawned
+*processes* on one SQLite file, and threads that each hold their own Postgres connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fencepost.adapters import PostgresLedger, SqliteLedger
+from fencepost.policy.budget import BudgetAxis, BudgetExhausted
+from fencepost.policy.ledger import (
+    Balance,
+    InMemoryLedger,
+    Ledger,
+    LedgerConflict,
+    Reservation,
+    ReservationStatus,
+    UnknownAccount,
+    UnknownReservation,
+)
+from fencepost.policy.phase import TerminationReason
+
+Job = tuple[str, str, str, dict[str, float] | None]  # operation, account, key, amounts
+
+LANES = 4
+
+
+# -- racing contenders (module level so spawned processes can import them) -----------------------
+
+
+def _attempt(ledger: Ledger, job: Job) -> str:
+    op, account, key, amounts = job
+    try:
+        if op == "reserve":
+            result = ledger.reserve(account, key, amounts or {})
+        elif op == "settle":
+            result = ledger.settle(key, amounts)
+        else:
+            result = ledger.release(key)
+    except BudgetExhausted as error:
+        assert error.axis is not None
+        return f"exhausted:{error.account}:{error.axis.value}"
+    return "existing" if result.existing else result.status.value
+
+
+def _run_lane(ledger: Ledger, jobs: list[Job], start_at: float) -> list[str]:
+    time.sleep(max(0.0, start_at - time.time()))
+    return [_attempt(ledger, job) for job in jobs]
+
+
+def _sqlite_lane(path: str, jobs: list[Job], start_at: float) -> list[str]:
+    with SqliteLedger(path) as ledger:  # a connection of its own, in a process of its own
+        return _run_lane(ledger, jobs, start_at)
+
+
+def _postgres_lane(dsn: str, jobs: list[Job], start_at: float) -> list[str]:
+    with PostgresLedger(dsn, min_size=1, max_size=1) as ledger:  # a connection of its own
+        return _run_lane(ledger, jobs, start_at)
+
+
+def _warm(seconds: float) -> int:
+    time.sleep(seconds)
+    return 0
+
+
+@pytest.fixture(scope="module")
+def process_pool() -> Iterator[ProcessPoolExecutor]:
+    """Spawned worker processes, started once: the SQLite races run across real processes."""
+    pool = ProcessPoolExecutor(max_workers=LANES, mp_context=multiprocessing.get_context("spawn"))
+    list(pool.map(_warm, [0.3] * LANES))  # start (and import) every worker before any race
+    yield pool
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+# -- backends ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Backend:
+    """How to open one backend, and how to race contenders against it."""
+
+    name: str
+    opener: Callable[[], Ledger]
+    lane: Callable[[list[Job], float], list[str]]
+    """One contender: runs its jobs from ``start_at`` on; must pickle for the process pool."""
+    executor: Executor | None = None
+    """Where contenders run; ``None`` for a thread per lane."""
+    durable: Callable[[], SqliteLedger | PostgresLedger] | None = None
+    opened: list[Ledger] = field(default_factory=list)
+
+    def open(self) -> Ledger:
+        ledger = self.opener()
+        self.opened.append(ledger)
+        return ledger
+
+    def race(self, lanes: list[list[Job]]) -> list[list[str]]:
+        """Run each lane in its own contender, all starting at the same instant."""
+        start_at = time.time() + (0.25 if self.executor is not None else 0.05)
+        if self.executor is not None:
+            futures = [self.executor.submit(self.lane, jobs, start_at) for jobs in lanes]
+            return [future.result(timeout=60) for future in futures]
+        with ThreadPoolExecutor(max_workers=len(lanes)) as threads:
+            return list(threads.map(lambda jobs: self.lane(jobs, start_at), lanes))
+
+    def close_all(self) -> None:
+        for ledger in self.opened:
+            if isinstance(ledger, SqliteLedger | PostgresLedger):
+                ledger.close()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == "memory":
+        shared = InMemoryLedger()  # threads share the one instance
+        made = Backend("memory", lambda: shared, partial(_run_lane, shared))
+    elif request.param == "sqlite":
+        path = str(tmp_path / "ledger.db")
+        made = Backend(
+            "sqlite",
+            lambda: SqliteLedger(path),
+            partial(_sqlite_lane, path),
+            executor=request.getfixturevalue("process_pool"),
+            durable=lambda: SqliteLedger(path),
+        )
+    else:
+        dsn = request.getfixturevalue("postgres_schema")
+        made = Backend(
+            "postgres",
+            lambda: PostgresLedger(dsn),
+            partial(_postgres_lane, dsn),
+            durable=lambda: PostgresLedger(dsn),
+        )
+    yield made
+    made.close_all()
+
+
+@pytest.fixture
+def ledger(backend: Backend) -> Ledger:
+    return backend.open()
+
+
+# -- accounts ----------------------------------------------------------------------------------
+
+
+def test_open_account_starts_with_nothing_held(ledger: Ledger) -> None:
+    balance = ledger.open_account("tenant", {"tool_calls": 100, "cost": 2.5})
+    assert balance == Balance(
+        account="tenant", parent=None, limits={"tool_calls": 100.0, "cost": 2.5}
+    )
+    assert balance.remaining("tool_calls") == 100.0
+    assert balance.remaining("tokens") is None
+    assert ledger.balance("tenant") == balance
+
+
+def test_reopening_an_account_with_the_same_terms_is_idempotent(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"tool_calls": 100})
+    ledger.open_account("run", {"tool_calls": 60, "cost": 1.0}, parent="tenant")
+    ledger.reserve("run", "k", {"tool_calls": 1})
+    again = ledger.open_account("run", {"cost": 1.0, "tool_calls": 60}, parent="tenant")
+    assert again.held == {"tool_calls": 1.0}
+    assert again.parent == "tenant"
+
+
+def test_reopening_an_account_with_other_limits_raises_ledger_conflict(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"tool_calls": 100})
+    with pytest.raises(LedgerConflict):
+        ledger.open_account("tenant", {"tool_calls": 99})
+    with pytest.raises(LedgerConflict):
+        ledger.open_account("tenant", {"tool_calls": 100, "cost": 1.0})
+    assert ledger.balance("tenant").limits == {"tool_calls": 100.0}
+
+
+def test_reopening_an_account_under_another_parent_raises_ledger_conflict(ledger: Ledger) -> None:
+    ledger.open_account("a", {})
+    ledger.open_account("b", {})
+    ledger.open_account("run", {"tool_calls": 5}, parent="a")
+    with pytest.raises(LedgerConflict):
+        ledger.open_account("run", {"tool_calls": 5}, parent="b")
+    with pytest.raises(LedgerConflict):
+        ledger.open_account("run", {"tool_calls": 5})
+    assert ledger.balance("run").parent == "a"
+
+
+def test_opening_under_an_unknown_parent_raises_unknown_account(ledger: Ledger) -> None:
+    with pytest.raises(UnknownAccount):
+        ledger.open_account("run", {"tool_calls": 5}, parent="nobody")
+    with pytest.raises(UnknownAccount):
+        ledger.balance("run")
+
+
+def test_negative_or_nan_limits_and_amounts_are_rejected(ledger: Ledger) -> None:
+    with pytest.raises(ValueError):
+        ledger.open_account("bad", {"cost": -1})
+    with pytest.raises(ValueError):
+        ledger.open_account("bad", {"cost": float("nan")})
+    ledger.open_account("ok", {"cost": 5})
+    with pytest.raises(ValueError):
+        ledger.reserve("ok", "k", {"cost": -0.5})
+    assert ledger.get("k") is None
+    assert ledger.balance("ok").held == {}
+
+
+def test_unknown_account_raises_unknown_account(ledger: Ledger) -> None:
+    with pytest.raises(UnknownAccount):
+        ledger.reserve("nobody", "k", {"tool_calls": 1})
+    with pytest.raises(UnknownAccount):
+        ledger.balance("nobody")
+    assert ledger.get("k") is None
+
+
+def test_unknown_reservation_raises_unknown_reservation(ledger: Ledger) -> None:
+    with pytest.raises(UnknownReservation):
+        ledger.settle("never")
+    with pytest.raises(UnknownReservation):
+        ledger.settle("never", {"cost": 1})
+    with pytest.raises(UnknownReservation):
+        ledger.release("never")
+    assert ledger.get("never") is None
+
+
+# -- reserve -----------------------------------------------------------------------------------
+
+
+def test_reserve_holds_the_amounts_on_the_account_and_every_ancestor(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"tool_calls": 100})
+    ledger.open_account("run", {"tool_calls": 60}, parent="tenant")
+    ledger.open_account("step", {}, parent="run")
+    reservation = ledger.reserve("step", "call-1", {"tool_calls": 2, "cost": 0.25})
+    assert reservation == Reservation(
+        account="step", key="call-1", amounts={"tool_calls": 2.0, "cost": 0.25}
+    )
+    assert reservation.status is ReservationStatus.RESERVED
+    assert not reservation.existing
+    for name in ("step", "run", "tenant"):
+        assert ledger.balance(name).held == {"tool_calls": 2.0, "cost": 0.25}
+    assert ledger.balance("run").remaining("tool_calls") == 58.0
+    assert ledger.get("call-1") == reservation
+
+
+def test_reserve_is_idempotent_by_key_and_charges_nothing_the_second_time(ledger: Ledger) -> None:
+    ledger.open_account("run", {"tool_calls": 3})
+    first = ledger.reserve("run", "call-1", {"tool_calls": 2})
+    again = ledger.reserve("run", "call-1", {"tool_calls": 1})  # other amounts: still the first
+    assert again.existing
+    assert again.model_copy(update={"existing": False}) == first
+    assert ledger.balance("run").held == {"tool_calls": 2.0}
+    assert ledger.get("call-1") == first  # the stored reservation is not marked existing
+
+
+def test_reserve_of_a_key_at_its_limit_returns_the_first_instead_of_exhausting(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("run", {"tool_calls": 1})
+    ledger.reserve("run", "call-1", {"tool_calls": 1})
+    assert ledger.reserve("run", "call-1", {"tool_calls": 1}).existing
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("run", "call-2", {"tool_calls": 1})
+
+
+def test_reserve_of_a_key_held_by_another_account_raises_ledger_conflict(ledger: Ledger) -> None:
+    ledger.open_account("a", {"tool_calls": 5})
+    ledger.open_account("b", {"tool_calls": 5})
+    ledger.reserve("a", "call-1", {"tool_calls": 1})
+    with pytest.raises(LedgerConflict):
+        ledger.reserve("b", "call-1", {"tool_calls": 1})
+    assert ledger.balance("b").held == {}
+
+
+def test_parent_of_100_cannot_fund_three_children_of_60(ledger: Ledger) -> None:
+    ledger.open_account("parent", {"cost": 100})
+    for child in ("c1", "c2", "c3"):
+        ledger.open_account(child, {"cost": 60}, parent="parent")
+    ledger.reserve("c1", "k1", {"cost": 40})
+    ledger.reserve("c2", "k2", {"cost": 40})
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("c3", "k3", {"cost": 40})  # within c3's 60, beyond what the parent has
+    error = caught.value
+    assert error.axis is BudgetAxis.COST
+    assert error.limit == 100.0
+    assert error.requested == 40.0
+    assert error.account == "parent"
+    assert error.reason is TerminationReason.TOOL_BUDGET_EXHAUSTED
+    # atomic: the child that could not be funded was charged nothing, and the key is not taken
+    assert ledger.balance("c3").held == {}
+    assert ledger.balance("parent").held == {"cost": 80.0}
+    assert ledger.get("k3") is None
+    assert ledger.reserve("c3", "k3", {"cost": 20}).amounts == {"cost": 20.0}
+    assert ledger.balance("parent").remaining("cost") == 0.0
+
+
+def test_exhaustion_names_the_axis_the_limit_the_request_and_the_account(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"tokens": 1000})
+    ledger.open_account("run", {"tool_calls": 2, "tokens": 500}, parent="tenant")
+    ledger.reserve("run", "k1", {"tool_calls": 2})
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run", "k2", {"tool_calls": 1})
+    assert (caught.value.account, caught.value.axis) == ("run", BudgetAxis.TOOL_CALLS)
+    assert (caught.value.limit, caught.value.requested) == (2.0, 1.0)
+    assert caught.value.reason is TerminationReason.TOOL_BUDGET_EXHAUSTED
+    assert "tool_calls limit 2" in str(caught.value)
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run", "k3", {"tokens": 501})
+    assert (caught.value.account, caught.value.axis) == ("run", BudgetAxis.TOKENS)
+    assert caught.value.reason is TerminationReason.STEP_BUDGET_EXHAUSTED
+
+
+def test_a_reserve_that_fails_on_one_axis_charges_no_axis(ledger: Ledger) -> None:
+    ledger.open_account("run", {"tool_calls": 5, "cost": 1.0})
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run", "k", {"tool_calls": 1, "cost": 1.5})
+    assert caught.value.axis is BudgetAxis.COST
+    assert ledger.balance("run").held == {}
+
+
+def test_reserving_exactly_up_to_the_limit_succeeds(ledger: Ledger) -> None:
+    ledger.open_account("run", {"cost": 1.0})
+    ledger.reserve("run", "k1", {"cost": 0.5})
+    ledger.reserve("run", "k2", {"cost": 0.5})
+    assert ledger.balance("run").remaining("cost") == 0.0
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("run", "k3", {"cost": 0.001})
+
+
+def test_an_axis_the_account_does_not_limit_is_held_but_never_exhausts(ledger: Ledger) -> None:
+    ledger.open_account("run", {"tool_calls": 1})
+    ledger.reserve("run", "k", {"tool_calls": 1, "tokens": 1e9})
+    balance = ledger.balance("run")
+    assert balance.held == {"tool_calls": 1.0, "tokens": 1e9}
+    assert balance.remaining("tokens") is None
+
+
+# -- settle and release ------------------------------------------------------------------------
+
+
+def test_settle_records_actual_and_refunds_only_the_excess(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"cost": 10})
+    ledger.open_account("run", {"cost": 5, "tool_calls": 3}, parent="tenant")
+    ledger.reserve("run", "k", {"cost": 4, "tool_calls": 1})
+    settled = ledger.settle("k", {"cost": 1.5, "tool_calls": 1})
+    assert settled.status is ReservationStatus.SETTLED
+    assert settled.amounts == {"cost": 1.5, "tool_calls": 1.0}
+    assert not settled.existing
+    for name in ("run", "tenant"):
+        assert ledger.balance(name).held == {"cost": 1.5, "tool_calls": 1.0}
+    assert ledger.get("k") == settled
+
+
+def test_settle_never_charges_more_than_was_reserved(ledger: Ledger) -> None:
+    ledger.open_account("run", {"cost": 5})
+    ledger.reserve("run", "k", {"cost": 2})
+    settled = ledger.settle("k", {"cost": 3, "tool_calls": 7})
+    assert settled.amounts == {"cost": 2.0}
+    assert ledger.balance("run").held == {"cost": 2.0}
+
+
+def test_settle_keeps_axes_missing_from_actual_and_everything_without_actual(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("run", {"cost": 5, "tool_calls": 5})
+    ledger.reserve("run", "k1", {"cost": 2, "tool_calls": 1})
+    assert ledger.settle("k1", {"cost": 0.5}).amounts == {"cost": 0.5, "tool_calls": 1.0}
+    ledger.reserve("run", "k2", {"cost": 1, "tool_calls": 1})
+    assert ledger.settle("k2").amounts == {"cost": 1.0, "tool_calls": 1.0}
+    assert ledger.balance("run").held == {"cost": 1.5, "tool_calls": 2.0}
+
+
+def test_settle_twice_refunds_once_and_returns_the_settlement_marked_existing(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("run", {"cost": 5})
+    ledger.reserve("run", "k", {"cost": 4})
+    first = ledger.settle("k", {"cost": 3})
+    again = ledger.settle("k", {"cost": 0})
+    assert again.existing
+    assert again.model_copy(update={"existing": False}) == first
+    assert ledger.balance("run").held == {"cost": 3.0}
+
+
+def test_release_refunds_in_full_across_the_chain(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"tool_calls": 2})
+    ledger.open_account("run", {"tool_calls": 2}, parent="tenant")
+    ledger.reserve("run", "k1", {"tool_calls": 2, "cost": 0.5})
+    released = ledger.release("k1")
+    assert released.status is ReservationStatus.RELEASED
+    assert released.amounts == {"tool_calls": 2.0, "cost": 0.5}
+    for name in ("run", "tenant"):
+        assert ledger.balance(name).held == {"tool_calls": 0.0, "cost": 0.0}
+    ledger.reserve("run", "k2", {"tool_calls": 2})  # the room is back
+    assert ledger.get("k1") == released
+
+
+def test_release_or_settle_after_an_outcome_changes_nothing_and_is_marked_existing(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("run", {"cost": 10})
+    ledger.reserve("run", "released", {"cost": 2})
+    ledger.reserve("run", "settled", {"cost": 3})
+    ledger.release("released")
+    ledger.settle("settled", {"cost": 1})
+    assert ledger.release("released").existing
+    assert ledger.settle("released").status is ReservationStatus.RELEASED
+    again = ledger.release("settled")  # an attempted call is never refunded
+    assert again.existing
+    assert again.status is ReservationStatus.SETTLED
+    assert ledger.balance("run").held == {"cost": 1.0}
+    replay = ledger.reserve("run", "settled", {"cost": 3})
+    assert replay.existing
+    assert replay.status is ReservationStatus.SETTLED
+
+
+def _script(ledger: Ledger) -> list[Any]:
+    """A mixed run whose every outcome (value or error) is compared with the reference."""
+    ops: list[tuple[str, tuple[Any, ...]]] = [
+        ("open", ("root", {"cost": 1.0, "tool_calls": 5}, None)),
+        ("open", ("a", {"cost": 0.7}, "root")),
+        ("open", ("b", {"tool_calls": 3}, "root")),
+        ("reserve", ("a", "k1", {"cost": 0.3, "tool_calls": 1})),
+        ("reserve", ("a", "k2", {"cost": 0.3})),
+        ("reserve", ("a", "k3", {"cost": 0.3})),
+        ("settle", ("k1", {"cost": 0.1})),
+        ("reserve", ("b", "k4", {"cost": 0.5, "tool_calls": 3})),
+        ("reserve", ("b", "k5", {"tool_calls": 1})),
+        ("release", ("k2",)),
+        ("settle", ("k4", None)),
+        ("release", ("k4",)),
+        ("reserve", ("a", "k1", {"cost": 99})),
+        ("reserve", ("b", "k1", {})),
+        ("settle", ("nope", None)),
+        ("reserve", ("ghost", "k9", {})),
+        ("open", ("a", {"cost": 0.8}, "root")),
+        ("reserve", ("a", "k6", {"cost": 0.6, "mutations": 2})),
+        ("reserve", ("a", "k7", {"cost": 0.2})),
+        ("settle", ("k6", {"cost": 0.2, "mutations": 5})),
+        ("reserve", ("a", "k7", {"cost": 0.2})),
+    ]
+    out: list[Any] = []
+    for op, args in ops:
+        try:
+            if op == "open":
+                result: Any = ledger.open_account(args[0], args[1], parent=args[2])
+            elif op == "reserve":
+                result = ledger.reserve(*args)
+            elif op == "settle":
+                result = ledger.settle(*args)
+            else:
+                result = ledger.release(*args)
+            out.append(result)
+        except BudgetExhausted as error:
+            out.append(("BudgetExhausted", error.account, error.axis, error.limit, error.requested))
+        except (LookupError, ValueError) as error:
+            out.append((type(error).__name__, str(error)))
+    out += [ledger.balance(name) for name in ("root", "a", "b")]
+    out += [ledger.get(f"k{i}") for i in range(1, 10)]
+    return out
+
+
+def test_every_backend_matches_the_in_memory_reference_on_a_mixed_run(ledger: Ledger) -> None:
+    assert _script(ledger) == _script(InMemoryLedger())
+
+
+# -- durability --------------------------------------------------------------------------------
+
+
+def test_a_reservation_survives_reopening_the_ledger(backend: Backend) -> None:
+    if backend.durable is None:
+        pytest.skip("the in-memory ledger is not durable")
+    with backend.durable() as first:
+        first.open_account("tenant", {"tool_calls": 10})
+        first.open_account("run", {"tool_calls": 5}, parent="tenant")
+        first.reserve("run", "call-1", {"tool_calls": 2})
+        first.reserve("run", "call-2", {"tool_calls": 1})
+        first.settle("call-2", {"tool_calls": 1})
+    with backend.durable() as second:
+        again = second.reserve("run", "call-1", {"tool_calls": 2})
+        assert again.existing
+        assert again.amounts == {"tool_calls": 2.0}
+        assert second.get("call-2") == Reservation(
+            account="run",
+            key="call-2",
+            amounts={"tool_calls": 1.0},
+            status=ReservationStatus.SETTLED,
+        )
+        assert second.balance("tenant").held == {"tool_calls": 3.0}
+        second.open_account("run", {"tool_calls": 5}, parent="tenant")  # same terms: fine
+        with pytest.raises(LedgerConflict):
+            second.open_account("run", {"tool_calls": 6}, parent="tenant")
+
+
+def test_a_closed_ledger_refuses_further_calls(backend: Backend) -> None:
+    if backend.durable is None:
+        pytest.skip("the in-memory ledger holds no connection")
+    ledger = backend.durable()
+    ledger.open_account("run", {})
+    ledger.close()
+    ledger.close()  # closing twice is harmless
+    with pytest.raises(RuntimeError, match="closed"):
+        ledger.open_account("run", {})
+    with pytest.raises(RuntimeError, match="closed"):
+        ledger.get("anything")
+
+
+# -- concurrency -------------------------------------------------------------------------------
+
+
+def test_concurrent_reserves_against_a_limit_of_n_let_exactly_n_through(
+    backend: Backend, ledger: Ledger
+) -> None:
+    limit = 10
+    ledger.open_account("run", {"tool_calls": limit})
+    lanes: list[list[Job]] = [
+        [("reserve", "run", f"lane{lane}-call{i}", {"tool_calls": 1}) for i in range(6)]
+        for lane in range(LANES)
+    ]
+    outcomes = [outcome for lane in backend.race(lanes) for outcome in lane]
+    assert outcomes.count("reserved") == limit
+    assert outcomes.count("exhausted:run:tool_calls") == len(outcomes) - limit
+    assert ledger.balance("run").held == {"tool_calls": float(limit)}
+
+
+def test_concurrent_children_never_overdraw_their_parent(backend: Backend, ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"cost": 10})
+    ledger.open_account("team", {}, parent="tenant")
+    children = [f"run{lane}" for lane in range(LANES)]
+    for child in children:
+        ledger.open_account(child, {"cost": 4}, parent="team")
+    lanes: list[list[Job]] = [
+        [("reserve", child, f"{child}-call{i}", {"cost": 1}) for i in range(6)]
+        for child in children
+    ]
+    results = backend.race(lanes)
+    reserved = [lane.count("reserved") for lane in results]
+    assert sum(reserved) == 10  # children could take 16 between them; the tenant has 10
+    assert all(count <= 4 for count in reserved)
+    assert ledger.balance("tenant").held == {"cost": 10.0}
+    assert ledger.balance("team").held == {"cost": 10.0}
+    for child, count in zip(children, reserved, strict=True):
+        assert ledger.balance(child).held.get("cost", 0.0) == float(count)
+    failures = {outcome for lane in results for outcome in lane if outcome != "reserved"}
+    assert failures <= {"exhausted:tenant:cost"} | {f"exhausted:{c}:cost" for c in children}
+
+
+def test_concurrent_reserves_of_one_key_charge_once(backend: Backend, ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"tool_calls": 100})
+    ledger.open_account("run", {"tool_calls": 100}, parent="tenant")
+    lanes: list[list[Job]] = [
+        [("reserve", "run", f"call-{i}", {"tool_calls": 1}) for i in range(8)] for _ in range(LANES)
+    ]
+    results = backend.race(lanes)
+    for i in range(8):
+        column = [lane[i] for lane in results]
+        assert column.count("reserved") == 1
+        assert column.count("existing") == LANES - 1
+    assert ledger.balance("run").held == {"tool_calls": 8.0}
+    assert ledger.balance("tenant").held == {"tool_calls": 8.0}
+
+
+def test_concurrent_settles_and_releases_of_one_key_refund_once(
+    backend: Backend, ledger: Ledger
+) -> None:
+    ledger.open_account("tenant", {"cost": 100})
+    ledger.open_account("run", {"cost": 100}, parent="tenant")
+    for i in range(8):
+        ledger.reserve("run", f"call-{i}", {"cost": 4})
+    # half the lanes settle (actual 1 of 4), half release: each key gets exactly one outcome
+    lanes: list[list[Job]] = [
+        [
+            ("settle", "run", f"call-{i}", {"cost": 1})
+            if lane % 2
+            else ("release", "run", f"call-{i}", None)
+            for i in range(8)
+        ]
+        for lane in range(LANES)
+    ]
+    results = backend.race(lanes)
+    expected_held = 0.0
+    for i in range(8):
+        column = [lane[i] for lane in results]
+        assert column.count("existing") == LANES - 1
+        outcome = next(o for o in column if o != "existing")
+        stored = ledger.get(f"call-{i}")
+        assert stored is not None
+        assert stored.status.value == outcome
+        expected_held += 1.0 if outcome == "settled" else 0.0
+    for name in ("run", "tenant"):
+        assert ledger.balance(name).held == {"cost": expected_held}
+
+
+# -- async twins -------------------------------------------------------------------------------
+
+
+async def test_async_twins_follow_the_same_rules(ledger: Ledger) -> None:
+    await ledger.aopen_account("tenant", {"cost": 10})
+    balance = await ledger.aopen_account("run", {"cost": 5}, parent="tenant")
+    assert balance.parent == "tenant"
+    with pytest.raises(LedgerConflict):
+        await ledger.aopen_account("run", {"cost": 6}, parent="tenant")
+    first = await ledger.areserve("run", "k1", {"cost": 3})
+    assert not first.existing
+    assert (await ledger.areserve("run", "k1", {"cost": 3})).existing
+    with pytest.raises(BudgetExhausted) as caught:
+        await ledger.areserve("run", "k2", {"cost": 3})
+    assert caught.value.account == "run"
+    settled = await ledger.asettle("k1", {"cost": 1})
+    assert settled.amounts == {"cost": 1.0}
+    await ledger.areserve("run", "k2", {"cost": 3})
+    released = await ledger.arelease("k2")
+    assert released.status is ReservationStatus.RELEASED
+    assert await ledger.aget("k1") == settled
+    assert await ledger.aget("missing") is None
+    with pytest.raises(UnknownReservation):
+        await ledger.asettle("missing")
+    with pytest.raises(UnknownReservation):
+        await ledger.arelease("missing")
+    with pytest.raises(UnknownAccount):
+        await ledger.areserve("nobody", "k3", {})
+    assert ledger.balance("tenant").held == {"cost": 1.0}
+
+
+async def test_async_reserves_gathered_against_a_limit_of_n_let_exactly_n_through(
+    ledger: Ledger,
+) -> None:
+    await ledger.aopen_account("run", {"tool_calls": 5})
+    results = await asyncio.gather(
+        *(ledger.areserve("run", f"call-{i}", {"tool_calls": 1}) for i in range(12)),
+        return_exceptions=True,
+    )
+    assert sum(isinstance(r, Reservation) for r in results) == 5
+    assert sum(isinstance(r, BudgetExhausted) for r in results) == 7
+    assert ledger.balance("run").held == {"tool_calls": 5.0}

@@ -1,0 +1,209 @@
+"""Shared test kit for graph tests: a small registry, contexts and run helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import InMemorySaver
+from pydantic import BaseModel, ConfigDict
+
+import fencepost as fp
+from fencepost.adapters.scripted import ScriptedDecisionModel
+
+
+class SearchArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    query: str
+
+
+class WriteArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    note: str
+
+
+class EmptyArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+@dataclass
+class Calls:
+    """Records every tool body that actually ran."""
+
+    log: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)
+
+    def count(self, name: str) -> int:
+        return sum(1 for n, _, _ in self.log if n == name)
+
+
+def make_registry(
+    calls: Calls, *, search_result: Any = None, extra: Sequence[fp.ToolSpec] = ()
+) -> fp.ToolRegistry:
+    def search(args: SearchArgs, ctx: fp.ToolContext) -> Any:
+        calls.log.append(("search_logs", args.model_dump(), ctx.idempotency_key))
+        return (
+            search_result
+            if search_result is not None
+            else {"hits": [{"id": "log-1", "line": "500 /checkout"}]}
+        )
+
+    async def write_note(args: WriteArgs, ctx: fp.ToolContext) -> Any:
+        calls.log.append(("write_note", args.model_dump(), ctx.idempotency_key))
+        return {"written": True}
+
+    def explode(args: EmptyArgs, ctx: fp.ToolContext) -> Any:
+        calls.log.append(("explode", {}, ctx.idempotency_key))
+        raise RuntimeError("password=hunter2 at db.internal:5432")
+
+    async def hang(args: EmptyArgs, ctx: fp.ToolContext) -> Any:
+        calls.log.append(("hang", {}, ctx.idempotency_key))
+        await asyncio.sleep(30)
+        return {"never": True}
+
+    def admin(args: EmptyArgs, ctx: fp.ToolContext) -> Any:
+        calls.log.append(("admin_reset", {}, ctx.idempotency_key))
+        return {"reset": True}
+
+    return fp.ToolRegistry(
+        [
+            fp.ToolSpec(
+                name="search_logs",
+                description="Search logs.",
+                args_model=SearchArgs,
+                effect=fp.Effect.READ,
+                required_capability="logs:read",
+                timeout_seconds=5,
+                execute=search,
+            ),
+            fp.ToolSpec(
+                name="write_note",
+                description="Write a note.",
+                args_model=WriteArgs,
+                effect=fp.Effect.WRITE,
+                required_capability="notes:write",
+                timeout_seconds=5,
+                execute=write_note,
+            ),
+            fp.ToolSpec(
+                name="explode",
+                description="Always fails.",
+                args_model=EmptyArgs,
+                effect=fp.Effect.READ,
+                required_capability="logs:read",
+                timeout_seconds=5,
+                execute=explode,
+            ),
+            fp.ToolSpec(
+                name="hang",
+                description="Never returns.",
+                args_model=EmptyArgs,
+                effect=fp.Effect.READ,
+                required_capability="logs:read",
+                timeout_seconds=0.3,
+                execute=hang,
+            ),
+            fp.ToolSpec(
+                name="admin_reset",
+                description="Admin only.",
+                args_model=EmptyArgs,
+                effect=fp.Effect.READ,
+                required_capability="admin",
+                timeout_seconds=5,
+                execute=admin,
+            ),
+            *extra,
+        ]
+    )
+
+
+CAPS = frozenset({"logs:read", "notes:write"})
+
+
+def context(
+    *,
+    tenant: str = "acme",
+    principal: str = "u-1",
+    caps: frozenset[str] = CAPS,
+    seconds: float | None = 30,
+    deadline: fp.Deadline | None = None,
+) -> fp.RunContext:
+    return fp.RunContext(
+        tenant_id=tenant,
+        principal=fp.Principal(id=principal, capabilities=caps),
+        deadline=deadline
+        if deadline is not None
+        else (fp.Deadline.after(seconds) if seconds else None),
+    )
+
+
+def call(tool: str = "search_logs", n: int = 1, **arguments: Any) -> fp.ToolProposal:
+    if tool == "search_logs" and not arguments:
+        arguments = {"query": f"checkout 500 #{n}"}
+    return fp.ToolProposal(call_id=f"call-{n:04d}", tool_name=tool, arguments=arguments)
+
+
+def final_citing_last(inp: fp.DecisionInput) -> fp.FinalProposal:
+    return fp.FinalProposal(
+        answer=fp.AnswerPayload(
+            text="deploy 42 broke checkout", citations=(inp.observations[-1].call_id,)
+        )
+    )
+
+
+def budget(steps: int = 6, tools: int = 4) -> fp.RuntimeBudget:
+    return fp.RuntimeBudget(steps_remaining=steps, tool_calls_remaining=tools)
+
+
+def thread() -> dict[str, Any]:
+    return {"configurable": {"thread_id": f"t-{uuid.uuid4().hex[:10]}"}}
+
+
+@dataclass
+class Harness:
+    """A compiled graph plus what it touched."""
+
+    graph: Any
+    model: ScriptedDecisionModel
+    calls: Calls
+
+    def run(
+        self,
+        *,
+        steps: int = 6,
+        tools: int = 4,
+        ctx: fp.RunContext | None = None,
+        config: dict[str, Any] | None = None,
+        **invoke_kw: Any,
+    ) -> fp.AgentState:
+        out = self.graph.invoke(
+            fp.start("why is checkout failing?", budget(steps, tools)),
+            config or thread(),
+            context=ctx or context(),
+            **invoke_kw,
+        )
+        return fp.run_output(out)
+
+
+def harness(
+    script: Sequence[Any],
+    *,
+    checkpointer: BaseCheckpointSaver[Any] | None = None,
+    search_result: Any = None,
+    registry: fp.ToolRegistry | None = None,
+    calls: Calls | None = None,
+    **build_kw: Any,
+) -> Harness:
+    calls = calls or Calls()
+    model = ScriptedDecisionModel(list(script))
+    reg = registry or make_registry(calls, search_result=search_result)
+    graph = fp.build_agent_graph(reg, model, **build_kw).compile(
+        checkpointer=checkpointer or InMemorySaver()
+    )
+    return Harness(graph=graph, model=model, calls=calls)
+
+
+Script = list[Any | Callable[[fp.DecisionInput], Any]]

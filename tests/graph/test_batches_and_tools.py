@@ -1,0 +1,120 @@
+"""Parallel batches are gated and reserved as a whole and joined by call id; sync and async both work."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import fencepost as fp
+from tests.graph.kit import Calls, SearchArgs, budget, call, context, harness, make_registry, thread
+
+
+def _slow_first_registry(calls: Calls) -> fp.ToolRegistry:
+    async def lookup(args: SearchArgs, ctx: fp.ToolContext) -> dict[str, Any]:
+        # The first call finishes last: arrival order is the reverse of proposal order.
+        await asyncio.sleep(0.2 if args.query == "order" else 0.0)
+        calls.log.append(("lookup", args.model_dump(), ctx.idempotency_key))
+        return {"answer_for": args.query}
+
+    spec = fp.ToolSpec(
+        name="lookup",
+        description="l",
+        args_model=SearchArgs,
+        effect="read",
+        required_capability="logs:read",
+        timeout_seconds=5,
+        execute=lookup,
+    )
+    return make_registry(calls, extra=[spec])
+
+
+def test_batch_results_are_joined_by_call_id_not_arrival_order() -> None:
+    calls = Calls()
+    batch = fp.ToolBatch(
+        calls=(call("lookup", 1, query="order"), call("lookup", 2, query="inventory"))
+    )
+    h = harness(
+        [batch, fp.AbstainProposal(reason="insufficient_evidence")],
+        registry=_slow_first_registry(calls),
+        calls=calls,
+    )
+    state = h.run()
+    assert [c[1]["query"] for c in calls.log] == ["inventory", "order"]
+    by_call = {o.call_id: o.result for o in state.observations}
+    assert by_call == {
+        "call-0001": {"answer_for": "order"},
+        "call-0002": {"answer_for": "inventory"},
+    }
+    assert [o.sequence for o in state.observations] == [0, 1]
+
+
+def test_with_n_calls_left_exactly_n_of_a_batch_run() -> None:
+    batch = fp.ToolBatch(calls=tuple(call(n=i) for i in range(1, 4)))
+    h = harness([batch])
+    state = h.run(tools=2)
+    assert h.calls.count("search_logs") == 2
+    assert state.budget.tool_calls_used == 2
+    assert state.termination is fp.TerminationReason.TOOL_BUDGET_EXHAUSTED
+
+
+def test_one_denied_call_stops_the_whole_batch_before_any_runs() -> None:
+    batch = fp.ToolBatch(calls=(call(n=1), call("admin_reset", 2)))
+    h = harness([batch])
+    state = h.run()
+    assert h.calls.log == []
+    assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert state.budget.tool_calls_used == 0
+
+
+def test_duplicate_call_ids_in_a_batch_are_an_invalid_proposal() -> None:
+    batch = fp.ToolBatch(calls=(call(n=1), call(n=1, query="other")))
+    h = harness([batch])
+    state = h.run()
+    assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
+    assert h.calls.log == []
+
+
+async def test_async_invoke_runs_sync_and_async_tools() -> None:
+    h = harness([call(n=1), call("write_note", 2, note="x")], approval="interrupt")
+    config, ctx = thread(), context()
+    await h.graph.ainvoke(fp.start("q", budget()), config, context=ctx)
+    from langgraph.types import Command
+
+    await h.graph.ainvoke(Command(resume="approve"), config, context=ctx)
+    assert [name for name, _, _ in h.calls.log] == ["search_logs", "write_note"]
+
+
+def test_sync_invoke_works_inside_a_running_event_loop() -> None:
+    # A notebook calls graph.invoke from a thread that already runs a loop.
+    h = harness([call(n=1), fp.AbstainProposal(reason="insufficient_evidence")])
+
+    async def inside_loop() -> fp.AgentState:
+        return fp.run_output(h.graph.invoke(fp.start("q", budget()), thread(), context=context()))
+
+    state = asyncio.run(inside_loop())
+    assert state.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
+    assert h.calls.count("search_logs") == 1
+
+
+def test_accepted_work_is_receipted_as_pending_not_completed() -> None:
+    calls = Calls()
+
+    def upload(args: SearchArgs, ctx: fp.ToolContext) -> fp.Accepted:
+        return fp.Accepted(task_id="task-17")
+
+    spec = fp.ToolSpec(
+        name="upload",
+        description="u",
+        args_model=SearchArgs,
+        effect="read",
+        required_capability="logs:read",
+        timeout_seconds=5,
+        execute=upload,
+    )
+    h = harness(
+        [call("upload", 1, query="doc"), fp.AbstainProposal(reason="insufficient_evidence")],
+        registry=make_registry(calls, extra=[spec]),
+    )
+    state = h.run()
+    assert state.receipts[0].status is fp.ReceiptStatus.ACCEPTED_PENDING
+    assert state.observations[0].result == {"task_id": "task-17", "detail": {}}

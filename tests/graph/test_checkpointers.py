@@ -1,0 +1,97 @@
+"""The same scenarios on InMemorySaver, SqliteSaver on a file, and PostgresSaver."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.types import Command
+
+import fencepost as fp
+from fencepost.graph.serde import fencepost_serializer
+from tests.graph.kit import budget, call, context, final_citing_last, harness, thread
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def saver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    if request.param == "memory":
+        yield InMemorySaver(serde=fencepost_serializer())
+    elif request.param == "sqlite":
+        conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
+        yield SqliteSaver(conn, serde=fencepost_serializer())
+        conn.close()
+    else:
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        dsn = request.getfixturevalue("postgres_schema")
+        with PostgresSaver.from_conn_string(dsn) as pg:
+            pg.serde = fencepost_serializer()
+            pg.setup()
+            yield pg
+
+
+def test_search_then_final_completes(saver: Any) -> None:
+    h = harness([call(), final_citing_last], checkpointer=saver)
+    config = thread()
+    state = h.run(config=config)
+    assert state.termination is fp.TerminationReason.COMPLETED
+    stored = fp.run_output(h.graph.get_state(config).values)
+    assert stored == state
+    assert isinstance(h.graph.get_state(config).values["budget"], fp.RuntimeBudget)
+
+
+def test_approval_pause_and_resume_keeps_budget_and_runs_once(saver: Any) -> None:
+    h = harness(
+        [call(n=1), call("write_note", 2, note="x"), final_citing_last],
+        checkpointer=saver,
+        approval="interrupt",
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget(steps=5, tools=5)), config, context=ctx)
+    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert state.budget.steps_used == 3 and state.budget.tool_calls_used == 2
+    assert [n for n, _, _ in h.calls.log] == ["search_logs", "write_note"]
+    # A finished thread stays finished.
+    again = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert again == state and len(h.calls.log) == 2
+
+
+def test_no_progress_and_denials_end_the_same_way(saver: Any) -> None:
+    h = harness([call(n=i, query="same") for i in range(1, 5)], checkpointer=saver)
+    assert h.run().termination is fp.TerminationReason.NO_PROGRESS
+    h2 = harness([call("admin_reset", 1)], checkpointer=saver)
+    assert h2.run().termination is fp.TerminationReason.POLICY_DENIED
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_async_savers_run_pause_and_resume(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if kind == "sqlite":
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+        cm: Any = AsyncSqliteSaver.from_conn_string(str(tmp_path / "runs.db"))
+    else:
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+        cm = AsyncPostgresSaver.from_conn_string(request.getfixturevalue("postgres_schema"))
+    async with cm as saver:
+        saver.serde = fencepost_serializer()
+        await saver.setup()
+        h = harness(
+            [call(n=1), call("write_note", 2, note="x"), final_citing_last],
+            checkpointer=saver,
+            approval="interrupt",
+        )
+        config, ctx = thread(), context()
+        await h.graph.ainvoke(fp.start("q", budget()), config, context=ctx)
+        out = await h.graph.ainvoke(Command(resume="approve"), config, context=ctx)
+        state = fp.run_output(out)
+        assert state.termination is fp.TerminationReason.COMPLETED
+        assert [n for n, _, _ in h.calls.log] == ["search_logs", "write_note"]
