@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fencepost.adapters.scripted import ScriptedDecisionModel
+
 if TYPE_CHECKING:
     from fencepost.adapters.ledger_postgres import PostgresLedger
     from fencepost.adapters.ledger_sqlite import SqliteLedger
 
-__all__ = ["PostgresLedger", "SqliteLedger"]
+__all__ = ["PostgresLedger", "ScriptedDecisionModel", "SqliteLedger"]
 
 # Imported on first use, so the package loads without the `sqlite` / `postgres` extras.
 _LAZY = {
