@@ -606,11 +606,12 @@ class Nodes:
 
     def _claim_attempt(
         self, state: AgentState, call: ToolProposal, spec: ToolSpec
-    ) -> tuple[AgentState, int, tuple[ErrorCode, ReceiptStatus] | None]:
+    ) -> tuple[AgentState, int, tuple[ErrorCode, ReceiptStatus, int] | None]:
         """Durably mark this call's attempt as started; detect an earlier attempt that crashed.
 
         Returns the state (charged for any crashed attempt's retry), the attempt number, and,
-        when the call must not run, the code and receipt status it ends with instead.
+        when the call must not run, the code and receipt status it ends with instead plus how
+        many attempts had been started (each one charged).
         """
         ledger = self.cfg.ledger
         assert ledger is not None
@@ -624,18 +625,24 @@ class Nodes:
                 held = ledger.reserve(_account(state), key, amounts)
             except BudgetExhausted:
                 if attempt == 1:
-                    return state, attempt, (ErrorCode.BUDGET_EXHAUSTED, ReceiptStatus.DENIED)
-                return state, attempt, (ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN)
+                    return state, attempt, (ErrorCode.BUDGET_EXHAUSTED, ReceiptStatus.DENIED, 0)
+                uncertain = (ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN, attempt - 1)
+                return state, attempt, uncertain
             if not held.existing:
                 return state, attempt, None
             # An earlier attempt started and never reported: its effect may have happened.
             if not spec.retry_safe:
-                return state, attempt, (ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN)
+                return (
+                    state,
+                    attempt,
+                    (ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN, attempt),
+                )
             attempt += 1
             try:
                 state = reserve_tool_call(state, mutation=spec.effect is not Effect.READ)
             except BudgetExhausted:
-                return state, attempt, (ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN)
+                uncertain = (ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN, attempt - 1)
+                return state, attempt, uncertain
 
     async def _run_calls(
         self, state: AgentState, ctx: RunContext, runnable: list[tuple[ToolProposal, ToolSpec, int]]
@@ -714,9 +721,9 @@ class Nodes:
         by_id: dict[str, tuple[ToolSpec, RuntimeEvent, ReceiptStatus, int]] = {}
         for (call, spec, attempt), (event, status) in zip(runnable, results, strict=True):
             by_id[call.call_id] = (spec, event, status, attempt)
-        for call, spec, code, status in early:
+        for call, spec, code, status, started in early:
             event = ToolFailed(call_id=call.call_id, tool_name=spec.name, error_code=code)
-            by_id[call.call_id] = (spec, event, status, 0)
+            by_id[call.call_id] = (spec, event, status, started)
         # Joined by call id, in the order the model proposed them: never by arrival order.
         ordered = [by_id[c.call_id] for c in state.pending if c.call_id in by_id]
         state = reduce_tool_events(state, tuple(e for _, e, _, _ in ordered))

@@ -13,8 +13,10 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from pydantic import BaseModel
 
 from fencepost import policy
+from fencepost.graph.state import StartRequest
 
 _CHECKPOINTED: tuple[type[Any], ...] = (
+    StartRequest,
     policy.AgentState,
     policy.RuntimeBudget,
     policy.Observation,

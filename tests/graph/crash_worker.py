@@ -1,0 +1,384 @@
+"""The child process of the crash tests: builds the graph on a durable saver + ledger and runs it.
+
+Run as ``python tests/graph/crash_worker.py '<json spec>'`` (see :class:`Spec`). Phases:
+
+- ``crash``: start the run (approving a write in interrupt mode) and reach a point that hangs —
+  a tool body or the decision model. The parent SIGKILLs this process there; it never returns.
+- ``resume``: ``graph.invoke(None, config, context=<same RunContext>)`` in a fresh process and
+  print the run's output as JSON (``{"state": ...}``) on the last line of stdout.
+- ``read``: under ``LANGGRAPH_STRICT_MSGPACK=true``, read a finished thread back from the SQLite
+  file, validate it into ``AgentState`` and print what the serializer logged or warned.
+
+Everything a test asserts on is written durably (appended and fsynced) before the hang, so a
+SIGKILL cannot lose it: ``tools.jsonl`` (one line per tool body start: tool, idempotency key,
+attempt) and ``model.jsonl`` (one line per model call: the step it was given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from langchain_core.runnables import RunnableConfig
+from pydantic import BaseModel, ConfigDict
+
+# Runnable as a script from the repository root, without installing the test package.
+_ROOT = Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import fencepost as fp  # noqa: E402
+
+HANG_SECONDS = 60.0
+"""How long a hang point sleeps: far longer than any test waits before it kills the process."""
+
+READ_TOOL = "search_logs"
+IDEMPOTENT_WRITE_TOOL = "record_note"
+NON_IDEMPOTENT_WRITE_TOOL = "post_message"
+FIRST_CALL_ID = "call-0001"
+CAPABILITIES = frozenset({"logs:read", "notes:write", "chat:post"})
+
+
+class Spec(BaseModel):
+    """What one child process does. Serialised as JSON on the command line."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    phase: Literal["crash", "resume", "read"]
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    checkpoint: str
+    """SQLite checkpoint file, or the Postgres DSN."""
+    ledger: str
+    """SQLite ledger file, or the Postgres DSN."""
+    workdir: str
+    """Where the hang markers and the durable tool/model logs live."""
+    thread_id: str
+    run_id: str
+    deadline: datetime
+    """The run's absolute deadline: the same instant in every process (the same RunContext)."""
+    tool: str = READ_TOOL
+    """The tool the model proposes first."""
+    hang: Literal["tool", "model", "none"] = "tool"
+    """Where the crash phase hangs (once per workdir: a retry in the next process goes on)."""
+    hang_step: int = 1
+    """With ``hang="model"``: the step whose decision hangs."""
+    steps: int = 4
+    tool_calls: int = 2
+    serde: Literal["fencepost", "plain"] = "fencepost"
+    """``read`` only: ``plain`` reads with LangGraph's default serializer (the negative control)."""
+
+
+class SearchArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    query: str
+
+
+class NoteArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    note: str
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line and fsync it: it must survive the SIGKILL that follows."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _first_time(marker: Path) -> bool:
+    """Create ``marker`` atomically; True only for the first process (and call) to get there."""
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, str(os.getpid()).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+class Probe:
+    """The durable logs and the hang-once points of one scenario."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.dir = Path(spec.workdir)
+        self.tools_log = self.dir / "tools.jsonl"
+        self.model_log = self.dir / "model.jsonl"
+        self.marker = self.dir / "hanging"
+
+    def tool_started(self, name: str, ctx: fp.ToolContext) -> None:
+        _append(
+            self.tools_log,
+            {
+                "tool": name,
+                "key": ctx.idempotency_key,
+                "attempt": ctx.attempt,
+                "run_id": ctx.run_id,
+                "pid": os.getpid(),
+            },
+        )
+        if self.spec.hang == "tool" and _first_time(self.marker):
+            time.sleep(HANG_SECONDS)  # killed here; a sync tool runs in a worker thread
+
+    async def model_called(self, step: int) -> None:
+        _append(self.model_log, {"step": step, "pid": os.getpid()})
+        if self.spec.hang == "model" and step == self.spec.hang_step and _first_time(self.marker):
+            await asyncio.sleep(HANG_SECONDS)  # killed here, mid-decision
+
+
+def registry(probe: Probe) -> fp.ToolRegistry:
+    """A read, an idempotent write and a non-idempotent write, each logging its start durably."""
+
+    def search(args: SearchArgs, ctx: fp.ToolContext) -> Any:
+        probe.tool_started(READ_TOOL, ctx)
+        return {"hits": [{"id": "log-1", "line": "500 /checkout"}]}
+
+    def record_note(args: NoteArgs, ctx: fp.ToolContext) -> Any:
+        # Honours the idempotency key: a retry with the same key would upsert, not duplicate.
+        probe.tool_started(IDEMPOTENT_WRITE_TOOL, ctx)
+        return {"recorded": ctx.idempotency_key}
+
+    def post_message(args: NoteArgs, ctx: fp.ToolContext) -> Any:
+        probe.tool_started(NON_IDEMPOTENT_WRITE_TOOL, ctx)
+        return {"posted": True}
+
+    common: dict[str, Any] = {"timeout_seconds": 30}
+    return fp.ToolRegistry(
+        [
+            fp.ToolSpec(
+                name=READ_TOOL,
+                description="Search logs.",
+                args_model=SearchArgs,
+                effect=fp.Effect.READ,
+                required_capability="logs:read",
+                execute=search,
+                **common,
+            ),
+            fp.ToolSpec(
+                name=IDEMPOTENT_WRITE_TOOL,
+                description="Record a note, keyed by the idempotency key.",
+                args_model=NoteArgs,
+                effect=fp.Effect.WRITE,
+                required_capability="notes:write",
+                idempotent=True,
+                execute=record_note,
+                **common,
+            ),
+            fp.ToolSpec(
+                name=NON_IDEMPOTENT_WRITE_TOOL,
+                description="Post a chat message (no idempotency).",
+                args_model=NoteArgs,
+                effect=fp.Effect.WRITE,
+                required_capability="chat:post",
+                idempotent=False,
+                execute=post_message,
+                **common,
+            ),
+        ]
+    )
+
+
+class CrashModel:
+    """A decision model whose answer depends only on the input, so a new process continues it.
+
+    (A scripted model counts its calls in memory, which a crash resets.) No observation yet: call
+    the scenario's tool. Last observation a result: a final answer citing it. An error: abstain.
+    """
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+
+    async def decide(self, input: fp.DecisionInput, *, deadline: fp.Deadline) -> Any:
+        await self.probe.model_called(input.step)
+        if not input.observations:
+            arguments: dict[str, Any] = (
+                {"query": "checkout 500"}
+                if self.probe.spec.tool == READ_TOOL
+                else {"note": "checkout is failing"}
+            )
+            return fp.ToolProposal(
+                call_id=FIRST_CALL_ID, tool_name=self.probe.spec.tool, arguments=arguments
+            )
+        last = input.observations[-1]
+        if last.is_evidence:
+            return fp.FinalProposal(
+                answer=fp.AnswerPayload(text="deploy 42 broke checkout", citations=(last.call_id,))
+            )
+        return fp.AbstainProposal(reason="insufficient_evidence")
+
+
+def run_context(spec: Spec) -> fp.RunContext:
+    """The trusted context: identical in every process of a scenario."""
+    return fp.RunContext(
+        tenant_id="acme",
+        principal=fp.Principal(id="u-1", capabilities=CAPABILITIES),
+        deadline=fp.Deadline(at=spec.deadline),
+    )
+
+
+@contextmanager
+def durable_parts(spec: Spec) -> Iterator[tuple[Any, fp.Ledger]]:
+    """The checkpointer and the ledger for ``spec.backend``, both with fencepost's serializer."""
+    from fencepost.graph.serde import fencepost_serializer
+
+    if spec.backend == "sqlite":
+        import sqlite3
+
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        from fencepost.adapters import SqliteLedger
+
+        conn = sqlite3.connect(spec.checkpoint, check_same_thread=False)
+        ledger = SqliteLedger(spec.ledger)
+        try:
+            yield SqliteSaver(conn, serde=fencepost_serializer()), ledger
+        finally:
+            ledger.close()
+            conn.close()
+    else:
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        from fencepost.adapters import PostgresLedger
+
+        with PostgresSaver.from_conn_string(spec.checkpoint) as saver:
+            saver.serde = fencepost_serializer()
+            saver.setup()
+            pg_ledger = PostgresLedger(spec.ledger)
+            try:
+                yield saver, pg_ledger
+            finally:
+                pg_ledger.close()
+
+
+def _config(spec: Spec) -> RunnableConfig:
+    return {"configurable": {"thread_id": spec.thread_id}}
+
+
+# Every invoke passes durability="sync": each checkpoint is written before the next step starts.
+# With the default "async" a SIGKILL may also lose the checkpoint written just before the hang,
+# which moves the resume point one node back (an approval would be asked for again); "sync" keeps
+# the scenario deterministic. The ledger's reservations are synchronous either way.
+
+
+def crash(spec: Spec) -> int:
+    """Start the run and hang where the spec says; reaching the end means the hang never came."""
+    probe = Probe(spec)
+    ctx = run_context(spec)
+    with durable_parts(spec) as (saver, ledger):
+        graph = fp.build_agent_graph(
+            registry(probe), CrashModel(probe), approval="interrupt", ledger=ledger
+        ).compile(checkpointer=saver)
+        budget = fp.RuntimeBudget(steps_remaining=spec.steps, tool_calls_remaining=spec.tool_calls)
+        out = graph.invoke(
+            fp.start("why is checkout failing?", budget, run_id=spec.run_id),
+            _config(spec),
+            context=ctx,
+            durability="sync",
+        )
+        if "__interrupt__" in out:
+            # The write is approved before the crash: the resume must not need a second approval.
+            from langgraph.types import Command
+
+            out = graph.invoke(
+                Command(resume="approve"), _config(spec), context=ctx, durability="sync"
+            )
+    print(json.dumps({"unexpected": "the crash phase finished without hanging"}))
+    return 3
+
+
+def resume(spec: Spec) -> int:
+    """A new process picks the thread up where the dead one left it."""
+    probe = Probe(spec)
+    with durable_parts(spec) as (saver, ledger):
+        graph = fp.build_agent_graph(
+            registry(probe), CrashModel(probe), approval="interrupt", ledger=ledger
+        ).compile(checkpointer=saver)
+        out = graph.invoke(None, _config(spec), context=run_context(spec), durability="sync")
+        interrupted = "__interrupt__" in out
+        state = fp.run_output(out)
+    print(json.dumps({"state": state.model_dump(mode="json"), "interrupted": interrupted}))
+    return 0
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(f"{record.levelname}: {record.getMessage()}")
+
+
+def read(spec: Spec) -> int:
+    """Read a finished thread back from the SQLite file under strict msgpack, as a reporter would."""
+    import sqlite3
+
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from fencepost.graph.serde import fencepost_serializer
+
+    records = _Records()
+    serde_logger = logging.getLogger("langgraph.checkpoint.serde.jsonplus")
+    serde_logger.addHandler(records)
+    serde_logger.setLevel(logging.DEBUG)
+    serde = fencepost_serializer() if spec.serde == "fencepost" else JsonPlusSerializer()
+    types: dict[str, str] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        conn = sqlite3.connect(spec.checkpoint)
+        try:
+            saver = SqliteSaver(conn, serde=serde)
+            tup = saver.get_tuple(_config(spec))
+            assert tup is not None, "no checkpoint for the thread"
+            values = tup.checkpoint["channel_values"]
+            for name in ("budget", "termination", "observations", "receipts", "manifests"):
+                value = values.get(name)
+                item = value[0] if isinstance(value, list | tuple) and value else value
+                types[name] = f"{type(item).__module__}.{type(item).__qualname__}"
+            error: str | None = None
+            try:
+                state = fp.run_output(values)
+                dumped: dict[str, Any] | None = state.model_dump(mode="json")
+            except Exception as exc:  # reported to the parent, which fails the test
+                error, dumped = type(exc).__name__, None
+        finally:
+            conn.close()
+    print(
+        json.dumps(
+            {
+                "strict": os.environ.get("LANGGRAPH_STRICT_MSGPACK"),
+                "logged": records.messages,
+                "warnings": [str(w.message) for w in caught],
+                "types": types,
+                "error": error,
+                "state": dumped,
+            }
+        )
+    )
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    spec = Spec.model_validate_json(argv[1])
+    return {"crash": crash, "resume": resume, "read": read}[spec.phase](spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
