@@ -55,6 +55,7 @@ from fencepost.policy import (
     Verdict,
     VerdictCode,
     authorize,
+    check_schema,
     error_code_for,
     gate_proposal,
     is_retryable,
@@ -676,7 +677,7 @@ class Nodes:
             attempt=attempt,
         )
         try:
-            args = spec.args_model.model_validate(call.arguments, strict=True)
+            args = check_schema(spec, call)
             timeout = max(0.0, deadline.remaining_seconds(clock=cfg.clock))
             if inspect.iscoroutinefunction(spec.execute):
                 result = await asyncio.wait_for(spec.execute(args, tool_ctx), timeout=timeout)

@@ -47,8 +47,11 @@ def serializer_allowlist() -> frozenset[tuple[str, str]]:
 
 def fencepost_serializer(base: JsonPlusSerializer | None = None) -> JsonPlusSerializer:
     """A LangGraph serializer that revives fencepost's types (strict msgpack or not)."""
-    serde = base or JsonPlusSerializer()
-    return serde.with_msgpack_allowlist(serializer_allowlist())
+    if base is None:
+        # An explicit allowlist, strict mode or not: LangGraph's permissive default would revive
+        # fencepost's types with an "unregistered type" warning each.
+        return JsonPlusSerializer(allowed_msgpack_modules=tuple(serializer_allowlist()))
+    return base.with_msgpack_allowlist(serializer_allowlist())
 
 
 def registered(cls: type[BaseModel]) -> bool:

@@ -109,6 +109,10 @@ def error_code_for(exc: BaseException) -> ErrorCode:
     """
     if isinstance(exc, ToolError):
         return exc.code
+    # Exception classes of our own declare their code on the class, never in the message.
+    declared = getattr(type(exc), "safe_code", None)
+    if isinstance(declared, ErrorCode):
+        return declared
     status = _status_of(exc)
     if status is not None:
         if status in _BY_STATUS:

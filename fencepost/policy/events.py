@@ -39,6 +39,8 @@ _JSON: TypeAdapter[JsonValue] = TypeAdapter(JsonValue)
 class UnserializableResult(TypeError):
     """A tool returned something that is not JSON data."""
 
+    safe_code = ErrorCode.UNSERIALIZABLE_RESULT
+
 
 def serialize_tool_result(result: Any) -> JsonValue:
     """A tool's return value as JSON data: pydantic models are dumped, everything else checked."""

@@ -1,0 +1,106 @@
+"""Fingerprints name (tool, canonical args): blind to key order and whitespace, not to values."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fencepost.policy import canonical_json, proposal_fingerprint
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=25,
+)
+arguments = st.dictionaries(st.text(max_size=6), json_values, min_size=1, max_size=5)
+
+
+def _reordered(value: Any, rng: random.Random) -> Any:
+    """The same JSON value with every object's keys inserted in a shuffled order."""
+    if isinstance(value, dict):
+        keys = list(value)
+        rng.shuffle(keys)
+        return {key: _reordered(value[key], rng) for key in keys}
+    if isinstance(value, list):
+        return [_reordered(item, rng) for item in value]
+    return value
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    args=arguments,
+    seed=st.integers(),
+    indent=st.none() | st.integers(min_value=0, max_value=4),
+    separators=st.sampled_from([(",", ":"), (", ", ": "), (" ,  ", "  :\t")]),
+    ensure_ascii=st.booleans(),
+)
+def test_fingerprint_ignores_key_order_and_json_whitespace(
+    args: dict[str, Any],
+    seed: int,
+    indent: int | None,
+    separators: tuple[str, str],
+    ensure_ascii: bool,
+) -> None:
+    text = json.dumps(
+        _reordered(args, random.Random(seed)),
+        indent=indent,
+        separators=separators,
+        ensure_ascii=ensure_ascii,
+    )
+    other = json.loads(text)
+    assert proposal_fingerprint("search_logs", other) == proposal_fingerprint("search_logs", args)
+
+
+@settings(max_examples=150, deadline=None)
+@given(args=arguments, data=st.data())
+def test_fingerprint_differs_when_an_argument_differs(args: dict[str, Any], data: Any) -> None:
+    key = data.draw(st.sampled_from(sorted(args)))
+    new = data.draw(json_values.filter(lambda v: canonical_json(v) != canonical_json(args[key])))
+    changed = {**args, key: new}
+    assert proposal_fingerprint("search_logs", changed) != proposal_fingerprint("search_logs", args)
+    extra_key = data.draw(st.text(max_size=6).filter(lambda k: k not in args))
+    added = {**args, extra_key: None}
+    assert proposal_fingerprint("search_logs", added) != proposal_fingerprint("search_logs", args)
+
+
+@settings(max_examples=50, deadline=None)
+@given(args=arguments)
+def test_fingerprint_differs_when_the_tool_differs(args: dict[str, Any]) -> None:
+    assert proposal_fingerprint("search_logs", args) != proposal_fingerprint("search_mail", args)
+
+
+def test_type_differences_are_argument_differences() -> None:
+    base = proposal_fingerprint("t_tool", {"n": 1})
+    assert proposal_fingerprint("t_tool", {"n": "1"}) != base
+    assert proposal_fingerprint("t_tool", {"n": True}) != base
+    assert proposal_fingerprint("t_tool", {"n": [1]}) != base
+
+
+def test_fingerprint_is_a_hash_that_holds_no_argument_text() -> None:
+    fingerprint = proposal_fingerprint("search_logs", {"query": "password=hunter2"})
+    assert len(fingerprint) == 64
+    assert set(fingerprint) <= set("0123456789abcdef")
+    assert "hunter2" not in fingerprint
+
+
+def test_canonical_json_is_sorted_compact_and_keeps_unicode() -> None:
+    assert canonical_json({"b": 1, "a": [1, {"d": None, "c": "é"}]}) == (
+        '{"a":[1,{"c":"é","d":null}],"b":1}'
+    )
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+def test_canonical_json_refuses_non_json_numbers(number: float) -> None:
+    with pytest.raises(ValueError):
+        canonical_json({"x": number})

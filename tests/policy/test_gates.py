@@ -1,0 +1,336 @@
+"""Each gate fails with its own typed error; gate_proposal turns them into verdicts, as data."""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from fencepost.policy import (
+    DEFAULT_REPEAT_LIMIT,
+    AgentState,
+    Effect,
+    HumanApprovalRequired,
+    NoProgressDetected,
+    TerminationReason,
+    ToolPolicyDenied,
+    ToolProposal,
+    ToolRegistry,
+    ToolSemanticError,
+    UnknownTool,
+    VerdictCode,
+    authorize,
+    check_progress,
+    check_registered,
+    check_schema,
+    check_semantics,
+    gate_proposal,
+    proposal_fingerprint,
+)
+from tests.policy.factories import SearchArgs, make_proposal, make_spec, make_state, reader
+
+
+def _repeated(proposal: ToolProposal, times: int) -> AgentState:
+    """A state in which ``proposal``'s fingerprint has already been allowed ``times`` times."""
+    fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
+    return make_state(fingerprints={fingerprint: times})
+
+
+# Gate 1: registry -----------------------------------------------------------------------------
+
+
+def test_unregistered_tool_fails_the_registry_gate() -> None:
+    registry = ToolRegistry((make_spec(),))
+    assert check_registered(registry, make_proposal()).name == "search_logs"
+    with pytest.raises(UnknownTool):
+        check_registered(registry, make_proposal(tool_name="drop_tables"))
+
+
+# Gate 2: strict schema ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "location"),
+    [
+        ({"query": "checkout", "limit": "5"}, ("limit",)),
+        ({"query": "checkout", "limit": 5.0}, ("limit",)),
+        ({"query": "checkout", "limit": True}, ("limit",)),
+        ({"query": "checkout", "tenant_id": "tenant-b"}, ("tenant_id",)),
+        (
+            {"query": "checkout", "window": {"service": "api", "tenant_id": "b"}},
+            ("window", "tenant_id"),
+        ),
+        (
+            {"query": "checkout", "window": {"service": "api", "max_hits": "3"}},
+            ("window", "max_hits"),
+        ),
+        ({"query": 42}, ("query",)),
+        ({}, ("query",)),
+    ],
+)
+def test_strict_schema_rejects_coercion_and_unknown_keys(
+    arguments: dict[str, Any], location: tuple[str, ...]
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        check_schema(make_spec(), make_proposal(arguments))
+    assert location in [error["loc"] for error in caught.value.errors()]
+
+
+def test_strict_schema_accepts_well_typed_arguments() -> None:
+    args = check_schema(
+        make_spec(),
+        make_proposal({"query": "checkout", "limit": 5, "window": {"service": "api"}}),
+    )
+    assert isinstance(args, SearchArgs)
+    assert args.limit == 5
+    assert args.window is not None and args.window.service == "api"
+
+
+def test_strict_schema_reads_dates_as_the_iso_text_json_carries() -> None:
+    args = check_schema(
+        make_spec(),
+        make_proposal({"query": "checkout", "start": "2026-01-01", "end": "2026-01-31"}),
+    )
+    assert isinstance(args, SearchArgs)
+    assert (args.start, args.end) == (date(2026, 1, 1), date(2026, 1, 31))
+    with pytest.raises(ValidationError):
+        check_schema(make_spec(), make_proposal({"query": "checkout", "start": "yesterday"}))
+
+
+# Gate 3: semantic rules -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "query", ["", "   ", "*", "null", "None", "undefined", "N/A", "'nil'", '""']
+)
+def test_empty_like_query_is_a_semantic_error(query: str) -> None:
+    args = SearchArgs(query=query)
+    with pytest.raises(ToolSemanticError) as caught:
+        check_semantics(make_spec(), args, make_state())
+    assert caught.value.rule == "empty_query"
+
+
+def test_reversed_date_range_is_a_semantic_error() -> None:
+    args = SearchArgs(query="checkout", start=date(2026, 2, 1), end=date(2026, 1, 1))
+    with pytest.raises(ToolSemanticError) as caught:
+        check_semantics(make_spec(), args, make_state())
+    assert caught.value.rule == "reversed_range_start_end"
+
+
+def test_meaningful_query_and_ordered_range_pass_the_semantic_gate() -> None:
+    for start, end in [(date(2026, 1, 1), date(2026, 1, 2)), (date(2026, 1, 1), date(2026, 1, 1))]:
+        check_semantics(
+            make_spec(), SearchArgs(query="null pointer", start=start, end=end), make_state()
+        )
+
+
+def test_tool_semantic_validator_runs_with_the_args_and_the_state() -> None:
+    seen: list[tuple[Any, AgentState]] = []
+
+    def no_wildcards(args: Any, state: AgentState) -> None:
+        seen.append((args, state))
+        if "%" in args.query:
+            raise ToolSemanticError("wildcard_query")
+
+    spec = make_spec(semantic_validator=no_wildcards)
+    state = make_state()
+    check_semantics(spec, SearchArgs(query="checkout"), state)
+    with pytest.raises(ToolSemanticError) as caught:
+        check_semantics(spec, SearchArgs(query="check%"), state)
+    assert caught.value.rule == "wildcard_query"
+    assert seen[0] == (SearchArgs(query="checkout"), state)
+
+
+# Gate 4: no progress --------------------------------------------------------------------------
+
+
+def test_default_repeat_limit_is_two() -> None:
+    assert DEFAULT_REPEAT_LIMIT == 2
+
+
+def test_repeat_below_the_limit_passes_and_returns_the_fingerprint() -> None:
+    proposal = make_proposal()
+    fingerprint = check_progress(make_spec(), proposal, _repeated(proposal, 1))
+    assert fingerprint == proposal_fingerprint("search_logs", {"query": "checkout 500"})
+
+
+def test_repeat_at_the_limit_is_no_progress() -> None:
+    proposal = make_proposal()
+    with pytest.raises(NoProgressDetected) as caught:
+        check_progress(make_spec(), proposal, _repeated(proposal, DEFAULT_REPEAT_LIMIT))
+    assert caught.value.fingerprint == proposal_fingerprint(proposal.tool_name, proposal.arguments)
+
+
+def test_repeat_is_recognised_whatever_the_key_order() -> None:
+    seen = make_proposal({"query": "checkout", "limit": 5})
+    again = make_proposal({"limit": 5, "query": "checkout"}, call_id="call-0002")
+    with pytest.raises(NoProgressDetected):
+        check_progress(make_spec(), again, _repeated(seen, 2))
+
+
+def test_a_different_argument_is_not_a_repeat() -> None:
+    seen = make_proposal({"query": "checkout"})
+    check_progress(make_spec(), make_proposal({"query": "checkout 502"}), _repeated(seen, 5))
+
+
+def test_repeat_limit_can_be_raised_per_call() -> None:
+    proposal = make_proposal()
+    state = _repeated(proposal, 2)
+    check_progress(make_spec(), proposal, state, repeat_limit=3)
+    with pytest.raises(NoProgressDetected):
+        check_progress(make_spec(), proposal, state, repeat_limit=1)
+
+
+def test_progress_predicate_allows_a_repeat_it_calls_progress() -> None:
+    proposal = make_proposal({"query": "task-42 status"})
+    state = _repeated(proposal, 7)
+    calls: list[ToolProposal] = []
+
+    def status_changed(p: ToolProposal, s: AgentState) -> bool:
+        calls.append(p)
+        return True
+
+    check_progress(make_spec(progress_predicate=status_changed), proposal, state)
+    assert calls == [proposal]
+    with pytest.raises(NoProgressDetected):
+        check_progress(make_spec(progress_predicate=lambda p, s: False), proposal, state)
+
+
+# Gate 5: authorization and effect -------------------------------------------------------------
+
+
+def test_missing_capability_is_policy_denied() -> None:
+    with pytest.raises(ToolPolicyDenied):
+        authorize(make_spec(capability="logs:read"), reader("metrics:read"))
+
+
+@pytest.mark.parametrize("effect", [Effect.WRITE, Effect.EXTERNAL])
+def test_write_and_external_effects_require_human_approval(effect: Effect) -> None:
+    spec = make_spec(effect=effect, capability="tickets:write")
+    with pytest.raises(HumanApprovalRequired):
+        authorize(spec, reader("tickets:write"))
+    authorize(spec, reader("tickets:write"), approved=True)
+
+
+def test_read_effect_needs_no_approval() -> None:
+    authorize(make_spec(effect=Effect.READ), reader("logs:read"))
+
+
+def test_approval_does_not_replace_the_capability() -> None:
+    spec = make_spec(effect=Effect.WRITE, capability="tickets:write")
+    with pytest.raises(ToolPolicyDenied):
+        authorize(spec, reader("logs:read"), approved=True)
+
+
+# gate_proposal: the verdict as data -----------------------------------------------------------
+
+REGISTRY = ToolRegistry(
+    (
+        make_spec(),
+        make_spec("create_ticket", effect=Effect.WRITE, capability="tickets:write"),
+        make_spec("send_email", effect=Effect.EXTERNAL, capability="mail:send"),
+    )
+)
+EVERYONE = reader("logs:read", "tickets:write", "mail:send")
+
+
+@pytest.mark.parametrize(
+    ("proposal", "principal", "code"),
+    [
+        (make_proposal(), EVERYONE, VerdictCode.ALLOWED),
+        (make_proposal(tool_name="drop_tables"), EVERYONE, VerdictCode.UNKNOWN_TOOL),
+        (make_proposal({"query": "x", "limit": "5"}), EVERYONE, VerdictCode.SCHEMA_VIOLATION),
+        (make_proposal({"query": "x", "tenant_id": "b"}), EVERYONE, VerdictCode.SCHEMA_VIOLATION),
+        (make_proposal({"query": "*"}), EVERYONE, VerdictCode.SEMANTIC_VIOLATION),
+        (
+            make_proposal({"query": "x", "start": "2026-02-01", "end": "2026-01-01"}),
+            EVERYONE,
+            VerdictCode.SEMANTIC_VIOLATION,
+        ),
+        (make_proposal(), reader("metrics:read"), VerdictCode.CAPABILITY_DENIED),
+        (make_proposal(tool_name="create_ticket"), EVERYONE, VerdictCode.APPROVAL_REQUIRED),
+        (make_proposal(tool_name="send_email"), EVERYONE, VerdictCode.APPROVAL_REQUIRED),
+    ],
+)
+def test_gate_proposal_returns_the_matching_verdict(
+    proposal: ToolProposal, principal: Any, code: VerdictCode
+) -> None:
+    verdict = gate_proposal(REGISTRY, proposal, make_state(), principal)
+    assert verdict.code is code
+    assert verdict.allowed is (code is VerdictCode.ALLOWED)
+    assert verdict.call_id == proposal.call_id
+    assert verdict.tool_name == proposal.tool_name
+    assert verdict.fingerprint == proposal_fingerprint(proposal.tool_name, proposal.arguments)
+
+
+def test_gate_proposal_reports_no_progress_at_the_repeat_limit() -> None:
+    proposal = make_proposal()
+    verdict = gate_proposal(REGISTRY, proposal, _repeated(proposal, 2), EVERYONE)
+    assert verdict.code is VerdictCode.NO_PROGRESS
+    assert verdict.termination is TerminationReason.NO_PROGRESS
+
+
+def test_gate_proposal_allows_an_approved_write() -> None:
+    proposal = make_proposal(tool_name="create_ticket")
+    verdict = gate_proposal(REGISTRY, proposal, make_state(), EVERYONE, approved=True)
+    assert verdict.code is VerdictCode.ALLOWED
+
+
+def test_gates_run_in_order_registry_schema_semantics_progress_authorization() -> None:
+    nobody = reader("nothing")
+    schema_and_capability = make_proposal({"query": "x", "limit": "5"})
+    assert gate_proposal(REGISTRY, schema_and_capability, make_state(), nobody).code is (
+        VerdictCode.SCHEMA_VIOLATION
+    )
+    semantic_and_capability = make_proposal({"query": ""})
+    assert gate_proposal(REGISTRY, semantic_and_capability, make_state(), nobody).code is (
+        VerdictCode.SEMANTIC_VIOLATION
+    )
+    # A repeat ends as no_progress before anything else is decided about it.
+    repeat = make_proposal()
+    assert gate_proposal(REGISTRY, repeat, _repeated(repeat, 2), nobody).code is (
+        VerdictCode.NO_PROGRESS
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (VerdictCode.ALLOWED, None),
+        (VerdictCode.UNKNOWN_TOOL, TerminationReason.INVALID_PROPOSAL),
+        (VerdictCode.SCHEMA_VIOLATION, TerminationReason.INVALID_PROPOSAL),
+        (VerdictCode.SEMANTIC_VIOLATION, TerminationReason.INVALID_PROPOSAL),
+        (VerdictCode.NO_PROGRESS, TerminationReason.NO_PROGRESS),
+        (VerdictCode.CAPABILITY_DENIED, TerminationReason.POLICY_DENIED),
+        (VerdictCode.APPROVAL_REQUIRED, TerminationReason.APPROVAL_REQUIRED),
+    ],
+)
+def test_denying_verdicts_map_to_their_termination_reason(
+    code: VerdictCode, reason: TerminationReason | None
+) -> None:
+    verdict = gate_proposal(REGISTRY, make_proposal(), make_state(), EVERYONE).model_copy(
+        update={"code": code}
+    )
+    assert verdict.termination is reason
+
+
+def test_gating_never_runs_the_tool_nor_spends_budget() -> None:
+    ran: list[Any] = []
+    registry = ToolRegistry((make_spec(execute=lambda args, ctx: ran.append(args)),))
+    state = make_state()
+    verdict = gate_proposal(registry, make_proposal(), state, EVERYONE)
+    assert verdict.allowed
+    assert ran == []
+    assert state == make_state()
+
+
+def test_semantic_error_is_not_mistaken_for_a_schema_error() -> None:
+    # ToolSemanticError subclasses ValueError; the gate must still report it as semantic.
+    def reject(args: BaseModel, state: AgentState) -> None:
+        raise ToolSemanticError("custom_rule")
+
+    registry = ToolRegistry((make_spec(semantic_validator=reject),))
+    verdict = gate_proposal(registry, make_proposal(), make_state(), EVERYONE)
+    assert verdict.code is VerdictCode.SEMANTIC_VIOLATION

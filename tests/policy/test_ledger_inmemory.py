@@ -1,0 +1,360 @@
+"""InMemoryLedger: atomic across the parent chain, idempotent by key, refunds only what is due."""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fencepost.policy import (
+    BudgetAxis,
+    BudgetExhausted,
+    InMemoryLedger,
+    LedgerConflict,
+    ReservationStatus,
+    TerminationReason,
+    UnknownAccount,
+    UnknownReservation,
+)
+
+
+@pytest.fixture
+def ledger() -> Iterator[InMemoryLedger]:
+    yield InMemoryLedger()
+
+
+def test_a_parent_of_100_cannot_fund_three_children_of_60(ledger: InMemoryLedger) -> None:
+    ledger.open_account("tenant", {"tool_calls": 100})
+    for child in ("run-a", "run-b", "run-c"):
+        ledger.open_account(child, {"tool_calls": 60}, parent="tenant")
+    ledger.reserve("run-a", "key-a", {"tool_calls": 40})
+    ledger.reserve("run-b", "key-b", {"tool_calls": 40})
+
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run-c", "key-c", {"tool_calls": 40})
+
+    exc = caught.value
+    assert exc.axis is BudgetAxis.TOOL_CALLS
+    assert exc.account == "tenant"
+    assert exc.reason is TerminationReason.TOOL_BUDGET_EXHAUSTED
+    assert (exc.limit, exc.requested) == (100, 40)
+    assert "tool_calls" in str(exc) and "'tenant'" in str(exc)
+    # The refused reservation held nothing anywhere in the chain.
+    assert ledger.get("key-c") is None
+    assert ledger.balance("run-c").held.get("tool_calls", 0) == 0
+    assert ledger.balance("tenant").remaining("tool_calls") == 20
+
+
+def test_the_child_limit_applies_before_the_parent_is_touched(ledger: InMemoryLedger) -> None:
+    ledger.open_account("tenant", {"steps": 100})
+    ledger.open_account("run-a", {"steps": 5}, parent="tenant")
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run-a", "k1", {"steps": 6})
+    assert caught.value.account == "run-a"
+    assert caught.value.axis is BudgetAxis.STEPS
+    assert ledger.balance("tenant").held == {}
+
+
+def test_reserve_is_idempotent_by_key(ledger: InMemoryLedger) -> None:
+    ledger.open_account("run-a", {"tool_calls": 3})
+    first = ledger.reserve("run-a", "call-0001", {"tool_calls": 1})
+    second = ledger.reserve("run-a", "call-0001", {"tool_calls": 1})
+    assert first.existing is False
+    assert second.existing is True
+    assert second.amounts == first.amounts
+    assert ledger.balance("run-a").held == {"tool_calls": 1}
+
+
+def test_a_key_cannot_be_reused_by_another_account(ledger: InMemoryLedger) -> None:
+    ledger.open_account("run-a", {"tool_calls": 3})
+    ledger.open_account("run-b", {"tool_calls": 3})
+    ledger.reserve("run-a", "call-0001", {"tool_calls": 1})
+    with pytest.raises(LedgerConflict):
+        ledger.reserve("run-b", "call-0001", {"tool_calls": 1})
+    assert ledger.balance("run-b").held == {}
+
+
+def test_settle_refunds_only_the_excess(ledger: InMemoryLedger) -> None:
+    ledger.open_account("tenant", {"tokens": 1000, "cost": 10})
+    ledger.open_account("run-a", {"tokens": 500}, parent="tenant")
+    ledger.reserve("run-a", "step-1", {"tokens": 400, "cost": 4})
+    settled = ledger.settle("step-1", {"tokens": 150, "cost": 4})
+    assert settled.status is ReservationStatus.SETTLED
+    assert settled.amounts == {"tokens": 150, "cost": 4}
+    assert ledger.balance("run-a").held == {"tokens": 150, "cost": 4}
+    assert ledger.balance("tenant").held == {"tokens": 150, "cost": 4}
+    assert ledger.balance("tenant").remaining("tokens") == 850
+
+
+def test_settle_without_actuals_keeps_the_whole_charge(ledger: InMemoryLedger) -> None:
+    ledger.open_account("run-a", {"tool_calls": 3})
+    ledger.reserve("run-a", "call-0001", {"tool_calls": 1})
+    ledger.settle("call-0001")
+    assert ledger.balance("run-a").held == {"tool_calls": 1}
+
+
+def test_settle_never_charges_more_than_was_reserved(ledger: InMemoryLedger) -> None:
+    ledger.open_account("run-a", {"tokens": 100})
+    ledger.reserve("run-a", "step-1", {"tokens": 10})
+    ledger.settle("step-1", {"tokens": 500})
+    assert ledger.balance("run-a").held == {"tokens": 10}
+
+
+def test_settle_twice_refunds_once(ledger: InMemoryLedger) -> None:
+    ledger.open_account("run-a", {"tokens": 100})
+    ledger.reserve("run-a", "step-1", {"tokens": 50})
+    ledger.settle("step-1", {"tokens": 20})
+    again = ledger.settle("step-1", {"tokens": 0})
+    assert again.existing is True
+    assert ledger.balance("run-a").held == {"tokens": 20}
+
+
+def test_release_refunds_fully_through_the_chain(ledger: InMemoryLedger) -> None:
+    ledger.open_account("tenant", {"tool_calls": 10})
+    ledger.open_account("run-a", {"tool_calls": 5}, parent="tenant")
+    ledger.reserve("run-a", "call-0001", {"tool_calls": 5})
+    released = ledger.release("call-0001")
+    assert released.status is ReservationStatus.RELEASED
+    assert ledger.balance("run-a").remaining("tool_calls") == 5
+    assert ledger.balance("tenant").remaining("tool_calls") == 10
+    # Released twice, refunded once.
+    assert ledger.release("call-0001").existing is True
+    assert ledger.balance("tenant").remaining("tool_calls") == 10
+
+
+def test_a_reservation_keyed_again_after_release_is_still_known(ledger: InMemoryLedger) -> None:
+    # The key records that an attempt started: a re-run never gets a fresh, free reservation.
+    ledger.open_account("run-a", {"tool_calls": 5})
+    ledger.reserve("run-a", "call-0001", {"tool_calls": 1})
+    ledger.release("call-0001")
+    again = ledger.reserve("run-a", "call-0001", {"tool_calls": 1})
+    assert again.existing is True
+    assert again.status is ReservationStatus.RELEASED
+
+
+def test_release_after_settle_refunds_nothing(ledger: InMemoryLedger) -> None:
+    ledger.open_account("run-a", {"tool_calls": 5})
+    ledger.reserve("run-a", "call-0001", {"tool_calls": 1})
+    ledger.settle("call-0001")
+    assert ledger.release("call-0001").status is ReservationStatus.SETTLED
+    assert ledger.balance("run-a").held == {"tool_calls": 1}
+
+
+def test_unknown_keys_and_accounts_are_typed_errors(ledger: InMemoryLedger) -> None:
+    with pytest.raises(UnknownReservation):
+        ledger.settle("nope")
+    with pytest.raises(UnknownReservation):
+        ledger.release("nope")
+    with pytest.raises(UnknownAccount):
+        ledger.reserve("nope", "k", {"tool_calls": 1})
+    with pytest.raises(UnknownAccount):
+        ledger.open_account("child", {"tool_calls": 1}, parent="nope")
+    with pytest.raises(UnknownAccount):
+        ledger.balance("nope")
+    assert ledger.get("nope") is None
+
+
+def test_open_account_is_idempotent_on_the_same_terms_only(ledger: InMemoryLedger) -> None:
+    ledger.open_account("tenant", {"tool_calls": 10})
+    ledger.open_account("tenant", {"tool_calls": 10})
+    with pytest.raises(LedgerConflict):
+        ledger.open_account("tenant", {"tool_calls": 11})
+
+
+@pytest.mark.parametrize("amount", [-1, math.nan])
+def test_negative_or_nan_amounts_are_rejected(ledger: InMemoryLedger, amount: float) -> None:
+    ledger.open_account("run-a", {"tool_calls": 10})
+    with pytest.raises(ValueError):
+        ledger.reserve("run-a", "k", {"tool_calls": amount})
+    with pytest.raises(ValueError):
+        ledger.open_account("run-b", {"tool_calls": amount})
+
+
+def test_an_axis_the_account_does_not_limit_is_unlimited(ledger: InMemoryLedger) -> None:
+    ledger.open_account("run-a", {"tool_calls": 1})
+    ledger.reserve("run-a", "k", {"tokens": 10**9})
+    assert ledger.balance("run-a").remaining("tokens") is None
+
+
+@pytest.fixture
+def frequent_thread_switches() -> Iterator[None]:
+    # Switch threads every microsecond so an unguarded check-then-add would interleave.
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(previous)
+
+
+def _race(ledger: InMemoryLedger, threads_n: int, keys_per_thread: int) -> list[str]:
+    """Start ``threads_n`` threads at once, each reserving one tool call per key; the grants."""
+    granted: list[str] = []
+    barrier = threading.Barrier(threads_n)
+
+    def worker(n: int) -> None:
+        barrier.wait()
+        for i in range(keys_per_thread):
+            try:
+                ledger.reserve("run-a" if n % 2 else "run-b", f"w{n}-{i}", {"tool_calls": 1})
+            except BudgetExhausted:
+                continue
+            granted.append(f"w{n}-{i}")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return granted
+
+
+@pytest.mark.usefixtures("frequent_thread_switches")
+def test_concurrent_reserves_never_exceed_the_limit() -> None:
+    # Many small races at the boundary, where a check-then-add without the lock would overdraw.
+    for limit in [1, 2, 3, 5, 8] * 30:
+        ledger = InMemoryLedger()
+        ledger.open_account("tenant", {"tool_calls": limit})
+        ledger.open_account("run-a", {"tool_calls": 1000}, parent="tenant")
+        ledger.open_account("run-b", {"tool_calls": 1000}, parent="tenant")
+        granted = _race(ledger, threads_n=8, keys_per_thread=2)
+        assert len(granted) == limit
+        assert ledger.balance("tenant").held == {"tool_calls": limit}
+        children = (ledger.balance(name).held.get("tool_calls", 0) for name in ("run-a", "run-b"))
+        assert sum(children) == limit
+
+
+def _reserve_same_key(
+    ledger: InMemoryLedger, barrier: threading.Barrier, fresh: list[bool]
+) -> None:
+    barrier.wait()
+    fresh.append(not ledger.reserve("run-a", "call-0001", {"tool_calls": 1}).existing)
+
+
+@pytest.mark.usefixtures("frequent_thread_switches")
+def test_concurrent_reserves_of_one_key_charge_once() -> None:
+    for _ in range(50):
+        ledger = InMemoryLedger()
+        ledger.open_account("run-a", {"tool_calls": 100})
+        barrier = threading.Barrier(8)
+        fresh: list[bool] = []
+        threads = [
+            threading.Thread(target=_reserve_same_key, args=(ledger, barrier, fresh))
+            for _ in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert fresh.count(True) == 1
+        assert ledger.balance("run-a").held == {"tool_calls": 1}
+
+
+async def test_async_twins_share_the_same_books(ledger: InMemoryLedger) -> None:
+    await ledger.aopen_account("run-a", {"tool_calls": 1})
+    await ledger.areserve("run-a", "k1", {"tool_calls": 1})
+    assert (await ledger.aget("k1")) is not None
+    with pytest.raises(BudgetExhausted):
+        await ledger.areserve("run-a", "k2", {"tool_calls": 1})
+    await ledger.arelease("k1")
+    await ledger.areserve("run-a", "k2", {"tool_calls": 1})
+    settled = await ledger.asettle("k2")
+    assert settled.status is ReservationStatus.SETTLED
+
+
+# Property: over any sequence of operations, the books stay within every limit ---------------
+
+ACCOUNTS = ("tenant", "run-a", "run-b", "run-c")
+PARENT = {"tenant": None, "run-a": "tenant", "run-b": "tenant", "run-c": "run-a"}
+AXES = ("tool_calls", "cost")
+# Quarters are exact in binary floating point, so sums are compared without slack.
+quarters = st.integers(min_value=0, max_value=40).map(lambda q: q / 4)
+op = st.one_of(
+    st.tuples(
+        st.just("reserve"),
+        st.sampled_from(ACCOUNTS[1:]),
+        st.integers(min_value=0, max_value=11),
+        st.dictionaries(st.sampled_from(AXES), quarters, min_size=1),
+    ),
+    st.tuples(
+        st.just("settle"),
+        st.just(""),
+        st.integers(min_value=0, max_value=11),
+        st.none() | st.dictionaries(st.sampled_from(AXES), quarters),
+    ),
+    st.tuples(st.just("release"), st.just(""), st.integers(min_value=0, max_value=11), st.none()),
+)
+
+
+def _chain(account: str) -> list[str]:
+    out = []
+    current: str | None = account
+    while current is not None:
+        out.append(current)
+        current = PARENT[current]
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    limits=st.fixed_dictionaries(
+        {account: st.dictionaries(st.sampled_from(AXES), quarters) for account in ACCOUNTS}
+    ),
+    ops=st.lists(op, max_size=40),
+)
+def test_books_never_exceed_a_limit_over_any_sequence(
+    limits: dict[str, dict[str, float]], ops: list[tuple[str, str, int, Any]]
+) -> None:
+    ledger = InMemoryLedger()
+    for account in ACCOUNTS:
+        ledger.open_account(account, limits[account], parent=PARENT[account])
+    # Reference model: key -> (account, amounts still charged, status).
+    books: dict[str, tuple[str, dict[str, float], ReservationStatus]] = {}
+
+    for kind, account, n, amounts in ops:
+        key = f"key-{n}"
+        entry = books.get(key)
+        if kind == "reserve":
+            try:
+                reservation = ledger.reserve(account, key, amounts)
+            except BudgetExhausted as exc:
+                assert entry is None
+                assert exc.account in _chain(account)
+            except LedgerConflict:
+                assert entry is not None and entry[0] != account
+            else:
+                assert reservation.existing is (entry is not None)
+                if entry is None:
+                    books[key] = (account, dict(amounts), ReservationStatus.RESERVED)
+        elif entry is None:
+            with pytest.raises(UnknownReservation):
+                (ledger.settle if kind == "settle" else ledger.release)(key)
+        elif entry[2] is not ReservationStatus.RESERVED:
+            again = (ledger.settle if kind == "settle" else ledger.release)(key)
+            assert again.existing and again.status is entry[2]
+        elif kind == "settle":
+            owner, held, _ = entry
+            kept = {a: min(v, (amounts or {}).get(a, v)) for a, v in held.items()}
+            assert ledger.settle(key, amounts).amounts == kept
+            books[key] = (owner, kept, ReservationStatus.SETTLED)
+        else:
+            ledger.release(key)
+            books[key] = (entry[0], {}, ReservationStatus.RELEASED)
+
+        for name in ACCOUNTS:
+            balance = ledger.balance(name)
+            for axis in AXES:
+                expected = sum(
+                    amts.get(axis, 0.0)
+                    for owner, amts, _ in books.values()
+                    if name in _chain(owner)
+                )
+                assert balance.held.get(axis, 0.0) == expected
+                left = balance.remaining(axis)
+                if axis in limits[name]:
+                    assert left is not None and left >= 0
+                    assert expected <= limits[name][axis]
