@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench clean
+.PHONY: test lint bench demo clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: lint
 
 bench: $(STAMP)
 	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/python benchmarks/loop_overhead.py
+
+# Runs every demo scenario through the real graph into .fencepost/runs.db, then prints the table.
+demo: $(STAMP)
+	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/fencepost demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

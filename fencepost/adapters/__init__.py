@@ -7,15 +7,38 @@ from typing import TYPE_CHECKING, Any
 from fencepost.adapters.scripted import ScriptedDecisionModel
 
 if TYPE_CHECKING:
+    from fencepost.adapters.chat_model import ChatModelDecider
+    from fencepost.adapters.checkpointers import (
+        CheckpointerError,
+        aopen_checkpointer,
+        open_checkpointer,
+    )
     from fencepost.adapters.ledger_postgres import PostgresLedger
     from fencepost.adapters.ledger_sqlite import SqliteLedger
+    from fencepost.adapters.tools import ToolAdapterError, tool_spec
 
-__all__ = ["PostgresLedger", "ScriptedDecisionModel", "SqliteLedger"]
+__all__ = [
+    "ChatModelDecider",
+    "CheckpointerError",
+    "PostgresLedger",
+    "ScriptedDecisionModel",
+    "SqliteLedger",
+    "ToolAdapterError",
+    "aopen_checkpointer",
+    "open_checkpointer",
+    "tool_spec",
+]
 
 # Imported on first use, so the package loads without the `sqlite` / `postgres` extras.
 _LAZY = {
     "PostgresLedger": "fencepost.adapters.ledger_postgres",
     "SqliteLedger": "fencepost.adapters.ledger_sqlite",
+    "ChatModelDecider": "fencepost.adapters.chat_model",
+    "CheckpointerError": "fencepost.adapters.checkpointers",
+    "open_checkpointer": "fencepost.adapters.checkpointers",
+    "aopen_checkpointer": "fencepost.adapters.checkpointers",
+    "ToolAdapterError": "fencepost.adapters.tools",
+    "tool_spec": "fencepost.adapters.tools",
 }
 
 

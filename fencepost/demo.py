@@ -1,0 +1,795 @@
+"""The demo: an on-call assistant's tools, scripted models, and one scenario per way a run ends.
+
+Everything here is offline and deterministic. The tools read canned data; the models are scripted
+(or, for the incident investigation, a small rule-following model that picks its next tool from
+what the first log said). ``fencepost demo`` runs :data:`SCENARIOS` through the real graph against
+a real checkpointer; ``langgraph.json`` serves :data:`graph` to ``langgraph dev``.
+
+Example::
+
+    from langgraph.checkpoint.memory import InMemorySaver
+    from fencepost.demo import SCENARIOS, run_scenario
+
+    result = run_scenario(SCENARIOS[0], InMemorySaver())
+    result.termination  # TerminationReason.COMPLETED
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any, Literal
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.types import Command
+from pydantic import BaseModel, ConfigDict, Field
+
+from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph import RunContext, build_agent_graph, cancel, run_output, start
+from fencepost.graph.nodes import ApprovalMode
+from fencepost.policy import (
+    AbstainProposal,
+    AgentState,
+    AnswerPayload,
+    Deadline,
+    DecisionInput,
+    DecisionModel,
+    Effect,
+    ErrorCode,
+    FakeClock,
+    FinalProposal,
+    Observation,
+    Principal,
+    RuntimeBudget,
+    TerminationReason,
+    ToolContext,
+    ToolError,
+    ToolProposal,
+    ToolRegistry,
+    ToolSemanticError,
+    ToolSpec,
+)
+
+__all__ = [
+    "DEMO_CAPABILITIES",
+    "DEMO_TENANT",
+    "SCENARIOS",
+    "DemoRun",
+    "IncidentTriageModel",
+    "Scenario",
+    "build_demo_graph",
+    "demo_context",
+    "demo_registry",
+    "graph",
+    "run_demo",
+    "run_scenario",
+]
+
+DEMO_TENANT = "acme"
+DEMO_PRINCIPAL = "oncall-ana"
+DEMO_CAPABILITIES = frozenset(
+    {"logs:read", "deploys:read", "db:read", "orders:read", "status:read", "ops:write"}
+)
+"""What the demo's on-call engineer may do. ``pii:export`` is deliberately missing."""
+
+# A fixed "today" for the refund rule, so the demo gives the same answer every day it is run.
+REFUND_AS_OF = date(2026, 11, 29)
+REFUND_WINDOW_DAYS = 30
+
+Service = Literal["checkout", "orders-api", "payments"]
+
+
+# --- tool arguments: strict, no extra keys ------------------------------------------------------
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class SearchLogsArgs(_Args):
+    """Arguments of ``search_logs``."""
+
+    service: Service
+    window_minutes: int = Field(default=60, ge=5, le=240)
+
+
+class DeploymentHistoryArgs(_Args):
+    """Arguments of ``deployment_history``."""
+
+    service: Service
+    limit: int = Field(default=3, ge=1, le=20)
+
+
+class DbMetricsArgs(_Args):
+    """Arguments of ``db_metrics``."""
+
+    cluster: Literal["orders-db", "checkout-db"]
+    metric: Literal["connections", "p99_latency_ms", "cpu"] = "connections"
+
+
+class RefundArgs(_Args):
+    """Arguments of ``refund_eligibility``."""
+
+    order_id: str = Field(pattern=r"^[A-Z]-\d{4}$")
+
+
+class StatusPageArgs(_Args):
+    """Arguments of ``status_page``."""
+
+    provider: Literal["cardpay", "shipfast"]
+
+
+class RestartArgs(_Args):
+    """Arguments of ``restart_service``."""
+
+    service: Service
+    reason: str = Field(min_length=3, max_length=200)
+
+
+class ExportArgs(_Args):
+    """Arguments of ``export_customer_emails``."""
+
+    segment: Literal["all", "churned", "vip"]
+
+
+# --- canned data ----------------------------------------------------------------------------------
+
+_LOGS: dict[str, dict[str, Any]] = {
+    "checkout": {
+        "signature": "exception_after_release",
+        "first_seen": "14:02Z",
+        "lines": [
+            "14:02:11Z ERROR checkout PriceFormatter: NullPointerException (release 2026.11.3)",
+            "14:02:12Z ERROR checkout POST /checkout 500 (x412 in 5 min)",
+        ],
+    },
+    "orders-api": {
+        "signature": "db_pool_exhausted",
+        "first_seen": "09:40Z",
+        "lines": [
+            "09:40:03Z WARN orders-api timeout acquiring connection (pool 20/20, 143 waiting)",
+            "09:40:05Z ERROR orders-api GET /orders/{id} 504 after 30s",
+        ],
+    },
+    "payments": {"signature": "quiet", "first_seen": None, "lines": []},
+}
+
+_DEPLOYS: dict[str, list[dict[str, str]]] = {
+    "checkout": [
+        {"version": "2026.11.3", "at": "14:00Z", "change": "price formatting refactor"},
+        {"version": "2026.11.2", "at": "yesterday 10:15Z", "change": "copy fixes"},
+    ],
+    "orders-api": [{"version": "2026.11.1", "at": "3 days ago", "change": "logging"}],
+    "payments": [],
+}
+
+_DB_METRICS: dict[str, dict[str, Any]] = {
+    "orders-db": {"connections": {"max": 20, "in_use_p95": 20, "since": "09:38Z"}},
+    "checkout-db": {"connections": {"max": 50, "in_use_p95": 12, "since": None}},
+}
+
+# order id -> (tenant, purchase date, shipping status)
+_ORDERS: dict[str, tuple[str, date, str]] = {
+    "A-1042": (DEMO_TENANT, date(2026, 11, 12), "delivered"),
+    "A-0977": (DEMO_TENANT, date(2026, 9, 30), "delivered"),
+    "A-1101": (DEMO_TENANT, date(2026, 11, 20), "in_transit"),
+    "Z-5001": ("globex", date(2026, 11, 25), "delivered"),
+}
+
+
+# --- tool bodies ----------------------------------------------------------------------------------
+
+
+def _search_logs(args: SearchLogsArgs, ctx: ToolContext) -> dict[str, Any]:
+    found = _LOGS[args.service]
+    return {"service": args.service, "window_minutes": args.window_minutes, **found}
+
+
+def _deployment_history(args: DeploymentHistoryArgs, ctx: ToolContext) -> dict[str, Any]:
+    return {"service": args.service, "deploys": _DEPLOYS[args.service][: args.limit]}
+
+
+def _db_metrics(args: DbMetricsArgs, ctx: ToolContext) -> dict[str, Any]:
+    series = _DB_METRICS[args.cluster].get(args.metric)
+    if series is None:
+        raise ToolError(ErrorCode.NOT_FOUND)
+    return {"cluster": args.cluster, "metric": args.metric, **series}
+
+
+def refund_rule(purchased: date, shipping: str, *, as_of: date = REFUND_AS_OF) -> dict[str, Any]:
+    """The refund rule, computed by code (the model only explains it).
+
+    Refundable within 30 days of purchase, once delivered or before shipping; never in transit.
+
+    >>> refund_rule(date(2026, 11, 12), "delivered")["eligible"]
+    True
+    """
+    age = (as_of - purchased).days
+    if shipping == "in_transit":
+        return {"eligible": False, "rule": "not_while_in_transit", "days_since_purchase": age}
+    if age > REFUND_WINDOW_DAYS:
+        return {"eligible": False, "rule": "window_30_days_expired", "days_since_purchase": age}
+    return {"eligible": True, "rule": "within_30_days", "days_since_purchase": age}
+
+
+def _refund_eligibility(args: RefundArgs, ctx: ToolContext) -> dict[str, Any]:
+    _, purchased, shipping = _ORDERS[args.order_id]
+    return {"order_id": args.order_id, "shipping": shipping, **refund_rule(purchased, shipping)}
+
+
+def _order_belongs_to_tenant(args: RefundArgs, state: AgentState) -> None:
+    # Valid-looking arguments can still point at another tenant's order: a semantic rule.
+    order = _ORDERS.get(args.order_id)
+    if order is None or order[0] != state.tenant_id:
+        raise ToolSemanticError("order is not one of this tenant's orders")
+
+
+class UpstreamUnavailable(ConnectionError):
+    """What the status-page client raises; its message holds text that must never leak."""
+
+
+def _status_page(args: StatusPageArgs, ctx: ToolContext) -> dict[str, Any]:
+    # The message carries a fake secret on purpose: the run must only ever show "unavailable".
+    raise UpstreamUnavailable(f"GET https://status.{args.provider}.example 503 token=sk-demo-7f3a")
+
+
+def _restart_service(args: RestartArgs, ctx: ToolContext) -> dict[str, Any]:
+    return {"service": args.service, "restarted": True, "idempotency_key": ctx.idempotency_key}
+
+
+def _export_customer_emails(args: ExportArgs, ctx: ToolContext) -> dict[str, Any]:
+    return {
+        "segment": args.segment,
+        "rows": 0,
+    }  # never runs in the demo: the principal lacks pii:export
+
+
+def demo_registry() -> ToolRegistry:
+    """The demo's allowlist: six reads, one write that needs approval, one forbidden export."""
+    return ToolRegistry(
+        [
+            ToolSpec(
+                name="search_logs",
+                description="Search a service's error logs for the last N minutes.",
+                args_model=SearchLogsArgs,
+                effect=Effect.READ,
+                required_capability="logs:read",
+                timeout_seconds=5,
+                execute=_search_logs,
+            ),
+            ToolSpec(
+                name="deployment_history",
+                description="Recent deployments of a service, newest first.",
+                args_model=DeploymentHistoryArgs,
+                effect=Effect.READ,
+                required_capability="deploys:read",
+                timeout_seconds=5,
+                execute=_deployment_history,
+            ),
+            ToolSpec(
+                name="db_metrics",
+                description="A database cluster metric over the last hour.",
+                args_model=DbMetricsArgs,
+                effect=Effect.READ,
+                required_capability="db:read",
+                timeout_seconds=5,
+                execute=_db_metrics,
+            ),
+            ToolSpec(
+                name="refund_eligibility",
+                description="Whether an order can be refunded, computed by the refund rule.",
+                args_model=RefundArgs,
+                effect=Effect.READ,
+                required_capability="orders:read",
+                timeout_seconds=5,
+                execute=_refund_eligibility,
+                semantic_validator=_order_belongs_to_tenant,
+            ),
+            ToolSpec(
+                name="status_page",
+                description="A third-party provider's status page.",
+                args_model=StatusPageArgs,
+                effect=Effect.READ,
+                required_capability="status:read",
+                timeout_seconds=5,
+                execute=_status_page,
+            ),
+            ToolSpec(
+                name="restart_service",
+                description="Restart a service's pods (a write: needs a human's approval).",
+                args_model=RestartArgs,
+                effect=Effect.WRITE,
+                required_capability="ops:write",
+                timeout_seconds=10,
+                execute=_restart_service,
+            ),
+            ToolSpec(
+                name="export_customer_emails",
+                description="Export customer e-mail addresses for a segment.",
+                args_model=ExportArgs,
+                effect=Effect.READ,
+                required_capability="pii:export",
+                timeout_seconds=10,
+                execute=_export_customer_emails,
+            ),
+        ]
+    )
+
+
+def demo_context(
+    *,
+    deadline_seconds: float = 30,
+    clock: FakeClock | None = None,
+    capabilities: frozenset[str] = DEMO_CAPABILITIES,
+) -> RunContext:
+    """The trusted context the demo runs with: tenant ``acme``, principal ``oncall-ana``."""
+    return RunContext(
+        tenant_id=DEMO_TENANT,
+        principal=Principal(id=DEMO_PRINCIPAL, capabilities=capabilities),
+        deadline=Deadline.after(deadline_seconds, clock=clock),
+    )
+
+
+# --- the incident investigation model ----------------------------------------------------------
+
+
+def _results(inp: DecisionInput, tool: str) -> list[Observation]:
+    return [o for o in inp.observations if o.tool_name == tool and o.is_evidence]
+
+
+def _result(obs: Observation) -> dict[str, Any]:
+    return obs.result if isinstance(obs.result, dict) else {}
+
+
+_ORDER_ID = re.compile(r"\b[A-Z]-\d{4}\b")
+
+
+class IncidentTriageModel:
+    """A small deterministic model that investigates like an on-call engineer would.
+
+    It reads the first log, then chooses: an exception right after a release sends it to the
+    deployment history; a connection-pool timeout sends it to the database metrics. It answers
+    with citations of the observations it used. A refund question goes to the refund rule tool.
+    Stateless (everything it knows is in the :class:`DecisionInput`), so one instance can serve
+    any number of runs — which is what a LangGraph Server deployment needs.
+    """
+
+    async def decide(
+        self, input: DecisionInput, *, deadline: Deadline
+    ) -> ToolProposal | FinalProposal | AbstainProposal:
+        """The next decision, from the question and what has been observed so far."""
+        call_id = f"call-{input.step:04d}"
+        question = input.question.lower()
+        if "refund" in question:
+            return self._refund(input, call_id)
+        service: Service | None = (
+            "checkout"
+            if "checkout" in question
+            else "orders-api"
+            if "order" in question
+            else "payments"
+            if "payment" in question
+            else None
+        )
+        if service is None:
+            return AbstainProposal(reason="needs_clarification")
+        logs = _results(input, "search_logs")
+        if not logs:
+            return ToolProposal(
+                call_id=call_id, tool_name="search_logs", arguments={"service": service}
+            )
+        first = _result(logs[0])
+        signature = first.get("signature")
+        if signature == "exception_after_release":
+            deploys = _results(input, "deployment_history")
+            if not deploys:
+                return ToolProposal(
+                    call_id=call_id, tool_name="deployment_history", arguments={"service": service}
+                )
+            latest = (_result(deploys[0]).get("deploys") or [{}])[0]
+            text = (
+                f"{service} has returned 500s since {first.get('first_seen')}, two minutes after "
+                f"release {latest.get('version')} ({latest.get('change')}) went out at "
+                f"{latest.get('at')}; the errors are a NullPointerException in the changed "
+                "PriceFormatter. Roll back the release."
+            )
+            return FinalProposal(
+                answer=AnswerPayload(text=text, citations=(logs[0].call_id, deploys[0].call_id))
+            )
+        if signature == "db_pool_exhausted":
+            metrics = _results(input, "db_metrics")
+            if not metrics:
+                return ToolProposal(
+                    call_id=call_id,
+                    tool_name="db_metrics",
+                    arguments={"cluster": "orders-db", "metric": "connections"},
+                )
+            m = _result(metrics[0])
+            text = (
+                f"{service} is slow because orders-db's connection pool is exhausted "
+                f"({m.get('in_use_p95')}/{m.get('max')} in use since {m.get('since')}); "
+                "requests wait for a connection and time out. No deploy is involved."
+            )
+            return FinalProposal(
+                answer=AnswerPayload(text=text, citations=(logs[0].call_id, metrics[0].call_id))
+            )
+        return AbstainProposal(reason="insufficient_evidence")
+
+    def _refund(
+        self, input: DecisionInput, call_id: str
+    ) -> ToolProposal | FinalProposal | AbstainProposal:
+        match = _ORDER_ID.search(input.question)
+        if match is None:
+            return AbstainProposal(reason="needs_clarification")
+        rules = _results(input, "refund_eligibility")
+        if not rules:
+            return ToolProposal(
+                call_id=call_id,
+                tool_name="refund_eligibility",
+                arguments={"order_id": match.group(0)},
+            )
+        r = _result(rules[0])
+        verdict = "can" if r.get("eligible") else "cannot"
+        text = (
+            f"Order {r.get('order_id')} {verdict} be refunded: rule {r.get('rule')} "
+            f"({r.get('days_since_purchase')} days since purchase, shipping {r.get('shipping')})."
+        )
+        return FinalProposal(answer=AnswerPayload(text=text, citations=(rules[0].call_id,)))
+
+
+# --- scenarios ----------------------------------------------------------------------------------
+
+
+def _call(n: int, tool: str, **arguments: Any) -> ToolProposal:
+    return ToolProposal(call_id=f"call-{n:04d}", tool_name=tool, arguments=arguments)
+
+
+def _final_citing_all(text: str) -> Callable[[DecisionInput], FinalProposal]:
+    def decide(inp: DecisionInput) -> FinalProposal:
+        cited = tuple(o.call_id for o in inp.observations if o.is_evidence)
+        return FinalProposal(answer=AnswerPayload(text=text, citations=cited))
+
+    return decide
+
+
+class _ProviderOverloaded(Exception):
+    """A model provider's 503; the message holds text that must never reach the run."""
+
+    status_code = 503
+
+
+def _slow_model_step(clock: FakeClock, seconds: float, then: ToolProposal) -> Callable[..., Any]:
+    # The model "thinks" for longer than the run has left; the fake clock makes that instant.
+    def decide(inp: DecisionInput) -> ToolProposal:
+        clock.advance(seconds)
+        return then
+
+    return decide
+
+
+ModelFactory = Callable[[FakeClock], DecisionModel]
+Resume = Literal["approve", "reject", "cancel"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One demo run: the question, the model that answers it, and how it is expected to end."""
+
+    name: str
+    """Short id shown in the table and stored in the checkpoint metadata as ``scenario``."""
+    title: str
+    """What the scenario shows, in a line."""
+    question: str
+    expected: TerminationReason
+    model: ModelFactory
+    """Builds a fresh decision model (scripted models are single-use) from the run's clock."""
+    steps: int = 6
+    tool_calls: int = 4
+    approval: ApprovalMode = "terminate"
+    resume: Resume | None = None
+    """How a human answers when the run pauses for approval (``approval="interrupt"`` only)."""
+    fake_clock: bool = False
+    """Run on a :class:`FakeClock` the model can move (deadline scenarios)."""
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        name="incident-release",
+        title="5xx after a release: first log -> deployment history -> cited answer",
+        question="Why is checkout returning 500s since 14:00?",
+        expected=TerminationReason.COMPLETED,
+        model=lambda clock: IncidentTriageModel(),
+    ),
+    Scenario(
+        name="incident-database",
+        title="slow API: first log -> DB metrics -> cited answer",
+        question="Why are order lookups timing out?",
+        expected=TerminationReason.COMPLETED,
+        model=lambda clock: IncidentTriageModel(),
+    ),
+    Scenario(
+        name="refund-rule",
+        title="refund question answered by the rule tool, explained by the model",
+        question="Can order A-1042 still be refunded?",
+        expected=TerminationReason.COMPLETED,
+        model=lambda clock: IncidentTriageModel(),
+    ),
+    Scenario(
+        name="needs-clarification",
+        title="too vague to act on: the model abstains",
+        question="Is it broken again?",
+        expected=TerminationReason.NEEDS_CLARIFICATION,
+        model=lambda clock: IncidentTriageModel(),
+    ),
+    Scenario(
+        name="tool-failure",
+        title="a tool fails (safe code 'unavailable', no secret), the model abstains",
+        question="Is the card provider having an outage?",
+        expected=TerminationReason.INSUFFICIENT_EVIDENCE,
+        model=lambda clock: ScriptedDecisionModel(
+            [
+                _call(1, "status_page", provider="cardpay"),
+                AbstainProposal(reason="insufficient_evidence"),
+            ]
+        ),
+    ),
+    Scenario(
+        name="model-failure",
+        title="the model provider fails: the run ends 'failed' with a safe code",
+        question="Why is checkout returning 500s?",
+        expected=TerminationReason.FAILED,
+        model=lambda clock: ScriptedDecisionModel(
+            [_ProviderOverloaded("503 from provider; api_key=sk-demo-7f3a")]
+        ),
+    ),
+    Scenario(
+        name="step-budget",
+        title="keeps widening the log window: out of model steps",
+        question="Any errors in payments?",
+        expected=TerminationReason.STEP_BUDGET_EXHAUSTED,
+        steps=3,
+        tool_calls=8,
+        model=lambda clock: ScriptedDecisionModel(
+            [
+                _call(n, "search_logs", service="payments", window_minutes=minutes)
+                for n, minutes in enumerate((15, 30, 60, 120, 240), start=1)
+            ]
+        ),
+    ),
+    Scenario(
+        name="tool-budget",
+        title="three different lookups on a budget of two tool calls",
+        question="What changed in checkout, orders-api and payments?",
+        expected=TerminationReason.TOOL_BUDGET_EXHAUSTED,
+        tool_calls=2,
+        model=lambda clock: ScriptedDecisionModel(
+            [
+                _call(1, "deployment_history", service="checkout"),
+                _call(2, "deployment_history", service="orders-api"),
+                _call(3, "deployment_history", service="payments"),
+            ]
+        ),
+    ),
+    Scenario(
+        name="deadline",
+        title="the model takes 45 s of a 30 s deadline: the proposed call never runs",
+        question="Why is checkout returning 500s?",
+        expected=TerminationReason.DEADLINE_EXCEEDED,
+        fake_clock=True,
+        model=lambda clock: ScriptedDecisionModel(
+            [_slow_model_step(clock, 45, _call(1, "search_logs", service="checkout"))]
+        ),
+    ),
+    Scenario(
+        name="unknown-tool",
+        title="the model invents a tool: never executed",
+        question="Clean up the noisy checkout logs.",
+        expected=TerminationReason.INVALID_PROPOSAL,
+        model=lambda clock: ScriptedDecisionModel(
+            [_call(1, "delete_all_logs", service="checkout")]
+        ),
+    ),
+    Scenario(
+        name="repeated-call",
+        title="the same search three times: stopped as no progress",
+        question="Any errors in payments?",
+        expected=TerminationReason.NO_PROGRESS,
+        model=lambda clock: ScriptedDecisionModel(
+            [_call(n, "search_logs", service="payments") for n in range(1, 5)]
+        ),
+    ),
+    Scenario(
+        name="capability-denied",
+        title="asks for a PII export the principal may not run",
+        question="Who are the customers affected by the checkout outage?",
+        expected=TerminationReason.POLICY_DENIED,
+        model=lambda clock: ScriptedDecisionModel(
+            [_call(1, "export_customer_emails", segment="all")]
+        ),
+    ),
+    Scenario(
+        name="write-needs-approval",
+        title="a restart proposed with no approver configured: ends approval_required",
+        question="orders-api is stuck, fix it.",
+        expected=TerminationReason.APPROVAL_REQUIRED,
+        model=lambda clock: ScriptedDecisionModel(
+            [_call(1, "restart_service", service="orders-api", reason="pool exhausted")]
+        ),
+    ),
+    Scenario(
+        name="write-approved",
+        title="a restart pauses at the interrupt, a human approves, it runs once",
+        question="orders-api is stuck, restart it.",
+        expected=TerminationReason.COMPLETED,
+        approval="interrupt",
+        resume="approve",
+        model=lambda clock: ScriptedDecisionModel(
+            [
+                _call(1, "search_logs", service="orders-api"),
+                _call(2, "restart_service", service="orders-api", reason="pool exhausted"),
+                _final_citing_all("orders-api was restarted after its connection pool filled up."),
+            ]
+        ),
+    ),
+    Scenario(
+        name="write-cancelled",
+        title="a restart pauses for approval; the operator cancels the run instead",
+        question="Restart checkout.",
+        expected=TerminationReason.CANCELLED,
+        approval="interrupt",
+        resume="cancel",
+        model=lambda clock: ScriptedDecisionModel(
+            [_call(1, "restart_service", service="checkout", reason="operator asked")]
+        ),
+    ),
+)
+"""One scenario per terminal reason (and three ways to complete)."""
+
+
+# --- running scenarios ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """The outcome of one scenario run."""
+
+    scenario: Scenario
+    run_id: str
+    state: AgentState
+    duration_seconds: float
+    paused_for: tuple[str, ...] = ()
+    """Tools the run paused for (approval), in order."""
+
+    @property
+    def termination(self) -> TerminationReason | None:
+        """How the run ended (``None`` only if it is still paused)."""
+        return self.state.termination
+
+    @property
+    def as_expected(self) -> bool:
+        """Whether it ended the way the scenario says it should."""
+        return self.state.termination is self.scenario.expected
+
+
+ManifestHook = Callable[[Scenario, dict[str, Any]], None]
+PauseHook = Callable[[Scenario, list[dict[str, Any]], str], None]
+
+
+@dataclass
+class _Hooks:
+    on_manifest: ManifestHook | None = None
+    on_pause: PauseHook | None = None
+    paused_for: list[str] = field(default_factory=list)
+
+
+def build_demo_graph(
+    model: DecisionModel | None = None,
+    *,
+    approval: ApprovalMode = "interrupt",
+    clock: FakeClock | None = None,
+    checkpointer: BaseCheckpointSaver[Any] | None = None,
+) -> Any:
+    """The demo registry and a model, compiled (with ``checkpointer``, if given)."""
+    return build_agent_graph(
+        demo_registry(), model or IncidentTriageModel(), approval=approval, clock=clock
+    ).compile(checkpointer=checkpointer)
+
+
+def _stream(
+    compiled: Any,
+    payload: Any,
+    config: RunnableConfig,
+    ctx: RunContext,
+    scenario: Scenario,
+    hooks: _Hooks,
+) -> None:
+    for chunk in compiled.stream(payload, config, context=ctx, stream_mode="custom"):
+        if isinstance(chunk, dict) and chunk.get("fencepost") == "manifest" and hooks.on_manifest:
+            hooks.on_manifest(scenario, chunk)
+
+
+def run_scenario(
+    scenario: Scenario,
+    checkpointer: BaseCheckpointSaver[Any],
+    *,
+    on_manifest: ManifestHook | None = None,
+    on_pause: PauseHook | None = None,
+    run_id: str | None = None,
+) -> DemoRun:
+    """Run one scenario through the real graph on ``checkpointer``; its thread id is the run id.
+
+    ``on_manifest`` sees each step manifest as it streams (LangGraph's ``custom`` stream mode);
+    ``on_pause`` sees the calls a run paused for and the answer the demo is about to give.
+    """
+    clock = FakeClock() if scenario.fake_clock else None
+    compiled = build_demo_graph(
+        scenario.model(clock or FakeClock()),
+        approval=scenario.approval,
+        clock=clock,
+        checkpointer=checkpointer,
+    )
+    run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
+    config: RunnableConfig = {
+        "configurable": {"thread_id": run_id},
+        "metadata": {"scenario": scenario.name},
+    }
+    ctx = demo_context(clock=clock)
+    hooks = _Hooks(on_manifest=on_manifest, on_pause=on_pause)
+    budget = RuntimeBudget(steps_remaining=scenario.steps, tool_calls_remaining=scenario.tool_calls)
+    began = time.perf_counter()
+    payload: Any = start(scenario.question, budget, run_id=run_id)
+    # Bounded: each resume answers one pause, and a run has at most `steps` pauses.
+    for _ in range(scenario.steps + 1):
+        _stream(compiled, payload, config, ctx, scenario, hooks)
+        snapshot = compiled.get_state(config)
+        if not snapshot.interrupts:
+            break
+        calls = [c for i in snapshot.interrupts for c in (i.value or {}).get("calls", [])]
+        hooks.paused_for.extend(str(c.get("tool_name")) for c in calls)
+        answer = scenario.resume or "reject"
+        if on_pause is not None:
+            on_pause(scenario, calls, answer)
+        if answer == "cancel":
+            cancel(compiled, config, context=ctx)
+            break
+        payload = Command(resume=answer)
+    state = run_output(compiled.get_state(config).values)
+    return DemoRun(
+        scenario=scenario,
+        run_id=run_id,
+        state=state,
+        duration_seconds=time.perf_counter() - began,
+        paused_for=tuple(hooks.paused_for),
+    )
+
+
+def run_demo(
+    checkpointer: BaseCheckpointSaver[Any],
+    scenarios: Sequence[Scenario] = SCENARIOS,
+    *,
+    on_manifest: ManifestHook | None = None,
+    on_pause: PauseHook | None = None,
+    on_done: Callable[[DemoRun], None] | None = None,
+) -> list[DemoRun]:
+    """Run every scenario in order on one checkpointer."""
+    runs = []
+    for scenario in scenarios:
+        run = run_scenario(scenario, checkpointer, on_manifest=on_manifest, on_pause=on_pause)
+        if on_done is not None:
+            on_done(run)
+        runs.append(run)
+    return runs
+
+
+graph = build_demo_graph()
+"""The demo graph for ``langgraph dev`` / LangGraph Server (see ``langgraph.json``).
+
+Compiled without a checkpointer: the server brings its own. Pass the trusted context as the run's
+``context``, e.g. ``{"tenant_id": "acme", "principal": {"id": "oncall-ana", "capabilities":
+["logs:read", "deploys:read", "db:read"]}}``; without one every run ends ``policy_denied``.
+"""

@@ -1,0 +1,49 @@
+"""The notebooks run offline, top to bottom, and are committed with the outputs of a clean run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+EXPECTED = [
+    "01_quickstart.ipynb",
+    "02_persistence_and_approval.ipynb",
+    "03_evaluating_runs.ipynb",
+]
+
+
+def test_the_three_notebooks_are_there() -> None:
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == EXPECTED
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_notebook_runs_top_to_bottom_without_a_cell_error(name: str) -> None:
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    # A fresh kernel on this interpreter (jupyter_client maps the spec's "python" to it); a cell
+    # that raises makes execute() raise CellExecutionError, failing the test with its traceback.
+    client = NotebookClient(
+        nb,
+        timeout=120,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
+    )
+    client.execute()
+    errors = [
+        o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
+    ]
+    assert errors == []
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_notebook_is_committed_with_the_outputs_of_a_clean_run(name: str) -> None:
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    # Executed once, in order, from a fresh kernel: counts 1..n with no gaps or reruns.
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1))
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
+    # Something to read on a code host: most cells show an output.
+    assert sum(bool(c.outputs) for c in code) >= len(code) // 2
