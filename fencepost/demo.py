@@ -540,11 +540,11 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         name="model-failure",
-        title="the model provider fails: the run ends 'failed' with a safe code",
+        title="the model provider keeps failing: retried twice, each retry a step, then 'failed'",
         question="Why is checkout returning 500s?",
         expected=TerminationReason.FAILED,
         model=lambda clock: ScriptedDecisionModel(
-            [_ProviderOverloaded("503 from provider; api_key=sk-demo-7f3a")]
+            [_ProviderOverloaded("503 from provider; api_key=sk-demo-7f3a") for _ in range(3)]
         ),
     ),
     Scenario(

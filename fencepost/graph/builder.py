@@ -44,12 +44,15 @@ def build_agent_graph(
     clock: Clock | None = None,
     model_timeout_seconds: float = 120.0,
     require_citations: bool = False,
+    model_retries: int = 2,
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
     ``approval="terminate"`` ends a run that proposes a write/external effect as
     ``approval_required``; ``"interrupt"`` pauses it with LangGraph ``interrupt()`` until the
     caller resumes with ``Command(resume="approve" | "reject" | {"decision": "edit", ...})``.
+    A retryable model error (``rate_limited``, ``unavailable``, ``timeout``) is asked again at the
+    next step, up to ``model_retries`` times in a row; each retry spends its own step.
     A durable ``ledger`` (SQLite/Postgres) makes reservations survive a crash mid-call, so a
     retried step or call is charged once per attempt and an uncertain write is reported as such.
 
@@ -71,6 +74,8 @@ def build_agent_graph(
         raise GraphConfigError("repeat_limit", "must be an integer >= 1")
     if ledger is not None and not isinstance(ledger, Ledger):
         raise GraphConfigError("ledger", "must be a fencepost Ledger")
+    if not isinstance(model_retries, int) or isinstance(model_retries, bool) or model_retries < 0:
+        raise GraphConfigError("model_retries", "must be an integer >= 0")
     if not model_timeout_seconds > 0:
         raise GraphConfigError("model_timeout_seconds", "must be > 0")
     nodes = Nodes(
@@ -83,6 +88,7 @@ def build_agent_graph(
             clock=clock or SystemClock(),
             model_timeout_seconds=model_timeout_seconds,
             require_citations=require_citations,
+            model_retries=model_retries,
         )
     )
     graph: StateGraph[Any, RunContext, Any, Any] = StateGraph(

@@ -89,6 +89,7 @@ class LoopConfig:
     clock: Clock
     model_timeout_seconds: float
     require_citations: bool
+    model_retries: int
 
 
 def _stop(reason: TerminationReason, code: str | None = None, **kw: Any) -> StopRequest:
@@ -268,8 +269,19 @@ class Nodes:
                 state, cfg, ctx, phase=Phase.DECIDE, outcome="error", code=outcome.error_code
             )
             _emit(runtime, [m])
-            state = _with_manifests(state, [m]).model_copy(update={"stop": outcome})
-            return changed(before, state)
+            state = _with_manifests(state, [m])
+            if _retryable_model_error(outcome) and state.model_failures < cfg.model_retries:
+                # Ask again at the next step: the retry spends its own reserved step.
+                state = state.model_copy(
+                    update={
+                        "model_failures": state.model_failures + 1,
+                        "last_error_code": outcome.error_code,
+                    }
+                )
+                return changed(before, state)
+            return changed(before, state.model_copy(update={"stop": outcome}))
+        if state.model_failures:
+            state = state.model_copy(update={"model_failures": 0, "last_error_code": None})
         if isinstance(outcome, InvalidProposal):
             m = _manifest(
                 state,
@@ -358,7 +370,10 @@ class Nodes:
         """Gate the whole batch, then reserve it, before any of it runs."""
         cfg = self.cfg
         state = state.model_copy(update={"phase": Phase.VALIDATE, "pending": tuple(calls)})
-        if len({c.call_id for c in calls}) != len(calls):
+        answered = {o.call_id for o in state.observations}
+        if len({c.call_id for c in calls}) != len(calls) or any(
+            c.call_id in answered for c in calls
+        ):
             m = _manifest(
                 state,
                 cfg,
@@ -832,6 +847,15 @@ class Nodes:
             return done or {}
         results = await self._run_calls(state, ctx, runnable) if runnable else []
         return self._execute_finish(state, ctx, runnable, early, results, runtime, before)
+
+
+_RETRYABLE_MODEL_CODES = frozenset(
+    {ErrorCode.RATE_LIMITED.value, ErrorCode.UNAVAILABLE.value, ErrorCode.TIMEOUT.value}
+)
+
+
+def _retryable_model_error(stop: StopRequest) -> bool:
+    return stop.reason is TerminationReason.FAILED and stop.error_code in _RETRYABLE_MODEL_CODES
 
 
 def _stop_if_nothing_runs(verdicts: Sequence[Verdict]) -> StopRequest | None:

@@ -39,7 +39,8 @@ def route_after_decide(values: dict[str, Any]) -> Next:
     if values.get("stop") is not None or _out_of_supersteps(values):
         return "terminal"
     if not values.get("pending"):
-        return "terminal"
+        # No decision and no stop: a retryable model error, asked again at the next step.
+        return "decide"
     return _after_gate(values)
 
 

@@ -51,6 +51,7 @@ class GraphState(TypedDict, total=False):
     termination: TerminationReason | None
     last_error_code: str | None
     manifests: tuple[StepManifest, ...]
+    model_failures: int
     stop: StopRequest | None
     remaining_steps: RemainingSteps
 

@@ -81,6 +81,9 @@ _BY_NAME = (
     ("authentication", ErrorCode.PERMISSION_DENIED),
     ("unavailable", ErrorCode.UNAVAILABLE),
     ("connection", ErrorCode.UNAVAILABLE),
+    ("connect", ErrorCode.UNAVAILABLE),
+    ("network", ErrorCode.UNAVAILABLE),
+    ("transport", ErrorCode.UNAVAILABLE),
 )
 
 
@@ -107,6 +110,9 @@ def error_code_for(exc: BaseException) -> ErrorCode:
     >>> error_code_for(TimeoutError("db password=hunter2"))
     <ErrorCode.TIMEOUT: 'timeout'>
     """
+    # A task group wraps one failure in a group (MCP clients do): judge the failure itself.
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
     if isinstance(exc, ToolError):
         return exc.code
     # Exception classes of our own declare their code on the class, never in the message.

@@ -53,6 +53,8 @@ class AgentState(Frozen):
     termination: Annotated[TerminationReason | None, Strict(False)] = None
     last_error_code: str | None = None
     manifests: Annotated[tuple[StepManifest, ...], Strict(False)] = ()
+    model_failures: Annotated[int, Field(ge=0)] = 0
+    """Retryable model errors in a row; reset by the next decision that arrives."""
     stop: StopRequest | None = None
     """Set by a node that decided the run must end; consumed by the terminal node."""
 

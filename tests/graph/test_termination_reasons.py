@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import fencepost as fp
-from tests.graph.kit import call, context, harness, thread
+from tests.graph.kit import call, context, final_citing_last, harness, thread
 
 SCENARIOS: dict[fp.TerminationReason, tuple[list[Any], dict[str, Any]]] = {
     fp.TerminationReason.COMPLETED: (
@@ -28,7 +28,7 @@ SCENARIOS: dict[fp.TerminationReason, tuple[list[Any], dict[str, Any]]] = {
     fp.TerminationReason.NO_PROGRESS: ([call(n=i, query="same") for i in range(1, 5)], {}),
     fp.TerminationReason.POLICY_DENIED: ([call("admin_reset", 1)], {}),
     fp.TerminationReason.APPROVAL_REQUIRED: ([call("write_note", 1, note="hi")], {}),
-    fp.TerminationReason.FAILED: ([ConnectionResetError("upstream said: token=abc")], {}),
+    fp.TerminationReason.FAILED: ([RuntimeError("upstream said: token=abc")], {}),
 }
 
 
@@ -83,7 +83,35 @@ def test_step_budget_ends_as_data_never_as_graph_recursion_error(
 
 
 def test_model_error_text_never_reaches_state() -> None:
-    h = harness([ConnectionResetError("upstream said: token=abc")])
+    h = harness([RuntimeError("upstream said: token=abc")])
     state = h.run()
-    assert state.last_error_code == "unavailable"
+    assert state.last_error_code == "internal_error"
     assert "token=abc" not in state.model_dump_json()
+
+
+class RateLimitError(Exception):
+    status_code = 429
+
+
+def test_a_retryable_model_error_is_asked_again_and_each_retry_spends_a_step() -> None:
+    h = harness([RateLimitError("slow down, key=abc"), call(), final_citing_last])
+    state = h.run()
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert state.budget.steps_used == 3
+    assert h.model.calls == 3
+    assert state.last_error_code is None
+
+
+def test_retryable_model_errors_past_the_retry_limit_end_as_failed_with_the_code() -> None:
+    h = harness([RateLimitError("x")] * 5, model_retries=2)
+    state = h.run(steps=10)
+    assert state.termination is fp.TerminationReason.FAILED
+    assert state.last_error_code == "rate_limited"
+    assert h.model.calls == 3 and state.budget.steps_used == 3
+
+
+def test_model_retries_stop_at_the_step_budget() -> None:
+    h = harness([RateLimitError("x")] * 5, model_retries=4)
+    state = h.run(steps=2)
+    assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
+    assert h.model.calls == 2

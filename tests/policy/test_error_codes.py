@@ -133,3 +133,21 @@ def test_tool_error_keeps_its_code_and_only_the_code_as_message() -> None:
 def test_only_transient_codes_are_retryable() -> None:
     retryable = {code for code in ErrorCode if is_retryable(code)}
     assert retryable == {ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE}
+
+
+def test_a_single_failure_wrapped_in_an_exception_group_is_judged_by_itself() -> None:
+    group = ExceptionGroup("task group", [TimeoutError("db password=x")])
+    assert error_code_for(group) is ErrorCode.TIMEOUT
+    nested = ExceptionGroup("outer", [ExceptionGroup("inner", [PermissionError("x")])])
+    assert error_code_for(nested) is ErrorCode.PERMISSION_DENIED
+
+
+def test_transport_level_failures_are_unavailable() -> None:
+    class ConnectError(Exception):
+        pass
+
+    class RemoteProtocolNetworkError(Exception):
+        pass
+
+    assert error_code_for(ConnectError("refused")) is ErrorCode.UNAVAILABLE
+    assert error_code_for(RemoteProtocolNetworkError("reset")) is ErrorCode.UNAVAILABLE
