@@ -364,8 +364,31 @@ def _waiting_for_human(latest: CheckpointTuple) -> bool:
     return _INTERRUPT_CHANNEL in channels and _RESUME_CHANNEL not in channels
 
 
-def _record(latest: CheckpointTuple, started_at: datetime | None) -> RunRecord | None:
-    state = _state_of(latest.checkpoint.get("channel_values") or {})
+class _NoModel:
+    """The reader graph never decides: it only reassembles stored state."""
+
+    async def decide(self, input: Any, *, deadline: Any) -> Any:
+        raise RuntimeError("the report reader never runs the loop")
+
+
+def _reader(saver: BaseCheckpointSaver[Any]) -> Any:
+    """A compiled fencepost graph over ``saver``, used only for ``get_state``.
+
+    Observations, receipts and manifests are delta channels: a checkpoint's own blob does not
+    hold them, LangGraph reassembles them from the thread's writes. Reading through the graph
+    keeps the report on LangGraph's API instead of re-implementing that.
+    """
+    from fencepost.graph.builder import build_agent_graph
+    from fencepost.policy import ToolRegistry
+
+    return build_agent_graph(ToolRegistry([]), _NoModel()).compile(checkpointer=saver)
+
+
+def _record(latest: CheckpointTuple, started_at: datetime | None, reader: Any) -> RunRecord | None:
+    values = latest.checkpoint.get("channel_values") or {}
+    if "run_id" in values:
+        values = reader.get_state(latest.config).values
+    state = _state_of(values)
     if state is None:
         return None
     waiting: tuple[str, ...] = ()
@@ -414,7 +437,9 @@ def load_runs(
             ts = _ts(tup)
             if ts is not None and (thread not in first_ts or ts < first_ts[thread]):
                 first_ts[thread] = ts
-    records = [r for t, tup in latest.items() if (r := _record(tup, first_ts.get(t)))]
+    reader = _reader(saver)
+    with _translated(source):
+        records = [r for t, tup in latest.items() if (r := _record(tup, first_ts.get(t), reader))]
     if latest and not records:
         raise NotACheckpointStore(
             f"{source} holds LangGraph checkpoints, but none of them is a fencepost run"
@@ -438,7 +463,7 @@ def load_run(
                 for t in saver.list({"configurable": {"thread_id": run_id, "checkpoint_ns": ""}})
                 if (ts := _ts(t)) is not None
             ]
-            record = _record(tup, min(history) if history else None)
+            record = _record(tup, min(history) if history else None, _reader(saver))
             if record is not None:
                 return record
     for record in load_runs(saver, source=source):

@@ -393,6 +393,10 @@ class ChatModelDecider:
             OrderedDict()
         )
         self._lock = threading.Lock()
+        # Rendered turns by (run, call ids, whether their proposals were known): an observation
+        # never changes once recorded, so re-rendering the whole history every step (json-dumping
+        # each result, building each message) is waste that grows with the run.
+        self._rendered: OrderedDict[tuple[Any, ...], list[BaseMessage]] = OrderedDict()
         self._bound: tuple[str, Runnable[Any, Any]] | None = None
 
     # what the model is given ------------------------------------------------------------------
@@ -438,6 +442,18 @@ class ChatModelDecider:
         def flush() -> None:
             if not turn:
                 return
+            cache_key = (
+                input.run_id,
+                tuple((o.call_id, o.sequence) for o in turn),
+                tuple(known.get(o.call_id) is not None for o in turn),
+            )
+            with self._lock:
+                cached = self._rendered.get(cache_key)
+            if cached is not None:
+                out.extend(cached)
+                turn.clear()
+                return
+            start = len(out)
             calls = []
             for obs in turn:
                 entry = known.get(obs.call_id)
@@ -459,6 +475,10 @@ class ChatModelDecider:
                         status="success" if obs.kind == "tool_result" else "error",
                     )
                 )
+            with self._lock:
+                self._rendered[cache_key] = out[start:]
+                while len(self._rendered) > self._history_size:
+                    self._rendered.popitem(last=False)
             turn.clear()
 
         for index, obs in enumerate(input.observations):

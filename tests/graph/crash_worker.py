@@ -347,9 +347,15 @@ def read(spec: Spec) -> int:
             saver = SqliteSaver(conn, serde=serde)
             tup = saver.get_tuple(_config(spec))
             assert tup is not None, "no checkpoint for the thread"
-            values = tup.checkpoint["channel_values"]
+            raw = tup.checkpoint["channel_values"]
+            # Observations, receipts and manifests are delta channels: LangGraph reassembles them
+            # from the thread's writes, so they are read through a compiled graph's get_state.
+            from fencepost.adapters.scripted import ScriptedDecisionModel
+
+            reader = fp.build_agent_graph(fp.ToolRegistry([]), ScriptedDecisionModel([]))
+            values = {**raw, **reader.compile(checkpointer=saver).get_state(tup.config).values}
             for name in ("budget", "termination", "observations", "receipts", "manifests"):
-                value = values.get(name)
+                value = (raw if name in ("budget", "termination") else values).get(name)
                 item = value[0] if isinstance(value, list | tuple) and value else value
                 types[name] = f"{type(item).__module__}.{type(item).__qualname__}"
             error: str | None = None
