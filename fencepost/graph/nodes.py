@@ -753,6 +753,18 @@ class Nodes:
             )
             for _, e, status, attempt in ordered
         )
+        # Calls of the batch the budget could not cover: reported as not done, never run.
+        receipts += tuple(
+            Receipt(
+                call_id=v.call_id,
+                tool_name=v.tool_name,
+                status=ReceiptStatus.DENIED,
+                error_code=ErrorCode.BUDGET_EXHAUSTED,
+                attempts=0,
+            )
+            for v in state.verdicts
+            if v.code is VerdictCode.BUDGET_EXHAUSTED
+        )
         manifests = [
             _manifest(
                 state,

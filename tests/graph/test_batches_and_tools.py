@@ -55,6 +55,12 @@ def test_with_n_calls_left_exactly_n_of_a_batch_run() -> None:
     assert h.calls.count("search_logs") == 2
     assert state.budget.tool_calls_used == 2
     assert state.termination is fp.TerminationReason.TOOL_BUDGET_EXHAUSTED
+    # Partial success is reported as such: two done, the third not done and never started.
+    assert [(r.call_id, r.status, r.attempts) for r in state.receipts] == [
+        ("call-0001", fp.ReceiptStatus.COMPLETED, 1),
+        ("call-0002", fp.ReceiptStatus.COMPLETED, 1),
+        ("call-0003", fp.ReceiptStatus.DENIED, 0),
+    ]
 
 
 def test_one_denied_call_stops_the_whole_batch_before_any_runs() -> None:
