@@ -282,75 +282,38 @@ class Nodes:
             return changed(before, state.model_copy(update={"stop": outcome}))
         if state.model_failures:
             state = state.model_copy(update={"model_failures": 0, "last_error_code": None})
-        if isinstance(outcome, InvalidProposal):
-            m = _manifest(
-                state,
-                cfg,
-                ctx,
-                phase=Phase.DECIDE,
-                outcome="denied",
-                decision_kind="invalid",
-                code=outcome.code,
-            )
+
+        def end_with(stop: StopRequest, **manifest: Any) -> Update:
+            manifest.setdefault("code", stop.error_code)
+            m = _manifest(state, cfg, ctx, phase=Phase.DECIDE, **manifest)
             _emit(runtime, [m])
-            stop = _stop(TerminationReason.INVALID_PROPOSAL, outcome.code)
             return changed(before, _with_manifests(state, [m]).model_copy(update={"stop": stop}))
+
+        if isinstance(outcome, InvalidProposal):
+            stop = _stop(TerminationReason.INVALID_PROPOSAL, outcome.code)
+            return end_with(stop, outcome="denied", decision_kind="invalid")
         decision = outcome.decision
         usage: dict[str, Any] = {
             "input_tokens": outcome.input_tokens,
             "output_tokens": outcome.output_tokens,
         }
         spent = (outcome.input_tokens or 0) + (outcome.output_tokens or 0)
-        if spent:
-            budget = state.budget
-            left = budget.tokens_remaining
-            state = state.model_copy(
-                update={
-                    "budget": budget.model_copy(
-                        update={
-                            "tokens_used": budget.tokens_used + spent,
-                            "tokens_remaining": None if left is None else max(0, left - spent),
-                        }
-                    )
-                }
-            )
+        state = state.model_copy(update={"budget": state.budget.record(BudgetAxis.TOKENS, spent)})
         if isinstance(decision, FinalProposal):
             try:
                 answer = validate_final_answer(
                     decision.answer, state, require_citations=cfg.require_citations
                 )
-                stop = _stop(TerminationReason.COMPLETED, answer=answer)
-                outcome_name = "decided"
             except (UnsupportedCitation, MissingCitation) as exc:
                 stop = _stop(TerminationReason.INVALID_PROPOSAL, exc.code)
-                outcome_name = "denied"
-            m = _manifest(
-                state,
-                cfg,
-                ctx,
-                phase=Phase.DECIDE,
-                outcome=outcome_name,
-                decision_kind="final",
-                code=stop.error_code,
-                **usage,
-            )
-            _emit(runtime, [m])
-            return changed(before, _with_manifests(state, [m]).model_copy(update={"stop": stop}))
+                return end_with(stop, outcome="denied", decision_kind="final", **usage)
+            stop = _stop(TerminationReason.COMPLETED, answer=answer)
+            return end_with(stop, outcome="decided", decision_kind="final", **usage)
         if isinstance(decision, AbstainProposal):
-            reason = TerminationReason(decision.reason)
-            m = _manifest(
-                state,
-                cfg,
-                ctx,
-                phase=Phase.DECIDE,
-                outcome="decided",
-                decision_kind="abstain",
-                code=reason.value,
-                **usage,
+            stop = _stop(TerminationReason(decision.reason))
+            return end_with(
+                stop, outcome="decided", decision_kind="abstain", code=decision.reason, **usage
             )
-            _emit(runtime, [m])
-            stop = _stop(reason)
-            return changed(before, _with_manifests(state, [m]).model_copy(update={"stop": stop}))
         calls = decision.calls if isinstance(decision, ToolBatch) else (decision,)
         state, manifests = self._gate(state, calls, ctx, usage)
         _emit(runtime, manifests)

@@ -159,6 +159,22 @@ class RuntimeBudget(Frozen):
             update[f"{name}_remaining"] = left - amount
         return self.model_copy(update=update)
 
+    def record(self, axis: BudgetAxis, amount: float) -> RuntimeBudget:
+        """Record usage known only after the call (model tokens): never raises, floors at zero.
+
+        The next :meth:`check_before_step` refuses a step once the axis is used up.
+        """
+        if not 0 <= amount < math.inf:
+            raise ValueError("recorded usage must be a finite, non-negative number")
+        if not amount:
+            return self
+        name = axis.value
+        left = self.remaining(axis)
+        update: dict[str, float] = {f"{name}_used": self.used(axis) + amount}
+        if left is not None:
+            update[f"{name}_remaining"] = max(0, left - amount)
+        return self.model_copy(update=update)
+
     def check_before_step(self) -> None:
         """Raise :class:`BudgetExhausted` if no model step could be reserved now."""
         if self.steps_remaining <= 0:

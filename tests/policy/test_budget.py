@@ -241,3 +241,13 @@ def test_reserved_steps_and_calls_never_exceed_the_limit(
     assert ran["tool"] == min(tool_calls, asked_tools)
     assert state.budget.steps_remaining == steps - ran["step"] >= 0
     assert state.budget.tool_calls_remaining == tool_calls - ran["tool"] >= 0
+
+
+def test_recorded_token_usage_floors_at_zero_and_then_refuses_the_next_step() -> None:
+    budget = RuntimeBudget(steps_remaining=5, tool_calls_remaining=1, tokens_remaining=100)
+    spent = budget.record(BudgetAxis.TOKENS, 150)
+    assert (spent.tokens_used, spent.tokens_remaining) == (150, 0)
+    with pytest.raises(BudgetExhausted) as info:
+        spent.check_before_step()
+    assert info.value.axis is BudgetAxis.TOKENS
+    assert budget.record(BudgetAxis.TOKENS, 0) is budget
