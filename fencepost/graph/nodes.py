@@ -773,13 +773,23 @@ class Nodes:
     def terminal(self, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
         """The single exit: the only place a terminal state is made."""
         before = load_state(values)
-        if before is None:
-            return {}
-        if before.is_terminal:
-            return {}
-        stop = before.stop or _stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
-        state = terminate(before, stop.reason, answer=stop.answer, error_code=stop.error_code)
         ctx = coerce_context(runtime.context)
+        start: AgentState | None = None
+        if before is None:
+            # The recursion limit left no room even for a first decision: the run still ends
+            # with a reason, bound to whoever started it.
+            request = values.get("request")
+            if request is None:
+                return {}
+            if not isinstance(request, StartRequest):
+                request = StartRequest.model_validate(request, strict=False)
+            start = _begin(request, ctx, self.cfg)
+        elif before.is_terminal:
+            return {}
+        current = before or start
+        assert current is not None
+        stop = current.stop or _stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
+        state = terminate(current, stop.reason, answer=stop.answer, error_code=stop.error_code)
         m = _manifest(
             state, self.cfg, ctx, phase=Phase.TERMINAL, outcome="terminal", code=stop.reason.value
         )

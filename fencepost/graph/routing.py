@@ -27,7 +27,11 @@ def _after_gate(values: dict[str, Any]) -> Next:
 
 def route_start(values: dict[str, Any]) -> Next:
     """Entry: a new run decides; a resumed one continues where its state says it is."""
-    if values.get("phase") is Phase.TERMINAL or values.get("stop") is not None:
+    if (
+        values.get("phase") is Phase.TERMINAL
+        or values.get("stop") is not None
+        or _out_of_supersteps(values)
+    ):
         return "terminal"
     if "run_id" not in values or not values.get("pending"):
         return "decide"
