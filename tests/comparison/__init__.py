@@ -1,0 +1,1 @@
+"""Side-by-side tests: LangChain's ``create_agent`` and fencepost on the same scenarios."""
