@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Annotated
 
@@ -73,6 +73,105 @@ def _exhausted(account: str, axis: str, limit: float, requested: float) -> Budge
     return BudgetExhausted(
         reason_for_axis(known), axis=known, limit=limit, requested=requested, account=account
     )
+
+
+# -- the rules every backend applies --------------------------------------------------------------
+# Pure functions over plain values, so the in-memory, SQLite and Postgres ledgers decide alike and
+# differ only in how they read, lock and write.
+
+
+def validate_amounts(amounts: Mapping[str, float]) -> dict[str, float]:
+    """``amounts`` as floats; ``ValueError`` for a negative or NaN amount (limits alike)."""
+    out: dict[str, float] = {}
+    for axis, value in amounts.items():
+        number = float(value)
+        if number < 0 or number != number:
+            raise ValueError(f"amount for {axis!r} must be a non-negative number")
+        out[axis] = number
+    return out
+
+
+def check_same_terms(
+    account: str,
+    opened: tuple[str | None, Mapping[str, float]],
+    requested: tuple[str | None, Mapping[str, float]],
+) -> None:
+    """Reopening ``account`` is idempotent only with the (parent, limits) it was opened with."""
+    if opened != requested:
+        raise LedgerConflict(f"account {account!r} already open with other terms")
+
+
+def walk_chain(account: str, parents: Mapping[str, str | None]) -> list[str]:
+    """``account`` and its ancestors, nearest first, following ``parents`` (name -> parent).
+
+    Raises ``UnknownAccount`` for a name ``parents`` does not know, ``LedgerConflict`` on a cycle.
+    """
+    chain: list[str] = []
+    current: str | None = account
+    while current is not None:
+        if current not in parents:
+            raise UnknownAccount(current)
+        if current in chain:
+            raise LedgerConflict("account parent chain has a cycle")
+        chain.append(current)
+        current = parents[current]
+    return chain
+
+
+def check_room(
+    chain: Iterable[tuple[str, Mapping[str, float], Mapping[str, float]]],
+    amounts: Mapping[str, float],
+) -> None:
+    """Raise ``BudgetExhausted`` unless every ``(account, limits, held)`` can also hold ``amounts``.
+
+    Accounts are checked nearest first, so the error names the first one that cannot pay; an axis
+    an account does not limit never exhausts it.
+    """
+    for account, limits, held in chain:
+        for axis, amount in amounts.items():
+            limit = limits.get(axis)
+            if limit is not None and held.get(axis, 0.0) + amount > limit:
+                raise _exhausted(account, axis, limit, amount)
+
+
+def existing_reservation(prior: Reservation, account: str) -> Reservation:
+    """A repeated ``reserve`` of ``prior.key``: the first reservation, marked ``existing``.
+
+    Raises ``LedgerConflict`` when the key is held by another account.
+    """
+    if prior.account != account:
+        raise LedgerConflict(f"key {prior.key!r} is held by another account")
+    return prior.model_copy(update={"existing": True})
+
+
+def existing_outcome(reservation: Reservation) -> Reservation | None:
+    """A ``settle`` or ``release`` of a key that already has an outcome: that outcome, marked
+    ``existing`` (an attempted call is never refunded twice); ``None`` while it is still reserved.
+    """
+    if reservation.status is ReservationStatus.RESERVED:
+        return None
+    return reservation.model_copy(update={"existing": True})
+
+
+def settlement(
+    reserved: Mapping[str, float], actual: Mapping[str, float] | None
+) -> tuple[dict[str, float], dict[str, float]]:
+    """``(refund, final)`` for settling a reservation of ``reserved`` at ``actual``.
+
+    Only what was held beyond ``actual`` is refunded: an axis missing from ``actual`` (or no
+    ``actual`` at all) keeps its full amount, and an actual above the reservation charges no more
+    than was reserved. ``actual`` is validated like any amounts.
+    """
+    final = dict(reserved)
+    if actual is None:
+        return {}, final
+    clean = validate_amounts(actual)
+    refund = {
+        axis: final[axis] - clean.get(axis, final[axis])
+        for axis in final
+        if clean.get(axis, final[axis]) < final[axis]
+    }
+    return refund, {axis: final[axis] - refund.get(axis, 0.0) for axis in final}
 
 
 class Ledger(ABC):
@@ -140,99 +239,68 @@ class Ledger(ABC):
         return self.get(key)
 
 
-def _validate_amounts(amounts: Mapping[str, float]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for axis, value in amounts.items():
-        number = float(value)
-        if number < 0 or number != number:
-            raise ValueError(f"amount for {axis!r} must be a non-negative number")
-        out[axis] = number
-    return out
-
-
 class InMemoryLedger(Ledger):
     """A process-local ledger for tests and notebooks. Atomic under a lock; not durable."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._accounts: dict[str, tuple[str | None, dict[str, float]]] = {}
+        self._parents: dict[str, str | None] = {}
+        self._limits: dict[str, dict[str, float]] = {}
         self._held: dict[str, dict[str, float]] = {}
         self._reservations: dict[str, Reservation] = {}
 
     def open_account(
         self, account: str, limits: Mapping[str, float], *, parent: str | None = None
     ) -> Balance:
-        clean = _validate_amounts(limits)
+        clean = validate_amounts(limits)
         with self._lock:
-            if parent is not None and parent not in self._accounts:
+            if parent is not None and parent not in self._parents:
                 raise UnknownAccount(parent)
-            existing = self._accounts.get(account)
-            if existing is not None:
-                if existing != (parent, clean):
-                    raise LedgerConflict(f"account {account!r} already open with other terms")
+            if account in self._parents:
+                opened = (self._parents[account], self._limits[account])
+                check_same_terms(account, opened, (parent, clean))
             else:
-                self._accounts[account] = (parent, clean)
+                self._parents[account] = parent
+                self._limits[account] = clean
                 self._held[account] = {}
             return self._balance(account)
 
-    def _chain(self, account: str) -> list[str]:
-        chain: list[str] = []
-        current: str | None = account
-        while current is not None:
-            if current not in self._accounts:
-                raise UnknownAccount(current)
-            if current in chain:
-                raise LedgerConflict("account parent chain has a cycle")
-            chain.append(current)
-            current = self._accounts[current][0]
-        return chain
-
     def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        clean = _validate_amounts(amounts)
+        clean = validate_amounts(amounts)
         with self._lock:
             prior = self._reservations.get(key)
             if prior is not None:
-                if prior.account != account:
-                    raise LedgerConflict(f"key {key!r} is held by another account")
-                return prior.model_copy(update={"existing": True})
-            chain = self._chain(account)
-            for name in chain:
-                limits = self._accounts[name][1]
-                held = self._held[name]
-                for axis, amount in clean.items():
-                    if axis in limits and held.get(axis, 0.0) + amount > limits[axis]:
-                        raise _exhausted(name, axis, limits[axis], amount)
-            for name in chain:
-                held = self._held[name]
-                for axis, amount in clean.items():
-                    held[axis] = held.get(axis, 0.0) + amount
+                return existing_reservation(prior, account)
+            chain = walk_chain(account, self._parents)
+            check_room(((name, self._limits[name], self._held[name]) for name in chain), clean)
+            self._add_held(chain, clean)
             reservation = Reservation(account=account, key=key, amounts=clean)
             self._reservations[key] = reservation
             return reservation
 
-    def _refund(self, reservation: Reservation, refund: Mapping[str, float]) -> None:
-        for name in self._chain(reservation.account):
+    def _add_held(self, chain: list[str], delta: Mapping[str, float]) -> None:
+        for name in chain:
             held = self._held[name]
-            for axis, amount in refund.items():
-                held[axis] = held.get(axis, 0.0) - amount
+            for axis, amount in delta.items():
+                held[axis] = held.get(axis, 0.0) + amount
+
+    def _refund(self, reservation: Reservation, refund: Mapping[str, float]) -> None:
+        chain = walk_chain(reservation.account, self._parents)
+        self._add_held(chain, {axis: -amount for axis, amount in refund.items()})
+
+    def _stored(self, key: str) -> Reservation:
+        reservation = self._reservations.get(key)
+        if reservation is None:
+            raise UnknownReservation(key)
+        return reservation
 
     def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         with self._lock:
-            reservation = self._reservations.get(key)
-            if reservation is None:
-                raise UnknownReservation(key)
-            if reservation.status is not ReservationStatus.RESERVED:
-                return reservation.model_copy(update={"existing": True})
-            final = dict(reservation.amounts)
-            if actual is not None:
-                clean = _validate_amounts(actual)
-                refund = {
-                    axis: final[axis] - clean.get(axis, final[axis])
-                    for axis in final
-                    if clean.get(axis, final[axis]) < final[axis]
-                }
-                self._refund(reservation, refund)
-                final = {axis: final[axis] - refund.get(axis, 0.0) for axis in final}
+            reservation = self._stored(key)
+            if (outcome := existing_outcome(reservation)) is not None:
+                return outcome
+            refund, final = settlement(reservation.amounts, actual)
+            self._refund(reservation, refund)
             settled = reservation.model_copy(
                 update={"amounts": final, "status": ReservationStatus.SETTLED}
             )
@@ -241,11 +309,9 @@ class InMemoryLedger(Ledger):
 
     def release(self, key: str) -> Reservation:
         with self._lock:
-            reservation = self._reservations.get(key)
-            if reservation is None:
-                raise UnknownReservation(key)
-            if reservation.status is not ReservationStatus.RESERVED:
-                return reservation.model_copy(update={"existing": True})
+            reservation = self._stored(key)
+            if (outcome := existing_outcome(reservation)) is not None:
+                return outcome
             self._refund(reservation, reservation.amounts)
             released = reservation.model_copy(update={"status": ReservationStatus.RELEASED})
             self._reservations[key] = released
@@ -256,13 +322,15 @@ class InMemoryLedger(Ledger):
             return self._reservations.get(key)
 
     def _balance(self, account: str) -> Balance:
-        parent, limits = self._accounts[account]
         return Balance(
-            account=account, parent=parent, limits=dict(limits), held=dict(self._held[account])
+            account=account,
+            parent=self._parents[account],
+            limits=dict(self._limits[account]),
+            held=dict(self._held[account]),
         )
 
     def balance(self, account: str) -> Balance:
         with self._lock:
-            if account not in self._accounts:
+            if account not in self._parents:
                 raise UnknownAccount(account)
             return self._balance(account)
