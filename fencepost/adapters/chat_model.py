@@ -5,13 +5,10 @@ one), never executed here. Observations go back to the model as data — one ``T
 observation, joined by call id, its content wrapped in an ``untrusted_tool_output`` block — and
 nothing from an observation is ever placed in the system prompt.
 
-How the conversation is rebuilt: :class:`DecisionInput` carries observations, not the proposals
-that caused them. Each model turn that led to tool calls is rebuilt as an ``AIMessage`` from the
-observations themselves (call id and tool name). The arguments come from a bounded cache this
-decider keeps of its own earlier proposals, keyed by run id and call id; when a call is not in
-the cache (a resume in a fresh process, an evicted entry) its arguments are shown as ``{}``, and
-each such call is its own turn. Calls the cache knows to have been proposed together are shown
-as one turn, as the model made them.
+How the conversation is rebuilt: every model step that proposed tools becomes one ``AIMessage``
+with those calls — arguments as they ran (after any human edit), from
+``DecisionInput.proposals`` — followed by its observations. The input carries all of it, so a run
+resumed in a fresh process shows the model exactly the conversation it had.
 """
 
 from __future__ import annotations
@@ -388,14 +385,10 @@ class ChatModelDecider:
         )
         """The whole system prompt: fixed at construction, so no run data can ever enter it."""
         self._history_size = history_size
-        # (run_id, call_id) -> (turn key, arguments): this decider's own earlier proposals.
-        self._proposed: OrderedDict[tuple[str, str], tuple[tuple[str, int], dict[str, Any]]] = (
-            OrderedDict()
-        )
         self._lock = threading.Lock()
-        # Rendered turns by (run, call ids, whether their proposals were known): an observation
-        # never changes once recorded, so re-rendering the whole history every step (json-dumping
-        # each result, building each message) is waste that grows with the run.
+        # Rendered turns by (run, step, observations): an observation never changes once
+        # recorded, so re-rendering the whole history every step (json-dumping each result,
+        # building each message) is waste that grows with the run.
         self._rendered: OrderedDict[tuple[Any, ...], list[BaseMessage]] = OrderedDict()
         self._bound: tuple[str, Runnable[Any, Any]] | None = None
 
@@ -424,71 +417,56 @@ class ChatModelDecider:
         return functions + _ending_tools(self.final_tool, self.abstain_tool)
 
     def messages(self, input: DecisionInput) -> list[BaseMessage]:
-        """The conversation the model is shown for ``input`` (see the module doc for how)."""
+        """The conversation the model is shown for ``input`` (see the module doc for how).
+
+        Each model step that proposed tools becomes one assistant turn with those calls (the
+        arguments as they ran, from ``input.proposals``), followed by one tool message per
+        observation, joined by call id. Nothing here depends on this process having seen the
+        earlier turns, so a run resumed elsewhere shows the model the same conversation.
+        """
         from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
         out: list[BaseMessage] = [
             SystemMessage(content=self.system_prompt),
             HumanMessage(content=input.question),
         ]
-        with self._lock:
-            known = {
-                cid: self._proposed.get((input.run_id, cid))
-                for cid in (o.call_id for o in input.observations)
-            }
-        turn: list[Observation] = []
-        turn_key: object = None
-
-        def flush() -> None:
-            if not turn:
-                return
-            cache_key = (
-                input.run_id,
-                tuple((o.call_id, o.sequence) for o in turn),
-                tuple(known.get(o.call_id) is not None for o in turn),
-            )
+        arguments = {p.call_id: p.arguments for p in input.proposals}
+        turns: dict[int, list[Observation]] = {}
+        for obs in input.observations:
+            turns.setdefault(obs.step, []).append(obs)
+        for step, turn in turns.items():
+            cache_key = (input.run_id, step, tuple((o.call_id, o.sequence) for o in turn))
             with self._lock:
                 cached = self._rendered.get(cache_key)
-            if cached is not None:
-                out.extend(cached)
-                turn.clear()
-                return
-            start = len(out)
-            calls = []
-            for obs in turn:
-                entry = known.get(obs.call_id)
-                calls.append(
-                    {
-                        "type": "tool_call",
-                        "id": obs.call_id,
-                        "name": obs.tool_name,
-                        "args": entry[1] if entry else {},
-                    }
-                )
-            out.append(AIMessage(content="", tool_calls=calls))
-            for obs in turn:
-                out.append(
-                    ToolMessage(
-                        content=observation_content(obs),
-                        tool_call_id=obs.call_id,
-                        name=obs.tool_name,
-                        status="success" if obs.kind == "tool_result" else "error",
-                    )
-                )
-            with self._lock:
-                self._rendered[cache_key] = out[start:]
-                while len(self._rendered) > self._history_size:
-                    self._rendered.popitem(last=False)
-            turn.clear()
-
-        for index, obs in enumerate(input.observations):
-            entry = known.get(obs.call_id)
-            key: object = entry[0] if entry else ("unknown", index)
-            if key != turn_key:
-                flush()
-                turn_key = key
-            turn.append(obs)
-        flush()
+            if cached is None:
+                cached = [
+                    AIMessage(
+                        content="",
+                        tool_calls=[
+                            {
+                                "type": "tool_call",
+                                "id": obs.call_id,
+                                "name": obs.tool_name,
+                                "args": dict(arguments.get(obs.call_id, {})),
+                            }
+                            for obs in turn
+                        ],
+                    ),
+                    *(
+                        ToolMessage(
+                            content=observation_content(obs),
+                            tool_call_id=obs.call_id,
+                            name=obs.tool_name,
+                            status="success" if obs.kind == "tool_result" else "error",
+                        )
+                        for obs in turn
+                    ),
+                ]
+                with self._lock:
+                    self._rendered[cache_key] = cached
+                    while len(self._rendered) > self._history_size:
+                        self._rendered.popitem(last=False)
+            out.extend(cached)
         return out
 
     # the port ---------------------------------------------------------------------------------
@@ -519,16 +497,4 @@ class ChatModelDecider:
             abstain_tool=self.abstain_tool,
             require_finish_reason=self.require_finish_reason,
         )
-        self._remember(input, decided)
         return decided
-
-    def _remember(self, input: DecisionInput, decided: Decided) -> None:
-        decision = decided.decision
-        calls = decision.calls if isinstance(decision, ToolBatch) else (decision,)
-        turn = (input.run_id, input.step)
-        with self._lock:
-            for call in calls:
-                if isinstance(call, ToolProposal):
-                    self._proposed[(input.run_id, call.call_id)] = (turn, dict(call.arguments))
-            while len(self._proposed) > self._history_size:
-                self._proposed.popitem(last=False)

@@ -188,6 +188,7 @@ def _decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
         run_id=state.run_id,
         question=state.question,
         observations=state.observations,
+        proposals=state.proposals,
         catalog=tuple(cfg.registry.model_catalog()),
         budget=state.budget,
         step=state.step,

@@ -59,6 +59,7 @@ class GraphState(TypedDict, total=False):
     budget: RuntimeBudget
     step: int
     observations: Annotated[tuple[Observation, ...], Appended]
+    proposals: Annotated[tuple[ToolProposal, ...], Appended]
     pending: tuple[ToolProposal, ...]
     verdicts: tuple[Verdict, ...]
     receipts: Annotated[tuple[Receipt, ...], Appended]
@@ -79,7 +80,7 @@ class InputState(TypedDict):
 
 
 _FIELDS = tuple(AgentState.model_fields)
-_TUPLE_FIELDS = ("observations", "pending", "verdicts", "receipts", "manifests")
+_TUPLE_FIELDS = ("observations", "proposals", "pending", "verdicts", "receipts", "manifests")
 
 
 def start(
@@ -128,7 +129,7 @@ def load_state(values: dict[str, Any]) -> AgentState | None:
     return AgentState.model_validate(data, strict=False)
 
 
-_APPENDED = frozenset({"observations", "receipts", "manifests"})
+_APPENDED = frozenset({"observations", "proposals", "receipts", "manifests"})
 
 
 def changed(before: AgentState | None, after: AgentState) -> dict[str, Any]:

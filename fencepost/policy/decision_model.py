@@ -26,6 +26,8 @@ class DecisionInput(Frozen):
     run_id: str
     question: str
     observations: Annotated[tuple[Observation, ...], Strict(False)]
+    proposals: Annotated[tuple[ToolProposal, ...], Strict(False)] = ()
+    """The model's earlier tool proposals that have an observation, joined by call id."""
     catalog: Annotated[tuple[dict[str, Any], ...], Strict(False)]
     budget: RuntimeBudget
     step: int

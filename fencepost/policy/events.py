@@ -57,11 +57,12 @@ def serialize_tool_result(result: Any) -> JsonValue:
     return value
 
 
-def observation_for(event: RuntimeEvent, sequence: int) -> Observation:
-    """The observation an event becomes at position ``sequence``."""
+def observation_for(event: RuntimeEvent, sequence: int, *, step: int = 0) -> Observation:
+    """The observation an event becomes at position ``sequence``, answering a step's proposal."""
     if isinstance(event, ToolSucceeded):
         return Observation(
             sequence=sequence,
+            step=step,
             call_id=event.call_id,
             tool_name=event.tool_name,
             kind="tool_result",
@@ -69,6 +70,7 @@ def observation_for(event: RuntimeEvent, sequence: int) -> Observation:
         )
     return Observation(
         sequence=sequence,
+        step=step,
         call_id=event.call_id,
         tool_name=event.tool_name,
         kind="tool_error",
@@ -78,11 +80,23 @@ def observation_for(event: RuntimeEvent, sequence: int) -> Observation:
 
 
 def reduce_tool_events(state: AgentState, events: tuple[RuntimeEvent, ...]) -> AgentState:
-    """Append one observation per event, numbered after the existing ones, in event order."""
+    """Append one observation per event, numbered after the existing ones, in event order.
+
+    The pending proposal each event answers (joined by call id) is kept beside it in
+    ``state.proposals``, so a model can be shown its own earlier calls after a resume.
+    """
     start = len(state.observations)
-    added = tuple(observation_for(event, start + i) for i, event in enumerate(events))
+    added = tuple(
+        observation_for(event, start + i, step=state.step) for i, event in enumerate(events)
+    )
+    pending = {p.call_id: p for p in state.pending}
+    answered = tuple(pending[e.call_id] for e in events if e.call_id in pending)
     return state.model_copy(
-        update={"phase": Phase.OBSERVE, "observations": state.observations + added}
+        update={
+            "phase": Phase.OBSERVE,
+            "observations": state.observations + added,
+            "proposals": state.proposals + answered,
+        }
     )
 
 

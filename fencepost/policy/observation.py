@@ -19,6 +19,8 @@ class Observation(Frozen):
 
     sequence: Annotated[int, Field(ge=0)]
     """Position in the run's observation list (0-based, gap-free)."""
+    step: Annotated[int, Field(ge=0)] = 0
+    """The model step whose proposal this observation answers (a batch shares one step)."""
     call_id: str
     """The proposal this observation answers; results are joined by it, never by position."""
     tool_name: str

@@ -42,6 +42,8 @@ class AgentState(Frozen):
     step: Annotated[int, Field(ge=0)] = 0
     """Model steps started so far (each one reserved before the model was called)."""
     observations: Annotated[tuple[Observation, ...], Strict(False)] = ()
+    proposals: Annotated[tuple[ToolProposal, ...], Strict(False)] = ()
+    """The tool proposals that have an observation, as they were run (after any edit)."""
     pending: Annotated[tuple[ToolProposal, ...], Strict(False)] = ()
     """Proposals decided but not yet executed (a batch when several)."""
     verdicts: Annotated[tuple[Verdict, ...], Strict(False)] = ()

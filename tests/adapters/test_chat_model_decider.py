@@ -291,29 +291,50 @@ async def test_the_catalog_and_the_two_ending_tools_are_bound() -> None:
     assert search["additionalProperties"] is False
 
 
-async def test_history_without_the_decider_cache_shows_each_call_alone_with_empty_args() -> None:
-    # A resume in a fresh process: the decider never saw the proposals that led here.
+async def test_a_fresh_decider_rebuilds_the_conversation_from_the_input_alone() -> None:
+    # A resume in a fresh process: the decider never saw the proposals that led here, and the
+    # model is still shown each step's calls with the arguments they ran with.
     model, _ = decider(["ok"])
+    first = fp.ToolProposal(
+        call_id="call_0000000001", tool_name="search_logs", arguments={"query": "a"}
+    )
+    second = fp.ToolProposal(
+        call_id="call_0000000002", tool_name="search_logs", arguments={"query": "b"}
+    )
+    third = fp.ToolProposal(
+        call_id="call_0000000003", tool_name="search_logs", arguments={"query": "c"}
+    )
     inp = fp.DecisionInput(
         run_id="run-x",
         question="q",
         observations=(
             fp.Observation(
                 sequence=0,
-                call_id="call_0000000001",
+                step=1,
+                call_id=first.call_id,
                 tool_name="search_logs",
                 kind="tool_result",
                 result={"n": 1},
             ),
             fp.Observation(
                 sequence=1,
-                call_id="call_0000000002",
+                step=2,
+                call_id=second.call_id,
                 tool_name="search_logs",
                 kind="tool_error",
                 error_code=fp.ErrorCode.TIMEOUT,
                 retryable=True,
             ),
+            fp.Observation(
+                sequence=2,
+                step=2,
+                call_id=third.call_id,
+                tool_name="search_logs",
+                kind="tool_result",
+                result={"n": 3},
+            ),
         ),
+        proposals=(first, second, third),
         catalog=(),
         budget=fp.RuntimeBudget(steps_remaining=3, tool_calls_remaining=3),
         step=3,
@@ -324,13 +345,16 @@ async def test_history_without_the_decider_cache_shows_each_call_alone_with_empt
         HumanMessage,
         AIMessage,
         ToolMessage,
-        AIMessage,
+        AIMessage,  # step 2 proposed two calls at once: one turn
+        ToolMessage,
         ToolMessage,
     ]
-    assert messages[2].tool_calls[0]["args"] == {}  # type: ignore[attr-defined]
+    assert messages[2].tool_calls[0]["args"] == {"query": "a"}  # type: ignore[attr-defined]
+    assert [c["args"] for c in messages[4].tool_calls] == [{"query": "b"}, {"query": "c"}]  # type: ignore[attr-defined]
     assert [m.tool_call_id for m in messages if isinstance(m, ToolMessage)] == [
         "call_0000000001",
         "call_0000000002",
+        "call_0000000003",
     ]
 
 

@@ -83,6 +83,9 @@ def test_edited_arguments_are_what_runs() -> None:
     state = fp.run_output(h.graph.invoke(Command(resume=edit), config, context=ctx))
     assert state.termination is fp.TerminationReason.COMPLETED
     assert h.calls.log == [("write_note", {"note": "edited"}, "call-0001")]
+    # What the model is shown of its own call afterwards is what actually ran.
+    assert [p.arguments for p in state.proposals] == [{"note": "edited"}]
+    assert h.model.inputs[-1].proposals == state.proposals
 
 
 def test_authorization_is_checked_again_at_commit_time() -> None:

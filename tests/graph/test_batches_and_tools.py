@@ -46,6 +46,8 @@ def test_batch_results_are_joined_by_call_id_not_arrival_order() -> None:
         "call-0002": {"answer_for": "inventory"},
     }
     assert [o.sequence for o in state.observations] == [0, 1]
+    assert [o.step for o in state.observations] == [1, 1]  # one batch, one step
+    assert [p.call_id for p in state.proposals] == ["call-0001", "call-0002"]
 
 
 def test_with_n_calls_left_exactly_n_of_a_batch_run() -> None:
