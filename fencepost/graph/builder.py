@@ -45,6 +45,7 @@ def build_agent_graph(
     model_timeout_seconds: float = 120.0,
     require_citations: bool = False,
     model_retries: int = 2,
+    max_concurrent_tools: int = 8,
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -52,7 +53,8 @@ def build_agent_graph(
     ``approval_required``; ``"interrupt"`` pauses it with LangGraph ``interrupt()`` until the
     caller resumes with ``Command(resume="approve" | "reject" | {"decision": "edit", ...})``.
     A retryable model error (``rate_limited``, ``unavailable``, ``timeout``) is asked again at the
-    next step, up to ``model_retries`` times in a row; each retry spends its own step.
+    next step, up to ``model_retries`` times in a row; each retry spends its own step. A batch
+    of tool calls runs concurrently, at most ``max_concurrent_tools`` at a time.
     A durable ``ledger`` (SQLite/Postgres) makes reservations survive a crash mid-call, so a
     retried step or call is charged once per attempt and an uncertain write is reported as such.
 
@@ -76,6 +78,12 @@ def build_agent_graph(
         raise GraphConfigError("ledger", "must be a fencepost Ledger")
     if not isinstance(model_retries, int) or isinstance(model_retries, bool) or model_retries < 0:
         raise GraphConfigError("model_retries", "must be an integer >= 0")
+    if (
+        not isinstance(max_concurrent_tools, int)
+        or isinstance(max_concurrent_tools, bool)
+        or max_concurrent_tools < 1
+    ):
+        raise GraphConfigError("max_concurrent_tools", "must be an integer >= 1")
     if not model_timeout_seconds > 0:
         raise GraphConfigError("model_timeout_seconds", "must be > 0")
     nodes = Nodes(
@@ -89,6 +97,7 @@ def build_agent_graph(
             model_timeout_seconds=model_timeout_seconds,
             require_citations=require_citations,
             model_retries=model_retries,
+            max_concurrent_tools=max_concurrent_tools,
         )
     )
     graph: StateGraph[Any, RunContext, Any, Any] = StateGraph(

@@ -90,6 +90,7 @@ class LoopConfig:
     model_timeout_seconds: float
     require_citations: bool
     model_retries: int
+    max_concurrent_tools: int
 
 
 def _stop(reason: TerminationReason, code: str | None = None, **kw: Any) -> StopRequest:
@@ -630,14 +631,16 @@ class Nodes:
         if len(runnable) == 1:
             call, spec, attempt = runnable[0]
             return [await self._run_one(state, ctx, call, spec, attempt)]
-        return list(
-            await asyncio.gather(
-                *(
-                    self._run_one(state, ctx, call, spec, attempt)
-                    for call, spec, attempt in runnable
-                )
-            )
-        )
+        # The concurrency axis: at most this many calls of a batch are in flight at once.
+        gate = asyncio.Semaphore(self.cfg.max_concurrent_tools)
+
+        async def bounded(
+            call: ToolProposal, spec: ToolSpec, attempt: int
+        ) -> tuple[RuntimeEvent, ReceiptStatus]:
+            async with gate:
+                return await self._run_one(state, ctx, call, spec, attempt)
+
+        return list(await asyncio.gather(*(bounded(c, s, a) for c, s, a in runnable)))
 
     async def _run_one(
         self, state: AgentState, ctx: RunContext, call: ToolProposal, spec: ToolSpec, attempt: int

@@ -126,3 +126,36 @@ def test_accepted_work_is_receipted_as_pending_not_completed() -> None:
     state = h.run()
     assert state.receipts[0].status is fp.ReceiptStatus.ACCEPTED_PENDING
     assert state.observations[0].result == {"task_id": "task-17", "detail": {}}
+
+
+def test_a_batch_never_has_more_calls_in_flight_than_the_concurrency_limit() -> None:
+    calls = Calls()
+    in_flight = 0
+    peak = 0
+
+    async def slow(args: SearchArgs, ctx: fp.ToolContext) -> dict[str, Any]:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        return {"ok": True}
+
+    spec = fp.ToolSpec(
+        name="slow",
+        description="s",
+        args_model=SearchArgs,
+        effect="read",
+        required_capability="logs:read",
+        timeout_seconds=5,
+        execute=slow,
+    )
+    batch = fp.ToolBatch(calls=tuple(call("slow", i, query=f"q{i}") for i in range(1, 6)))
+    h = harness(
+        [batch, fp.AbstainProposal(reason="insufficient_evidence")],
+        registry=make_registry(calls, extra=[spec]),
+        max_concurrent_tools=2,
+    )
+    state = h.run(tools=5)
+    assert len(state.observations) == 5
+    assert peak == 2

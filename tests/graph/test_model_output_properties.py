@@ -61,6 +61,8 @@ def test_build_time_config_errors_name_the_field() -> None:
         ({"repeat_limit": 0}, "repeat_limit"),
         ({"model_timeout_seconds": 0}, "model_timeout_seconds"),
         ({"ledger": object()}, "ledger"),
+        ({"max_concurrent_tools": 0}, "max_concurrent_tools"),
+        ({"model_retries": -1}, "model_retries"),
     ):
         try:
             fp.build_agent_graph(registry, model, **kwargs)
