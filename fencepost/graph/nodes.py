@@ -50,7 +50,6 @@ from fencepost.policy import (
     ToolRegistry,
     ToolSpec,
     ToolSucceeded,
-    UnknownTool,
     UnsupportedCitation,
     Verdict,
     VerdictCode,
@@ -73,8 +72,19 @@ from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied
 Update = dict[str, Any]
 ApprovalMode = Literal["terminate", "interrupt"]
 
-# Far enough from LangGraph's recursion limit that the terminal node still gets its superstep.
-RECURSION_MARGIN = 2
+# Supersteps a node needs, itself included, before LangGraph's recursion limit: decide needs
+# room for execute and the terminal node after it; execute needs room for the terminal node
+# (and, to hand back to decide, for decide to stop). Checked in the nodes, where RemainingSteps
+# is real (update_state runs the routers with a scratch value).
+NEEDS_DECIDE = 3
+NEEDS_EXECUTE = 2
+NEEDS_ANOTHER_DECIDE = 3
+
+
+def out_of_supersteps(values: dict[str, Any], needs: int) -> bool:
+    """True when fewer than ``needs`` supersteps remain before the recursion limit."""
+    remaining = values.get("remaining_steps")
+    return isinstance(remaining, int) and remaining < needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +229,8 @@ class Nodes:
         if state.is_terminal or state.stop is not None:
             return before, state, changed(before, state)
         stop = guard(state, ctx, cfg)
+        if stop is None and out_of_supersteps(values, NEEDS_DECIDE):
+            stop = _stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
         if stop is None:
             try:
                 state = _reserve_step(state, cfg)
@@ -553,28 +565,36 @@ class Nodes:
     # execute ----------------------------------------------------------------------------------
 
     def _execute_prepare(
-        self, before: AgentState, ctx: RunContext | None
+        self, values: dict[str, Any], before: AgentState, ctx: RunContext | None
     ) -> tuple[AgentState, list[tuple[ToolProposal, ToolSpec, int]], list[Any], Update | None]:
         cfg = self.cfg
         stop = guard(before, ctx, cfg)
+        if stop is None and out_of_supersteps(values, NEEDS_EXECUTE):
+            stop = _stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
         if stop is not None or ctx is None:
             return before, [], [], changed(before, before.model_copy(update={"stop": stop}))
         state = before.model_copy(update={"phase": Phase.EXECUTE})
         done = {r.call_id for r in state.receipts}
         verdict_by_id = {v.call_id: v for v in state.verdicts}
         runnable: list[tuple[ToolProposal, ToolSpec, int]] = []
-        early: list[Any] = []  # (call, spec, event, receipt) for calls settled without running
+        # (call, spec, code, receipt status, attempts started) for calls settled without running
+        early: list[Any] = []
         for call in state.pending:
             verdict = verdict_by_id.get(call.call_id)
             if call.call_id in done or verdict is None or not verdict.allowed:
                 continue
-            # The executor's own check: the recorded verdict must be for these very arguments.
-            if verdict.fingerprint != proposal_fingerprint(call.tool_name, call.arguments):
-                continue
+            # The executor's own checks, whatever state says: the verdict must be for these very
+            # arguments, the tool registered, the capability held now, and a write approvable
+            # at all (never in terminate mode). A call refused here is receipted and ends the run.
+            spec = cfg.registry.get(call.tool_name) if call.tool_name in cfg.registry else None
             try:
-                spec = cfg.registry.get(call.tool_name)
-                authorize(spec, ctx.principal, approved=True)
-            except (UnknownTool, ToolPolicyDenied, HumanApprovalRequired):
+                if spec is None or verdict.fingerprint != proposal_fingerprint(
+                    call.tool_name, call.arguments
+                ):
+                    raise ToolPolicyDenied(call.tool_name)
+                authorize(spec, ctx.principal, approved=cfg.approval == "interrupt")
+            except (ToolPolicyDenied, HumanApprovalRequired):
+                early.append((call, spec, ErrorCode.PERMISSION_DENIED, ReceiptStatus.DENIED, 0))
                 continue
             attempt = 1
             if cfg.ledger is not None:
@@ -699,14 +719,15 @@ class Nodes:
         results: list[tuple[RuntimeEvent, ReceiptStatus]],
         runtime: Runtime[Any],
         before: AgentState,
+        last_superstep: bool = False,
     ) -> Update:
         cfg = self.cfg
-        by_id: dict[str, tuple[ToolSpec, RuntimeEvent, ReceiptStatus, int]] = {}
+        by_id: dict[str, tuple[ToolSpec | None, RuntimeEvent, ReceiptStatus, int]] = {}
         for (call, spec, attempt), (event, status) in zip(runnable, results, strict=True):
             by_id[call.call_id] = (spec, event, status, attempt)
-        for call, spec, code, status, started in early:
-            event = ToolFailed(call_id=call.call_id, tool_name=spec.name, error_code=code)
-            by_id[call.call_id] = (spec, event, status, started)
+        for call, maybe_spec, code, status, started in early:
+            event = ToolFailed(call_id=call.call_id, tool_name=call.tool_name, error_code=code)
+            by_id[call.call_id] = (maybe_spec, event, status, started)
         # Joined by call id, in the order the model proposed them: never by arrival order.
         ordered = [by_id[c.call_id] for c in state.pending if c.call_id in by_id]
         state = reduce_tool_events(state, tuple(e for _, e, _, _ in ordered))
@@ -746,21 +767,31 @@ class Nodes:
                     else "error"
                 ),
                 decision_kind="tool",
-                tool_name=spec.name,
-                effect=spec.effect,
+                tool_name=spec.name if spec else None,
+                effect=spec.effect if spec else None,
                 verdict=VerdictCode.ALLOWED,
                 code=e.error_code.value if isinstance(e, ToolFailed) else status.value,
             )
             for spec, e, status, _ in ordered
         ]
         stop: StopRequest | None = None
-        if ctx.deadline is not None and ctx.deadline.expired(clock=cfg.clock):
+        if any(
+            status is ReceiptStatus.DENIED
+            and isinstance(e, ToolFailed)
+            and e.error_code is ErrorCode.PERMISSION_DENIED
+            for _, e, status, _ in ordered
+        ):
+            stop = _stop(TerminationReason.POLICY_DENIED, "executor_refused")
+        elif ctx.deadline is not None and ctx.deadline.expired(clock=cfg.clock):
             stop = _stop(TerminationReason.DEADLINE_EXCEEDED, "deadline_exceeded")
         elif any(v.code is VerdictCode.BUDGET_EXHAUSTED for v in state.verdicts) or any(
             isinstance(e, ToolFailed) and e.error_code is ErrorCode.BUDGET_EXHAUSTED
             for _, e, _, _ in ordered
         ):
             stop = _stop(TerminationReason.TOOL_BUDGET_EXHAUSTED, "budget_exhausted")
+        elif last_superstep:
+            # The results are recorded; there is no room left for another decision.
+            stop = _stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
         state = state.model_copy(
             update={
                 "receipts": state.receipts + receipts,
@@ -822,20 +853,22 @@ class Nodes:
     def execute(self, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
         ctx = coerce_context(runtime.context)
         before = _require_state(values)
-        state, runnable, early, done = self._execute_prepare(before, ctx)
+        state, runnable, early, done = self._execute_prepare(values, before, ctx)
         if done is not None or ctx is None:
             return done or {}
         results = run_sync(self._run_calls(state, ctx, runnable)) if runnable else []
-        return self._execute_finish(state, ctx, runnable, early, results, runtime, before)
+        last = out_of_supersteps(values, NEEDS_ANOTHER_DECIDE)
+        return self._execute_finish(state, ctx, runnable, early, results, runtime, before, last)
 
     async def aexecute(self, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
         ctx = coerce_context(runtime.context)
         before = _require_state(values)
-        state, runnable, early, done = self._execute_prepare(before, ctx)
+        state, runnable, early, done = self._execute_prepare(values, before, ctx)
         if done is not None or ctx is None:
             return done or {}
         results = await self._run_calls(state, ctx, runnable) if runnable else []
-        return self._execute_finish(state, ctx, runnable, early, results, runtime, before)
+        last = out_of_supersteps(values, NEEDS_ANOTHER_DECIDE)
+        return self._execute_finish(state, ctx, runnable, early, results, runtime, before, last)
 
 
 _RETRYABLE_MODEL_CODES = frozenset(

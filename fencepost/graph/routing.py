@@ -4,16 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fencepost.graph.nodes import RECURSION_MARGIN
+from fencepost.graph.nodes import NEEDS_DECIDE, out_of_supersteps
 from fencepost.policy import Phase, VerdictCode
 
 Next = Literal["decide", "approve", "execute", "terminal"]
-
-
-def _out_of_supersteps(values: dict[str, Any]) -> bool:
-    # LangGraph's recursion limit would raise GraphRecursionError; end the run as data first.
-    remaining = values.get("remaining_steps")
-    return isinstance(remaining, int) and remaining <= RECURSION_MARGIN
 
 
 def _after_gate(values: dict[str, Any]) -> Next:
@@ -30,7 +24,8 @@ def route_start(values: dict[str, Any]) -> Next:
     if (
         values.get("phase") is Phase.TERMINAL
         or values.get("stop") is not None
-        or _out_of_supersteps(values)
+        # No room even for a first decision: the terminal node still ends the run as data.
+        or out_of_supersteps(values, NEEDS_DECIDE)
     ):
         return "terminal"
     if "run_id" not in values or not values.get("pending"):
@@ -40,7 +35,7 @@ def route_start(values: dict[str, Any]) -> Next:
 
 def route_after_decide(values: dict[str, Any]) -> Next:
     """After a decision was gated: pause for approval, execute, or end."""
-    if values.get("stop") is not None or _out_of_supersteps(values):
+    if values.get("stop") is not None:
         return "terminal"
     if not values.get("pending"):
         # No decision and no stop: a retryable model error, asked again at the next step.
@@ -50,13 +45,13 @@ def route_after_decide(values: dict[str, Any]) -> Next:
 
 def route_after_approve(values: dict[str, Any]) -> Next:
     """After a human answered: run what was approved, or ask the model again."""
-    if values.get("stop") is not None or _out_of_supersteps(values):
+    if values.get("stop") is not None:
         return "terminal"
     return _after_gate(values)
 
 
 def route_after_execute(values: dict[str, Any]) -> Next:
     """After tools ran: back to the model, or end."""
-    if values.get("stop") is not None or _out_of_supersteps(values):
+    if values.get("stop") is not None:
         return "terminal"
     return "decide"

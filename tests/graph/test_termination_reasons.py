@@ -65,7 +65,7 @@ def test_every_reason_has_a_scenario() -> None:
     assert covered == set(fp.TerminationReason)
 
 
-@pytest.mark.parametrize("recursion_limit", [2, 3, 5, 8, 13, None])
+@pytest.mark.parametrize("recursion_limit", [*range(2, 16), None])
 def test_step_budget_ends_as_data_never_as_graph_recursion_error(
     recursion_limit: int | None,
 ) -> None:
