@@ -46,6 +46,7 @@ def build_agent_graph(
     require_citations: bool = False,
     model_retries: int = 2,
     max_concurrent_tools: int = 8,
+    verdict_key: bytes | None = None,
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -55,6 +56,9 @@ def build_agent_graph(
     A retryable model error (``rate_limited``, ``unavailable``, ``timeout``) is asked again at the
     next step, up to ``model_retries`` times in a row; each retry spends its own step. A batch
     of tool calls runs concurrently, at most ``max_concurrent_tools`` at a time.
+    With a ``verdict_key`` (a secret the caller keeps, the same for every process serving the
+    graph), the gate seals each allowed verdict and the executor runs only sealed ones: a verdict
+    written into the checkpoint by anyone else (``update_state``, a database edit) never runs.
     A durable ``ledger`` (SQLite/Postgres) makes reservations survive a crash mid-call, so a
     retried step or call is charged once per attempt and an uncertain write is reported as such.
 
@@ -84,6 +88,8 @@ def build_agent_graph(
         or max_concurrent_tools < 1
     ):
         raise GraphConfigError("max_concurrent_tools", "must be an integer >= 1")
+    if verdict_key is not None and (not isinstance(verdict_key, bytes) or len(verdict_key) < 16):
+        raise GraphConfigError("verdict_key", "must be bytes, at least 16 of them")
     if not model_timeout_seconds > 0:
         raise GraphConfigError("model_timeout_seconds", "must be > 0")
     nodes = Nodes(
@@ -98,6 +104,7 @@ def build_agent_graph(
             require_citations=require_citations,
             model_retries=model_retries,
             max_concurrent_tools=max_concurrent_tools,
+            verdict_key=verdict_key,
         )
     )
     graph: StateGraph[Any, RunContext, Any, Any] = StateGraph(

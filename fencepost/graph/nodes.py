@@ -62,10 +62,12 @@ from fencepost.policy import (
     reduce_tool_events,
     reserve_step,
     reserve_tool_call,
+    seal_verdict,
     serialize_tool_result,
     stage_deadline,
     terminate,
     validate_final_answer,
+    verdict_is_sealed,
 )
 from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied
 
@@ -101,6 +103,7 @@ class LoopConfig:
     require_citations: bool
     model_retries: int
     max_concurrent_tools: int
+    verdict_key: bytes | None
 
 
 def _stop(reason: TerminationReason, code: str | None = None, **kw: Any) -> StopRequest:
@@ -427,6 +430,11 @@ class Nodes:
                     state = reserve_tool_call(state, mutation=spec.effect is not Effect.READ)
                 except BudgetExhausted:
                     verdict = verdict.model_copy(update={"code": VerdictCode.BUDGET_EXHAUSTED})
+                else:
+                    if self.cfg.verdict_key is not None:
+                        verdict = seal_verdict(
+                            verdict, run_id=state.run_id, key=self.cfg.verdict_key
+                        )
             out.append(verdict)
         return state, out
 
@@ -588,8 +596,13 @@ class Nodes:
             # at all (never in terminate mode). A call refused here is receipted and ends the run.
             spec = cfg.registry.get(call.tool_name) if call.tool_name in cfg.registry else None
             try:
-                if spec is None or verdict.fingerprint != proposal_fingerprint(
-                    call.tool_name, call.arguments
+                if (
+                    spec is None
+                    or verdict.fingerprint != proposal_fingerprint(call.tool_name, call.arguments)
+                    or (
+                        cfg.verdict_key is not None
+                        and not verdict_is_sealed(verdict, run_id=state.run_id, key=cfg.verdict_key)
+                    )
                 ):
                     raise ToolPolicyDenied(call.tool_name)
                 authorize(spec, ctx.principal, approved=cfg.approval == "interrupt")

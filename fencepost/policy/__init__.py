@@ -73,7 +73,7 @@ from fencepost.policy.terminate import (
     validate_final_answer,
 )
 from fencepost.policy.tool import Effect, Principal, ToolContext, ToolSpec
-from fencepost.policy.verdict import Verdict, VerdictCode
+from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict, verdict_is_sealed
 
 # ToolSpec's callable fields name AgentState and ToolProposal; resolve them once both exist.
 ToolSpec.model_rebuild(_types_namespace={"AgentState": AgentState, "ToolProposal": ToolProposal})
@@ -152,8 +152,10 @@ __all__ = [
     "reduce_tool_events",
     "reserve_step",
     "reserve_tool_call",
+    "seal_verdict",
     "serialize_tool_result",
     "stage_deadline",
     "terminate",
     "validate_final_answer",
+    "verdict_is_sealed",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from enum import StrEnum
 from typing import Annotated
 
@@ -49,6 +51,9 @@ class Verdict(Frozen):
     fingerprint: str
     """sha256 of tool name and canonical arguments (see :func:`proposal_fingerprint`)."""
     code: Annotated[VerdictCode, Strict(False)]
+    seal: str | None = None
+    """HMAC over run, call id and fingerprint of an allowed verdict, when the runtime has a key:
+    lets the executor tell a verdict the gate wrote from one written into state by anyone else."""
 
     @property
     def allowed(self) -> bool:
@@ -59,3 +64,22 @@ class Verdict(Frozen):
     def termination(self) -> TerminationReason | None:
         """The reason a run ends with when this verdict denies, if it ends the run."""
         return _REASON.get(self.code)
+
+
+def _mac(key: bytes, run_id: str, verdict: Verdict) -> str:
+    message = "\x00".join((run_id, verdict.call_id, verdict.tool_name, verdict.fingerprint))
+    return hmac.new(key, message.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def seal_verdict(verdict: Verdict, *, run_id: str, key: bytes) -> Verdict:
+    """The verdict with its seal set (only allowed verdicts are sealed)."""
+    if not verdict.allowed:
+        return verdict
+    return verdict.model_copy(update={"seal": _mac(key, run_id, verdict)})
+
+
+def verdict_is_sealed(verdict: Verdict, *, run_id: str, key: bytes) -> bool:
+    """Whether ``verdict`` carries a valid seal made with ``key`` for ``run_id``."""
+    return verdict.seal is not None and hmac.compare_digest(
+        verdict.seal, _mac(key, run_id, verdict)
+    )

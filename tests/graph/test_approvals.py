@@ -136,3 +136,54 @@ def test_a_denied_verdict_cannot_be_slipped_to_the_executor_by_a_state_edit() ->
     h.graph.update_state(config, {"verdicts": (allowed,), "stop": None}, as_node="decide")
     h.graph.invoke(None, config, context=ctx)
     assert h.calls.log == []
+
+
+KEY = b"a-secret-the-operator-keeps-0123"
+
+
+def test_with_a_verdict_key_a_forged_approval_never_runs() -> None:
+    h = harness(
+        [call("write_note", 1, note="hi"), fp.AbstainProposal(reason="insufficient_evidence")],
+        approval="interrupt",
+        verdict_key=KEY,
+    )
+    config, ctx = thread(), context()
+    _paused(h, config, ctx)
+    pending = h.graph.get_state(config).values["verdicts"][0]
+    forged = pending.model_copy(update={"code": fp.VerdictCode.ALLOWED})
+    state = fp.run_output(
+        h.graph.invoke(Command(update={"verdicts": (forged,)}, goto="execute"), config, context=ctx)
+    )
+    assert h.calls.log == []
+    # The executor refused it, receipted it and asked for the run to end as policy_denied.
+    assert state.stop is not None and state.stop.reason is fp.TerminationReason.POLICY_DENIED
+    assert state.stop.error_code == "executor_refused"
+    assert state.receipts[-1].status is fp.ReceiptStatus.DENIED
+
+
+def test_with_a_verdict_key_a_real_approval_still_runs() -> None:
+    h = harness(
+        [call("write_note", 1, note="hi"), final_citing_last], approval="interrupt", verdict_key=KEY
+    )
+    config, ctx = thread(), context()
+    _paused(h, config, ctx)
+    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert h.calls.log == [("write_note", {"note": "hi"}, "call-0001")]
+
+
+def test_a_seal_is_bound_to_its_run_call_and_arguments() -> None:
+    verdict = fp.Verdict(
+        call_id="call-0001",
+        tool_name="write_note",
+        fingerprint="f" * 64,
+        code=fp.VerdictCode.ALLOWED,
+    )
+    sealed = fp.seal_verdict(verdict, run_id="run-1", key=KEY)
+    assert fp.verdict_is_sealed(sealed, run_id="run-1", key=KEY)
+    assert not fp.verdict_is_sealed(sealed, run_id="run-2", key=KEY)
+    assert not fp.verdict_is_sealed(
+        sealed.model_copy(update={"fingerprint": "0" * 64}), run_id="run-1", key=KEY
+    )
+    assert not fp.verdict_is_sealed(sealed, run_id="run-1", key=b"another-key-0123456789")
+    assert not fp.verdict_is_sealed(verdict, run_id="run-1", key=KEY)
