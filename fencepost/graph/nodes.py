@@ -56,6 +56,7 @@ from fencepost.policy import (
     authorize,
     check_schema,
     error_code_for,
+    fits_checkpoint,
     gate_proposal,
     is_retryable,
     proposal_fingerprint,
@@ -266,11 +267,16 @@ class Nodes:
         except Exception as exc:
             # The model's own error text never reaches state: only its safe code.
             return _stop(TerminationReason.FAILED, error_code_for(exc).value)
-        if isinstance(raw, Decided):
-            return raw
         if isinstance(raw, ToolProposal | FinalProposal | AbstainProposal | ToolBatch):
-            return Decided(decision=raw)
-        return InvalidProposal("malformed_decision")
+            raw = Decided(decision=raw)
+        if not isinstance(raw, Decided):
+            return InvalidProposal("malformed_decision")
+        decision = raw.decision
+        calls = decision.calls if isinstance(decision, ToolBatch) else (decision,)
+        if any(isinstance(c, ToolProposal) and not fits_checkpoint(c.arguments) for c in calls):
+            # Valid JSON that no checkpoint could store: refused before it reaches state.
+            return InvalidProposal("unrepresentable_arguments")
+        return raw
 
     def _decide_finish(
         self,

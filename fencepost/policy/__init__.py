@@ -35,7 +35,7 @@ from fencepost.policy.events import (
     reduce_tool_events,
     serialize_tool_result,
 )
-from fencepost.policy.fingerprint import canonical_json, proposal_fingerprint
+from fencepost.policy.fingerprint import canonical_json, fits_checkpoint, proposal_fingerprint
 from fencepost.policy.gates import (
     DEFAULT_REPEAT_LIMIT,
     HumanApprovalRequired,
@@ -143,6 +143,7 @@ __all__ = [
     "check_schema",
     "check_semantics",
     "error_code_for",
+    "fits_checkpoint",
     "gate_proposal",
     "is_retryable",
     "parse_decision",

@@ -8,7 +8,7 @@ from pydantic import BaseModel, JsonValue, Strict, TypeAdapter
 
 from fencepost.policy._model import Frozen
 from fencepost.policy.error_codes import ErrorCode
-from fencepost.policy.fingerprint import canonical_json
+from fencepost.policy.fingerprint import canonical_json, fits_checkpoint
 from fencepost.policy.observation import Observation
 from fencepost.policy.phase import Phase
 from fencepost.policy.state import AgentState
@@ -54,6 +54,8 @@ def serialize_tool_result(result: Any) -> JsonValue:
         canonical_json(value)
     except Exception:
         raise UnserializableResult(type(result).__name__) from None
+    if not fits_checkpoint(value):
+        raise UnserializableResult("integer out of range")
     return value
 
 

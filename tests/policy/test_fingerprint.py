@@ -104,3 +104,11 @@ def test_canonical_json_is_sorted_compact_and_keeps_unicode() -> None:
 def test_canonical_json_refuses_non_json_numbers(number: float) -> None:
     with pytest.raises(ValueError):
         canonical_json({"x": number})
+
+
+def test_only_integers_a_checkpoint_can_store_fit() -> None:
+    from fencepost.policy import fits_checkpoint
+
+    assert fits_checkpoint({"a": [2**64 - 1, -(2**63), True, 1.5, "x"]})
+    assert not fits_checkpoint({"a": [{"b": 2**64}]})
+    assert not fits_checkpoint([-(2**63) - 1])
