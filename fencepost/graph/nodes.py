@@ -593,6 +593,8 @@ class Nodes:
         runnable: list[tuple[ToolProposal, ToolSpec, int]] = []
         # (call, spec, code, receipt status, attempts started) for calls settled without running
         early: list[Any] = []
+        checked: list[tuple[ToolProposal, ToolSpec]] = []
+        refused: list[ToolProposal] = []
         for call in state.pending:
             verdict = verdict_by_id.get(call.call_id)
             if call.call_id in done or verdict is None or not verdict.allowed:
@@ -613,8 +615,23 @@ class Nodes:
                     raise ToolPolicyDenied(call.tool_name)
                 authorize(spec, ctx.principal, approved=cfg.approval == "interrupt")
             except (ToolPolicyDenied, HumanApprovalRequired):
-                early.append((call, spec, ErrorCode.PERMISSION_DENIED, ReceiptStatus.DENIED, 0))
+                refused.append(call)
                 continue
+            checked.append((call, spec))
+        if refused:
+            # As at the gate, one refusal stops the whole batch: none of it runs.
+            denied = ErrorCode.PERMISSION_DENIED, ReceiptStatus.DENIED, 0
+            early = [
+                (
+                    call,
+                    cfg.registry.get(call.tool_name) if call.tool_name in cfg.registry else None,
+                    *denied,
+                )
+                for call in state.pending
+                if call in refused or any(call is c for c, _ in checked)
+            ]
+            return state, [], early, None
+        for call, spec in checked:
             attempt = 1
             if cfg.ledger is not None:
                 state, attempt, settled = self._claim_attempt(state, call, spec)

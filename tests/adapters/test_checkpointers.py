@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import fencepost as fp
@@ -206,9 +206,13 @@ passwords = st.text(
 
 @given(password=passwords, scheme=st.sampled_from(["postgresql", "redis", "sqlite", "x"]))
 def test_mask_url_never_shows_the_password(password: str, scheme: str) -> None:
-    for url in (
-        f"{scheme}://user:{password}@host:5432/db",
-        f"{scheme}://host/db?sslmode=require&password={password}",
-        f"host=db user=app password={password} dbname=runs",
-    ):
-        assert password not in mask_url(url).replace("***", "")
+    templates = (
+        f"{scheme}://user:{{}}@host:5432/db",
+        f"{scheme}://host/db?sslmode=require&password={{}}",
+        "host=db user=app password={} dbname=runs",
+    )
+    # A password that is also part of the URL's own text ("post" in "postgresql") would be
+    # "shown" by the scheme, not by a leak: such draws say nothing about masking.
+    assume(all(password not in t.replace("{}", "\0") + "***" for t in templates))
+    for template in templates:
+        assert password not in mask_url(template.format(password)).replace("***", "")

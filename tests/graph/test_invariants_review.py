@@ -416,26 +416,27 @@ def test_each_recorded_proposal_is_the_one_its_observation_answers_in_a_mixed_ba
     assert h.calls.count("search_logs") == 1 and h.calls.count("write_note") == 0
 
 
-def test_a_batch_keeps_proposal_order_when_the_executor_refuses_one_of_its_calls() -> None:
+def test_one_call_refused_at_the_executor_stops_its_whole_batch_in_proposal_order() -> None:
     # The read is allowed at the gate; by the time the approved write's batch executes, the
-    # principal has lost logs:read. The refused read is settled without running, the write runs:
-    # observations and receipts still follow the order the model proposed, not completion order.
+    # principal has lost logs:read. As at the gate, one refusal stops the whole batch: nothing
+    # runs, each call is receipted denied, in the order the model proposed them.
     batch = fp.ToolBatch(calls=(call(n=1), call("write_note", 2, note="x")))
     h = harness([batch, ABSTAIN], approval="interrupt")
     config = thread()
     h.graph.invoke(fp.start("q", budget()), config, context=context())
     writer_only = context(caps=frozenset({"notes:write"}))
     state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=writer_only))
-    assert h.calls.log == [("write_note", {"note": "x"}, "call-0002")]
+    assert h.calls.log == []
     assert [(o.call_id, o.kind) for o in state.observations] == [
         ("call-0001", "tool_error"),
-        ("call-0002", "tool_result"),
+        ("call-0002", "tool_error"),
     ]
     assert [(r.call_id, r.status) for r in state.receipts] == [
         ("call-0001", fp.ReceiptStatus.DENIED),
-        ("call-0002", fp.ReceiptStatus.COMPLETED),
+        ("call-0002", fp.ReceiptStatus.DENIED),
     ]
     assert [p.call_id for p in state.proposals] == ["call-0001", "call-0002"]
+    assert state.termination is fp.TerminationReason.POLICY_DENIED
 
 
 # -- nesting: the fencepost graph inside a user's own StateGraph ----------------------------------
