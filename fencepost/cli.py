@@ -95,6 +95,7 @@ def _guarded(fn: Callable[P, R]) -> Callable[P, R]:
         except (typer.Exit, typer.Abort):
             raise
         except StoreError as exc:
+            # StoreError messages are fencepost's own sentences (URL masked); no driver text.
             _fail(str(exc), exc.code, as_json=as_json)
         except KeyboardInterrupt:
             _fail("interrupted", "interrupted", as_json=as_json, exit_code=130)

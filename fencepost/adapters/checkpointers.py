@@ -89,13 +89,14 @@ def mask_url(url: str) -> str:
     return _KV_PASSWORD.sub(r"\1***", masked)
 
 
-def _scrub(text: str, url: str) -> str:
-    """An error's first line with the URL's password (if any) removed."""
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    password = _password(url)
-    if password:
-        first = first.replace(password, "***")
-    return _KV_PASSWORD.sub(r"\1***", first)[:300]
+_OPEN = "it could not be opened"
+_SETUP = "its checkpoint tables could not be set up"
+
+
+def _unavailable(url: str, what: str, exc: BaseException) -> CheckpointerUnavailable:
+    """The error for ``url``, naming the driver error's class only: its text may hold hosts,
+    user names or secrets, so it is never kept."""
+    return CheckpointerUnavailable(mask_url(url), f"{what} ({type(exc).__name__})")
 
 
 def _kind(url: str) -> str:
@@ -171,13 +172,13 @@ def open_checkpointer(url: str) -> Iterator[BaseCheckpointSaver[Any]]:
             # The saver serializes access with its own lock; LangGraph calls it from worker threads.
             conn = sqlite3.connect(path, check_same_thread=False)
         except sqlite3.Error as exc:
-            raise CheckpointerUnavailable(mask_url(url), _scrub(str(exc), url)) from None
+            raise _unavailable(url, _OPEN, exc) from None
         try:
             saver = SqliteSaver(conn, serde=serde)
             try:
                 saver.setup()
             except sqlite3.Error as exc:
-                raise CheckpointerUnavailable(mask_url(url), _scrub(str(exc), url)) from None
+                raise _unavailable(url, _SETUP, exc) from None
             yield saver
         finally:
             conn.close()
@@ -190,14 +191,14 @@ def open_checkpointer(url: str) -> Iterator[BaseCheckpointSaver[Any]]:
     try:
         pg = psycopg.Connection.connect(_postgres_dsn(url), **_connect_kwargs(url))
     except psycopg.Error as exc:
-        # psycopg's text may quote the DSN: it is scrubbed, and not chained.
-        raise CheckpointerUnavailable(mask_url(url), _scrub(str(exc), url)) from None
+        # psycopg's text may quote the DSN: only its class name is kept, and it is not chained.
+        raise _unavailable(url, _OPEN, exc) from None
     try:
         pg_saver = PostgresSaver(pg, serde=serde)
         try:
             pg_saver.setup()
         except psycopg.Error as exc:
-            raise CheckpointerUnavailable(mask_url(url), _scrub(str(exc), url)) from None
+            raise _unavailable(url, _SETUP, exc) from None
         yield pg_saver
     finally:
         pg.close()
@@ -229,13 +230,13 @@ async def aopen_checkpointer(url: str) -> AsyncIterator[BaseCheckpointSaver[Any]
         try:
             conn = await aiosqlite.connect(path)
         except sqlite3.Error as exc:
-            raise CheckpointerUnavailable(mask_url(url), _scrub(str(exc), url)) from None
+            raise _unavailable(url, _OPEN, exc) from None
         try:
             saver = AsyncSqliteSaver(conn, serde=serde)
             try:
                 await saver.setup()
             except sqlite3.Error as exc:
-                raise CheckpointerUnavailable(mask_url(url), _scrub(str(exc), url)) from None
+                raise _unavailable(url, _SETUP, exc) from None
             yield saver
         finally:
             await conn.close()
@@ -248,13 +249,13 @@ async def aopen_checkpointer(url: str) -> AsyncIterator[BaseCheckpointSaver[Any]
     try:
         pg = await psycopg.AsyncConnection.connect(_postgres_dsn(url), **_connect_kwargs(url))
     except psycopg.Error as exc:
-        raise CheckpointerUnavailable(mask_url(url), _scrub(str(exc), url)) from None
+        raise _unavailable(url, _OPEN, exc) from None
     try:
         pg_saver = AsyncPostgresSaver(pg, serde=serde)
         try:
             await pg_saver.setup()
         except psycopg.Error as exc:
-            raise CheckpointerUnavailable(mask_url(url), _scrub(str(exc), url)) from None
+            raise _unavailable(url, _SETUP, exc) from None
         yield pg_saver
     finally:
         await pg.close()

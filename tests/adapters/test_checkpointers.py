@@ -216,3 +216,14 @@ def test_mask_url_never_shows_the_password(password: str, scheme: str) -> None:
     assume(all(password not in t.replace("{}", "\0") + "***" for t in templates))
     for template in templates:
         assert password not in mask_url(template.format(password)).replace("***", "")
+
+
+def test_an_unreachable_database_error_keeps_no_driver_text() -> None:
+    from fencepost.adapters.checkpointers import CheckpointerUnavailable
+
+    url = "postgresql://app:s3cret@127.0.0.1:1/runs?connect_timeout=2"
+    with pytest.raises(CheckpointerUnavailable) as err, open_checkpointer(url):
+        pass
+    text = str(err.value)
+    assert "s3cret" not in text and "refused" not in text.lower() and "127.0.0.1:1" in text
+    assert err.value.__cause__ is None and err.value.__suppress_context__
