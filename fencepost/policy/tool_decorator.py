@@ -1,0 +1,278 @@
+"""``@tool``: a :class:`~fencepost.policy.tool.ToolSpec` from a plain function.
+
+The function's signature becomes the strict args model (no coercion, no extra keys; a parameter
+without a default is required), its docstring the description the model reads, and its name the
+tool name. What the tool does to the world and who may call it are not in the function: ``effect``
+and ``capability`` are required keyword arguments, with no default that allows.
+
+Example::
+
+    @tool(effect=Effect.READ, capability="logs:read", timeout=5)
+    def search_logs(service: str, window_minutes: int = 60) -> dict[str, Any]:
+        \"\"\"Search a service's error logs for the last N minutes.\"\"\"
+        return {"hits": []}
+
+    registry = ToolRegistry([search_logs])   # search_logs is a ToolSpec now
+
+A parameter annotated :class:`~fencepost.policy.tool.ToolContext` is filled from the trusted run
+context and is not part of the schema; ``async def`` functions stay async.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, PydanticUserError, create_model
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from fencepost.policy.decision import TOOL_NAME_PATTERN
+from fencepost.policy.tool import (
+    Effect,
+    ProgressPredicate,
+    SemanticValidator,
+    ToolContext,
+    ToolSpec,
+)
+
+__all__ = ["ToolDefinitionError", "tool"]
+
+
+class ToolDefinitionError(TypeError):
+    """A function cannot become a tool as written. Raised at decoration time, naming the tool and,
+    where one is to blame, the parameter."""
+
+
+_ARGS_MODEL_CONFIG = ConfigDict(extra="forbid", strict=True, frozen=True)
+_ARGS_HEADER = re.compile(r"^(Args|Arguments|Parameters):\s*$")
+_ARG_LINE = re.compile(r"^(?P<name>\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(?P<text>.*)$")
+_NAME = re.compile(TOOL_NAME_PATTERN)
+
+
+def tool(
+    *,
+    effect: Effect | str,
+    capability: str,
+    timeout: float,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool | None = None,
+    semantic_validator: SemanticValidator | None = None,
+    progress_predicate: ProgressPredicate | None = None,
+) -> Callable[[Callable[..., Any]], ToolSpec]:
+    """Turn the decorated function into a :class:`ToolSpec`.
+
+    ``effect`` (read / write / external) and ``capability`` (what the principal must hold) are
+    trusted configuration and required; ``timeout`` is the tool's own time limit in seconds.
+    ``name`` defaults to the function's name and ``description`` to its docstring (without its
+    ``Args:`` section, whose lines become the fields' descriptions). ``idempotent``,
+    ``semantic_validator`` and ``progress_predicate`` are passed to the ToolSpec as they are.
+
+    Raises :class:`ToolDefinitionError` for a parameter without a type annotation (or annotated
+    ``Any``), ``*args`` / ``**kwargs``, a parameter starting with ``_``, a missing description
+    or an invalid name.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> ToolSpec:
+        tool_name = name if name is not None else getattr(fn, "__name__", "")
+        if not _NAME.match(tool_name):
+            raise ToolDefinitionError(
+                f"tool name {tool_name!r} must match {TOOL_NAME_PATTERN}: pass name=..."
+            )
+        summary, arg_docs = _split_docstring(inspect.getdoc(fn) or "")
+        text = description if description is not None else summary
+        if not text.strip():
+            raise ToolDefinitionError(
+                f"tool {tool_name!r} needs a description for the model: "
+                "give the function a docstring or pass description=..."
+            )
+        try:
+            tool_effect = Effect(effect)
+        except ValueError:
+            allowed = ", ".join(e.value for e in Effect)
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: effect {effect!r} is not one of {allowed}"
+            ) from None
+        args_model, call = _derive(fn, tool_name, arg_docs)
+        return ToolSpec(
+            name=tool_name,
+            description=text.strip(),
+            args_model=args_model,
+            effect=tool_effect,
+            required_capability=capability,
+            timeout_seconds=timeout,
+            execute=_executor(fn, call),
+            semantic_validator=semantic_validator,
+            progress_predicate=progress_predicate,
+            idempotent=idempotent,
+        )
+
+    return decorate
+
+
+class _Call(typing.NamedTuple):
+    """How to call the function from an args model instance and a ToolContext."""
+
+    positional: tuple[str | None, ...]
+    """Positional-only parameters in order: a field name, or ``None`` for the context."""
+    keywords: tuple[str, ...]
+    """Fields passed by keyword."""
+    context_keyword: str | None
+    """The keyword the context is passed as, if the function takes it by keyword."""
+
+
+def _derive(
+    fn: Callable[..., Any], tool_name: str, arg_docs: dict[str, str]
+) -> tuple[type[BaseModel], _Call]:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise ToolDefinitionError(f"tool {tool_name!r}: its signature cannot be read") from None
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except NameError as exc:
+        missing = getattr(exc, "name", None) or "?"
+        blamed = [
+            p.name
+            for p in signature.parameters.values()
+            if isinstance(p.annotation, str)
+            and re.search(rf"\b{re.escape(missing)}\b", p.annotation)
+        ]
+        where = f"parameter {blamed[0]!r}" if blamed else "an annotation"
+        raise ToolDefinitionError(
+            f"tool {tool_name!r}, {where}: the type {missing!r} cannot be resolved; "
+            "define it where the function's module can see it (module level)"
+        ) from None
+
+    fields: dict[str, Any] = {}
+    positional: list[str | None] = []
+    keywords: list[str] = []
+    context_keyword: str | None = None
+    context_seen = False
+    for param in signature.parameters.values():
+        where = f"tool {tool_name!r}, parameter {param.name!r}"
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolDefinitionError(
+                f"{where}: *args and **kwargs cannot become a strict schema; name each argument"
+            )
+        if param.name not in hints:
+            raise ToolDefinitionError(
+                f"{where} has no type annotation: every argument needs one (it becomes the "
+                "strict schema the model's arguments are checked against)"
+            )
+        hint = hints[param.name]
+        if hint is ToolContext:
+            if context_seen:
+                raise ToolDefinitionError(f"{where}: only one parameter may take the ToolContext")
+            context_seen = True
+            if param.kind is param.POSITIONAL_ONLY:
+                positional.append(None)
+            else:
+                context_keyword = param.name
+            continue
+        if hint is Any or hint is object:
+            raise ToolDefinitionError(
+                f"{where} is annotated {getattr(hint, '__name__', 'Any')}, which accepts "
+                "anything: give it a concrete type"
+            )
+        if param.name.startswith("_"):
+            raise ToolDefinitionError(
+                f"{where}: a name starting with '_' cannot be a schema field; rename it"
+            )
+        default = PydanticUndefined if param.default is param.empty else param.default
+        if isinstance(default, FieldInfo):
+            info = FieldInfo.merge_field_infos(
+                FieldInfo.from_annotation(hint), default, annotation=hint
+            )
+        else:
+            info = FieldInfo.from_annotated_attribute(hint, default)
+        if info.description is None and param.name in arg_docs:
+            info.description = arg_docs[param.name]
+        fields[param.name] = (info.annotation, info)
+        if param.kind is param.POSITIONAL_ONLY:
+            positional.append(param.name)
+        else:
+            keywords.append(param.name)
+
+    model_name = "".join(part.capitalize() for part in tool_name.split("_")) + "Args"
+    try:
+        model = create_model(
+            model_name,
+            __config__=_ARGS_MODEL_CONFIG,
+            __doc__=f"Arguments of ``{tool_name}``, derived from its signature.",
+            __module__=getattr(fn, "__module__", __name__),
+            **fields,
+        )
+        # The catalog sends this schema to the model: fail here, not at the first run.
+        model.model_json_schema()
+    except (PydanticUserError, TypeError, ValueError) as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ToolDefinitionError(
+            f"tool {tool_name!r}: its arguments cannot become a strict schema ({first_line})"
+        ) from None
+    return model, _Call(tuple(positional), tuple(keywords), context_keyword)
+
+
+def _executor(fn: Callable[..., Any], call: _Call) -> Callable[[Any, ToolContext], Any]:
+    def arguments(args: Any, ctx: ToolContext) -> tuple[list[Any], dict[str, Any]]:
+        # Field names come from the signature (trusted), never from the model's proposal.
+        pos = [ctx if field is None else getattr(args, field) for field in call.positional]
+        kw = {field: getattr(args, field) for field in call.keywords}
+        if call.context_keyword is not None:
+            kw[call.context_keyword] = ctx
+        return pos, kw
+
+    if inspect.iscoroutinefunction(fn):
+
+        async def execute_async(args: Any, ctx: ToolContext) -> Any:
+            pos, kw = arguments(args, ctx)
+            return await fn(*pos, **kw)
+
+        return execute_async
+
+    def execute(args: Any, ctx: ToolContext) -> Any:
+        pos, kw = arguments(args, ctx)
+        return fn(*pos, **kw)
+
+    return execute
+
+
+def _split_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """The docstring without its ``Args:`` section, and that section as name -> description.
+
+    Google style: ``name: text`` or ``name (type): text`` one indent under the header, longer
+    text continued on deeper-indented lines; the section ends at the first line indented less.
+    """
+    lines = doc.splitlines()
+    start = next((i for i, line in enumerate(lines) if _ARGS_HEADER.match(line.strip())), None)
+    if start is None:
+        return doc, {}
+    body = [line for line in lines[start + 1 :] if line.strip()]
+    arg_indent = _indent(body[0]) if body else 0
+    docs: dict[str, str] = {}
+    current: str | None = None
+    end = len(lines)
+    for i in range(start + 1, len(lines)):
+        line = lines[i]
+        if not line.strip():
+            continue
+        indent = _indent(line)
+        if indent < arg_indent or indent == 0:
+            end = i  # the next section (Returns:, Raises:, ...) or prose
+            break
+        match = _ARG_LINE.match(line.strip())
+        if indent == arg_indent and match:
+            current = match["name"].lstrip("*")
+            docs[current] = match["text"].strip()
+        elif current is not None:
+            docs[current] = f"{docs[current]} {line.strip()}".strip()
+    rest = [*lines[:start], *lines[end:]]
+    return "\n".join(rest).strip(), docs
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
