@@ -22,16 +22,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph import RunContext, build_agent_graph, cancel, run_output, start
-from fencepost.graph.nodes import ApprovalMode
+from fencepost.policy.approval import ApprovalMode
 from fencepost.policy import (
     AbstainProposal,
     AgentState,
@@ -52,8 +52,8 @@ from fencepost.policy import (
     ToolProposal,
     ToolRegistry,
     ToolSemanticError,
-    ToolSpec,
 )
+from fencepost.policy.tool_decorator import tool
 
 __all__ = [
     "DEMO_CAPABILITIES",
@@ -82,59 +82,6 @@ REFUND_AS_OF = date(2026, 11, 29)
 REFUND_WINDOW_DAYS = 30
 
 Service = Literal["checkout", "orders-api", "payments"]
-
-
-# --- tool arguments: strict, no extra keys ------------------------------------------------------
-
-
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class SearchLogsArgs(_Args):
-    """Arguments of ``search_logs``."""
-
-    service: Service
-    window_minutes: int = Field(default=60, ge=5, le=240)
-
-
-class DeploymentHistoryArgs(_Args):
-    """Arguments of ``deployment_history``."""
-
-    service: Service
-    limit: int = Field(default=3, ge=1, le=20)
-
-
-class DbMetricsArgs(_Args):
-    """Arguments of ``db_metrics``."""
-
-    cluster: Literal["orders-db", "checkout-db"]
-    metric: Literal["connections", "p99_latency_ms", "cpu"] = "connections"
-
-
-class RefundArgs(_Args):
-    """Arguments of ``refund_eligibility``."""
-
-    order_id: str = Field(pattern=r"^[A-Z]-\d{4}$")
-
-
-class StatusPageArgs(_Args):
-    """Arguments of ``status_page``."""
-
-    provider: Literal["cardpay", "shipfast"]
-
-
-class RestartArgs(_Args):
-    """Arguments of ``restart_service``."""
-
-    service: Service
-    reason: str = Field(min_length=3, max_length=200)
-
-
-class ExportArgs(_Args):
-    """Arguments of ``export_customer_emails``."""
-
-    segment: Literal["all", "churned", "vip"]
 
 
 # --- canned data ----------------------------------------------------------------------------------
@@ -182,23 +129,36 @@ _ORDERS: dict[str, tuple[str, date, str]] = {
 }
 
 
-# --- tool bodies ----------------------------------------------------------------------------------
+# --- tools: each signature is its strict args model (see fencepost.policy.tool_decorator) ------
 
 
-def _search_logs(args: SearchLogsArgs, ctx: ToolContext) -> dict[str, Any]:
-    found = _LOGS[args.service]
-    return {"service": args.service, "window_minutes": args.window_minutes, **found}
+@tool(effect=Effect.READ, capability="logs:read", timeout=5)
+def search_logs(
+    service: Service, window_minutes: Annotated[int, Field(ge=5, le=240)] = 60
+) -> dict[str, Any]:
+    """Search a service's error logs for the last N minutes."""
+    found = _LOGS[service]
+    return {"service": service, "window_minutes": window_minutes, **found}
 
 
-def _deployment_history(args: DeploymentHistoryArgs, ctx: ToolContext) -> dict[str, Any]:
-    return {"service": args.service, "deploys": _DEPLOYS[args.service][: args.limit]}
+@tool(effect=Effect.READ, capability="deploys:read", timeout=5)
+def deployment_history(
+    service: Service, limit: Annotated[int, Field(ge=1, le=20)] = 3
+) -> dict[str, Any]:
+    """Recent deployments of a service, newest first."""
+    return {"service": service, "deploys": _DEPLOYS[service][:limit]}
 
 
-def _db_metrics(args: DbMetricsArgs, ctx: ToolContext) -> dict[str, Any]:
-    series = _DB_METRICS[args.cluster].get(args.metric)
+@tool(effect=Effect.READ, capability="db:read", timeout=5)
+def db_metrics(
+    cluster: Literal["orders-db", "checkout-db"],
+    metric: Literal["connections", "p99_latency_ms", "cpu"] = "connections",
+) -> dict[str, Any]:
+    """A database cluster metric over the last hour."""
+    series = _DB_METRICS[cluster].get(metric)
     if series is None:
         raise ToolError(ErrorCode.NOT_FOUND)
-    return {"cluster": args.cluster, "metric": args.metric, **series}
+    return {"cluster": cluster, "metric": metric, **series}
 
 
 def refund_rule(purchased: date, shipping: str, *, as_of: date = REFUND_AS_OF) -> dict[str, Any]:
@@ -217,106 +177,63 @@ def refund_rule(purchased: date, shipping: str, *, as_of: date = REFUND_AS_OF) -
     return {"eligible": True, "rule": "within_30_days", "days_since_purchase": age}
 
 
-def _refund_eligibility(args: RefundArgs, ctx: ToolContext) -> dict[str, Any]:
-    _, purchased, shipping = _ORDERS[args.order_id]
-    return {"order_id": args.order_id, "shipping": shipping, **refund_rule(purchased, shipping)}
-
-
-def _order_belongs_to_tenant(args: RefundArgs, state: AgentState) -> None:
+def _order_belongs_to_tenant(args: Any, state: AgentState) -> None:
     # Valid-looking arguments can still point at another tenant's order: a semantic rule.
     order = _ORDERS.get(args.order_id)
     if order is None or order[0] != state.tenant_id:
         raise ToolSemanticError("order is not one of this tenant's orders")
 
 
+@tool(
+    effect=Effect.READ,
+    capability="orders:read",
+    timeout=5,
+    semantic_validator=_order_belongs_to_tenant,
+)
+def refund_eligibility(order_id: Annotated[str, Field(pattern=r"^[A-Z]-\d{4}$")]) -> dict[str, Any]:
+    """Whether an order can be refunded, computed by the refund rule."""
+    _, purchased, shipping = _ORDERS[order_id]
+    return {"order_id": order_id, "shipping": shipping, **refund_rule(purchased, shipping)}
+
+
 class UpstreamUnavailable(ConnectionError):
     """What the status-page client raises; its message holds text that must never leak."""
 
 
-def _status_page(args: StatusPageArgs, ctx: ToolContext) -> dict[str, Any]:
+@tool(effect=Effect.READ, capability="status:read", timeout=5)
+def status_page(provider: Literal["cardpay", "shipfast"]) -> dict[str, Any]:
+    """A third-party provider's status page."""
     # The message carries a fake secret on purpose: the run must only ever show "unavailable".
-    raise UpstreamUnavailable(f"GET https://status.{args.provider}.example 503 token=sk-demo-7f3a")
+    raise UpstreamUnavailable(f"GET https://status.{provider}.example 503 token=sk-demo-7f3a")
 
 
-def _restart_service(args: RestartArgs, ctx: ToolContext) -> dict[str, Any]:
-    return {"service": args.service, "restarted": True, "idempotency_key": ctx.idempotency_key}
+@tool(effect=Effect.WRITE, capability="ops:write", timeout=10)
+def restart_service(
+    service: Service,
+    reason: Annotated[str, Field(min_length=3, max_length=200)],
+    ctx: ToolContext,
+) -> dict[str, Any]:
+    """Restart a service's pods (a write: needs a human's approval)."""
+    return {"service": service, "restarted": True, "idempotency_key": ctx.idempotency_key}
 
 
-def _export_customer_emails(args: ExportArgs, ctx: ToolContext) -> dict[str, Any]:
-    return {
-        "segment": args.segment,
-        "rows": 0,
-    }  # never runs in the demo: the principal lacks pii:export
+@tool(effect=Effect.READ, capability="pii:export", timeout=10)
+def export_customer_emails(segment: Literal["all", "churned", "vip"]) -> dict[str, Any]:
+    """Export customer e-mail addresses for a segment."""
+    return {"segment": segment, "rows": 0}  # never runs in the demo: the principal lacks pii:export
 
 
 def demo_registry() -> ToolRegistry:
     """The demo's allowlist: six reads, one write that needs approval, one forbidden export."""
     return ToolRegistry(
         [
-            ToolSpec(
-                name="search_logs",
-                description="Search a service's error logs for the last N minutes.",
-                args_model=SearchLogsArgs,
-                effect=Effect.READ,
-                required_capability="logs:read",
-                timeout_seconds=5,
-                execute=_search_logs,
-            ),
-            ToolSpec(
-                name="deployment_history",
-                description="Recent deployments of a service, newest first.",
-                args_model=DeploymentHistoryArgs,
-                effect=Effect.READ,
-                required_capability="deploys:read",
-                timeout_seconds=5,
-                execute=_deployment_history,
-            ),
-            ToolSpec(
-                name="db_metrics",
-                description="A database cluster metric over the last hour.",
-                args_model=DbMetricsArgs,
-                effect=Effect.READ,
-                required_capability="db:read",
-                timeout_seconds=5,
-                execute=_db_metrics,
-            ),
-            ToolSpec(
-                name="refund_eligibility",
-                description="Whether an order can be refunded, computed by the refund rule.",
-                args_model=RefundArgs,
-                effect=Effect.READ,
-                required_capability="orders:read",
-                timeout_seconds=5,
-                execute=_refund_eligibility,
-                semantic_validator=_order_belongs_to_tenant,
-            ),
-            ToolSpec(
-                name="status_page",
-                description="A third-party provider's status page.",
-                args_model=StatusPageArgs,
-                effect=Effect.READ,
-                required_capability="status:read",
-                timeout_seconds=5,
-                execute=_status_page,
-            ),
-            ToolSpec(
-                name="restart_service",
-                description="Restart a service's pods (a write: needs a human's approval).",
-                args_model=RestartArgs,
-                effect=Effect.WRITE,
-                required_capability="ops:write",
-                timeout_seconds=10,
-                execute=_restart_service,
-            ),
-            ToolSpec(
-                name="export_customer_emails",
-                description="Export customer e-mail addresses for a segment.",
-                args_model=ExportArgs,
-                effect=Effect.READ,
-                required_capability="pii:export",
-                timeout_seconds=10,
-                execute=_export_customer_emails,
-            ),
+            search_logs,
+            deployment_history,
+            db_metrics,
+            refund_eligibility,
+            status_page,
+            restart_service,
+            export_customer_emails,
         ]
     )
 

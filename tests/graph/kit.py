@@ -14,20 +14,14 @@ from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
 from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.policy.tool_decorator import tool
 
 
 class SearchArgs(BaseModel):
+    """The search tool's arguments, for tests that build their own ToolSpec around them."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     query: str
-
-
-class WriteArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    note: str
-
-
-class EmptyArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 @dataclass
@@ -43,81 +37,42 @@ class Calls:
 def make_registry(
     calls: Calls, *, search_result: Any = None, extra: Sequence[fp.ToolSpec] = ()
 ) -> fp.ToolRegistry:
-    def search(args: SearchArgs, ctx: fp.ToolContext) -> Any:
-        calls.log.append(("search_logs", args.model_dump(), ctx.idempotency_key))
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    def search_logs(query: str, ctx: fp.ToolContext) -> Any:
+        """Search logs."""
+        calls.log.append(("search_logs", {"query": query}, ctx.idempotency_key))
         return (
             search_result
             if search_result is not None
             else {"hits": [{"id": "log-1", "line": "500 /checkout"}]}
         )
 
-    async def write_note(args: WriteArgs, ctx: fp.ToolContext) -> Any:
-        calls.log.append(("write_note", args.model_dump(), ctx.idempotency_key))
+    @tool(effect=fp.Effect.WRITE, capability="notes:write", timeout=5)
+    async def write_note(note: str, ctx: fp.ToolContext) -> Any:
+        """Write a note."""
+        calls.log.append(("write_note", {"note": note}, ctx.idempotency_key))
         return {"written": True}
 
-    def explode(args: EmptyArgs, ctx: fp.ToolContext) -> Any:
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    def explode(ctx: fp.ToolContext) -> Any:
+        """Always fails."""
         calls.log.append(("explode", {}, ctx.idempotency_key))
         raise RuntimeError("password=hunter2 at db.internal:5432")
 
-    async def hang(args: EmptyArgs, ctx: fp.ToolContext) -> Any:
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=0.3)
+    async def hang(ctx: fp.ToolContext) -> Any:
+        """Never returns."""
         calls.log.append(("hang", {}, ctx.idempotency_key))
         await asyncio.sleep(30)
         return {"never": True}
 
-    def admin(args: EmptyArgs, ctx: fp.ToolContext) -> Any:
+    @tool(effect=fp.Effect.READ, capability="admin", timeout=5)
+    def admin_reset(ctx: fp.ToolContext) -> Any:
+        """Admin only."""
         calls.log.append(("admin_reset", {}, ctx.idempotency_key))
         return {"reset": True}
 
-    return fp.ToolRegistry(
-        [
-            fp.ToolSpec(
-                name="search_logs",
-                description="Search logs.",
-                args_model=SearchArgs,
-                effect=fp.Effect.READ,
-                required_capability="logs:read",
-                timeout_seconds=5,
-                execute=search,
-            ),
-            fp.ToolSpec(
-                name="write_note",
-                description="Write a note.",
-                args_model=WriteArgs,
-                effect=fp.Effect.WRITE,
-                required_capability="notes:write",
-                timeout_seconds=5,
-                execute=write_note,
-            ),
-            fp.ToolSpec(
-                name="explode",
-                description="Always fails.",
-                args_model=EmptyArgs,
-                effect=fp.Effect.READ,
-                required_capability="logs:read",
-                timeout_seconds=5,
-                execute=explode,
-            ),
-            fp.ToolSpec(
-                name="hang",
-                description="Never returns.",
-                args_model=EmptyArgs,
-                effect=fp.Effect.READ,
-                required_capability="logs:read",
-                timeout_seconds=0.3,
-                execute=hang,
-            ),
-            fp.ToolSpec(
-                name="admin_reset",
-                description="Admin only.",
-                args_model=EmptyArgs,
-                effect=fp.Effect.READ,
-                required_capability="admin",
-                timeout_seconds=5,
-                execute=admin,
-            ),
-            *extra,
-        ]
-    )
+    return fp.ToolRegistry([search_logs, write_note, explode, hang, admin_reset, *extra])
 
 
 CAPS = frozenset({"logs:read", "notes:write"})
