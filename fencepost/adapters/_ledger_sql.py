@@ -1,19 +1,20 @@
-"""What the SQLite and Postgres ledgers share: the tables and the reserve/settle/release flow.
+"""What the SQL ledgers share: the tables, their migration, and the reserve/settle/release flow.
 
-Both backends keep the same five tables and run every operation as one transaction of the same
-statements, deciding with the rules in :mod:`fencepost.policy.ledger`. A backend supplies only
-what its database does differently: how a transaction is begun, committed and retried
+Both backends keep the same five tables. :class:`SqlLedger` runs every operation as one
+transaction of plain statements, deciding with the rules in :mod:`fencepost.policy.ledger`; the
+SQLite backend uses it as it is (its transactions are in-process, so a statement costs
+microseconds). The Postgres backend keeps the same tables but runs each operation as one call of a
+server-side function (one round trip), see :mod:`fencepost.adapters.ledger_postgres`.
+
+A backend of the flow supplies how a transaction is begun, committed and retried
 (:meth:`SqlLedger._run`), how the account rows of a chain are locked against other writers
-(:meth:`SqlLedger._lock_chain`), and the two statements whose SQL differs (``_HELD``,
-``_RESERVATION_FOR_UPDATE``).
-
-Statements are written with ``?`` placeholders, SQLite's style; the Postgres backend rewrites them
-to ``%s``, so no statement may contain a literal ``?`` or ``%``.
+(:meth:`SqlLedger._lock_chain`), and the statements whose SQL differs (``_HELD``,
+``_RESERVATION_FOR_UPDATE``). Statements are written with ``?`` placeholders, SQLite's style.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -22,20 +23,35 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 from fencepost.policy.ledger import (
     Balance,
     Ledger,
+    LedgerConflict,
     Reservation,
     ReservationStatus,
     UnknownAccount,
     UnknownReservation,
+    check_open,
     check_room,
     check_same_terms,
     existing_outcome,
     existing_reservation,
     settlement,
     validate_amounts,
+    validate_name,
+    validate_owner,
     walk_chain,
 )
 
-__all__ = ["SCHEMA", "TABLES", "Cursor", "KeyRace", "Params", "SqlLedger", "Transaction"]
+__all__ = [
+    "ACCOUNT_COLUMNS",
+    "SCHEMA",
+    "TABLES",
+    "Cursor",
+    "KeyRace",
+    "Params",
+    "SqlLedger",
+    "Transaction",
+    "decode_owner",
+    "encode_owner",
+]
 
 _T = TypeVar("_T")
 
@@ -54,7 +70,9 @@ SCHEMA = (
     """
     CREATE TABLE IF NOT EXISTS fencepost_ledger_accounts (
         name text PRIMARY KEY,
-        parent text REFERENCES fencepost_ledger_accounts (name)
+        parent text REFERENCES fencepost_ledger_accounts (name),
+        owner text NOT NULL DEFAULT '{}',
+        closed text
     )
     """,
     """
@@ -92,8 +110,28 @@ SCHEMA = (
     """,
 )
 
+ACCOUNT_COLUMNS = {
+    "owner": "text NOT NULL DEFAULT '{}'",
+    "closed": "text",
+}
+"""Columns of ``fencepost_ledger_accounts`` added since the first version: a database made by that
+version gets them with ``ALTER TABLE ... ADD COLUMN`` (existing accounts: no owner, open)."""
+
 _MAX_DEPTH = 1000
 """How far up a parent chain is followed before the chain is reported as broken."""
+
+
+def encode_owner(owner: Mapping[str, str]) -> str:
+    """The stored form of an owner: canonical JSON, so equal owners are equal text."""
+    return json.dumps(dict(owner), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_owner(text: str | None) -> dict[str, str]:
+    """An owner as stored by :func:`encode_owner` (``{}`` for none)."""
+    if not text:
+        return {}
+    decoded = json.loads(text)
+    return {str(field): str(value) for field, value in decoded.items()}
 
 
 class Cursor(Protocol):
@@ -117,6 +155,10 @@ class Transaction(Protocol):
 
 class KeyRace(Exception):
     """Another transaction committed the same idempotency key first: retry to return it."""
+
+
+_Link = tuple[str, str | None, str, str | None]
+"""One account of a chain as read: ``(name, parent, owner, closed)``."""
 
 
 class SqlLedger(Ledger):
@@ -162,9 +204,13 @@ class SqlLedger(Ledger):
     # -- reads inside a transaction ---------------------------------------------------------------
 
     @staticmethod
-    def _account(tx: Transaction, account: str) -> tuple[str | None, dict[str, float]]:
+    def _account(
+        tx: Transaction, account: str
+    ) -> tuple[str | None, dict[str, float], str, str | None]:
+        """``(parent, limits, owner as stored, closed)`` of ``account``."""
         row = tx.execute(
-            "SELECT parent FROM fencepost_ledger_accounts WHERE name = ?", (account,)
+            "SELECT parent, owner, closed FROM fencepost_ledger_accounts WHERE name = ?",
+            (account,),
         ).fetchone()
         if row is None:
             raise UnknownAccount(account)
@@ -172,47 +218,62 @@ class SqlLedger(Ledger):
             "SELECT axis, amount FROM fencepost_ledger_limits WHERE account = ? ORDER BY position",
             (account,),
         ).fetchall()
-        return row[0], {axis: float(amount) for axis, amount in limits}
+        return row[0], {axis: float(amount) for axis, amount in limits}, row[1], row[2]
 
     def _held(self, tx: Transaction, account: str) -> dict[str, float]:
         rows = tx.execute(self._HELD, (account,)).fetchall()
         return {axis: float(amount) for axis, amount in rows}
 
     def _balance(self, tx: Transaction, account: str) -> Balance:
-        parent, limits = self._account(tx, account)
-        return Balance(account=account, parent=parent, limits=limits, held=self._held(tx, account))
+        parent, limits, owner, closed = self._account(tx, account)
+        return Balance(
+            account=account,
+            parent=parent,
+            limits=limits,
+            held=self._held(tx, account),
+            owner=decode_owner(owner),
+            closed=closed,
+        )
 
     @staticmethod
-    def _chain(tx: Transaction, account: str) -> list[str]:
+    def _chain(tx: Transaction, account: str) -> list[_Link]:
         """``account`` and its ancestors, nearest first, in one query."""
         rows = tx.execute(
             """
-            WITH RECURSIVE chain (name, parent, depth) AS (
-                SELECT name, parent, 0 FROM fencepost_ledger_accounts WHERE name = ?
+            WITH RECURSIVE chain (name, parent, owner, closed, depth) AS (
+                SELECT name, parent, owner, closed, 0
+                FROM fencepost_ledger_accounts WHERE name = ?
                 UNION ALL
-                SELECT a.name, a.parent, c.depth + 1
+                SELECT a.name, a.parent, a.owner, a.closed, c.depth + 1
                 FROM fencepost_ledger_accounts a JOIN chain c ON a.name = c.parent
                 WHERE c.depth < ?
             )
-            SELECT name, parent FROM chain ORDER BY depth
+            SELECT name, parent, owner, closed FROM chain ORDER BY depth
             """,
             (account, _MAX_DEPTH),
         ).fetchall()
         # A chain cut off at _MAX_DEPTH ends on a parent the rows do not hold: UnknownAccount.
-        return walk_chain(account, dict(rows))
+        walk_chain(account, {row[0]: row[1] for row in rows})
+        return [(row[0], row[1], row[2], row[3]) for row in rows]
 
     @staticmethod
     def _holdings(
         tx: Transaction, chain: list[str]
     ) -> list[tuple[str, dict[str, float], dict[str, float]]]:
-        """``(account, limits, held)`` for every account of ``chain``, in chain order."""
+        """``(account, limits, held)`` for every account of ``chain``, in chain order.
+
+        Limits come in their opening order.
+        """
         limits: dict[str, dict[str, float]] = {name: {} for name in chain}
         held: dict[str, dict[str, float]] = {name: {} for name in chain}
         # Only our table names and one placeholder per account are formatted in; the account names
         # themselves go in as parameters.
         marks = ", ".join("?" for _ in chain)
-        for table, into in (("fencepost_ledger_limits", limits), ("fencepost_ledger_held", held)):
-            query = f"SELECT account, axis, amount FROM {table} WHERE account IN ({marks})"  # noqa: S608
+        for table, into, order in (
+            ("fencepost_ledger_limits", limits, " ORDER BY position"),
+            ("fencepost_ledger_held", held, ""),
+        ):
+            query = f"SELECT account, axis, amount FROM {table} WHERE account IN ({marks}){order}"  # noqa: S608
             for name, axis, value in tx.execute(query, chain).fetchall():
                 into[name][axis] = float(value)
         return [(name, limits[name], held[name]) for name in chain]
@@ -241,7 +302,8 @@ class SqlLedger(Ledger):
         ).fetchone()
         if row is None:
             raise UnknownReservation(key)
-        chain = self._chain(tx, row[0])  # an account's parent never changes once opened
+        # an account's parent never changes once opened
+        chain = [link[0] for link in self._chain(tx, row[0])]
         self._lock_chain(tx, chain)
         reservation = self._reservation(tx, key, lock=True)
         if reservation is None:  # pragma: no cover - reservations are never deleted
@@ -269,20 +331,34 @@ class SqlLedger(Ledger):
     # -- the port ---------------------------------------------------------------------------------
 
     def open_account(
-        self, account: str, limits: Mapping[str, float], *, parent: str | None = None
+        self,
+        account: str,
+        limits: Mapping[str, float],
+        *,
+        parent: str | None = None,
+        owner: Mapping[str, str] | None = None,
     ) -> Balance:
+        validate_name(account, "account")
+        if parent is not None:
+            validate_name(parent, "parent")
         clean = validate_amounts(limits)
+        who = validate_owner(owner)
 
         def work(tx: Transaction) -> Balance:
             if parent is not None:
                 self._account(tx, parent)  # raises UnknownAccount
             inserted = tx.execute(
-                "INSERT INTO fencepost_ledger_accounts (name, parent) VALUES (?, ?)"
+                "INSERT INTO fencepost_ledger_accounts (name, parent, owner) VALUES (?, ?, ?)"
                 " ON CONFLICT (name) DO NOTHING",
-                (account, parent),
+                (account, parent, encode_owner(who)),
             ).rowcount
             if inserted == 0:
-                check_same_terms(account, self._account(tx, account), (parent, clean))
+                opened_parent, opened_limits, opened_owner, _ = self._account(tx, account)
+                check_same_terms(
+                    account,
+                    (opened_parent, opened_limits, decode_owner(opened_owner)),
+                    (parent, clean, who),
+                )
             else:
                 tx.executemany(
                     "INSERT INTO fencepost_ledger_limits (account, axis, position, amount)"
@@ -293,16 +369,36 @@ class SqlLedger(Ledger):
 
         return self._run(work)
 
+    def close_account(self, account: str, reason: str) -> Balance:
+        validate_name(account, "account")
+        validate_name(reason, "reason")
+
+        def work(tx: Transaction) -> Balance:
+            tx.execute(
+                "UPDATE fencepost_ledger_accounts SET closed = ? WHERE name = ? AND closed IS NULL",
+                (reason, account),
+            )
+            return self._balance(tx, account)  # raises UnknownAccount
+
+        return self._run(work)
+
     def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        validate_name(account, "account")
+        validate_name(key)
         clean = validate_amounts(amounts)
 
         def work(tx: Transaction) -> Reservation:
             prior = self._reservation(tx, key)
             if prior is not None:
-                return existing_reservation(prior, account)
-            chain = self._chain(tx, account)
+                if prior.account != account:
+                    raise LedgerConflict(f"key {key!r} is held by another account")
+                return existing_reservation(prior, account, self._balance(tx, account))
+            links = self._chain(tx, account)
+            chain = [link[0] for link in links]
             self._lock_chain(tx, chain)
-            check_room(self._holdings(tx, chain), clean)
+            check_open((name, closed) for name, _, _, closed in links)
+            holdings = self._holdings(tx, chain)
+            check_room(holdings, clean)
             inserted = tx.execute(
                 "INSERT INTO fencepost_ledger_reservations (key, account, status)"
                 " VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
@@ -316,15 +412,30 @@ class SqlLedger(Ledger):
                 " VALUES (?, ?, ?, ?)",
                 [(key, axis, i, value) for i, (axis, value) in enumerate(clean.items())],
             )
-            return Reservation(account=account, key=key, amounts=clean)
+            # The balance after the charge, from what was read under the lock: no second read.
+            _, limits, held = holdings[0]
+            after = dict(held)
+            for axis, amount in clean.items():
+                after[axis] = after.get(axis, 0.0) + amount
+            _, parent, owner, _ = links[0]
+            balance = Balance(
+                account=account,
+                parent=parent,
+                limits=limits,
+                held=after,
+                owner=decode_owner(owner),
+            )
+            return Reservation(account=account, key=key, amounts=clean, balance=balance)
 
         return self._run(work)
 
     def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
+        validate_name(key)
+
         def work(tx: Transaction) -> Reservation:
             reservation, chain = self._locked_reservation(tx, key)
             if (outcome := existing_outcome(reservation)) is not None:
-                return outcome
+                return outcome.model_copy(update={"balance": self._balance(tx, chain[0])})
             refund, final = settlement(reservation.amounts, actual)
             self._add_held(tx, chain, {axis: -amount for axis, amount in refund.items()})
             tx.executemany(
@@ -334,44 +445,38 @@ class SqlLedger(Ledger):
             )
             self._set_status(tx, key, ReservationStatus.SETTLED)
             return reservation.model_copy(
-                update={"amounts": final, "status": ReservationStatus.SETTLED}
+                update={
+                    "amounts": final,
+                    "status": ReservationStatus.SETTLED,
+                    "balance": self._balance(tx, chain[0]),
+                }
             )
 
         return self._run(work)
 
     def release(self, key: str) -> Reservation:
+        validate_name(key)
+
         def work(tx: Transaction) -> Reservation:
             reservation, chain = self._locked_reservation(tx, key)
             if (outcome := existing_outcome(reservation)) is not None:
-                return outcome
+                return outcome.model_copy(update={"balance": self._balance(tx, chain[0])})
             refund = {axis: -amount for axis, amount in reservation.amounts.items()}
             self._add_held(tx, chain, refund)
             self._set_status(tx, key, ReservationStatus.RELEASED)
-            return reservation.model_copy(update={"status": ReservationStatus.RELEASED})
+            return reservation.model_copy(
+                update={
+                    "status": ReservationStatus.RELEASED,
+                    "balance": self._balance(tx, chain[0]),
+                }
+            )
 
         return self._run(work)
 
     def get(self, key: str) -> Reservation | None:
+        validate_name(key)
         return self._run(lambda tx: self._reservation(tx, key), read_only=True)
 
     def balance(self, account: str) -> Balance:
+        validate_name(account, "account")
         return self._run(lambda tx: self._balance(tx, account), read_only=True)
-
-    # -- async twins: the sync methods in a worker thread -----------------------------------------
-
-    async def aopen_account(
-        self, account: str, limits: Mapping[str, float], *, parent: str | None = None
-    ) -> Balance:
-        return await asyncio.to_thread(self.open_account, account, limits, parent=parent)
-
-    async def areserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        return await asyncio.to_thread(self.reserve, account, key, amounts)
-
-    async def asettle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
-        return await asyncio.to_thread(self.settle, key, actual)
-
-    async def arelease(self, key: str) -> Reservation:
-        return await asyncio.to_thread(self.release, key)
-
-    async def aget(self, key: str) -> Reservation | None:
-        return await asyncio.to_thread(self.get, key)

@@ -2,10 +2,23 @@
 
 Safe for many threads and many processes on one machine: every ``reserve``, ``settle`` and
 ``release`` is a single ``BEGIN IMMEDIATE`` transaction (SQLite's write lock is taken before
-anything is read, so the check and the charge cannot interleave with another writer), the file is
-in WAL mode so readers never block the writer, and a busy timeout makes a second process wait for
-the lock instead of failing. Not for several machines sharing a network file system: use
-:class:`~fencepost.adapters.ledger_postgres.PostgresLedger` there.
+anything is read, so the check and the charge cannot interleave with another writer), and the file
+is in WAL mode so readers never block the writer. Not for several machines sharing a network file
+system: use :class:`~fencepost.adapters.ledger_postgres.PostgresLedger` there.
+
+Durability: ``synchronous = FULL`` (every commit is synced to disk before it returns), so a
+reservation that ``reserve`` returned survives a power cut, not just a crash of the process.
+
+Fairness: SQLite's own busy handler lets a waiting process sleep up to 100 ms between attempts, so
+a process in a tight loop re-takes the write lock again and again while the others sleep (8
+processes against one account: one got 1,445 of 1,600 reservations, three got none). This ledger
+sets SQLite's busy timeout to zero and waits itself, in short jittered sleeps (full jitter, capped
+at a few milliseconds), so every waiting process keeps asking often and each gets its turn.
+
+Async twins run the sync method in a thread of the ledger's own (one per instance and process):
+the connection is one and serialised anyway, so one thread is all it can use; a whole transaction
+is one hop to that thread (``aiosqlite`` would hop once per statement); and a busy ledger never
+occupies the event loop's default executor, which tools share.
 
 Example::
 
@@ -17,14 +30,19 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TypeVar
 
-from fencepost.adapters._ledger_sql import SCHEMA, SqlLedger, Transaction
+from fencepost.adapters._ledger_sql import ACCOUNT_COLUMNS, SCHEMA, SqlLedger, Transaction
+from fencepost.policy.ledger import Balance, Reservation
 
 __all__ = ["SqliteLedger"]
 
@@ -32,15 +50,24 @@ _T = TypeVar("_T")
 
 _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
+_FIRST_WAIT = 0.0002
+"""The cap of the first jittered wait for the write lock, in seconds; it doubles per attempt."""
+_LONGEST_WAIT = 0.004
+"""The cap never grows beyond this: a waiting process asks at least every few milliseconds."""
+
+
+def _is_busy(error: sqlite3.OperationalError) -> bool:
+    return getattr(error, "sqlite_errorcode", None) in _BUSY_CODES
+
 
 class SqliteLedger(SqlLedger):
     """Accounts and reservations in a SQLite file; atomic across threads and processes.
 
     ``path`` is the database file (created if missing; ``":memory:"`` works but is neither durable
     nor shared). ``busy_timeout`` is how many seconds a transaction waits for another process's
-    write lock before SQLite gives up with ``database is locked``. Tables are created on
-    construction (:meth:`setup` is idempotent). One connection per instance, serialised by a lock;
-    the async twins run the sync methods in a worker thread.
+    write lock before it fails with ``database is locked``. Tables are created (and a database of
+    the first version migrated) on construction (:meth:`setup` is idempotent). One connection per
+    instance and process, serialised by a lock.
     """
 
     # In the order the axes were first held, as InMemoryLedger keeps them.
@@ -50,6 +77,12 @@ class SqliteLedger(SqlLedger):
         self._path = os.fspath(path)
         self._busy_timeout = busy_timeout
         self._lock = threading.RLock()
+        self._pid = os.getpid()
+        self._closed = False
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_pid = self._pid
+        self._executor_lock = threading.Lock()
+        self._inherited: list[sqlite3.Connection] = []
         self._conn: sqlite3.Connection | None = self._connect()
         try:
             self.setup()
@@ -60,12 +93,12 @@ class SqliteLedger(SqlLedger):
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self._path,
-            timeout=self._busy_timeout,
+            timeout=0,  # waits for the write lock happen in _run, jittered (see module docstring)
             isolation_level=None,  # transactions are begun and ended explicitly in _run
             check_same_thread=False,  # the instance lock serialises use across threads
         )
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            conn.execute("PRAGMA busy_timeout = 0")
             self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
@@ -75,55 +108,151 @@ class SqliteLedger(SqlLedger):
         return conn
 
     def _retry_busy(self, action: Callable[[], object]) -> None:
-        """Run ``action``, retrying while another process holds a lock it needs.
-
-        Switching to WAL needs a lock the busy handler does not always wait for.
-        """
+        """Run ``action``, retrying while another process holds a lock it needs."""
         deadline = time.monotonic() + self._busy_timeout
-        delay = 0.005
+        attempt = 0
         while True:
             try:
                 action()
                 return
             except sqlite3.OperationalError as error:
-                if error.sqlite_errorcode not in _BUSY_CODES or time.monotonic() >= deadline:
+                if not _is_busy(error) or time.monotonic() >= deadline:
                     raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            attempt += 1
+            self._wait(attempt)
+
+    @staticmethod
+    def _wait(attempt: int) -> None:
+        """Sleep a random time below a cap that doubles per attempt (full jitter)."""
+        cap = min(_FIRST_WAIT * 2 ** min(attempt - 1, 16), _LONGEST_WAIT)
+        time.sleep(random.uniform(0, cap))  # noqa: S311 (jitter, not secrecy)
+
+    def _connection(self) -> sqlite3.Connection:
+        """The connection of this process (a forked child opens its own; the parent's stays)."""
+        if self._closed or self._conn is None:
+            raise RuntimeError("the ledger is closed")
+        if self._pid != os.getpid():
+            # SQLite forbids using a connection in a process it was not opened in. Keep the
+            # inherited object (closing it here could disturb the parent's locks) and start over.
+            self._inherited.append(self._conn)
+            self._pid = os.getpid()
+            self._lock = threading.RLock()
+            self._conn = self._connect()
+        return self._conn
 
     def _run(self, work: Callable[[Transaction], _T], *, read_only: bool = False) -> _T:
-        """Run ``work`` in one transaction: ``BEGIN IMMEDIATE`` takes the write lock up front."""
+        """Run ``work`` in one transaction: ``BEGIN IMMEDIATE`` takes the write lock up front.
+
+        While another process holds the lock, the whole transaction is retried after a jittered
+        wait, until ``busy_timeout`` has passed.
+        """
+        self._connection()  # a forked child reconnects before it takes the (new) lock
         with self._lock:
-            if self._conn is None:
-                raise RuntimeError("the ledger is closed")
-            conn = self._conn
-            conn.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
-            try:
-                result = work(conn)
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            try:
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return result
+            conn = self._connection()
+            deadline = time.monotonic() + self._busy_timeout
+            attempt = 0
+            while True:
+                try:
+                    return self._transaction(conn, work, read_only=read_only)
+                except sqlite3.OperationalError as error:
+                    if not _is_busy(error) or time.monotonic() >= deadline:
+                        raise
+                attempt += 1
+                self._wait(attempt)
+
+    @staticmethod
+    def _transaction(
+        conn: sqlite3.Connection, work: Callable[[Transaction], _T], *, read_only: bool
+    ) -> _T:
+        conn.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        try:
+            result = work(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return result
 
     def setup(self) -> None:
-        """Create the tables if they are missing. Idempotent; called on construction."""
+        """Create the tables if they are missing, and add the columns a database made by the
+        first version lacks. Idempotent; called on construction."""
 
         def work(tx: Transaction) -> None:
             for statement in SCHEMA:
                 tx.execute(statement)
+            columns = {
+                row[1]
+                for row in tx.execute("PRAGMA table_info(fencepost_ledger_accounts)").fetchall()
+            }
+            for column, declaration in ACCOUNT_COLUMNS.items():
+                if column not in columns:
+                    # Our own constant names and declarations only.
+                    tx.execute(
+                        f"ALTER TABLE fencepost_ledger_accounts ADD COLUMN {column} {declaration}"
+                    )
 
         self._run(work)
 
     def close(self) -> None:
         """Close the connection. Further calls raise ``RuntimeError``."""
+        with self._executor_lock:
+            self._closed = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+                self._executor = None
         with self._lock:
             if self._conn is not None:
-                self._conn.close()
+                if self._pid == os.getpid():
+                    self._conn.close()
                 self._conn = None
+
+    # -- async twins: the whole sync transaction in the ledger's own thread -----------------------
+
+    async def _in_thread(self, call: Callable[[], _T]) -> _T:
+        # Only the executor lock is taken here: it is never held across I/O, so the event loop
+        # never waits on a transaction (which holds the connection lock) in another thread.
+        with self._executor_lock:
+            if self._closed:
+                raise RuntimeError("the ledger is closed")
+            if self._executor is None or self._executor_pid != os.getpid():
+                self._executor = ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="fencepost-sqlite-ledger"
+                )
+                self._executor_pid = os.getpid()
+            executor = self._executor
+        try:
+            future = asyncio.get_running_loop().run_in_executor(executor, call)
+        except RuntimeError:  # shut down by a close() since
+            raise RuntimeError("the ledger is closed") from None
+        return await future
+
+    async def aopen_account(
+        self,
+        account: str,
+        limits: Mapping[str, float],
+        *,
+        parent: str | None = None,
+        owner: Mapping[str, str] | None = None,
+    ) -> Balance:
+        return await self._in_thread(
+            partial(self.open_account, account, limits, parent=parent, owner=owner)
+        )
+
+    async def aclose_account(self, account: str, reason: str) -> Balance:
+        return await self._in_thread(partial(self.close_account, account, reason))
+
+    async def areserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        return await self._in_thread(partial(self.reserve, account, key, amounts))
+
+    async def asettle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
+        return await self._in_thread(partial(self.settle, key, actual))
+
+    async def arelease(self, key: str) -> Reservation:
+        return await self._in_thread(partial(self.release, key))
+
+    async def aget(self, key: str) -> Reservation | None:
+        return await self._in_thread(partial(self.get, key))
+
+    async def abalance(self, account: str) -> Balance:
+        return await self._in_thread(partial(self.balance, account))

@@ -50,8 +50,10 @@ from fencepost.policy.gates import (
     gate_proposal,
 )
 from fencepost.policy.ledger import (
+    AccountClosed,
     Balance,
     InMemoryLedger,
+    InvalidLedgerKey,
     Ledger,
     LedgerConflict,
     Reservation,
@@ -82,6 +84,7 @@ __all__ = [
     "DEFAULT_REPEAT_LIMIT",
     "AbstainProposal",
     "Accepted",
+    "AccountClosed",
     "AgentDecision",
     "AgentState",
     "AnswerPayload",
@@ -100,6 +103,7 @@ __all__ = [
     "FinalProposal",
     "HumanApprovalRequired",
     "InMemoryLedger",
+    "InvalidLedgerKey",
     "InvalidProposal",
     "Ledger",
     "LedgerConflict",

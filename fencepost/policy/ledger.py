@@ -6,7 +6,9 @@ and async pairs, in the shape of LangGraph's checkpoint savers.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
@@ -17,6 +19,9 @@ from pydantic import Field, Strict
 from fencepost.policy._model import Frozen
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted, reason_for_axis
 
+MAX_NAME_LENGTH = 512
+"""The longest key, account name, axis, owner field or close reason a ledger takes (characters)."""
+
 
 class ReservationStatus(StrEnum):
     """Where a reservation stands."""
@@ -24,6 +29,26 @@ class ReservationStatus(StrEnum):
     RESERVED = "reserved"
     SETTLED = "settled"
     RELEASED = "released"
+
+
+class Balance(Frozen):
+    """An account's limits and what is held or spent against them, per axis."""
+
+    account: str
+    parent: str | None
+    limits: Annotated[dict[str, float], Strict(False)]
+    held: Annotated[dict[str, float], Strict(False)] = Field(default_factory=dict)
+    """Reserved or settled amounts per axis (what counts against the limit)."""
+    owner: Annotated[dict[str, str], Strict(False)] = Field(default_factory=dict)
+    """Who the account belongs to (e.g. ``{"tenant": "acme", "principal": "u-1"}``), fixed at open."""
+    closed: str | None = None
+    """Why the account was closed (the first reason given), or ``None`` while it is open."""
+
+    def remaining(self, axis: str) -> float | None:
+        """What is left on ``axis``; ``None`` if the account does not limit it."""
+        if axis not in self.limits:
+            return None
+        return self.limits[axis] - self.held.get(axis, 0.0)
 
 
 class Reservation(Frozen):
@@ -35,22 +60,9 @@ class Reservation(Frozen):
     status: Annotated[ReservationStatus, Strict(False)] = ReservationStatus.RESERVED
     existing: bool = False
     """True when this key had been reserved before: an earlier attempt already started."""
-
-
-class Balance(Frozen):
-    """An account's limits and what is held or spent against them, per axis."""
-
-    account: str
-    parent: str | None
-    limits: Annotated[dict[str, float], Strict(False)]
-    held: Annotated[dict[str, float], Strict(False)] = Field(default_factory=dict)
-    """Reserved or settled amounts per axis (what counts against the limit)."""
-
-    def remaining(self, axis: str) -> float | None:
-        """What is left on ``axis``; ``None`` if the account does not limit it."""
-        if axis not in self.limits:
-            return None
-        return self.limits[axis] - self.held.get(axis, 0.0)
+    balance: Annotated[Balance | None, Strict(False)] = None
+    """The reserving account's balance right after the operation that returned this reservation
+    (``reserve``, ``settle``, ``release``); ``None`` on what ``get`` returns."""
 
 
 class UnknownAccount(LookupError):
@@ -63,6 +75,29 @@ class UnknownReservation(LookupError):
 
 class LedgerConflict(ValueError):
     """An account or reservation was reopened with different terms."""
+
+
+class InvalidLedgerKey(ValueError):
+    """A key, account name, axis or owner field a ledger will not store.
+
+    Empty, longer than :data:`MAX_NAME_LENGTH` characters, not a string, or containing a control
+    character (NUL included) or a lone surrogate: refused before any backend sees it.
+    """
+
+
+class AccountClosed(Exception):
+    """``reserve`` on an account whose chain (itself or an ancestor) is closed.
+
+    ``account`` names the closed account, ``reason`` the reason it was closed with.
+    """
+
+    def __init__(self, account: str, reason: str) -> None:
+        self.account = account
+        self.reason = reason
+        super().__init__(f"account {account!r} is closed ({reason})")
+
+    def __reduce__(self) -> tuple[type[AccountClosed], tuple[str, str]]:
+        return (type(self), (self.account, self.reason))
 
 
 def _exhausted(account: str, axis: str, limit: float, requested: float) -> BudgetExhausted:
@@ -80,10 +115,37 @@ def _exhausted(account: str, axis: str, limit: float, requested: float) -> Budge
 # differ only in how they read, lock and write.
 
 
+def validate_name(value: object, what: str = "key") -> str:
+    """``value`` if a ledger can store it as a key or name; ``InvalidLedgerKey`` otherwise."""
+    if not isinstance(value, str):
+        raise InvalidLedgerKey(f"{what} must be a string")
+    if not value:
+        raise InvalidLedgerKey(f"{what} must not be empty")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidLedgerKey(f"{what} is longer than {MAX_NAME_LENGTH} characters")
+    if not value.isprintable() and any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+        raise InvalidLedgerKey(f"{what} contains a control character")
+    return value
+
+
+def validate_owner(owner: Mapping[str, str] | None) -> dict[str, str]:
+    """``owner`` as a plain dict of validated names (``{}`` for ``None``)."""
+    if owner is None:
+        return {}
+    return {
+        validate_name(field, "owner field"): validate_name(value, "owner value")
+        for field, value in owner.items()
+    }
+
+
 def validate_amounts(amounts: Mapping[str, float]) -> dict[str, float]:
-    """``amounts`` as floats; ``ValueError`` for a negative or NaN amount (limits alike)."""
+    """``amounts`` as floats; ``ValueError`` for a negative or NaN amount (limits alike).
+
+    Axis names must be valid names (``InvalidLedgerKey``, a ``ValueError``).
+    """
     out: dict[str, float] = {}
     for axis, value in amounts.items():
+        validate_name(axis, "axis")
         number = float(value)
         if number < 0 or number != number:
             raise ValueError(f"amount for {axis!r} must be a non-negative number")
@@ -91,13 +153,17 @@ def validate_amounts(amounts: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def check_same_terms(
-    account: str,
-    opened: tuple[str | None, Mapping[str, float]],
-    requested: tuple[str | None, Mapping[str, float]],
-) -> None:
-    """Reopening ``account`` is idempotent only with the (parent, limits) it was opened with."""
-    if opened != requested:
+Terms = tuple[str | None, Mapping[str, float], Mapping[str, str]]
+"""What an account is opened with: ``(parent, limits, owner)``."""
+
+
+def check_same_terms(account: str, opened: Terms, requested: Terms) -> None:
+    """Reopening ``account`` is idempotent only with the (parent, limits, owner) it was opened with."""
+    if (opened[0], dict(opened[1]), dict(opened[2])) != (
+        requested[0],
+        dict(requested[1]),
+        dict(requested[2]),
+    ):
         raise LedgerConflict(f"account {account!r} already open with other terms")
 
 
@@ -118,6 +184,13 @@ def walk_chain(account: str, parents: Mapping[str, str | None]) -> list[str]:
     return chain
 
 
+def check_open(chain: Iterable[tuple[str, str | None]]) -> None:
+    """Raise ``AccountClosed`` for the nearest ``(account, closed)`` of the chain that is closed."""
+    for account, closed in chain:
+        if closed is not None:
+            raise AccountClosed(account, closed)
+
+
 def check_room(
     chain: Iterable[tuple[str, Mapping[str, float], Mapping[str, float]]],
     amounts: Mapping[str, float],
@@ -134,23 +207,27 @@ def check_room(
                 raise _exhausted(account, axis, limit, amount)
 
 
-def existing_reservation(prior: Reservation, account: str) -> Reservation:
+def existing_reservation(
+    prior: Reservation, account: str, balance: Balance | None = None
+) -> Reservation:
     """A repeated ``reserve`` of ``prior.key``: the first reservation, marked ``existing``.
 
     Raises ``LedgerConflict`` when the key is held by another account.
     """
     if prior.account != account:
         raise LedgerConflict(f"key {prior.key!r} is held by another account")
-    return prior.model_copy(update={"existing": True})
+    return prior.model_copy(update={"existing": True, "balance": balance})
 
 
-def existing_outcome(reservation: Reservation) -> Reservation | None:
+def existing_outcome(
+    reservation: Reservation, balance: Balance | None = None
+) -> Reservation | None:
     """A ``settle`` or ``release`` of a key that already has an outcome: that outcome, marked
     ``existing`` (an attempted call is never refunded twice); ``None`` while it is still reserved.
     """
     if reservation.status is ReservationStatus.RESERVED:
         return None
-    return reservation.model_copy(update={"existing": True})
+    return reservation.model_copy(update={"existing": True, "balance": balance})
 
 
 def settlement(
@@ -180,25 +257,55 @@ class Ledger(ABC):
     ``reserve`` is atomic across the whole parent chain (a parent of 100 cannot fund three
     children of 60) and idempotent by key (a second reserve of the same key returns the first,
     marked ``existing``). ``settle`` records the actual amounts and refunds any excess.
-    ``release`` refunds in full and is only for a call that never started.
+    ``release`` refunds in full and is only for a call that never started. ``close_account``
+    stops new reservations on an account and everything under it; reservations already made can
+    still be settled or released. Every reservation that ``reserve``, ``settle`` or ``release``
+    returns carries the reserving account's :class:`Balance` right after the operation.
+
+    Keys, account names, axes and owner fields are checked by :func:`validate_name`
+    (``InvalidLedgerKey``) before a backend sees them. A reservation of ``{}`` is legal: a durable
+    "attempt started" marker, idempotent by key like any other.
+
+    Every method has an async twin (``a`` + name) that never blocks the event loop: the default
+    runs the sync method in a worker thread; backends override it with native async I/O.
 
     Example::
 
         ledger = InMemoryLedger()
-        ledger.open_account("tenant", {"tool_calls": 100})
+        ledger.open_account("tenant", {"tool_calls": 100}, owner={"tenant": "acme"})
         ledger.open_account("run-1", {"tool_calls": 60}, parent="tenant")
         ledger.reserve("run-1", "call-0001", {"tool_calls": 1})
+        ledger.close_account("run-1", "completed")
     """
 
     @abstractmethod
     def open_account(
-        self, account: str, limits: Mapping[str, float], *, parent: str | None = None
+        self,
+        account: str,
+        limits: Mapping[str, float],
+        *,
+        parent: str | None = None,
+        owner: Mapping[str, str] | None = None,
     ) -> Balance:
-        """Create ``account`` (idempotent when the terms are the same)."""
+        """Create ``account`` (idempotent when parent, limits and owner are the same).
+
+        Reopening with other terms raises ``LedgerConflict``; an unknown parent ``UnknownAccount``.
+        """
+
+    @abstractmethod
+    def close_account(self, account: str, reason: str) -> Balance:
+        """Refuse further reservations on ``account`` and its descendants (``AccountClosed``).
+
+        Idempotent: the first reason wins. ``UnknownAccount`` if it was never opened.
+        """
 
     @abstractmethod
     def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        """Hold ``amounts`` on ``account`` and every ancestor, or raise ``BudgetExhausted``."""
+        """Hold ``amounts`` on ``account`` and every ancestor, or raise ``BudgetExhausted``.
+
+        A key reserved before returns that reservation marked ``existing`` (even on a closed
+        account); otherwise a closed account in the chain raises ``AccountClosed``.
+        """
 
     @abstractmethod
     def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
@@ -210,73 +317,118 @@ class Ledger(ABC):
 
     @abstractmethod
     def get(self, key: str) -> Reservation | None:
-        """The reservation under ``key``, if any."""
+        """The reservation under ``key``, if any (without a ``balance``)."""
 
     @abstractmethod
     def balance(self, account: str) -> Balance:
         """Limits and holdings of ``account``."""
 
     async def aopen_account(
-        self, account: str, limits: Mapping[str, float], *, parent: str | None = None
+        self,
+        account: str,
+        limits: Mapping[str, float],
+        *,
+        parent: str | None = None,
+        owner: Mapping[str, str] | None = None,
     ) -> Balance:
         """Async twin of :meth:`open_account`."""
-        return self.open_account(account, limits, parent=parent)
+        return await asyncio.to_thread(
+            self.open_account, account, limits, parent=parent, owner=owner
+        )
+
+    async def aclose_account(self, account: str, reason: str) -> Balance:
+        """Async twin of :meth:`close_account`."""
+        return await asyncio.to_thread(self.close_account, account, reason)
 
     async def areserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
         """Async twin of :meth:`reserve`."""
-        return self.reserve(account, key, amounts)
+        return await asyncio.to_thread(self.reserve, account, key, amounts)
 
     async def asettle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         """Async twin of :meth:`settle`."""
-        return self.settle(key, actual)
+        return await asyncio.to_thread(self.settle, key, actual)
 
     async def arelease(self, key: str) -> Reservation:
         """Async twin of :meth:`release`."""
-        return self.release(key)
+        return await asyncio.to_thread(self.release, key)
 
     async def aget(self, key: str) -> Reservation | None:
         """Async twin of :meth:`get`."""
-        return self.get(key)
+        return await asyncio.to_thread(self.get, key)
+
+    async def abalance(self, account: str) -> Balance:
+        """Async twin of :meth:`balance`."""
+        return await asyncio.to_thread(self.balance, account)
 
 
 class InMemoryLedger(Ledger):
-    """A process-local ledger for tests and notebooks. Atomic under a lock; not durable."""
+    """A process-local ledger for tests and notebooks. Atomic under a lock; not durable.
+
+    Its async twins run inline: the lock is only ever held for the microseconds a dict update
+    takes, and nothing waits on I/O.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._parents: dict[str, str | None] = {}
         self._limits: dict[str, dict[str, float]] = {}
+        self._owners: dict[str, dict[str, str]] = {}
+        self._closed: dict[str, str] = {}
         self._held: dict[str, dict[str, float]] = {}
         self._reservations: dict[str, Reservation] = {}
 
     def open_account(
-        self, account: str, limits: Mapping[str, float], *, parent: str | None = None
+        self,
+        account: str,
+        limits: Mapping[str, float],
+        *,
+        parent: str | None = None,
+        owner: Mapping[str, str] | None = None,
     ) -> Balance:
+        validate_name(account, "account")
+        if parent is not None:
+            validate_name(parent, "parent")
         clean = validate_amounts(limits)
+        who = validate_owner(owner)
         with self._lock:
             if parent is not None and parent not in self._parents:
                 raise UnknownAccount(parent)
             if account in self._parents:
-                opened = (self._parents[account], self._limits[account])
-                check_same_terms(account, opened, (parent, clean))
+                opened = (self._parents[account], self._limits[account], self._owners[account])
+                check_same_terms(account, opened, (parent, clean, who))
             else:
                 self._parents[account] = parent
                 self._limits[account] = clean
+                self._owners[account] = who
                 self._held[account] = {}
             return self._balance(account)
 
+    def close_account(self, account: str, reason: str) -> Balance:
+        validate_name(account, "account")
+        validate_name(reason, "reason")
+        with self._lock:
+            if account not in self._parents:
+                raise UnknownAccount(account)
+            self._closed.setdefault(account, reason)
+            return self._balance(account)
+
     def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        validate_name(account, "account")
+        validate_name(key)
         clean = validate_amounts(amounts)
         with self._lock:
             prior = self._reservations.get(key)
             if prior is not None:
-                return existing_reservation(prior, account)
+                if prior.account != account:
+                    return existing_reservation(prior, account)  # raises LedgerConflict
+                return existing_reservation(prior, account, self._balance(account))
             chain = walk_chain(account, self._parents)
+            check_open((name, self._closed.get(name)) for name in chain)
             check_room(((name, self._limits[name], self._held[name]) for name in chain), clean)
             self._add_held(chain, clean)
             reservation = Reservation(account=account, key=key, amounts=clean)
             self._reservations[key] = reservation
-            return reservation
+            return reservation.model_copy(update={"balance": self._balance(account)})
 
     def _add_held(self, chain: list[str], delta: Mapping[str, float]) -> None:
         for name in chain:
@@ -295,29 +447,32 @@ class InMemoryLedger(Ledger):
         return reservation
 
     def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
+        validate_name(key)
         with self._lock:
             reservation = self._stored(key)
             if (outcome := existing_outcome(reservation)) is not None:
-                return outcome
+                return outcome.model_copy(update={"balance": self._balance(reservation.account)})
             refund, final = settlement(reservation.amounts, actual)
             self._refund(reservation, refund)
             settled = reservation.model_copy(
                 update={"amounts": final, "status": ReservationStatus.SETTLED}
             )
             self._reservations[key] = settled
-            return settled
+            return settled.model_copy(update={"balance": self._balance(reservation.account)})
 
     def release(self, key: str) -> Reservation:
+        validate_name(key)
         with self._lock:
             reservation = self._stored(key)
             if (outcome := existing_outcome(reservation)) is not None:
-                return outcome
+                return outcome.model_copy(update={"balance": self._balance(reservation.account)})
             self._refund(reservation, reservation.amounts)
             released = reservation.model_copy(update={"status": ReservationStatus.RELEASED})
             self._reservations[key] = released
-            return released
+            return released.model_copy(update={"balance": self._balance(reservation.account)})
 
     def get(self, key: str) -> Reservation | None:
+        validate_name(key)
         with self._lock:
             return self._reservations.get(key)
 
@@ -327,10 +482,43 @@ class InMemoryLedger(Ledger):
             parent=self._parents[account],
             limits=dict(self._limits[account]),
             held=dict(self._held[account]),
+            owner=dict(self._owners[account]),
+            closed=self._closed.get(account),
         )
 
     def balance(self, account: str) -> Balance:
+        validate_name(account, "account")
         with self._lock:
             if account not in self._parents:
                 raise UnknownAccount(account)
             return self._balance(account)
+
+    # -- async twins: inline, the lock is held for microseconds and nothing waits on I/O ---------
+
+    async def aopen_account(
+        self,
+        account: str,
+        limits: Mapping[str, float],
+        *,
+        parent: str | None = None,
+        owner: Mapping[str, str] | None = None,
+    ) -> Balance:
+        return self.open_account(account, limits, parent=parent, owner=owner)
+
+    async def aclose_account(self, account: str, reason: str) -> Balance:
+        return self.close_account(account, reason)
+
+    async def areserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        return self.reserve(account, key, amounts)
+
+    async def asettle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
+        return self.settle(key, actual)
+
+    async def arelease(self, key: str) -> Reservation:
+        return self.release(key)
+
+    async def aget(self, key: str) -> Reservation | None:
+        return self.get(key)
+
+    async def abalance(self, account: str) -> Balance:
+        return self.balance(account)

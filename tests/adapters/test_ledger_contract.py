@@ -22,8 +22,11 @@ import pytest
 from fencepost.adapters import PostgresLedger, SqliteLedger
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted
 from fencepost.policy.ledger import (
+    MAX_NAME_LENGTH,
+    AccountClosed,
     Balance,
     InMemoryLedger,
+    InvalidLedgerKey,
     Ledger,
     LedgerConflict,
     Reservation,
@@ -36,6 +39,11 @@ from fencepost.policy.phase import TerminationReason
 Job = tuple[str, str, str, dict[str, float] | None]  # operation, account, key, amounts
 
 LANES = 4
+
+
+def stored(reservation: Reservation) -> Reservation:
+    """``reservation`` as ``get`` returns it: without the balance snapshot."""
+    return reservation.model_copy(update={"balance": None})
 
 
 # -- racing contenders (module level so spawned processes can import them) -----------------------
@@ -239,7 +247,7 @@ def test_reserve_holds_the_amounts_on_the_account_and_every_ancestor(ledger: Led
     ledger.open_account("run", {"tool_calls": 60}, parent="tenant")
     ledger.open_account("step", {}, parent="run")
     reservation = ledger.reserve("step", "call-1", {"tool_calls": 2, "cost": 0.25})
-    assert reservation == Reservation(
+    assert stored(reservation) == Reservation(
         account="step", key="call-1", amounts={"tool_calls": 2.0, "cost": 0.25}
     )
     assert reservation.status is ReservationStatus.RESERVED
@@ -247,7 +255,7 @@ def test_reserve_holds_the_amounts_on_the_account_and_every_ancestor(ledger: Led
     for name in ("step", "run", "tenant"):
         assert ledger.balance(name).held == {"tool_calls": 2.0, "cost": 0.25}
     assert ledger.balance("run").remaining("tool_calls") == 58.0
-    assert ledger.get("call-1") == reservation
+    assert ledger.get("call-1") == stored(reservation)
 
 
 def test_reserve_is_idempotent_by_key_and_charges_nothing_the_second_time(ledger: Ledger) -> None:
@@ -257,7 +265,7 @@ def test_reserve_is_idempotent_by_key_and_charges_nothing_the_second_time(ledger
     assert again.existing
     assert again.model_copy(update={"existing": False}) == first
     assert ledger.balance("run").held == {"tool_calls": 2.0}
-    assert ledger.get("call-1") == first  # the stored reservation is not marked existing
+    assert ledger.get("call-1") == stored(first)  # the stored reservation is not marked existing
 
 
 def test_reserve_of_a_key_at_its_limit_returns_the_first_instead_of_exhausting(
@@ -355,7 +363,7 @@ def test_settle_records_actual_and_refunds_only_the_excess(ledger: Ledger) -> No
     assert not settled.existing
     for name in ("run", "tenant"):
         assert ledger.balance(name).held == {"cost": 1.5, "tool_calls": 1.0}
-    assert ledger.get("k") == settled
+    assert ledger.get("k") == stored(settled)
 
 
 def test_settle_never_charges_more_than_was_reserved(ledger: Ledger) -> None:
@@ -399,7 +407,7 @@ def test_release_refunds_in_full_across_the_chain(ledger: Ledger) -> None:
     for name in ("run", "tenant"):
         assert ledger.balance(name).held == {"tool_calls": 0.0, "cost": 0.0}
     ledger.reserve("run", "k2", {"tool_calls": 2})  # the room is back
-    assert ledger.get("k1") == released
+    assert ledger.get("k1") == stored(released)
 
 
 def test_release_or_settle_after_an_outcome_changes_nothing_and_is_marked_existing(
@@ -445,30 +453,272 @@ def _script(ledger: Ledger) -> list[Any]:
         ("reserve", ("a", "k7", {"cost": 0.2})),
         ("settle", ("k6", {"cost": 0.2, "mutations": 5})),
         ("reserve", ("a", "k7", {"cost": 0.2})),
+        ("open", ("c", {"tool_calls": 1}, "b", {"tenant": "acme", "principal": "u-1"})),
+        ("open", ("c", {"tool_calls": 1}, "b", {"tenant": "other", "principal": "u-1"})),
+        ("reserve", ("c", "k8", {})),
+        ("reserve", ("c", "k8", {"tool_calls": 1})),
+        ("close", ("b", "cancelled")),
+        ("close", ("b", "completed")),
+        ("reserve", ("c", "k9", {})),
+        ("reserve", ("c", "k8", {})),
+        ("release", ("k5",)),
+        ("close", ("ghost", "cancelled")),
+        ("reserve", ("a", "", {})),
     ]
     out: list[Any] = []
     for op, args in ops:
         try:
             if op == "open":
-                result: Any = ledger.open_account(args[0], args[1], parent=args[2])
+                owner = args[3] if len(args) > 3 else None
+                result: Any = ledger.open_account(args[0], args[1], parent=args[2], owner=owner)
             elif op == "reserve":
                 result = ledger.reserve(*args)
             elif op == "settle":
                 result = ledger.settle(*args)
+            elif op == "close":
+                result = ledger.close_account(*args)
             else:
                 result = ledger.release(*args)
             out.append(result)
         except BudgetExhausted as error:
             out.append(("BudgetExhausted", error.account, error.axis, error.limit, error.requested))
+        except AccountClosed as error:
+            out.append(("AccountClosed", error.account, error.reason))
         except (LookupError, ValueError) as error:
             out.append((type(error).__name__, str(error)))
-    out += [ledger.balance(name) for name in ("root", "a", "b")]
+    out += [ledger.balance(name) for name in ("root", "a", "b", "c")]
     out += [ledger.get(f"k{i}") for i in range(1, 10)]
     return out
 
 
 def test_every_backend_matches_the_in_memory_reference_on_a_mixed_run(ledger: Ledger) -> None:
     assert _script(ledger) == _script(InMemoryLedger())
+
+
+# -- owners and closed accounts ----------------------------------------------------------------
+
+
+def test_an_account_records_its_owner(ledger: Ledger) -> None:
+    opened = ledger.open_account(
+        "tenant", {"cost": 5}, owner={"tenant": "acme", "principal": "u-1"}
+    )
+    assert opened.owner == {"tenant": "acme", "principal": "u-1"}
+    assert opened.closed is None
+    assert ledger.balance("tenant") == opened
+    assert ledger.open_account("run", {}, parent="tenant").owner == {}
+
+
+def test_reopening_an_account_with_another_owner_raises_ledger_conflict(ledger: Ledger) -> None:
+    ledger.open_account("run", {"cost": 5}, owner={"tenant": "acme", "principal": "u-1"})
+    again = ledger.open_account("run", {"cost": 5}, owner={"principal": "u-1", "tenant": "acme"})
+    assert again.owner == {"tenant": "acme", "principal": "u-1"}
+    for other in ({"tenant": "evil", "principal": "u-1"}, {"tenant": "acme"}, {}, None):
+        with pytest.raises(LedgerConflict):
+            ledger.open_account("run", {"cost": 5}, owner=other)
+    assert ledger.balance("run").owner == {"tenant": "acme", "principal": "u-1"}
+
+
+def test_closing_an_account_refuses_new_reservations_naming_the_account_and_reason(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("run", {"tool_calls": 5})
+    ledger.reserve("run", "k1", {"tool_calls": 1})
+    closed = ledger.close_account("run", "cancelled")
+    assert closed.closed == "cancelled"
+    assert closed.held == {"tool_calls": 1.0}
+    with pytest.raises(AccountClosed) as caught:
+        ledger.reserve("run", "k2", {"tool_calls": 1})
+    assert (caught.value.account, caught.value.reason) == ("run", "cancelled")
+    assert not isinstance(caught.value, LookupError | ValueError)
+    assert ledger.get("k2") is None
+    assert ledger.balance("run").held == {"tool_calls": 1.0}
+
+
+def test_a_closed_ancestor_refuses_reservations_on_every_descendant(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"cost": 10})
+    ledger.open_account("team", {}, parent="tenant")
+    ledger.open_account("run", {"cost": 5}, parent="team")
+    ledger.close_account("team", "completed")
+    with pytest.raises(AccountClosed) as caught:
+        ledger.reserve("run", "k", {"cost": 1})
+    assert (caught.value.account, caught.value.reason) == ("team", "completed")
+    assert ledger.balance("run").closed is None  # closing does not write to the children
+    ledger.reserve("tenant", "k-tenant", {"cost": 1})  # the ancestor above is still open
+    ledger.close_account("run", "cancelled")
+    with pytest.raises(AccountClosed) as caught:
+        ledger.reserve("run", "k", {"cost": 1})
+    assert caught.value.account == "run"  # the nearest closed account is named
+
+
+def test_closing_is_checked_before_the_budget(ledger: Ledger) -> None:
+    ledger.open_account("run", {"cost": 1})
+    ledger.reserve("run", "k1", {"cost": 1})
+    ledger.close_account("run", "completed")
+    with pytest.raises(AccountClosed):
+        ledger.reserve("run", "k2", {"cost": 1})
+
+
+def test_close_account_is_idempotent_and_the_first_reason_wins(ledger: Ledger) -> None:
+    ledger.open_account("run", {"cost": 1}, owner={"tenant": "acme"})
+    first = ledger.close_account("run", "cancelled")
+    again = ledger.close_account("run", "completed")
+    assert first == again
+    assert again.closed == "cancelled"
+    assert ledger.balance("run").closed == "cancelled"
+    # Reopening with the same terms does not reopen it; other terms still conflict.
+    assert ledger.open_account("run", {"cost": 1}, owner={"tenant": "acme"}).closed == "cancelled"
+    with pytest.raises(LedgerConflict):
+        ledger.open_account("run", {"cost": 2}, owner={"tenant": "acme"})
+
+
+def test_closing_an_unknown_account_raises_unknown_account(ledger: Ledger) -> None:
+    with pytest.raises(UnknownAccount):
+        ledger.close_account("nobody", "cancelled")
+
+
+def test_a_repeated_reserve_of_a_key_returns_it_even_on_a_closed_account(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {})
+    ledger.open_account("run", {"tool_calls": 2}, parent="tenant")
+    first = ledger.reserve("run", "call-1", {"tool_calls": 1})
+    ledger.close_account("tenant", "cancelled")
+    again = ledger.reserve("run", "call-1", {"tool_calls": 1})
+    assert again.existing
+    assert stored(again) == stored(first).model_copy(update={"existing": True})
+    ledger.open_account("other", {})
+    with pytest.raises(LedgerConflict):  # another account's key is still a conflict
+        ledger.reserve("other", "call-1", {})
+
+
+def test_settle_and_release_still_record_outcomes_on_a_closed_account(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"cost": 10})
+    ledger.open_account("run", {"cost": 5}, parent="tenant")
+    ledger.reserve("run", "started", {"cost": 3})
+    ledger.reserve("run", "never-started", {"cost": 1})
+    ledger.close_account("run", "cancelled")
+    ledger.close_account("tenant", "cancelled")
+    settled = ledger.settle("started", {"cost": 2})
+    assert settled.status is ReservationStatus.SETTLED
+    released = ledger.release("never-started")
+    assert released.status is ReservationStatus.RELEASED
+    for name in ("run", "tenant"):
+        assert ledger.balance(name).held == {"cost": 2.0}
+    assert released.balance is not None
+    assert released.balance.closed == "cancelled"
+
+
+# -- the balance on every reservation ----------------------------------------------------------
+
+
+def test_every_reservation_carries_its_account_balance_after_the_operation(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("tenant", {"cost": 10})
+    owner = {"tenant": "acme", "principal": "u-1"}
+    ledger.open_account("run", {"cost": 5, "tool_calls": 2}, parent="tenant", owner=owner)
+    reserved = ledger.reserve("run", "k", {"cost": 4, "tool_calls": 1})
+    assert reserved.balance == Balance(
+        account="run",
+        parent="tenant",
+        limits={"cost": 5.0, "tool_calls": 2.0},
+        held={"cost": 4.0, "tool_calls": 1.0},
+        owner=owner,
+    )
+    assert reserved.balance == ledger.balance("run")
+    again = ledger.reserve("run", "k", {"cost": 4})
+    assert again.balance == ledger.balance("run")
+    settled = ledger.settle("k", {"cost": 1.5})
+    assert settled.balance is not None
+    assert settled.balance.held == {"cost": 1.5, "tool_calls": 1.0}
+    assert settled.balance == ledger.balance("run")
+    assert ledger.settle("k").balance == ledger.balance("run")  # existing outcome
+    ledger.reserve("run", "k2", {"cost": 1})
+    released = ledger.release("k2")
+    assert released.balance == ledger.balance("run")
+    assert released.balance is not None and released.balance.held["cost"] == 1.5
+    assert ledger.release("k2").balance == ledger.balance("run")
+    ledger.close_account("run", "completed")
+    closed = ledger.reserve("run", "k", {})
+    assert closed.balance is not None and closed.balance.closed == "completed"
+    assert ledger.get("k") == stored(settled)  # get returns the stored reservation, no balance
+
+
+# -- zero-amount markers -----------------------------------------------------------------------
+
+
+def test_a_zero_amount_reservation_is_an_idempotent_attempt_marker(ledger: Ledger) -> None:
+    ledger.open_account("run", {"tool_calls": 0})
+    marker = ledger.reserve("run", "attempt-1", {})
+    assert marker.amounts == {}
+    assert not marker.existing
+    assert marker.balance is not None and marker.balance.held == {}
+    again = ledger.reserve("run", "attempt-1", {})
+    assert again.existing
+    assert ledger.get("attempt-1") == stored(marker)
+    assert ledger.settle("attempt-1").status is ReservationStatus.SETTLED
+    assert ledger.reserve("run", "attempt-1", {}).existing
+    ledger.close_account("run", "completed")
+    with pytest.raises(AccountClosed):
+        ledger.reserve("run", "attempt-2", {})
+    assert ledger.get("attempt-2") is None
+
+
+# -- keys and names ----------------------------------------------------------------------------
+
+BAD_NAMES = [
+    pytest.param("", id="empty"),
+    pytest.param("x" * (MAX_NAME_LENGTH + 1), id="too-long"),
+    pytest.param("call\x00id", id="nul"),
+    pytest.param("call\nid", id="newline"),
+    pytest.param("\t", id="tab"),
+    pytest.param("call\x7f", id="del"),
+    pytest.param("call\x85", id="c1-control"),
+    pytest.param("call\ud800", id="lone-surrogate"),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES)
+def test_a_key_or_name_no_database_can_store_raises_invalid_ledger_key(
+    ledger: Ledger, bad: str
+) -> None:
+    ledger.open_account("run", {"cost": 5})
+    ledger.reserve("run", "ok", {"cost": 1})
+    attempts: list[Callable[[], object]] = [
+        lambda: ledger.reserve("run", bad, {"cost": 1}),
+        lambda: ledger.reserve(bad, "k", {"cost": 1}),
+        lambda: ledger.reserve("run", "k", {bad: 1}),
+        lambda: ledger.settle(bad),
+        lambda: ledger.release(bad),
+        lambda: ledger.get(bad),
+        lambda: ledger.balance(bad),
+        lambda: ledger.open_account(bad, {}),
+        lambda: ledger.open_account("child", {}, parent=bad),
+        lambda: ledger.open_account("child", {bad: 1}),
+        lambda: ledger.open_account("child", {}, owner={"tenant": bad}),
+        lambda: ledger.open_account("child", {}, owner={bad: "acme"}),
+        lambda: ledger.close_account(bad, "cancelled"),
+        lambda: ledger.close_account("run", bad),
+    ]
+    for attempt in attempts:
+        with pytest.raises(InvalidLedgerKey):
+            attempt()
+    assert issubclass(InvalidLedgerKey, ValueError)
+    # Nothing was written by any of them.
+    assert ledger.balance("run") == ledger.open_account("run", {"cost": 5})
+    assert ledger.balance("run").held == {"cost": 1.0}
+    assert ledger.balance("run").closed is None
+    with pytest.raises(UnknownAccount):
+        ledger.balance("child")
+
+
+def test_a_key_of_the_longest_allowed_length_and_any_printable_text_is_stored(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("run", {})
+    for key in ("x" * MAX_NAME_LENGTH, "  spaced  ", "ünïcødé-ключ-键", "quote'\"%?;--"):
+        assert ledger.reserve("run", key, {}).key == key
+        assert ledger.reserve("run", key, {}).existing
+        got = ledger.get(key)
+        assert got is not None and got.key == key
 
 
 # -- durability --------------------------------------------------------------------------------
@@ -618,7 +868,7 @@ async def test_async_twins_follow_the_same_rules(ledger: Ledger) -> None:
     await ledger.areserve("run", "k2", {"cost": 3})
     released = await ledger.arelease("k2")
     assert released.status is ReservationStatus.RELEASED
-    assert await ledger.aget("k1") == settled
+    assert await ledger.aget("k1") == stored(settled)
     assert await ledger.aget("missing") is None
     with pytest.raises(UnknownReservation):
         await ledger.asettle("missing")
