@@ -1,15 +1,30 @@
 """A durable :class:`~fencepost.policy.ledger.Ledger` in Postgres, for many machines.
 
-Every ``reserve``, ``settle`` and ``release`` is one transaction that first locks the account rows
-of the whole parent chain with ``SELECT ... FOR UPDATE``, always in the same order (sorted by
-name), so two reservations that share an ancestor are serialised and two transactions can never
-wait on each other in a cycle. The budget check and the charge then run under those locks. An
-idempotency key that two transactions insert at once is settled by the primary key: the loser
-rolls back and returns the winner's reservation marked ``existing``. Deadlocks and serialisation
-failures (which the lock order should rule out) are retried a few times.
+Every operation is ONE statement, ``SELECT * FROM fencepost_ledger_<op>(...)``, sent on an
+autocommit connection: one round trip, one transaction. The functions are PL/pgSQL, created by
+:meth:`PostgresLedger.setup`. ``fencepost_ledger_reserve`` returns an earlier reservation of the
+same key first (idempotency before anything else), walks the parent chain, locks the chain's
+account rows (``FOR NO KEY UPDATE``, always in name order, so two reservations sharing an ancestor
+are serialised and no two transactions wait on each other in a cycle), refuses a closed account,
+checks room on every account of the chain (nearest first), inserts the reservation, charges the
+chain and returns the account's balance. An idempotency key two transactions insert at once is
+settled by the primary key: the loser returns the winner's reservation marked ``existing``.
 
-Tables are created in the connection's ``search_path`` on construction (:meth:`setup` is
-idempotent and safe to run from many processes at once). Amounts are ``double precision``.
+The functions read and lock; the rules that need no lock (validation, same terms on reopening,
+which exception to raise) stay in Python, shared with the other backends through
+:mod:`fencepost.policy.ledger`. The contract suite runs every rule on this backend and compares a
+mixed run with the in-memory reference.
+
+Sync methods use a :class:`psycopg_pool.ConnectionPool`. Async twins use
+:class:`psycopg.AsyncConnection`, a small set of idle connections per event loop (an
+``AsyncConnectionPool`` runs background tasks on the loop that opened it, and would have to be
+closed inside that loop; a ledger outlives loops: ``asyncio.run`` per call, a test per loop).
+Nothing blocking runs on the event loop's thread.
+
+Tables, the result type and the functions are created in the connection's ``search_path`` on
+construction; a database made by the first version (tables only) is migrated in place (two
+columns added). :meth:`setup` is idempotent and safe to run from many processes at once; a role
+without CREATE can use a database that is already set up. Amounts are ``double precision``.
 
 Example::
 
@@ -21,62 +36,422 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import random
+import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
 
-from psycopg import Connection, Cursor, errors
+from psycopg import AsyncConnection, Connection, errors, pq
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from fencepost.adapters._ledger_sql import (
+    ACCOUNT_COLUMNS,
     SCHEMA,
     TABLES,
-    KeyRace,
-    Params,
-    SqlLedger,
-    Transaction,
+    decode_owner,
+    encode_owner,
+)
+from fencepost.policy.ledger import (
+    AccountClosed,
+    Balance,
+    Ledger,
+    LedgerConflict,
+    Reservation,
+    ReservationStatus,
+    UnknownAccount,
+    UnknownReservation,
+    check_same_terms,
+    exhausted,
+    validate_amounts,
+    validate_name,
+    validate_owner,
 )
 
 __all__ = ["PostgresLedger"]
 
-_T = TypeVar("_T")
-
 _Conn = Connection[TupleRow]
+_AConn = AsyncConnection[TupleRow]
 
 # Serialises concurrent ``setup`` calls: CREATE TABLE IF NOT EXISTS is not safe under a race.
 _SETUP_LOCK = 0x6665_6E63_6570_6F73  # "fencepos"
 
+SCHEMA_VERSION = 2
+"""Bumped whenever the functions change; ``setup`` (re)creates them when the database is older."""
 
-class _PostgresTransaction:
-    """A psycopg connection inside a transaction, taking the shared ``?`` statements."""
+_RESULT = """
+CREATE TYPE fencepost_ledger_result AS (
+    outcome text,
+    r_account text,
+    r_status text,
+    r_axes text[],
+    r_amounts double precision[],
+    b_account text,
+    b_parent text,
+    b_owner text,
+    b_closed text,
+    b_limit_axes text[],
+    b_limit_amounts double precision[],
+    b_held_axes text[],
+    b_held_amounts double precision[],
+    e_account text,
+    e_axis text,
+    e_limit double precision,
+    e_requested double precision,
+    e_reason text
+)
+"""
 
-    def __init__(self, conn: _Conn) -> None:
-        self._conn = conn
+# Outcomes: ok | existing | missing | unknown_account | unknown_reservation | conflict |
+# exhausted | closed | invalid_actual. Every function reads under the caller's search_path.
+_FUNCTIONS = (
+    """
+    CREATE FUNCTION fencepost_ledger_with_balance(r fencepost_ledger_result, p_account text)
+    RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    BEGIN
+        SELECT a.name, a.parent, a.owner, a.closed
+          INTO r.b_account, r.b_parent, r.b_owner, r.b_closed
+          FROM fencepost_ledger_accounts a WHERE a.name = p_account;
+        IF NOT FOUND THEN
+            r.outcome := 'unknown_account';
+            r.e_account := p_account;
+            RETURN r;
+        END IF;
+        SELECT coalesce(array_agg(l.axis ORDER BY l.position), '{}'),
+               coalesce(array_agg(l.amount ORDER BY l.position), '{}')
+          INTO r.b_limit_axes, r.b_limit_amounts
+          FROM fencepost_ledger_limits l WHERE l.account = p_account;
+        SELECT coalesce(array_agg(h.axis ORDER BY h.axis), '{}'),
+               coalesce(array_agg(h.amount ORDER BY h.axis), '{}')
+          INTO r.b_held_axes, r.b_held_amounts
+          FROM fencepost_ledger_held h WHERE h.account = p_account;
+        RETURN r;
+    END $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_with_reservation(r fencepost_ledger_result, p_key text)
+    RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    BEGIN
+        SELECT s.account, s.status INTO r.r_account, r.r_status
+          FROM fencepost_ledger_reservations s WHERE s.key = p_key;
+        SELECT coalesce(array_agg(m.axis ORDER BY m.position), '{}'),
+               coalesce(array_agg(m.amount ORDER BY m.position), '{}')
+          INTO r.r_axes, r.r_amounts
+          FROM fencepost_ledger_reservation_amounts m WHERE m.key = p_key;
+        RETURN r;
+    END $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_existing(p_key text, p_account text, p_holder text)
+    RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    DECLARE
+        r fencepost_ledger_result;
+    BEGIN
+        IF p_holder <> p_account THEN
+            r.outcome := 'conflict';
+            RETURN r;
+        END IF;
+        r := fencepost_ledger_with_reservation(r, p_key);
+        r.outcome := 'existing';
+        RETURN fencepost_ledger_with_balance(r, p_account);
+    END $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_open(
+        p_account text, p_parent text, p_owner text, p_axes text[], p_amounts double precision[]
+    ) RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    DECLARE
+        r fencepost_ledger_result;
+    BEGIN
+        IF p_parent IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM fencepost_ledger_accounts a WHERE a.name = p_parent) THEN
+            r.outcome := 'unknown_account';
+            r.e_account := p_parent;
+            RETURN r;
+        END IF;
+        INSERT INTO fencepost_ledger_accounts (name, parent, owner)
+        VALUES (p_account, p_parent, p_owner) ON CONFLICT (name) DO NOTHING;
+        IF FOUND THEN
+            INSERT INTO fencepost_ledger_limits (account, axis, position, amount)
+            SELECT p_account, x.axis, x.n - 1, x.amount
+              FROM unnest(p_axes, p_amounts) WITH ORDINALITY AS x (axis, amount, n);
+            r.outcome := 'ok';
+        ELSE
+            r.outcome := 'existing';
+        END IF;
+        RETURN fencepost_ledger_with_balance(r, p_account);
+    END $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_close(p_account text, p_reason text)
+    RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    DECLARE
+        r fencepost_ledger_result;
+    BEGIN
+        UPDATE fencepost_ledger_accounts a SET closed = p_reason
+         WHERE a.name = p_account AND a.closed IS NULL;
+        r.outcome := 'ok';
+        RETURN fencepost_ledger_with_balance(r, p_account);
+    END $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_reserve(
+        p_account text, p_key text, p_axes text[], p_amounts double precision[]
+    ) RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    DECLARE
+        r fencepost_ledger_result;
+        v_holder text;
+        v_chain text[];
+        v_top text;
+        v_hit record;
+    BEGIN
+        -- Idempotency first: a key reserved before is returned, even on a closed account.
+        SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s WHERE s.key = p_key;
+        IF FOUND THEN
+            RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
+        END IF;
+        -- The chain, nearest first (inline: a SQL function would be planned on every call).
+        WITH RECURSIVE c (name, parent, depth) AS (
+            SELECT a.name, a.parent, 0 FROM fencepost_ledger_accounts a WHERE a.name = p_account
+            UNION ALL
+            SELECT a.name, a.parent, c.depth + 1
+              FROM fencepost_ledger_accounts a JOIN c ON a.name = c.parent
+             WHERE c.depth < 1000
+        )
+        SELECT array_agg(c.name ORDER BY c.depth), (array_agg(c.parent ORDER BY c.depth DESC))[1]
+          INTO v_chain, v_top FROM c;
+        IF v_chain IS NULL OR v_top IS NOT NULL THEN
+            r.outcome := 'unknown_account';
+            r.e_account := coalesce(v_top, p_account);
+            RETURN r;
+        END IF;
+        -- One lock order for every transaction: no cycle of waits.
+        PERFORM 1 FROM fencepost_ledger_accounts a
+          WHERE a.name = ANY (v_chain) ORDER BY a.name FOR NO KEY UPDATE;
+        -- Read after the locks (a new snapshot): what other transactions committed is seen.
+        SELECT c.name, a.closed INTO v_hit
+          FROM unnest(v_chain) WITH ORDINALITY AS c (name, n)
+          JOIN fencepost_ledger_accounts a ON a.name = c.name
+         WHERE a.closed IS NOT NULL ORDER BY c.n LIMIT 1;
+        IF FOUND THEN
+            r.outcome := 'closed';
+            r.e_account := v_hit.name;
+            r.e_reason := v_hit.closed;
+            RETURN r;
+        END IF;
+        SELECT c.name, x.axis, l.amount AS lim, x.amount AS req INTO v_hit
+          FROM unnest(v_chain) WITH ORDINALITY AS c (name, n)
+          CROSS JOIN unnest(p_axes, p_amounts) WITH ORDINALITY AS x (axis, amount, m)
+          JOIN fencepost_ledger_limits l ON l.account = c.name AND l.axis = x.axis
+          LEFT JOIN fencepost_ledger_held h ON h.account = c.name AND h.axis = x.axis
+         WHERE coalesce(h.amount, 0) + x.amount > l.amount
+         ORDER BY c.n, x.m LIMIT 1;
+        IF FOUND THEN
+            r.outcome := 'exhausted';
+            r.e_account := v_hit.name;
+            r.e_axis := v_hit.axis;
+            r.e_limit := v_hit.lim;
+            r.e_requested := v_hit.req;
+            RETURN r;
+        END IF;
+        INSERT INTO fencepost_ledger_reservations (key, account, status)
+        VALUES (p_key, p_account, 'reserved') ON CONFLICT (key) DO NOTHING;
+        IF NOT FOUND THEN  -- committed by another transaction since the first look
+            SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s
+             WHERE s.key = p_key;
+            RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
+        END IF;
+        IF cardinality(p_axes) > 0 THEN
+            INSERT INTO fencepost_ledger_held AS h (account, axis, amount)
+            SELECT c.name, x.axis, x.amount
+              FROM unnest(v_chain) AS c (name) CROSS JOIN unnest(p_axes, p_amounts) AS x (axis, amount)
+            ON CONFLICT (account, axis) DO UPDATE SET amount = h.amount + excluded.amount;
+            INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)
+            SELECT p_key, x.axis, x.n - 1, x.amount
+              FROM unnest(p_axes, p_amounts) WITH ORDINALITY AS x (axis, amount, n);
+        END IF;
+        r.outcome := 'ok';
+        r.r_account := p_account;
+        r.r_status := 'reserved';
+        r.r_axes := p_axes;
+        r.r_amounts := p_amounts;
+        RETURN fencepost_ledger_with_balance(r, p_account);
+    END $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_finish(
+        p_key text, p_settle boolean, p_invalid boolean,
+        p_axes text[], p_amounts double precision[]
+    ) RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    DECLARE
+        r fencepost_ledger_result;
+        v_account text;
+        v_chain text[];
+        v_top text;
+        v_status text;
+    BEGIN
+        SELECT s.account INTO v_account FROM fencepost_ledger_reservations s WHERE s.key = p_key;
+        IF NOT FOUND THEN
+            r.outcome := 'unknown_reservation';
+            RETURN r;
+        END IF;
+        WITH RECURSIVE c (name, parent, depth) AS (
+            SELECT a.name, a.parent, 0 FROM fencepost_ledger_accounts a WHERE a.name = v_account
+            UNION ALL
+            SELECT a.name, a.parent, c.depth + 1
+              FROM fencepost_ledger_accounts a JOIN c ON a.name = c.parent
+             WHERE c.depth < 1000
+        )
+        SELECT array_agg(c.name ORDER BY c.depth), (array_agg(c.parent ORDER BY c.depth DESC))[1]
+          INTO v_chain, v_top FROM c;
+        PERFORM 1 FROM fencepost_ledger_accounts a
+          WHERE a.name = ANY (v_chain) ORDER BY a.name FOR NO KEY UPDATE;
+        SELECT s.status INTO v_status FROM fencepost_ledger_reservations s
+         WHERE s.key = p_key FOR UPDATE;
+        IF v_status <> 'reserved' THEN  -- an outcome is recorded once; never refunded twice
+            r := fencepost_ledger_with_reservation(r, p_key);
+            r.outcome := 'existing';
+            RETURN fencepost_ledger_with_balance(r, v_account);
+        END IF;
+        IF p_invalid THEN
+            r.outcome := 'invalid_actual';
+            RETURN r;
+        END IF;
+        IF NOT p_settle THEN  -- release: refund everything
+            UPDATE fencepost_ledger_held h SET amount = h.amount + (-m.amount)
+              FROM fencepost_ledger_reservation_amounts m
+             WHERE m.key = p_key AND h.account = ANY (v_chain) AND h.axis = m.axis;
+            UPDATE fencepost_ledger_reservations s SET status = 'released' WHERE s.key = p_key;
+        ELSE  -- settle: refund only what was held beyond the actual amounts
+            IF p_axes IS NOT NULL THEN
+                WITH refund AS (
+                    SELECT m.axis, m.amount - x.amount AS back
+                      FROM fencepost_ledger_reservation_amounts m
+                      JOIN unnest(p_axes, p_amounts) AS x (axis, amount) ON x.axis = m.axis
+                     WHERE m.key = p_key AND x.amount < m.amount
+                ), kept AS (
+                    UPDATE fencepost_ledger_reservation_amounts m SET amount = m.amount - f.back
+                      FROM refund f WHERE m.key = p_key AND m.axis = f.axis
+                )
+                UPDATE fencepost_ledger_held h SET amount = h.amount + (-f.back)
+                  FROM refund f WHERE h.account = ANY (v_chain) AND h.axis = f.axis;
+            END IF;
+            UPDATE fencepost_ledger_reservations s SET status = 'settled' WHERE s.key = p_key;
+        END IF;
+        r := fencepost_ledger_with_reservation(r, p_key);
+        r.outcome := 'ok';
+        RETURN fencepost_ledger_with_balance(r, v_account);
+    END $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_get(p_key text)
+    RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    DECLARE
+        r fencepost_ledger_result;
+    BEGIN
+        r := fencepost_ledger_with_reservation(r, p_key);
+        r.outcome := CASE WHEN r.r_account IS NULL THEN 'missing' ELSE 'ok' END;
+        RETURN r;
+    END $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_balance(p_account text)
+    RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    DECLARE
+        r fencepost_ledger_result;
+    BEGIN
+        r.outcome := 'ok';
+        RETURN fencepost_ledger_with_balance(r, p_account);
+    END $$
+    """,
+    f"""
+    CREATE FUNCTION fencepost_ledger_version() RETURNS integer
+    LANGUAGE sql IMMUTABLE AS 'SELECT {SCHEMA_VERSION}'
+    """,
+)
 
-    def execute(self, sql: str, params: Params = (), /) -> Cursor[TupleRow]:
-        # No params for a statement without placeholders, as psycopg would be called by hand.
-        return self._conn.execute(sql.replace("?", "%s"), params or None)
+_OPEN = "SELECT * FROM fencepost_ledger_open(%s, %s, %s, %s, %s)"
+_CLOSE = "SELECT * FROM fencepost_ledger_close(%s, %s)"
+_RESERVE = "SELECT * FROM fencepost_ledger_reserve(%s, %s, %s, %s)"
+_FINISH = "SELECT * FROM fencepost_ledger_finish(%s, %s, %s, %s, %s)"
+_GET = "SELECT * FROM fencepost_ledger_get(%s)"
+_BALANCE = "SELECT * FROM fencepost_ledger_balance(%s)"
 
-    def executemany(self, sql: str, rows: Iterable[Params], /) -> None:
-        batch = list(rows)
-        if batch:
-            with self._conn.cursor() as cur:
-                cur.executemany(sql.replace("?", "%s"), batch)
+_Call = tuple[str, tuple[Any, ...]]
+"""One function call: the statement and its parameters."""
+
+_RETRIED = (errors.DeadlockDetected, errors.SerializationFailure)
 
 
-class PostgresLedger(SqlLedger):
+# -- decoding a result row ---------------------------------------------------------------------
+
+
+def _pairs(axes: Sequence[str] | None, amounts: Sequence[float] | None) -> dict[str, float]:
+    return {axis: float(amount) for axis, amount in zip(axes or (), amounts or (), strict=True)}
+
+
+def _balance(row: Sequence[Any]) -> Balance:
+    return Balance(
+        account=row[5],
+        parent=row[6],
+        owner=decode_owner(row[7]),
+        closed=row[8],
+        limits=_pairs(row[9], row[10]),
+        held=_pairs(row[11], row[12]),
+    )
+
+
+def _reservation(row: Sequence[Any], key: str) -> Reservation:
+    return Reservation(
+        account=row[1],
+        key=key,
+        status=ReservationStatus(row[2]),
+        amounts=_pairs(row[3], row[4]),
+        existing=row[0] == "existing",
+        balance=_balance(row) if row[5] is not None else None,
+    )
+
+
+def _raise_for(row: Sequence[Any], key: str | None = None) -> None:
+    """Raise what the function's outcome means, as the in-memory ledger would."""
+    outcome = row[0]
+    if outcome == "unknown_account":
+        raise UnknownAccount(row[13])
+    if outcome == "unknown_reservation":
+        raise UnknownReservation(key)
+    if outcome == "conflict":
+        raise LedgerConflict(f"key {key!r} is held by another account")
+    if outcome == "closed":
+        raise AccountClosed(row[13], row[17])
+    if outcome == "exhausted":
+        raise exhausted(row[13], row[14], float(row[15]), float(row[16]))
+
+
+class _LoopConnections:
+    """The idle async connections of one event loop, and a bound on those in use."""
+
+    def __init__(self, max_size: int) -> None:
+        self.idle: list[_AConn] = []
+        self.slots = asyncio.Semaphore(max_size)
+
+    def discard(self) -> None:
+        """Close the idle connections without the loop (it may be closed): libpq's own close."""
+        while self.idle:
+            self.idle.pop().pgconn.finish()
+
+
+class PostgresLedger(Ledger):
     """Accounts and reservations in Postgres; atomic across connections, processes and machines.
 
-    ``conninfo`` is a libpq connection string or URI. Connections come from a
-    :class:`psycopg_pool.ConnectionPool` of ``min_size`` to ``max_size`` connections, closed by
-    :meth:`close` (or by leaving a ``with`` block). The async twins run the sync methods in a
-    worker thread.
+    ``conninfo`` is a libpq connection string or URI. Sync calls take connections from a
+    :class:`psycopg_pool.ConnectionPool` of ``min_size`` to ``max_size`` connections; async calls
+    keep up to ``max_size`` :class:`psycopg.AsyncConnection` per event loop. :meth:`close` (or
+    leaving a ``with`` block) closes both. Deadlocks and serialisation failures (which the lock
+    order should rule out) are retried up to ``max_retries`` times with jitter.
     """
-
-    _HELD = "SELECT axis, amount FROM fencepost_ledger_held WHERE account = ? ORDER BY axis"
-    _RESERVATION_FOR_UPDATE = SqlLedger._RESERVATION + " FOR UPDATE"
 
     def __init__(
         self,
@@ -86,13 +461,17 @@ class PostgresLedger(SqlLedger):
         max_size: int = 4,
         max_retries: int = 5,
     ) -> None:
+        self._conninfo = conninfo
+        self._max_size = max(min_size, max_size, 1)
         self._max_retries = max(1, max_retries)
         self._closed = False
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopConnections] = {}
+        self._loops_lock = threading.Lock()
         self._pool: ConnectionPool[_Conn] = ConnectionPool(
             conninfo,
             min_size=min_size,
-            max_size=max(min_size, max_size),
-            kwargs={"autocommit": True},  # each operation opens its own explicit transaction
+            max_size=self._max_size,
+            kwargs={"autocommit": True},  # each call is one statement: its own transaction
             open=True,
             name="fencepost-ledger",
         )
@@ -102,51 +481,274 @@ class PostgresLedger(SqlLedger):
             self.close()
             raise
 
-    def _run(self, work: Callable[[Transaction], _T], *, read_only: bool = False) -> _T:
-        """Run ``work`` in one transaction; retry on deadlock, serialisation failure, key race."""
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- setup ------------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Create (or migrate) the tables, the result type and the functions when the database
+        is older than this version. Idempotent; called on construction."""
+        if self._closed:
+            raise RuntimeError("the ledger is closed")
+        with self._pool.connection() as conn, conn.transaction():
+            if self._current(conn):
+                return  # nothing to create: a role without CREATE can use the ledger
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SETUP_LOCK,))
+            if self._current(conn):
+                return  # another process set it up while this one waited
+            for statement in SCHEMA:
+                conn.execute(statement)
+            for column, declaration in ACCOUNT_COLUMNS.items():
+                # Our own constant names and declarations only.
+                conn.execute(
+                    f"ALTER TABLE fencepost_ledger_accounts ADD COLUMN IF NOT EXISTS {column} {declaration}"
+                )
+            # The functions depend on the type: dropping it drops an older version's functions.
+            conn.execute("DROP TYPE IF EXISTS fencepost_ledger_result CASCADE")
+            conn.execute("DROP FUNCTION IF EXISTS fencepost_ledger_chain(text)")
+            conn.execute("DROP FUNCTION IF EXISTS fencepost_ledger_version()")
+            conn.execute(_RESULT)
+            for statement in _FUNCTIONS:
+                conn.execute(statement)
+
+    @staticmethod
+    def _current(conn: _Conn) -> bool:
+        row = conn.execute(
+            "SELECT count(to_regclass(name)) = %s AND to_regproc('fencepost_ledger_version') IS NOT NULL"
+            " FROM unnest(%s::text[]) AS name",
+            (len(TABLES), list(TABLES)),
+        ).fetchone()
+        if row is None or not row[0]:
+            return False
+        version = conn.execute("SELECT fencepost_ledger_version()").fetchone()
+        return version is not None and version[0] >= SCHEMA_VERSION
+
+    # -- running one call -------------------------------------------------------------------------
+
+    def _call(self, call: _Call) -> Sequence[Any]:
+        """Run one function call on a pooled connection; retry deadlocks with jitter."""
         if self._closed:
             raise RuntimeError("the ledger is closed")
         attempt = 0
         while True:
             attempt += 1
             try:
-                with self._pool.connection() as conn, conn.transaction():
-                    if read_only:
-                        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                    return work(_PostgresTransaction(conn))
-            except KeyRace:
-                if attempt >= self._max_retries + 1:
-                    raise RuntimeError("idempotency key kept racing; giving up") from None
-            except (errors.DeadlockDetected, errors.SerializationFailure):
+                with self._pool.connection() as conn:
+                    row = conn.execute(call[0], call[1]).fetchone()
+            except _RETRIED:
                 if attempt >= self._max_retries:
                     raise
                 time.sleep(random.uniform(0, 0.01 * 2**attempt))  # noqa: S311 (jitter)
+                continue
+            assert row is not None  # a function returning a composite always yields one row
+            return row
 
-    def _lock_chain(self, tx: Transaction, chain: list[str]) -> None:
-        """Lock the chain's account rows in name order (the order every transaction uses)."""
-        tx.execute(
-            "SELECT name FROM fencepost_ledger_accounts WHERE name = ANY(?)"
-            " ORDER BY name FOR UPDATE",
-            (sorted(chain),),
-        ).fetchall()
+    def _connections(self) -> _LoopConnections:
+        loop = asyncio.get_running_loop()
+        with self._loops_lock:
+            if self._closed:
+                raise RuntimeError("the ledger is closed")
+            mine = self._loops.get(loop)
+            if mine is None:
+                for other, held in list(self._loops.items()):  # forget loops that have closed
+                    if other.is_closed():
+                        held.discard()
+                        del self._loops[other]
+                mine = self._loops[loop] = _LoopConnections(self._max_size)
+            return mine
 
-    def setup(self) -> None:
-        """Create the tables if they are missing. Idempotent; called on construction."""
-
-        def work(tx: Transaction) -> None:
-            # Skip the DDL when every table is there, so a role without CREATE can use the ledger.
-            row = tx.execute(
-                "SELECT count(to_regclass(name)) FROM unnest(?::text[]) AS name", (list(TABLES),)
-            ).fetchone()
-            if row is not None and row[0] == len(TABLES):
-                return
-            tx.execute("SELECT pg_advisory_xact_lock(?)", (_SETUP_LOCK,))
-            for statement in SCHEMA:
-                tx.execute(statement)
-
-        self._run(work)
+    async def _acall(self, call: _Call) -> Sequence[Any]:
+        """:meth:`_call` on an async connection of the running loop."""
+        conns = self._connections()
+        attempt = 0
+        while True:
+            attempt += 1
+            async with conns.slots:
+                conn = conns.idle.pop() if conns.idle else None
+                if conn is None:
+                    conn = await AsyncConnection.connect(self._conninfo, autocommit=True)
+                reusable = False
+                try:
+                    row = await (await conn.execute(call[0], call[1])).fetchone()
+                    reusable = True
+                except _RETRIED:
+                    reusable = True
+                    if attempt >= self._max_retries:
+                        raise
+                    row = None
+                finally:
+                    idle = conn.info.transaction_status == pq.TransactionStatus.IDLE
+                    if reusable and idle and not self._closed:
+                        conns.idle.append(conn)
+                    else:  # broken, cancelled mid-call, or the ledger closed meanwhile
+                        conn.pgconn.finish()
+            if row is not None:
+                return row
+            await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))  # noqa: S311 (jitter)
 
     def close(self) -> None:
-        """Close the connection pool. Further calls raise ``RuntimeError``."""
-        self._closed = True
+        """Close the connection pool and every idle async connection. Further calls raise
+        ``RuntimeError``; an async call in flight closes its connection when it ends."""
+        with self._loops_lock:
+            self._closed = True
+            for held in self._loops.values():
+                held.discard()
+            self._loops.clear()
         self._pool.close()
+
+    # -- the calls --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _open_call(
+        account: str,
+        limits: Mapping[str, float],
+        parent: str | None,
+        owner: Mapping[str, str] | None,
+    ) -> tuple[_Call, Balance]:
+        """The call, and the terms (as a Balance with nothing held) reopening must match."""
+        validate_name(account, "account")
+        if parent is not None:
+            validate_name(parent, "parent")
+        clean = validate_amounts(limits)
+        who = validate_owner(owner)
+        params = (account, parent, encode_owner(who), list(clean), list(clean.values()))
+        return (_OPEN, params), Balance(account=account, parent=parent, limits=clean, owner=who)
+
+    @staticmethod
+    def _opened(row: Sequence[Any], terms: Balance) -> Balance:
+        _raise_for(row)
+        balance = _balance(row)
+        if row[0] == "existing":
+            check_same_terms(
+                terms.account,
+                (balance.parent, balance.limits, balance.owner),
+                (terms.parent, terms.limits, terms.owner),
+            )
+        return balance
+
+    @staticmethod
+    def _close_call(account: str, reason: str) -> _Call:
+        return _CLOSE, (validate_name(account, "account"), validate_name(reason, "reason"))
+
+    @staticmethod
+    def _closed_balance(row: Sequence[Any]) -> Balance:
+        _raise_for(row)
+        return _balance(row)
+
+    @staticmethod
+    def _reserve_call(account: str, key: str, amounts: Mapping[str, float]) -> _Call:
+        validate_name(account, "account")
+        validate_name(key)
+        clean = validate_amounts(amounts)
+        return _RESERVE, (account, key, list(clean), list(clean.values()))
+
+    @staticmethod
+    def _finished(row: Sequence[Any], key: str, invalid: ValueError | None) -> Reservation:
+        if row[0] == "invalid_actual" and invalid is not None:
+            raise invalid  # as the in-memory ledger: only a reservation still open checks it
+        _raise_for(row, key)
+        return _reservation(row, key)
+
+    @staticmethod
+    def _settle_call(
+        key: str, actual: Mapping[str, float] | None
+    ) -> tuple[_Call, ValueError | None]:
+        validate_name(key)
+        if actual is None:
+            return (_FINISH, (key, True, False, None, None)), None
+        try:
+            clean = validate_amounts(actual)
+        except ValueError as invalid:
+            return (_FINISH, (key, True, True, None, None)), invalid
+        return (_FINISH, (key, True, False, list(clean), list(clean.values()))), None
+
+    @staticmethod
+    def _release_call(key: str) -> _Call:
+        return _FINISH, (validate_name(key), False, False, None, None)
+
+    @staticmethod
+    def _got(row: Sequence[Any], key: str) -> Reservation | None:
+        return None if row[0] == "missing" else _reservation(row, key)
+
+    # -- the port ---------------------------------------------------------------------------------
+
+    def open_account(
+        self,
+        account: str,
+        limits: Mapping[str, float],
+        *,
+        parent: str | None = None,
+        owner: Mapping[str, str] | None = None,
+    ) -> Balance:
+        call, terms = self._open_call(account, limits, parent, owner)
+        return self._opened(self._call(call), terms)
+
+    def close_account(self, account: str, reason: str) -> Balance:
+        return self._closed_balance(self._call(self._close_call(account, reason)))
+
+    def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        row = self._call(self._reserve_call(account, key, amounts))
+        _raise_for(row, key)
+        return _reservation(row, key)
+
+    def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
+        call, invalid = self._settle_call(key, actual)
+        return self._finished(self._call(call), key, invalid)
+
+    def release(self, key: str) -> Reservation:
+        return self._finished(self._call(self._release_call(key)), key, None)
+
+    def get(self, key: str) -> Reservation | None:
+        row = self._call((_GET, (validate_name(key),)))
+        return self._got(row, key)
+
+    def balance(self, account: str) -> Balance:
+        row = self._call((_BALANCE, (validate_name(account, "account"),)))
+        _raise_for(row)
+        return _balance(row)
+
+    # -- async twins: the same calls on an AsyncConnection ----------------------------------------
+
+    async def aopen_account(
+        self,
+        account: str,
+        limits: Mapping[str, float],
+        *,
+        parent: str | None = None,
+        owner: Mapping[str, str] | None = None,
+    ) -> Balance:
+        call, terms = self._open_call(account, limits, parent, owner)
+        return self._opened(await self._acall(call), terms)
+
+    async def aclose_account(self, account: str, reason: str) -> Balance:
+        return self._closed_balance(await self._acall(self._close_call(account, reason)))
+
+    async def areserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        row = await self._acall(self._reserve_call(account, key, amounts))
+        _raise_for(row, key)
+        return _reservation(row, key)
+
+    async def asettle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
+        call, invalid = self._settle_call(key, actual)
+        return self._finished(await self._acall(call), key, invalid)
+
+    async def arelease(self, key: str) -> Reservation:
+        return self._finished(await self._acall(self._release_call(key)), key, None)
+
+    async def aget(self, key: str) -> Reservation | None:
+        row = await self._acall((_GET, (validate_name(key),)))
+        return self._got(row, key)
+
+    async def abalance(self, account: str) -> Balance:
+        row = await self._acall((_BALANCE, (validate_name(account, "account"),)))
+        _raise_for(row)
+        return _balance(row)

@@ -100,7 +100,8 @@ class AccountClosed(Exception):
         return (type(self), (self.account, self.reason))
 
 
-def _exhausted(account: str, axis: str, limit: float, requested: float) -> BudgetExhausted:
+def exhausted(account: str, axis: str, limit: float, requested: float) -> BudgetExhausted:
+    """The ``BudgetExhausted`` for ``account`` unable to hold ``requested`` more on ``axis``."""
     try:
         known = BudgetAxis(axis)
     except ValueError:
@@ -204,7 +205,7 @@ def check_room(
         for axis, amount in amounts.items():
             limit = limits.get(axis)
             if limit is not None and held.get(axis, 0.0) + amount > limit:
-                raise _exhausted(account, axis, limit, amount)
+                raise exhausted(account, axis, limit, amount)
 
 
 def existing_reservation(
