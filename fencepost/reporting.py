@@ -1,59 +1,74 @@
 """Runs and the eval report, read from a checkpoint database through LangGraph's checkpointer API.
 
-Nothing here queries a checkpoint table directly: threads are found with ``saver.list(None)``, a
-run with ``saver.get_tuple``, and each thread's latest checkpoint is validated into
-:class:`~fencepost.policy.AgentState` with :func:`~fencepost.graph.run_output`. So the same code
-reads SQLite, Postgres or an in-memory saver.
+Stores are opened by :func:`open_store`, which is
+:func:`~fencepost.adapters.checkpointers.open_checkpointer` (``read_only=True`` unless the demo is
+writing), so every failure is a :class:`~fencepost.adapters.checkpointers.CheckpointerError`: one
+safe sentence and a ``code``. Nothing here queries a checkpoint table directly: threads are found
+with ``saver.list(None)``, a run with ``saver.get_tuple``, and each thread's latest checkpoint is
+validated into :class:`~fencepost.policy.AgentState` with :func:`~fencepost.graph.run_output`. So
+the same code reads SQLite, Postgres or an in-memory saver.
+
+Demo runs carry a *batch*: every ``fencepost demo`` invocation gives its runs ids
+``run-<batch>-<nn>`` (:func:`demo_run_id`), and the report covers the latest batch unless told
+otherwise, so running the demo twice does not double the counts.
 
 Example::
 
     with open_store("sqlite:///.fencepost/runs.db") as saver:
         runs = load_runs(saver)
-        report = build_report(runs)
-    report.by_status  # {"completed": 4, "no_progress": 1, ...}
+    report = build_report(runs)        # the latest demo batch, or every run if there is none
+    report.by_reason                   # {"completed": 4, "no_progress": 1, ...}
 """
 
 from __future__ import annotations
 
 import math
-import sqlite3
+import os
+import re
 import statistics
+import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final
 
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from fencepost.adapters.checkpointers import mask_url
-from fencepost.graph import fencepost_serializer, run_output
+from fencepost.adapters.checkpointers import (
+    CheckpointerError,
+    CheckpointerUnavailable,
+    NoSuchCheckpointDatabase,
+    NotACheckpointStore,
+    checkpointer_errors,
+    mask_url,
+    open_checkpointer,
+    sqlite_file,
+)
+from fencepost.graph import run_output
 from fencepost.graph.state import StartRequest
 from fencepost.policy import AgentState, BudgetAxis
 
 __all__ = [
+    "ALL_BATCHES",
     "DEFAULT_DB",
     "PAUSED",
     "RUNNING",
     "AxisUse",
     "Distribution",
     "EvalReport",
-    "NoSuchDatabase",
+    "NoSuchBatch",
     "NoSuchRun",
-    "NotACheckpointStore",
     "RunRecord",
-    "StoreError",
-    "StoreUnavailable",
-    "StoreURL",
-    "UnsupportedURL",
     "build_report",
+    "demo_run_id",
     "load_run",
     "load_runs",
+    "new_demo_batch",
     "open_store",
-    "parse_store_url",
+    "select_batch",
 ]
 
 DEFAULT_DB = "sqlite:///.fencepost/runs.db"
@@ -62,206 +77,31 @@ PAUSED = "paused: approval"
 """Status of a run waiting at the approval interrupt."""
 RUNNING = "in progress"
 """Status of a run that has not ended and is not waiting for a human (running, or crashed)."""
+ALL_BATCHES: Final = "all"
+"""``--batch all``: every run in the store, whatever batch it belongs to."""
 
 # LangGraph records an interrupt as a pending write on this channel of the latest checkpoint.
 _INTERRUPT_CHANNEL = "__interrupt__"
 _RESUME_CHANNEL = "__resume__"
+_DEMO_RUN_ID = re.compile(r"^run-(?P<batch>[0-9a-f]{6})-(?P<n>\d{2,})$")
 
 
-# --- errors: each one a clear, safe line for the command line ---------------------------------
+# --- errors: the checkpointer family, plus what a lookup can miss ---------------------------------
 
 
-class StoreError(Exception):
-    """A checkpoint database could not be read as a fencepost store. ``str()`` is safe to show."""
-
-    code = "store_error"
-
-
-class UnsupportedURL(StoreError):
-    """The database URL names no backend fencepost knows."""
-
-    code = "unsupported_url"
-
-
-class NoSuchDatabase(StoreError):
-    """The database does not exist (and the command does not create one)."""
-
-    code = "no_such_database"
-
-
-class NotACheckpointStore(StoreError):
-    """The database exists but holds no fencepost checkpoints (or is not a database at all)."""
-
-    code = "not_a_checkpoint_store"
-
-
-class StoreUnavailable(StoreError):
-    """The database could not be reached or read right now."""
-
-    code = "store_unavailable"
-
-
-class NoSuchRun(StoreError):
+class NoSuchRun(CheckpointerError):
     """No run with that id (or thread id) in the database."""
 
     code = "no_such_run"
 
 
+class NoSuchBatch(CheckpointerError):
+    """No demo batch with that id in the database."""
+
+    code = "no_such_batch"
+
+
 # --- opening a store by URL ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StoreURL:
-    """A parsed database URL: ``sqlite:///relative.db``, ``sqlite:////abs.db`` or ``postgresql://``.
-
-    The SQLite forms follow the SQLAlchemy convention (three slashes: relative, four: absolute),
-    as :func:`fencepost.adapters.checkpointers.open_checkpointer` does; a bare path is a SQLite
-    file too.
-    """
-
-    kind: Literal["sqlite", "postgres"]
-    target: str
-    """The SQLite file path, or the Postgres connection string."""
-    url: str
-    """The URL in canonical form (a bare path becomes ``sqlite:///PATH``)."""
-    display: str
-    """The URL with any password masked: safe to print."""
-
-
-def parse_store_url(url: str) -> StoreURL:
-    """Parse a database URL.
-
-    >>> parse_store_url("sqlite:///.fencepost/runs.db").target
-    '.fencepost/runs.db'
-    >>> parse_store_url("postgresql://app:secret@db:5432/runs").display
-    'postgresql://app:***@db:5432/runs'
-    """
-    if url.startswith(("postgresql://", "postgres://")):
-        return StoreURL("postgres", url, url, mask_url(url))
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///") :].split("?", 1)[0]
-    elif "://" in url or url.startswith("sqlite:"):
-        scheme = url.split(":", 1)[0][:20]
-        raise UnsupportedURL(
-            f"unsupported database URL scheme {scheme!r} (use sqlite:///PATH or postgresql://...)"
-        )
-    else:
-        path = url
-    if not path or path == ":memory:":
-        raise UnsupportedURL(
-            "a database URL needs a file: sqlite:///PATH (in-memory keeps nothing)"
-        )
-    canonical = f"sqlite:///{path}"
-    return StoreURL("sqlite", path, canonical, canonical)
-
-
-@contextmanager
-def _translated(source: str) -> Iterator[None]:
-    """Turn driver errors into :class:`StoreError` lines that never carry driver text."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except sqlite3.DatabaseError as exc:
-        # Read, never shown. "attempt to write a readonly database" means the read-only guard
-        # stopped LangGraph creating its tables: they were not there.
-        if isinstance(exc, sqlite3.OperationalError) and "readonly" not in str(exc):
-            raise StoreUnavailable(f"cannot read {source} (busy, locked or unreadable)") from None
-        raise NotACheckpointStore(f"{source} is not a fencepost checkpoint store") from None
-    except Exception as exc:
-        _raise_postgres(exc, source)
-        raise
-
-
-def _raise_postgres(exc: Exception, source: str) -> None:
-    try:
-        import psycopg
-    except ImportError:  # the postgres extra is not installed, so exc cannot be a psycopg error
-        return
-    if isinstance(exc, psycopg.errors.UndefinedTable):
-        raise NotACheckpointStore(f"{source} is not a fencepost checkpoint store") from None
-    if isinstance(exc, psycopg.OperationalError):
-        # Read, never shown: the driver's text can carry host names and user names.
-        if "does not exist" in str(exc):
-            raise NoSuchDatabase(f"no such database: {source}") from None
-        raise StoreUnavailable(f"cannot connect to {source}") from None
-    if isinstance(exc, psycopg.Error):
-        raise StoreUnavailable(f"cannot read {source}") from None
-
-
-@contextmanager
-def _read_sqlite(where: StoreURL) -> Iterator[BaseCheckpointSaver[Any]]:
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
-    path = Path(where.target)
-    if not path.is_file():
-        raise NoSuchDatabase(f"no such database: {where.display}")
-    # Read-only, so pointing a read command at some other SQLite file never changes it: the
-    # saver's setup() would otherwise create LangGraph's tables there.
-    with _translated(where.display):
-        conn = sqlite3.connect(
-            f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False
-        )
-    try:
-        saver = SqliteSaver(conn, serde=fencepost_serializer())
-        with _translated(where.display):
-            saver.setup()
-        yield saver
-    finally:
-        conn.close()
-
-
-@contextmanager
-def _read_postgres(where: StoreURL) -> Iterator[BaseCheckpointSaver[Any]]:
-    try:
-        from langgraph.checkpoint.postgres import PostgresSaver
-        from psycopg import Connection
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
-        from psycopg.rows import dict_row
-    except ImportError:
-        raise UnsupportedURL(
-            "Postgres support is not installed: pip install 'fencepost[postgres]'"
-        ) from None
-    with _translated(where.display):
-        params = conninfo_to_dict(where.target)
-        # A read-only session: read commands cannot change the database, whatever it is.
-        options = [str(params.get("options") or ""), "-c default_transaction_read_only=on"]
-        params["options"] = " ".join(o for o in options if o)
-        params.setdefault("connect_timeout", 10)
-        conn = Connection.connect(
-            make_conninfo("", **params), autocommit=True, prepare_threshold=0, row_factory=dict_row
-        )
-    with conn:
-        # No setup(): it would create tables. A missing table is reported instead.
-        saver = PostgresSaver(conn, serde=fencepost_serializer())
-        with _translated(where.display):
-            saver.get_tuple({"configurable": {"thread_id": "", "checkpoint_ns": ""}})
-        yield saver
-
-
-@contextmanager
-def _create(where: StoreURL) -> Iterator[BaseCheckpointSaver[Any]]:
-    from fencepost.adapters.checkpointers import (
-        CheckpointerError,
-        UnsupportedCheckpointerURL,
-        open_checkpointer,
-    )
-
-    if where.kind == "sqlite":
-        try:
-            Path(where.target).parent.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            raise StoreUnavailable(f"cannot create the directory for {where.display}") from None
-    try:
-        with open_checkpointer(where.url) as saver:
-            yield saver
-    except UnsupportedCheckpointerURL:
-        raise UnsupportedURL(f"unsupported database URL {where.display}") from None
-    except CheckpointerError:
-        # Its message may quote the driver; ours names the database only.
-        raise StoreUnavailable(
-            f"cannot open {where.display} as a checkpoint store (unreachable, or not a database)"
-        ) from None
 
 
 @contextmanager
@@ -269,15 +109,65 @@ def open_store(url: str, *, create: bool = False) -> Iterator[BaseCheckpointSave
     """A checkpointer for ``url`` with fencepost's serializer.
 
     ``create=True`` (the demo) opens it with
-    :func:`~fencepost.adapters.checkpointers.open_checkpointer`, making the SQLite file, its
-    directory and the checkpoint tables as needed. Otherwise the database must exist, is
-    opened read-only and is never changed. Raises a :class:`StoreError` (one safe line).
+    :func:`~fencepost.adapters.checkpointers.open_checkpointer`, making the SQLite file's
+    directory, the file and the checkpoint tables as needed. Otherwise it is opened
+    ``read_only=True``: the database must exist, is never changed, and a missing relative SQLite
+    file says where it was looked for (and, for the default, to run ``fencepost demo`` first).
+    Raises a :class:`~fencepost.adapters.checkpointers.CheckpointerError` (one safe line).
     """
-    where = parse_store_url(url)
-    reader = _read_sqlite if where.kind == "sqlite" else _read_postgres
-    opener = _create if create else reader
-    with opener(where) as saver:
+    with ExitStack() as stack:
+        if create:
+            _make_directory(url)
+            saver = stack.enter_context(open_checkpointer(url))
+        else:
+            try:
+                saver = stack.enter_context(open_checkpointer(url, read_only=True))
+            except NoSuchCheckpointDatabase as exc:
+                raise _missing(url, exc) from None
         yield saver
+
+
+def _make_directory(url: str) -> None:
+    path = sqlite_file(url)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        shown = mask_url(url)
+        raise CheckpointerUnavailable(shown, f"cannot create the directory for {shown}") from None
+
+
+def _missing(url: str, exc: NoSuchCheckpointDatabase) -> NoSuchCheckpointDatabase:
+    path = sqlite_file(url)
+    if path is None or path.is_absolute():
+        return exc
+    here = os.getcwd()
+    if url == DEFAULT_DB:
+        message = (
+            f"no such database: {exc.url} (in {here}): run `fencepost demo` first to create "
+            "it, or pass --db"
+        )
+    else:
+        message = f"no such database: {exc.url} (relative to {here})"
+    return NoSuchCheckpointDatabase(exc.url, message)
+
+
+# --- demo batches -----------------------------------------------------------------------------------
+
+
+def new_demo_batch() -> str:
+    """A fresh batch id for one ``fencepost demo`` invocation (six hex digits)."""
+    return uuid.uuid4().hex[:6]
+
+
+def demo_run_id(batch: str, n: int) -> str:
+    """The run (and thread) id of the ``n``-th scenario of demo batch ``batch``.
+
+    >>> demo_run_id("3f9a1c", 7)
+    'run-3f9a1c-07'
+    """
+    return f"run-{batch}-{n:02d}"
 
 
 # --- runs -----------------------------------------------------------------------------------------
@@ -305,6 +195,17 @@ class RunRecord:
         return self.state.run_id
 
     @property
+    def batch(self) -> str | None:
+        """The demo batch the run belongs to (see :func:`demo_run_id`), or ``None``."""
+        match = _DEMO_RUN_ID.match(self.run_id)
+        return match["batch"] if match and self.scenario is not None else None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the run has a terminal reason (not paused, not in progress)."""
+        return self.state.termination is not None
+
+    @property
     def duration_seconds(self) -> float | None:
         """First to latest checkpoint (a paused run's pause counts)."""
         if self.started_at is None or self.updated_at is None:
@@ -318,6 +219,7 @@ class RunRecord:
             "run_id": self.run_id,
             "thread_id": self.thread_id,
             "scenario": self.scenario,
+            "batch": self.batch,
             "status": self.status,
             "question": self.state.question,
             "steps": budget.steps_used,
@@ -397,9 +299,7 @@ def _record(latest: CheckpointTuple, started_at: datetime | None, reader: Any) -
     elif _waiting_for_human(latest):
         status = PAUSED
         waiting = tuple(
-            c.tool_name
-            for c, v in zip(state.pending, state.verdicts, strict=False)
-            if v.code.value == "approval_pending"
+            e.proposal.tool_name for e in state.batch if e.verdict.code.value == "approval_pending"
         )
     else:
         status = RUNNING
@@ -420,12 +320,13 @@ def load_runs(
 ) -> list[RunRecord]:
     """Every fencepost run in the database, newest first.
 
-    ``source`` names the database in error messages. Raises :class:`NotACheckpointStore` when
-    the database holds LangGraph threads but none of them is a fencepost run.
+    ``source`` is the database's URL, named (password masked) in error messages. Raises
+    :class:`~fencepost.adapters.checkpointers.NotACheckpointStore` when the database holds
+    LangGraph threads but none of them is a fencepost run.
     """
     latest: dict[str, CheckpointTuple] = {}
     first_ts: dict[str, datetime] = {}
-    with _translated(source):
+    with checkpointer_errors(source):
         for tup in saver.list(None):
             conf = tup.config["configurable"]
             if conf.get("checkpoint_ns", ""):
@@ -438,11 +339,12 @@ def load_runs(
             if ts is not None and (thread not in first_ts or ts < first_ts[thread]):
                 first_ts[thread] = ts
     reader = _reader(saver)
-    with _translated(source):
+    with checkpointer_errors(source):
         records = [r for t, tup in latest.items() if (r := _record(tup, first_ts.get(t), reader))]
     if latest and not records:
+        shown = mask_url(source)
         raise NotACheckpointStore(
-            f"{source} holds LangGraph checkpoints, but none of them is a fencepost run"
+            shown, f"{shown} holds LangGraph checkpoints, but none of them is a fencepost run"
         )
     records.sort(
         key=lambda r: (r.updated_at.timestamp() if r.updated_at else 0.0, r.thread_id),
@@ -455,7 +357,7 @@ def load_run(
     saver: BaseCheckpointSaver[Any], run_id: str, *, source: str = "the checkpoint database"
 ) -> RunRecord:
     """The run whose thread id (or run id) is ``run_id``; raises :class:`NoSuchRun`."""
-    with _translated(source):
+    with checkpointer_errors(source):
         tup = saver.get_tuple({"configurable": {"thread_id": run_id, "checkpoint_ns": ""}})
         if tup is not None:
             history = [
@@ -469,7 +371,8 @@ def load_run(
     for record in load_runs(saver, source=source):
         if record.run_id == run_id:
             return record
-    raise NoSuchRun(f"no such run: {run_id[:128]!r} in {source}")
+    shown = mask_url(source)
+    raise NoSuchRun(shown, f"no such run: {run_id[:128]!r} in {shown}")
 
 
 # --- the eval report ------------------------------------------------------------------------------
@@ -508,33 +411,99 @@ class AxisUse(BaseModel):
 
 
 class EvalReport(BaseModel):
-    """The eval view of a checkpoint database."""
+    """The eval view of a checkpoint database: terminal reasons and budget use of ended runs.
 
+    Paused and in-progress runs have no terminal reason yet: they are counted apart and left out
+    of the reasons, the per-run distributions and the budget use.
+    """
+
+    batch: str | None = None
+    """The demo batch reported, or ``None`` when the report covers every run."""
+    batches: list[str] = Field(default_factory=list)
+    """Every demo batch in the database, newest first."""
     runs: int
-    by_status: dict[str, int]
-    """Count of each terminal reason (plus paused / in-progress runs), most frequent first."""
+    """Runs reported (ended, paused and in progress)."""
+    ended: int
+    """Runs with a terminal reason."""
+    paused: int
+    """Runs waiting at the approval interrupt."""
+    in_progress: int
+    """Runs not ended and not waiting for a human (still running, or crashed and resumable)."""
+    by_reason: dict[str, int]
+    """Count of each terminal reason among the ended runs, most frequent first."""
     by_scenario: dict[str, dict[str, int]]
     """Per scenario (checkpoint metadata ``scenario``), the count of each status."""
     steps: Distribution
-    """Model steps per run."""
+    """Model steps per ended run."""
     tool_calls: Distribution
-    """Tool calls per run."""
+    """Tool calls per ended run."""
     budget: list[AxisUse]
-    """Budget use by axis."""
+    """Budget use by axis, over the ended runs."""
+
+    @property
+    def by_status(self) -> dict[str, int]:
+        """Every status: the terminal reasons, then paused and in-progress runs (when any)."""
+        extra = {PAUSED: self.paused, RUNNING: self.in_progress}
+        return {**self.by_reason, **{k: v for k, v in extra.items() if v}}
 
 
-def build_report(runs: Sequence[RunRecord]) -> EvalReport:
-    """Terminal reasons, steps and tool calls per run, and budget use by axis."""
-    statuses = Counter(r.status for r in runs)
-    by_scenario: dict[str, Counter[str]] = {}
+def _batches(runs: Sequence[RunRecord]) -> list[str]:
+    """The demo batches among ``runs``, the one whose newest run is newest first."""
+    newest: dict[str, float] = {}
     for r in runs:
+        if r.batch is None:
+            continue
+        when = max(
+            (t.timestamp() for t in (r.started_at, r.updated_at) if t is not None), default=0.0
+        )
+        newest[r.batch] = max(newest.get(r.batch, 0.0), when)
+    return sorted(newest, key=lambda b: (newest[b], b), reverse=True)
+
+
+def select_batch(
+    runs: Sequence[RunRecord], batch: str | None = None, *, source: str = "the checkpoint database"
+) -> tuple[list[RunRecord], str | None]:
+    """The runs of one demo batch, and that batch.
+
+    ``batch=None`` picks the latest demo batch, or every run when there is no demo batch;
+    :data:`ALL_BATCHES` every run (the batch returned is then ``None``). An unknown batch raises
+    :class:`NoSuchBatch` naming the ones there are.
+    """
+    if batch == ALL_BATCHES:
+        return list(runs), None
+    known = _batches(runs)
+    if batch is None:
+        if not known:
+            return list(runs), None
+        batch = known[0]
+    elif batch not in known:
+        shown = mask_url(source)
+        there = ", ".join(known[:5]) + (", ..." if len(known) > 5 else "") if known else "none"
+        raise NoSuchBatch(
+            shown, f"no demo batch {batch[:32]!r} in {shown} (batches, newest first: {there})"
+        )
+    return [r for r in runs if r.batch == batch], batch
+
+
+def build_report(
+    runs: Sequence[RunRecord], *, batch: str | None = None, source: str = "the checkpoint database"
+) -> EvalReport:
+    """Terminal reasons, steps and tool calls per run, and budget use by axis.
+
+    ``batch`` selects the runs as :func:`select_batch` does: by default the latest demo batch
+    (or every run, when none of them is a demo run).
+    """
+    chosen, picked = select_batch(runs, batch, source=source)
+    ended = [r for r in chosen if r.ended]
+    by_scenario: dict[str, Counter[str]] = {}
+    for r in chosen:
         by_scenario.setdefault(r.scenario or "-", Counter())[r.status] += 1
     axes = []
     for axis in BudgetAxis:
-        used = [float(r.state.budget.used(axis)) for r in runs]
+        used = [float(r.state.budget.used(axis)) for r in ended]
         shares = []
         exhausted = 0
-        for r in runs:
+        for r in ended:
             left = r.state.budget.remaining(axis)
             if left is None:
                 continue
@@ -552,10 +521,15 @@ def build_report(runs: Sequence[RunRecord]) -> EvalReport:
             )
         )
     return EvalReport(
-        runs=len(runs),
-        by_status=dict(statuses.most_common()),
+        batch=picked,
+        batches=_batches(runs),
+        runs=len(chosen),
+        ended=len(ended),
+        paused=sum(r.status == PAUSED for r in chosen),
+        in_progress=sum(r.status == RUNNING for r in chosen),
+        by_reason=dict(Counter(r.status for r in ended).most_common()),
         by_scenario={k: dict(v.most_common()) for k, v in sorted(by_scenario.items())},
-        steps=Distribution.of([r.state.budget.steps_used for r in runs]),
-        tool_calls=Distribution.of([r.state.budget.tool_calls_used for r in runs]),
+        steps=Distribution.of([r.state.budget.steps_used for r in ended]),
+        tool_calls=Distribution.of([r.state.budget.tool_calls_used for r in ended]),
         budget=axes,
     )

@@ -7,8 +7,11 @@ from typing import Any
 from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import END, START, StateGraph
 
-from fencepost.graph.context import RunContext
-from fencepost.graph.nodes import ApprovalMode, LoopConfig, Nodes
+from fencepost.graph.approve_node import approve
+from fencepost.graph.decide_node import decide
+from fencepost.graph.execute_node import execute
+from fencepost.graph.loop import LoopConfig, remember
+from fencepost.graph.node_io import twins
 from fencepost.graph.routing import (
     route_after_approve,
     route_after_decide,
@@ -16,14 +19,18 @@ from fencepost.graph.routing import (
     route_start,
 )
 from fencepost.graph.state import GraphState, InputState
+from fencepost.graph.terminal_node import terminal
 from fencepost.policy import (
     DEFAULT_REPEAT_LIMIT,
     Clock,
     DecisionModel,
+    InMemoryLedger,
     Ledger,
     SystemClock,
     ToolRegistry,
 )
+from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.context import RunContext
 
 
 class GraphConfigError(ValueError):
@@ -47,6 +54,7 @@ def build_agent_graph(
     model_retries: int = 2,
     max_concurrent_tools: int = 8,
     verdict_key: bytes | None = None,
+    tokens_per_step: int | None = None,
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -59,8 +67,15 @@ def build_agent_graph(
     With a ``verdict_key`` (a secret the caller keeps, the same for every process serving the
     graph), the gate seals each allowed verdict and the executor runs only sealed ones: a verdict
     written into the checkpoint by anyone else (``update_state``, a database edit) never runs.
-    A durable ``ledger`` (SQLite/Postgres) makes reservations survive a crash mid-call, so a
-    retried step or call is charged once per attempt and an uncertain write is reported as such.
+    The ``ledger`` is the one budget truth: every step, tool call, token, cost unit and mutation
+    is reserved there before it is spent, and the state's ``budget`` is its view. Without one, the
+    graph keeps an :class:`InMemoryLedger` of its own. A durable ledger (SQLite/Postgres) makes
+    reservations survive a crash mid-call, so a retried step or call is charged once per attempt
+    and an uncertain write is reported as such, and it enforces limits across processes.
+    ``tokens_per_step`` is what a model step reserves before the model is called (settled to the
+    usage it reports); by default the model's own ``token_estimate`` (``ChatModelDecider`` takes
+    it from the chat model's ``max_tokens``), else nothing beyond one token when the run limits
+    tokens.
 
     Example::
 
@@ -92,28 +107,42 @@ def build_agent_graph(
         raise GraphConfigError("verdict_key", "must be bytes, at least 16 of them")
     if not model_timeout_seconds > 0:
         raise GraphConfigError("model_timeout_seconds", "must be > 0")
-    nodes = Nodes(
-        LoopConfig(
-            registry=registry,
-            model=model,
-            approval=approval,
-            repeat_limit=repeat_limit,
-            ledger=ledger,
-            clock=clock or SystemClock(),
-            model_timeout_seconds=model_timeout_seconds,
-            require_citations=require_citations,
-            model_retries=model_retries,
-            max_concurrent_tools=max_concurrent_tools,
-            verdict_key=verdict_key,
-        )
+    if tokens_per_step is None:
+        declared = getattr(model, "token_estimate", None)
+        tokens_per_step = declared if isinstance(declared, int) and declared > 0 else 0
+    if (
+        not isinstance(tokens_per_step, int)
+        or isinstance(tokens_per_step, bool)
+        or tokens_per_step < 0
+    ):
+        raise GraphConfigError("tokens_per_step", "must be an integer >= 0")
+    cfg = LoopConfig(
+        registry=registry,
+        model=model,
+        approval=approval,
+        repeat_limit=repeat_limit,
+        ledger=ledger if ledger is not None else InMemoryLedger(),
+        clock=clock or SystemClock(),
+        model_timeout_seconds=model_timeout_seconds,
+        require_citations=require_citations,
+        model_retries=model_retries,
+        max_concurrent_tools=max_concurrent_tools,
+        verdict_key=verdict_key,
+        tokens_per_step=tokens_per_step,
     )
     graph: StateGraph[Any, RunContext, Any, Any] = StateGraph(
         GraphState, context_schema=RunContext, input_schema=InputState
     )
-    graph.add_node("decide", RunnableCallable(nodes.decide, nodes.adecide, name="decide"))
-    graph.add_node("execute", RunnableCallable(nodes.execute, nodes.aexecute, name="execute"))
-    graph.add_node("approve", RunnableCallable(nodes.approve, name="approve"))
-    graph.add_node("terminal", RunnableCallable(nodes.terminal, name="terminal"))
+    # One body per node, run by the sync or the async path (see fencepost.graph.loop). LangGraph
+    # has no public way to give a node both a sync and an async function, hence RunnableCallable.
+    for name, body in (
+        ("decide", decide),
+        ("execute", execute),
+        ("approve", approve),
+        ("terminal", terminal),
+    ):
+        run, arun = twins(cfg, body)
+        graph.add_node(name, RunnableCallable(run, arun, name=name))
     graph.add_conditional_edges(START, route_start, ["decide", "approve", "execute", "terminal"])
     graph.add_conditional_edges(
         "decide", route_after_decide, ["approve", "execute", "decide", "terminal"]
@@ -121,4 +150,5 @@ def build_agent_graph(
     graph.add_conditional_edges("approve", route_after_approve, ["execute", "decide", "terminal"])
     graph.add_conditional_edges("execute", route_after_execute, ["decide", "terminal"])
     graph.add_edge("terminal", END)
+    remember(graph, cfg)
     return graph

@@ -1,32 +1,54 @@
-"""Closing a run as cancelled, durably, through the terminal node."""
+"""Closing a run as cancelled, durably, through its ledger account and the terminal node."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.pregel import Pregel
 
-from fencepost.graph.context import RunContext
+from fencepost.graph.loop import settings_of
 from fencepost.graph.state import run_output
-from fencepost.policy import AgentState, StopRequest, TerminationReason
+from fencepost.policy import (
+    AgentState,
+    LedgerConflict,
+    StopRequest,
+    TerminationReason,
+    UnknownAccount,
+)
+from fencepost.policy.context import RunContext
+from fencepost.policy.keys import run_account
 
 _CANCEL = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled")
+
+
+def _account(config: RunnableConfig, state: AgentState) -> str:
+    thread = (config.get("configurable") or {}).get("thread_id")
+    return run_account("" if thread is None else str(thread), state.run_id)
 
 
 def cancel(
     graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *, context: RunContext | None = None
 ) -> AgentState | None:
-    """End the thread in ``config`` as ``cancelled`` via the terminal node; idempotent.
+    """End the thread in ``config`` as ``cancelled``; idempotent, and safe from any thread.
 
-    Use it after cancelling the task that ran ``ainvoke``/``astream`` (which re-raises
-    ``CancelledError``), so the checkpoint holds a durable cancel record. Returns the final state,
-    or ``None`` if nothing ever ran on the thread.
+    First the run's ledger account is closed: a run still going on (another thread's ``invoke``,
+    another worker) is refused its next model step or tool and ends ``cancelled`` by itself.
+    Then the terminal node writes the durable cancel record. Use it also after cancelling the
+    task that ran ``ainvoke``/``astream`` (which re-raises ``CancelledError``). Returns the final
+    state, or ``None`` if nothing ever ran on the thread.
     """
     snapshot = graph.get_state(config)
     if "run_id" not in snapshot.values:
         return None
     state = run_output(snapshot.values)
+    settings = settings_of(graph)
+    if settings is not None and not state.is_terminal:
+        with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
+            settings.ledger.close_account(
+                _account(config, state), TerminationReason.CANCELLED.value
+            )
     if not state.is_terminal:
         graph.update_state(config, {"stop": _CANCEL}, as_node="execute")
         graph.invoke(None, config, context=context)
@@ -42,6 +64,12 @@ async def acancel(
     if "run_id" not in snapshot.values:
         return None
     state = run_output(snapshot.values)
+    settings = settings_of(graph)
+    if settings is not None and not state.is_terminal:
+        with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
+            await settings.ledger.aclose_account(
+                _account(config, state), TerminationReason.CANCELLED.value
+            )
     if not state.is_terminal:
         await graph.aupdate_state(config, {"stop": _CANCEL}, as_node="execute")
         await graph.ainvoke(None, config, context=context)

@@ -1,43 +1,5 @@
-"""The trusted run context: who the run acts for and until when. Supplied by the caller."""
+"""The trusted run context lives in the policy layer; the graph binding re-exports it."""
 
-from __future__ import annotations
+from fencepost.policy.context import RunContext, coerce_context
 
-from typing import Any
-
-from fencepost.policy import Deadline, Principal
-from fencepost.policy._model import Frozen
-
-
-class RunContext(Frozen):
-    """LangGraph's ``context_schema`` for a fencepost graph.
-
-    Trusted: it comes from the caller on every ``invoke``/``stream`` (LangGraph does not
-    checkpoint it), never from the model or from tool arguments. On resume it must name the same
-    tenant and principal the thread was started with, or the run ends as ``policy_denied``.
-
-    Example::
-
-        ctx = RunContext(
-            tenant_id="acme",
-            principal=Principal(id="u-1", capabilities={"logs:read"}),
-            deadline=Deadline.after(30),
-        )
-        graph.invoke(start("why is checkout slow?", budget), config, context=ctx)
-    """
-
-    tenant_id: str
-    principal: Principal
-    deadline: Deadline | None = None
-    """The run's deadline (an absolute UTC instant); ``None`` means only per-stage timeouts."""
-    budget_account: str | None = None
-    """A ledger account the run's own account is opened under (its spending is capped by it)."""
-
-
-def coerce_context(value: Any) -> RunContext | None:
-    """The context as a :class:`RunContext`, from an instance or a mapping (LangGraph Server)."""
-    if value is None or isinstance(value, RunContext):
-        return value
-    try:
-        return RunContext.model_validate(value, strict=False)
-    except Exception:
-        return None
+__all__ = ["RunContext", "coerce_context"]

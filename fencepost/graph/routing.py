@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fencepost.graph.nodes import NEEDS_DECIDE, out_of_supersteps
 from fencepost.policy import Phase, VerdictCode
+from fencepost.policy.run_check import NEEDS_DECIDE, out_of_supersteps
 
 Next = Literal["decide", "approve", "execute", "terminal"]
 
 
 def _after_gate(values: dict[str, Any]) -> Next:
-    verdicts = values.get("verdicts") or ()
+    verdicts = [e.verdict for e in values.get("batch") or ()]
     if any(v.code is VerdictCode.APPROVAL_PENDING for v in verdicts):
         return "approve"
     if any(v.code is VerdictCode.ALLOWED for v in verdicts):
@@ -25,10 +25,10 @@ def route_start(values: dict[str, Any]) -> Next:
         values.get("phase") is Phase.TERMINAL
         or values.get("stop") is not None
         # No room even for a first decision: the terminal node still ends the run as data.
-        or out_of_supersteps(values, NEEDS_DECIDE)
+        or out_of_supersteps(values.get("remaining_steps"), NEEDS_DECIDE)
     ):
         return "terminal"
-    if "run_id" not in values or not values.get("pending"):
+    if "run_id" not in values or not values.get("batch"):
         return "decide"
     return _after_gate(values)
 
@@ -37,7 +37,7 @@ def route_after_decide(values: dict[str, Any]) -> Next:
     """After a decision was gated: pause for approval, execute, or end."""
     if values.get("stop") is not None:
         return "terminal"
-    if not values.get("pending"):
+    if not values.get("batch"):
         # No decision and no stop: a retryable model error, asked again at the next step.
         return "decide"
     return _after_gate(values)

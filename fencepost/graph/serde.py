@@ -26,6 +26,7 @@ _CHECKPOINTED: tuple[type[Any], ...] = (
     policy.AbstainProposal,
     policy.ToolBatch,
     policy.Verdict,
+    policy.BatchEntry,
     policy.Receipt,
     policy.StopRequest,
     policy.StepManifest,
@@ -40,9 +41,13 @@ _CHECKPOINTED: tuple[type[Any], ...] = (
 )
 
 
+# Where types lived in checkpoints written by earlier versions (still importable from there).
+_MOVED = (("fencepost.policy.tool", "Effect"),)
+
+
 def serializer_allowlist() -> frozenset[tuple[str, str]]:
     """``(module, name)`` of every fencepost type that may appear in a checkpoint."""
-    return frozenset((cls.__module__, cls.__name__) for cls in _CHECKPOINTED)
+    return frozenset((cls.__module__, cls.__name__) for cls in _CHECKPOINTED) | frozenset(_MOVED)
 
 
 def fencepost_serializer(base: JsonPlusSerializer | None = None) -> JsonPlusSerializer:

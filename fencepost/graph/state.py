@@ -20,9 +20,9 @@ from fencepost.policy import (
     StopRequest,
     TerminationReason,
     ToolProposal,
-    Verdict,
 )
 from fencepost.policy._model import Frozen
+from fencepost.policy.batch import BatchEntry
 
 
 class StartRequest(Frozen):
@@ -60,8 +60,7 @@ class GraphState(TypedDict, total=False):
     step: int
     observations: Annotated[tuple[Observation, ...], Appended]
     proposals: Annotated[tuple[ToolProposal, ...], Appended]
-    pending: tuple[ToolProposal, ...]
-    verdicts: tuple[Verdict, ...]
+    batch: tuple[BatchEntry, ...]
     receipts: Annotated[tuple[Receipt, ...], Appended]
     fingerprints: dict[str, int]
     final_answer: AnswerPayload | None
@@ -80,7 +79,7 @@ class InputState(TypedDict):
 
 
 _FIELDS = tuple(AgentState.model_fields)
-_TUPLE_FIELDS = ("observations", "proposals", "pending", "verdicts", "receipts", "manifests")
+_TUPLE_FIELDS = ("observations", "proposals", "batch", "receipts", "manifests")
 
 
 def start(
@@ -151,6 +150,14 @@ def changed(before: AgentState | None, after: AgentState) -> dict[str, Any]:
         else:
             writes[name] = value
     return writes
+
+
+def require_state(values: dict[str, Any]) -> AgentState:
+    """AgentState from channel values of a thread a run has started on."""
+    state = load_state(values)
+    if state is None:
+        raise RuntimeError("no run on this thread")
+    return state
 
 
 def run_output(values: dict[str, Any]) -> AgentState:

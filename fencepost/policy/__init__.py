@@ -1,13 +1,14 @@
 """The application contract. Imports pydantic and the standard library only — never LangGraph."""
 
+from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.batch import BatchEntry
 from fencepost.policy.budget import (
     BudgetAxis,
     BudgetExhausted,
     RuntimeBudget,
     reason_for_axis,
-    reserve_step,
-    reserve_tool_call,
 )
+from fencepost.policy.context import RunContext
 from fencepost.policy.deadline import (
     Clock,
     Deadline,
@@ -63,9 +64,11 @@ from fencepost.policy.ledger import (
 )
 from fencepost.policy.manifest import StepManifest
 from fencepost.policy.observation import AnswerPayload, Observation
+from fencepost.policy.outcome import CallOutcome, receipt_for
 from fencepost.policy.phase import Phase, TerminationReason
 from fencepost.policy.receipt import Accepted, Receipt, ReceiptStatus
 from fencepost.policy.registry import ToolRegistry, UnknownTool
+from fencepost.policy.reservation import reserve_step, reserve_tool_call
 from fencepost.policy.state import AgentState, StopRequest
 from fencepost.policy.terminate import (
     MissingCitation,
@@ -75,6 +78,7 @@ from fencepost.policy.terminate import (
     validate_final_answer,
 )
 from fencepost.policy.tool import Effect, Principal, ToolContext, ToolSpec
+from fencepost.policy.usage import UsageKind, UsageReport, budget_view, usage_report
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict, verdict_is_sealed
 
 # ToolSpec's callable fields name AgentState and ToolProposal; resolve them once both exist.
@@ -88,6 +92,15 @@ __all__ = [
     "AgentDecision",
     "AgentState",
     "AnswerPayload",
+    "ApprovalMode",
+    "BatchEntry",
+    "CallOutcome",
+    "RunContext",
+    "UsageKind",
+    "UsageReport",
+    "budget_view",
+    "receipt_for",
+    "usage_report",
     "Balance",
     "BudgetAxis",
     "BudgetExhausted",

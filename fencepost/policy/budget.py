@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from pydantic import Field, Strict, model_validator
 
 from fencepost.policy._model import Frozen
 from fencepost.policy.phase import TerminationReason
-
-if TYPE_CHECKING:
-    from fencepost.policy.state import AgentState
 
 
 class BudgetAxis(StrEnum):
@@ -191,22 +188,3 @@ class RuntimeBudget(Frozen):
                 limit=self.tokens_used,
                 requested=1,
             )
-
-
-def reserve_step(state: AgentState) -> AgentState:
-    """Reserve one model step before the model is called; raise if none is left."""
-    state.budget.check_before_step()
-    return state.model_copy(update={"budget": state.budget.spend(BudgetAxis.STEPS)})
-
-
-def reserve_tool_call(state: AgentState, *, mutation: bool = False, cost: float = 0) -> AgentState:
-    """Reserve one tool call (and a mutation for a write/external effect) before the call starts.
-
-    Nothing is refunded if the call then fails: a failed call still spent time and quota.
-    """
-    budget = state.budget.spend(BudgetAxis.TOOL_CALLS)
-    if mutation:
-        budget = budget.spend(BudgetAxis.MUTATIONS)
-    if cost:
-        budget = budget.spend(BudgetAxis.COST, cost)
-    return state.model_copy(update={"budget": budget})

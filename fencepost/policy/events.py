@@ -91,7 +91,7 @@ def reduce_tool_events(state: AgentState, events: tuple[RuntimeEvent, ...]) -> A
     added = tuple(
         observation_for(event, start + i, step=state.step) for i, event in enumerate(events)
     )
-    pending = {p.call_id: p for p in state.pending}
+    pending = {entry.call_id: entry.proposal for entry in state.batch}
     answered = tuple(pending[e.call_id] for e in events if e.call_id in pending)
     return state.model_copy(
         update={

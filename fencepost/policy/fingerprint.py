@@ -21,24 +21,30 @@ def proposal_fingerprint(tool_name: str, arguments: Any) -> str:
 
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+MAX_NESTING = 64
+"""Deepest nesting of lists and objects a proposal or a tool result may have. LangGraph's
+msgpack serializer refuses deep structures at checkpoint time; refusing them here turns that
+crash into a typed outcome."""
 
 
 def fits_checkpoint(value: Any) -> bool:
-    """Whether every integer in a JSON value fits the 64-bit range a checkpoint can store.
+    """Whether a JSON value can be written to a checkpoint: every integer in the 64-bit range
+    msgpack stores, and no deeper than :data:`MAX_NESTING` levels.
 
-    JSON itself has no integer limit, so a model or a tool can produce a number that validates
-    and fingerprints fine but that LangGraph's msgpack serializer cannot write.
+    JSON itself has neither limit, so a model or a tool can produce a value that validates and
+    fingerprints fine but that LangGraph's serializer cannot write.
     """
-    stack = [value]
+    stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, bool):
             continue
         if isinstance(item, int):
             if not _INT_MIN <= item <= _INT_MAX:
                 return False
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
+        elif isinstance(item, dict | list | tuple):
+            if depth >= MAX_NESTING:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
     return True

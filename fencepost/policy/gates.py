@@ -108,7 +108,24 @@ def check_semantics(spec: ToolSpec, args: BaseModel, state: AgentState) -> None:
         if comparable and a > b:  # type: ignore[operator]
             raise ToolSemanticError(f"reversed_range_{low}_{high}")
     if spec.semantic_validator is not None:
-        spec.semantic_validator(args, state)
+        try:
+            spec.semantic_validator(args, state)
+        except ToolSemanticError:
+            raise
+        except Exception:
+            # A validator that breaks is a denial, not a crash; its message (which may quote the
+            # model's arguments) is never kept.
+            raise ToolSemanticError("validator_failed") from None
+
+
+def _declared_progress(spec: ToolSpec, proposal: ToolProposal, state: AgentState) -> bool:
+    if spec.progress_predicate is None:
+        return False
+    try:
+        return spec.progress_predicate(proposal, state) is True
+    except Exception:
+        # A predicate that breaks has not shown progress.
+        return False
 
 
 def check_progress(
@@ -117,16 +134,19 @@ def check_progress(
     state: AgentState,
     *,
     repeat_limit: int = DEFAULT_REPEAT_LIMIT,
+    counts: Mapping[str, int] | None = None,
+    fingerprint: str | None = None,
 ) -> str:
     """Gate 4: refuse a repeat past ``repeat_limit`` unless the tool says it is progress.
 
-    O(1): counts per fingerprint are kept in ``state.fingerprints``, not re-scanned from history.
-    Returns the proposal's fingerprint. Raises :class:`NoProgressDetected`.
+    O(1): counts per fingerprint are kept (``state.fingerprints``, or ``counts`` while a batch is
+    being gated), not re-scanned from history. Returns the proposal's fingerprint. Raises
+    :class:`NoProgressDetected`.
     """
-    fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
-    if state.fingerprints.get(fingerprint, 0) >= repeat_limit and not (
-        spec.progress_predicate is not None and spec.progress_predicate(proposal, state)
-    ):
+    if fingerprint is None:
+        fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
+    seen = (state.fingerprints if counts is None else counts).get(fingerprint, 0)
+    if seen >= repeat_limit and not _declared_progress(spec, proposal, state):
         raise NoProgressDetected(fingerprint)
     return fingerprint
 
@@ -150,16 +170,22 @@ def gate_proposal(
     *,
     repeat_limit: int = DEFAULT_REPEAT_LIMIT,
     approved: bool = False,
+    counts: Mapping[str, int] | None = None,
 ) -> Verdict:
-    """Run gates 1-5 in order and return the verdict as data (budget is reserved separately)."""
+    """Run gates 1-5 in order and return the verdict as data (budget is reserved separately).
+
+    ``counts`` overrides ``state.fingerprints`` for the repeat check (a batch gated call by call).
+    """
     fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
 
     def verdict(code: VerdictCode) -> Verdict:
-        return Verdict(
+        # Every field is already a checked value: skip re-validating on the hot path.
+        return Verdict.model_construct(
             call_id=proposal.call_id,
             tool_name=proposal.tool_name,
             fingerprint=fingerprint,
             code=code,
+            seal=None,
         )
 
     try:
@@ -175,7 +201,14 @@ def gate_proposal(
     except ToolSemanticError:
         return verdict(VerdictCode.SEMANTIC_VIOLATION)
     try:
-        check_progress(spec, proposal, state, repeat_limit=repeat_limit)
+        check_progress(
+            spec,
+            proposal,
+            state,
+            repeat_limit=repeat_limit,
+            counts=counts,
+            fingerprint=fingerprint,
+        )
     except NoProgressDetected:
         return verdict(VerdictCode.NO_PROGRESS)
     try:

@@ -7,13 +7,13 @@ from typing import Annotated
 from pydantic import Field, Strict
 
 from fencepost.policy._model import Frozen
+from fencepost.policy.batch import BatchEntry
 from fencepost.policy.budget import RuntimeBudget
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.manifest import StepManifest
 from fencepost.policy.observation import AnswerPayload, Observation
 from fencepost.policy.phase import Phase, TerminationReason
 from fencepost.policy.receipt import Receipt
-from fencepost.policy.verdict import Verdict
 
 
 class StopRequest(Frozen):
@@ -44,10 +44,8 @@ class AgentState(Frozen):
     observations: Annotated[tuple[Observation, ...], Strict(False)] = ()
     proposals: Annotated[tuple[ToolProposal, ...], Strict(False)] = ()
     """The tool proposals that have an observation, as they were run (after any edit)."""
-    pending: Annotated[tuple[ToolProposal, ...], Strict(False)] = ()
-    """Proposals decided but not yet executed (a batch when several)."""
-    verdicts: Annotated[tuple[Verdict, ...], Strict(False)] = ()
-    """Gate verdicts for ``pending``, by call id."""
+    batch: Annotated[tuple[BatchEntry, ...], Strict(False)] = ()
+    """The decision being carried out: each proposal joined to its gate verdict by call id."""
     receipts: Annotated[tuple[Receipt, ...], Strict(False)] = ()
     fingerprints: dict[str, int] = Field(default_factory=dict)
     """How often each (tool, canonical args) fingerprint has been allowed: O(1) repeat checks."""
@@ -59,6 +57,11 @@ class AgentState(Frozen):
     """Retryable model errors in a row; reset by the next decision that arrives."""
     stop: StopRequest | None = None
     """Set by a node that decided the run must end; consumed by the terminal node."""
+
+    @property
+    def pending(self) -> tuple[ToolProposal, ...]:
+        """The batch's proposals, in the order the model made them."""
+        return tuple(e.proposal for e in self.batch)
 
     @property
     def is_terminal(self) -> bool:

@@ -42,7 +42,7 @@ def terminate(
             "final_answer": answer,
             "termination": reason,
             "last_error_code": error_code,
-            "pending": (),
+            "batch": (),
         }
     )
 

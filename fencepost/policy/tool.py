@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
-from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
@@ -12,18 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, mode
 from fencepost.policy._model import Frozen
 from fencepost.policy.deadline import Deadline
 from fencepost.policy.decision import TOOL_NAME_PATTERN
+from fencepost.policy.effect import Effect as Effect
 
 if TYPE_CHECKING:
     from fencepost.policy.decision import ToolProposal
     from fencepost.policy.state import AgentState
-
-
-class Effect(StrEnum):
-    """What a tool does to the world. Only ``READ`` runs without an approval."""
-
-    READ = "read"
-    WRITE = "write"
-    EXTERNAL = "external"
 
 
 class Principal(Frozen):
@@ -111,6 +103,8 @@ class ToolSpec(BaseModel):
     execute: ToolExecute
     semantic_validator: SemanticValidator | None = None
     progress_predicate: ProgressPredicate | None = None
+    cost: Annotated[float, Field(ge=0, allow_inf_nan=False), Strict(False)] = 0.0
+    """Cost units one call spends, reserved with the call on the budget's ``cost`` axis."""
     idempotent: bool | None = None
     """Whether a retry after a crash is safe. Defaults to True for reads, False otherwise; a write
     that honours ``ToolContext.idempotency_key`` may set True."""

@@ -51,6 +51,8 @@ class Verdict(Frozen):
     fingerprint: str
     """sha256 of tool name and canonical arguments (see :func:`proposal_fingerprint`)."""
     code: Annotated[VerdictCode, Strict(False)]
+    exhausted_axis: str | None = None
+    """With ``budget_exhausted``: the budget axis that could not cover this call."""
     seal: str | None = None
     """HMAC over run, call id and fingerprint of an allowed verdict, when the runtime has a key:
     lets the executor tell a verdict the gate wrote from one written into state by anyone else."""

@@ -40,7 +40,7 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.adapters.chat_model import ChatModelDecider
 from fencepost.adapters.tools import tool_spec
-from fencepost.graph.nodes import ApprovalMode
+from fencepost.policy.approval import ApprovalMode
 from fencepost.graph.serde import fencepost_serializer
 from tests.adapters.fakes import FakeToolChatModel
 

@@ -13,7 +13,7 @@ so the checkpoint before the hang is on disk when the kill comes (see the worker
 What must hold afterwards (issue 3, item 4; DESIGN invariants 3 and 9):
 - the tool ran no more times than the tool budget allowed;
 - every attempt was charged exactly once: ``steps_used`` = model calls started, ``tool_calls_used``
-  = tool bodies started, and the ledger's ``run:<run_id>`` account holds exactly that;
+  = tool bodies started, and the ledger's run account (``fencepost.policy.keys.run_account``) holds exactly that;
 - nothing was refunded: every reservation key is still held (the crashed one never settled, never
   released), and the state's remaining budget is the limit minus every attempt;
 - an idempotent write is retried with the same idempotency key (its call id) and ``attempt=2``;
@@ -41,6 +41,7 @@ import pytest
 
 import fencepost as fp
 from fencepost.adapters import PostgresLedger, SqliteLedger
+from fencepost.policy.keys import call_key, run_account, step_key
 from fencepost.policy.ledger import Balance, Reservation, ReservationStatus
 from tests.graph.crash_worker import (
     FIRST_CALL_ID,
@@ -193,10 +194,11 @@ def crash_and_resume(
     state = fp.AgentState.model_validate(report["state"])
     ledger = backend.open_ledger()
     try:
-        balance = ledger.balance(f"run:{run_id}")
-        step_keys = {n: ledger.get(f"{run_id}:step:{n}") for n in range(1, steps + 2)}
+        account = run_account(spec["thread_id"], run_id)
+        balance = ledger.balance(account)
+        step_keys = {n: ledger.get(step_key(account, n)) for n in range(1, steps + 2)}
         call_keys = {
-            a: ledger.get(f"{run_id}:call:{FIRST_CALL_ID}:{a}") for a in range(1, tool_calls + 2)
+            a: ledger.get(call_key(account, FIRST_CALL_ID, a)) for a in range(1, tool_calls + 2)
         }
     finally:
         ledger.close()

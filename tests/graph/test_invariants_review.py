@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
 from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.policy.keys import call_key, run_account
 from tests.graph.kit import (
     Calls,
     Harness,
@@ -46,6 +47,27 @@ from tests.graph.kit import (
 )
 
 ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
+
+
+def _forge(
+    h: Any,
+    config: dict[str, Any],
+    pending: tuple[fp.ToolProposal, ...] | None = None,
+    verdicts: tuple[fp.Verdict, ...] | None = None,
+) -> dict[str, Any]:
+    """A caller's forged ``batch``: the given proposals and/or verdicts, each paired with the
+    thread's current other half of the same call id where only one half is given."""
+    current = fp.run_output(h.graph.get_state(config).values).batch
+    if pending is not None and verdicts is not None:
+        pairs = zip(pending, verdicts, strict=True)
+    elif pending is not None:
+        old = {e.call_id: e.verdict for e in current}
+        pairs = ((p, old[p.call_id]) for p in pending)
+    else:
+        assert verdicts is not None
+        props = {e.call_id: e.proposal for e in current}
+        pairs = ((props[v.call_id], v) for v in verdicts)
+    return {"batch": tuple(fp.BatchEntry(proposal=p, verdict=v) for p, v in pairs)}
 
 
 def _allowed(proposal: fp.ToolProposal) -> fp.Verdict:
@@ -83,7 +105,9 @@ def test_executor_runs_only_the_arguments_the_verdict_was_given_for() -> None:
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_before=["execute"])
     assert h.graph.get_state(config).next == ("execute",)
     forged = call(n=1, query="DROP TABLE users")
-    h.graph.invoke(Command(update={"pending": (forged,)}, goto="execute"), config, context=ctx)
+    h.graph.invoke(
+        Command(update=_forge(h, config, pending=(forged,)), goto="execute"), config, context=ctx
+    )
     assert all(args["query"] != "DROP TABLE users" for _, args, _ in h.calls.log)
     assert h.calls.count("search_logs") == 0
 
@@ -104,7 +128,7 @@ def test_executor_refuses_a_forged_allowed_verdict_for_a_capability_the_principa
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_before=["execute"])
     admin = call("admin_reset", 1)
-    update = {"pending": (admin,), "verdicts": (_allowed(admin),)}
+    update = _forge(h, config, (admin,), (_allowed(admin),))
     h.graph.invoke(Command(update=update, goto="execute"), config, context=ctx)
     assert h.calls.count("admin_reset") == 0
 
@@ -176,7 +200,7 @@ def test_an_edit_that_is_not_a_valid_proposal_never_runs_the_original_arguments(
 @pytest.mark.parametrize("how", ["update_state", "command"])
 def test_a_state_edit_cannot_make_a_rejected_write_run_in_interrupt_mode(how: str) -> None:
     h, config, ctx, write, read = _write_then_read_paused_before_read("reject")
-    update = {"pending": (read, write), "verdicts": (_allowed(read), _allowed(write))}
+    update = _forge(h, config, (read, write), (_allowed(read), _allowed(write)))
     _edit_and_continue(h, config, ctx, update, how)
     assert h.calls.count("write_note") == 0
 
@@ -185,7 +209,7 @@ def test_a_state_edit_cannot_make_a_rejected_write_run_in_interrupt_mode(how: st
 def test_a_state_edit_cannot_run_an_approved_write_a_second_time(how: str) -> None:
     h, config, ctx, write, read = _write_then_read_paused_before_read("approve")
     assert h.calls.count("write_note") == 1
-    update = {"pending": (read, write), "verdicts": (_allowed(read), _allowed(write))}
+    update = _forge(h, config, (read, write), (_allowed(read), _allowed(write)))
     _edit_and_continue(h, config, ctx, update, how)
     assert h.calls.count("write_note") == 1
 
@@ -197,7 +221,7 @@ def test_a_state_edit_cannot_swap_the_arguments_of_an_approved_write(how: str) -
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     h.graph.invoke(Command(resume="approve"), config, context=ctx, interrupt_before=["execute"])
     forged = call("write_note", 1, note="rm -rf /")
-    _edit_and_continue(h, config, ctx, {"pending": (forged,)}, how)
+    _edit_and_continue(h, config, ctx, _forge(h, config, pending=(forged,)), how)
     assert all(args != {"note": "rm -rf /"} for _, args, _ in h.calls.log)
 
 
@@ -206,7 +230,7 @@ def test_terminate_mode_never_runs_a_write_whatever_the_recorded_verdict_says() 
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_before=["execute"])
     write = call("write_note", 2, note="hi")
-    update = {"pending": (write,), "verdicts": (_allowed(write),)}
+    update = _forge(h, config, (write,), (_allowed(write),))
     h.graph.invoke(Command(update=update, goto="execute"), config, context=ctx)
     assert h.calls.count("write_note") == 0
 
@@ -226,7 +250,7 @@ def test_with_a_verdict_key_a_write_waiting_for_approval_cannot_be_run_by_a_forg
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     write = call("write_note", 1, note="hi")
-    state = _edit_and_continue(h, config, ctx, {"verdicts": (_allowed(write),)}, how)
+    state = _edit_and_continue(h, config, ctx, _forge(h, config, verdicts=(_allowed(write),)), how)
     assert h.calls.count("write_note") == 0
     assert state.budget.mutations_used == 0
     if how == "update_state":
@@ -240,13 +264,13 @@ def test_with_a_verdict_key_a_sealed_verdict_cannot_be_moved_to_other_arguments(
     h = harness([call(n=1, query="checkout"), ABSTAIN], verdict_key=VERDICT_KEY)
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_before=["execute"])
-    sealed = _state(h, config).verdicts[0]
+    sealed = _state(h, config).batch[0].verdict
     assert sealed.seal is not None
     forged = call(n=1, query="DROP TABLE users")
     moved = sealed.model_copy(
         update={"fingerprint": fp.proposal_fingerprint(forged.tool_name, forged.arguments)}
     )
-    update = {"pending": (forged,), "verdicts": (moved,)}
+    update = _forge(h, config, (forged,), (moved,))
     h.graph.invoke(Command(update=update, goto="execute"), config, context=ctx)
     assert h.calls.log == []
 
@@ -391,12 +415,14 @@ def test_edited_arguments_pass_the_no_progress_gate_again_at_approval() -> None:
 def test_a_failed_call_stays_charged_in_the_ledger() -> None:
     ledger = fp.InMemoryLedger()
     h = harness([call("explode", 1), ABSTAIN], ledger=ledger)
-    state = h.run()
+    config = thread()
+    state = h.run(config=config)
     assert state.observations[0].error_code is fp.ErrorCode.INTERNAL_ERROR
-    reservation = ledger.get(f"{state.run_id}:call:call-0001:1")
+    account = run_account(config["configurable"]["thread_id"], state.run_id)
+    reservation = ledger.get(call_key(account, "call-0001", 1))
     assert reservation is not None
     assert reservation.status is fp.ReservationStatus.SETTLED
-    held = ledger.balance(f"run:{state.run_id}").held
+    held = ledger.balance(account).held
     assert held.get("tool_calls") == state.budget.tool_calls_used == 1
 
 

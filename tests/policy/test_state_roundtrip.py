@@ -32,6 +32,7 @@ from fencepost.policy import (
     terminate,
 )
 from fencepost.policy._model import Frozen
+from fencepost.policy.batch import BatchEntry
 
 
 def mid_run_state() -> AgentState:
@@ -74,13 +75,15 @@ def mid_run_state() -> AgentState:
                 retryable=True,
             ),
         ),
-        pending=(ToolProposal(call_id="call-0003", tool_name="search_logs", arguments=args),),
-        verdicts=(
-            Verdict(
-                call_id="call-0003",
-                tool_name="search_logs",
-                fingerprint=fingerprint,
-                code=VerdictCode.ALLOWED,
+        batch=(
+            BatchEntry(
+                proposal=ToolProposal(call_id="call-0003", tool_name="search_logs", arguments=args),
+                verdict=Verdict(
+                    call_id="call-0003",
+                    tool_name="search_logs",
+                    fingerprint=fingerprint,
+                    code=VerdictCode.ALLOWED,
+                ),
             ),
         ),
         receipts=(
@@ -134,8 +137,9 @@ def _assert_same_types(back: AgentState, state: AgentState) -> None:
     assert isinstance(back.observations, tuple)
     assert all(isinstance(o, Observation) for o in back.observations)
     assert type(back.observations[1].error_code) is ErrorCode
+    assert all(isinstance(e, BatchEntry) for e in back.batch)
     assert all(isinstance(p, ToolProposal) for p in back.pending)
-    assert type(back.verdicts[0].code) is VerdictCode
+    assert all(type(e.verdict.code) is VerdictCode for e in back.batch)
     assert type(back.receipts[1].status) is ReceiptStatus
     assert type(back.manifests[0].effect) is Effect
     if state.is_terminal:

@@ -15,10 +15,14 @@ from fencepost.policy import (
     ToolFailed,
     ToolSucceeded,
     UnsupportedCitation,
+    Verdict,
+    VerdictCode,
+    proposal_fingerprint,
     reduce_tool_events,
     terminate,
     validate_final_answer,
 )
+from fencepost.policy.batch import BatchEntry
 from tests.policy.factories import make_proposal, make_state
 
 
@@ -39,12 +43,19 @@ def test_every_reason_ends_the_run_exactly_once(reason: TerminationReason) -> No
 
 
 def test_terminate_records_answer_and_error_code_and_drops_pending_calls() -> None:
-    state = make_state(pending=(make_proposal(),))
+    proposal = make_proposal()
+    verdict = Verdict(
+        call_id=proposal.call_id,
+        tool_name=proposal.tool_name,
+        fingerprint=proposal_fingerprint(proposal.tool_name, proposal.arguments),
+        code=VerdictCode.ALLOWED,
+    )
+    state = make_state(batch=(BatchEntry(proposal=proposal, verdict=verdict),))
     answer = AnswerPayload(text="It was a 500.", citations=())
     done = terminate(state, TerminationReason.COMPLETED, answer=answer, error_code="none")
     assert done.final_answer == answer
     assert done.last_error_code == "none"
-    assert done.pending == ()
+    assert done.batch == ()
     assert not state.is_terminal
     assert state.pending == (make_proposal(),)
 

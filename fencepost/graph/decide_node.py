@@ -1,0 +1,205 @@
+"""The decide node: reserve a step, ask the model, judge its answer, gate and reserve the batch."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from fencepost.graph.gate_step import gate
+from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
+from fencepost.graph.node_io import NodeIO
+from fencepost.graph.run_account import account_of, open_run, reserve, viewed
+from fencepost.graph.state import StartRequest, changed, load_state
+from fencepost.policy import (
+    AbstainProposal,
+    AgentState,
+    Deadline,
+    Decided,
+    DecisionInput,
+    ErrorCode,
+    FinalProposal,
+    InvalidProposal,
+    Phase,
+    StopRequest,
+    TerminationReason,
+    error_code_for,
+    stage_deadline,
+)
+from fencepost.policy.context import RunContext, coerce_context
+from fencepost.policy.decide import accept_decision, after_model_error, conclude, model_error_stop
+from fencepost.policy.keys import overage_key, step_key
+from fencepost.policy.run_check import (
+    NEEDS_DECIDE,
+    check_run,
+    out_of_supersteps,
+    stop,
+)
+from fencepost.policy.usage import (
+    UsageKind,
+    UsageReport,
+    step_amounts,
+    step_settlement,
+    usage_report,
+)
+
+
+def begin(request: Any, ctx: RunContext | None) -> AgentState:
+    """A new run's state, bound to the identity in the caller's context."""
+    if not isinstance(request, StartRequest):
+        request = StartRequest.model_validate(request, strict=False)
+    return AgentState(
+        run_id=request.run_id,
+        question=request.question,
+        budget=request.budget,
+        tenant_id=ctx.tenant_id if ctx else None,
+        principal_id=ctx.principal.id if ctx else None,
+    )
+
+
+def step_estimate(cfg: LoopConfig, state: AgentState) -> int:
+    """Tokens a step reserves: the configured estimate, and at least one when the run limits
+    tokens (so a run with none left stops before asking the model)."""
+    if cfg.tokens_per_step > 0:
+        return cfg.tokens_per_step
+    return 1 if state.budget.tokens_remaining is not None else 0
+
+
+def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
+    """What the model is shown: the question, the observations as data, the tool catalog."""
+    return DecisionInput.model_construct(
+        run_id=state.run_id,
+        question=state.question,
+        observations=state.observations,
+        proposals=state.proposals,
+        catalog=tuple(cfg.registry.model_catalog()),
+        budget=state.budget,
+        step=state.step,
+    )
+
+
+async def ask_model(
+    cfg: LoopConfig, state: AgentState, ctx: RunContext
+) -> Decided | InvalidProposal | StopRequest:
+    """Ask the decision model, within the run's deadline and the model's own timeout.
+
+    A model error becomes a stop with its safe code: the error's text never reaches state.
+    """
+    run_deadline = ctx.deadline or Deadline.after(cfg.model_timeout_seconds, clock=cfg.clock)
+    deadline = stage_deadline(
+        run_deadline, max_stage_seconds=cfg.model_timeout_seconds, clock=cfg.clock
+    )
+    run_deadline_passed = False
+    try:
+        raw = await asyncio.wait_for(
+            cfg.model.decide(decision_input(state, cfg), deadline=deadline),
+            timeout=max(0.0, deadline.remaining_seconds(clock=cfg.clock)),
+        )
+    except InvalidProposal as exc:
+        return exc
+    except TimeoutError:
+        run_deadline_passed = ctx.deadline is not None and ctx.deadline.expired(clock=cfg.clock)
+        return model_error_stop(ErrorCode.TIMEOUT, run_deadline_passed=run_deadline_passed)
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        return model_error_stop(error_code_for(exc), run_deadline_passed=False)
+    return accept_decision(raw)
+
+
+async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
+    """Refuse if terminal or out of time or budget; reserve one step; ask the model; gate."""
+    cfg = io.cfg
+    ctx = coerce_context(runtime.context)
+    before = load_state(values)
+    if before is None:
+        state = begin(values.get("request"), ctx)
+        if ctx is not None:
+            opened = await open_run(io, state, ctx)
+            if isinstance(opened, StopRequest):
+                return changed(None, state.model_copy(update={"stop": opened}))
+            state = opened
+    else:
+        state = before
+    if state.is_terminal or state.stop is not None:
+        return changed(before, state)
+    refused = check_run(state, ctx, clock=cfg.clock)
+    if refused is None and out_of_supersteps(values.get("remaining_steps"), NEEDS_DECIDE):
+        refused = stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
+    if refused is not None or ctx is None:
+        return changed(before, state.model_copy(update={"stop": refused}))
+    estimate = step_estimate(cfg, state)
+    account = account_of(state)
+    while True:
+        # A step key the ledger already holds means an earlier attempt at that step started and
+        # crashed: it stays charged, and this attempt reserves the next step.
+        step = state.step + 1
+        held = await reserve(io, state, ctx, step_key(account, step), step_amounts(estimate))
+        if isinstance(held, StopRequest):
+            return changed(before, state.model_copy(update={"stop": held}))
+        state = viewed(state.model_copy(update={"step": step}), held.balance)
+        if not held.existing:
+            break
+    state = state.model_copy(update={"phase": Phase.DECIDE})
+    asked = state
+    outcome = await io.call(lambda: ask_model(cfg, asked, ctx))
+    report = (
+        usage_report(outcome.input_tokens, outcome.output_tokens, estimate=estimate)
+        if isinstance(outcome, Decided)
+        else UsageReport(kind=UsageKind.UNREPORTED, charged=estimate)
+    )
+    actual, overage = step_settlement(report, estimate)
+    state = viewed(state, (await io.settle(step_key(account, state.step), actual)).balance)
+    over_stop: StopRequest | None = None
+    if overage:
+        extra = await reserve(io, state, ctx, overage_key(account, state.step), overage)
+        if isinstance(extra, StopRequest):
+            over_stop = extra
+        else:
+            state = viewed(state, extra.balance)
+    usage = {"input_tokens": report.input_tokens, "output_tokens": report.output_tokens}
+    if isinstance(outcome, StopRequest):
+        m = manifest(state, cfg, ctx, phase=Phase.DECIDE, outcome="error", code=outcome.error_code)
+        state = after_model_error(state, over_stop or outcome, model_retries=cfg.model_retries)
+        return changed(before, recorded(state, runtime, [m]))
+    if state.model_failures:
+        state = state.model_copy(update={"model_failures": 0, "last_error_code": None})
+    if over_stop is not None:
+        m = manifest(
+            state,
+            cfg,
+            ctx,
+            phase=Phase.DECIDE,
+            outcome="denied",
+            code=over_stop.error_code,
+            **usage,
+        )
+        return changed(before, recorded(state, runtime, [m]).model_copy(update={"stop": over_stop}))
+    conclusion = conclude(state, outcome, require_citations=cfg.require_citations)
+    if isinstance(conclusion, StopRequest):
+        kind, result = _kind_of(outcome, conclusion)
+        code = conclusion.error_code or (conclusion.reason.value if kind == "abstain" else None)
+        m = manifest(
+            state,
+            cfg,
+            ctx,
+            phase=Phase.DECIDE,
+            outcome=result,
+            decision_kind=kind,
+            code=code,
+            **usage,
+        )
+        return changed(
+            before, recorded(state, runtime, [m]).model_copy(update={"stop": conclusion})
+        )
+    state, manifests = await gate(io, state, ctx, conclusion, usage)
+    return changed(before, recorded(state, runtime, manifests))
+
+
+def _kind_of(outcome: Decided | InvalidProposal, conclusion: StopRequest) -> tuple[str, str]:
+    if isinstance(outcome, InvalidProposal):
+        return "invalid", "denied"
+    decision = outcome.decision
+    if isinstance(decision, AbstainProposal):
+        return "abstain", "decided"
+    assert isinstance(decision, FinalProposal)
+    return "final", "decided" if conclusion.reason is TerminationReason.COMPLETED else "denied"

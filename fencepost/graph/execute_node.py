@@ -1,0 +1,219 @@
+"""The execute node: run what the gate allowed, each call claimed in the ledger before it starts."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
+from fencepost.graph.node_io import AsyncIO, NodeIO
+from fencepost.graph.run_account import account_of, reserve, reserve_or_exhausted, viewed
+from fencepost.graph.state import changed, require_state
+from fencepost.graph.tool_runner import run_tool
+from fencepost.policy import (
+    AgentState,
+    Balance,
+    BudgetExhausted,
+    Deadline,
+    Effect,
+    ErrorCode,
+    Phase,
+    ReceiptStatus,
+    StopRequest,
+    TerminationReason,
+    ToolContext,
+    ToolSpec,
+    VerdictCode,
+    check_schema,
+    reduce_tool_events,
+    stage_deadline,
+)
+from fencepost.policy.batch import BatchEntry
+from fencepost.policy.context import RunContext, coerce_context
+from fencepost.policy.execution import (
+    Claim,
+    admit_batch,
+    batch_stop,
+    budget_refusals,
+    claim,
+    not_run,
+    ordered,
+    ran,
+    uncertain,
+)
+from fencepost.policy.gating import reservation_amounts
+from fencepost.policy.keys import call_key, started_key
+from fencepost.policy.outcome import CallOutcome, receipt_for
+from fencepost.policy.run_check import (
+    NEEDS_ANOTHER_DECIDE,
+    NEEDS_EXECUTE,
+    check_run,
+    out_of_supersteps,
+    stop,
+)
+
+
+async def run_call(
+    cfg: LoopConfig,
+    state: AgentState,
+    ctx: RunContext,
+    account: str,
+    entry: BatchEntry,
+    spec: ToolSpec,
+    seen: list[Balance],
+) -> CallOutcome | StopRequest:
+    """Claim an attempt of one call in the ledger, run it, settle it.
+
+    The start marker is durable before the tool starts: finding it on a re-run means an earlier
+    attempt started and never reported (a crash), which is retried only when that is safe and
+    otherwise reported ``uncertain``. A closed account (a cancel from anywhere) refuses the claim,
+    so a cancelled run starts no further tool. ``seen`` collects the run account's balance as
+    each settlement leaves it (the last one is the state's new budget view).
+    """
+    io = AsyncIO(cfg)
+    attempt = 1
+    while True:
+        if attempt > 1:
+            key = call_key(account, entry.call_id, attempt)
+            more = await reserve_or_exhausted(
+                io, state, ctx, key, reservation_amounts(spec), account=account
+            )
+            if isinstance(more, StopRequest):
+                return more
+            if isinstance(more, BudgetExhausted):
+                return uncertain(entry, spec, attempt - 1)
+        marker = await reserve(
+            io, state, ctx, started_key(account, entry.call_id, attempt), {}, account=account
+        )
+        if isinstance(marker, StopRequest):
+            return marker
+        step = claim(spec, started_before=marker.existing)
+        if step is Claim.UNCERTAIN:
+            return uncertain(entry, spec, attempt)
+        if step is Claim.RUN:
+            break
+        attempt += 1
+    run_deadline = ctx.deadline or Deadline.after(spec.timeout_seconds, clock=cfg.clock)
+    deadline = stage_deadline(run_deadline, max_stage_seconds=spec.timeout_seconds, clock=cfg.clock)
+    tool_ctx = ToolContext.model_construct(
+        run_id=state.run_id,
+        tenant_id=ctx.tenant_id,
+        principal_id=ctx.principal.id,
+        deadline=deadline,
+        idempotency_key=entry.call_id,
+        attempt=attempt,
+    )
+    try:
+        args = check_schema(spec, entry.proposal)
+    except Exception:
+        outcome = ran(entry, spec, attempt, error=ErrorCode.INVALID_ARGUMENT)
+    else:
+        timeout = max(0.0, deadline.remaining_seconds(clock=cfg.clock))
+        result = await run_tool(spec, args, tool_ctx, timeout_seconds=timeout)
+        if result.abandoned and spec.effect is not Effect.READ:
+            # A write that ignored its deadline may still land: not known, so not guessed.
+            outcome = uncertain(entry, spec, attempt)
+        else:
+            outcome = ran(entry, spec, attempt, value=result.value, error=result.error)
+    settled = await io.settle(call_key(account, entry.call_id, attempt))
+    if settled.balance is not None:
+        seen.append(settled.balance)
+    return outcome
+
+
+async def run_batch(
+    cfg: LoopConfig,
+    state: AgentState,
+    ctx: RunContext,
+    account: str,
+    runnable: tuple[tuple[BatchEntry, ToolSpec], ...],
+    seen: list[Balance],
+) -> list[CallOutcome | StopRequest]:
+    """Run a batch's calls concurrently, at most ``max_concurrent_tools`` in flight."""
+    if len(runnable) == 1:
+        entry, spec = runnable[0]
+        return [await run_call(cfg, state, ctx, account, entry, spec, seen)]
+    gate = asyncio.Semaphore(cfg.max_concurrent_tools)
+
+    async def bounded(entry: BatchEntry, spec: ToolSpec) -> CallOutcome | StopRequest:
+        async with gate:
+            return await run_call(cfg, state, ctx, account, entry, spec, seen)
+
+    return list(await asyncio.gather(*(bounded(e, s) for e, s in runnable)))
+
+
+async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
+    """Run only calls whose recorded verdict allows them; receipt every call of the batch."""
+    cfg = io.cfg
+    ctx = coerce_context(runtime.context)
+    before = require_state(values)
+    refused = check_run(before, ctx, clock=cfg.clock)
+    if refused is None and out_of_supersteps(values.get("remaining_steps"), NEEDS_EXECUTE):
+        refused = stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
+    if refused is not None or ctx is None:
+        return changed(before, before.model_copy(update={"stop": refused}))
+    state = before.model_copy(update={"phase": Phase.EXECUTE})
+    admission = admit_batch(
+        state.batch,
+        cfg.registry,
+        ctx.principal,
+        {r.call_id for r in state.receipts},
+        approval=cfg.approval,
+        verdict_key=cfg.verdict_key,
+        run_id=state.run_id,
+    )
+    outcomes: list[CallOutcome] = list(admission.refused)
+    claim_stop: StopRequest | None = None
+    if admission.runnable:
+        account = account_of(state)
+        runnable = admission.runnable
+        seen: list[Balance] = []
+        results = await io.call(lambda: run_batch(cfg, state, ctx, account, runnable, seen))
+        for (entry, spec), result in zip(admission.runnable, results, strict=True):
+            if isinstance(result, StopRequest):
+                claim_stop = claim_stop or result
+                code = (
+                    ErrorCode.CANCELLED
+                    if result.reason is TerminationReason.CANCELLED
+                    else ErrorCode.PERMISSION_DENIED
+                )
+                result = not_run(entry, spec, code, ReceiptStatus.DENIED, attempts=0)
+            outcomes.append(result)
+        state = viewed(state, seen[-1] if seen else await io.balance(account))
+    done = ordered(state.batch, outcomes)
+    state = reduce_tool_events(state, tuple(o.event for o in done))
+    receipts = tuple(receipt_for(o) for o in [*done, *budget_refusals(state.batch)])
+    manifests = [
+        manifest(
+            state,
+            cfg,
+            ctx,
+            phase=Phase.EXECUTE,
+            outcome=(
+                "success"
+                if o.succeeded
+                else "uncertain"
+                if o.status is ReceiptStatus.UNCERTAIN
+                else "error"
+            ),
+            decision_kind="tool",
+            tool_name=o.event.tool_name if o.effect is not None else None,
+            effect=o.effect,
+            verdict=VerdictCode.ALLOWED,
+            code=o.event.error_code.value if not o.succeeded else o.status.value,  # type: ignore[union-attr]
+        )
+        for o in done
+    ]
+    deadline_passed = ctx.deadline is not None and ctx.deadline.expired(clock=cfg.clock)
+    stopped = claim_stop or batch_stop(
+        state.batch,
+        done,
+        deadline_passed=deadline_passed,
+        last_superstep=out_of_supersteps(values.get("remaining_steps"), NEEDS_ANOTHER_DECIDE),
+    )
+    state = state.model_copy(
+        update={"receipts": state.receipts + receipts, "batch": (), "stop": stopped}
+    )
+    return changed(before, recorded(state, runtime, manifests))

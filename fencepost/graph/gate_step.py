@@ -1,0 +1,121 @@
+"""The gate step of a decision: judge the whole batch, then reserve it, before any of it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fencepost.graph.loop import manifest
+from fencepost.graph.node_io import NodeIO
+from fencepost.graph.run_account import account_of, reserve_or_exhausted, viewed
+from fencepost.policy import (
+    AgentState,
+    BudgetExhausted,
+    Phase,
+    StepManifest,
+    StopRequest,
+    TerminationReason,
+    ToolProposal,
+    VerdictCode,
+)
+from fencepost.policy.context import RunContext
+from fencepost.policy.gating import (
+    after_reservations,
+    duplicate_call_ids,
+    gate_batch,
+    reservation_amounts,
+    to_reserve,
+)
+from fencepost.policy.keys import call_key
+from fencepost.policy.run_check import stop
+
+
+async def gate(
+    io: NodeIO,
+    state: AgentState,
+    ctx: RunContext,
+    calls: Sequence[ToolProposal],
+    usage: dict[str, Any],
+) -> tuple[AgentState, list[StepManifest]]:
+    """Gate the whole batch, then reserve it call by call, before any of it runs."""
+    cfg = io.cfg
+    state = state.model_copy(update={"phase": Phase.VALIDATE})
+    answered = {o.call_id for o in state.observations}
+    if duplicate_call_ids(calls, answered):
+        m = manifest(
+            state,
+            cfg,
+            ctx,
+            phase=Phase.VALIDATE,
+            outcome="denied",
+            decision_kind="tool",
+            code="duplicate_call_id",
+            **usage,
+        )
+        duplicate = stop(TerminationReason.INVALID_PROPOSAL, "duplicate_call_id")
+        return state.model_copy(update={"stop": duplicate}), [m]
+    gated = gate_batch(
+        cfg.registry,
+        calls,
+        state,
+        ctx.principal,
+        repeat_limit=cfg.repeat_limit,
+        approval=cfg.approval,
+    )
+    manifests = []
+    for entry in gated.batch:
+        verdict = entry.verdict
+        spec = cfg.registry.get(verdict.tool_name) if verdict.tool_name in cfg.registry else None
+        pending = verdict.code is VerdictCode.APPROVAL_PENDING
+        manifests.append(
+            manifest(
+                state,
+                cfg,
+                ctx,
+                phase=Phase.VALIDATE,
+                outcome="allowed"
+                if verdict.allowed
+                else "approval_pending"
+                if pending
+                else "denied",
+                decision_kind="tool",
+                tool_name=verdict.tool_name if spec else None,
+                effect=spec.effect if spec else None,
+                verdict=verdict.code,
+                **usage,
+            )
+        )
+        usage = {}
+    state = state.model_copy(update={"batch": gated.batch, "fingerprints": gated.fingerprints})
+    if gated.stop is not None:
+        # One denial stops the whole batch: nothing in it runs, nothing is reserved.
+        return state.model_copy(update={"stop": gated.stop}), manifests
+    state, stopped = await reserve_batch(io, state, ctx)
+    return state.model_copy(update={"stop": stopped}), manifests
+
+
+async def reserve_batch(
+    io: NodeIO, state: AgentState, ctx: RunContext, only: frozenset[str] | None = None
+) -> tuple[AgentState, StopRequest | None]:
+    """Reserve the batch's allowed calls in order (attempt 1 of each; ``only`` these call ids
+    when given); those the budget cannot cover are marked and receipted as never run, so with
+    N calls left exactly N run."""
+    cfg = io.cfg
+    account = account_of(state)
+    refused: dict[str, BudgetExhausted] = {}
+    for entry in to_reserve(state.batch):
+        if only is not None and entry.call_id not in only:
+            continue
+        spec = cfg.registry.get(entry.proposal.tool_name)
+        key = call_key(account, entry.call_id, 1)
+        held = await reserve_or_exhausted(io, state, ctx, key, reservation_amounts(spec))
+        if isinstance(held, StopRequest):
+            return state, held
+        if isinstance(held, BudgetExhausted):
+            refused[entry.call_id] = held
+            continue
+        state = viewed(state, held.balance)
+    batch, stopped = after_reservations(
+        state.batch, refused, run_id=state.run_id, verdict_key=cfg.verdict_key
+    )
+    return state.model_copy(update={"batch": batch}), stopped

@@ -1,0 +1,150 @@
+"""A node's I/O: the ledger, the model and the tools, for the sync or the async graph.
+
+A node body is written once, as a coroutine over :class:`NodeIO`. The async graph awaits it with
+:class:`AsyncIO` (the ledger's async twins, the model and tools awaited on the caller's loop); the
+sync graph drives it with :class:`SyncIO`, whose methods never suspend (the ledger's blocking
+methods, the model and tools run to completion through :func:`run_sync`), so one ``send`` runs
+the whole body and no policy is written twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, TypeVar
+
+from langgraph.runtime import Runtime
+
+from fencepost.graph.loop import LoopConfig, Update
+from fencepost.graph.portal import run_sync
+from fencepost.policy import (
+    Balance,
+    Reservation,
+)
+
+T = TypeVar("T")
+
+
+class NodeIO:
+    """The I/O a node body performs. Every method is a coroutine; see the module docstring."""
+
+    def __init__(self, cfg: LoopConfig) -> None:
+        self.cfg = cfg
+        self.ledger = cfg.ledger
+
+    async def open_account(
+        self,
+        account: str,
+        limits: Mapping[str, float],
+        *,
+        parent: str | None,
+        owner: Mapping[str, str],
+    ) -> Balance:
+        raise NotImplementedError
+
+    async def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        raise NotImplementedError
+
+    async def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
+        raise NotImplementedError
+
+    async def close_account(self, account: str, reason: str) -> Balance:
+        raise NotImplementedError
+
+    async def balance(self, account: str) -> Balance:
+        raise NotImplementedError
+
+    async def call(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run the model or the tools (``make`` builds the awaitable)."""
+        raise NotImplementedError
+
+
+class SyncIO(NodeIO):
+    """The sync graph's I/O: blocking ledger calls; model and tools run to completion."""
+
+    async def open_account(
+        self,
+        account: str,
+        limits: Mapping[str, float],
+        *,
+        parent: str | None,
+        owner: Mapping[str, str],
+    ) -> Balance:
+        return self.ledger.open_account(account, limits, parent=parent, owner=owner)
+
+    async def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        return self.ledger.reserve(account, key, amounts)
+
+    async def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
+        return self.ledger.settle(key, actual)
+
+    async def close_account(self, account: str, reason: str) -> Balance:
+        return self.ledger.close_account(account, reason)
+
+    async def balance(self, account: str) -> Balance:
+        return self.ledger.balance(account)
+
+    async def call(self, make: Callable[[], Awaitable[T]]) -> T:
+        async def wrapped() -> T:
+            return await make()
+
+        return run_sync(wrapped())
+
+
+class AsyncIO(NodeIO):
+    """The async graph's I/O: the ledger's async twins, never a blocking call on the loop."""
+
+    async def open_account(
+        self,
+        account: str,
+        limits: Mapping[str, float],
+        *,
+        parent: str | None,
+        owner: Mapping[str, str],
+    ) -> Balance:
+        return await self.ledger.aopen_account(account, limits, parent=parent, owner=owner)
+
+    async def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        return await self.ledger.areserve(account, key, amounts)
+
+    async def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
+        return await self.ledger.asettle(key, actual)
+
+    async def close_account(self, account: str, reason: str) -> Balance:
+        return await self.ledger.aclose_account(account, reason)
+
+    async def balance(self, account: str) -> Balance:
+        return await self.ledger.abalance(account)
+
+    async def call(self, make: Callable[[], Awaitable[T]]) -> T:
+        return await make()
+
+
+def drive(body: Coroutine[Any, Any, T]) -> T:
+    """Run a node body that never suspends (over :class:`SyncIO`) to its result."""
+    try:
+        body.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    body.close()
+    raise RuntimeError("a sync node body suspended; its I/O must go through SyncIO")
+
+
+NodeBody = Callable[[NodeIO, dict[str, Any], Runtime[Any]], Coroutine[Any, Any, Update]]
+
+
+def twins(
+    cfg: LoopConfig, body: NodeBody
+) -> tuple[
+    Callable[[dict[str, Any], Runtime[Any]], Update],
+    Callable[[dict[str, Any], Runtime[Any]], Coroutine[Any, Any, Update]],
+]:
+    """The sync and async node functions for one body."""
+    sync_io, async_io = SyncIO(cfg), AsyncIO(cfg)
+
+    def run(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
+        return drive(body(sync_io, values, runtime))
+
+    async def arun(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
+        return await body(async_io, values, runtime)
+
+    return run, arun

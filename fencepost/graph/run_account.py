@@ -1,0 +1,149 @@
+"""The run's ledger account: opening it, reserving on it, and the budget view it gives state.
+
+The account is named from the checkpoint thread and the run id (never from the identity in state),
+and records the identity it was opened for: every reservation checks that owner against the
+caller's trusted context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from langgraph.config import get_config
+
+from fencepost.graph.node_io import NodeIO
+from fencepost.policy import (
+    AgentState,
+    Balance,
+    BudgetAxis,
+    BudgetExhausted,
+    InMemoryLedger,
+    LedgerConflict,
+    Reservation,
+    StopRequest,
+    TerminationReason,
+    UnknownAccount,
+)
+from fencepost.policy.context import RunContext
+from fencepost.policy.keys import carried_key, run_account
+from fencepost.policy.ledger import AccountClosed
+from fencepost.policy.run_check import (
+    check_owner,
+    stop,
+    stop_for_closed,
+    stop_for_exhausted,
+    stop_for_unknown_account,
+)
+from fencepost.policy.usage import budget_view
+
+
+def thread_id() -> str:
+    """The checkpoint thread the node runs on ("" without a checkpointer)."""
+    try:
+        configurable = get_config().get("configurable") or {}
+    except RuntimeError:
+        return ""
+    value = configurable.get("thread_id")
+    return "" if value is None else str(value)
+
+
+def account_of(state: AgentState) -> str:
+    """The ledger account of the run in ``state`` on this node's thread."""
+    return run_account(thread_id(), state.run_id)
+
+
+async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopRequest | AgentState:
+    """Open a new run's ledger account under the caller's parent account, owned by the caller."""
+    try:
+        balance = await io.open_account(
+            account_of(state),
+            state.budget.limits(),
+            parent=ctx.budget_account,
+            owner=ctx.owner(),
+        )
+    except UnknownAccount:
+        return stop_for_unknown_account()
+    except (LedgerConflict, ValueError):
+        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+    return viewed(state, balance)
+
+
+async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: str) -> bool:
+    """Re-open the account of a run whose non-durable ledger was lost (a new process), carrying
+    over what the checkpoint says was spent. A durable ledger's missing account is never
+    re-created: that run is refused."""
+    if not isinstance(io.ledger, InMemoryLedger):
+        return False
+    budget = state.budget
+    used = {axis: budget.used(axis) for axis in BudgetAxis}
+    try:
+        await io.open_account(
+            account, budget.limits(), parent=ctx.budget_account, owner=ctx.owner()
+        )
+        carried = {a.value: float(v) for a, v in used.items() if v}
+        if carried:
+            await io.reserve(account, carried_key(account), carried)
+    except (UnknownAccount, LedgerConflict, BudgetExhausted, AccountClosed, ValueError):
+        return False
+    return True
+
+
+async def reserve(
+    io: NodeIO,
+    state: AgentState,
+    ctx: RunContext,
+    key: str,
+    amounts: Mapping[str, float],
+    *,
+    account: str | None = None,
+) -> Reservation | StopRequest:
+    """Reserve ``amounts`` under ``key`` on the run's account, or the stop the refusal means."""
+    held = await reserve_or_exhausted(io, state, ctx, key, amounts, account=account)
+    return stop_for_exhausted(held) if isinstance(held, BudgetExhausted) else held
+
+
+async def reserve_or_exhausted(
+    io: NodeIO,
+    state: AgentState,
+    ctx: RunContext,
+    key: str,
+    amounts: Mapping[str, float],
+    *,
+    account: str | None = None,
+) -> Reservation | StopRequest | BudgetExhausted:
+    """As :func:`reserve`, but a budget that cannot cover ``amounts`` comes back as data (a batch
+    reserves call by call and marks the ones that do not fit).
+
+    Checks the account's recorded owner against the caller: a state update that rewrote the
+    run's identity lands here, on an account opened for somebody else, and is refused.
+    ``account`` is the run's account when the caller already knows it (off the node's thread,
+    where LangGraph's config is not in context).
+    """
+    if account is None:
+        account = account_of(state)
+    for _ in range(2):
+        try:
+            held = await io.reserve(account, key, amounts)
+        except BudgetExhausted as exc:
+            return exc
+        except AccountClosed as exc:
+            return stop_for_closed(exc.reason)
+        except UnknownAccount:
+            if await reopen_lost(io, state, ctx, account):
+                continue
+            return stop_for_unknown_account()
+        except (LedgerConflict, ValueError):
+            return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+        if held.balance is not None:
+            refused = check_owner(held.balance.owner, ctx)
+            if refused is not None:
+                return refused
+        return held
+    return stop_for_unknown_account()
+
+
+def viewed(state: AgentState, balance: Balance | None) -> AgentState:
+    """``state`` with its budget view rewritten from the ledger's balance of the run account."""
+    if balance is None:
+        return state
+    return state.model_copy(update={"budget": budget_view(balance.limits, balance.held)})

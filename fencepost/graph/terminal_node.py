@@ -1,0 +1,56 @@
+"""The terminal node: the single exit, and the only place a terminal state is made."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from fencepost.graph.decide_node import begin
+from fencepost.graph.loop import Update, manifest, recorded
+from fencepost.graph.node_io import NodeIO
+from fencepost.graph.run_account import account_of, open_run
+from fencepost.graph.state import changed, load_state
+from fencepost.policy import (
+    AgentState,
+    LedgerConflict,
+    Phase,
+    StopRequest,
+    TerminationReason,
+    UnknownAccount,
+    terminate,
+)
+from fencepost.policy.context import coerce_context
+from fencepost.policy.run_check import stop
+
+
+async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
+    """End the run with the stop a node asked for, and close its ledger account: a closed
+    account refuses every later reservation, so no state edit can reopen the run."""
+    before = load_state(values)
+    ctx = coerce_context(runtime.context)
+    current: AgentState
+    if before is None:
+        # The recursion limit left no room even for a first decision: the run still ends with a
+        # reason, bound to whoever started it.
+        request = values.get("request")
+        if request is None:
+            return {}
+        current = begin(request, ctx)
+        if ctx is not None:
+            opened = await open_run(io, current, ctx)
+            if not isinstance(opened, StopRequest):
+                current = opened
+    elif before.is_terminal:
+        return {}
+    else:
+        current = before
+    ending = current.stop or stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
+    state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
+    with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
+        await io.close_account(account_of(state), ending.reason.value)
+    m = manifest(
+        state, io.cfg, ctx, phase=Phase.TERMINAL, outcome="terminal", code=ending.reason.value
+    )
+    return changed(before, recorded(state, runtime, [m]))

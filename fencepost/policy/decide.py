@@ -1,0 +1,93 @@
+"""The decide phase: what a model's output means, and when a model error ends the run.
+
+The node calls the model; these functions judge what came back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fencepost.policy.decision import AbstainProposal, FinalProposal, InvalidProposal, ToolProposal
+from fencepost.policy.decision_model import Decided, ToolBatch
+from fencepost.policy.error_codes import ErrorCode
+from fencepost.policy.fingerprint import fits_checkpoint
+from fencepost.policy.phase import TerminationReason
+from fencepost.policy.run_check import stop
+from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.terminate import MissingCitation, UnsupportedCitation, validate_final_answer
+
+RETRYABLE_MODEL_CODES = frozenset(
+    {ErrorCode.RATE_LIMITED.value, ErrorCode.UNAVAILABLE.value, ErrorCode.TIMEOUT.value}
+)
+"""Model errors worth asking again at the next step: the provider may answer then."""
+
+
+def accept_decision(raw: object) -> Decided | InvalidProposal:
+    """What a decision model returned, as a :class:`Decided` or the reason it is not one."""
+    if isinstance(raw, ToolProposal | FinalProposal | AbstainProposal | ToolBatch):
+        raw = Decided(decision=raw)
+    if not isinstance(raw, Decided):
+        return InvalidProposal("malformed_decision")
+    if any(not fits_checkpoint(c.arguments) for c in calls_of(raw)):
+        # Valid JSON that no checkpoint could store: refused before it reaches state.
+        return InvalidProposal("unrepresentable_arguments")
+    return raw
+
+
+def calls_of(decided: Decided) -> tuple[ToolProposal, ...]:
+    """The tool proposals of a decision (none for a final answer or an abstention)."""
+    decision = decided.decision
+    if isinstance(decision, ToolBatch):
+        return decision.calls
+    if isinstance(decision, ToolProposal):
+        return (decision,)
+    return ()
+
+
+def model_error_stop(code: ErrorCode, *, run_deadline_passed: bool) -> StopRequest:
+    """The stop a model error asks for: a passed run deadline wins over the error itself."""
+    if run_deadline_passed:
+        return stop(TerminationReason.DEADLINE_EXCEEDED, "deadline_exceeded")
+    return stop(TerminationReason.FAILED, code.value)
+
+
+def after_model_error(state: AgentState, failure: StopRequest, *, model_retries: int) -> AgentState:
+    """Retry a retryable model error at the next step (each retry spends its own step), up to
+    ``model_retries`` in a row; otherwise the run ends with the failure."""
+    retryable = (
+        failure.reason is TerminationReason.FAILED
+        and failure.error_code in RETRYABLE_MODEL_CODES
+        and state.model_failures < model_retries
+    )
+    if retryable:
+        return state.model_copy(
+            update={
+                "model_failures": state.model_failures + 1,
+                "last_error_code": failure.error_code,
+            }
+        )
+    return state.model_copy(update={"stop": failure})
+
+
+def conclude(
+    state: AgentState, decided: Decided | InvalidProposal, *, require_citations: bool
+) -> StopRequest | Sequence[ToolProposal]:
+    """A decision's consequence: the tool calls to gate, or the stop it asks for.
+
+    A final answer must cite evidence that is in the observations (server-verified); an invalid
+    proposal or an unsupported citation ends the run ``invalid_proposal``, never ``completed``.
+    """
+    if isinstance(decided, InvalidProposal):
+        return stop(TerminationReason.INVALID_PROPOSAL, decided.code)
+    decision = decided.decision
+    if isinstance(decision, FinalProposal):
+        try:
+            answer = validate_final_answer(
+                decision.answer, state, require_citations=require_citations
+            )
+        except (UnsupportedCitation, MissingCitation) as exc:
+            return stop(TerminationReason.INVALID_PROPOSAL, exc.code)
+        return StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
+    if isinstance(decision, AbstainProposal):
+        return StopRequest(reason=TerminationReason(decision.reason))
+    return calls_of(decided)

@@ -1,0 +1,250 @@
+"""The execute phase: what the executor may run, how a crashed attempt is claimed, and what a
+finished batch reports.
+
+The executor trusts nothing state says: a call runs only if its recorded verdict is ``allowed``
+for these very arguments (and sealed, with a key), the tool is registered, the principal holds
+its capability now, and a write could have been approved at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.batch import Batch, BatchEntry
+from fencepost.policy.budget import BudgetAxis, reason_for_axis
+from fencepost.policy.error_codes import ErrorCode, is_retryable
+from fencepost.policy.events import (
+    ToolFailed,
+    ToolSucceeded,
+    UnserializableResult,
+    serialize_tool_result,
+)
+from fencepost.policy.fingerprint import proposal_fingerprint
+from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied, authorize
+from fencepost.policy.outcome import CallOutcome
+from fencepost.policy.phase import TerminationReason
+from fencepost.policy.receipt import Accepted, ReceiptStatus
+from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.run_check import stop
+from fencepost.policy.state import StopRequest
+from fencepost.policy.tool import Principal, ToolSpec
+from fencepost.policy.verdict import VerdictCode, verdict_is_sealed
+
+
+def admits(
+    entry: BatchEntry,
+    spec: ToolSpec | None,
+    principal: Principal,
+    *,
+    approval: ApprovalMode,
+    verdict_key: bytes | None,
+    run_id: str,
+) -> bool:
+    """The executor's own checks on one allowed call, whatever state says."""
+    verdict = entry.verdict
+    proposal = entry.proposal
+    if spec is None or verdict.tool_name != proposal.tool_name:
+        return False
+    if verdict.fingerprint != proposal_fingerprint(proposal.tool_name, proposal.arguments):
+        return False
+    if verdict_key is not None and not verdict_is_sealed(verdict, run_id=run_id, key=verdict_key):
+        return False
+    try:
+        # A write is runnable only where it could have been approved: never in terminate mode.
+        authorize(spec, principal, approved=approval == "interrupt")
+    except (ToolPolicyDenied, HumanApprovalRequired):
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The calls of a batch the executor will run, or the refusals that stop all of it."""
+
+    runnable: tuple[tuple[BatchEntry, ToolSpec], ...]
+    refused: tuple[CallOutcome, ...]
+
+
+def admit_batch(
+    batch: Batch,
+    registry: ToolRegistry,
+    principal: Principal,
+    done: Collection[str],
+    *,
+    approval: ApprovalMode,
+    verdict_key: bytes | None,
+    run_id: str,
+) -> Admission:
+    """Split a batch's allowed, not yet receipted calls into runnable ones; one refusal stops the
+    whole batch, as one denial does at the gate (every allowed call is receipted denied)."""
+    checked: list[tuple[BatchEntry, ToolSpec | None, bool]] = []
+    for entry in batch:
+        if entry.call_id in done or not entry.verdict.allowed:
+            continue
+        name = entry.proposal.tool_name
+        spec = registry.get(name) if name in registry else None
+        ok = admits(
+            entry, spec, principal, approval=approval, verdict_key=verdict_key, run_id=run_id
+        )
+        checked.append((entry, spec, ok))
+    if all(ok for _, _, ok in checked):
+        return Admission(tuple((e, s) for e, s, _ in checked if s is not None), ())
+    refused = tuple(
+        not_run(e, s, ErrorCode.PERMISSION_DENIED, ReceiptStatus.DENIED, attempts=0)
+        for e, s, _ in checked
+    )
+    return Admission((), refused)
+
+
+def not_run(
+    entry: BatchEntry,
+    spec: ToolSpec | None,
+    code: ErrorCode,
+    status: ReceiptStatus,
+    *,
+    attempts: int,
+) -> CallOutcome:
+    """The outcome of a call that did not run (this time): refused, out of budget, uncertain."""
+    return CallOutcome(
+        event=ToolFailed(
+            call_id=entry.call_id, tool_name=entry.proposal.tool_name, error_code=code
+        ),
+        status=status,
+        attempts=attempts,
+        effect=spec.effect if spec is not None else None,
+    )
+
+
+class Claim(StrEnum):
+    """What the executor does with an attempt it is about to start."""
+
+    RUN = "run"
+    """No earlier attempt started: run this one."""
+    RETRY = "retry"
+    """An earlier attempt started and never reported, and a retry is safe: reserve another."""
+    UNCERTAIN = "uncertain"
+    """An earlier attempt started and never reported, and its effect may have happened."""
+
+
+def claim(spec: ToolSpec, *, started_before: bool) -> Claim:
+    """Whether a call runs now, is retried, or is reported ``uncertain`` instead of guessed.
+
+    ``started_before`` is the ledger's word that this attempt's start marker already existed.
+    """
+    if not started_before:
+        return Claim.RUN
+    return Claim.RETRY if spec.retry_safe else Claim.UNCERTAIN
+
+
+def uncertain(entry: BatchEntry, spec: ToolSpec, attempts: int) -> CallOutcome:
+    """A call whose earlier attempt may have had its effect: reported, never run again."""
+    return not_run(
+        entry, spec, ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN, attempts=attempts
+    )
+
+
+def ran(
+    entry: BatchEntry,
+    spec: ToolSpec,
+    attempt: int,
+    *,
+    value: Any = None,
+    error: ErrorCode | None = None,
+) -> CallOutcome:
+    """The outcome of a call that ran: its result as JSON data, or its safe error code.
+
+    A tool that only accepted the work (``Accepted``) is ``accepted_pending``, not completed.
+    """
+    if error is None:
+        try:
+            result = serialize_tool_result(value)
+        except UnserializableResult:
+            error = ErrorCode.UNSERIALIZABLE_RESULT
+        else:
+            status = (
+                ReceiptStatus.ACCEPTED_PENDING
+                if isinstance(value, Accepted)
+                else ReceiptStatus.COMPLETED
+            )
+            return CallOutcome(
+                event=ToolSucceeded(call_id=entry.call_id, tool_name=spec.name, result=result),
+                status=status,
+                attempts=attempt,
+                effect=spec.effect,
+            )
+    return CallOutcome(
+        event=ToolFailed(
+            call_id=entry.call_id,
+            tool_name=spec.name,
+            error_code=error,
+            retryable=is_retryable(error),
+        ),
+        status=ReceiptStatus.FAILED,
+        attempts=attempt,
+        effect=spec.effect,
+    )
+
+
+def budget_refusals(batch: Batch) -> list[CallOutcome]:
+    """Calls of the batch the budget could not cover: receipted as not done, never run."""
+    return [
+        not_run(e, None, ErrorCode.BUDGET_EXHAUSTED, ReceiptStatus.DENIED, attempts=0)
+        for e in batch
+        if e.verdict.code is VerdictCode.BUDGET_EXHAUSTED
+    ]
+
+
+def batch_stop(
+    batch: Batch,
+    outcomes: Sequence[CallOutcome],
+    *,
+    deadline_passed: bool,
+    last_superstep: bool,
+) -> StopRequest | None:
+    """Which stop, if any, a finished batch asks for; the first that applies wins:
+    a refusal at the executor, the deadline, a budget that cut the batch short, and the
+    recursion limit leaving no room for another decision."""
+    if any(
+        o.status is ReceiptStatus.DENIED
+        and isinstance(o.event, ToolFailed)
+        and o.event.error_code is ErrorCode.PERMISSION_DENIED
+        for o in outcomes
+    ):
+        return stop(TerminationReason.POLICY_DENIED, "executor_refused")
+    if deadline_passed:
+        return stop(TerminationReason.DEADLINE_EXCEEDED, "deadline_exceeded")
+    cut = next((e.verdict for e in batch if e.verdict.code is VerdictCode.BUDGET_EXHAUSTED), None)
+    if cut is not None:
+        return _budget_stop(cut.exhausted_axis)
+    ran_out = next(
+        (
+            o
+            for o in outcomes
+            if isinstance(o.event, ToolFailed) and o.event.error_code is ErrorCode.BUDGET_EXHAUSTED
+        ),
+        None,
+    )
+    if ran_out is not None:
+        return _budget_stop(None)
+    if last_superstep:
+        return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
+    return None
+
+
+def _budget_stop(axis_name: str | None) -> StopRequest:
+    try:
+        axis = BudgetAxis(axis_name) if axis_name else BudgetAxis.TOOL_CALLS
+    except ValueError:
+        axis = BudgetAxis.TOOL_CALLS
+    return stop(reason_for_axis(axis), f"{axis.value}_exhausted")
+
+
+def ordered(batch: Batch, outcomes: Sequence[CallOutcome]) -> list[CallOutcome]:
+    """Outcomes joined to the batch by call id, in the order the model proposed the calls —
+    never in the order they arrived."""
+    by_id = {o.call_id: o for o in outcomes}
+    return [by_id[e.call_id] for e in batch if e.call_id in by_id]

@@ -1,0 +1,125 @@
+"""Gating a batch: every call of a decision is judged, and its budget reserved, before any runs.
+
+One denial stops the whole batch (nothing in it runs, nothing is reserved); in interrupt mode a
+call that needs approval waits for it; calls the budget cannot cover are marked, never run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.batch import Batch, BatchEntry
+from fencepost.policy.budget import BudgetAxis, BudgetExhausted
+from fencepost.policy.decision import ToolProposal
+from fencepost.policy.effect import Effect
+from fencepost.policy.gates import gate_proposal
+from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.run_check import stop, stop_for_exhausted
+from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.tool import Principal, ToolSpec
+from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict
+
+
+@dataclass(frozen=True, slots=True)
+class GatedBatch:
+    """A batch as the gate left it: entries with verdicts, repeat counts, and a stop if any."""
+
+    batch: Batch
+    fingerprints: dict[str, int]
+    stop: StopRequest | None = None
+    denied_codes: tuple[VerdictCode, ...] = field(default=())
+
+
+def duplicate_call_ids(calls: Sequence[ToolProposal], answered: Collection[str]) -> bool:
+    """Whether a batch reuses a call id, among itself or of a call already answered."""
+    ids = [c.call_id for c in calls]
+    return len(set(ids)) != len(ids) or any(i in answered for i in ids)
+
+
+def gate_batch(
+    registry: ToolRegistry,
+    calls: Sequence[ToolProposal],
+    state: AgentState,
+    principal: Principal,
+    *,
+    repeat_limit: int,
+    approval: ApprovalMode,
+    approved: bool = False,
+) -> GatedBatch:
+    """Gate every call of a batch in order; the first denial that ends a run stops it all.
+
+    Repeats count within the batch too: the same call twice in one batch is seen twice.
+    """
+    counts = dict(state.fingerprints)
+    entries: list[BatchEntry] = []
+    first_stop: StopRequest | None = None
+    for call in calls:
+        verdict = gate_proposal(
+            registry,
+            call,
+            state,
+            principal,
+            repeat_limit=repeat_limit,
+            approved=approved,
+            counts=counts,
+        )
+        if verdict.code is VerdictCode.APPROVAL_REQUIRED and approval == "interrupt":
+            verdict = verdict.model_copy(update={"code": VerdictCode.APPROVAL_PENDING})
+        elif verdict.allowed:
+            counts[verdict.fingerprint] = counts.get(verdict.fingerprint, 0) + 1
+        elif first_stop is None and verdict.termination is not None:
+            first_stop = stop(verdict.termination, verdict.code.value)
+        entries.append(BatchEntry.model_construct(proposal=call, verdict=verdict))
+    return GatedBatch(batch=tuple(entries), fingerprints=counts, stop=first_stop)
+
+
+def reservation_amounts(spec: ToolSpec) -> dict[str, float]:
+    """What one attempt of a call of ``spec`` reserves: a tool call, a mutation for a write or
+    external effect, and the tool's declared cost."""
+    amounts = {BudgetAxis.TOOL_CALLS.value: 1.0}
+    if spec.effect is not Effect.READ:
+        amounts[BudgetAxis.MUTATIONS.value] = 1.0
+    if spec.cost > 0:
+        amounts[BudgetAxis.COST.value] = float(spec.cost)
+    return amounts
+
+
+def to_reserve(batch: Batch) -> list[BatchEntry]:
+    """The entries whose budget must be reserved now: those the gate allowed."""
+    return [e for e in batch if e.verdict.allowed]
+
+
+def after_reservations(
+    batch: Batch,
+    refused: Mapping[str, BudgetExhausted],
+    *,
+    run_id: str,
+    verdict_key: bytes | None,
+) -> tuple[Batch, StopRequest | None]:
+    """The batch once its allowed calls were reserved in order: refused ones are marked
+    ``budget_exhausted`` (receipted as not run), the rest sealed when there is a key.
+
+    A batch none of which can run ends the run now, with the axis that ran out named.
+    """
+    out: list[BatchEntry] = []
+    for entry in batch:
+        verdict: Verdict = entry.verdict
+        if entry.call_id in refused:
+            axis = refused[entry.call_id].axis
+            verdict = verdict.model_copy(
+                update={
+                    "code": VerdictCode.BUDGET_EXHAUSTED,
+                    "exhausted_axis": axis.value if axis is not None else None,
+                }
+            )
+        elif verdict.allowed and verdict_key is not None:
+            verdict = seal_verdict(verdict, run_id=run_id, key=verdict_key)
+        out.append(entry.with_verdict(verdict) if verdict is not entry.verdict else entry)
+    result = tuple(out)
+    runs = any(e.verdict.allowed or e.verdict.code is VerdictCode.APPROVAL_PENDING for e in result)
+    if refused and not runs:
+        first = next(iter(refused.values()))
+        return result, stop_for_exhausted(first)
+    return result, None

@@ -1,0 +1,53 @@
+"""The ledger key scheme: how a run's account and each reservation are named.
+
+Names are hashes of what identifies the run (the thread and the run id), never the caller's or
+the model's text verbatim: a call id full of NUL bytes or whitespace still makes a short, clean,
+unique key, and no key leaks what the model wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def _digest(*parts: str) -> str:
+    joined = "\x1f".join(parts)
+    return hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def run_account(thread_id: str, run_id: str) -> str:
+    """The ledger account of the run ``run_id`` on checkpoint thread ``thread_id``.
+
+    The identity (tenant, principal) is recorded *in* the account, not in its name: a state
+    update that rewrites the tenant still lands on this account, whose owner then differs.
+    """
+    return f"run:{_digest(thread_id, run_id)}"
+
+
+def step_key(account: str, step: int) -> str:
+    """The reservation of model step ``step`` (1-based) of the run's ``account``."""
+    return f"{account}:step:{step}"
+
+
+def overage_key(account: str, step: int) -> str:
+    """Usage a step reported beyond its reserved estimate."""
+    return f"{account}:step:{step}:over"
+
+
+def call_key(account: str, call_id: str, attempt: int) -> str:
+    """The budget reservation of attempt ``attempt`` of tool call ``call_id``."""
+    return f"{account}:call:{_digest(call_id)}:{attempt}"
+
+
+def started_key(account: str, call_id: str, attempt: int) -> str:
+    """The durable marker that attempt ``attempt`` of ``call_id`` started (zero amounts).
+
+    Written before the tool runs: finding it on a re-run means an earlier attempt started and
+    never reported, so its effect may have happened.
+    """
+    return f"{call_key(account, call_id, attempt)}:started"
+
+
+def carried_key(account: str) -> str:
+    """What a non-durable ledger re-opened after a restart carries over from the checkpoint."""
+    return f"{account}:carried"

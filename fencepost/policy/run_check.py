@@ -1,0 +1,75 @@
+"""Whether a run may go on: trusted identity, deadline, and what the ledger says of it.
+
+Every acting node asks these first. Each returns a :class:`StopRequest` (the run must end, and
+why) or ``None`` (go on); none of them raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fencepost.policy.budget import BudgetExhausted
+from fencepost.policy.context import RunContext
+from fencepost.policy.deadline import Clock
+from fencepost.policy.phase import TerminationReason
+from fencepost.policy.state import AgentState, StopRequest
+
+# Supersteps a node needs, itself included, before LangGraph's recursion limit: decide needs
+# room for execute and the terminal node after it; execute needs room for the terminal node
+# (and, to hand back to decide, for decide to stop).
+NEEDS_DECIDE = 3
+NEEDS_EXECUTE = 2
+NEEDS_ANOTHER_DECIDE = 3
+
+
+def stop(reason: TerminationReason, code: str | None = None) -> StopRequest:
+    """A request to end the run with ``reason`` and a safe ``code``."""
+    return StopRequest(reason=reason, error_code=code)
+
+
+def out_of_supersteps(remaining: object, needs: int) -> bool:
+    """True when fewer than ``needs`` supersteps remain before the graph's recursion limit."""
+    return isinstance(remaining, int) and remaining < needs
+
+
+def check_run(state: AgentState, ctx: RunContext | None, *, clock: Clock) -> StopRequest | None:
+    """Trusted context present and naming the identity in state, and time left."""
+    if ctx is None:
+        return stop(TerminationReason.POLICY_DENIED, "missing_context")
+    if state.tenant_id != ctx.tenant_id or state.principal_id != ctx.principal.id:
+        return stop(TerminationReason.POLICY_DENIED, "context_mismatch")
+    if ctx.deadline is not None and ctx.deadline.expired(clock=clock):
+        return stop(TerminationReason.DEADLINE_EXCEEDED, "deadline_exceeded")
+    return None
+
+
+def check_owner(owner: Mapping[str, str], ctx: RunContext) -> StopRequest | None:
+    """The run's ledger account was opened for the caller's identity, whatever state says.
+
+    An account opened before owners were recorded (no owner) is not second-guessed.
+    """
+    if owner and dict(owner) != ctx.owner():
+        return stop(TerminationReason.POLICY_DENIED, "context_mismatch")
+    return None
+
+
+def stop_for_exhausted(exc: BudgetExhausted) -> StopRequest:
+    """The stop for a reservation the ledger refused; the code names the axis that ran out."""
+    axis = exc.axis.value if exc.axis is not None else "budget"
+    return stop(exc.reason, f"{axis}_exhausted")
+
+
+def stop_for_closed(reason: str) -> StopRequest:
+    """The stop for a reservation refused because the run's account (or a parent) is closed.
+
+    A cancel closes the account from any thread or process: the run stops before its next model
+    step or tool. Any other close means the run already ended, whatever state now says.
+    """
+    if reason == TerminationReason.CANCELLED.value:
+        return stop(TerminationReason.CANCELLED, "cancelled")
+    return stop(TerminationReason.POLICY_DENIED, "run_closed")
+
+
+def stop_for_unknown_account() -> StopRequest:
+    """The stop when the run's or its parent's account does not exist in the ledger."""
+    return stop(TerminationReason.POLICY_DENIED, "unknown_budget_account")
