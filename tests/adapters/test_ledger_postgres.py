@@ -1,0 +1,72 @@
+"""Rules only the Postgres backend has: one statement per operation, setup without CREATE."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from fencepost.adapters import PostgresLedger
+
+
+@pytest.fixture
+def ledger(postgres_schema: str) -> Iterator[PostgresLedger]:
+    with PostgresLedger(postgres_schema) as made:
+        yield made
+
+
+def test_every_operation_is_one_statement_so_one_round_trip(
+    ledger: PostgresLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger.open_account("tenant", {"cost": 10})
+    ledger.open_account("run", {"cost": 5}, parent="tenant")
+    sent: list[str] = []
+    real_execute = psycopg.Connection.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return real_execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    operations = {
+        "open_account": lambda: ledger.open_account("other", {"cost": 1}, parent="tenant"),
+        "reserve": lambda: ledger.reserve("run", "k1", {"cost": 2}),
+        "reserve again": lambda: ledger.reserve("run", "k1", {"cost": 2}),
+        "settle": lambda: ledger.settle("k1", {"cost": 1}),
+        "release": lambda: (ledger.reserve("run", "k2", {"cost": 1}), ledger.release("k2")),
+        "get": lambda: ledger.get("k1"),
+        "balance": lambda: ledger.balance("run"),
+        "close_account": lambda: ledger.close_account("run", "completed"),
+    }
+    for name, operation in operations.items():
+        sent.clear()
+        operation()
+        expected = 2 if name == "release" else 1  # that step also reserves
+        assert len(sent) == expected, f"{name} sent {sent}"
+        assert all(statement.startswith("SELECT * FROM fencepost_ledger_") for statement in sent)
+
+
+def test_a_role_without_create_uses_a_database_already_set_up(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    PostgresLedger(postgres_schema).close()  # set up by a role that may create
+    schema = postgres_schema.rsplit("%3D", 1)[1]
+    role = f"fp_reader_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        admin.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        admin.execute(
+            f'GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"'
+        )
+    try:
+        dsn = postgres_schema.replace("postgresql://postgres@", f"postgresql://{role}@", 1)
+        with PostgresLedger(dsn) as limited:
+            limited.open_account("run", {"cost": 1})
+            assert not limited.reserve("run", "k", {"cost": 1}).existing
+    finally:
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP OWNED BY "{role}"')
+            admin.execute(f'DROP ROLE "{role}"')
