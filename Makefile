@@ -23,7 +23,7 @@ test: lint
 	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/pytest -q
 
 bench: $(STAMP)
-	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/python benchmarks/loop_overhead.py
+	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/python benchmarks/bench.py
 
 # Runs every demo scenario through the real graph into .fencepost/runs.db, then prints the table.
 demo: $(STAMP)

@@ -1,5 +1,10 @@
 """Loop overhead: fencepost vs ``create_agent`` with limit middleware vs a bare LangGraph loop.
 
+Also the home of everything fencepost-specific the other parts share: the tool registry, the
+decision models (the chat-model adapter around the fake chat model, and a minimal DecisionModel
+with no LangChain in it), and the fencepost systems. Importing this module imports fencepost;
+``bench.py`` treats a failure here as "fencepost rows skipped" and runs the rest.
+
 Each system runs ``N`` tool iterations (model proposes one tool call, the tool runs, repeat; then
 a final text) against the same fake chat model and the same trivial tool, with the same checkpoint
 saver and the same serializer (fencepost's allowlist serializer, for all three). Rounds are
@@ -14,161 +19,59 @@ fencepost's decision model is ``fencepost.adapters.chat_model.ChatModelDecider``
 chat model when that adapter exists and passes a short smoke run, else the benchmark's own
 ``BenchChatDecider``; the table says which one ran.
 
-A second table answers "how many supersteps per iteration": fencepost as built (decide, execute)
-against the same nodes with a pass-through ``gate`` node between them (decide, gate, execute),
-i.e. what one more LangGraph node boundary per iteration costs (sync ``invoke``, both savers).
+A second table answers "how many supersteps per iteration": fencepost as built against the same
+nodes with a pass-through ``gate`` node between decide and execute, i.e. what one more LangGraph
+node boundary per iteration costs (sync ``invoke``, both savers).
 
-Usage::
-
-    make bench          # both tables (~2 min on 2 cores), written to benchmarks/results.md
-    LANGGRAPH_STRICT_MSGPACK=true .venv/bin/python benchmarks/loop_overhead.py --profile
-                        # + where fencepost's time goes: a cProfile split of one run and the
-                        #   unit costs behind it (adds a few seconds)
-
-Environment knobs: ``FENCEPOST_BENCH_N`` (iterations, default 200), ``FENCEPOST_BENCH_ROUNDS``
-(measured rounds after the warm-up, default 5), ``FENCEPOST_BENCH_ASYNC=0`` to skip the
-``ainvoke`` rows.
+Run it through ``bench.py`` (``make bench``, or ``bench.py --loop``); running this file does the
+same as ``bench.py --loop``.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import gc
+import contextlib
 import json
-import os
-import platform
-import sqlite3
-import statistics
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from importlib.metadata import version
+from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-import aiosqlite
-from langchain.agents import create_agent
-from langchain.agents.middleware import ModelCallLimitMiddleware, ToolCallLimitMiddleware
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from common import (
+    FINAL_TEXT,
+    QUESTION,
+    TALLY,
+    TOOL_NAME,
+    VERIFIED,
+    Cell,
+    Entry,
+    Key,
+    System,
+    ToolLoopChatModel,
+    async_sqlite_saver,
+    build_bare,
+    build_create_agent,
+    call_id,
+    close_saver,
+    describe,
+    interleave,
+    memory_saver,
+    ratio,
+    search_logs,
+    sqlite_saver,
+    tool_args,
+)
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.tools import StructuredTool
-from langgraph._internal._runnable import RunnableCallable
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.checkpoint.sqlite import SqliteSaver
-from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
 from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
-from fencepost.graph.serde import fencepost_serializer
-
-N = int(os.environ.get("FENCEPOST_BENCH_N", "200"))
-ROUNDS = int(os.environ.get("FENCEPOST_BENCH_ROUNDS", "5"))
-WITH_ASYNC = os.environ.get("FENCEPOST_BENCH_ASYNC", "1") != "0"
-TOOL_NAME = "search_logs"
-RESULTS = Path(__file__).with_name("results.md")
-SYSTEMS = ("fencepost", "create_agent", "bare")
 
 # --------------------------------------------------------------------------------------------
-# The shared parts: one fake chat model class, one trivial tool, one counter of what ran.
+# The tool, as fencepost registers it.
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Tally:
-    """What one run did: model turns and tool bodies actually executed."""
-
-    n: int = N
-    model_calls: int = 0
-    tool_calls: int = 0
-
-    def reset(self, n: int) -> None:
-        self.n, self.model_calls, self.tool_calls = n, 0, 0
-
-
-TALLY = Tally()
-VERIFIED: dict[str, list[int]] = {}
-"""Tool calls counted in each verified run, per system (printed with the table)."""
-CHECKPOINTS: dict[str, int] = {}
-"""Checkpoints written by each fencepost graph's last N-iteration run (one per superstep)."""
-WARM_UP_N = min(N, 40)
-"""The warm-up round only needs to touch every code path: a short run keeps ``make bench`` fast."""
-
-
-class ToolLoopChatModel(BaseChatModel):
-    """A fake chat model: one tool call per turn until ``TALLY.n`` calls, then a final text.
-
-    It ignores its input (so the cost of the model itself is the same for every system) and
-    implements both ``_generate`` and ``_agenerate`` so neither sync nor async invocation pays
-    a thread hop inside LangChain.
-    """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    @property
-    def _llm_type(self) -> str:
-        return "fencepost-bench-tool-loop"
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ToolLoopChatModel:  # type: ignore[override]
-        # Binding is free for the fake: every system pays the same nothing.
-        return self
-
-    def _turn(self) -> ChatResult:
-        i = TALLY.model_calls
-        TALLY.model_calls += 1
-        if i < TALLY.n:
-            message = AIMessage(
-                content="",
-                tool_calls=[
-                    {
-                        "name": TOOL_NAME,
-                        # Distinct arguments each turn: a repeat would (rightly) end fencepost's
-                        # run as no_progress.
-                        "args": {"query": f"status:5xx page:{i}"},
-                        "id": f"call-{i:06d}",
-                        "type": "tool_call",
-                    }
-                ],
-            )
-        else:
-            message = AIMessage(content="done: no 5xx spike found")
-        return ChatResult(generations=[ChatGeneration(message=message)])
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        return self._turn()
-
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        return self._turn()
-
-
-def search_logs(query: str) -> str:
-    """Search the logs (trivially)."""
-    TALLY.tool_calls += 1
-    return f"0 hits for {query}"
-
-
-LC_TOOL = StructuredTool.from_function(search_logs, name=TOOL_NAME)
 
 
 class SearchArgs(BaseModel):
@@ -178,7 +81,7 @@ class SearchArgs(BaseModel):
     query: str
 
 
-def _fp_search(args: SearchArgs, ctx: fp.ToolContext) -> str:
+def _fp_search(args: SearchArgs, ctx: Any) -> str:
     return search_logs(args.query)
 
 
@@ -196,8 +99,12 @@ REGISTRY = fp.ToolRegistry(
     ]
 )
 
+RUN_CONTEXT = fp.RunContext(
+    tenant_id="bench", principal=fp.Principal(id="bench-user", capabilities={"logs:read"})
+)
+
 # --------------------------------------------------------------------------------------------
-# Chat model -> fencepost DecisionModel.
+# Decision models.
 # --------------------------------------------------------------------------------------------
 
 
@@ -219,7 +126,7 @@ class BenchChatDecider:
         self._rendered.clear()
 
     @staticmethod
-    def _render(obs: fp.Observation) -> tuple[AIMessage, ToolMessage]:
+    def _render(obs: Any) -> tuple[AIMessage, ToolMessage]:
         content = (
             json.dumps({"untrusted_data": obs.result})
             if obs.kind == "tool_result"
@@ -233,7 +140,7 @@ class BenchChatDecider:
             ToolMessage(content=content, tool_call_id=obs.call_id),
         )
 
-    def messages(self, input: fp.DecisionInput) -> list[BaseMessage]:
+    def messages(self, input: Any) -> list[BaseMessage]:
         """The conversation the chat model is shown for ``input``."""
         messages: list[BaseMessage] = [HumanMessage(content=input.question)]
         for obs in input.observations:
@@ -243,7 +150,7 @@ class BenchChatDecider:
             messages.extend(pair)
         return messages
 
-    async def decide(self, input: fp.DecisionInput, *, deadline: fp.Deadline) -> Any:
+    async def decide(self, input: Any, *, deadline: Any) -> Any:
         ai = await self._chat.ainvoke(self.messages(input))
         if ai.tool_calls:
             call = ai.tool_calls[0]
@@ -253,96 +160,67 @@ class BenchChatDecider:
         return fp.FinalProposal(answer=fp.AnswerPayload(text=str(ai.content)))
 
 
-def _real_adapter() -> Callable[[], Any] | None:
-    """A factory of ``fencepost.adapters.ChatModelDecider`` if it exists (smoke-tested later)."""
+class BenchDecisionModel:
+    """A minimal DecisionModel for LangGraph's-floor rows: no LangChain, no messages.
+
+    One tool proposal per turn (from :data:`TALLY`), then a final answer: what is left of an
+    iteration is fencepost's own machinery (state, gate, ledger, nodes, checkpoints).
+    """
+
+    async def decide(self, input: Any, *, deadline: Any) -> Any:
+        i = TALLY.turn()
+        if i is None:
+            return fp.FinalProposal(answer=fp.AnswerPayload(text=FINAL_TEXT))
+        return fp.ToolProposal(call_id=call_id(i), tool_name=TOOL_NAME, arguments=tool_args(i))
+
+
+def _real_adapter() -> Callable[[BaseChatModel], Any] | None:
     try:
         from fencepost.adapters.chat_model import ChatModelDecider
     except ImportError:
         return None
-    return lambda: ChatModelDecider(ToolLoopChatModel())
+    return ChatModelDecider
 
 
-def _bench_adapter() -> BenchChatDecider:
-    return BenchChatDecider(ToolLoopChatModel())
+_CHAT_DECIDER: Callable[[BaseChatModel], Any] = BenchChatDecider
+DECIDER_NOTE = "not chosen yet"
 
 
-DECIDER_FACTORY: Callable[[], Any] = _bench_adapter
-"""Makes fencepost's decision model: the real chat-model adapter when it works (see
-:func:`choose_decider`), else the benchmark's own. One fresh instance per compiled graph."""
+def make_decider(chat: BaseChatModel | None = None) -> Any:
+    """fencepost's decision model around a chat model (the fake one by default): the real
+    adapter when it works (see :func:`choose_decider`), else the benchmark's own."""
+    return _CHAT_DECIDER(chat or ToolLoopChatModel())
+
+
+def choose_decider() -> str:
+    """Use the real ChatModelDecider if present and it completes a short run; say which."""
+    global _CHAT_DECIDER, DECIDER_NOTE
+    real = _real_adapter()
+    if real is None:
+        _CHAT_DECIDER = BenchChatDecider
+        DECIDER_NOTE = (
+            "the benchmark's own BenchChatDecider (fencepost.adapters.chat_model not found)"
+        )
+        return DECIDER_NOTE
+    try:
+        build_fencepost(memory_saver(), decider=real(ToolLoopChatModel())).run(3)
+    except BaseException as exc:  # a broken adapter must not break the benchmark
+        _CHAT_DECIDER = BenchChatDecider
+        DECIDER_NOTE = (
+            "the benchmark's own BenchChatDecider (fencepost.adapters.chat_model.ChatModelDecider "
+            f"failed a 3-iteration smoke run: {describe(exc)})"
+        )
+        return DECIDER_NOTE
+    finally:
+        VERIFIED.pop("fencepost", None)
+    _CHAT_DECIDER = real
+    DECIDER_NOTE = "fencepost.adapters.chat_model.ChatModelDecider (the real adapter)"
+    return DECIDER_NOTE
 
 
 # --------------------------------------------------------------------------------------------
-# The three systems.
+# fencepost systems.
 # --------------------------------------------------------------------------------------------
-
-RUN_CONTEXT = fp.RunContext(
-    tenant_id="bench", principal=fp.Principal(id="bench-user", capabilities={"logs:read"})
-)
-QUESTION = "Why did checkout return 5xx last night?"
-
-
-def _config(n: int) -> dict[str, Any]:
-    # Generous for all three: create_agent spends up to 4 supersteps per iteration.
-    return {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 10 * n + 50}
-
-
-@dataclass
-class System:
-    """One compiled graph plus how to start it and how to check what it did."""
-
-    name: str
-    graph: Any
-    make_input: Callable[[int], Any]
-    check: Callable[[Any, int], str | None]
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    before_run: Callable[[], None] = lambda: None
-    last_config: dict[str, Any] | None = None
-    """The config of the last run, to read its checkpoint (see :func:`supersteps`)."""
-
-    def _verify(self, out: Any, n: int) -> None:
-        problem = self.check(out, n)
-        if TALLY.tool_calls != n:
-            problem = f"ran {TALLY.tool_calls} tool calls, expected {n}"
-        elif TALLY.model_calls != n + 1:
-            problem = problem or f"made {TALLY.model_calls} model calls, expected {n + 1}"
-        if problem:
-            raise SystemExit(f"{self.name}: {problem}")
-        VERIFIED.setdefault(self.name, []).append(TALLY.tool_calls)
-
-    def run(self, n: int) -> float:
-        """Seconds for one full run of ``n`` tool iterations (sync ``invoke``)."""
-        self.before_run()
-        TALLY.reset(n)
-        config, data = _config(n), self.make_input(n)
-        self.last_config = config
-        gc.collect()
-        t0 = time.perf_counter()
-        out = self.graph.invoke(data, config, **self.kwargs)
-        elapsed = time.perf_counter() - t0
-        self._verify(out, n)
-        return elapsed
-
-    async def arun(self, n: int) -> float:
-        """Seconds for one full run of ``n`` tool iterations (``ainvoke``)."""
-        self.before_run()
-        TALLY.reset(n)
-        config, data = _config(n), self.make_input(n)
-        self.last_config = config
-        gc.collect()
-        t0 = time.perf_counter()
-        out = await self.graph.ainvoke(data, config, **self.kwargs)
-        elapsed = time.perf_counter() - t0
-        self._verify(out, n)
-        return elapsed
-
-
-def _messages_check(out: Any, n: int) -> str | None:
-    messages = out["messages"]
-    tools = sum(isinstance(m, ToolMessage) for m in messages)
-    last = messages[-1]
-    if tools != n or not isinstance(last, AIMessage) or not str(last.content).startswith("done"):
-        return f"ended with {tools} tool messages and last={type(last).__name__}"
-    return None
 
 
 def _fencepost_check(out: Any, n: int) -> str | None:
@@ -352,26 +230,39 @@ def _fencepost_check(out: Any, n: int) -> str | None:
     return None
 
 
-def build_fencepost(
-    saver: BaseCheckpointSaver[Any], *, decider: Any | None = None, **graph_kwargs: Any
-) -> System:
-    """(a) fencepost's graph, driven by the chat model through a DecisionModel adapter."""
-    model = decider or DECIDER_FACTORY()
-    graph = fp.build_agent_graph(REGISTRY, model, **graph_kwargs).compile(checkpointer=saver)
-    return _fencepost_system("fencepost", graph, model)
+def fencepost_input(n: int) -> Any:
+    return fp.start(QUESTION, fp.RuntimeBudget(steps_remaining=n + 5, tool_calls_remaining=n + 5))
 
 
-def _fencepost_system(name: str, graph: Any, model: Any) -> System:
+def fencepost_system(name: str, graph: Any, model: Any) -> System:
     return System(
         name=name,
         graph=graph,
-        make_input=lambda n: fp.start(
-            QUESTION, fp.RuntimeBudget(steps_remaining=n + 5, tool_calls_remaining=n + 5)
-        ),
+        make_input=fencepost_input,
         check=_fencepost_check,
         kwargs={"context": RUN_CONTEXT},
         before_run=getattr(model, "reset", lambda: None),
     )
+
+
+def build_fencepost(
+    saver: BaseCheckpointSaver[Any] | None,
+    *,
+    decider: Any | None = None,
+    name: str = "fencepost",
+    **graph_kwargs: Any,
+) -> System:
+    """(a) fencepost's graph, driven by the chat model through a DecisionModel adapter (or by
+    ``decider``)."""
+    model = decider or make_decider()
+    graph = fp.build_agent_graph(REGISTRY, model, **graph_kwargs).compile(checkpointer=saver)
+    return fencepost_system(name, graph, model)
+
+
+def build_fencepost_floor(saver: BaseCheckpointSaver[Any]) -> System:
+    """fencepost driven by :class:`BenchDecisionModel` (no LangChain messages)."""
+    system = build_fencepost(saver, decider=BenchDecisionModel(), name="fencepost (scripted)")
+    return system
 
 
 def _gate(values: dict[str, Any]) -> dict[str, Any]:
@@ -389,8 +280,12 @@ def build_fencepost_gate(saver: BaseCheckpointSaver[Any]) -> System:
 
     The nodes are the very ones ``build_agent_graph`` made (same LoopConfig, same decider); only
     the wiring differs: ``decide -> gate``, and ``gate`` routes on with ``route_after_decide``.
-    So an iteration is decide, gate, execute: 3 supersteps instead of 2.
+    So an iteration is decide, gate, execute: 3 supersteps instead of 2. Built from graph
+    internals: when they move, this variant is skipped and the report says why.
     """
+    from langgraph._internal._runnable import RunnableCallable
+    from langgraph.graph import END, START, StateGraph
+
     from fencepost.graph.context import RunContext
     from fencepost.graph.routing import (
         route_after_approve,
@@ -400,13 +295,15 @@ def build_fencepost_gate(saver: BaseCheckpointSaver[Any]) -> System:
     )
     from fencepost.graph.state import GraphState, InputState
 
-    model = DECIDER_FACTORY()
+    model = make_decider()
     base = fp.build_agent_graph(REGISTRY, model)
-    variant: StateGraph[Any, RunContext, Any, Any] = StateGraph(
+    if "gate" in base.nodes or set(base.nodes) != {"decide", "approve", "execute", "terminal"}:
+        raise RuntimeError(f"the graph's nodes changed ({sorted(base.nodes)})")
+    variant: StateGraph[Any, Any, Any, Any] = StateGraph(
         GraphState, context_schema=RunContext, input_schema=InputState
     )
-    for name, spec in base.nodes.items():
-        variant.add_node(name, spec.runnable)
+    for node_name, spec in base.nodes.items():
+        variant.add_node(node_name, spec.runnable)
     variant.add_node("gate", RunnableCallable(_gate, _agate, name="gate"))
     variant.add_conditional_edges(START, route_start, ["decide", "approve", "execute", "terminal"])
     variant.add_edge("decide", "gate")
@@ -416,228 +313,111 @@ def build_fencepost_gate(saver: BaseCheckpointSaver[Any]) -> System:
     variant.add_conditional_edges("approve", route_after_approve, ["execute", "decide", "terminal"])
     variant.add_conditional_edges("execute", route_after_execute, ["decide", "terminal"])
     variant.add_edge("terminal", END)
-    return _fencepost_system("fencepost+gate", variant.compile(checkpointer=saver), model)
-
-
-def build_create_agent(saver: BaseCheckpointSaver[Any]) -> System:
-    """(b) ``langchain.agents.create_agent`` with the two run-limit middlewares."""
-    graph = create_agent(
-        ToolLoopChatModel(),
-        [LC_TOOL],
-        middleware=[
-            ToolCallLimitMiddleware(run_limit=N + 5),
-            ModelCallLimitMiddleware(run_limit=N + 5),
-        ],
-        checkpointer=saver,
-    )
-    return System(
-        name="create_agent",
-        graph=graph,
-        make_input=lambda n: {"messages": [HumanMessage(content=QUESTION)]},
-        check=_messages_check,
-    )
-
-
-def build_bare(saver: BaseCheckpointSaver[Any]) -> System:
-    """(c) A bare two-node loop: model node + ToolNode on MessagesState, no policy at all."""
-    model = ToolLoopChatModel().bind_tools([LC_TOOL])
-
-    def call_model(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
-
-    async def acall_model(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [await model.ainvoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("model", RunnableCallable(call_model, acall_model, name="model"))
-    builder.add_node("tools", ToolNode([LC_TOOL]))
-    builder.add_edge(START, "model")
-    builder.add_conditional_edges("model", tools_condition)
-    builder.add_edge("tools", "model")
-    return System(
-        name="bare",
-        graph=builder.compile(checkpointer=saver),
-        make_input=lambda n: {"messages": [HumanMessage(content=QUESTION)]},
-        check=_messages_check,
-    )
+    return fencepost_system("fencepost+gate", variant.compile(checkpointer=saver), model)
 
 
 # --------------------------------------------------------------------------------------------
-# Savers.
+# The loop part: its two tables.
 # --------------------------------------------------------------------------------------------
 
-
-def memory_saver() -> InMemorySaver:
-    return InMemorySaver(serde=fencepost_serializer())
-
-
-def sqlite_saver(path: Path) -> SqliteSaver:
-    # Sync invoke writes checkpoints from LangGraph's background threads.
-    conn = sqlite3.connect(path, check_same_thread=False)
-    saver = SqliteSaver(conn, serde=fencepost_serializer())
-    saver.setup()
-    return saver
+SYSTEMS = ("fencepost", "create_agent", "bare")
+SAVER_LABELS = {
+    ("memory", "sync"): "InMemorySaver",
+    ("memory", "async"): "InMemorySaver",
+    ("sqlite", "sync"): "SqliteSaver (file)",
+    ("sqlite", "async"): "AsyncSqliteSaver (file)",
+}
 
 
-async def async_sqlite_saver(path: Path) -> AsyncSqliteSaver:
-    saver = AsyncSqliteSaver(await aiosqlite.connect(path), serde=fencepost_serializer())
-    await saver.setup()
-    return saver
+def run_loop(
+    n: int, rounds: int, with_async: bool, tmp: Path
+) -> tuple[dict[Key, Cell], dict[str, int], str | None]:
+    """Interleaved rounds of the three systems (and the +gate variant), both savers, sync and
+    async. Returns the cells, checkpoints per run, and why the +gate variant is missing."""
+    import asyncio
 
-
-# --------------------------------------------------------------------------------------------
-# The benchmark.
-# --------------------------------------------------------------------------------------------
-
-Key = tuple[str, str, str]  # (saver, mode, system)
-
-
-@dataclass
-class Cell:
-    """Per-iteration timings (ms) of one system under one saver and mode."""
-
-    samples: list[float] = field(default_factory=list)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples)
-
-    @property
-    def spread(self) -> float:
-        return (max(self.samples) - min(self.samples)) if len(self.samples) > 1 else 0.0
-
-
-def choose_decider() -> str:
-    """Use the real ChatModelDecider if present and it completes a short run; say which."""
-    global DECIDER_FACTORY
-    real = _real_adapter()
-    if real is None:
-        DECIDER_FACTORY = _bench_adapter
-        return "the benchmark's own BenchChatDecider (fencepost.adapters.chat_model not found)"
-    try:
-        build_fencepost(memory_saver(), decider=real()).run(3)
-    except BaseException as exc:  # a broken adapter must not break the benchmark
-        DECIDER_FACTORY = _bench_adapter
-        return (
-            "the benchmark's own BenchChatDecider (fencepost.adapters.chat_model.ChatModelDecider "
-            f"failed a 3-iteration smoke run: {type(exc).__name__})"
-        )
-    DECIDER_FACTORY = real
-    return "fencepost.adapters.chat_model.ChatModelDecider (the real adapter)"
-
-
-def run_benchmark(rounds: int, with_async: bool) -> tuple[dict[Key, Cell], str]:
-    decider_note = choose_decider()
     cells: dict[Key, Cell] = {}
-    with tempfile.TemporaryDirectory(prefix="fencepost-bench-") as tmp:
-        root = Path(tmp)
-        sync_systems: dict[str, list[System]] = {
-            "memory": [
-                build_fencepost(memory_saver()),
-                build_fencepost_gate(memory_saver()),
-                build_create_agent(memory_saver()),
-                build_bare(memory_saver()),
-            ],
-            "sqlite": [
-                build_fencepost(sqlite_saver(root / "sync-fencepost.db")),
-                build_fencepost_gate(sqlite_saver(root / "sync-fencepost-gate.db")),
-                build_create_agent(sqlite_saver(root / "sync-create_agent.db")),
-                build_bare(sqlite_saver(root / "sync-bare.db")),
-            ],
-        }
-        with asyncio.Runner() as runner:
-            async_systems: dict[str, list[System]] = {}
-            if with_async:
+    gate_skip: str | None = None
+    sync: dict[str, list[System]] = {}
+    for saver_name in ("memory", "sqlite"):
 
-                async def make_async() -> dict[str, list[System]]:
-                    return {
-                        "memory": [
-                            build_fencepost(memory_saver()),
-                            build_create_agent(memory_saver()),
-                            build_bare(memory_saver()),
-                        ],
-                        "sqlite": [
-                            build_fencepost(
-                                await async_sqlite_saver(root / "async-fencepost.db"),
-                            ),
-                            build_create_agent(
-                                await async_sqlite_saver(root / "async-create_agent.db")
-                            ),
-                            build_bare(await async_sqlite_saver(root / "async-bare.db")),
-                        ],
-                    }
+        def saver(tag: str, saver_name: str = saver_name) -> Any:
+            if saver_name == "memory":
+                return memory_saver()
+            return sqlite_saver(tmp / f"loop-sync-{tag}.db")
 
-                async_systems = runner.run(make_async())
-            for round_no in range(rounds + 1):
-                t_round = time.perf_counter()
-                n = N if round_no else WARM_UP_N
-                for saver_name in ("memory", "sqlite"):
-                    for system in sync_systems[saver_name]:
-                        ms = system.run(n) * 1000 / n
-                        if round_no:  # round 0 is the warm-up
-                            cells.setdefault(
-                                (saver_name, "sync", system.name), Cell()
-                            ).samples.append(ms)
-                            if system.name.startswith("fencepost"):
-                                cells.setdefault(
-                                    (saver_name, "pair", system.name), Cell()
-                                ).samples.append(ms)
-                    # (a) and (a') once more in the reverse order (a, a', ..., a', a): twice the
-                    # samples for the node-boundary table, and run order cancels out of it.
-                    for system in reversed(sync_systems[saver_name][:2]):
-                        ms = system.run(n) * 1000 / n
-                        if round_no:
-                            cells.setdefault(
-                                (saver_name, "pair", system.name), Cell()
-                            ).samples.append(ms)
-                    for system in async_systems.get(saver_name, []):
-                        ms = runner.run(system.arun(n)) * 1000 / n
-                        if round_no:
-                            cells.setdefault(
-                                (saver_name, "async", system.name), Cell()
-                            ).samples.append(ms)
-                label = "warm-up" if round_no == 0 else f"round {round_no}/{rounds}"
-                print(f"  {label}: {time.perf_counter() - t_round:.1f}s", file=sys.stderr)
+        systems = [build_fencepost(saver("fencepost"))]
+        try:
+            systems.append(build_fencepost_gate(saver("fencepost-gate")))
+        except Exception as exc:
+            gate_skip = describe(exc)
+        systems += [
+            build_create_agent(saver("create_agent"), limit=n + 5),
+            build_bare(saver("bare")),
+        ]
+        sync[saver_name] = systems
+    entries: list[Entry] = []
+    with asyncio.Runner() as runner:
+        asyncs: dict[str, list[System]] = {}
+        if with_async:
 
-            async def close_async() -> None:
-                for systems in async_systems.values():
-                    for system in systems:
-                        saver = system.graph.checkpointer
-                        if isinstance(saver, AsyncSqliteSaver):
-                            await saver.conn.close()
+            async def make_async() -> dict[str, list[System]]:
+                return {
+                    "memory": [
+                        build_fencepost(memory_saver()),
+                        build_create_agent(memory_saver(), limit=n + 5),
+                        build_bare(memory_saver()),
+                    ],
+                    "sqlite": [
+                        build_fencepost(await async_sqlite_saver(tmp / "loop-async-fp.db")),
+                        build_create_agent(
+                            await async_sqlite_saver(tmp / "loop-async-ca.db"), limit=n + 5
+                        ),
+                        build_bare(await async_sqlite_saver(tmp / "loop-async-bare.db")),
+                    ],
+                }
 
-            runner.run(close_async())
-        for system in sync_systems["memory"]:
+            asyncs = runner.run(make_async())
+        for saver_name in ("memory", "sqlite"):
+            pairs = [s for s in sync[saver_name] if s.name.startswith("fencepost")]
+            for system in sync[saver_name]:
+                keys: tuple[Key, ...] = ((saver_name, "sync", system.name),)
+                if system in pairs:
+                    keys += ((saver_name, "pair", system.name),)
+                entries.append(Entry(keys, system))
+            if len(pairs) == 2:
+                # (a) and (a') once more in reverse order (a, a', ..., a', a): twice the samples
+                # for the node-boundary table, and run order cancels out of it.
+                entries += [Entry(((saver_name, "pair", s.name),), s) for s in reversed(pairs)]
+            for system in asyncs.get(saver_name, []):
+                entries.append(Entry(((saver_name, "async", system.name),), system, "async"))
+        interleave(
+            entries, cells, n=n, rounds=rounds, warm_up_n=min(n, 40), runner=runner, label="loop"
+        )
+        checkpoints: dict[str, int] = {}
+        for system in sync["memory"]:
             if system.name.startswith("fencepost") and system.last_config is not None:
-                CHECKPOINTS[system.name] = sum(
-                    1 for _ in system.graph.checkpointer.list(system.last_config)
-                )
-        for systems in sync_systems.values():
-            for system in systems:
-                saver = system.graph.checkpointer
-                if isinstance(saver, SqliteSaver):
-                    saver.conn.close()
-    return cells, decider_note
+                with contextlib.suppress(Exception):
+                    checkpoints[system.name] = sum(
+                        1 for _ in system.graph.checkpointer.list(system.last_config)
+                    )
+
+        async def close_all() -> None:
+            for systems in (*sync.values(), *asyncs.values()):
+                for system in systems:
+                    await close_saver(system.graph.checkpointer)
+
+        runner.run(close_all())
+    return cells, checkpoints, gate_skip
 
 
-def environment() -> str:
-    return (
-        f"Python {platform.python_version()} ({platform.machine()}), "
-        f"langgraph {version('langgraph')}, langchain {version('langchain')}, "
-        f"langchain-core {version('langchain-core')}, pydantic {version('pydantic')}, "
-        f"{os.cpu_count()} CPUs, LANGGRAPH_STRICT_MSGPACK={os.environ.get('LANGGRAPH_STRICT_MSGPACK', 'unset')}"
-    )
-
-
-def table(cells: dict[Key, Cell], rounds: int, decider_note: str) -> str:
+def loop_table(cells: dict[Key, Cell], n: int, rounds: int) -> str:
     lines = [
-        f"## Loop overhead: {N} tool iterations, median ms per iteration over {rounds} "
+        f"## Loop overhead: {n} tool iterations, median ms per iteration over {rounds} "
         "interleaved rounds (after 1 warm-up)",
         "",
-        f"Environment: {environment()}.",
-        "",
-        f"fencepost's decision model: {decider_note}. Every system: the same fake chat model "
-        "(one tool call per turn), the same trivial tool, the same saver kind, fencepost's "
+        f"fencepost's decision model: {DECIDER_NOTE}. Every system: the same fake chat model "
+        "(one tool call per turn), the same trivial tool, the same saver kind, the same "
         "serializer. Tool calls and model calls were counted and verified for every run.",
         "",
         "| saver | mode | (a) fencepost | (b) create_agent + limits | (c) bare loop "
@@ -646,350 +426,85 @@ def table(cells: dict[Key, Cell], rounds: int, decider_note: str) -> str:
     ]
     for saver_name in ("memory", "sqlite"):
         for mode in ("sync", "async"):
-            row = {s: cells.get((saver_name, mode, s)) for s in SYSTEMS}
-            a, b, c = row["fencepost"], row["create_agent"], row["bare"]
-            if a is None or b is None or c is None:
+            a, b, c = (cells.get((saver_name, mode, s)) for s in SYSTEMS)
+            if a is None and b is None and c is None:
                 continue
-            ab, ac = a.median / b.median, a.median / c.median
-            saver_label = "InMemorySaver" if saver_name == "memory" else "SqliteSaver (file)"
-            if mode == "async" and saver_name == "sqlite":
-                saver_label = "AsyncSqliteSaver (file)"
             lines.append(
-                f"| {saver_label} | {'invoke' if mode == 'sync' else 'ainvoke'} "
-                f"| {a.median:.2f} (±{a.spread / 2:.2f}) | {b.median:.2f} (±{b.spread / 2:.2f}) "
-                f"| {c.median:.2f} (±{c.spread / 2:.2f}) "
-                f"| {ab:.2f} {'met' if ab <= 0.75 else 'MISSED'} "
-                f"| {ac:.2f} {'met' if ac <= 1.3 else 'MISSED'} |"
+                f"| {SAVER_LABELS[saver_name, mode]} | {'invoke' if mode == 'sync' else 'ainvoke'} "
+                f"| {a.fmt() if a else 'n/a'} | {b.fmt() if b else 'n/a'} "
+                f"| {c.fmt() if c else 'n/a'} | {ratio(a, b, 0.75)} | {ratio(a, c, 1.3)} |"
             )
-    verified = ", ".join(
-        f"{name} {sum(c == N for c in counts)} runs x {N} tool calls"
-        for name, counts in VERIFIED.items()
-    )
     lines += [
         "",
-        "(± is half the spread between the fastest and slowest measured round.) "
-        f"Tool calls counted in the tool body and checked after every run: {verified} "
-        "(plus the warm-up); each run also made N+1 model calls and ended with its final "
-        "answer (fencepost: `completed` with N observations). A run that did not is an error.",
+        "(± is half the spread between the fastest and slowest measured round.) Every run was "
+        "verified: N tool calls counted in the tool body, N+1 model calls, and the final answer "
+        "(fencepost: `completed` with N observations). A run that did not is an error, shown "
+        "in its cell instead of a time.",
         "",
     ]
     return "\n".join(lines)
 
 
-def gate_table(cells: dict[Key, Cell], rounds: int) -> str:
+def gate_table(
+    cells: dict[Key, Cell], n: int, rounds: int, checkpoints: dict[str, int], skip: str | None
+) -> str:
     """How much one more node boundary per iteration costs: fencepost as is vs + ``gate``."""
-    lines = [
-        "### Node boundaries: 2 supersteps per iteration vs 3",
-        "",
+    lines = ["### Node boundaries: 2 supersteps per iteration vs 3", ""]
+    if skip is not None:
+        return "\n".join([*lines, f"skipped: the +gate variant could not be built: {skip}", ""])
+    lines += [
         "The design question: should the policy gate be its own LangGraph node? (a) is fencepost "
         "as built (the gate runs inside `decide`; an iteration is decide, execute). (a') is the "
         "same graph with a pass-through `gate` node between `decide` and `execute` that returns "
         "`{}` and routes on with `route_after_decide`: the same nodes (built by "
         "`build_agent_graph`), one more superstep and checkpoint per iteration, and no gate "
         "work of its own, so the difference is LangGraph machinery alone. Sync `invoke`, "
-        f"{N} tool iterations, median of {2 * rounds} runs each: every round ran (a) and (a') "
+        f"{n} tool iterations, median of {2 * rounds} runs each: every round ran (a) and (a') "
         "with the table above, then again in reverse order (so run order cancels out); every "
-        "run verified the same "
-        "way (N tool calls, N+1 model calls, `completed`).",
+        "run verified the same way (N tool calls, N+1 model calls, `completed`).",
         "",
         "| saver | (a) 2 supersteps/iter, ms/iter | (a') 3 supersteps/iter, ms/iter "
         "| a'/a | extra ms/iter (median of paired runs) |",
         "|---|---:|---:|---:|---:|",
     ]
+    import statistics
+
     for saver_name, saver_label in (("memory", "InMemorySaver"), ("sqlite", "SqliteSaver (file)")):
         a = cells.get((saver_name, "pair", "fencepost"))
         g = cells.get((saver_name, "pair", "fencepost+gate"))
         if a is None or g is None:
             continue
+        if not (a.ok and g.ok) or len(a.samples) != len(g.samples):
+            lines.append(f"| {saver_label} | {a.fmt()} | {g.fmt()} | n/a | n/a |")
+            continue
         # Each (a) run is paired with the (a') run next to it, so drift between rounds cancels.
         extra = statistics.median(x - y for x, y in zip(g.samples, a.samples, strict=True))
         lines.append(
-            f"| {saver_label} | {a.median:.2f} (±{a.spread / 2:.2f}) "
-            f"| {g.median:.2f} (±{g.spread / 2:.2f}) | {g.median / a.median:.2f} "
-            f"| {extra:+.2f} |"
+            f"| {saver_label} | {a.fmt()} | {g.fmt()} | {g.median / a.median:.2f} | {extra:+.2f} |"
         )
-    a_ck, g_ck = CHECKPOINTS.get("fencepost"), CHECKPOINTS.get("fencepost+gate")
+    a_ck, g_ck = checkpoints.get("fencepost"), checkpoints.get("fencepost+gate")
     if a_ck is not None and g_ck is not None:
         lines += [
             "",
-            f"Checkpoints written by one {N}-iteration run (InMemorySaver, one per superstep): "
-            f"(a) {a_ck}, (a') {g_ck}, i.e. {(g_ck - a_ck) / N:.2f} more per iteration.",
+            f"Checkpoints written by one {n}-iteration run (InMemorySaver, one per superstep): "
+            f"(a) {a_ck}, (a') {g_ck}, i.e. {(g_ck - a_ck) / n:.2f} more per iteration.",
         ]
     lines.append("")
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------------------------
-# --profile: where fencepost's per-iteration time goes, as the code is now. A cProfile split of
-# one run, and the unit costs behind it at the end of an N-iteration run.
-# --------------------------------------------------------------------------------------------
-
-
-def _micro(label: str, fn: Callable[[], Any], repeat: int = 200) -> tuple[str, float]:
-    try:
-        fn()
-    except Exception:  # fencepost internals moved: report the row as n/a, keep the rest
-        return label, float("nan")
+def loop_part(n: int, rounds: int, with_async: bool) -> str:
+    """The loop part of ``make bench``: both tables, as markdown."""
     t0 = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return label, (time.perf_counter() - t0) / repeat * 1e6
-
-
-def _real_adapter_micro(decision_input: fp.DecisionInput) -> list[tuple[str, float]]:
-    if DECIDER_FACTORY is _bench_adapter:
-        return []
-    decider = DECIDER_FACTORY()
-    n = len(decision_input.observations)
-    return [
-        _micro(
-            f"ChatModelDecider.messages: {n} observations, fresh decider (nothing cached yet)",
-            lambda: DECIDER_FACTORY().messages(decision_input),
-            20,
-        ),
-        _micro(
-            f"ChatModelDecider.messages: {n} observations, rendered turns cached (every step)",
-            lambda: decider.messages(decision_input),
-            50,
-        ),
-        _micro(
-            "ChatModelDecider._runnable: catalog json key (every turn)",
-            lambda: decider._runnable(decision_input.catalog),
-        ),
-    ]
-
-
-async def _to_thread_int() -> None:
-    await asyncio.to_thread(int)
-
-
-def _micro_async(label: str, fn: Callable[[], Any], repeat: int = 200) -> tuple[str, float]:
-    async def many() -> float:
-        await fn()
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            await fn()
-        return (time.perf_counter() - t0) / repeat * 1e6
-
-    return label, asyncio.run(many())
-
-
-def micro_costs(n: int) -> list[tuple[str, float]]:
-    """Unit costs (µs per call) behind the per-iteration numbers, at the run's final size."""
-    from fencepost.graph import nodes as nodes_mod
-    from fencepost.graph.portal import run_sync
-    from fencepost.graph.state import changed, load_state
-
-    serde = fencepost_serializer()
-    manifest = fp.StepManifest(
-        run_id="run-0123456789abcdef",
-        step=7,
-        phase=fp.Phase.EXECUTE,
-        decision_kind="tool",
-        tool_name=TOOL_NAME,
-        effect=fp.Effect.READ,
-        verdict=fp.VerdictCode.ALLOWED,
-        steps_remaining=10,
-        tool_calls_remaining=10,
-        deadline_remaining_ms=1000,
-        outcome="success",
-        code="completed",
+    with tempfile.TemporaryDirectory(prefix="fencepost-bench-loop-") as tmp:
+        cells, checkpoints, gate_skip = run_loop(n, rounds, with_async, Path(tmp))
+    print(f"  loop: {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    return (
+        loop_table(cells, n, rounds) + "\n" + gate_table(cells, n, rounds, checkpoints, gate_skip)
     )
-    manifests = tuple(manifest for _ in range(2 * n))
-    observations = tuple(
-        fp.Observation(
-            sequence=i,
-            call_id=f"call-{i:06d}",
-            tool_name=TOOL_NAME,
-            kind="tool_result",
-            result=f"0 hits for status:5xx page:{i}",
-        )
-        for i in range(n)
-    )
-    fingerprints = {f"{i:064x}": 1 for i in range(n)}
-    decision_input = fp.DecisionInput(
-        run_id="run-0123456789abcdef",
-        question=QUESTION,
-        observations=observations,
-        catalog=tuple(REGISTRY.model_catalog()),
-        budget=fp.RuntimeBudget(steps_remaining=n + 5, tool_calls_remaining=n + 5),
-        step=n,
-    )
-    # The history the chat model is shown, as the bare loop keeps it in its messages channel.
-    messages = DECIDER_FACTORY().messages(decision_input)
-
-    async def noop() -> None:
-        return None
-
-    values = {
-        name: getattr(s, name)
-        for s in [_sample_state(n, observations, manifests)]
-        for name in fp.AgentState.model_fields
-    }
-    state = load_state(values)
-    assert state is not None
-    # One iteration's growth: a step, an observation, the decide and execute manifests.
-    grown = state.model_copy(
-        update={
-            "step": state.step + 1,
-            "observations": (*state.observations, observations[-1]),
-            "manifests": (*state.manifests, manifest, manifest),
-        }
-    )
-    # _decision_input reads only cfg.registry; a stand-in keeps this immune to LoopConfig growing.
-    loop_config = SimpleNamespace(registry=REGISTRY)
-
-    def catalog_input() -> Any:
-        return nodes_mod._decision_input(state, loop_config)
-
-    return [
-        _micro(
-            "serialize 2 StepManifests (one iteration's delta write to `manifests`)",
-            lambda: serde.dumps_typed(manifests[:2]),
-        ),
-        _micro(
-            f"serialize {2 * n} StepManifests (a `manifests` snapshot, every 100th update)",
-            lambda: serde.dumps_typed(manifests),
-            20,
-        ),
-        _micro(
-            "serialize 1 Observation (one iteration's delta write to `observations`)",
-            lambda: serde.dumps_typed(observations[:1]),
-        ),
-        _micro(
-            f"serialize {n} Observations (an `observations` snapshot, every 100th update)",
-            lambda: serde.dumps_typed(observations),
-            20,
-        ),
-        _micro(
-            f"serialize {len(messages)} LangChain messages (the bare loop's channel, every "
-            "checkpoint)",
-            lambda: serde.dumps_typed(messages),
-            20,
-        ),
-        *_real_adapter_micro(decision_input),
-        _micro(f"serialize fingerprints dict of {n}", lambda: serde.dumps_typed(fingerprints), 50),
-        _micro("portal round trip: run_sync(no-op coroutine)", lambda: run_sync(noop())),
-        _micro_async(
-            "asyncio.to_thread hop (sync tool body, inside a running loop)", _to_thread_int
-        ),
-        _micro("load_state (channel values -> AgentState)", lambda: load_state(values)),
-        _micro(
-            "changed (state diff -> channel writes, appended tails only)",
-            lambda: changed(state, grown),
-        ),
-        _micro("model_copy of AgentState", lambda: state.model_copy(update={"step": 1})),
-        _micro("_decision_input (incl. catalog copy)", catalog_input),
-    ]
-
-
-def _sample_state(
-    n: int, observations: tuple[Any, ...], manifests: tuple[Any, ...]
-) -> fp.AgentState:
-    return fp.AgentState(
-        run_id="run-0123456789abcdef",
-        question=QUESTION,
-        budget=fp.RuntimeBudget(steps_remaining=n + 5, tool_calls_remaining=n + 5),
-        observations=observations,
-        manifests=manifests,
-        step=n,
-    )
-
-
-def profile_buckets(n: int) -> list[tuple[str, float]]:
-    """cProfile of one fencepost ``ainvoke`` (one thread, so nothing hides in the portal thread):
-    cumulative time of the parts that matter, in ms per iteration."""
-    import cProfile
-    import pstats
-
-    system = build_fencepost(memory_saver())
-    asyncio.run(system.arun(n))  # warm
-    profiler = cProfile.Profile()
-    profiler.enable()
-    total = asyncio.run(system.arun(n))
-    profiler.disable()
-    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
-
-    def cumulative(*names: str, where: tuple[str, ...] = ("",)) -> float:
-        return sum(
-            row[3]
-            for (filename, _, func), row in stats.items()
-            if func in names and any(w in filename for w in where)
-        )
-
-    nodes = ("fencepost/graph/nodes.py",)
-    parts = [
-        (
-            "checkpoint serialization (serde.dumps_typed, both put and put_writes)",
-            cumulative("dumps_typed"),
-        ),
-        (
-            "fencepost decide, around the model (_decide_prepare + _decide_finish)",
-            cumulative("_decide_prepare", "_decide_finish", where=nodes),
-        ),
-        (
-            "fencepost execute, around the tool (_execute_prepare + _execute_finish)",
-            cumulative("_execute_prepare", "_execute_finish", where=nodes),
-        ),
-        ("fencepost terminal node", cumulative("terminal", where=nodes)),
-        (
-            "the model call through the adapter (DecisionModel.decide)",
-            cumulative("decide", where=("fencepost/adapters/chat_model.py", "loop_overhead.py")),
-        ),
-        ("the tool call (_run_one, incl. to_thread)", cumulative("_run_one", where=nodes)),
-    ]
-    parts.append(
-        (
-            "everything else (LangGraph pregel loop, channels, asyncio)",
-            total - sum(v for _, v in parts),
-        )
-    )
-    parts.append(("total (wall time of the profiled ainvoke)", total))
-    return [(k, v * 1000 / n) for k, v in parts]
-
-
-def run_breakdown() -> str:
-    """The ``--profile`` section: a cProfile split of one fencepost run, then unit costs."""
-    lines = [
-        f"## Where fencepost's time goes (--profile, N={N})",
-        "",
-        "cProfile of one fencepost `ainvoke` (InMemorySaver, ChatModelDecider when present), "
-        "cumulative ms per iteration (cProfile slows Python code ~2-3x: read the shares, not "
-        "the absolute numbers). observations/receipts/manifests are LangGraph DeltaChannels: a "
-        "checkpoint stores the items a step appended, plus a full snapshot every 100th update "
-        "of a channel.",
-        "",
-    ]
-    buckets = profile_buckets(N)
-    total = buckets[-1][1]
-    lines += ["| where | ms/iter | share |", "|---|---:|---:|"]
-    lines += [f"| {k} | {v:.2f} | {v / total:.0%} |" for k, v in buckets]
-    lines += ["", f"Unit costs at the end of a {N}-iteration run (µs per call):", ""]
-    lines += ["| operation | µs |", "|---|---:|"]
-    lines += [
-        f"| {k} | {'n/a' if v != v else f'{v:.0f}'} |"  # NaN: that internal moved
-        for k, v in micro_costs(N)
-    ]
-    lines.append("")
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
-    parser.add_argument("--no-async", action="store_true", help="skip the ainvoke rows")
-    parser.add_argument("--profile", action="store_true", help="also profile fencepost")
-    args = parser.parse_args(argv)
-    print(f"loop_overhead: N={N}, {args.rounds} rounds + warm-up", file=sys.stderr)
-    t0 = time.perf_counter()
-    cells, decider_note = run_benchmark(args.rounds, WITH_ASYNC and not args.no_async)
-    report = table(cells, args.rounds, decider_note) + "\n" + gate_table(cells, args.rounds)
-    if args.profile:
-        report += "\n" + run_breakdown()
-    print(report)
-    RESULTS.write_text(report)
-    print(f"written to {RESULTS} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main()
+    import bench
+
+    sys.exit(bench.main(["--loop", *sys.argv[1:]]))
