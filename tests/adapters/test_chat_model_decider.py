@@ -308,7 +308,7 @@ async def test_a_fresh_decider_rebuilds_the_conversation_from_the_input_alone() 
         run_id="run-x",
         question="q",
         observations=(
-            fp.Observation(
+            fp.policy.Observation(
                 sequence=0,
                 step=1,
                 call_id=first.call_id,
@@ -316,7 +316,7 @@ async def test_a_fresh_decider_rebuilds_the_conversation_from_the_input_alone() 
                 kind="tool_result",
                 result={"n": 1},
             ),
-            fp.Observation(
+            fp.policy.Observation(
                 sequence=1,
                 step=2,
                 call_id=second.call_id,
@@ -325,7 +325,7 @@ async def test_a_fresh_decider_rebuilds_the_conversation_from_the_input_alone() 
                 error_code=fp.ErrorCode.TIMEOUT,
                 retryable=True,
             ),
-            fp.Observation(
+            fp.policy.Observation(
                 sequence=2,
                 step=2,
                 call_id=third.call_id,

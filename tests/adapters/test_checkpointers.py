@@ -67,7 +67,7 @@ def assert_revived(values: dict[str, Any], written: fp.AgentState) -> None:
     # Strict msgpack revives only allowlisted types: without fencepost's serializer these
     # would be dicts (or the load would fail).
     assert isinstance(values["budget"], fp.RuntimeBudget)
-    assert all(isinstance(o, fp.Observation) for o in values["observations"])
+    assert all(isinstance(o, fp.policy.Observation) for o in values["observations"])
     assert isinstance(values["final_answer"], fp.AnswerPayload)
     assert fp.run_output(values) == written
 

@@ -162,7 +162,7 @@ async def test_over_http_the_injection_is_sent_only_inside_a_tool_data_block() -
 def test_no_tool_output_can_break_out_of_its_data_block(payload: Any) -> None:
     # Whatever a tool returns — quotes, braces, fake role markers — decodes back to one block
     # holding exactly that value, so the model is never handed it as anything but data.
-    obs = fp.Observation(
+    obs = fp.policy.Observation(
         sequence=0, call_id="call-0001", tool_name="t", kind="tool_result", result=payload
     )
     block = json.loads(observation_content(obs))

@@ -14,7 +14,7 @@ def _forge(
     h: Any,
     config: dict[str, Any],
     pending: tuple[fp.ToolProposal, ...] | None = None,
-    verdicts: tuple[fp.Verdict, ...] | None = None,
+    verdicts: tuple[fp.policy.Verdict, ...] | None = None,
 ) -> dict[str, Any]:
     """A caller's forged ``batch``: the given proposals and/or verdicts, each paired with the
     thread's current other half of the same call id where only one half is given."""
@@ -28,7 +28,7 @@ def _forge(
         assert verdicts is not None
         props = {e.call_id: e.proposal for e in current}
         pairs = ((props[v.call_id], v) for v in verdicts)
-    return {"batch": tuple(fp.BatchEntry(proposal=p, verdict=v) for p, v in pairs)}
+    return {"batch": tuple(fp.policy.BatchEntry(proposal=p, verdict=v) for p, v in pairs)}
 
 
 def _paused(h: Any, config: dict[str, Any], ctx: fp.RunContext) -> dict[str, Any]:
@@ -152,8 +152,8 @@ def test_a_denied_verdict_cannot_be_slipped_to_the_executor_by_a_state_edit() ->
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_after=["decide"])
     snapshot = h.graph.get_state(config)
     verdict = snapshot.values["batch"][0].verdict
-    assert verdict.code is fp.VerdictCode.CAPABILITY_DENIED
-    allowed = verdict.model_copy(update={"code": fp.VerdictCode.ALLOWED})
+    assert verdict.code is fp.policy.VerdictCode.CAPABILITY_DENIED
+    allowed = verdict.model_copy(update={"code": fp.policy.VerdictCode.ALLOWED})
     h.graph.update_state(
         config, {**_forge(h, config, verdicts=(allowed,)), "stop": None}, as_node="decide"
     )
@@ -173,7 +173,7 @@ def test_with_a_verdict_key_a_forged_approval_never_runs() -> None:
     config, ctx = thread(), context()
     _paused(h, config, ctx)
     pending = h.graph.get_state(config).values["batch"][0].verdict
-    forged = pending.model_copy(update={"code": fp.VerdictCode.ALLOWED})
+    forged = pending.model_copy(update={"code": fp.policy.VerdictCode.ALLOWED})
     state = fp.run_output(
         h.graph.invoke(
             Command(update=_forge(h, config, verdicts=(forged,)), goto="execute"),
@@ -200,17 +200,17 @@ def test_with_a_verdict_key_a_real_approval_still_runs() -> None:
 
 
 def test_a_seal_is_bound_to_its_run_call_and_arguments() -> None:
-    verdict = fp.Verdict(
+    verdict = fp.policy.Verdict(
         call_id="call-0001",
         tool_name="write_note",
         fingerprint="f" * 64,
-        code=fp.VerdictCode.ALLOWED,
+        code=fp.policy.VerdictCode.ALLOWED,
     )
-    sealed = fp.seal_verdict(verdict, run_id="run-1", key=KEY)
-    assert fp.verdict_is_sealed(sealed, run_id="run-1", key=KEY)
-    assert not fp.verdict_is_sealed(sealed, run_id="run-2", key=KEY)
-    assert not fp.verdict_is_sealed(
+    sealed = fp.policy.seal_verdict(verdict, run_id="run-1", key=KEY)
+    assert fp.policy.verdict_is_sealed(sealed, run_id="run-1", key=KEY)
+    assert not fp.policy.verdict_is_sealed(sealed, run_id="run-2", key=KEY)
+    assert not fp.policy.verdict_is_sealed(
         sealed.model_copy(update={"fingerprint": "0" * 64}), run_id="run-1", key=KEY
     )
-    assert not fp.verdict_is_sealed(sealed, run_id="run-1", key=b"another-key-0123456789")
-    assert not fp.verdict_is_sealed(verdict, run_id="run-1", key=KEY)
+    assert not fp.policy.verdict_is_sealed(sealed, run_id="run-1", key=b"another-key-0123456789")
+    assert not fp.policy.verdict_is_sealed(verdict, run_id="run-1", key=KEY)

@@ -261,7 +261,7 @@ def _only_receipt(o: Outcome) -> fp.Receipt:
     return receipt
 
 
-def _only_observation(o: Outcome) -> fp.Observation:
+def _only_observation(o: Outcome) -> fp.policy.Observation:
     (observation,) = o.state.observations
     assert observation.call_id == FIRST_CALL_ID
     return observation

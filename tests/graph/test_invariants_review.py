@@ -53,7 +53,7 @@ def _forge(
     h: Any,
     config: dict[str, Any],
     pending: tuple[fp.ToolProposal, ...] | None = None,
-    verdicts: tuple[fp.Verdict, ...] | None = None,
+    verdicts: tuple[fp.policy.Verdict, ...] | None = None,
 ) -> dict[str, Any]:
     """A caller's forged ``batch``: the given proposals and/or verdicts, each paired with the
     thread's current other half of the same call id where only one half is given."""
@@ -67,16 +67,16 @@ def _forge(
         assert verdicts is not None
         props = {e.call_id: e.proposal for e in current}
         pairs = ((props[v.call_id], v) for v in verdicts)
-    return {"batch": tuple(fp.BatchEntry(proposal=p, verdict=v) for p, v in pairs)}
+    return {"batch": tuple(fp.policy.BatchEntry(proposal=p, verdict=v) for p, v in pairs)}
 
 
-def _allowed(proposal: fp.ToolProposal) -> fp.Verdict:
+def _allowed(proposal: fp.ToolProposal) -> fp.policy.Verdict:
     """The verdict a forger would write: "allowed", with the right call id and fingerprint."""
-    return fp.Verdict(
+    return fp.policy.Verdict(
         call_id=proposal.call_id,
         tool_name=proposal.tool_name,
-        fingerprint=fp.proposal_fingerprint(proposal.tool_name, proposal.arguments),
-        code=fp.VerdictCode.ALLOWED,
+        fingerprint=fp.policy.proposal_fingerprint(proposal.tool_name, proposal.arguments),
+        code=fp.policy.VerdictCode.ALLOWED,
     )
 
 
@@ -268,7 +268,7 @@ def test_with_a_verdict_key_a_sealed_verdict_cannot_be_moved_to_other_arguments(
     assert sealed.seal is not None
     forged = call(n=1, query="DROP TABLE users")
     moved = sealed.model_copy(
-        update={"fingerprint": fp.proposal_fingerprint(forged.tool_name, forged.arguments)}
+        update={"fingerprint": fp.policy.proposal_fingerprint(forged.tool_name, forged.arguments)}
     )
     update = _forge(h, config, (forged,), (moved,))
     h.graph.invoke(Command(update=update, goto="execute"), config, context=ctx)
@@ -421,7 +421,7 @@ def test_a_failed_call_stays_charged_in_the_ledger() -> None:
     account = run_account(config["configurable"]["thread_id"], state.run_id)
     reservation = ledger.get(call_key(account, "call-0001", 1))
     assert reservation is not None
-    assert reservation.status is fp.ReservationStatus.SETTLED
+    assert reservation.status is fp.policy.ReservationStatus.SETTLED
     held = ledger.balance(account).held
     assert held.get("tool_calls") == state.budget.tool_calls_used == 1
 
@@ -516,7 +516,7 @@ def test_the_graph_nests_in_a_parent_graph_node_and_ends_with_a_typed_reason(
 
 
 class Host(TypedDict, total=False):
-    request: fp.StartRequest
+    request: fp.graph.StartRequest
     termination: fp.TerminationReason | None
     final_answer: fp.AnswerPayload | None
     budget: fp.RuntimeBudget

@@ -42,7 +42,7 @@ def test_any_model_output_ends_in_one_typed_reason(script: list[Any]) -> None:
         context=context(),
     )
     state = fp.run_output(out)
-    assert state.phase is fp.Phase.TERMINAL
+    assert state.phase is fp.policy.Phase.TERMINAL
     assert isinstance(state.termination, fp.TerminationReason)
     # Only a registered read tool with valid arguments may have run.
     assert {name for name, _, _ in h.calls.log} <= {"search_logs"}

@@ -27,7 +27,7 @@ def test_terminal_state_is_only_made_by_the_terminal_node() -> None:
         fp.start("q", budget()), config, context=context(), stream_mode="updates"
     ):
         for node, update in chunk.items():
-            if update and update.get("phase") is fp.Phase.TERMINAL:
+            if update and update.get("phase") is fp.policy.Phase.TERMINAL:
                 assert node == "terminal"
     history = list(h.graph.get_state_history(config))
     terminal_writes = [
@@ -41,8 +41,8 @@ def test_terminate_refuses_a_terminal_state() -> None:
     h = harness([fp.AbstainProposal(reason="insufficient_evidence")])
     state = h.run()
     try:
-        fp.terminate(state, fp.TerminationReason.FAILED)
-    except fp.TerminalStateError:
+        fp.policy.terminate(state, fp.TerminationReason.FAILED)
+    except fp.policy.TerminalStateError:
         pass
     else:  # pragma: no cover - the assertion is the point
         raise AssertionError("terminate accepted a terminal state")

@@ -38,8 +38,8 @@ def test_reason_is_reached_as_data_not_as_an_exception(reason: fp.TerminationRea
     h = harness(script)
     state = h.run(**run_kw)
     assert state.termination is reason
-    assert state.phase is fp.Phase.TERMINAL
-    assert state.manifests[-1].phase is fp.Phase.TERMINAL
+    assert state.phase is fp.policy.Phase.TERMINAL
+    assert state.manifests[-1].phase is fp.policy.Phase.TERMINAL
 
 
 def test_deadline_and_cancelled_are_reachable_too() -> None:

@@ -61,8 +61,8 @@ def test_manifests_stream_on_custom_mode_and_stay_in_state() -> None:
         m.model_dump(mode="json") for m in state.manifests
     ]
     assert [m.phase for m in state.manifests] == [
-        fp.Phase.VALIDATE,
-        fp.Phase.EXECUTE,
-        fp.Phase.DECIDE,
-        fp.Phase.TERMINAL,
+        fp.policy.Phase.VALIDATE,
+        fp.policy.Phase.EXECUTE,
+        fp.policy.Phase.DECIDE,
+        fp.policy.Phase.TERMINAL,
     ]
