@@ -361,6 +361,7 @@ class ChatModelDecider:
         bind_kwargs: Mapping[str, Any] | None = None,
         require_finish_reason: bool | None = None,
         history_size: int = 4096,
+        token_estimate: int | None = None,
     ) -> None:
         from langchain_core.language_models import BaseChatModel
 
@@ -384,12 +385,28 @@ class ChatModelDecider:
             + _PROTOCOL.format(final=final_tool, abstain=abstain_tool)
         )
         """The whole system prompt: fixed at construction, so no run data can ever enter it."""
+        declared = getattr(chat_model, "max_tokens", None)
+        if token_estimate is None and isinstance(declared, int) and not isinstance(declared, bool):
+            token_estimate = declared
+        if token_estimate is not None and (
+            not isinstance(token_estimate, int)
+            or isinstance(token_estimate, bool)
+            or token_estimate < 0
+        ):
+            raise DeciderConfigError("token_estimate must be an integer >= 0")
+        self.token_estimate = token_estimate or 0
+        """Tokens a step reserves before the model is called (the chat model's ``max_tokens``
+        where it has one); the reported usage is settled after."""
         self._history_size = history_size
         self._lock = threading.Lock()
-        # Rendered turns by (run, step, observations): an observation never changes once
-        # recorded, so re-rendering the whole history every step (json-dumping each result,
-        # building each message) is waste that grows with the run.
-        self._rendered: OrderedDict[tuple[Any, ...], list[BaseMessage]] = OrderedDict()
+        # Rendered turns by the identity of the observation objects they render (kept alive by
+        # the entry, so an id cannot be reused while cached): an observation never changes once
+        # recorded, so re-rendering the whole history every step is waste that grows with the
+        # run. Never keyed by names a caller or model chooses (run ids, call ids): two tenants
+        # sharing a decider and every such name must never see each other's turns.
+        self._rendered: OrderedDict[
+            tuple[int, ...], tuple[tuple[object, ...], list[BaseMessage]]
+        ] = OrderedDict()
         self._bound: tuple[str, Runnable[Any, Any]] | None = None
 
     # what the model is given ------------------------------------------------------------------
@@ -434,10 +451,15 @@ class ChatModelDecider:
         turns: dict[int, list[Observation]] = {}
         for obs in input.observations:
             turns.setdefault(obs.step, []).append(obs)
-        for step, turn in turns.items():
-            cache_key = (input.run_id, step, tuple((o.call_id, o.sequence) for o in turn))
+        for turn in turns.values():
+            shown = tuple(arguments.get(o.call_id) for o in turn)
+            owners: tuple[object, ...] = (*turn, *shown)
+            cache_key = tuple(id(o) for o in owners)
             with self._lock:
-                cached = self._rendered.get(cache_key)
+                entry = self._rendered.get(cache_key)
+            cached = None
+            if entry is not None and all(a is b for a, b in zip(entry[0], owners, strict=True)):
+                cached = entry[1]
             if cached is None:
                 cached = [
                     AIMessage(
@@ -463,7 +485,7 @@ class ChatModelDecider:
                     ),
                 ]
                 with self._lock:
-                    self._rendered[cache_key] = cached
+                    self._rendered[cache_key] = (owners, cached)
                     while len(self._rendered) > self._history_size:
                         self._rendered.popitem(last=False)
             out.extend(cached)
