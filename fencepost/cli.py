@@ -1,9 +1,14 @@
 """The ``fencepost`` command: demo, runs, show, report, graph.
 
 Every command takes ``--json``. Errors are one line on stderr and a non-zero exit, never a
-traceback (with ``--json`` the line is a JSON object ``{"error": code, "message": text}``).
-Runs are read from the checkpoint database through LangGraph's checkpointer API only
-(:mod:`fencepost.reporting`), so SQLite and Postgres behave the same.
+traceback (with ``--json`` the line is a JSON object ``{"error": code, "message": text}``), and
+that includes usage errors (an unknown command or option). Runs are read from the checkpoint
+database through LangGraph's checkpointer API only (:mod:`fencepost.reporting`), so SQLite and
+Postgres behave the same.
+
+Tables fit the terminal they are printed on, 80 columns included; piped output is laid out for
+``$COLUMNS`` (80 when unset). Long cells wrap inside their column instead of being cut, and the
+ids a user copies into ``fencepost show`` are never shortened.
 """
 
 from __future__ import annotations
@@ -11,35 +16,98 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
-from fencepost.policy import AgentState, BudgetAxis, error_code_for
+from fencepost.adapters.checkpointers import CheckpointerError, mask_url
+from fencepost.policy import AgentState, BudgetAxis, StepManifest, error_code_for
 from fencepost.reporting import (
     DEFAULT_DB,
     PAUSED,
     RUNNING,
     EvalReport,
     RunRecord,
-    StoreError,
     build_report,
+    demo_run_id,
     load_run,
     load_runs,
+    new_demo_batch,
     open_store,
-    parse_store_url,
+    select_batch,
 )
 
 __all__ = ["app", "main"]
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _fail_line(message: str, code: str, *, as_json: bool) -> None:
+    line = json.dumps({"error": code, "message": message}) if as_json else f"error: {message}"
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+class _OneLineUsageErrors(TyperGroup):
+    """Usage errors (unknown command or option, bad value) as one line, honouring ``--json``.
+
+    Click would print the usage, a hint and a boxed message over several lines; a script reading
+    stderr, or ``--json`` output, wants one line like every other fencepost error.
+    """
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            result = super().main(
+                args=argv,
+                prog_name=prog_name,
+                complete_var=complete_var,
+                standalone_mode=False,
+                **extra,
+            )
+        except typer.TyperException as exc:  # click's exceptions (typer vendors click)
+            if not argv:
+                # `fencepost` alone: the help is the answer (the error's message is the help).
+                sys.stderr.write(exc.format_message() + "\n")
+            else:
+                message = " ".join(exc.format_message().split())
+                ctx = getattr(exc, "ctx", None)
+                if ctx is not None:
+                    message += f" (see: {ctx.command_path} --help)"
+                _fail_line(message, "usage", as_json="--json" in argv)
+            code = exc.exit_code
+        except typer.Abort:
+            _fail_line("aborted", "aborted", as_json="--json" in argv)
+            code = 1
+        else:
+            if not standalone_mode:
+                return result
+            # Without standalone mode click returns an Exit's code instead of exiting.
+            code = result if isinstance(result, int) else 0
+        if not standalone_mode:
+            return code
+        sys.exit(code)
+
+
 app = typer.Typer(
     name="fencepost",
+    cls=_OneLineUsageErrors,
     help="Bounded tool-calling agent runs on LangGraph: run the demo, inspect runs, report.",
     add_completion=False,
     no_args_is_help=True,
@@ -55,9 +123,14 @@ Db = Annotated[
     ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for machines instead of tables.")]
-
-P = ParamSpec("P")
-R = TypeVar("R")
+Batch = Annotated[
+    str | None,
+    typer.Option(
+        "--batch",
+        help="Demo batch to cover (a batch id, or 'all' for every run). "
+        "Default: the latest demo batch, or every run when there is none.",
+    ),
+]
 
 _REASON_STYLE = {
     "completed": "green",
@@ -70,17 +143,28 @@ _REASON_STYLE = {
 }
 
 
-def _console(*, stderr: bool = False) -> Console:
-    # A pipe or a CI log gets a readable fixed width instead of rich's 80-column default.
-    stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 120
-    return Console(stderr=stderr, width=width, highlight=False)
+def _console() -> Console:
+    # A terminal gives its width; a pipe or CI log gets $COLUMNS or 80. Either way every table
+    # below wraps long cells inside their column, so nothing is cut at any width.
+    return Console(highlight=False)
+
+
+def _table(title: str | None = None) -> Table:
+    """A compact table: a rule under the header, two spaces between columns, no outer frame."""
+    return Table(
+        title=title,
+        title_justify="left",
+        title_style="bold",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+        padding=(0, 1),
+    )
 
 
 def _fail(message: str, code: str, *, as_json: bool, exit_code: int = 1) -> NoReturn:
-    line = json.dumps({"error": code, "message": message}) if as_json else f"error: {message}"
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+    _fail_line(message, code, as_json=as_json)
     raise typer.Exit(exit_code)
 
 
@@ -94,8 +178,8 @@ def _guarded(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
-        except StoreError as exc:
-            # StoreError messages are fencepost's own sentences (URL masked); no driver text.
+        except CheckpointerError as exc:
+            # Checkpointer errors are fencepost's own sentences (URL masked); no driver text.
             _fail(str(exc), exc.code, as_json=as_json)
         except KeyboardInterrupt:
             _fail("interrupted", "interrupted", as_json=as_json, exit_code=130)
@@ -115,13 +199,11 @@ def _style(status: str) -> str:
     return _REASON_STYLE.get(status, "red")
 
 
-def _budget_left(state: AgentState) -> str:
+def _steps_calls(state: AgentState, *, left: bool = False) -> str:
     b = state.budget
-    return f"{b.steps_remaining} steps · {b.tool_calls_remaining} calls"
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    if left:
+        return f"{b.steps_remaining} / {b.tool_calls_remaining}"
+    return f"{b.steps_used} / {b.tool_calls_used}"
 
 
 def _ms(seconds: float | None) -> str:
@@ -135,14 +217,9 @@ def _ms(seconds: float | None) -> str:
 
 def _progress(name: str, m: dict[str, Any]) -> Text:
     tool = m.get("tool_name") or m.get("decision_kind") or ""
-    deadline = m.get("deadline_remaining_ms")
-    left = f"{m.get('steps_remaining')} steps, {m.get('tool_calls_remaining')} tool calls"
-    if deadline is not None:
-        left += f", {deadline / 1000:.1f} s"
-    line = Text("  ⋯ ", style="dim")
+    line = Text("  ⋯ ", style="dim", no_wrap=True, overflow="ellipsis")
     line.append(f"{name:<22}", style="bold")
     line.append(f" step {m.get('step')} · {m.get('phase')} {tool} → {m.get('outcome')}")
-    line.append(f" · left: {left}", style="dim")
     return line
 
 
@@ -151,28 +228,24 @@ def _progress(name: str, m: dict[str, Any]) -> Text:
 def demo(db: Db = DEFAULT_DB, as_json: AsJson = False) -> None:
     """Run the demo scenarios through the real graph and store them in DB.
 
-    One scenario per way a run can end: a release-caused and a database-caused incident
-    investigated with citations, a refund rule, budgets, a deadline, an unknown tool, a repeated
-    call, a denied capability, writes that need approval (paused at the interrupt, then approved
-    or cancelled), a failing tool and a failing model.
+    One scenario per way a run can end: incidents investigated with citations, a refund rule, budgets, a deadline, an unknown tool, a repeated call, a denied capability, writes that need approval (paused, then approved or cancelled), a failing tool and a failing model.
+
+    The runs of one invocation form a batch (run ids run-BATCH-NN); `fencepost report` covers the latest batch.
     """
     from fencepost.demo import SCENARIOS, DemoRun, run_scenario
 
     console = _console()
+    batch = new_demo_batch()
     runs: list[DemoRun] = []
     with open_store(db, create=True) as saver:
-        for scenario in SCENARIOS:
+        for n, scenario in enumerate(SCENARIOS, start=1):
+            run_id = demo_run_id(batch, n)
             if as_json:
-                runs.append(run_scenario(scenario, saver))
+                runs.append(run_scenario(scenario, saver, run_id=run_id))
                 continue
-            last: dict[str, Any] = {}
             with Live(console=console, transient=True, refresh_per_second=15) as live:
 
-                def on_manifest(
-                    sc: Any, m: dict[str, Any], live: Live = live, last: dict[str, Any] = last
-                ) -> None:
-                    if m.get("tool_name"):
-                        last["tool_name"] = m["tool_name"]
+                def on_manifest(sc: Any, m: dict[str, Any], live: Live = live) -> None:
                     live.update(_progress(sc.name, m))
 
                 def on_pause(
@@ -183,30 +256,38 @@ def demo(db: Db = DEFAULT_DB, as_json: AsJson = False) -> None:
                         Text.assemble(
                             ("  ⏸ ", "cyan"),
                             (f"{sc.name:<22}", "bold"),
-                            f" paused: approval needed for {tools} → a human answers ",
+                            f" needs approval: {tools} → ",
                             (answer, "bold cyan"),
                         )
                     )
 
-                run = run_scenario(scenario, saver, on_manifest=on_manifest, on_pause=on_pause)
+                run = run_scenario(
+                    scenario, saver, on_manifest=on_manifest, on_pause=on_pause, run_id=run_id
+                )
             runs.append(run)
             reason = run.termination.value if run.termination else PAUSED
             mark, style = ("✔", "green") if run.as_expected else ("✘", "red")
+            b = run.state.budget
             console.print(
                 Text.assemble(
                     (f"  {mark} ", style),
                     (f"{scenario.name:<22}", "bold"),
-                    f" step {run.state.step} · {last.get('tool_name') or '-'} → ",
-                    (reason, _style(reason)),
-                    (f" · left: {_budget_left(run.state)} · {_ms(run.duration_seconds)}", "dim"),
+                    " ",
+                    (f"{reason:<21}", _style(reason)),
+                    (
+                        f" {b.steps_used} steps · {b.tool_calls_used} calls · "
+                        f"{_ms(run.duration_seconds)}",
+                        "dim",
+                    ),
                 )
             )
     unexpected = [r for r in runs if not r.as_expected]
-    where = parse_store_url(db).display
+    where = mask_url(db)
     if as_json:
         _print_json(
             {
                 "db": where,
+                "batch": batch,
                 "runs": [
                     {
                         "run_id": r.run_id,
@@ -230,18 +311,13 @@ def demo(db: Db = DEFAULT_DB, as_json: AsJson = False) -> None:
         )
     else:
         console.print()
-        console.print(f"fencepost demo: {len(runs)} runs stored in {where}")
-        table = Table()
-        for col, kw in (
-            ("run id", {"no_wrap": True}),
-            ("scenario", {"no_wrap": True}),
-            ("steps", {"justify": "right"}),
-            ("tool calls", {"justify": "right"}),
-            ("terminal reason", {"no_wrap": True}),
-            ("budget left", {"no_wrap": True}),
-            ("duration", {"justify": "right", "no_wrap": True}),
-        ):
-            table.add_column(col, **kw)
+        console.print(f"fencepost demo: {len(runs)} runs (batch {batch}) stored in {where}")
+        table = _table()
+        table.add_column("run id", no_wrap=True)
+        table.add_column("scenario", no_wrap=True)
+        table.add_column("terminal reason", min_width=15)
+        table.add_column("steps / calls", justify="right", min_width=5)
+        table.add_column("left", justify="right", no_wrap=True)
         for r in runs:
             reason = r.termination.value if r.termination else PAUSED
             shown = Text(reason, style=_style(reason))
@@ -250,16 +326,14 @@ def demo(db: Db = DEFAULT_DB, as_json: AsJson = False) -> None:
             table.add_row(
                 r.run_id,
                 r.scenario.name,
-                str(r.state.budget.steps_used),
-                str(r.state.budget.tool_calls_used),
                 shown,
-                _budget_left(r.state),
-                _ms(r.duration_seconds),
+                _steps_calls(r.state),
+                _steps_calls(r.state, left=True),
             )
         console.print(table)
         console.print(
             "Inspect them: [bold]fencepost runs[/] · [bold]fencepost show RUN_ID[/] · "
-            "[bold]fencepost report[/]" + ("" if db == DEFAULT_DB else f"  (with --db {db})")
+            "[bold]fencepost report[/]" + ("" if db == DEFAULT_DB else f"  (with --db {where})")
         )
     if unexpected:
         names = ", ".join(r.scenario.name for r in unexpected)
@@ -278,7 +352,7 @@ def _when(value: datetime | None) -> str:
         return "-"
     local = value.astimezone()
     today = datetime.now(local.tzinfo).date() == local.date()
-    return local.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M")
+    return local.strftime("%H:%M:%S" if today else "%m-%d %H:%M")
 
 
 @app.command()
@@ -287,35 +361,44 @@ def runs(
     db: Db = DEFAULT_DB,
     as_json: AsJson = False,
     limit: Annotated[int | None, typer.Option(help="Show only the newest N runs.", min=1)] = None,
+    batch: Annotated[
+        str | None,
+        typer.Option("--batch", help="Only the runs of this demo batch ('latest' for the newest)."),
+    ] = None,
 ) -> None:
     """The runs stored in DB, newest first, with their terminal reason or pause."""
+    where = mask_url(db)
     with open_store(db) as saver:
-        records = load_runs(saver, source=parse_store_url(db).display)
+        records = load_runs(saver, source=db)
+    if batch is not None:
+        records, _ = select_batch(records, None if batch == "latest" else batch, source=db)
     records = records[:limit] if limit else records
     if as_json:
         _print_json([r.summary() for r in records])
         return
     console = _console()
     if not records:
-        console.print(f"No runs in {parse_store_url(db).display} yet. Try: fencepost demo")
+        console.print(f"No runs in {where} yet. Try: fencepost demo")
         return
-    console.print(f"{len(records)} runs in {parse_store_url(db).display}, newest first")
-    table = Table()
-    # Ids are copied into `fencepost show`: never shortened. The question gives way first.
-    table.add_column("run id", no_wrap=True, min_width=16)
-    table.add_column("scenario", no_wrap=True, min_width=20)
-    table.add_column("status", no_wrap=True, min_width=21)
-    table.add_column("steps / calls", justify="right", no_wrap=True, min_width=13)
-    table.add_column("updated", no_wrap=True, min_width=8)
-    table.add_column("question", overflow="fold")
+    console.print(f"{len(records)} runs in {where}, newest first")
+    table = _table()
+    table.expand = True
+    # Ids are copied into `fencepost show`: never shortened. The question wraps instead.
+    table.add_column("run id", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("steps /\ncalls", justify="right", no_wrap=True)
+    table.add_column("updated", no_wrap=True)
+    table.add_column("scenario · question", ratio=1, min_width=20, overflow="fold")
     for r in records:
+        about = Text(r.scenario or "-", style="bold")
+        about.append("\n")
+        about.append(r.state.question, style="dim")
         table.add_row(
             r.run_id,
-            r.scenario or "-",
             Text(r.status, style=_style(r.status)),
-            f"{r.state.budget.steps_used} / {r.state.budget.tool_calls_used}",
+            _steps_calls(r.state),
             _when(r.updated_at),
-            _clip(r.state.question, 60),
+            about,
         )
     console.print(table)
 
@@ -345,6 +428,22 @@ def _show_data(record: RunRecord) -> dict[str, Any]:
     }
 
 
+def _manifest_tool(m: StepManifest) -> Text:
+    tool = Text(m.tool_name or m.decision_kind or "")
+    if m.tool_name and m.effect is not None and m.effect.value != "read":
+        tool.append(f" ({m.effect.value})", style="yellow")
+    return tool
+
+
+def _manifest_outcome(m: StepManifest) -> Text:
+    outcome = Text(m.outcome, style="red" if m.outcome in ("denied", "error") else "")
+    verdict = m.verdict.value if m.verdict else None
+    details = [d for d in (verdict, m.code) if d and d not in (m.outcome, "allowed")]
+    if details:
+        outcome.append(" " + " · ".join(dict.fromkeys(details)), style="dim")
+    return outcome
+
+
 @app.command()
 @_guarded
 def show(
@@ -354,64 +453,60 @@ def show(
 ) -> None:
     """One run: its step manifests as a timeline, receipts, answer, citations and end."""
     with open_store(db) as saver:
-        record = load_run(saver, run_id, source=parse_store_url(db).display)
+        record = load_run(saver, run_id, source=db)
     data = _show_data(record)
     if as_json:
         _print_json(data)
         return
     state = record.state
     console = _console()
-    head = Text.assemble(
-        ("run ", "dim"),
-        (record.run_id, "bold"),
-        ("  scenario ", "dim"),
-        record.scenario or "-",
-        ("  status ", "dim"),
-        (record.status, _style(record.status)),
+    console.print(
+        Text.assemble(
+            ("run ", "dim"), (record.run_id, "bold"), ("  scenario ", "dim"), record.scenario or "-"
+        )
     )
+    status = Text.assemble(("status ", "dim"), (record.status, _style(record.status)))
     if state.last_error_code:
-        head.append("  code ", style="dim")
-        head.append(state.last_error_code, style="bold")
-    console.print(head)
+        status.append("  code ", style="dim")
+        status.append(state.last_error_code, style="bold")
+    console.print(status)
     console.print(Text.assemble(("question ", "dim"), state.question))
     if record.thread_id != record.run_id:
         console.print(Text.assemble(("thread ", "dim"), record.thread_id))
 
-    timeline = Table(title="timeline (step manifests)", title_justify="left")
-    timeline.add_column("step", justify="right", no_wrap=True, min_width=4)
-    for col in ("phase", "kind", "tool", "verdict", "outcome", "code"):
-        timeline.add_column(col, no_wrap=True, min_width=len(col))
-    timeline.add_column("left: steps / calls", justify="right", no_wrap=True, min_width=11)
-    timeline.add_column("deadline", justify="right", no_wrap=True, min_width=8)
+    console.print()
+    timeline = _table("timeline (step manifests)")
+    timeline.expand = True
+    # Fixed columns are as narrow as their values; the tool name takes what is left, so an
+    # 80-column terminal shows the longest demo tool name and terminal reason unbroken.
+    timeline.add_column("#", justify="right", no_wrap=True)
+    timeline.add_column("phase", no_wrap=True)
+    timeline.add_column("tool / decision", ratio=1, min_width=12, overflow="fold")
+    timeline.add_column("outcome", min_width=21, max_width=21, overflow="fold")
+    timeline.add_column("steps/calls\nleft", justify="right", no_wrap=True)
+    timeline.add_column("time\nleft", justify="right", no_wrap=True)
     for m in state.manifests:
-        tool = m.tool_name or ""
-        if m.effect is not None and m.effect.value != "read":
-            tool += f" ({m.effect.value})"
         timeline.add_row(
             str(m.step),
             m.phase.value,
-            m.decision_kind or "",
-            tool,
-            m.verdict.value if m.verdict else "",
-            Text(m.outcome, style="red" if m.outcome in ("denied", "error") else ""),
-            m.code or "",
+            _manifest_tool(m),
+            _manifest_outcome(m),
             f"{m.steps_remaining} / {m.tool_calls_remaining}",
             _ms(m.deadline_remaining_ms / 1000) if m.deadline_remaining_ms is not None else "-",
         )
     console.print(timeline)
 
     if state.receipts:
-        receipts = Table(title="receipts", title_justify="left")
-        for col in ("call id", "tool", "status", "error code", "attempts"):
-            receipts.add_column(col, no_wrap=True)
+        receipts = _table("receipts")
+        receipts.add_column("call id", no_wrap=True)
+        receipts.add_column("tool", min_width=12, overflow="fold")
+        receipts.add_column("status", min_width=9, overflow="fold")
+        receipts.add_column("attempts", justify="right")
         for r in state.receipts:
-            receipts.add_row(
-                r.call_id,
-                r.tool_name,
-                r.status.value,
-                r.error_code.value if r.error_code else "",
-                str(r.attempts),
-            )
+            status = Text(r.status.value, style="" if r.status.value == "completed" else "red")
+            if r.error_code:
+                status.append(f" {r.error_code.value}", style="dim")
+            receipts.add_row(r.call_id, r.tool_name, status, str(r.attempts))
         console.print(receipts)
     else:
         console.print(Text("receipts: none (no tool call was executed)", style="dim"))
@@ -431,14 +526,19 @@ def show(
     elif record.status == RUNNING:
         console.print(Text("not ended: still running, or crashed and resumable", style="cyan"))
     else:
+        b = state.budget
         console.print(
             Text.assemble(
                 ("terminal reason ", "dim"),
                 (record.status, _style(record.status)),
                 ("  error code ", "dim"),
                 state.last_error_code or "-",
-                ("  budget left ", "dim"),
-                _budget_left(state),
+            )
+        )
+        console.print(
+            Text.assemble(
+                ("budget left ", "dim"),
+                f"{b.steps_remaining} steps · {b.tool_calls_remaining} tool calls",
             )
         )
 
@@ -450,47 +550,81 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
+def _report_scope(report: EvalReport, where: str) -> str:
+    if report.batch is None:
+        scope = f"{report.runs} runs in {where}"
+        if report.batches:
+            scope += f" ({len(report.batches)} demo batches)"
+        return scope
+    scope = f"{report.runs} runs of demo batch {report.batch} in {where}"
+    if len(report.batches) > 1:
+        latest = "the latest" if report.batch == report.batches[0] else "not the latest"
+        scope += f" ({latest} of {len(report.batches)}; --batch all for every run)"
+    return scope
+
+
 def _print_report(report: EvalReport, where: str) -> None:
     console = _console()
     if not report.runs:
         console.print(f"No runs in {where} yet. Try: fencepost demo")
         return
-    console.print(f"{report.runs} runs in {where}")
-    reasons = Table(title="terminal reasons", title_justify="left")
-    reasons.add_column("reason", no_wrap=True)
-    reasons.add_column("runs", justify="right")
-    reasons.add_column("share", justify="right")
-    for status, count in report.by_status.items():
-        reasons.add_row(
-            Text(status, style=_style(status)), str(count), f"{count / report.runs:.0%}"
+    console.print(_report_scope(report, where))
+    console.print()
+    if report.ended:
+        reasons = _table("terminal reasons")
+        reasons.add_column("reason", no_wrap=True)
+        reasons.add_column("runs", justify="right")
+        reasons.add_column("share", justify="right")
+        for status, count in report.by_reason.items():
+            reasons.add_row(
+                Text(status, style=_style(status)), str(count), f"{count / report.ended:.0%}"
+            )
+        console.print(reasons)
+    else:
+        console.print(Text("terminal reasons: none (no run has ended)", style="dim"))
+    not_ended = [
+        f"{n} {label}"
+        for n, label in (
+            (report.paused, "paused for approval"),
+            (report.in_progress, "in progress"),
         )
-    console.print(reasons)
+        if n
+    ]
+    if not_ended:
+        console.print(
+            Text(f"not ended (no terminal reason yet): {', '.join(not_ended)}", style="cyan")
+        )
+    if not report.ended:
+        return
 
-    per_run = Table(title="per run", title_justify="left")
+    console.print()
+    per_run = _table(f"per ended run ({report.ended})")
     for col in ("", "median", "p90", "max"):
         per_run.add_column(col, justify="right" if col else "left")
     for label, dist in (("steps", report.steps), ("tool calls", report.tool_calls)):
         per_run.add_row(label, _num(dist.median), _num(dist.p90), _num(dist.max))
     console.print(per_run)
 
-    budget = Table(title="budget use by axis", title_justify="left")
-    for col in ("axis", "runs limited", "used total", "used median", "used p90", "used max"):
-        budget.add_column(col, justify="left" if col == "axis" else "right")
-    budget.add_column("share of limit (median / p90)", justify="right")
-    budget.add_column("runs exhausted", justify="right")
+    console.print()
+    budget = _table("budget use by axis (per ended run)")
+    budget.add_column("axis", no_wrap=True)
+    budget.add_column("runs limited", justify="right", min_width=7)
+    budget.add_column("used total", justify="right", min_width=5)
+    budget.add_column("used median / p90 / max", justify="right", min_width=11)
+    budget.add_column("share of limit median / p90", justify="right", min_width=11)
+    budget.add_column("runs exhausted", justify="right", min_width=9)
     for axis in report.budget:
         share = (
             f"{axis.share_of_limit.median:.0%} / {axis.share_of_limit.p90:.0%}"
             if axis.share_of_limit
             else "not limited"
         )
+        used = axis.used
         budget.add_row(
             axis.axis,
             str(axis.runs_limited),
             _num(axis.used_total),
-            _num(axis.used.median),
-            _num(axis.used.p90),
-            _num(axis.used.max),
+            f"{_num(used.median)} / {_num(used.p90)} / {_num(used.max)}",
             share,
             str(axis.runs_exhausted),
         )
@@ -499,15 +633,19 @@ def _print_report(report: EvalReport, where: str) -> None:
 
 @app.command()
 @_guarded
-def report(db: Db = DEFAULT_DB, as_json: AsJson = False) -> None:
-    """The eval view: terminal reasons, steps and tool calls per run, budget use by axis."""
-    where = parse_store_url(db).display
+def report(db: Db = DEFAULT_DB, as_json: AsJson = False, batch: Batch = None) -> None:
+    """The eval view: terminal reasons, steps and tool calls per run, budget use by axis.
+
+    Covers the latest demo batch by default, so running the demo twice does not double the counts (every run when the database holds no demo batch); --batch picks a batch, or 'all'.
+
+    Paused and in-progress runs are counted apart: they have no terminal reason yet.
+    """
     with open_store(db) as saver:
-        result = build_report(load_runs(saver, source=where))
+        result = build_report(load_runs(saver, source=db), batch=batch, source=db)
     if as_json:
         _print_json(result.model_dump(mode="json"))
     else:
-        _print_report(result, where)
+        _print_report(result, mask_url(db))
 
 
 # --- graph ----------------------------------------------------------------------------------------

@@ -35,8 +35,9 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path.resolve()}"
 
 
-def cli(*args: str) -> Any:
-    return runner.invoke(app, list(args))
+def cli(*args: str, columns: int = 80) -> Any:
+    # Piped, as under CliRunner, rich lays tables out for $COLUMNS: pin it.
+    return runner.invoke(app, list(args), env={"COLUMNS": str(columns)})
 
 
 def cli_json(*args: str) -> Any:
@@ -121,10 +122,9 @@ def test_demo_shows_progress_pauses_and_the_final_table(tmp_path: Path) -> None:
     for scenario in SCENARIOS:
         assert scenario.name in out
         assert scenario.expected.value in out
-    assert "paused: approval needed for restart_service" in out
-    for header in ("run id", "scenario", "steps", "tool calls", "terminal reason", "budget left"):
+    assert "needs approval: restart_service (write) → approve" in out
+    for header in ("run id", "scenario", "terminal reason", "steps / calls", "left"):
         assert header in out
-    assert "duration" in out
     assert "✘" not in out
 
 
@@ -133,7 +133,7 @@ def test_demo_fails_when_a_scenario_ends_with_an_unexpected_reason(
 ) -> None:
     wrong = replace(SCENARIOS[0], expected=fp.TerminationReason.NO_PROGRESS)
     monkeypatch.setattr(demo_module, "SCENARIOS", (wrong,))
-    result = cli("demo", "--db", sqlite_url(tmp_path / "runs.db"))
+    result = cli("demo", "--db", sqlite_url(tmp_path / "runs.db"), columns=200)
     line = assert_one_line_error(result)
     assert wrong.name in line
     assert "(expected no_progress)" in result.stdout
@@ -235,16 +235,17 @@ def test_report_counts_reasons_and_summarises_steps_calls_and_budget(
 ) -> None:
     url, result = demo_db
     report = cli_json("report", "--db", url)
-    assert report["runs"] == len(SCENARIOS)
+    assert report["runs"] == report["ended"] == len(SCENARIOS)
+    assert report["batch"] == result["batch"] and report["batches"] == [result["batch"]]
     expected: dict[str, int] = {}
     for s in SCENARIOS:
         expected[s.expected.value] = expected.get(s.expected.value, 0) + 1
-    assert report["by_status"] == expected
+    assert report["by_reason"] == expected
     steps = sorted(r["steps"] for r in result["runs"])
     assert report["steps"]["max"] == steps[-1]
     assert report["tool_calls"]["max"] == max(r["tool_calls"] for r in result["runs"])
     axes = {a["axis"]: a for a in report["budget"]}
-    assert set(axes) == {axis.value for axis in fp.BudgetAxis}
+    assert set(axes) == {axis.value for axis in fp.policy.BudgetAxis}
     assert axes["steps"]["runs_limited"] == len(SCENARIOS)
     assert axes["steps"]["used_total"] == sum(steps)
     assert axes["steps"]["runs_exhausted"] == 1  # the step-budget scenario
@@ -253,7 +254,7 @@ def test_report_counts_reasons_and_summarises_steps_calls_and_budget(
     assert report["by_scenario"]["deadline"] == {"deadline_exceeded": 1}
     text = cli("report", "--db", url)
     assert text.exit_code == 0
-    for part in ("terminal reasons", "per run", "median", "p90", "budget use by axis"):
+    for part in ("terminal reasons", "per ended run", "median", "p90", "budget use by axis"):
         assert part in text.stdout
 
 
@@ -305,7 +306,14 @@ def test_paused_and_unfinished_runs_are_listed_as_such(tmp_path: Path) -> None:
     text = cli("show", "run-paused", "--db", url).stdout
     assert "waiting for approval of restart_service" in text
     report = cli_json("report", "--db", url)
-    assert report["by_status"] == {reporting.PAUSED: 1, reporting.RUNNING: 1}
+    # No terminal reason yet: counted apart, not in the reasons table or the distributions.
+    assert report["by_reason"] == {}
+    counts = (report["runs"], report["ended"], report["paused"], report["in_progress"])
+    assert counts == (2, 0, 1, 1)
+    assert report["steps"]["max"] == 0
+    text = cli("report", "--db", url).stdout
+    assert "not ended (no terminal reason yet): 1 paused for approval, 1 in progress" in text
+    assert "terminal reasons: none" in text
 
 
 def test_a_paused_run_whose_answer_is_already_written_is_in_progress(tmp_path: Path) -> None:
@@ -375,7 +383,7 @@ def test_a_database_that_is_not_a_checkpoint_store_is_one_line_and_left_unchange
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     result = cli(*command, "--db", sqlite_url(db), "--json")
     message = assert_one_line_error(result, "not_a_checkpoint_store", as_json=True)
-    assert "not a fencepost checkpoint store" in message
+    assert "is not a checkpoint store" in message
     # Read commands open read-only: LangGraph's tables were not created in someone else's file.
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
@@ -408,7 +416,7 @@ def test_no_such_run_is_one_line(demo_db: tuple[str, dict[str, Any]]) -> None:
 
 def test_an_unsupported_url_is_one_line() -> None:
     line = assert_one_line_error(cli("runs", "--db", "mysql://db/runs"))
-    assert "unsupported database URL" in line
+    assert "unsupported scheme 'mysql'" in line
 
 
 def test_an_unexpected_failure_is_one_line_without_its_text(
@@ -467,7 +475,7 @@ def test_demo_and_every_reading_command_work_on_postgres(postgres_schema: str) -
     assert [c["tool_name"] for c in shown["citations"]] == ["search_logs", "db_metrics"]
     report = cli_json("report", "--db", postgres_schema)
     assert report["runs"] == len(SCENARIOS)
-    assert report["by_status"]["completed"] == 4
+    assert report["by_reason"]["completed"] == 4
     assert_one_line_error(cli("show", "run-nope", "--db", postgres_schema), "no_such_run")
 
 
