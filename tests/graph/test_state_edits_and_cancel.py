@@ -1,0 +1,160 @@
+"""State a caller can write cannot rebind a run, raise its budget, reopen it or run a write twice;
+cancel from another thread stops a run before its next tool.
+
+Each test takes the seat of a hostile caller holding the thread's config: it can send any
+``Command(update=..., resume=...)`` or ``update_state``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from langgraph.types import Command
+from pydantic import BaseModel, ConfigDict
+
+import fencepost as fp
+from tests.graph.kit import budget, call, context, harness, thread
+
+ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
+
+
+def _state(h: Any, config: dict[str, Any]) -> fp.AgentState:
+    return fp.run_output(h.graph.get_state(config).values)
+
+
+@pytest.mark.parametrize("key", [None, b"operator-secret-0123456789ab"])
+def test_a_state_update_cannot_rebind_a_paused_write_to_another_tenant(key: bytes | None) -> None:
+    h = harness([call("write_note", 1, note="hi"), ABSTAIN], approval="interrupt", verdict_key=key)
+    config, owner = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=owner)
+    intruder = fp.RunContext(
+        tenant_id="other-tenant",
+        principal=fp.Principal(id="intruder", capabilities=frozenset({"notes:write"})),
+    )
+    update = {"tenant_id": "other-tenant", "principal_id": "intruder"}
+    out = h.graph.invoke(Command(update=update, resume="approve"), config, context=intruder)
+    state = fp.run_output(out)
+    assert h.calls.count("write_note") == 0
+    assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "context_mismatch"
+
+
+def test_raising_the_budget_in_state_does_not_raise_the_limit() -> None:
+    script = [call(n=i, query=f"q{i}") for i in range(1, 12)]
+    h = harness(script)
+    config, ctx = thread(), context()
+    h.graph.invoke(
+        fp.start("q", budget(steps=20, tools=2)), config, context=ctx, interrupt_before=["execute"]
+    )
+    generous = fp.RuntimeBudget(steps_remaining=50, tool_calls_remaining=50)
+    h.graph.update_state(config, {"budget": generous}, as_node="decide")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert h.calls.count("search_logs") == 2
+    assert state.termination is fp.TerminationReason.TOOL_BUDGET_EXHAUSTED
+    assert state.budget.tool_calls_used == 2
+
+
+def test_clearing_the_termination_does_not_reopen_a_finished_run() -> None:
+    h = harness([call(n=1), ABSTAIN, call(n=2), call(n=3)])
+    config, ctx = thread(), context()
+    done = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=ctx))
+    assert done.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
+    ran = h.calls.count("search_logs")
+    reopened = {"phase": fp.policy.Phase.OBSERVE, "termination": None, "stop": None}
+    h.graph.update_state(config, reopened, as_node="execute")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert h.calls.count("search_logs") == ran
+    assert state.is_terminal
+    assert state.last_error_code == "run_closed"
+
+
+class NoteArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    note: str
+
+
+def test_two_simultaneous_approvals_run_a_paused_write_once() -> None:
+    entered, release = threading.Event(), threading.Event()
+    effects: list[str] = []
+
+    def slow_write(args: NoteArgs, ctx: fp.ToolContext) -> dict[str, bool]:
+        effects.append(ctx.idempotency_key)
+        entered.set()
+        release.wait(5)
+        return {"saved": True}
+
+    spec = fp.ToolSpec(
+        name="slow_write",
+        description="Save a note, slowly.",
+        args_model=NoteArgs,
+        effect=fp.Effect.WRITE,
+        required_capability="notes:write",
+        timeout_seconds=10,
+        execute=slow_write,
+    )
+    h = harness(
+        [call("slow_write", 1, note="hi"), ABSTAIN, ABSTAIN],
+        approval="interrupt",
+        registry=fp.ToolRegistry([spec]),
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+
+    def approve() -> None:
+        h.graph.invoke(Command(resume="approve"), config, context=ctx)
+
+    first = threading.Thread(target=approve)
+    first.start()
+    assert entered.wait(5)
+    second = threading.Thread(target=approve)
+    second.start()
+    second.join(10)
+    release.set()
+    first.join(10)
+    assert effects == ["call-0001"]
+
+
+class QueryArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    query: str
+
+
+def test_cancel_from_another_thread_stops_the_run_before_its_next_tool() -> None:
+    started = threading.Event()
+    ran: list[str] = []
+
+    def slow_search(args: QueryArgs, ctx: fp.ToolContext) -> dict[str, int]:
+        ran.append(args.query)
+        started.set()
+        time.sleep(0.05)
+        return {"hits": len(ran)}
+
+    spec = fp.ToolSpec(
+        name="search_logs",
+        description="Search logs, slowly.",
+        args_model=QueryArgs,
+        effect=fp.Effect.READ,
+        required_capability="logs:read",
+        timeout_seconds=5,
+        execute=slow_search,
+    )
+    script = [call(n=i, query=f"q{i}") for i in range(1, 30)]
+    h = harness(script, registry=fp.ToolRegistry([spec]))
+    config, ctx = thread(), context()
+
+    def run() -> None:
+        h.graph.invoke(fp.start("q", budget(steps=40, tools=40)), config, context=ctx)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    assert started.wait(5)
+    fp.cancel(h.graph, config, context=ctx)
+    ran_at_cancel = len(ran)
+    runner.join(10)
+    assert not runner.is_alive()
+    # At most the tool already running when the cancel landed finishes; none starts after it.
+    assert len(ran) <= ran_at_cancel + 1
+    assert _state(h, config).termination is fp.TerminationReason.CANCELLED
