@@ -40,8 +40,8 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.adapters.chat_model import ChatModelDecider
 from fencepost.adapters.tools import tool_spec
-from fencepost.policy.approval import ApprovalMode
 from fencepost.graph.serde import fencepost_serializer
+from fencepost.policy.approval import ApprovalMode
 from tests.adapters.fakes import FakeToolChatModel
 
 SECRET = "password=hunter2"
