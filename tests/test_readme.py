@@ -26,3 +26,14 @@ def test_readme_python_blocks_run(capsys: object) -> None:
 def test_readme_shows_the_two_commands() -> None:
     text = README.read_text(encoding="utf-8")
     assert "make test" in text and "make demo" in text
+
+
+def test_readme_graph_block_is_what_fencepost_graph_prints() -> None:
+    from typer.testing import CliRunner
+
+    from fencepost.cli import app
+
+    [block] = re.findall(r"```mermaid\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+    printed = CliRunner().invoke(app, ["graph"])
+    assert printed.exit_code == 0
+    assert block == printed.stdout
