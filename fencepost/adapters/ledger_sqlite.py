@@ -6,14 +6,23 @@ anything is read, so the check and the charge cannot interleave with another wri
 is in WAL mode so readers never block the writer. Not for several machines sharing a network file
 system: use :class:`~fencepost.adapters.ledger_postgres.PostgresLedger` there.
 
-Durability: ``synchronous = FULL`` (every commit is synced to disk before it returns), so a
-reservation that ``reserve`` returned survives a power cut, not just a crash of the process.
+Durability: ``synchronous="FULL"`` by default: every commit is synced to disk before it returns,
+so a reservation that ``reserve`` returned survives a power cut, not just a crash of the process.
+Each commit then waits for one fsync, which bounds reservations per second by the disk.
+``synchronous="NORMAL"`` is the documented trade: commits are not synced one by one (the WAL is
+synced at checkpoints), so a reservation survives a crash of the process but the last ones before
+a power cut or an OS crash may be lost (the file stays consistent). Choose it only where losing
+the record that an attempt started is acceptable.
 
 Fairness: SQLite's own busy handler lets a waiting process sleep up to 100 ms between attempts, so
 a process in a tight loop re-takes the write lock again and again while the others sleep (8
 processes against one account: one got 1,445 of 1,600 reservations, three got none). This ledger
-sets SQLite's busy timeout to zero and waits itself, in short jittered sleeps (full jitter, capped
-at a few milliseconds), so every waiting process keeps asking often and each gets its turn.
+sets SQLite's busy timeout to zero and waits itself: a waiting process asks again after a short
+jittered sleep (full jitter, capped at a millisecond), and while it waits it holds a shared
+``flock`` on a side file, ``<path>-fencepost-wait`` (the waiting room). A writer that has just
+committed checks the waiting room (one non-blocking ``flock``); when someone is waiting, it
+pauses briefly before it returns, so the lock goes to a waiter instead of back to the same
+process. Uncontended, the cost is that one system call per write.
 
 Async twins run the sync method in a thread of the ledger's own (one per instance and process):
 the connection is one and serialised anyway, so one thread is all it can use; a whole transaction
@@ -39,10 +48,15 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from fencepost.adapters._ledger_sql import ACCOUNT_COLUMNS, SCHEMA, SqlLedger, Transaction
 from fencepost.policy.ledger import Balance, Reservation
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows: no waiting room there
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["SqliteLedger"]
 
@@ -52,12 +66,61 @@ _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 _FIRST_WAIT = 0.0002
 """The cap of the first jittered wait for the write lock, in seconds; it doubles per attempt."""
-_LONGEST_WAIT = 0.004
-"""The cap never grows beyond this: a waiting process asks at least every few milliseconds."""
+_LONGEST_WAIT = 0.001
+"""The cap never grows beyond this: a waiting process asks at least every millisecond."""
+_COURTESY = 0.0015
+"""How long a writer that just committed pauses when others wait: longer than a waiter's longest
+wait, so one of them asks (and gets the lock) in the meantime."""
 
 
 def _is_busy(error: sqlite3.OperationalError) -> bool:
     return getattr(error, "sqlite_errorcode", None) in _BUSY_CODES
+
+
+class _WaitingRoom:
+    """A side file whose shared ``flock`` says "a process is waiting for the write lock".
+
+    Opened per process (``flock`` locks belong to an open file; a forked child opens its own).
+    Where ``fcntl`` is missing, or for an in-memory database, every method is a no-op.
+    """
+
+    def __init__(self, database: str) -> None:
+        self._fd: int | None = None
+        if fcntl is None or database in ("", ":memory:"):
+            return
+        self._fd = os.open(f"{database}-fencepost-wait", os.O_RDWR | os.O_CREAT, 0o644)
+        self._inside = False
+
+    def enter(self) -> None:
+        """Say this process waits (retried on every wait until it holds the shared lock)."""
+        if self._fd is None or self._inside or fcntl is None:
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return  # a writer is looking right now; say it on the next wait
+        self._inside = True
+
+    def leave(self) -> None:
+        if self._fd is not None and self._inside and fcntl is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            self._inside = False
+
+    def occupied(self) -> bool:
+        """Whether another process is waiting (it holds the shared lock)."""
+        if self._fd is None or fcntl is None:
+            return False
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return False
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class SqliteLedger(SqlLedger):
@@ -65,7 +128,8 @@ class SqliteLedger(SqlLedger):
 
     ``path`` is the database file (created if missing; ``":memory:"`` works but is neither durable
     nor shared). ``busy_timeout`` is how many seconds a transaction waits for another process's
-    write lock before it fails with ``database is locked``. Tables are created (and a database of
+    write lock before it fails with ``database is locked``. ``synchronous`` is the durability
+    setting (see the module docstring: ``"FULL"``, the default, or ``"NORMAL"``). Tables are created (and a database of
     the first version migrated) on construction (:meth:`setup` is idempotent). One connection per
     instance and process, serialised by a lock.
     """
@@ -73,9 +137,18 @@ class SqliteLedger(SqlLedger):
     # In the order the axes were first held, as InMemoryLedger keeps them.
     _HELD = "SELECT axis, amount FROM fencepost_ledger_held WHERE account = ? ORDER BY rowid"
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 30.0,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+    ) -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
         self._path = os.fspath(path)
         self._busy_timeout = busy_timeout
+        self._synchronous = synchronous
         self._lock = threading.RLock()
         self._pid = os.getpid()
         self._closed = False
@@ -84,6 +157,7 @@ class SqliteLedger(SqlLedger):
         self._executor_lock = threading.Lock()
         self._inherited: list[sqlite3.Connection] = []
         self._conn: sqlite3.Connection | None = self._connect()
+        self._room = _WaitingRoom(self._path)
         try:
             self.setup()
         except BaseException:
@@ -100,7 +174,7 @@ class SqliteLedger(SqlLedger):
         try:
             conn.execute("PRAGMA busy_timeout = 0")
             self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
-            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
         except BaseException:
             conn.close()
@@ -138,6 +212,7 @@ class SqliteLedger(SqlLedger):
             self._pid = os.getpid()
             self._lock = threading.RLock()
             self._conn = self._connect()
+            self._room = _WaitingRoom(self._path)  # the parent's open file shares its locks
         return self._conn
 
     def _run(self, work: Callable[[Transaction], _T], *, read_only: bool = False) -> _T:
@@ -149,16 +224,26 @@ class SqliteLedger(SqlLedger):
         self._connection()  # a forked child reconnects before it takes the (new) lock
         with self._lock:
             conn = self._connection()
+            room = self._room
             deadline = time.monotonic() + self._busy_timeout
             attempt = 0
-            while True:
-                try:
-                    return self._transaction(conn, work, read_only=read_only)
-                except sqlite3.OperationalError as error:
-                    if not _is_busy(error) or time.monotonic() >= deadline:
-                        raise
-                attempt += 1
-                self._wait(attempt)
+            try:
+                while True:
+                    try:
+                        result = self._transaction(conn, work, read_only=read_only)
+                        break
+                    except sqlite3.OperationalError as error:
+                        if not _is_busy(error) or time.monotonic() >= deadline:
+                            raise
+                    attempt += 1
+                    room.enter()
+                    self._wait(attempt)
+            finally:
+                room.leave()
+            courteous = not read_only and room.occupied()
+        if courteous:  # others wait for the write lock: let one of them have it next
+            time.sleep(_COURTESY)
+        return result
 
     @staticmethod
     def _transaction(
@@ -205,6 +290,7 @@ class SqliteLedger(SqlLedger):
             if self._conn is not None:
                 if self._pid == os.getpid():
                     self._conn.close()
+                    self._room.close()
                 self._conn = None
 
     # -- async twins: the whole sync transaction in the ledger's own thread -----------------------

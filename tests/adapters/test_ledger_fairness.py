@@ -1,0 +1,97 @@
+"""Durable ledgers are fair under contention and never overspend a shared parent.
+
+8 spawned processes, each with its own run account under ONE tenant account that can hold only
+half of what they ask for (8 x 50 attempts against a limit of 200), all start at the same instant
+and reserve in a tight loop. Every process must get at least a quarter of its fair share (200 / 8
+= 25, so at least 7), and the tenant must hold exactly its limit: not one reservation more.
+Throughput is the benchmark's business (``benchmarks/ledger_throughput.py``), never asserted here.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from fencepost.adapters import PostgresLedger, SqliteLedger
+from fencepost.policy.budget import BudgetExhausted
+from fencepost.policy.ledger import Ledger
+
+PROCESSES = 8
+ATTEMPTS = 50
+LIMIT = PROCESSES * ATTEMPTS // 2
+FAIR_SHARE = LIMIT // PROCESSES
+
+
+def _open_sqlite(path: str) -> Ledger:
+    return SqliteLedger(path)
+
+
+def _open_postgres(dsn: str) -> Ledger:
+    return PostgresLedger(dsn, min_size=1, max_size=1)
+
+
+def _contend(opener: Callable[[], Ledger], lane: int, start_at: float) -> int:
+    """Reserve ``ATTEMPTS`` times on this lane's account from ``start_at``; how many were granted."""
+    ledger = opener()
+    granted = 0
+    try:
+        time.sleep(max(0.0, start_at - time.time()))
+        for i in range(ATTEMPTS):
+            try:
+                ledger.reserve(f"run-{lane}", f"lane{lane}-call{i}", {"tool_calls": 1})
+            except BudgetExhausted:
+                continue
+            granted += 1
+        return granted
+    finally:
+        assert isinstance(ledger, SqliteLedger | PostgresLedger)
+        ledger.close()
+
+
+def _warm(seconds: float) -> int:
+    time.sleep(seconds)
+    return 0
+
+
+@pytest.fixture(scope="module")
+def processes() -> Iterator[ProcessPoolExecutor]:
+    pool = ProcessPoolExecutor(
+        max_workers=PROCESSES, mp_context=multiprocessing.get_context("spawn")
+    )
+    list(pool.map(_warm, [0.3] * PROCESSES))  # every worker started and imported before a race
+    yield pool
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Ledger]:
+    if request.param == "sqlite":
+        return partial(_open_sqlite, str(tmp_path / "ledger.db"))
+    return partial(_open_postgres, request.getfixturevalue("postgres_schema"))
+
+
+def test_eight_contending_processes_each_get_a_quarter_of_their_fair_share_and_never_overspend(
+    opener: Callable[[], Ledger], processes: ProcessPoolExecutor
+) -> None:
+    ledger = opener()
+    try:
+        ledger.open_account("tenant", {"tool_calls": LIMIT})
+        for lane in range(PROCESSES):
+            ledger.open_account(f"run-{lane}", {}, parent="tenant")
+        start_at = time.time() + 0.5
+        futures = [processes.submit(_contend, opener, lane, start_at) for lane in range(PROCESSES)]
+        granted = [future.result(timeout=120) for future in futures]
+        assert sum(granted) == LIMIT
+        assert ledger.balance("tenant").held == {"tool_calls": float(LIMIT)}
+        for lane, count in enumerate(granted):
+            assert ledger.balance(f"run-{lane}").held.get("tool_calls", 0.0) == count
+        assert min(granted) * 4 >= FAIR_SHARE, f"unfair: {sorted(granted)} (fair {FAIR_SHARE})"
+    finally:
+        assert isinstance(ledger, SqliteLedger | PostgresLedger)
+        ledger.close()
