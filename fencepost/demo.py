@@ -31,7 +31,6 @@ from pydantic import Field
 
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph import RunContext, build_agent_graph, cancel, run_output, start
-from fencepost.policy.approval import ApprovalMode
 from fencepost.policy import (
     AbstainProposal,
     AgentState,
@@ -53,6 +52,7 @@ from fencepost.policy import (
     ToolRegistry,
     ToolSemanticError,
 )
+from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.tool_decorator import tool
 
 __all__ = [
