@@ -44,7 +44,27 @@ def _append(current: Sequence[Any], batches: Sequence[Sequence[Any]]) -> tuple[A
 # Observations, receipts and manifests only ever grow. As delta channels a checkpoint stores the
 # items each step added, not the whole history again: without this, serializing the growing
 # tuples at every superstep was two thirds of the loop's cost (see benchmarks/).
-Appended: DeltaChannel[tuple[Any, ...]] = DeltaChannel(_append)
+# A full snapshot of a record every N updates makes a long run's checkpoints grow with its
+# length; at LangGraph's own replay bound a step writes what it added, and a resume replays at
+# most that many writes.
+_SNAPSHOT_EVERY = 5000
+Appended: DeltaChannel[tuple[Any, ...]] = DeltaChannel(_append, snapshot_frequency=_SNAPSHOT_EVERY)
+
+
+def _count_up(current: dict[str, int] | None, batches: Sequence[dict[str, int]]) -> dict[str, int]:
+    """Repeat counts per fingerprint: each write carries the counts that changed; counts only
+    grow (a write cannot lower one), so a state edit cannot reset the no-progress check."""
+    out = dict(current or {})
+    for batch in batches:
+        for key, count in batch.items():
+            if count > out.get(key, 0):
+                out[key] = count
+    return out
+
+
+Counted: DeltaChannel[dict[str, int]] = DeltaChannel(
+    _count_up, dict, snapshot_frequency=_SNAPSHOT_EVERY
+)
 
 
 class GraphState(TypedDict, total=False):
@@ -62,7 +82,7 @@ class GraphState(TypedDict, total=False):
     proposals: Annotated[tuple[ToolProposal, ...], Appended]
     batch: tuple[BatchEntry, ...]
     receipts: Annotated[tuple[Receipt, ...], Appended]
-    fingerprints: dict[str, int]
+    fingerprints: Annotated[dict[str, int], Counted]
     final_answer: AnswerPayload | None
     termination: TerminationReason | None
     last_error_code: str | None
@@ -141,6 +161,11 @@ def changed(before: AgentState | None, after: AgentState) -> dict[str, Any]:
         value = getattr(after, name)
         old = getattr(before, name)
         if value is old:
+            continue
+        if name == "fingerprints":
+            added = {k: v for k, v in value.items() if old.get(k) != v}
+            if added:
+                writes[name] = added
             continue
         if name in _APPENDED:
             if len(value) < len(old) or value[: len(old)] != old:
