@@ -79,7 +79,7 @@ _AConn = AsyncConnection[TupleRow]
 # Serialises concurrent ``setup`` calls: CREATE TABLE IF NOT EXISTS is not safe under a race.
 _SETUP_LOCK = 0x6665_6E63_6570_6F73  # "fencepos"
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bumped whenever the functions change; ``setup`` (re)creates them when the database is older."""
 
 _RESULT = """
@@ -112,22 +112,25 @@ _FUNCTIONS = (
     CREATE FUNCTION fencepost_ledger_with_balance(r fencepost_ledger_result, p_account text)
     RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
     BEGIN
-        SELECT a.name, a.parent, a.owner, a.closed
-          INTO r.b_account, r.b_parent, r.b_owner, r.b_closed
-          FROM fencepost_ledger_accounts a WHERE a.name = p_account;
+        SELECT a.name, a.parent, a.owner, a.closed, l.axes, l.amounts, h.axes, h.amounts
+          INTO r.b_account, r.b_parent, r.b_owner, r.b_closed,
+               r.b_limit_axes, r.b_limit_amounts, r.b_held_axes, r.b_held_amounts
+          FROM fencepost_ledger_accounts a
+          CROSS JOIN LATERAL (
+              SELECT coalesce(array_agg(x.axis ORDER BY x.position), '{}') AS axes,
+                     coalesce(array_agg(x.amount ORDER BY x.position), '{}') AS amounts
+                FROM fencepost_ledger_limits x WHERE x.account = a.name
+          ) l
+          CROSS JOIN LATERAL (
+              SELECT coalesce(array_agg(x.axis ORDER BY x.axis), '{}') AS axes,
+                     coalesce(array_agg(x.amount ORDER BY x.axis), '{}') AS amounts
+                FROM fencepost_ledger_held x WHERE x.account = a.name
+          ) h
+         WHERE a.name = p_account;
         IF NOT FOUND THEN
             r.outcome := 'unknown_account';
             r.e_account := p_account;
-            RETURN r;
         END IF;
-        SELECT coalesce(array_agg(l.axis ORDER BY l.position), '{}'),
-               coalesce(array_agg(l.amount ORDER BY l.position), '{}')
-          INTO r.b_limit_axes, r.b_limit_amounts
-          FROM fencepost_ledger_limits l WHERE l.account = p_account;
-        SELECT coalesce(array_agg(h.axis ORDER BY h.axis), '{}'),
-               coalesce(array_agg(h.amount ORDER BY h.axis), '{}')
-          INTO r.b_held_axes, r.b_held_amounts
-          FROM fencepost_ledger_held h WHERE h.account = p_account;
         RETURN r;
     END $$
     """,
@@ -207,6 +210,7 @@ _FUNCTIONS = (
         v_chain text[];
         v_top text;
         v_hit record;
+        v_inserted integer;
     BEGIN
         -- Idempotency first: a key reserved before is returned, even on a closed account.
         SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s WHERE s.key = p_key;
@@ -231,7 +235,8 @@ _FUNCTIONS = (
         -- One lock order for every transaction: no cycle of waits.
         PERFORM 1 FROM fencepost_ledger_accounts a
           WHERE a.name = ANY (v_chain) ORDER BY a.name FOR NO KEY UPDATE;
-        -- Read after the locks (a new snapshot): what other transactions committed is seen.
+        -- Each statement from here takes a new snapshot: what the transactions that held these
+        -- locks before committed (a close, a charge) is seen.
         SELECT c.name, a.closed INTO v_hit
           FROM unnest(v_chain) WITH ORDINALITY AS c (name, n)
           JOIN fencepost_ledger_accounts a ON a.name = c.name
@@ -257,21 +262,25 @@ _FUNCTIONS = (
             r.e_requested := v_hit.req;
             RETURN r;
         END IF;
-        INSERT INTO fencepost_ledger_reservations (key, account, status)
-        VALUES (p_key, p_account, 'reserved') ON CONFLICT (key) DO NOTHING;
-        IF NOT FOUND THEN  -- committed by another transaction since the first look
+        WITH ins AS (
+            INSERT INTO fencepost_ledger_reservations (key, account, status)
+            VALUES (p_key, p_account, 'reserved') ON CONFLICT (key) DO NOTHING
+            RETURNING key
+        ), amounts AS (
+            INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)
+            SELECT ins.key, x.axis, x.n - 1, x.amount
+              FROM ins, unnest(p_axes, p_amounts) WITH ORDINALITY AS x (axis, amount, n)
+        ), charged AS (
+            INSERT INTO fencepost_ledger_held AS h (account, axis, amount)
+            SELECT c.name, x.axis, x.amount
+              FROM ins, unnest(v_chain) AS c (name), unnest(p_axes, p_amounts) AS x (axis, amount)
+            ON CONFLICT (account, axis) DO UPDATE SET amount = h.amount + excluded.amount
+        )
+        SELECT count(*) INTO v_inserted FROM ins;
+        IF v_inserted = 0 THEN  -- committed by another transaction since the first look
             SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s
              WHERE s.key = p_key;
             RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
-        END IF;
-        IF cardinality(p_axes) > 0 THEN
-            INSERT INTO fencepost_ledger_held AS h (account, axis, amount)
-            SELECT c.name, x.axis, x.amount
-              FROM unnest(v_chain) AS c (name) CROSS JOIN unnest(p_axes, p_amounts) AS x (axis, amount)
-            ON CONFLICT (account, axis) DO UPDATE SET amount = h.amount + excluded.amount;
-            INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)
-            SELECT p_key, x.axis, x.n - 1, x.amount
-              FROM unnest(p_axes, p_amounts) WITH ORDINALITY AS x (axis, amount, n);
         END IF;
         r.outcome := 'ok';
         r.r_account := p_account;
