@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
@@ -846,6 +847,52 @@ def test_concurrent_settles_and_releases_of_one_key_refund_once(
         expected_held += 1.0 if outcome == "settled" else 0.0
     for name in ("run", "tenant"):
         assert ledger.balance(name).held == {"cost": expected_held}
+
+
+def test_no_reservation_starts_after_a_close_has_returned(backend: Backend, ledger: Ledger) -> None:
+    # Reservers on their own connections race one close of their shared parent: a reserve that
+    # began after close_account returned is refused, and the books hold exactly what was granted.
+    ledger.open_account("tenant", {"tool_calls": 10_000})
+    for lane in range(LANES):
+        ledger.open_account(f"run-{lane}", {}, parent="tenant")
+    closed_at: list[float] = []
+    granted_after: list[str] = []
+    granted = [0] * LANES
+    start = threading.Barrier(LANES + 1)
+
+    def reserver(lane: int) -> None:
+        own = backend.open() if backend.durable is None else backend.durable()
+        try:
+            start.wait()
+            for i in range(400):
+                began = time.monotonic()
+                try:
+                    own.reserve(f"run-{lane}", f"lane{lane}-{i}", {"tool_calls": 1})
+                except AccountClosed:
+                    return
+                granted[lane] += 1
+                if closed_at and began > closed_at[0]:
+                    granted_after.append(f"lane{lane}-{i}")
+        finally:
+            if isinstance(own, SqliteLedger | PostgresLedger):
+                own.close()
+
+    threads = [threading.Thread(target=reserver, args=(lane,)) for lane in range(LANES)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    until = time.monotonic() + 30
+    while sum(granted) < LANES and time.monotonic() < until:  # close mid-stream, not before
+        time.sleep(0.001)
+    ledger.close_account("tenant", "cancelled")
+    closed_at.append(time.monotonic())
+    for thread in threads:
+        thread.join(timeout=60)
+    assert granted_after == []
+    assert sum(granted) >= LANES
+    assert ledger.balance("tenant").held.get("tool_calls", 0.0) == sum(granted)
+    with pytest.raises(AccountClosed):
+        ledger.reserve("run-0", "after", {"tool_calls": 1})
 
 
 # -- async twins -------------------------------------------------------------------------------

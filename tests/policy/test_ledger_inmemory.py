@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fencepost.policy import (
+    AccountClosed,
     BudgetAxis,
     BudgetExhausted,
     InMemoryLedger,
@@ -264,9 +265,13 @@ async def test_async_twins_share_the_same_books(ledger: InMemoryLedger) -> None:
     await ledger.areserve("run-a", "k2", {"tool_calls": 1})
     settled = await ledger.asettle("k2")
     assert settled.status is ReservationStatus.SETTLED
+    assert (await ledger.abalance("run-a")).held == {"tool_calls": 1}
+    assert (await ledger.aclose_account("run-a", "completed")).closed == "completed"
+    with pytest.raises(AccountClosed):
+        await ledger.areserve("run-a", "k3", {})
 
 
-# Property: over any sequence of operations, the books stay within every limit ---------------
+# Property: any sequence of operations keeps within every limit; closed accounts take nothing new
 
 ACCOUNTS = ("tenant", "run-a", "run-b", "run-c")
 PARENT = {"tenant": None, "run-a": "tenant", "run-b": "tenant", "run-c": "run-a"}
@@ -278,7 +283,7 @@ op = st.one_of(
         st.just("reserve"),
         st.sampled_from(ACCOUNTS[1:]),
         st.integers(min_value=0, max_value=11),
-        st.dictionaries(st.sampled_from(AXES), quarters, min_size=1),
+        st.dictionaries(st.sampled_from(AXES), quarters),  # {} is an attempt marker
     ),
     st.tuples(
         st.just("settle"),
@@ -287,6 +292,12 @@ op = st.one_of(
         st.none() | st.dictionaries(st.sampled_from(AXES), quarters),
     ),
     st.tuples(st.just("release"), st.just(""), st.integers(min_value=0, max_value=11), st.none()),
+    st.tuples(
+        st.just("close"),
+        st.sampled_from(ACCOUNTS),
+        st.just(0),
+        st.sampled_from(["cancelled", "completed"]),
+    ),
 )
 
 
@@ -306,29 +317,41 @@ def _chain(account: str) -> list[str]:
     ),
     ops=st.lists(op, max_size=40),
 )
-def test_books_never_exceed_a_limit_over_any_sequence(
+def test_books_never_exceed_a_limit_and_closed_accounts_take_nothing_new_over_any_sequence(
     limits: dict[str, dict[str, float]], ops: list[tuple[str, str, int, Any]]
 ) -> None:
     ledger = InMemoryLedger()
     for account in ACCOUNTS:
         ledger.open_account(account, limits[account], parent=PARENT[account])
-    # Reference model: key -> (account, amounts still charged, status).
+    # Reference model: key -> (account, amounts still charged, status); account -> close reason.
     books: dict[str, tuple[str, dict[str, float], ReservationStatus]] = {}
+    closed: dict[str, str] = {}
 
     for kind, account, n, amounts in ops:
         key = f"key-{n}"
         entry = books.get(key)
+        if kind == "close":
+            assert ledger.close_account(account, amounts).closed == closed.setdefault(
+                account, amounts
+            )
+            continue
         if kind == "reserve":
+            nearest_closed = next((name for name in _chain(account) if name in closed), None)
             try:
                 reservation = ledger.reserve(account, key, amounts)
             except BudgetExhausted as exc:
-                assert entry is None
+                assert entry is None and nearest_closed is None
                 assert exc.account in _chain(account)
+            except AccountClosed as exc:
+                assert entry is None
+                assert (exc.account, exc.reason) == (nearest_closed, closed.get(exc.account))
             except LedgerConflict:
                 assert entry is not None and entry[0] != account
             else:
                 assert reservation.existing is (entry is not None)
+                assert reservation.balance == ledger.balance(account)
                 if entry is None:
+                    assert nearest_closed is None
                     books[key] = (account, dict(amounts), ReservationStatus.RESERVED)
         elif entry is None:
             with pytest.raises(UnknownReservation):
