@@ -598,6 +598,8 @@ class PostgresLedger(Ledger):
                     idle = conn.info.transaction_status == pq.TransactionStatus.IDLE
                     if reusable and idle and not self._closed:
                         conns.idle.append(conn)
+                        if self._closed:  # closed while it was being put back
+                            conns.discard()
                     else:  # broken, cancelled mid-call, or the ledger closed meanwhile
                         conn.pgconn.finish()
             if row is not None:

@@ -86,10 +86,10 @@ class _WaitingRoom:
 
     def __init__(self, database: str) -> None:
         self._fd: int | None = None
+        self._inside = False
         if fcntl is None or database in ("", ":memory:"):
             return
         self._fd = os.open(f"{database}-fencepost-wait", os.O_RDWR | os.O_CREAT, 0o644)
-        self._inside = False
 
     def enter(self) -> None:
         """Say this process waits (retried on every wait until it holds the shared lock)."""
