@@ -49,7 +49,8 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     manifests = []
     for entry in waiting(before.batch):
         now = next(e for e in result.batch if e.call_id == entry.call_id)
-        spec = cfg.registry.get(now.proposal.tool_name)
+        name = now.proposal.tool_name
+        spec = cfg.registry.get(name) if name in cfg.registry else None
         manifests.append(
             manifest(
                 state,
@@ -58,8 +59,8 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
                 phase=Phase.VALIDATE,
                 outcome="allowed" if now.verdict.allowed else "denied",
                 decision_kind="tool",
-                tool_name=now.proposal.tool_name,
-                effect=spec.effect,
+                tool_name=name if spec else None,
+                effect=spec.effect if spec else None,
                 verdict=now.verdict.code,
             )
         )

@@ -58,12 +58,14 @@ def begin(request: Any, ctx: RunContext | None) -> AgentState:
     )
 
 
-def step_estimate(cfg: LoopConfig, state: AgentState) -> int:
-    """Tokens a step reserves: the configured estimate, and at least one when the run limits
-    tokens (so a run with none left stops before asking the model)."""
+def step_estimate(cfg: LoopConfig, state: AgentState, ctx: RunContext) -> int:
+    """Tokens a step reserves: the configured estimate, and at least one when the run or a
+    parent account may limit tokens (so a run or tenant with none left stops before the model
+    is asked)."""
     if cfg.tokens_per_step > 0:
         return cfg.tokens_per_step
-    return 1 if state.budget.tokens_remaining is not None else 0
+    limited = state.budget.tokens_remaining is not None or ctx.budget_account is not None
+    return 1 if limited else 0
 
 
 def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
@@ -127,7 +129,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         refused = stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
     if refused is not None or ctx is None:
         return changed(before, state.model_copy(update={"stop": refused}))
-    estimate = step_estimate(cfg, state)
+    estimate = step_estimate(cfg, state, ctx)
     account = account_of(state)
     while True:
         # A step key the ledger already holds means an earlier attempt at that step started and

@@ -75,15 +75,21 @@ async def run_call(
     io = AsyncIO(cfg)
     attempt = 1
     while True:
-        if attempt > 1:
-            key = call_key(account, entry.call_id, attempt)
-            more = await reserve_or_exhausted(
-                io, state, ctx, key, reservation_amounts(spec), account=account
-            )
-            if isinstance(more, StopRequest):
-                return more
-            if isinstance(more, BudgetExhausted):
-                return uncertain(entry, spec, attempt - 1)
+        # Attempt 1 was reserved at the gate: reserving it again is a no-op that returns that
+        # reservation. A call whose budget the gate never reserved (a forged batch entry) is
+        # checked against the limits here, before it can run.
+        key = call_key(account, entry.call_id, attempt)
+        more = await reserve_or_exhausted(
+            io, state, ctx, key, reservation_amounts(spec), account=account
+        )
+        if isinstance(more, StopRequest):
+            return more
+        if isinstance(more, BudgetExhausted):
+            if attempt == 1:
+                return not_run(
+                    entry, spec, ErrorCode.BUDGET_EXHAUSTED, ReceiptStatus.DENIED, attempts=0
+                )
+            return uncertain(entry, spec, attempt - 1)
         marker = await reserve(
             io, state, ctx, started_key(account, entry.call_id, attempt), {}, account=account
         )

@@ -19,6 +19,7 @@ from fencepost.policy import (
     VerdictCode,
 )
 from fencepost.policy.context import RunContext
+from fencepost.policy.execution import budget_refusals
 from fencepost.policy.gating import (
     after_reservations,
     duplicate_call_ids,
@@ -27,6 +28,7 @@ from fencepost.policy.gating import (
     to_reserve,
 )
 from fencepost.policy.keys import call_key
+from fencepost.policy.outcome import receipt_for
 from fencepost.policy.run_check import stop
 
 
@@ -91,6 +93,10 @@ async def gate(
         # One denial stops the whole batch: nothing in it runs, nothing is reserved.
         return state.model_copy(update={"stop": gated.stop}), manifests
     state, stopped = await reserve_batch(io, state, ctx)
+    if stopped is not None:
+        # Nothing of the batch runs: each call the budget could not cover is still receipted.
+        refused = tuple(receipt_for(o) for o in budget_refusals(state.batch))
+        state = state.model_copy(update={"receipts": state.receipts + refused})
     return state.model_copy(update={"stop": stopped}), manifests
 
 

@@ -53,7 +53,14 @@ def account_of(state: AgentState) -> str:
 
 
 async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopRequest | AgentState:
-    """Open a new run's ledger account under the caller's parent account, owned by the caller."""
+    """Open a new run's ledger account under the caller's parent account, owned by the caller.
+
+    A parent account that records an owner funds only runs of that tenant: naming another
+    tenant's pool in a context spends nothing of it.
+    """
+    refused = await check_parent(io, ctx)
+    if refused is not None:
+        return refused
     try:
         balance = await io.open_account(
             account_of(state),
@@ -68,11 +75,27 @@ async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopReques
     return viewed(state, balance)
 
 
+async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
+    """Whether the caller may open a run under the parent account its context names."""
+    if ctx.budget_account is None:
+        return None
+    try:
+        parent = await io.balance(ctx.budget_account)
+    except UnknownAccount:
+        return stop_for_unknown_account()
+    except ValueError:
+        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+    tenant = parent.owner.get("tenant")
+    if tenant is not None and tenant != ctx.tenant_id:
+        return stop(TerminationReason.POLICY_DENIED, "budget_account_denied")
+    return None
+
+
 async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: str) -> bool:
     """Re-open the account of a run whose non-durable ledger was lost (a new process), carrying
     over what the checkpoint says was spent. A durable ledger's missing account is never
     re-created: that run is refused."""
-    if not isinstance(io.ledger, InMemoryLedger):
+    if not isinstance(io.ledger, InMemoryLedger) or await check_parent(io, ctx) is not None:
         return False
     budget = state.budget
     used = {axis: budget.used(axis) for axis in BudgetAxis}

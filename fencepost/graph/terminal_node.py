@@ -24,6 +24,12 @@ from fencepost.policy import (
 from fencepost.policy.context import coerce_context
 from fencepost.policy.run_check import stop
 
+# Stops that mean the account on this thread is not (or not provably) this caller's: closing
+# it would let a stranger end somebody else's run.
+_NOT_THIS_RUNS_ACCOUNT = frozenset(
+    {"account_conflict", "unknown_budget_account", "context_mismatch", "missing_context"}
+)
+
 
 async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
     """End the run with the stop a node asked for, and close its ledger account: a closed
@@ -48,8 +54,9 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
         current = before
     ending = current.stop or stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
     state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
-    with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-        await io.close_account(account_of(state), ending.reason.value)
+    if ctx is not None and ending.error_code not in _NOT_THIS_RUNS_ACCOUNT:
+        with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
+            await io.close_account(account_of(state), ending.reason.value)
     m = manifest(
         state, io.cfg, ctx, phase=Phase.TERMINAL, outcome="terminal", code=ending.reason.value
     )

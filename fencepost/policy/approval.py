@@ -104,14 +104,15 @@ def approval_request(
     """The interrupt payload a human sees: each waiting call's tool, arguments and effect."""
     calls = []
     for entry in waiting(batch):
-        spec = registry.get(entry.proposal.tool_name)
+        name = entry.proposal.tool_name
+        spec = registry.get(name) if name in registry else None
         calls.append(
             {
                 "call_id": entry.call_id,
-                "tool_name": entry.proposal.tool_name,
+                "tool_name": name,
                 "arguments": entry.proposal.arguments,
-                "effect": spec.effect.value,
-                "capability": spec.required_capability,
+                "effect": spec.effect.value if spec else None,
+                "capability": spec.required_capability if spec else None,
             }
         )
     payload: dict[str, Any] = {"fencepost": "approval", "calls": calls}
@@ -147,11 +148,12 @@ def apply_approvals(
     first_stop: StopRequest | None = None
     for entry in waiting(state.batch):
         answer = answers[entry.call_id]
-        spec = registry.get(entry.proposal.tool_name)
+        name = entry.proposal.tool_name
         if answer.decision == "reject":
             verdict = entry.verdict.model_copy(update={"code": VerdictCode.REJECTED})
             changed.append(entry.with_verdict(verdict))
-            rejected.append(_rejection(entry, spec.effect))
+            effect = registry.get(name).effect if name in registry else None
+            rejected.append(_rejection(entry, effect))
             continue
         proposal = entry.proposal
         if answer.decision == "edit":
@@ -185,7 +187,7 @@ def apply_approvals(
     )
 
 
-def _rejection(entry: BatchEntry, effect: Effect) -> CallOutcome:
+def _rejection(entry: BatchEntry, effect: Effect | None) -> CallOutcome:
     return CallOutcome(
         event=ToolFailed(
             call_id=entry.call_id,

@@ -6,6 +6,7 @@ Budget reservation comes last and lives in :mod:`fencepost.policy.budget`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from datetime import date, datetime
 from typing import Any
@@ -112,7 +113,9 @@ def check_semantics(spec: ToolSpec, args: BaseModel, state: AgentState) -> None:
             spec.semantic_validator(args, state)
         except ToolSemanticError:
             raise
-        except Exception:
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except BaseException:
             # A validator that breaks is a denial, not a crash; its message (which may quote the
             # model's arguments) is never kept.
             raise ToolSemanticError("validator_failed") from None
@@ -123,7 +126,9 @@ def _declared_progress(spec: ToolSpec, proposal: ToolProposal, state: AgentState
         return False
     try:
         return spec.progress_predicate(proposal, state) is True
-    except Exception:
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except BaseException:
         # A predicate that breaks has not shown progress.
         return False
 

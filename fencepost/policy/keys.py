@@ -8,20 +8,26 @@ unique key, and no key leaks what the model wrote.
 from __future__ import annotations
 
 import hashlib
+import json
 
 
 def _digest(*parts: str) -> str:
-    joined = "\x1f".join(parts)
-    return hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    # JSON keeps the parts apart whatever they contain: ("a\x1fb", "c") is not ("a", "b\x1fc").
+    joined = json.dumps(parts, ensure_ascii=True)
+    return hashlib.sha256(joined.encode("ascii")).hexdigest()[:32]
 
 
 def run_account(thread_id: str, run_id: str) -> str:
-    """The ledger account of the run ``run_id`` on checkpoint thread ``thread_id``.
+    """The ledger account of the run on checkpoint thread ``thread_id``.
 
-    The identity (tenant, principal) is recorded *in* the account, not in its name: a state
-    update that rewrites the tenant still lands on this account, whose owner then differs.
+    A thread holds one run, so the account is named from the thread alone — a field of state
+    (the run id, the tenant) cannot move a run to another account; ``run_id`` names it only when
+    there is no thread (no checkpointer). The identity (tenant, principal) is recorded *in* the
+    account: a state update that rewrites it lands on this account, whose owner then differs.
     """
-    return f"run:{_digest(thread_id, run_id)}"
+    if thread_id:
+        return f"run:{_digest('thread', thread_id)}"
+    return f"run:{_digest('run', run_id)}"
 
 
 def step_key(account: str, step: int) -> str:

@@ -79,13 +79,6 @@ def _pause_before_execute(h: Any, ctx: fp.RunContext, tools: int = 1) -> dict[st
     return config
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="execute_node.py:84-120 run_call starts attempt 1 of a forged 'allowed' batch entry "
-    "with only the zero-amount start marker (its budget was never reserved at the gate), so the "
-    "tool runs past the tool-call limit; then settle() of the never-reserved call key raises "
-    "UnknownReservation out of invoke",
-)
 def test_a_forged_batch_entry_never_runs_a_call_whose_budget_was_not_reserved() -> None:
     h = harness([call(n=1), ABSTAIN])
     ctx = context()
@@ -121,13 +114,6 @@ REOPEN = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run_account.py:51 names the account from state.run_id, which update_state can "
-    "rewrite; the new name is unknown, and reopen_lost (run_account.py:72) re-creates it on an "
-    "InMemoryLedger with the limits and use the edited state claims: a finished run reopens "
-    "with any budget in the same process",
-)
 def test_rewriting_the_run_id_does_not_reopen_a_finished_run_on_the_default_ledger() -> None:
     h = harness([call(n=1), ABSTAIN, *(call(n=i) for i in range(2, 12))])
     ctx = context()
@@ -160,13 +146,6 @@ INTRUDER = fp.RunContext(
 REBIND = {"tenant_id": "other-tenant", "principal_id": "intruder", "run_id": "run-mine-now"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the owner check is skipped by renaming the account: Command(update={tenant_id, "
-    "principal_id, run_id}) points account_of() (run_account.py:51) at an unknown account, "
-    "which reopen_lost (run_account.py:72-90) opens on the InMemoryLedger owned by the "
-    "intruder; the first tenant's paused write then runs under the intruder's context",
-)
 def test_rebinding_a_paused_write_by_renaming_the_run_is_refused_on_the_default_ledger() -> None:
     h = harness([call("write_note", 1, note="hi"), ABSTAIN], approval="interrupt")
     config = thread()
@@ -192,32 +171,16 @@ def test_rebinding_a_paused_write_by_renaming_the_run_is_refused_with_a_durable_
     assert state.termination is fp.TerminationReason.POLICY_DENIED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a verdict_key does not seal the binding of a write waiting for approval: the seal "
-    "is made after approval (gating.after_reservations via approve_node.reserve_batch) over the "
-    "renamed run_id, so the executor's check (execution.py:54) passes and the write runs",
-)
 def test_with_a_verdict_key_renaming_the_run_cannot_rebind_a_paused_write() -> None:
     h, state = _rebind_paused_write(verdict_key=b"operator-secret-0123456789ab")
     assert h.calls.count("write_note") == 0
     assert state.termination is fp.TerminationReason.POLICY_DENIED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="keys.py:13-15 joins thread_id and run_id with '\\x1f' before hashing, and neither "
-    "is forbidden to contain it: ('a\\x1fb', 'c') and ('a', 'b\\x1fc') name the same account",
-)
 def test_the_run_account_name_is_injective_in_thread_and_run_id() -> None:
     assert run_account("a\x1fb", "c") != run_account("a", "b\x1fc")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the colliding names reach the graph: a run on thread 't\\x1fr' with run id 'x' "
-    "lands on the closed account of run 'r\\x1fx' on thread 't' and is refused run_closed",
-)
 def test_two_runs_whose_names_share_a_separator_do_not_share_an_account() -> None:
     h = harness([call(n=1), ABSTAIN, call(n=2), ABSTAIN])
     ctx = context()
@@ -242,13 +205,6 @@ def test_two_runs_whose_names_share_a_separator_do_not_share_an_account() -> Non
 BETA = context(tenant="beta", principal="b-1")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="terminal_node.py:52 closes account_of(state) with no owner check: a tenant whose "
-    "own graph shares the ledger and picks the same thread id and run id is refused "
-    "(account_conflict), and its terminal node then closes the other tenant's live account, "
-    "so that tenant's paused write is refused run_closed on approval",
-)
 def test_another_tenant_choosing_the_same_names_cannot_close_a_paused_run() -> None:
     ledger = fp.policy.InMemoryLedger()
     a = harness([call("write_note", 1, note="a"), ABSTAIN], approval="interrupt", ledger=ledger)
@@ -279,11 +235,6 @@ def test_another_tenant_choosing_the_same_names_cannot_spend_on_a_run_account() 
     assert out.termination is fp.TerminationReason.POLICY_DENIED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run_account.open_run (run_account.py:56-63) opens the run under ctx.budget_account "
-    "without checking that parent's recorded owner: tenant beta naming acme's pool spends it",
-)
 def test_a_run_cannot_open_under_another_tenants_budget_account() -> None:
     ledger = fp.policy.InMemoryLedger()
     ledger.open_account("acme-pool", {"tool_calls": 3}, owner={"tenant": "acme"})
@@ -426,12 +377,6 @@ def test_a_breaking_validator_or_predicate_ends_typed_and_its_text_never_checkpo
     assert CANARY.encode() not in _saver_bytes(saver)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gates.py:115 and gates.py:126 catch only Exception: a semantic_validator or "
-    "progress_predicate raising a BaseException (SystemExit from argparse, a custom one) "
-    "escapes invoke, unlike the same exception from a tool",
-)
 @pytest.mark.parametrize("hook", ["semantic_validator", "progress_predicate"])
 def test_a_validator_or_predicate_raising_a_base_exception_ends_typed(hook: str) -> None:
     def broken(*_: Any) -> Any:
@@ -631,19 +576,10 @@ FORGED_PENDING = {
 }
 
 
-UNKNOWN_PENDING = pytest.mark.xfail(
-    strict=True,
-    reason="approval.py:107 (approval_request), approval.py:150 (apply_approvals) and "
-    "approve_node.py:52 call registry.get() on a waiting entry's tool name without checking "
-    "it is registered: a forged approval_pending entry naming an unknown tool raises UnknownTool "
-    "out of invoke (gate_step.py:63 guards the same lookup with `in cfg.registry`)",
-)
-
-
 @pytest.mark.parametrize("answer", ["approve", "reject"])
 @pytest.mark.parametrize(
     "forged",
-    [pytest.param("unknown-tool", marks=UNKNOWN_PENDING), "read-tool", "bad-args"],
+    ["unknown-tool", "read-tool", "bad-args"],
 )
 def test_a_forged_pending_entry_is_regated_on_approval_and_never_escapes(
     forged: str, answer: str

@@ -187,15 +187,6 @@ def test_a_tenant_token_limit_never_lets_a_run_complete_past_it(tokens_per_step:
     assert_state_is_the_ledgers_view(state, ledger, account_of(config, state))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "fencepost/graph/decide_node.py step_estimate: with no tokens_per_step, a step reserves "
-        "a token only when the run's own budget limits tokens, not when a parent account does, "
-        "so a tenant with no tokens left still pays for one model call before the overage is "
-        "refused"
-    ),
-)
 def test_a_tenant_with_no_tokens_left_stops_a_new_run_before_the_model_is_asked() -> None:
     ledger = fp.InMemoryLedger()
     ledger.open_account("tenant", {"tokens": 10})
