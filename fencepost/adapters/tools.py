@@ -5,11 +5,14 @@ argument schema becomes a strict pydantic model (extra keys forbidden, no coerci
 validates proposals against, and that the model is shown as the catalog. Arguments LangChain
 injects at run time (``InjectedToolArg``, ``ToolRuntime``, ``RunnableConfig``) are filled from the
 trusted :class:`ToolContext`, never from the model, and never appear in the catalog. Whatever the
-tool raises becomes a safe code: its own text never reaches the model.
+tool raises becomes a safe code: its own text never reaches the model, nor any callback, tracer
+or `astream_events` consumer (see `_sanitize_failures`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 import json
 import keyword
@@ -497,6 +500,75 @@ def _group_code(group: BaseExceptionGroup[Any]) -> ErrorCode:
     return code
 
 
+def _safe_code(exc: BaseException, tool_exception_code: ErrorCode) -> ErrorCode:
+    """The safe code for whatever a LangChain tool raised, from its type and status only."""
+    from langchain_core.tools import ToolException
+
+    if isinstance(exc, ToolException):
+        # Its message is the tool's own text (for MCP: the server's error content).
+        return tool_exception_code
+    if isinstance(exc, ExceptionGroup):
+        # anyio task groups (the MCP client's transports) wrap the real failure.
+        return _group_code(exc)
+    if isinstance(exc, Exception):
+        return error_code_for(exc)
+    # SystemExit, KeyboardInterrupt, GeneratorExit...: control flow escaping the tool.
+    return ErrorCode.INTERNAL_ERROR
+
+
+def _sanitize_failures(tool: BaseTool, tool_exception_code: ErrorCode) -> None:
+    """Make ``tool`` (a private copy) fail with a bare :class:`ToolError` carrying a safe code.
+
+    LangChain hands the exception a tool body raised to every callback (``on_tool_error``: every
+    tracer and ``astream_events``) before it reaches the caller. Wrapping only the methods that
+    run the body (``_run``/``_arun``) and parse its input (``_to_args_and_kwargs``) keeps the
+    tool's start and end events and its nested runs, while the error those callbacks see is
+    ``ToolError(code)``: raised outside the handler, so it carries no ``__context__`` either.
+    ``functools.wraps`` keeps the signatures LangChain inspects (``run_manager``, a
+    ``RunnableConfig`` parameter). The wrappers live on this copy only, never on the caller's
+    tool.
+    """
+
+    def sync_guard(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except BaseException as exc:
+                code = _safe_code(exc, tool_exception_code)
+            raise ToolError(code)
+
+        return guarded
+
+    def async_guard(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        async def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await method(*args, **kwargs)
+            except asyncio.CancelledError:
+                raise  # the run's own cancellation, not a tool failure
+            except BaseException as exc:
+                code = _safe_code(exc, tool_exception_code)
+            raise ToolError(code)
+
+        return guarded
+
+    # Instance attributes shadow the class's methods on this copy (a pydantic model keeps a
+    # ``__dict__``); ``object.__setattr__`` because they are not fields.
+    object.__setattr__(tool, "_run", sync_guard(tool._run))
+    object.__setattr__(tool, "_arun", async_guard(tool._arun))
+    object.__setattr__(tool, "_to_args_and_kwargs", sync_guard(tool._to_args_and_kwargs))
+
+
+def _runs_async(tool: BaseTool) -> bool:
+    """Whether the tool has an async body of its own (else LangChain runs ``_run`` in a thread)."""
+    from langchain_core.tools import BaseTool, StructuredTool, Tool
+
+    if getattr(tool, "coroutine", None) is not None:
+        return True
+    return type(tool)._arun not in (BaseTool._arun, StructuredTool._arun, Tool._arun)
+
+
 class _LangChainExecute:
     """``ToolSpec.execute`` for a LangChain tool: trusted injection in, safe codes out."""
 
@@ -514,6 +586,7 @@ class _LangChainExecute:
         self.tool = tool.model_copy(
             update={"handle_tool_error": False, "handle_validation_error": False}
         )
+        _sanitize_failures(self.tool, tool_exception_code)
         self.spec_name = spec_name
         self.injectors = injectors
         self.runtime_args = runtime_args
@@ -523,12 +596,7 @@ class _LangChainExecute:
         # done only when the tool needs the call id or returns content and artifact.
         self.as_tool_call = needs_call_id or tool.response_format == "content_and_artifact"
 
-    async def run(self, args: BaseModel, ctx: ToolContext) -> Any:
-        """Run the tool with validated ``args``; raises ToolError with a safe code on failure."""
-        from langchain_core.messages import ToolMessage
-        from langchain_core.messages.tool import ToolOutputMixin
-        from langchain_core.tools import ToolException
-
+    def _input(self, args: BaseModel, ctx: ToolContext) -> tuple[Any, dict[str, Any]]:
         # Only keys the model actually gave: the tool applies its own defaults to the rest.
         arguments = args.model_dump(mode="json", by_alias=True, exclude_unset=True)
         config = _trusted_config(ctx, self.spec_name)
@@ -544,18 +612,19 @@ class _LangChainExecute:
                 "name": self.tool.name,
                 "args": arguments,
             }
-        code: ErrorCode | None = None
-        try:
-            output = await self.tool.ainvoke(tool_input, config=config)  # type: ignore[arg-type]
-        except ToolException:
-            # Its message is the tool's own text (for MCP: the server's error content).
-            code = self.tool_exception_code
-        except ExceptionGroup as group:
-            # anyio task groups (the MCP client's transports) wrap the real failure.
-            code = _group_code(group)
-        if code is not None:
-            # Raised outside the handler so the tool's text is not even kept as its context.
-            raise ToolError(code)
+        return tool_input, config
+
+    def _failure(self, exc: BaseException) -> ToolError:
+        # Bodies already fail with a ToolError (see _sanitize_failures); anything else comes
+        # from LangChain itself or a callback, and is mapped the same way.
+        if isinstance(exc, ToolError):
+            return ToolError(exc.code, retryable=exc.retryable)
+        return ToolError(_safe_code(exc, self.tool_exception_code))
+
+    def _output(self, output: Any) -> Any:
+        from langchain_core.messages import ToolMessage
+        from langchain_core.messages.tool import ToolOutputMixin
+
         if isinstance(output, ToolMessage):
             if output.status == "error":
                 raise ToolError(self.tool_exception_code)
@@ -569,6 +638,30 @@ class _LangChainExecute:
             raise ToolError(ErrorCode.INTERNAL_ERROR)
         # The loop serializes it; a value that is not JSON data becomes unserializable_result.
         return output
+
+    async def run(self, args: BaseModel, ctx: ToolContext) -> Any:
+        """Run a tool with an async body; raises ToolError with a safe code on failure."""
+        tool_input, config = self._input(args, ctx)
+        try:
+            output = await self.tool.ainvoke(tool_input, config=config)  # type: ignore[arg-type]
+        except Exception as exc:
+            failure = self._failure(exc)
+        else:
+            return self._output(output)
+        # Raised outside the handler so the tool's text is not even kept as its context.
+        raise failure
+
+    def run_sync(self, args: BaseModel, ctx: ToolContext) -> Any:
+        """Run a sync-only tool in the caller's thread (the runtime's bounded tool pool), not in
+        the loop's default executor, where a body past its deadline would keep a thread."""
+        tool_input, config = self._input(args, ctx)
+        try:
+            output = self.tool.invoke(tool_input, config=config)  # type: ignore[arg-type]
+        except Exception as exc:
+            failure = self._failure(exc)
+        else:
+            return self._output(output)
+        raise failure
 
 
 def tool_spec(
@@ -691,8 +784,9 @@ def tool_spec(
         effect=effect,
         required_capability=capability,
         timeout_seconds=timeout_seconds,
-        # A bound ``async def`` so the loop sees a coroutine function and awaits it.
-        execute=execute.run,
+        # A bound ``async def`` for a tool with an async body (the loop awaits it), a plain method
+        # for a sync-only tool (the runtime runs it on its own bounded thread pool).
+        execute=execute.run if _runs_async(tool) else execute.run_sync,
         semantic_validator=semantic_validator,
         progress_predicate=progress_predicate,
         idempotent=idempotent,

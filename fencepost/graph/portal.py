@@ -1,50 +1,50 @@
-"""Run the async halves of nodes from sync ``invoke``: each calling thread on its own event loop.
+"""Run the async halves of nodes from sync ``invoke``: tools on a loop per calling thread.
 
-Why there is no process-wide portal loop any more
--------------------------------------------------
-One shared background loop made every sync run in the process share fate: an async tool that
-blocked it (``time.sleep(3)``) stalled every other thread's invoke, a ``SystemExit`` escaping a
-task stopped it and left every later invoke waiting forever, and a forked child inherited a loop
-whose thread did not exist there. Here no two calling threads ever share a loop:
+Two entry points, for two kinds of code:
 
-- A thread with no running loop (a script, a worker thread of a web server, a pool thread running
-  a sync tool) runs the coroutine *itself*, on a loop of its own kept in a thread-local and reused
-  for every later call from that thread (an :class:`asyncio.Runner` built with a loop factory, so
-  the thread's ``get_event_loop`` policy is left alone). Ctrl-C in the main thread cancels the
-  run the way ``asyncio.run`` does.
-- A thread whose own loop is already running (a notebook cell, or an async tool that calls a
-  sync ``invoke``: re-entrancy) cannot block on that loop, so the coroutine goes to a helper
-  thread owned by that calling thread, which runs it the same way on *its* own loop. The helper
-  lives as long as the calling thread; a nested call from inside the helper gets its own helper,
-  so re-entrancy never deadlocks.
-- Each call runs in a copy of the caller's ``contextvars`` (as ``asyncio.run`` does); nothing a
-  run sets in its context is seen by the next run on the same loop.
-- Every thread-local records the process id: a forked child never touches its parent's loops or
-  helper threads (their file descriptors are shared with the parent; closing them in the child
-  would unregister the parent's), it builds its own.
-- A ``BaseException`` leaving a coroutine is that call's error, raised to that caller only; the
-  loop and the helper thread stay usable for every later call.
+- :func:`run_sync` (tools, and anything that must not share fate with another run): each
+  calling thread runs the coroutine on a loop of its own. No two threads share a loop, so one
+  run's async tool that blocks its loop (``time.sleep(3)``) cannot stall another thread's invoke.
+- :func:`run_sync_shared` (the model call): one process-wide loop, supervised. LangChain chat
+  models cache loop-bound connection pools process-wide (``ChatOpenAI``'s default
+  ``httpx.AsyncClient``); used from two live loops, the second fails with ``... is bound to a
+  different event loop`` on its first call after a switch (measured on the real graph with
+  keep-alive: each thread switch failed one model step). No tool body ever runs on this loop.
+  A better end state is the sync graph calling the model's sync API (``invoke``): no loop at all.
 
-Why one loop per thread and not one per call
---------------------------------------------
-A fresh loop per call (``asyncio.run``) is the strongest isolation, but LangChain clients cache
-loop-bound connection pools process-wide: ``ChatOpenAI``'s default ``httpx.AsyncClient`` fails
-about every second call with ``RuntimeError: Event loop is closed`` when each call brings a new
-loop (measured: 40 of 80 calls). A loop kept per thread keeps a single-threaded caller (a script,
-the CLI, a notebook) on one loop for the process's life, as before.
+How :func:`run_sync` works
+--------------------------
+- A thread with no running loop (a script, a web server's worker thread, a pool thread running
+  a sync tool) runs the coroutine *itself*, on its own loop kept in a thread-local and reused for
+  every later call from that thread (an :class:`asyncio.Runner` with a loop factory, so the
+  thread's ``get_event_loop`` policy is left alone). Ctrl-C in the main thread cancels the run as
+  ``asyncio.run`` does.
+- A thread whose own loop is already running (a notebook cell, or an async tool calling a sync
+  ``invoke``: re-entrancy) cannot block on that loop, so the coroutine goes to a helper thread
+  owned by that calling thread, which runs it the same way on *its* own loop. A nested call from
+  inside the helper gets the helper's own helper: re-entrancy never deadlocks.
+- Not a fresh loop per call: ``asyncio.run`` per call broke ``ChatOpenAI``'s cached client on 40
+  of 80 calls (``Event loop is closed``), and costs ~3x (below). A loop per thread keeps a
+  single-threaded caller on one loop for the process's life.
+- Each call runs in a copy of the caller's ``contextvars`` (``asyncio.Runner`` would otherwise
+  reuse one context per loop, leaking what one run sets into the next).
+- What an abandoned async tool can still do: a task that ignored its cancellation stays on the
+  loop of the thread that ran it (nothing moves a task between loops); it advances only while
+  later calls from that same thread run, and never on another thread's loop.
 
-The price, and what the graph should do about it: a pool shared by *two live loops* fails too
-(``... is bound to a different event loop`` on every call of the second thread's loop, measured
-with ``ChatOpenAI``'s default client and keep-alive connections). Threads that run sync invokes
-concurrently with such a client should either give the model an ``http_async_client`` per
-thread, or the sync graph should call the model's sync API (``invoke``), so no loop is involved.
+Both entry points
+-----------------
+- A ``BaseException`` leaving a coroutine (``SystemExit``, ``KeyboardInterrupt``) is that call's
+  error, raised to that caller only; loops, helper threads and the shared loop's thread survive
+  it and serve every later call (the replaced portal's thread died, and every later invoke hung).
+- Fork-safe: each loop records its process id, and a forked child builds its own instead of
+  using threads that do not exist there. The parent's loops are kept referenced in the child and
+  never closed: their descriptors (epoll, self-pipe) are shared with the parent, and closing them
+  in the child unregisters the parent's, leaving its loops deaf to other threads.
 
-What an abandoned async tool can still do: a tool that ignored its cancellation stays on the loop
-of the thread that ran it (nothing can move a task between loops); it advances only while later
-calls from that same thread run, and can never stall another thread's loop.
-
-Cost (``benchmarks/portal_overhead.py``, this machine): see the module docstring there and the
-README; a call on the caller's own thread is cheaper than the old hop to a shared thread.
+Cost per call of an empty coroutine (``benchmarks/portal_overhead.py``; a busy 2-core machine,
+medians): the caller's own loop ~50 us, about the replaced shared portal (~55-65 us); the helper
+path ~75-95 us; ``asyncio.run`` ~175 us. Small next to one model call or checkpoint write.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["run_sync"]
+__all__ = ["run_sync", "run_sync_shared"]
 
 
 class _Job:
@@ -85,10 +85,10 @@ class _Job:
             raise asyncio.CancelledError
         return await self.coro
 
-    def run(self, loop: _ThreadLoop) -> None:
+    def run(self) -> None:
         """Run in the helper thread; never raises (the outcome is the caller's to re-raise)."""
         try:
-            self.result = loop.run(self._tracked(), self.context)
+            self.result = _this_thread_loop().run(self._tracked(), self.context)
         except BaseException as exc:  # delivered to the caller, never kills the helper
             self.error = exc
         finally:
@@ -118,7 +118,7 @@ class _Helper:
             job = self._jobs.get()
             if job is None:
                 return
-            job.run(_this_thread_loop())
+            job.run()
             del job
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -226,3 +226,65 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     if asyncio._get_running_loop() is None:
         return state.run(coro, contextvars.copy_context())
     return state.helper_for_caller().call(coro)
+
+
+class _SharedLoop:
+    """The process's one loop for model calls, on a thread that outlives anything raised there."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._serve, name="fencepost-models", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                self.loop.run_forever()
+            except BaseException:  # noqa: S112 - see below
+                # A task's SystemExit/KeyboardInterrupt: asyncio fails the task (its caller gets
+                # the exception) and then re-raises it out of the loop. The loop's queue is
+                # intact; run it again so that caller, and every later one, hears back.
+                continue
+
+
+_shared: _SharedLoop | None = None
+_shared_lock = threading.Lock()
+_parents_shared: list[_SharedLoop] = []
+"""In a forked child: the parent's shared loop, referenced so it is never finalized here."""
+
+
+def _reset_shared_lock_in_child() -> None:
+    global _shared_lock
+    _shared_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_shared_lock_in_child)
+
+
+def _shared_loop() -> _SharedLoop:
+    global _shared
+    with _shared_lock:
+        shared = _shared
+        if shared is None or shared.pid != os.getpid():
+            if shared is not None:
+                _parents_shared.append(shared)
+            shared = _shared = _SharedLoop()
+        return shared
+
+
+def run_sync_shared(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on the process's one shared loop; for model calls only, never tool bodies.
+
+    Raises whatever ``coro`` raises to this caller only. Called from the shared loop's own thread
+    (it cannot wait on itself), it runs ``coro`` as :func:`run_sync` would.
+    """
+    shared = _shared_loop()
+    if threading.current_thread() is shared.thread:
+        return run_sync(coro)
+    future = asyncio.run_coroutine_threadsafe(coro, shared.loop)
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()
+        raise
