@@ -162,3 +162,24 @@ def harness(
 
 
 Script = list[Any | Callable[[fp.DecisionInput], Any]]
+
+
+def forge_batch(
+    h: Any,
+    config: dict[str, Any],
+    pending: tuple[fp.ToolProposal, ...] | None = None,
+    verdicts: tuple[fp.policy.Verdict, ...] | None = None,
+) -> dict[str, Any]:
+    """A caller's forged ``batch``: the given proposals and/or verdicts, each paired with the
+    thread's current other half of the same call id where only one half is given."""
+    current = fp.run_output(h.graph.get_state(config).values).batch
+    if pending is not None and verdicts is not None:
+        pairs = zip(pending, verdicts, strict=True)
+    elif pending is not None:
+        old = {e.call_id: e.verdict for e in current}
+        pairs = ((p, old[p.call_id]) for p in pending)
+    else:
+        assert verdicts is not None
+        props = {e.call_id: e.proposal for e in current}
+        pairs = ((props[v.call_id], v) for v in verdicts)
+    return {"batch": tuple(fp.policy.BatchEntry(proposal=p, verdict=v) for p, v in pairs)}

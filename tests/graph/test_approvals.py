@@ -7,28 +7,7 @@ from typing import Any
 from langgraph.types import Command
 
 import fencepost as fp
-from tests.graph.kit import budget, call, context, final_citing_last, harness, thread
-
-
-def _forge(
-    h: Any,
-    config: dict[str, Any],
-    pending: tuple[fp.ToolProposal, ...] | None = None,
-    verdicts: tuple[fp.policy.Verdict, ...] | None = None,
-) -> dict[str, Any]:
-    """A caller's forged ``batch``: the given proposals and/or verdicts, each paired with the
-    thread's current other half of the same call id where only one half is given."""
-    current = fp.run_output(h.graph.get_state(config).values).batch
-    if pending is not None and verdicts is not None:
-        pairs = zip(pending, verdicts, strict=True)
-    elif pending is not None:
-        old = {e.call_id: e.verdict for e in current}
-        pairs = ((p, old[p.call_id]) for p in pending)
-    else:
-        assert verdicts is not None
-        props = {e.call_id: e.proposal for e in current}
-        pairs = ((props[v.call_id], v) for v in verdicts)
-    return {"batch": tuple(fp.policy.BatchEntry(proposal=p, verdict=v) for p, v in pairs)}
+from tests.graph.kit import budget, call, context, final_citing_last, forge_batch, harness, thread
 
 
 def _paused(h: Any, config: dict[str, Any], ctx: fp.RunContext) -> dict[str, Any]:
@@ -141,7 +120,7 @@ def test_executor_refuses_a_call_whose_arguments_changed_after_the_verdict() -> 
     snapshot = h.graph.get_state(config)
     assert snapshot.next == ("execute",)
     forged = call("write_note", 1, note="rm -rf /")
-    h.graph.update_state(config, _forge(h, config, pending=(forged,)), as_node="approve")
+    h.graph.update_state(config, forge_batch(h, config, pending=(forged,)), as_node="approve")
     fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert h.calls.log == []
 
@@ -155,7 +134,7 @@ def test_a_denied_verdict_cannot_be_slipped_to_the_executor_by_a_state_edit() ->
     assert verdict.code is fp.policy.VerdictCode.CAPABILITY_DENIED
     allowed = verdict.model_copy(update={"code": fp.policy.VerdictCode.ALLOWED})
     h.graph.update_state(
-        config, {**_forge(h, config, verdicts=(allowed,)), "stop": None}, as_node="decide"
+        config, {**forge_batch(h, config, verdicts=(allowed,)), "stop": None}, as_node="decide"
     )
     h.graph.invoke(None, config, context=ctx)
     assert h.calls.log == []
@@ -176,7 +155,7 @@ def test_with_a_verdict_key_a_forged_approval_never_runs() -> None:
     forged = pending.model_copy(update={"code": fp.policy.VerdictCode.ALLOWED})
     state = fp.run_output(
         h.graph.invoke(
-            Command(update=_forge(h, config, verdicts=(forged,)), goto="execute"),
+            Command(update=forge_batch(h, config, verdicts=(forged,)), goto="execute"),
             config,
             context=ctx,
         )

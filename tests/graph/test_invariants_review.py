@@ -41,33 +41,13 @@ from tests.graph.kit import (
     call,
     context,
     final_citing_last,
+    forge_batch,
     harness,
     make_registry,
     thread,
 )
 
 ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
-
-
-def _forge(
-    h: Any,
-    config: dict[str, Any],
-    pending: tuple[fp.ToolProposal, ...] | None = None,
-    verdicts: tuple[fp.policy.Verdict, ...] | None = None,
-) -> dict[str, Any]:
-    """A caller's forged ``batch``: the given proposals and/or verdicts, each paired with the
-    thread's current other half of the same call id where only one half is given."""
-    current = fp.run_output(h.graph.get_state(config).values).batch
-    if pending is not None and verdicts is not None:
-        pairs = zip(pending, verdicts, strict=True)
-    elif pending is not None:
-        old = {e.call_id: e.verdict for e in current}
-        pairs = ((p, old[p.call_id]) for p in pending)
-    else:
-        assert verdicts is not None
-        props = {e.call_id: e.proposal for e in current}
-        pairs = ((props[v.call_id], v) for v in verdicts)
-    return {"batch": tuple(fp.policy.BatchEntry(proposal=p, verdict=v) for p, v in pairs)}
 
 
 def _allowed(proposal: fp.ToolProposal) -> fp.policy.Verdict:
@@ -106,7 +86,9 @@ def test_executor_runs_only_the_arguments_the_verdict_was_given_for() -> None:
     assert h.graph.get_state(config).next == ("execute",)
     forged = call(n=1, query="DROP TABLE users")
     h.graph.invoke(
-        Command(update=_forge(h, config, pending=(forged,)), goto="execute"), config, context=ctx
+        Command(update=forge_batch(h, config, pending=(forged,)), goto="execute"),
+        config,
+        context=ctx,
     )
     assert all(args["query"] != "DROP TABLE users" for _, args, _ in h.calls.log)
     assert h.calls.count("search_logs") == 0
@@ -128,7 +110,7 @@ def test_executor_refuses_a_forged_allowed_verdict_for_a_capability_the_principa
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_before=["execute"])
     admin = call("admin_reset", 1)
-    update = _forge(h, config, (admin,), (_allowed(admin),))
+    update = forge_batch(h, config, (admin,), (_allowed(admin),))
     h.graph.invoke(Command(update=update, goto="execute"), config, context=ctx)
     assert h.calls.count("admin_reset") == 0
 
@@ -200,7 +182,7 @@ def test_an_edit_that_is_not_a_valid_proposal_never_runs_the_original_arguments(
 @pytest.mark.parametrize("how", ["update_state", "command"])
 def test_a_state_edit_cannot_make_a_rejected_write_run_in_interrupt_mode(how: str) -> None:
     h, config, ctx, write, read = _write_then_read_paused_before_read("reject")
-    update = _forge(h, config, (read, write), (_allowed(read), _allowed(write)))
+    update = forge_batch(h, config, (read, write), (_allowed(read), _allowed(write)))
     _edit_and_continue(h, config, ctx, update, how)
     assert h.calls.count("write_note") == 0
 
@@ -209,7 +191,7 @@ def test_a_state_edit_cannot_make_a_rejected_write_run_in_interrupt_mode(how: st
 def test_a_state_edit_cannot_run_an_approved_write_a_second_time(how: str) -> None:
     h, config, ctx, write, read = _write_then_read_paused_before_read("approve")
     assert h.calls.count("write_note") == 1
-    update = _forge(h, config, (read, write), (_allowed(read), _allowed(write)))
+    update = forge_batch(h, config, (read, write), (_allowed(read), _allowed(write)))
     _edit_and_continue(h, config, ctx, update, how)
     assert h.calls.count("write_note") == 1
 
@@ -221,7 +203,7 @@ def test_a_state_edit_cannot_swap_the_arguments_of_an_approved_write(how: str) -
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     h.graph.invoke(Command(resume="approve"), config, context=ctx, interrupt_before=["execute"])
     forged = call("write_note", 1, note="rm -rf /")
-    _edit_and_continue(h, config, ctx, _forge(h, config, pending=(forged,)), how)
+    _edit_and_continue(h, config, ctx, forge_batch(h, config, pending=(forged,)), how)
     assert all(args != {"note": "rm -rf /"} for _, args, _ in h.calls.log)
 
 
@@ -230,7 +212,7 @@ def test_terminate_mode_never_runs_a_write_whatever_the_recorded_verdict_says() 
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_before=["execute"])
     write = call("write_note", 2, note="hi")
-    update = _forge(h, config, (write,), (_allowed(write),))
+    update = forge_batch(h, config, (write,), (_allowed(write),))
     h.graph.invoke(Command(update=update, goto="execute"), config, context=ctx)
     assert h.calls.count("write_note") == 0
 
@@ -250,7 +232,9 @@ def test_with_a_verdict_key_a_write_waiting_for_approval_cannot_be_run_by_a_forg
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     write = call("write_note", 1, note="hi")
-    state = _edit_and_continue(h, config, ctx, _forge(h, config, verdicts=(_allowed(write),)), how)
+    state = _edit_and_continue(
+        h, config, ctx, forge_batch(h, config, verdicts=(_allowed(write),)), how
+    )
     assert h.calls.count("write_note") == 0
     assert state.budget.mutations_used == 0
     if how == "update_state":
@@ -270,7 +254,7 @@ def test_with_a_verdict_key_a_sealed_verdict_cannot_be_moved_to_other_arguments(
     moved = sealed.model_copy(
         update={"fingerprint": fp.policy.proposal_fingerprint(forged.tool_name, forged.arguments)}
     )
-    update = _forge(h, config, (forged,), (moved,))
+    update = forge_batch(h, config, (forged,), (moved,))
     h.graph.invoke(Command(update=update, goto="execute"), config, context=ctx)
     assert h.calls.log == []
 
