@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,6 +54,9 @@ MINE = {"bench", "common", "loop_overhead", "peers", "scaling", "micro"}
 OTHERS_TITLE = "## Other benchmark scripts"
 PARTS = ("loop", "peers", "floor", "growth", "short", "gate", "profile", "others")
 Target = tuple[str, str, bool | None]
+
+
+LOAD_AT_START = os.getloadavg()[0]
 
 
 class PartTimeout(BaseException):
@@ -115,7 +119,7 @@ def peers_part(
         entries.append(common.Entry((("sync", name),), system, "sync"))
         async_entries.append(common.Entry((("async", name),), system, "async"))
     with asyncio.Runner() as runner:
-        common.interleave(
+        rounds = common.interleave(
             [*entries, *async_entries],
             cells,
             n=n,
@@ -184,18 +188,26 @@ def _both(*cells: str) -> bool | None:
     return None
 
 
-def others_part(timeout: float) -> str:
-    """Run the other ``benchmarks/*.py`` scripts, each in its own process, output copied in."""
+def others_part(budget: float, quick: bool) -> str:
+    """Run the other ``benchmarks/*.py`` scripts, each in its own process, output copied in.
+
+    They share ``budget`` seconds (what is left of ``make bench``'s), at least 30 s each (10 s
+    in a quick run, which also sets ``FENCEPOST_BENCH_QUICK=1`` for scripts that honour it).
+    """
     scripts = sorted(
         p for p in HERE.glob("*.py") if p.stem not in MINE and not p.stem.startswith("_")
     )
-    lines = ["## Other benchmark scripts", ""]
+    lines = [OTHERS_TITLE, ""]
     if not scripts:
         return "\n".join([*lines, "None in `benchmarks/` yet.", ""])
+    timeout = max(10.0 if quick else 30.0, budget / len(scripts))
+    env = os.environ.copy()
+    if quick:
+        env["FENCEPOST_BENCH_QUICK"] = "1"
     lines += [
-        f"Each run by `make bench` in its own process (`python benchmarks/<script>`, at most "
-        f"{timeout:.0f} s), its standard output copied below as it printed it; the script "
-        "owns what it measures.",
+        "Each run by `make bench` in its own process (`python benchmarks/<script>`, stopped "
+        f"after {timeout:.0f} s), its standard output copied below as it printed it (headings "
+        "moved three levels down); the script owns what it measures.",
         "",
     ]
     for script in scripts:
@@ -208,11 +220,11 @@ def others_part(timeout: float) -> str:
                 text=True,
                 timeout=timeout,
                 cwd=HERE.parent,
-                env=os.environ.copy(),
+                env=env,
             )
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            lines += [f"### {script.name}: stopped after {timeout:.0f} s", "", out.strip(), ""]
+            lines += [f"### {script.name}: stopped after {timeout:.0f} s", "", _nest(out), ""]
             continue
         took = time.perf_counter() - t0
         status = "" if done.returncode == 0 else f", exit status {done.returncode}"
@@ -221,9 +233,14 @@ def others_part(timeout: float) -> str:
         if done.returncode != 0:
             tail = "\n".join(done.stderr.strip().splitlines()[-5:])
             out += f"\n\n```\n{tail}\n```"
-        lines += [out or "(no output)", ""]
+        lines += [_nest(out) or "(no output)", ""]
         sys.stderr.write(done.stderr[-2000:])
     return "\n".join(lines)
+
+
+def _nest(out: str) -> str:
+    """A script's own headings nest under its section: "# X" becomes "#### X"."""
+    return re.sub(r"(?m)^(#{1,3}) ", r"###\1 ", out.strip())
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,7 +254,7 @@ def sizes(quick: bool, iterations: int | None, rounds: int | None) -> dict[str, 
         "rounds": 5,
         "growth": 1000,
         "growth_runs": 2,
-        "short_runs": 150,
+        "short_runs": 100,
         "inflight": 1000,
         "prior": 1000,
         "profile": 500,
@@ -252,7 +269,7 @@ def sizes(quick: bool, iterations: int | None, rounds: int | None) -> dict[str, 
         "inflight": 100,
         "prior": 100,
         "profile": 50,
-        "budget": 60,
+        "budget": 55,
     }
     out = small if quick else full
     if iterations is not None:
@@ -272,6 +289,8 @@ LIMITS = {
     "profile": 60,
 }
 """Seconds each part may take before it is stopped (typical full run: well under half)."""
+SOFT = {"loop": 120, "peers": 75, "floor": 40, "growth": 60, "short": 40}
+"""Seconds after which a part starts no new round (on an idle machine they finish sooner)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile_n:
         size["profile"] = args.profile_n
     out_path: Path | None = args.out or (RESULTS if full else None)
+    given = sys.argv[1:] if argv is None else argv
+    command = "make bench" if full and not given else " ".join(["bench.py", *given])
 
     started = time.perf_counter()
     hard_limit = 570 if not args.quick else 240
@@ -317,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         # Whatever hangs, `make bench` ends, with what it had measured so far.
         print(f"bench: hard time limit ({hard_limit}s) hit, stopping", file=sys.stderr)
         failures.append(f"stopped by the hard time limit ({hard_limit} s): later parts missing")
-        report = _header(hard_limit, parts, args.quick, targets, "", failures)
+        report = _header(hard_limit, parts, command, targets, "", failures)
         if out_path is not None:
             out_path.write_text(report + "\n" + "\n".join(sections))
         os._exit(3)
@@ -337,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         limit = LIMITS.get(part)
         if limit:
             signal.alarm(int(limit * scale) + 1)
+        soft = SOFT.get(part)
+        common.SOFT_DEADLINE = t0 + soft * scale if soft else None
         try:
             result = body()
         except PartTimeout:
@@ -352,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             return
         finally:
             signal.alarm(0)
+            common.SOFT_DEADLINE = None
         text, found = result if isinstance(result, tuple) else (result, [])
         sections.append(text)
         targets.extend(found)
@@ -365,11 +389,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run("loop", lambda: _loop(lo, n, rounds, not args.no_async))
     if "peers" in parts:
-        run("peers", lambda: peers_part(lo, fp_error, n, rounds))
+        run("peers", lambda: peers_part(lo, fp_error, n, max(1, rounds - 1)))
     if "floor" in parts:
         import scaling
 
-        run("floor", lambda: scaling.floor_part(lo, fp_error, n, rounds + 2))
+        run("floor", lambda: scaling.floor_part(lo, fp_error, n, rounds))
     if "growth" in parts:
         import scaling
 
@@ -390,13 +414,13 @@ def main(argv: list[str] | None = None) -> int:
         run("profile", lambda: micro.profile_part(lo, fp_error, size["profile"]))
     if "others" in parts:
         left = size["budget"] - (time.perf_counter() - started)
-        run("others", lambda: others_part(left))
+        run("others", lambda: others_part(left, args.quick))
     watchdog.cancel()
 
     errors = _errors_in(sections)
     elapsed = time.perf_counter() - started
     report = (
-        _header(elapsed, parts, args.quick, targets, fp_error, failures + errors)
+        _header(elapsed, parts, command, targets, fp_error, failures + errors)
         + "\n"
         + "\n".join(sections)
     )
@@ -427,7 +451,7 @@ def _errors_in(sections: list[str]) -> list[str]:
 def _header(
     elapsed: float,
     parts: list[str],
-    quick: bool,
+    command: str,
     targets: list[Target],
     fp_error: str,
     problems: list[str],
@@ -436,8 +460,10 @@ def _header(
     lines = [
         "# fencepost benchmarks",
         "",
-        f"Generated by `make bench` (`benchmarks/bench.py`{' --quick' if quick else ''}) on "
-        f"{when} in {elapsed:.0f} s; parts: {', '.join(parts)}.",
+        f"Generated by `{command}` on {when} in {elapsed:.0f} s; parts: {', '.join(parts)}. "
+        f"Load average (1 min) at the start {LOAD_AT_START:.1f}, at the end "
+        f"{os.getloadavg()[0]:.1f}, on {os.cpu_count()} CPUs: other work on the machine "
+        "widens the spreads.",
         "",
         f"Environment: {common.environment()}.",
         "",

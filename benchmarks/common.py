@@ -354,6 +354,15 @@ def describe(exc: BaseException) -> str:
     return text + (f" (in fencepost/ at {frames[-1]})" if frames else "")
 
 
+SOFT_DEADLINE: float | None = None
+"""``perf_counter()`` past which a part starts no new round (set per part by bench.py): on a
+busy machine a part measures fewer rounds and says so, rather than being cut off."""
+
+
+def out_of_time() -> bool:
+    return SOFT_DEADLINE is not None and time.perf_counter() > SOFT_DEADLINE
+
+
 def settle() -> None:
     """Collect, then freeze what survives: the imported frameworks (the peers bring a few
     hundred thousand objects) and earlier parts' savers stay out of every later collection, so
@@ -383,10 +392,11 @@ def interleave(
     runner: asyncio.Runner | None = None,
     label: str = "",
     progress_every: int = 1,
-) -> None:
+) -> int:
     """Rounds of every entry in order (a, b, c, a, b, c, ...), round 0 a short discarded
     warm-up. A system that crashes or fails verification records the error in its cells and
-    sits out the remaining rounds; the others go on."""
+    sits out the remaining rounds; the others go on. Past the part's soft deadline no new
+    round starts (at least one is measured). Returns the measured rounds."""
     failed: dict[int, str] = {}
     settle()
     for entry in entries:
@@ -419,6 +429,10 @@ def interleave(
         if round_no % progress_every == 0 or round_no == rounds:
             what = "warm-up" if round_no == 0 else f"round {round_no}/{rounds}"
             print(f"  {label} {what}: {time.perf_counter() - t_round:.1f}s", file=sys.stderr)
+        if round_no and round_no < rounds and out_of_time():
+            print(f"  {label}: time budget spent after {round_no} rounds", file=sys.stderr)
+            return round_no
+    return rounds
 
 
 def ratio(a: Cell | None, b: Cell | None, target: float | None = None) -> str:

@@ -331,7 +331,7 @@ SAVER_LABELS = {
 
 def run_loop(
     n: int, rounds: int, with_async: bool, tmp: Path
-) -> tuple[dict[Key, Cell], dict[str, int], str | None]:
+) -> tuple[dict[Key, Cell], dict[str, int], str | None, int]:
     """Interleaved rounds of the three systems (and the +gate variant), both savers, sync and
     async. Returns the cells, checkpoints per run, and why the +gate variant is missing."""
     import asyncio
@@ -391,7 +391,7 @@ def run_loop(
                 entries += [Entry(((saver_name, "pair", s.name),), s) for s in reversed(pairs)]
             for system in asyncs.get(saver_name, []):
                 entries.append(Entry(((saver_name, "async", system.name),), system, "async"))
-        interleave(
+        rounds = interleave(
             entries, cells, n=n, rounds=rounds, warm_up_n=min(n, 40), runner=runner, label="loop"
         )
         checkpoints: dict[str, int] = {}
@@ -408,7 +408,7 @@ def run_loop(
                     await close_saver(system.graph.checkpointer)
 
         runner.run(close_all())
-    return cells, checkpoints, gate_skip
+    return cells, checkpoints, gate_skip, rounds
 
 
 def loop_table(cells: dict[Key, Cell], n: int, rounds: int) -> str:
@@ -497,7 +497,7 @@ def loop_part(n: int, rounds: int, with_async: bool) -> str:
     """The loop part of ``make bench``: both tables, as markdown."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fencepost-bench-loop-") as tmp:
-        cells, checkpoints, gate_skip = run_loop(n, rounds, with_async, Path(tmp))
+        cells, checkpoints, gate_skip, rounds = run_loop(n, rounds, with_async, Path(tmp))
     print(f"  loop: {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     return (
         loop_table(cells, n, rounds) + "\n" + gate_table(cells, n, rounds, checkpoints, gate_skip)
