@@ -143,7 +143,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
             break
     state = state.model_copy(update={"phase": Phase.DECIDE})
     asked = state
-    outcome = await io.call(lambda: ask_model(cfg, asked, ctx))
+    outcome = await io.call_model(lambda: ask_model(cfg, asked, ctx))
     report = (
         usage_report(outcome.input_tokens, outcome.output_tokens, estimate=estimate)
         if isinstance(outcome, Decided)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from langgraph.runtime import Runtime
 
 from fencepost.graph.loop import LoopConfig, Update
-from fencepost.graph.portal import run_sync
+from fencepost.graph.portal import run_sync, run_sync_shared
 from fencepost.policy import (
     Balance,
     Reservation,
@@ -54,8 +54,12 @@ class NodeIO:
         raise NotImplementedError
 
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
-        """Run the model or the tools (``make`` builds the awaitable)."""
+        """Run the tools (``make`` builds the awaitable)."""
         raise NotImplementedError
+
+    async def call_model(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run the model call (``make`` builds the awaitable)."""
+        return await self.call(make)
 
 
 class SyncIO(NodeIO):
@@ -88,6 +92,14 @@ class SyncIO(NodeIO):
             return await make()
 
         return run_sync(wrapped())
+
+    async def call_model(self, make: Callable[[], Awaitable[T]]) -> T:
+        # Model clients keep process-wide connection pools bound to one loop: every sync model
+        # call goes to the one shared loop, never to a per-thread one (tools do).
+        async def wrapped() -> T:
+            return await make()
+
+        return run_sync_shared(wrapped())
 
 
 class AsyncIO(NodeIO):

@@ -25,30 +25,35 @@ the tool's value, or a safe error code, and whether the body had to be left behi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import inspect
 import os
-import queue
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
-from fencepost.policy import ErrorCode, ToolContext, ToolSpec, error_code_for
+from fencepost.graph import tool_threads
+from fencepost.graph.tool_threads import _code_for, _Outcome, _returned
+from fencepost.policy import ErrorCode, ToolContext, ToolSpec
 
 __all__ = ["ToolRun", "run_tool"]
 
+# The pool in use (tests swap it); a forked child gets the fresh pool tool_threads makes for it.
+_threads = tool_threads._threads
+
+
+def _pool_in_child() -> None:
+    global _threads
+    _threads = tool_threads._threads
+
+
+os.register_at_fork(after_in_child=_pool_in_child)
+
 _CANCEL_GRACE_SECONDS = 0.02
 """How long a cancelled async body may take to stop before it is left behind."""
-_BASE_THREADS = 32
-"""Sync bodies that may run at once while none has been abandoned."""
-_MAX_THREADS = 256
-"""Threads the pool may ever hold, abandoned ones included."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,28 +66,6 @@ class ToolRun:
     """A safe code when it failed (never exception text)."""
     abandoned: bool = False
     """It ignored cancellation or its timeout and was left behind (it may still act)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Outcome:
-    value: Any = None
-    error: ErrorCode | None = None
-    finished: float = 0.0
-    """``time.monotonic()`` when the body returned or failed."""
-
-
-def _code_for(exc: BaseException) -> ErrorCode:
-    # An Exception is a tool reporting a failure; anything else is control flow escaping it.
-    return error_code_for(exc) if isinstance(exc, Exception) else ErrorCode.INTERNAL_ERROR
-
-
-def _returned(value: Any) -> _Outcome:
-    if inspect.isawaitable(value):
-        # A body that hands back an awaitable did not do its work; nothing will ever await it.
-        if inspect.iscoroutine(value):
-            value.close()
-        return _Outcome(error=ErrorCode.INTERNAL_ERROR, finished=time.monotonic())
-    return _Outcome(value=value, finished=time.monotonic())
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -165,165 +148,6 @@ async def _run_async(spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline
         return ToolRun(error=ErrorCode.TIMEOUT, abandoned=True)
     _task_outcome(task)  # it stopped when told to; whatever it ended with is dropped
     return ToolRun(error=ErrorCode.TIMEOUT)
-
-
-# ---------------------------------------------------------------------------------------------
-# Sync bodies: a bounded pool whose capacity abandoned threads cannot consume
-# ---------------------------------------------------------------------------------------------
-
-
-class _Job:
-    """One sync body: run by a worker thread, its outcome delivered to the caller's loop."""
-
-    def __init__(
-        self, fn: Callable[[], Any], loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]
-    ) -> None:
-        self.fn = fn
-        self.loop = loop
-        self.future = future
-        self.finished = False
-        self.abandoned = False
-        self.outcome: _Outcome | None = None
-
-    def run(self) -> None:
-        try:
-            outcome = _returned(self.fn())
-        except BaseException as exc:  # contained: a tool cannot end its worker, or the process
-            outcome = _Outcome(error=_code_for(exc), finished=time.monotonic())
-        del self.fn
-        self.outcome = outcome  # read by the caller once `finished` is set under the pool's lock
-        # A RuntimeError: the caller's loop is closed, nobody is waiting any more.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(_deliver, self.future, outcome)
-
-
-def _deliver(future: asyncio.Future[Any], outcome: _Outcome) -> None:
-    if not future.done():
-        future.set_result(outcome)
-
-
-def _wake(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-class _Worker:
-    def __init__(self, pool: _ToolThreads) -> None:
-        self.pool = pool
-        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        # Daemon: an abandoned body may never return, and must not hold the interpreter's exit.
-        self.thread = threading.Thread(target=self._work, name="fencepost-tool", daemon=True)
-
-    def _work(self) -> None:
-        job = self.jobs.get()
-        while job is not None:
-            job.run()
-            keep = self.pool._finished(self, job)
-            del job
-            job = self.jobs.get() if keep else None
-
-
-class _ToolThreads:
-    """Threads for sync tool bodies: ``base`` at once, plus one for each abandoned body, never
-    more than ``cap`` in all."""
-
-    def __init__(self, base: int = _BASE_THREADS, cap: int = _MAX_THREADS) -> None:
-        self.base = base
-        self.cap = cap
-        self._lock = threading.Lock()
-        self._running = 0
-        """Bodies in progress, abandoned ones included."""
-        self._abandoned = 0
-        self._idle: list[_Worker] = []
-        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
-
-    def _capacity(self) -> int:
-        return min(self.base + self._abandoned, self.cap)
-
-    def stats(self) -> tuple[int, int]:
-        """(bodies running, of which abandoned)."""
-        with self._lock:
-            return self._running, self._abandoned
-
-    async def start(self, fn: Callable[[], Any], deadline: float) -> _Job | None:
-        """Hand ``fn`` to a thread; None when no thread could take it (it never ran)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            with self._lock:
-                if self._running < self._capacity():
-                    self._running += 1
-                    worker = self._idle.pop() if self._idle else None
-                    break
-                if self.base + self._abandoned >= self.cap:
-                    return None  # abandoned bodies fill the pool: fail fast, do not queue
-                waiter: asyncio.Future[None] = loop.create_future()
-                self._waiters.append((loop, waiter))
-            remaining = deadline - time.monotonic()
-            try:
-                if remaining <= 0:
-                    return None
-                await asyncio.wait({waiter}, timeout=remaining)
-                if not waiter.done():
-                    return None
-            finally:
-                with self._lock, contextlib.suppress(ValueError):
-                    self._waiters.remove((loop, waiter))
-        job = _Job(fn, loop, loop.create_future())
-        try:
-            if worker is None:
-                worker = _Worker(self)
-                worker.jobs.put(job)
-                worker.thread.start()
-            else:
-                worker.jobs.put(job)
-        except BaseException:  # no thread could be started: give the slot back
-            with self._lock:
-                self._running -= 1
-            self._wake_all()
-            return None
-        return job
-
-    def abandon(self, job: _Job) -> bool:
-        """Leave ``job`` behind: its thread no longer counts against the pool's capacity."""
-        with self._lock:
-            if job.finished or job.abandoned:
-                return False
-            job.abandoned = True
-            self._abandoned += 1
-        self._wake_all()
-        return True
-
-    def _finished(self, worker: _Worker, job: _Job) -> bool:
-        """Called by ``worker`` after ``job``: True to park and wait for more work."""
-        with self._lock:
-            job.finished = True
-            self._running -= 1
-            if job.abandoned:
-                self._abandoned -= 1
-            keep = len(self._idle) < self.base
-            if keep:
-                self._idle.append(worker)
-        self._wake_all()
-        return keep
-
-    def _wake_all(self) -> None:
-        with self._lock:
-            waiters = list(self._waiters)
-        for loop, waiter in waiters:
-            with contextlib.suppress(RuntimeError):  # that caller's loop is closed
-                loop.call_soon_threadsafe(_wake, waiter)
-
-
-_threads = _ToolThreads()
-
-
-def _new_pool_in_child() -> None:
-    # The parent's workers do not exist in a forked child, and its lock may be held forever.
-    global _threads
-    _threads = _ToolThreads(_threads.base, _threads.cap)
-
-
-os.register_at_fork(after_in_child=_new_pool_in_child)
 
 
 async def _run_sync_body(

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from fencepost.graph import tool_runner
+from fencepost.graph import tool_runner, tool_threads
 from fencepost.graph.portal import run_sync, run_sync_shared
 from fencepost.graph.tool_runner import ToolRun, run_tool
 from fencepost.policy import Deadline, Effect, ErrorCode, ToolContext, ToolError, ToolSpec
@@ -99,9 +99,9 @@ def release() -> Iterator[threading.Event]:
 
 
 @pytest.fixture
-def small_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[tool_runner._ToolThreads]:
+def small_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[tool_threads._ToolThreads]:
     """A pool of 2 threads that may grow to 4: small enough to fill in a test."""
-    pool = tool_runner._ToolThreads(base=2, cap=4)
+    pool = tool_threads._ToolThreads(base=2, cap=4)
     monkeypatch.setattr(tool_runner, "_threads", pool)
     yield pool
 
@@ -324,7 +324,7 @@ def test_fifty_timed_out_sync_tools_leave_room_for_a_healthy_tool(
 
 
 def test_at_the_hard_cap_a_call_fails_fast_as_unavailable_and_then_recovers(
-    small_pool: tool_runner._ToolThreads, release: threading.Event
+    small_pool: tool_threads._ToolThreads, release: threading.Event
 ) -> None:
     ran: list[str] = []
 
@@ -353,7 +353,7 @@ def test_at_the_hard_cap_a_call_fails_fast_as_unavailable_and_then_recovers(
 
 
 def test_a_healthy_call_beyond_the_pool_waits_for_a_thread(
-    small_pool: tool_runner._ToolThreads, release: threading.Event
+    small_pool: tool_threads._ToolThreads, release: threading.Event
 ) -> None:
     def busy(_: NoArgs, __: ToolContext) -> str:
         release.wait(10)
@@ -374,7 +374,7 @@ def test_a_healthy_call_beyond_the_pool_waits_for_a_thread(
 
 
 def test_a_call_that_finds_no_thread_before_its_deadline_never_runs(
-    small_pool: tool_runner._ToolThreads, release: threading.Event
+    small_pool: tool_threads._ToolThreads, release: threading.Event
 ) -> None:
     ran: list[str] = []
 
