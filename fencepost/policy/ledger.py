@@ -362,11 +362,32 @@ class Ledger(ABC):
         return await asyncio.to_thread(self.balance, account)
 
 
+def _reservation(
+    account: str,
+    key: str,
+    amounts: Mapping[str, float],
+    status: ReservationStatus,
+    *,
+    existing: bool = False,
+    balance: Balance | None = None,
+) -> Reservation:
+    """A fresh Reservation (its own ``amounts`` dict)."""
+    return Reservation(
+        account=account,
+        key=key,
+        amounts=dict(amounts),
+        status=status,
+        existing=existing,
+        balance=balance,
+    )
+
+
 class InMemoryLedger(Ledger):
     """A process-local ledger for tests and notebooks. Atomic under a lock; not durable.
 
     Its async twins run inline: the lock is only ever held for the microseconds a dict update
-    takes, and nothing waits on I/O.
+    takes, and nothing waits on I/O. Every value it returns is a fresh copy: changing a returned
+    dict never changes the books.
     """
 
     def __init__(self) -> None:
@@ -422,14 +443,25 @@ class InMemoryLedger(Ledger):
             if prior is not None:
                 if prior.account != account:
                     return existing_reservation(prior, account)  # raises LedgerConflict
-                return existing_reservation(prior, account, self._balance(account))
+                return self._out(prior, existing=True)
             chain = walk_chain(account, self._parents)
             check_open((name, self._closed.get(name)) for name in chain)
             check_room(((name, self._limits[name], self._held[name]) for name in chain), clean)
             self._add_held(chain, clean)
-            reservation = Reservation(account=account, key=key, amounts=clean)
-            self._reservations[key] = reservation
-            return reservation.model_copy(update={"balance": self._balance(account)})
+            stored = _reservation(account, key, clean, ReservationStatus.RESERVED)
+            self._reservations[key] = stored
+            return self._out(stored)
+
+    def _out(self, stored: Reservation, *, existing: bool = False) -> Reservation:
+        """A copy of ``stored`` to hand out, with its account's balance now."""
+        return _reservation(
+            stored.account,
+            stored.key,
+            stored.amounts,
+            stored.status,
+            existing=existing,
+            balance=self._balance(stored.account),
+        )
 
     def _add_held(self, chain: list[str], delta: Mapping[str, float]) -> None:
         for name in chain:
@@ -451,31 +483,34 @@ class InMemoryLedger(Ledger):
         validate_name(key)
         with self._lock:
             reservation = self._stored(key)
-            if (outcome := existing_outcome(reservation)) is not None:
-                return outcome.model_copy(update={"balance": self._balance(reservation.account)})
+            if existing_outcome(reservation) is not None:
+                return self._out(reservation, existing=True)
             refund, final = settlement(reservation.amounts, actual)
             self._refund(reservation, refund)
-            settled = reservation.model_copy(
-                update={"amounts": final, "status": ReservationStatus.SETTLED}
-            )
+            settled = _reservation(reservation.account, key, final, ReservationStatus.SETTLED)
             self._reservations[key] = settled
-            return settled.model_copy(update={"balance": self._balance(reservation.account)})
+            return self._out(settled)
 
     def release(self, key: str) -> Reservation:
         validate_name(key)
         with self._lock:
             reservation = self._stored(key)
-            if (outcome := existing_outcome(reservation)) is not None:
-                return outcome.model_copy(update={"balance": self._balance(reservation.account)})
+            if existing_outcome(reservation) is not None:
+                return self._out(reservation, existing=True)
             self._refund(reservation, reservation.amounts)
-            released = reservation.model_copy(update={"status": ReservationStatus.RELEASED})
+            released = _reservation(
+                reservation.account, key, reservation.amounts, ReservationStatus.RELEASED
+            )
             self._reservations[key] = released
-            return released.model_copy(update={"balance": self._balance(reservation.account)})
+            return self._out(released)
 
     def get(self, key: str) -> Reservation | None:
         validate_name(key)
         with self._lock:
-            return self._reservations.get(key)
+            stored = self._reservations.get(key)
+            if stored is None:
+                return None
+            return _reservation(stored.account, key, stored.amounts, stored.status)
 
     def _balance(self, account: str) -> Balance:
         return Balance(

@@ -643,6 +643,31 @@ def test_every_reservation_carries_its_account_balance_after_the_operation(
     assert ledger.get("k") == stored(settled)  # get returns the stored reservation, no balance
 
 
+def test_changing_what_the_ledger_returned_never_changes_the_books(ledger: Ledger) -> None:
+    opened = ledger.open_account("run", {"cost": 5}, owner={"tenant": "acme"})
+    opened.limits["cost"] = 1e9
+    opened.owner["tenant"] = "evil"
+    reserved = ledger.reserve("run", "k", {"cost": 1})
+    again = ledger.reserve("run", "k", {"cost": 1})
+    got = ledger.get("k")
+    assert got is not None and reserved.balance is not None
+    for returned in (reserved, again, got):
+        returned.amounts["cost"] = 99.0
+    reserved.balance.held["cost"] = 0.0
+    ledger.balance("run").limits["cost"] = 1e9
+    assert ledger.get("k") == Reservation(account="run", key="k", amounts={"cost": 1.0})
+    assert ledger.balance("run") == Balance(
+        account="run",
+        parent=None,
+        limits={"cost": 5.0},
+        held={"cost": 1.0},
+        owner={"tenant": "acme"},
+    )
+    settled = ledger.settle("k")
+    settled.amounts["cost"] = 0.0
+    assert ledger.balance("run").held == {"cost": 1.0}
+
+
 # -- zero-amount markers -----------------------------------------------------------------------
 
 
