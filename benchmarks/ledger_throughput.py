@@ -70,6 +70,7 @@ class Spec:
     label: str
     target: str = ""  # file path or DSN
     setting: str = ""  # SQLite synchronous, or Postgres synchronous_commit ("" = default)
+    schema: str = ""  # Postgres: the throwaway schema every table and function goes in
 
     def open(self) -> Ledger:
         if self.kind == "memory":
@@ -78,11 +79,12 @@ class Spec:
             return SqliteLedger(
                 self.target, synchronous="NORMAL" if self.setting == "NORMAL" else "FULL"
             )
-        dsn = self.target
+        # One libpq ``options``: the throwaway schema, and the commit setting if any.
+        options = f"-csearch_path%3D{self.schema}"
         if self.setting:
-            sep = "&" if "?" in dsn else "?"
-            dsn = f"{dsn}{sep}options=-csynchronous_commit%3D{self.setting}"
-        return PostgresLedger(dsn, min_size=1, max_size=2)
+            options += f"%20-csynchronous_commit%3D{self.setting}"
+        sep = "&" if "?" in self.target else "?"
+        return PostgresLedger(f"{self.target}{sep}options={options}", min_size=1, max_size=8)
 
 
 def close(ledger: Ledger) -> None:
@@ -92,15 +94,14 @@ def close(ledger: Ledger) -> None:
 
 @contextmanager
 def postgres_schema(dsn: str) -> Iterator[str]:
-    """A DSN whose search_path is a fresh schema, dropped afterwards."""
+    """A fresh schema's name, dropped afterwards."""
     import psycopg
 
     schema = f"fp_bench_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
-    sep = "&" if "?" in dsn else "?"
     try:
-        yield f"{dsn}{sep}options=-csearch_path%3D{schema}"
+        yield schema
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
@@ -330,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         if dsn and "postgres" in only:
             for setting in ("", "off"):
                 label = f"PostgresLedger synchronous_commit={setting or 'on'}"
-                with postgres_schema(dsn) as schema_dsn:
-                    measure(Spec("postgres", label, schema_dsn, setting))
+                with postgres_schema(dsn) as schema:
+                    measure(Spec("postgres", label, dsn, setting, schema))
         elif "postgres" in only:
             print("  (Postgres rows skipped: set FENCEPOST_BENCH_POSTGRES_DSN)")
 
