@@ -420,7 +420,10 @@ def profile_part(lo: ModuleType | None, fp_error: str, n: int, top: int = 25) ->
         "",
         f"Top {top} functions by cumulative time (including what they call), leaving out the "
         "event loop's own frames (`asyncio` base_events/events/runners, `Context.run`), "
-        "which only wrap everything below them:",
+        "which only wrap everything below them. Under `ainvoke` LangGraph runs each node as "
+        "its own asyncio task, so the rows are several call trees, each started by the event "
+        "loop: a node's time is not inside `ainvoke`'s, and a coroutine's `ncalls` counts "
+        "its resumptions:",
         "",
         "| ncalls | tottime ms/iter | cumtime ms/iter | function |",
         "|---:|---:|---:|---|",
