@@ -15,8 +15,8 @@ Durability settings are part of each row: SQLite ``synchronous=FULL`` (the defau
 on disk when ``reserve`` returns) and ``NORMAL`` (not synced per commit: survives a crash of the
 process, not of the machine); Postgres ``synchronous_commit`` on (the default) and off (a server
 crash can lose the last few hundred milliseconds of commits; never a torn ledger). Each commit
-at full durability waits for one fsync, so the disk's fsync latency, measured first and printed
-with the table, bounds those rows (a shared parent row is locked until its commit is on disk).
+at full durability waits for one fsync, so the disk's fsync latency, measured before each row,
+and printed in it, bounds those rows (a shared parent row is locked until its commit is on disk).
 
 Targets (issue 12): PostgresLedger >= 1,500 reserve/s in one process, >= 1,000/s across 8
 processes; SqliteLedger >= 2,500 reserve/s in one process; fair (no process below a quarter of its
@@ -305,10 +305,12 @@ def main(argv: list[str] | None = None) -> int:
         list(pool.map(_warm, [0.5] * PROCESSES))  # start and import every worker first
 
         def measure(spec: Spec, *, contend: bool = True) -> None:
+            disk = fsync_latency_us(workdir, 50)  # the disk varies: measured next to each row
             single = one_process(spec, args.seconds)
             rows.append(
                 f"| {spec.label} | {single.reserve_per_s:,.0f} | {single.p50_us:,.0f} | "
-                f"{single.p99_us:,.0f} | {single.pairs_per_s:,.0f} | {single.async_per_s:,.0f} |"
+                f"{single.p99_us:,.0f} | {single.pairs_per_s:,.0f} | {single.async_per_s:,.0f} | "
+                f"{disk:,.0f} |"
             )
             print(f"  measured {spec.label}: {single.reserve_per_s:,.0f} reserve/s", flush=True)
             if not contend:
@@ -338,9 +340,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n## One process\n")
     print(
-        "| backend | reserve/s | p50 us | p99 us | reserve+settle pairs/s | areserve x8 gathered/s |"
+        "| backend | reserve/s | p50 us | p99 us | reserve+settle pairs/s | "
+        "areserve x8 gathered/s | fdatasync p50 us (just before) |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
     print(f"\n## {PROCESSES} processes, one shared parent account\n")
     print(
