@@ -135,7 +135,7 @@ def decode_owner(text: str | None) -> dict[str, str]:
 
 
 class Cursor(Protocol):
-    """The part of a DB-API cursor the flow reads (``sqlite3`` and ``psycopg`` both fit)."""
+    """The part of a DB-API cursor the flow reads (a ``sqlite3.Cursor`` fits)."""
 
     @property
     def rowcount(self) -> int: ...
