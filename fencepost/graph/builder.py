@@ -8,6 +8,7 @@ from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import END, START, StateGraph
 
 from fencepost.graph.approve_node import approve
+from fencepost.graph.context import ContextInput
 from fencepost.graph.decide_node import decide
 from fencepost.graph.execute_node import execute
 from fencepost.graph.loop import LoopConfig, remember
@@ -55,6 +56,7 @@ def build_agent_graph(
     max_concurrent_tools: int = 8,
     verdict_key: bytes | None = None,
     tokens_per_step: int | None = None,
+    answer_margin: int = 1,
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -76,6 +78,10 @@ def build_agent_graph(
     usage it reports); by default the model's own ``token_estimate`` (``ChatModelDecider`` takes
     it from the chat model's ``max_tokens``), else nothing beyond one token when the run limits
     tokens.
+    ``answer_margin`` keeps the run's last steps (default one) for answering: exploration stops
+    before them, the model is told it is its final turn (``DecisionInput.final_turn``) and tool
+    calls are refused; the run ends ``step_budget_exhausted`` only if it does not answer or
+    abstain then. ``0`` turns the margin off.
 
     Example::
 
@@ -107,6 +113,8 @@ def build_agent_graph(
         raise GraphConfigError("verdict_key", "must be bytes, at least 16 of them")
     if not model_timeout_seconds > 0:
         raise GraphConfigError("model_timeout_seconds", "must be > 0")
+    if not isinstance(answer_margin, int) or isinstance(answer_margin, bool) or answer_margin < 0:
+        raise GraphConfigError("answer_margin", "must be an integer >= 0")
     if tokens_per_step is None:
         declared = getattr(model, "token_estimate", None)
         tokens_per_step = declared if isinstance(declared, int) and declared > 0 else 0
@@ -129,9 +137,11 @@ def build_agent_graph(
         max_concurrent_tools=max_concurrent_tools,
         verdict_key=verdict_key,
         tokens_per_step=tokens_per_step,
+        answer_margin=answer_margin,
     )
-    graph: StateGraph[Any, RunContext, Any, Any] = StateGraph(
-        GraphState, context_schema=RunContext, input_schema=InputState
+    # A mapping context is validated by the nodes, not by LangGraph (see ContextInput).
+    graph: StateGraph[Any, Any, Any, Any] = StateGraph(
+        GraphState, context_schema=ContextInput, input_schema=InputState
     )
     # One body per node, run by the sync or the async path (see fencepost.graph.loop). LangGraph
     # has no public way to give a node both a sync and an async function, hence RunnableCallable.

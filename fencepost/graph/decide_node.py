@@ -11,7 +11,7 @@ from fencepost.graph.gate_step import gate
 from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import account_of, open_run, reserve, viewed
-from fencepost.graph.state import StartRequest, changed, load_state
+from fencepost.graph.state import StartRequest, changed, load_state, request_from
 from fencepost.policy import (
     AbstainProposal,
     AgentState,
@@ -28,7 +28,13 @@ from fencepost.policy import (
     stage_deadline,
 )
 from fencepost.policy.context import RunContext, coerce_context
-from fencepost.policy.decide import accept_decision, after_model_error, conclude, model_error_stop
+from fencepost.policy.decide import (
+    FinalRefused,
+    accept_decision,
+    after_model_error,
+    conclude,
+    model_error_stop,
+)
 from fencepost.policy.keys import overage_key, step_key
 from fencepost.policy.run_check import (
     NEEDS_DECIDE,
@@ -36,6 +42,7 @@ from fencepost.policy.run_check import (
     out_of_supersteps,
     stop,
 )
+from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.usage import (
     UsageKind,
     UsageReport,
@@ -78,7 +85,14 @@ def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
         catalog=tuple(cfg.registry.model_catalog()),
         budget=state.budget,
         step=state.step,
+        pending_tasks=tuple(r.task_id for r in pending_tasks(state.receipts) if r.task_id),
+        final_turn=final_turn(cfg, state),
     )
+
+
+def final_turn(cfg: LoopConfig, state: AgentState) -> bool:
+    """Whether this step is one of the last ``answer_margin`` steps, kept for answering."""
+    return state.budget.steps_remaining < cfg.answer_margin
 
 
 async def ask_model(
@@ -114,7 +128,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     ctx = coerce_context(runtime.context)
     before = load_state(values)
     if before is None:
-        state = begin(values.get("request"), ctx)
+        state = begin(request_from(values), ctx)
         if ctx is not None:
             opened = await open_run(io, state, ctx)
             if isinstance(opened, StopRequest):
@@ -176,7 +190,27 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
             **usage,
         )
         return changed(before, recorded(state, runtime, [m]).model_copy(update={"stop": over_stop}))
-    conclusion = conclude(state, outcome, require_citations=cfg.require_citations)
+    conclusion = conclude(
+        state,
+        outcome,
+        require_citations=cfg.require_citations,
+        pending_tasks=tuple(r.task_id or r.call_id for r in pending_tasks(state.receipts)),
+        final_turn=final_turn(cfg, asked),
+    )
+    if isinstance(conclusion, FinalRefused):
+        # Work accepted is not work done: the model is asked again, shown the pending tasks.
+        m = manifest(
+            state,
+            cfg,
+            ctx,
+            phase=Phase.DECIDE,
+            outcome="denied",
+            decision_kind="final",
+            code=conclusion.code,
+            **usage,
+        )
+        state = state.model_copy(update={"last_error_code": conclusion.code})
+        return changed(before, recorded(state, runtime, [m]))
     if isinstance(conclusion, StopRequest):
         kind, result = _kind_of(outcome, conclusion)
         code = conclusion.error_code or (conclusion.reason.value if kind == "abstain" else None)
@@ -203,5 +237,7 @@ def _kind_of(outcome: Decided | InvalidProposal, conclusion: StopRequest) -> tup
     decision = outcome.decision
     if isinstance(decision, AbstainProposal):
         return "abstain", "decided"
-    assert isinstance(decision, FinalProposal)
-    return "final", "decided" if conclusion.reason is TerminationReason.COMPLETED else "denied"
+    if isinstance(decision, FinalProposal):
+        completed = conclusion.reason is TerminationReason.COMPLETED
+        return "final", "decided" if completed else "denied"
+    return "tool", "denied"

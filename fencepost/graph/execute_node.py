@@ -53,6 +53,7 @@ from fencepost.policy.run_check import (
     out_of_supersteps,
     stop,
 )
+from fencepost.policy.tasks import completions
 
 
 async def run_call(
@@ -110,6 +111,7 @@ async def run_call(
         deadline=deadline,
         idempotency_key=entry.call_id,
         attempt=attempt,
+        budget_account=account,
     )
     try:
         args = check_schema(spec, entry.proposal)
@@ -191,6 +193,8 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     done = ordered(state.batch, outcomes)
     state = reduce_tool_events(state, tuple(o.event for o in done))
     receipts = tuple(receipt_for(o) for o in [*done, *budget_refusals(state.batch)])
+    # Accepted work becomes done only on verified evidence from a later call.
+    receipts += completions(state.receipts + receipts, done)
     manifests = [
         manifest(
             state,

@@ -46,6 +46,8 @@ class LoopConfig:
     max_concurrent_tools: int
     verdict_key: bytes | None
     tokens_per_step: int
+    answer_margin: int
+    """The last steps kept for answering: tool calls are refused in them."""
     """Tokens a model step reserves before the model is called (settled to what it reports)."""
 
 

@@ -66,10 +66,18 @@ from fencepost.policy.manifest import StepManifest
 from fencepost.policy.observation import AnswerPayload, Observation
 from fencepost.policy.outcome import CallOutcome, receipt_for
 from fencepost.policy.phase import Phase, TerminationReason
-from fencepost.policy.receipt import Accepted, Receipt, ReceiptStatus
+from fencepost.policy.receipt import Accepted, Completed, Receipt, ReceiptStatus, current_receipts
 from fencepost.policy.registry import ToolRegistry, UnknownTool
 from fencepost.policy.reservation import reserve_step, reserve_tool_call
 from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.stop_report import (
+    ReportedCall,
+    StopKind,
+    StopReport,
+    Waiting,
+    kind_of,
+    stop_report,
+)
 from fencepost.policy.terminate import (
     MissingCitation,
     TerminalStateError,
@@ -92,6 +100,8 @@ __all__ = [
     "AgentDecision",
     "AgentState",
     "AnswerPayload",
+    "Completed",
+    "current_receipts",
     "ApprovalMode",
     "BatchEntry",
     "CallOutcome",
@@ -127,11 +137,14 @@ __all__ = [
     "Principal",
     "Receipt",
     "ReceiptStatus",
+    "ReportedCall",
     "Reservation",
     "ReservationStatus",
     "RuntimeBudget",
     "RuntimeEvent",
     "StepManifest",
+    "StopKind",
+    "StopReport",
     "StopRequest",
     "SystemClock",
     "TerminalStateError",
@@ -153,6 +166,7 @@ __all__ = [
     "UnsupportedCitation",
     "Verdict",
     "VerdictCode",
+    "Waiting",
     "authorize",
     "canonical_json",
     "check_progress",
@@ -163,6 +177,7 @@ __all__ = [
     "fits_checkpoint",
     "gate_proposal",
     "is_retryable",
+    "kind_of",
     "parse_decision",
     "proposal_fingerprint",
     "reason_for_axis",
@@ -172,6 +187,7 @@ __all__ = [
     "reserve_tool_call",
     "seal_verdict",
     "serialize_tool_result",
+    "stop_report",
     "stage_deadline",
     "terminate",
     "validate_final_answer",

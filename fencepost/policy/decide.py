@@ -6,7 +6,9 @@ The node calls the model; these functions judge what came back.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
+from fencepost.policy._model import Frozen
 from fencepost.policy.decision import AbstainProposal, FinalProposal, InvalidProposal, ToolProposal
 from fencepost.policy.decision_model import Decided, ToolBatch
 from fencepost.policy.error_codes import ErrorCode
@@ -69,17 +71,34 @@ def after_model_error(state: AgentState, failure: StopRequest, *, model_retries:
     return state.model_copy(update={"stop": failure})
 
 
+class FinalRefused(Frozen):
+    """A final answer that cannot end the run yet; the model is asked again (a step each)."""
+
+    code: Literal["tasks_pending"] = "tasks_pending"
+
+
 def conclude(
-    state: AgentState, decided: Decided | InvalidProposal, *, require_citations: bool
-) -> StopRequest | Sequence[ToolProposal]:
+    state: AgentState,
+    decided: Decided | InvalidProposal,
+    *,
+    require_citations: bool,
+    pending_tasks: Sequence[str] = (),
+    final_turn: bool = False,
+) -> StopRequest | FinalRefused | Sequence[ToolProposal]:
     """A decision's consequence: the tool calls to gate, or the stop it asks for.
 
     A final answer must cite evidence that is in the observations (server-verified); an invalid
     proposal or an unsupported citation ends the run ``invalid_proposal``, never ``completed``.
+    While accepted work is pending, a final answer is refused (work accepted is not work done).
+    In the final turn kept for answering, tool calls end the run ``step_budget_exhausted``.
     """
     if isinstance(decided, InvalidProposal):
         return stop(TerminationReason.INVALID_PROPOSAL, decided.code)
     decision = decided.decision
+    if isinstance(decision, FinalProposal) and pending_tasks:
+        return FinalRefused()
+    if isinstance(decision, ToolProposal | ToolBatch) and final_turn:
+        return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "answer_margin")
     if isinstance(decision, FinalProposal):
         try:
             answer = validate_final_answer(

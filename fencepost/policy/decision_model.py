@@ -31,6 +31,11 @@ class DecisionInput(Frozen):
     catalog: Annotated[tuple[dict[str, Any], ...], Strict(False)]
     budget: RuntimeBudget
     step: int
+    pending_tasks: Annotated[tuple[str, ...], Strict(False)] = ()
+    """Task ids the run's tools accepted and no later call has shown done: a final answer now
+    cannot end the run ``completed`` (check the tasks' status, or abstain)."""
+    final_turn: bool = False
+    """The step kept for answering: tool calls are refused; answer or abstain with what is known."""
 
 
 Decision = ToolProposal | FinalProposal | AbstainProposal | ToolBatch

@@ -27,7 +27,7 @@ from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied, authorize
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.phase import TerminationReason
-from fencepost.policy.receipt import Accepted, ReceiptStatus
+from fencepost.policy.receipt import Accepted, Completed, ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.run_check import stop
 from fencepost.policy.state import StopRequest
@@ -165,16 +165,14 @@ def ran(
         except UnserializableResult:
             error = ErrorCode.UNSERIALIZABLE_RESULT
         else:
-            status = (
-                ReceiptStatus.ACCEPTED_PENDING
-                if isinstance(value, Accepted)
-                else ReceiptStatus.COMPLETED
-            )
+            accepted = isinstance(value, Accepted)
             return CallOutcome(
                 event=ToolSucceeded(call_id=entry.call_id, tool_name=spec.name, result=result),
-                status=status,
+                status=ReceiptStatus.ACCEPTED_PENDING if accepted else ReceiptStatus.COMPLETED,
                 attempts=attempt,
                 effect=spec.effect,
+                task_id=value.task_id if isinstance(value, Accepted) else None,
+                completes=completed_task(spec, value),
             )
     return CallOutcome(
         event=ToolFailed(
@@ -187,6 +185,17 @@ def ran(
         attempts=attempt,
         effect=spec.effect,
     )
+
+
+def completed_task(spec: ToolSpec, value: Any) -> str | None:
+    """The task a tool's result completes: a ``Completed`` from a tool that declares completion
+    evidence, carrying every declared field non-empty. Anything less (a status that says "done",
+    an HTTP 200) completes nothing."""
+    if not isinstance(value, Completed) or not spec.completion_evidence:
+        return None
+    if all(value.evidence.get(name, "").strip() for name in spec.completion_evidence):
+        return value.task_id
+    return None
 
 
 def budget_refusals(batch: Batch) -> list[CallOutcome]:

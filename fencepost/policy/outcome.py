@@ -21,6 +21,10 @@ class CallOutcome(Frozen):
     """Attempts started for this call id (each one reserved and charged)."""
     effect: Annotated[Effect | None, Strict(False)] = None
     """The registered tool's effect; ``None`` when the name was never registered."""
+    task_id: str | None = None
+    """With ``accepted_pending``: the task the tool accepted."""
+    completes: str | None = None
+    """The accepted task this call's result completes, its evidence having been verified."""
 
     @property
     def call_id(self) -> str:
@@ -42,4 +46,6 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
         status=outcome.status,
         error_code=event.error_code if isinstance(event, ToolFailed) else None,
         attempts=outcome.attempts,
+        effect=outcome.effect,
+        task_id=outcome.task_id,
     )

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, Strict
 
 from fencepost.policy._model import Frozen
+from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 
 
@@ -32,6 +33,14 @@ class Receipt(Frozen):
     error_code: Annotated[ErrorCode | None, Strict(False)] = None
     attempts: Annotated[int, Field(ge=0)] = 1
     """How many times the call was started (each one reserved and charged)."""
+    effect: Annotated[Effect | None, Strict(False)] = None
+    """The tool's effect (``None``: not recorded, or the name was never registered): a stop
+    report lists the write and external effects already made."""
+    task_id: str | None = None
+    """With ``accepted_pending``: the task the tool accepted (see :class:`Accepted`)."""
+    completed_by: str | None = None
+    """Set on the receipt that turns an accepted task ``completed``: the call id of the later
+    call whose observation carried the completion evidence (see :class:`Completed`)."""
 
 
 class Accepted(Frozen):
@@ -44,3 +53,31 @@ class Accepted(Frozen):
     task_id: Annotated[str, Field(min_length=1)]
     detail: dict[str, str] = Field(default_factory=dict)
     """Safe, structured facts about the accepted work (never free text from a provider)."""
+
+
+class Completed(Frozen):
+    """Return this from a status tool that found accepted work finished, with its evidence.
+
+    The task's original receipt becomes ``completed`` only when this carries every evidence field
+    the tool declares in ``ToolSpec.completion_evidence`` (for an upload: the document id, its
+    version and its access path). A status that merely says "done" is not evidence.
+
+    Example: ``Completed(task_id="task-17", evidence={"document_id": "document-42",
+    "version": "3", "access_path": "/docs/42"})``.
+    """
+
+    task_id: Annotated[str, Field(min_length=1)]
+    evidence: dict[str, str] = Field(default_factory=dict)
+    """Where the finished work is: identifiers and paths, never free text from a provider."""
+
+
+def current_receipts(receipts: tuple[Receipt, ...]) -> tuple[Receipt, ...]:
+    """Each call id's latest receipt, in the order the calls were first receipted.
+
+    Receipts are append-only: a task completed later gets a new receipt for the call that
+    accepted it, and that one is current.
+    """
+    latest: dict[str, Receipt] = {}
+    for receipt in receipts:
+        latest[receipt.call_id] = receipt
+    return tuple(latest.values())

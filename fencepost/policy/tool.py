@@ -41,6 +41,8 @@ class ToolContext(Frozen):
     """The call id: the same on every retry and resume of this call, so a write happens once."""
     attempt: Annotated[int, Field(ge=1)] = 1
     """1 for the first attempt; higher when a crash forced a retry of the same call id."""
+    budget_account: str | None = None
+    """The calling run's ledger account: a child run started by this tool is opened under it."""
 
 
 ToolExecute = Callable[[Any, ToolContext], Any]
@@ -105,6 +107,12 @@ class ToolSpec(BaseModel):
     progress_predicate: ProgressPredicate | None = None
     cost: Annotated[float, Field(ge=0, allow_inf_nan=False), Strict(False)] = 0.0
     """Cost units one call spends, reserved with the call on the budget's ``cost`` axis."""
+    completion_evidence: Annotated[tuple[str, ...], Strict(False)] = ()
+    """For a status tool: the evidence fields a returned ``Completed`` must carry (non-empty) to
+    turn the accepted task it names ``completed``. Empty: this tool completes no task."""
+    poll_interval_seconds: Annotated[float | None, Field(gt=0), Strict(False)] = None
+    """For a polling tool: the same call repeated this long after the last one is progress
+    whatever it returns; sooner is no progress."""
     idempotent: bool | None = None
     """Whether a retry after a crash is safe. Defaults to True for reads, False otherwise; a write
     that honours ``ToolContext.idempotency_key`` may set True."""

@@ -27,7 +27,8 @@ def test_command_resume_continues_the_same_budget() -> None:
 
 
 def test_invoke_none_continues_the_same_budget() -> None:
-    h = harness([call(n=1), call(n=2), call(n=3), final_citing_last])
+    # No step is kept for answering here: every step may call a tool.
+    h = harness([call(n=1), call(n=2), call(n=3), final_citing_last], answer_margin=0)
     config, ctx = thread(), context()
     h.graph.invoke(
         fp.start("q", fp.RuntimeBudget(steps_remaining=3, tool_calls_remaining=5)),
