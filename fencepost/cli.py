@@ -29,7 +29,15 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from fencepost.adapters.checkpointers import CheckpointerError, mask_url
-from fencepost.policy import AgentState, BudgetAxis, StepManifest, error_code_for
+from fencepost.policy import (
+    AgentState,
+    BudgetAxis,
+    ReportedCall,
+    StepManifest,
+    StopKind,
+    StopReport,
+    error_code_for,
+)
 from fencepost.reporting import (
     DEFAULT_DB,
     PAUSED,
@@ -425,6 +433,7 @@ def _show_data(record: RunRecord) -> dict[str, Any]:
             {"call_id": c, "tool_name": tools_by_call.get(c)}
             for c in (answer.citations if answer else ())
         ],
+        "report": record.report.model_dump(mode="json") if record.report else None,
     }
 
 
@@ -442,6 +451,63 @@ def _manifest_outcome(m: StepManifest) -> Text:
     if details:
         outcome.append(" " + " · ".join(dict.fromkeys(details)), style="dim")
     return outcome
+
+
+_REPORT_ROWS = (
+    ("completed", "completed"),
+    ("failed", "failed"),
+    ("uncertain", "uncertain"),
+    ("pending", "pending"),
+    ("never_started", "never started"),
+)
+
+
+def _reported_code(call: ReportedCall) -> Text:
+    parts: list[tuple[str, str]] = []
+    if call.error_code is not None:
+        parts.append((call.error_code.value, "red"))
+    if call.verdict is not None:
+        allowed = call.verdict.value == "allowed"
+        parts.append(("allowed, not run", "dim") if allowed else (call.verdict.value, "yellow"))
+    if call.effect is not None and call.effect.value != "read":
+        parts.append((call.effect.value, "yellow"))
+    code = Text()
+    for n, (part, style) in enumerate(parts):
+        code.append((" · " if n else "") + part, style=style)
+    return code
+
+
+def _print_stop_report(console: Console, report: StopReport) -> None:
+    """The report of the contract's table: ids, tools and codes only, every call in one row."""
+    head = Text.assemble(("stop report ", "bold"), (report.kind.value, _style(report.reason.value)))
+    for part in dict.fromkeys((report.reason.value, report.error_code or "")):
+        if part and part != report.kind.value:
+            head.append(f" · {part}", style="dim")
+    console.print(head)
+    calls = _table()
+    calls.add_column("", no_wrap=True)
+    calls.add_column("call id", no_wrap=True)
+    calls.add_column("tool", min_width=12, overflow="fold")
+    calls.add_column("code", min_width=12, overflow="fold")
+    for field, label in _REPORT_ROWS:
+        for n, call in enumerate(getattr(report, field)):
+            calls.add_row(
+                label if n == 0 else "", call.call_id, call.tool_name, _reported_code(call)
+            )
+    if report.calls:
+        console.print(calls)
+    lines: list[tuple[str, str]] = []
+    if report.cited:
+        lines.append(("cited", ", ".join(report.cited)))
+    if report.waiting_for is not None:
+        wait = report.waiting_for
+        needed = "approval of " + (", ".join(wait.calls) or "a call")
+        lines.append(("waiting for", needed if wait.condition == "approval" else "clarification"))
+    if report.kind is not StopKind.COMPLETED or report.effects_made:
+        # Stopping is not undoing: say which effects are out there, or that none are.
+        lines.append(("effects made", ", ".join(report.effects_made) or "none"))
+    for label, value in lines:
+        console.print(Text.assemble((f"  {label} ", "dim"), value))
 
 
 @app.command()
@@ -541,6 +607,9 @@ def show(
                 f"{b.steps_remaining} steps · {b.tool_calls_remaining} tool calls",
             )
         )
+    if record.report is not None:
+        console.print()
+        _print_stop_report(console, record.report)
 
 
 # --- report ---------------------------------------------------------------------------------------

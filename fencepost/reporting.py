@@ -49,7 +49,7 @@ from fencepost.adapters.checkpointers import (
 )
 from fencepost.graph import run_output
 from fencepost.graph.state import StartRequest
-from fencepost.policy import AgentState, BudgetAxis
+from fencepost.policy import AgentState, BudgetAxis, StopReport, stop_report
 
 __all__ = [
     "ALL_BATCHES",
@@ -204,6 +204,18 @@ class RunRecord:
     def ended(self) -> bool:
         """Whether the run has a terminal reason (not paused, not in progress)."""
         return self.state.termination is not None
+
+    @property
+    def report(self) -> StopReport | None:
+        """The run's stop report (``None`` while it has not ended).
+
+        The one its terminal node wrote; a run ended by a fencepost without stop reports gets one
+        derived from its receipts now (the batch it stopped in is gone, so a proposal left
+        without a receipt is not listed).
+        """
+        if self.state.termination is None:
+            return None
+        return self.state.report or stop_report(self.state)
 
     @property
     def duration_seconds(self) -> float | None:

@@ -29,6 +29,9 @@ _CHECKPOINTED: tuple[type[Any], ...] = (
     policy.BatchEntry,
     policy.Receipt,
     policy.StopRequest,
+    policy.StopReport,
+    policy.ReportedCall,
+    policy.Waiting,
     policy.StepManifest,
     policy.Deadline,
     policy.Phase,
@@ -38,6 +41,7 @@ _CHECKPOINTED: tuple[type[Any], ...] = (
     policy.ErrorCode,
     policy.Effect,
     policy.BudgetAxis,
+    policy.StopKind,
 )
 
 

@@ -17,6 +17,7 @@ from fencepost.policy import (
     Receipt,
     RuntimeBudget,
     StepManifest,
+    StopReport,
     StopRequest,
     TerminationReason,
     ToolProposal,
@@ -89,6 +90,7 @@ class GraphState(TypedDict, total=False):
     manifests: Annotated[tuple[StepManifest, ...], Appended]
     model_failures: int
     stop: StopRequest | None
+    report: StopReport | None
     remaining_steps: RemainingSteps
 
 

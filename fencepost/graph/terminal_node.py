@@ -19,6 +19,7 @@ from fencepost.policy import (
     StopRequest,
     TerminationReason,
     UnknownAccount,
+    stop_report,
     terminate,
 )
 from fencepost.policy.context import coerce_context
@@ -54,6 +55,8 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
         current = before
     ending = current.stop or stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
     state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
+    # The report needs the batch the run stopped in: terminate() clears it.
+    state = state.model_copy(update={"report": stop_report(state, unfinished=current.batch)})
     if ctx is not None and ending.error_code not in _NOT_THIS_RUNS_ACCOUNT:
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
             await io.close_account(account_of(state), ending.reason.value)

@@ -14,6 +14,7 @@ from fencepost.policy.manifest import StepManifest
 from fencepost.policy.observation import AnswerPayload, Observation
 from fencepost.policy.phase import Phase, TerminationReason
 from fencepost.policy.receipt import Receipt
+from fencepost.policy.stop_report import StopReport
 
 
 class StopRequest(Frozen):
@@ -57,6 +58,8 @@ class AgentState(Frozen):
     """Retryable model errors in a row; reset by the next decision that arrives."""
     stop: StopRequest | None = None
     """Set by a node that decided the run must end; consumed by the terminal node."""
+    report: StopReport | None = None
+    """How the run ended, from its receipts and reason: written by the terminal node."""
 
     @property
     def pending(self) -> tuple[ToolProposal, ...]:
