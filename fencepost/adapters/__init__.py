@@ -13,6 +13,7 @@ if TYPE_CHECKING:
         aopen_checkpointer,
         open_checkpointer,
     )
+    from fencepost.adapters.child_run import ChildRunResult, child_run_tool
     from fencepost.adapters.ledger_postgres import PostgresLedger
     from fencepost.adapters.ledger_sqlite import SqliteLedger
     from fencepost.adapters.tools import ToolAdapterError, tool_spec
@@ -20,11 +21,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ChatModelDecider",
     "CheckpointerError",
+    "ChildRunResult",
     "PostgresLedger",
     "ScriptedDecisionModel",
     "SqliteLedger",
     "ToolAdapterError",
     "aopen_checkpointer",
+    "child_run_tool",
     "open_checkpointer",
     "tool_spec",
 ]
@@ -37,6 +40,8 @@ _LAZY = {
     "CheckpointerError": "fencepost.adapters.checkpointers",
     "open_checkpointer": "fencepost.adapters.checkpointers",
     "aopen_checkpointer": "fencepost.adapters.checkpointers",
+    "ChildRunResult": "fencepost.adapters.child_run",
+    "child_run_tool": "fencepost.adapters.child_run",
     "ToolAdapterError": "fencepost.adapters.tools",
     "tool_spec": "fencepost.adapters.tools",
 }
