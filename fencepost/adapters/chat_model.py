@@ -36,18 +36,24 @@ from fencepost.policy import (
 )
 from fencepost.policy.decision import CALL_ID_MAX, CALL_ID_MIN
 
+# What the model is shown for an observation is the one rendering the graph's `messages` view
+# uses too (re-exported here, where it has always been importable from).
+from fencepost.policy.untrusted import ERROR_KEY, UNTRUSTED_KEY, observation_content
+
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
     from langchain_core.messages import AIMessage, BaseMessage
-    from langchain_core.runnables import Runnable
+    from langchain_core.runnables import Runnable, RunnableConfig
 
 __all__ = [
     "ABSTAIN_TOOL",
     "DEFAULT_SYSTEM_PROMPT",
+    "ERROR_KEY",
     "FINAL_TOOL",
     "UNTRUSTED_KEY",
     "ChatModelDecider",
     "DeciderConfigError",
+    "observation_content",
     "parse_ai_message",
 ]
 
@@ -55,10 +61,6 @@ FINAL_TOOL = "final_answer"
 """The ending tool the model calls to answer: ``final_answer(text, citations)``."""
 ABSTAIN_TOOL = "abstain"
 """The ending tool the model calls to decline: ``abstain(reason)``."""
-UNTRUSTED_KEY = "untrusted_tool_output"
-"""The single key a tool result is wrapped in when it is shown to the model."""
-ERROR_KEY = "tool_error"
-"""The key a tool failure's safe code is shown under."""
 
 DEFAULT_SYSTEM_PROMPT = (
     "You answer the user's question by calling the tools you are given, one step at a time."
@@ -319,12 +321,18 @@ def _ending_tools(final_tool: str, abstain_tool: str) -> list[dict[str, Any]]:
     ]
 
 
-def observation_content(observation: Observation) -> str:
-    """What the model is shown for one observation: a data block, or the safe error code."""
-    if observation.kind == "tool_result":
-        return json.dumps({UNTRUSTED_KEY: observation.result}, ensure_ascii=False)
-    code = observation.error_code.value if observation.error_code is not None else "unknown"
-    return json.dumps({ERROR_KEY: code, "retryable": observation.retryable})
+def _run_config() -> RunnableConfig | None:
+    """The config of the graph node this decision is made in, if any.
+
+    LangGraph sets it (with the node's callbacks) while the node runs, and the loop's model call
+    inherits it through ``contextvars`` on either path: awaited on the caller's loop, or run on
+    the shared model loop from a sync ``invoke`` (a task there starts in a copy of the caller's
+    context). Handing it to the chat model puts the model's run under the node, which is how
+    ``stream_mode="messages"`` streams its tokens and tracing nests it.
+    """
+    from langchain_core.runnables.config import var_child_runnable_config
+
+    return var_child_runnable_config.get()
 
 
 class ChatModelDecider:
@@ -509,7 +517,7 @@ class ChatModelDecider:
     async def decide(self, input: DecisionInput, *, deadline: Deadline) -> Decided:
         """Ask the chat model once and parse its reply (the loop bounds the call by ``deadline``)."""
         runnable = self._runnable(input.catalog)
-        reply = await runnable.ainvoke(self.messages(input))
+        reply = await runnable.ainvoke(self.messages(input), config=_run_config())
         decided = parse_ai_message(
             reply,
             run_id=input.run_id,

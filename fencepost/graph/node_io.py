@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from langgraph.runtime import Runtime
 
 from fencepost.graph.loop import LoopConfig, Update
+from fencepost.graph.messages import with_messages
 from fencepost.graph.portal import run_sync, run_sync_shared
 from fencepost.policy import (
     Balance,
@@ -150,13 +151,14 @@ def twins(
     Callable[[dict[str, Any], Runtime[Any]], Update],
     Callable[[dict[str, Any], Runtime[Any]], Coroutine[Any, Any, Update]],
 ]:
-    """The sync and async node functions for one body."""
+    """The sync and async node functions for one body. Each adds the ``messages`` that show
+    what its body changed (:mod:`fencepost.graph.messages`), so no body writes them itself."""
     sync_io, async_io = SyncIO(cfg), AsyncIO(cfg)
 
     def run(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-        return drive(body(sync_io, values, runtime))
+        return with_messages(values, drive(body(sync_io, values, runtime)))
 
     async def arun(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-        return await body(async_io, values, runtime)
+        return with_messages(values, await body(async_io, values, runtime))
 
     return run, arun

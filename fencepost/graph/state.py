@@ -1,13 +1,22 @@
-"""The graph's channels: one per AgentState field, plus the start request."""
+"""The graph's channels: one per AgentState field, the start request, and the messages view."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from collections.abc import Sequence
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, cast
 
+from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, convert_to_messages
 from langgraph.channels.delta import DeltaChannel
+from langgraph.graph.message import add_messages
 from langgraph.managed import RemainingSteps
+from pydantic import Field
+
+# pydantic builds the published JSON schemas from these TypedDicts, and on Python < 3.12 it
+# accepts only typing_extensions' TypedDict.
+from typing_extensions import TypedDict
 
 from fencepost.policy import (
     AgentState,
@@ -25,13 +34,38 @@ from fencepost.policy import (
 from fencepost.policy._model import Frozen
 from fencepost.policy.batch import BatchEntry
 
+DEFAULT_STEPS = 8
+"""Model steps a run may take when its start request names no budget."""
+DEFAULT_TOOL_CALLS = 8
+"""Tool calls a run may start when its start request names no budget."""
+
+
+def new_run_id() -> str:
+    """A fresh run id (what a start request without one gets)."""
+    return f"run-{uuid.uuid4().hex[:16]}"
+
+
+def default_budget() -> RuntimeBudget:
+    """The budget of a run whose start request names none: 8 model steps, 8 tool calls."""
+    return RuntimeBudget(steps_remaining=DEFAULT_STEPS, tool_calls_remaining=DEFAULT_TOOL_CALLS)
+
 
 class StartRequest(Frozen):
-    """The input that starts a run. Made by :func:`start`."""
+    """The input that starts a run. Made by :func:`start`, or sent as JSON by a server client
+    (``{"question": "..."}`` is enough: ``run_id`` and ``budget`` have defaults)."""
 
-    run_id: str
-    question: str
-    budget: RuntimeBudget
+    run_id: str = Field(
+        default_factory=new_run_id,
+        min_length=1,
+        max_length=128,
+        description="The run's id in reports and traces (default: a generated one).",
+    )
+    question: str = Field(description="The question the run answers.")
+    budget: RuntimeBudget = Field(
+        default_factory=default_budget,
+        description=f"What the run may spend (default: {DEFAULT_STEPS} model steps, "
+        f"{DEFAULT_TOOL_CALLS} tool calls).",
+    )
 
 
 def _append(current: Sequence[Any], batches: Sequence[Sequence[Any]]) -> tuple[Any, ...]:
@@ -68,6 +102,36 @@ Counted: DeltaChannel[dict[str, int]] = DeltaChannel(
 )
 
 
+def _message_id(existing: int, index: int, message: BaseMessage) -> str:
+    body = json.dumps([existing, index, message.type, message.content], default=str)
+    return "msg-" + hashlib.sha256(body.encode()).hexdigest()[:24]
+
+
+def _add_messages(current: list[AnyMessage] | None, batches: Sequence[Any]) -> list[AnyMessage]:
+    """LangGraph's ``add_messages``, one write at a time, with deterministic ids.
+
+    ``add_messages`` gives a message without an id a random one; a delta channel replays the raw
+    writes each time a checkpoint is loaded, so a caller's id-less input message would get a new
+    id on every load. Here it gets one derived from where it lands, the same on every replay.
+    """
+    out: list[Any] = list(current or ())
+    for batch in batches:
+        given = batch if isinstance(batch, list) else [batch]
+        named: list[Any] = [
+            m if m.id is not None else m.model_copy(update={"id": _message_id(len(out), i, m)})
+            for i, m in enumerate(convert_to_messages(given))
+        ]
+        out = cast(list[Any], add_messages(out, named))
+    return out
+
+
+# The messages view grows by a few messages a step; as a delta channel a checkpoint stores the
+# messages a step wrote, not the whole conversation again (see benchmarks/).
+Messages: DeltaChannel[list[AnyMessage]] = DeltaChannel(
+    _add_messages, list, snapshot_frequency=_SNAPSHOT_EVERY
+)
+
+
 class GraphState(TypedDict, total=False):
     """LangGraph state schema: AgentState's fields as channels (validates back into AgentState)."""
 
@@ -91,16 +155,29 @@ class GraphState(TypedDict, total=False):
     model_failures: int
     stop: StopRequest | None
     report: StopReport | None
+    messages: Annotated[list[AnyMessage], Messages]
+    """The run as a conversation, for chat UIs and ``stream_mode="messages"``: a view of the
+    fields above, derived by :mod:`fencepost.graph.messages`, never read by the loop."""
     remaining_steps: RemainingSteps
 
 
-class InputState(TypedDict):
-    """What ``invoke`` takes to start a run: ``{"request": StartRequest}`` (see :func:`start`)."""
+class InputState(TypedDict, total=False):
+    """What ``invoke`` takes to start a run, one of:
+
+    - ``{"request": StartRequest}`` (see :func:`start`; as JSON ``{"request": {"question":
+      "..."}}``, ``run_id`` and ``budget`` optional);
+    - ``{"messages": [...]}``: the last human message is the question; the run gets a generated
+      run id and the default budget (:func:`default_budget`).
+
+    With both, ``request`` starts the run and ``messages`` is kept as given.
+    """
 
     request: StartRequest
+    messages: Annotated[list[AnyMessage], Messages]
 
 
 _FIELDS = tuple(AgentState.model_fields)
+_FIELD_SET = frozenset(_FIELDS)
 _TUPLE_FIELDS = ("observations", "proposals", "batch", "receipts", "manifests")
 
 
@@ -109,8 +186,8 @@ def start(
     budget: RuntimeBudget | None = None,
     *,
     run_id: str | None = None,
-    steps: int = 8,
-    tool_calls: int = 8,
+    steps: int = DEFAULT_STEPS,
+    tool_calls: int = DEFAULT_TOOL_CALLS,
 ) -> InputState:
     """The input for ``invoke``/``stream`` that starts a run.
 
@@ -119,11 +196,54 @@ def start(
     """
     return {
         "request": StartRequest(
-            run_id=run_id or f"run-{uuid.uuid4().hex[:16]}",
+            run_id=run_id or new_run_id(),
             question=question,
             budget=budget or RuntimeBudget(steps_remaining=steps, tool_calls_remaining=tool_calls),
         )
     }
+
+
+def _text_of(message: BaseMessage) -> str:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    return "".join(
+        block if isinstance(block, str) else str(block.get("text") or "")
+        for block in content
+        if isinstance(block, str) or block.get("type") == "text"
+    )
+
+
+class NoQuestion(ValueError):
+    """A run was started with neither a start request nor a human message to answer."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            'a run starts from {"request": {"question": ...}} or {"messages": [...]} with a '
+            "human message"
+        )
+
+
+def request_from(values: dict[str, Any], *, required: bool = True) -> StartRequest | None:
+    """The start request in a new run's channel values: ``request`` if given, else one made
+    from the last human message in ``messages`` (with the default run id and budget).
+
+    Without either, raises :class:`NoQuestion` (``required=False``: returns ``None``).
+    """
+    request = values.get("request")
+    if request is not None:
+        if isinstance(request, StartRequest):
+            return request
+        return StartRequest.model_validate(request, strict=False)
+    for message in reversed(values.get("messages") or ()):
+        if isinstance(message, HumanMessage):
+            question = _text_of(message).strip()
+            if question:
+                return StartRequest(question=question)
+            break
+    if required:
+        raise NoQuestion
+    return None
 
 
 def load_state(values: dict[str, Any]) -> AgentState | None:
@@ -177,6 +297,29 @@ def changed(before: AgentState | None, after: AgentState) -> dict[str, Any]:
         else:
             writes[name] = value
     return writes
+
+
+def applied(before: AgentState | None, writes: dict[str, Any]) -> AgentState | None:
+    """The state ``writes`` (what :func:`changed` returned) turn ``before`` into: its inverse.
+    ``None`` when there is still no run (a node that wrote nothing to a fresh thread)."""
+    if before is None:
+        if "run_id" not in writes:
+            return None
+        return AgentState.model_construct(**{n: writes[n] for n in _FIELDS if n in writes})
+    update: dict[str, Any] = {}
+    for name, value in writes.items():
+        if name not in _FIELD_SET:
+            continue
+        if name in _APPENDED:
+            update[name] = getattr(before, name) + tuple(value)
+        elif name == "fingerprints":
+            counts = dict(before.fingerprints)
+            for key, count in value.items():
+                counts[key] = max(count, counts.get(key, 0))
+            update[name] = counts
+        else:
+            update[name] = value
+    return before.model_copy(update=update)
 
 
 def require_state(values: dict[str, Any]) -> AgentState:

@@ -11,7 +11,7 @@ from fencepost.graph.decide_node import begin
 from fencepost.graph.loop import Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import account_of, open_run
-from fencepost.graph.state import changed, load_state
+from fencepost.graph.state import changed, load_state, request_from
 from fencepost.policy import (
     AgentState,
     LedgerConflict,
@@ -41,7 +41,7 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     if before is None:
         # The recursion limit left no room even for a first decision: the run still ends with a
         # reason, bound to whoever started it.
-        request = values.get("request")
+        request = request_from(values, required=False)
         if request is None:
             return {}
         current = begin(request, ctx)

@@ -1,0 +1,116 @@
+"""The run as a conversation: the ``messages`` channel, derived from the policy state.
+
+The policy state is the source of truth; messages are its view, for LangGraph Studio's chat,
+Agent Chat UI and ``stream_mode="messages"``. They are derived in one place, here, from what a
+node changed: the question when the run starts, one ``AIMessage`` per decision that proposed
+tools, one ``ToolMessage`` per observation, and one final ``AIMessage`` when the run ends. Nothing
+a model returned goes in except what the policy kept (so a provider's hidden reasoning never
+does), and a tool's output is shown exactly as the model is shown it: as untrusted data, or a
+failure's safe code.
+
+Message ids are derived from the run id and what the message is about, so a message written again
+(an approval that edits a call's arguments) replaces the one before it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+
+from fencepost.graph.loop import Update
+from fencepost.graph.state import applied, load_state
+from fencepost.policy import AgentState, Observation
+from fencepost.policy.untrusted import observation_content
+
+__all__ = ["messages_for", "with_messages"]
+
+RESULT_KEY = "fencepost"
+"""The ``response_metadata`` key of the final message: termination reason, citations, code."""
+
+
+def _id(state: AgentState, what: str) -> str:
+    return f"fp:{state.run_id}:{what}"
+
+
+def _decision(state: AgentState) -> AIMessage:
+    return AIMessage(
+        content="",
+        tool_calls=[
+            {
+                "type": "tool_call",
+                "id": e.proposal.call_id,
+                "name": e.proposal.tool_name,
+                "args": dict(e.proposal.arguments),
+            }
+            for e in state.batch
+        ],
+        id=_id(state, f"decision-{state.step}"),
+    )
+
+
+def _observation(state: AgentState, obs: Observation) -> ToolMessage:
+    return ToolMessage(
+        content=observation_content(obs),
+        tool_call_id=obs.call_id,
+        name=obs.tool_name,
+        status="success" if obs.kind == "tool_result" else "error",
+        id=_id(state, f"observation-{obs.call_id}"),
+    )
+
+
+def _ending(state: AgentState) -> AIMessage:
+    reason = state.termination
+    answer = state.final_answer
+    code = state.last_error_code
+    if answer is not None:
+        text = answer.text
+    else:
+        text = f"Run ended: {reason.value if reason else 'unknown'}"
+        if code:
+            text += f" ({code})"
+    return AIMessage(
+        content=text,
+        id=_id(state, "end"),
+        response_metadata={
+            RESULT_KEY: {
+                "termination": reason.value if reason else None,
+                "citations": list(answer.citations) if answer else [],
+                "error_code": code,
+            }
+        },
+    )
+
+
+def messages_for(
+    before: AgentState | None, after: AgentState, *, question_given: bool = False
+) -> list[BaseMessage]:
+    """The messages that show what changed from ``before`` to ``after``.
+
+    ``question_given``: the run was started from messages, so the question is already in the
+    channel (as the caller's own human message) and is not repeated.
+    """
+    out: list[BaseMessage] = []
+    if before is None and not question_given:
+        out.append(HumanMessage(content=after.question, id=_id(after, "question")))
+    if after.batch and (before is None or before.pending != after.pending):
+        out.append(_decision(after))
+    seen = len(before.observations) if before is not None else 0
+    out.extend(_observation(after, obs) for obs in after.observations[seen:])
+    if after.is_terminal and (before is None or not before.is_terminal):
+        out.append(_ending(after))
+    return out
+
+
+def with_messages(values: dict[str, Any], update: Update) -> Update:
+    """A node's channel writes (``update``, made from ``values``) plus the messages showing them."""
+    if not update or not isinstance(update, dict):
+        return update
+    before = load_state(values)
+    after = applied(before, update)
+    if after is None:
+        return update
+    shown = messages_for(before, after, question_given=before is None and not values.get("request"))
+    if not shown:
+        return update
+    return {**update, "messages": shown}
