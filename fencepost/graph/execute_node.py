@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -46,6 +47,7 @@ from fencepost.policy.execution import (
 from fencepost.policy.gating import reservation_amounts
 from fencepost.policy.keys import call_key, started_key
 from fencepost.policy.outcome import CallOutcome, receipt_for
+from fencepost.policy.receipt import current_receipts
 from fencepost.policy.run_check import (
     NEEDS_ANOTHER_DECIDE,
     NEEDS_EXECUTE,
@@ -139,17 +141,59 @@ async def run_batch(
     runnable: tuple[tuple[BatchEntry, ToolSpec], ...],
     seen: list[Balance],
 ) -> list[CallOutcome | StopRequest]:
-    """Run a batch's calls concurrently, at most ``max_concurrent_tools`` in flight."""
-    if len(runnable) == 1:
+    """Run a batch's calls concurrently, at most ``max_concurrent_tools`` in flight.
+
+    A call that depends on others of the batch waits for their outcomes (holding no slot while
+    it waits) and runs only if each produced a verified result; otherwise it never starts and
+    its receipt says ``dependency_failed``.
+    """
+    if len(runnable) == 1 and not runnable[0][0].proposal.depends_on:
         entry, spec = runnable[0]
         return [await run_call(cfg, state, ctx, account, entry, spec, seen)]
     gate = asyncio.Semaphore(cfg.max_concurrent_tools)
+    loop = asyncio.get_running_loop()
+    results: dict[str, asyncio.Future[CallOutcome | StopRequest]] = {
+        e.call_id: loop.create_future() for e, _ in runnable
+    }
 
     async def bounded(entry: BatchEntry, spec: ToolSpec) -> CallOutcome | StopRequest:
-        async with gate:
-            return await run_call(cfg, state, ctx, account, entry, spec, seen)
+        try:
+            needs = [results[d] for d in entry.proposal.depends_on if d in results]
+            known = set(results)
+            missing = [d for d in entry.proposal.depends_on if d not in known]
+            outcomes = [await f for f in needs]
+            if not dependencies_met(outcomes, missing, state):
+                result: CallOutcome | StopRequest = not_run(
+                    entry, spec, ErrorCode.DEPENDENCY_FAILED, ReceiptStatus.DENIED, attempts=0
+                )
+                # Never started: the budget the gate reserved for it is given back.
+                with contextlib.suppress(LookupError, ValueError):
+                    freed = await cfg.ledger.arelease(call_key(account, entry.call_id, 1))
+                    if freed.balance is not None:
+                        seen.append(freed.balance)
+            else:
+                async with gate:
+                    result = await run_call(cfg, state, ctx, account, entry, spec, seen)
+        except BaseException:
+            results[entry.call_id].cancel()
+            raise
+        results[entry.call_id].set_result(result)
+        return result
 
     return list(await asyncio.gather(*(bounded(e, s) for e, s in runnable)))
+
+
+def dependencies_met(
+    outcomes: list[CallOutcome | StopRequest], outside: list[str], state: AgentState
+) -> bool:
+    """Whether every dependency produced a verified result: a completed call of this batch, or
+    a call the run completed earlier (the gate allowed no other names)."""
+    earlier = {
+        r.call_id for r in current_receipts(state.receipts) if r.status is ReceiptStatus.COMPLETED
+    }
+    return all(
+        isinstance(o, CallOutcome) and o.status is ReceiptStatus.COMPLETED for o in outcomes
+    ) and all(d in earlier for d in outside)
 
 
 async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:

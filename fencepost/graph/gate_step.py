@@ -24,11 +24,13 @@ from fencepost.policy.gating import (
     after_reservations,
     duplicate_call_ids,
     gate_batch,
+    invalid_dependencies,
     reservation_amounts,
     to_reserve,
 )
 from fencepost.policy.keys import call_key
 from fencepost.policy.outcome import receipt_for
+from fencepost.policy.receipt import ReceiptStatus, current_receipts
 from fencepost.policy.run_check import stop
 
 
@@ -56,6 +58,22 @@ async def gate(
         )
         duplicate = stop(TerminationReason.INVALID_PROPOSAL, "duplicate_call_id")
         return state.model_copy(update={"stop": duplicate}), [m]
+    completed = {
+        r.call_id for r in current_receipts(state.receipts) if r.status is ReceiptStatus.COMPLETED
+    }
+    if invalid_dependencies(calls, completed):
+        m = manifest(
+            state,
+            cfg,
+            ctx,
+            phase=Phase.VALIDATE,
+            outcome="denied",
+            decision_kind="tool",
+            code="invalid_dependency",
+            **usage,
+        )
+        invalid = stop(TerminationReason.INVALID_PROPOSAL, "invalid_dependency")
+        return state.model_copy(update={"stop": invalid}), [m]
     gated = gate_batch(
         cfg.registry,
         calls,

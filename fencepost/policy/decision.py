@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import Field, JsonValue, TypeAdapter, field_validator
+from pydantic import Field, JsonValue, Strict, TypeAdapter, field_validator
 
 from fencepost.policy._model import Frozen
 from fencepost.policy.fingerprint import canonical_json
@@ -25,6 +25,9 @@ class ToolProposal(Frozen):
     """The tool asked for. Looked up in the registry, never imported or ``getattr``-ed."""
     arguments: dict[str, JsonValue]
     """Untrusted arguments; the tool's strict schema decides what they mean."""
+    depends_on: Annotated[tuple[str, ...], Field(max_length=64), Strict(False)] = ()
+    """Call ids whose verified result this call needs first (of its batch, or already completed
+    earlier in the run). Independent calls of a batch run in parallel; a dependent one waits."""
 
     @field_validator("arguments")
     @classmethod

@@ -22,6 +22,8 @@ class ErrorCode(StrEnum):
     CONFLICT = "conflict"
     CANCELLED = "cancelled"
     EXECUTION_UNCERTAIN = "execution_uncertain"
+    DEPENDENCY_FAILED = "dependency_failed"
+    """A call this one depends on did not produce a verified result: this one never ran."""
     BUDGET_EXHAUSTED = "budget_exhausted"
     UNSERIALIZABLE_RESULT = "unserializable_result"
     INTERNAL_ERROR = "internal_error"

@@ -38,6 +38,30 @@ def duplicate_call_ids(calls: Sequence[ToolProposal], answered: Collection[str])
     return len(set(ids)) != len(ids) or any(i in answered for i in ids)
 
 
+def invalid_dependencies(calls: Sequence[ToolProposal], completed: Collection[str]) -> bool:
+    """Whether a batch names a dependency it cannot have: itself, a call id that is neither in
+    the batch nor a call completed earlier in the run, or a cycle."""
+    ids = {c.call_id for c in calls}
+    edges = {c.call_id: [d for d in c.depends_on if d in ids] for c in calls}
+    for call in calls:
+        for dep in call.depends_on:
+            if dep == call.call_id or (dep not in ids and dep not in completed):
+                return True
+    # Kahn's algorithm: a cycle leaves calls that never become ready.
+    indegree = {cid: len(deps) for cid, deps in edges.items()}
+    ready = [cid for cid, n in indegree.items() if n == 0]
+    seen = 0
+    while ready:
+        done = ready.pop()
+        seen += 1
+        for cid, deps in edges.items():
+            if done in deps:
+                indegree[cid] -= deps.count(done)
+                if indegree[cid] == 0:
+                    ready.append(cid)
+    return seen != len(ids)
+
+
 def gate_batch(
     registry: ToolRegistry,
     calls: Sequence[ToolProposal],
