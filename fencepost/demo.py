@@ -271,7 +271,8 @@ class IncidentTriageModel:
 
     It reads the first log, then chooses: an exception right after a release sends it to the
     deployment history; a connection-pool timeout sends it to the database metrics. It answers
-    with citations of the observations it used. A refund question goes to the refund rule tool.
+    with citations of the observations it used. A refund question goes to the refund rule tool;
+    a restart request proposes the restart (a write, so the run pauses for approval).
     Stateless (everything it knows is in the :class:`DecisionInput`), so one instance can serve
     any number of runs — which is what a LangGraph Server deployment needs.
     """
@@ -295,6 +296,8 @@ class IncidentTriageModel:
         )
         if service is None:
             return AbstainProposal(reason="needs_clarification")
+        if "restart" in question:
+            return self._restart(input, call_id, service)
         logs = _results(input, "search_logs")
         if not logs:
             return ToolProposal(
@@ -336,6 +339,24 @@ class IncidentTriageModel:
                 answer=AnswerPayload(text=text, citations=(logs[0].call_id, metrics[0].call_id))
             )
         return AbstainProposal(reason="insufficient_evidence")
+
+    def _restart(
+        self, input: DecisionInput, call_id: str, service: Service
+    ) -> ToolProposal | FinalProposal | AbstainProposal:
+        # A write: the graph pauses for a human's approval before it runs (approval="interrupt").
+        tried = [o for o in input.observations if o.tool_name == "restart_service"]
+        if not tried:
+            return ToolProposal(
+                call_id=call_id,
+                tool_name="restart_service",
+                arguments={"service": service, "reason": "on-call asked for a restart"},
+            )
+        done = [o for o in tried if o.is_evidence]
+        if not done:
+            return AbstainProposal(reason="insufficient_evidence")
+        return FinalProposal(
+            answer=AnswerPayload(text=f"{service} was restarted.", citations=(done[0].call_id,))
+        )
 
     def _refund(
         self, input: DecisionInput, call_id: str

@@ -1,0 +1,247 @@
+"""The demo graph served by ``langgraph dev`` (LangGraph Server, in-memory) and driven through
+``langgraph-sdk``, the way a deployment's clients reach it.
+
+One server per module: started from the repository's own ``langgraph.json`` on a free loopback
+port (``--no-reload``, so edits elsewhere in the tree never restart it mid-test), with a bounded
+wait for it to answer, and always stopped — its whole process group — at teardown. It runs in a
+scratch directory (the server keeps its dev state in ``./.langgraph_api``), which holds a
+verbatim copy of ``langgraph.json`` and a link to the package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langgraph_api", reason="needs langgraph-cli[inmem] (the dev extra)")
+langgraph_sdk = pytest.importorskip("langgraph_sdk", reason="needs langgraph-sdk (the dev extra)")
+
+from fencepost.demo import DEMO_CAPABILITIES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+GRAPH = "fencepost_demo"
+STARTUP_SECONDS = 90.0
+CONTEXT = {
+    "tenant_id": "acme",
+    "principal": {"id": "oncall-ana", "capabilities": sorted(DEMO_CAPABILITIES)},
+}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/ok", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    # The server was started in its own session: its process group is ours to end, and only it.
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        if process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=wait)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    workdir = tmp_path_factory.mktemp("langgraph-dev")
+    shutil.copyfile(ROOT / "langgraph.json", workdir / "langgraph.json")
+    (workdir / "fencepost").symlink_to(ROOT / "fencepost", target_is_directory=True)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+        # The hardest case: the server's serializer revives none of fencepost's types.
+        "LANGGRAPH_STRICT_MSGPACK": "true",
+        "LANGSMITH_TRACING": "false",
+        "LANGCHAIN_TRACING_V2": "false",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "langgraph_cli",
+        "dev",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-browser",
+        "--no-reload",
+        "--config",
+        "langgraph.json",
+    ]
+    log_path = workdir / "server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while not _answers(url):
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                pytest.fail(f"langgraph dev did not start (exit {process.poll()}):\n{tail}")
+            time.sleep(0.25)
+        yield url
+    finally:
+        _stop(process)
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> Any:
+    return langgraph_sdk.get_sync_client(url=server, api_key=None)
+
+
+@pytest.fixture(scope="module")
+def assistant(client: Any) -> str:
+    found = client.assistants.search(graph_id=GRAPH)
+    assert found, "the server did not register the demo graph from langgraph.json"
+    return str(found[0]["assistant_id"])
+
+
+def _values(client: Any, thread_id: str) -> dict[str, Any]:
+    return dict(client.threads.get_state(thread_id)["values"])
+
+
+def test_the_server_publishes_the_input_and_context_schemas(client: Any, assistant: str) -> None:
+    schemas = client.assistants.get_schemas(assistant)
+    assert set(schemas["input_schema"]["properties"]) == {"request", "messages"}
+    request = schemas["input_schema"]["$defs"]["StartRequest"]
+    assert request["required"] == ["question"]
+    context = schemas["context_schema"]
+    assert set(context["properties"]) == {"tenant_id", "principal", "deadline", "budget_account"}
+    assert sorted(context["required"]) == ["principal", "tenant_id"]
+
+
+def test_a_run_with_wait_completes_with_cited_evidence(client: Any, assistant: str) -> None:
+    thread = client.threads.create()
+    out = client.runs.wait(
+        thread["thread_id"],
+        assistant,
+        input={"request": {"question": "Why is checkout returning 500s since 14:00?"}},
+        context=CONTEXT,
+    )
+    assert out["termination"] == "completed"
+    assert [o["tool_name"] for o in out["observations"]] == ["search_logs", "deployment_history"]
+    assert set(out["final_answer"]["citations"]) == {o["call_id"] for o in out["observations"]}
+    kinds = [m["type"] for m in out["messages"]]
+    assert kinds == ["human", "ai", "tool", "ai", "tool", "ai"]
+    assert out["messages"][-1]["content"] == out["final_answer"]["text"]
+
+
+def test_messages_input_runs_with_the_default_budget(client: Any, assistant: str) -> None:
+    thread = client.threads.create()
+    out = client.runs.wait(
+        thread["thread_id"],
+        assistant,
+        input={"messages": [{"role": "user", "content": "Why are order lookups timing out?"}]},
+        context=CONTEXT,
+    )
+    assert out["termination"] == "completed"
+    assert out["question"] == "Why are order lookups timing out?"
+    budget = out["budget"]
+    assert budget["steps_remaining"] + budget["steps_used"] == 8
+    assert [m["type"] for m in out["messages"]] == ["human", "ai", "tool", "ai", "tool", "ai"]
+
+
+@pytest.mark.parametrize(
+    "context", [None, {}, {"tenant_id": "acme"}, {"tenant_id": "acme", "principal": "oncall-ana"}]
+)
+def test_a_run_with_a_missing_or_malformed_context_ends_policy_denied(
+    client: Any, assistant: str, context: Any
+) -> None:
+    thread = client.threads.create()
+    out = client.runs.wait(
+        thread["thread_id"],
+        assistant,
+        input={"request": {"question": "Why is checkout returning 500s?"}},
+        context=context,
+    )
+    assert out["termination"] == "policy_denied"
+    assert out["last_error_code"] == "missing_context"
+    assert out["observations"] == []
+
+
+def test_a_stream_carries_manifests_and_node_updates(client: Any, assistant: str) -> None:
+    thread = client.threads.create()
+    parts = list(
+        client.runs.stream(
+            thread["thread_id"],
+            assistant,
+            input={"request": {"question": "Why is checkout returning 500s since 14:00?"}},
+            context=CONTEXT,
+            stream_mode=["custom", "updates"],
+        )
+    )
+    manifests = [p.data for p in parts if p.event == "custom"]
+    assert manifests and all(m["fencepost"] == "manifest" for m in manifests)
+    assert manifests[-1]["outcome"] == "terminal" and manifests[-1]["code"] == "completed"
+    nodes = [next(iter(p.data)) for p in parts if p.event == "updates"]
+    assert nodes == ["decide", "execute", "decide", "execute", "decide", "terminal"]
+    assert _values(client, thread["thread_id"])["termination"] == "completed"
+
+
+def test_an_approval_interrupt_is_resumed_through_the_sdk(client: Any, assistant: str) -> None:
+    thread = client.threads.create()
+    thread_id = thread["thread_id"]
+    paused = client.runs.wait(
+        thread_id,
+        assistant,
+        input={"request": {"question": "orders-api is stuck, restart it."}},
+        context=CONTEXT,
+    )
+    assert paused["termination"] is None
+    state = client.threads.get_state(thread_id)
+    assert state["next"] == ["approve"]
+    (request,) = [i["value"] for i in state["interrupts"]]
+    assert [c["tool_name"] for c in request["calls"]] == ["restart_service"]
+    assert paused["receipts"] == []  # nothing ran before the approval
+
+    out = client.runs.wait(thread_id, assistant, command={"resume": "approve"}, context=CONTEXT)
+    assert out["termination"] == "completed"
+    restarts = [r for r in out["receipts"] if r["tool_name"] == "restart_service"]
+    assert [(r["status"], r["attempts"]) for r in restarts] == [("completed", 1)]
+    assert client.threads.get_state(thread_id)["next"] == []
+
+
+def test_the_readme_server_block_runs_as_shown(
+    server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    [block] = re.findall(r"```python sdk\n(.*?)```", readme, flags=re.S)
+    assert 'url="http://127.0.0.1:2024"' in block
+    source = block.replace('url="http://127.0.0.1:2024"', f'url="{server}"')
+    exec(compile(source, "README.md (python sdk)", "exec"), {"__name__": "readme_sdk"})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "completed ['call-0001', 'call-0002']"
+    assert printed[-2:] == ["restart_service", "completed ['completed']"]
+    assert printed[1:-2] == ["validate approval_pending"]
