@@ -43,7 +43,12 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     if refused is not None or ctx is None:
         return changed(before, before.model_copy(update={"stop": refused}))
     result = apply_approvals(
-        before, answers, cfg.registry, ctx.principal, repeat_limit=cfg.repeat_limit
+        before,
+        answers,
+        cfg.registry,
+        ctx.principal,
+        repeat_limit=cfg.repeat_limit,
+        now=cfg.clock.now(),
     )
     state = before.model_copy(update={"batch": result.batch, "fingerprints": result.fingerprints})
     manifests = []

@@ -47,6 +47,7 @@ from fencepost.policy.execution import (
 from fencepost.policy.gating import reservation_amounts
 from fencepost.policy.keys import call_key, started_key
 from fencepost.policy.outcome import CallOutcome, receipt_for
+from fencepost.policy.progress import recorded_evidence
 from fencepost.policy.receipt import current_receipts
 from fencepost.policy.run_check import (
     NEEDS_ANOTHER_DECIDE,
@@ -207,6 +208,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     if refused is not None or ctx is None:
         return changed(before, before.model_copy(update={"stop": refused}))
     state = before.model_copy(update={"phase": Phase.EXECUTE})
+    started = cfg.clock.now()  # a poll's interval runs from when the call started
     admission = admit_batch(
         state.batch,
         cfg.registry,
@@ -235,6 +237,10 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
             outcomes.append(result)
         state = viewed(state, seen[-1] if seen else await io.balance(account))
     done = ordered(state.batch, outcomes)
+    # What each call returned, as a hash, for the no-progress gate (before the batch is cleared).
+    state = state.model_copy(
+        update={"evidence": recorded_evidence(state, done, now=started)}
+    )
     state = reduce_tool_events(state, tuple(o.event for o in done))
     receipts = tuple(receipt_for(o) for o in [*done, *budget_refusals(state.batch)])
     # Accepted work becomes done only on verified evidence from a later call.

@@ -81,6 +81,7 @@ async def gate(
         ctx.principal,
         repeat_limit=cfg.repeat_limit,
         approval=cfg.approval,
+        now=cfg.clock.now(),
     )
     manifests = []
     for entry in gated.batch:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import uuid
-from collections.abc import Sequence
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
-from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, convert_to_messages
-from langgraph.channels.delta import DeltaChannel
-from langgraph.graph.message import add_messages
+from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
 from langgraph.managed import RemainingSteps
 from pydantic import Field
 
@@ -18,6 +13,7 @@ from pydantic import Field
 # accepts only typing_extensions' TypedDict.
 from typing_extensions import TypedDict
 
+from fencepost.graph.channels import Appended, Counted, Latest, Messages
 from fencepost.policy import (
     AgentState,
     AnswerPayload,
@@ -68,70 +64,6 @@ class StartRequest(Frozen):
     )
 
 
-def _append(current: Sequence[Any], batches: Sequence[Sequence[Any]]) -> tuple[Any, ...]:
-    """Append-only reducer for the record channels: each write is the items a node added."""
-    out = tuple(current)
-    for batch in batches:
-        out += tuple(batch)
-    return out
-
-
-# Observations, receipts and manifests only ever grow. As delta channels a checkpoint stores the
-# items each step added, not the whole history again: without this, serializing the growing
-# tuples at every superstep was two thirds of the loop's cost (see benchmarks/).
-# A full snapshot of a record every N updates makes a long run's checkpoints grow with its
-# length; at LangGraph's own replay bound a step writes what it added, and a resume replays at
-# most that many writes.
-_SNAPSHOT_EVERY = 5000
-Appended: DeltaChannel[tuple[Any, ...]] = DeltaChannel(_append, snapshot_frequency=_SNAPSHOT_EVERY)
-
-
-def _count_up(current: dict[str, int] | None, batches: Sequence[dict[str, int]]) -> dict[str, int]:
-    """Repeat counts per fingerprint: each write carries the counts that changed; counts only
-    grow (a write cannot lower one), so a state edit cannot reset the no-progress check."""
-    out = dict(current or {})
-    for batch in batches:
-        for key, count in batch.items():
-            if count > out.get(key, 0):
-                out[key] = count
-    return out
-
-
-Counted: DeltaChannel[dict[str, int]] = DeltaChannel(
-    _count_up, dict, snapshot_frequency=_SNAPSHOT_EVERY
-)
-
-
-def _message_id(existing: int, index: int, message: BaseMessage) -> str:
-    body = json.dumps([existing, index, message.type, message.content], default=str)
-    return "msg-" + hashlib.sha256(body.encode()).hexdigest()[:24]
-
-
-def _add_messages(current: list[AnyMessage] | None, batches: Sequence[Any]) -> list[AnyMessage]:
-    """LangGraph's ``add_messages``, one write at a time, with deterministic ids.
-
-    ``add_messages`` gives a message without an id a random one; a delta channel replays the raw
-    writes each time a checkpoint is loaded, so a caller's id-less input message would get a new
-    id on every load. Here it gets one derived from where it lands, the same on every replay.
-    """
-    out: list[Any] = list(current or ())
-    for batch in batches:
-        given = batch if isinstance(batch, list) else [batch]
-        named: list[Any] = [
-            m if m.id is not None else m.model_copy(update={"id": _message_id(len(out), i, m)})
-            for i, m in enumerate(convert_to_messages(given))
-        ]
-        out = cast(list[Any], add_messages(out, named))
-    return out
-
-
-# The messages view grows by a few messages a step; as a delta channel a checkpoint stores the
-# messages a step wrote, not the whole conversation again (see benchmarks/).
-Messages: DeltaChannel[list[AnyMessage]] = DeltaChannel(
-    _add_messages, list, snapshot_frequency=_SNAPSHOT_EVERY
-)
-
-
 class GraphState(TypedDict, total=False):
     """LangGraph state schema: AgentState's fields as channels (validates back into AgentState)."""
 
@@ -148,6 +80,7 @@ class GraphState(TypedDict, total=False):
     batch: tuple[BatchEntry, ...]
     receipts: Annotated[tuple[Receipt, ...], Appended]
     fingerprints: Annotated[dict[str, int], Counted]
+    evidence: Annotated[dict[str, str], Latest]
     final_answer: AnswerPayload | None
     termination: TerminationReason | None
     last_error_code: str | None
@@ -284,7 +217,7 @@ def changed(before: AgentState | None, after: AgentState) -> dict[str, Any]:
         old = getattr(before, name)
         if value is old:
             continue
-        if name == "fingerprints":
+        if name in ("fingerprints", "evidence"):
             added = {k: v for k, v in value.items() if old.get(k) != v}
             if added:
                 writes[name] = added
@@ -312,6 +245,8 @@ def applied(before: AgentState | None, writes: dict[str, Any]) -> AgentState | N
             continue
         if name in _APPENDED:
             update[name] = getattr(before, name) + tuple(value)
+        elif name == "evidence":
+            update[name] = {**before.evidence, **value}
         elif name == "fingerprints":
             counts = dict(before.fingerprints)
             for key, count in value.items():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import JsonValue, ValidationError
@@ -28,6 +29,7 @@ from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.events import ToolFailed
 from fencepost.policy.gates import gate_proposal
 from fencepost.policy.outcome import CallOutcome
+from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.run_check import stop
@@ -138,6 +140,7 @@ def apply_approvals(
     principal: Principal,
     *,
     repeat_limit: int,
+    now: datetime | None = None,
 ) -> ApprovalResult:
     """Apply the answers to the waiting calls: a rejected call is receipted ``denied`` and never
     runs; an approved or edited one passes every gate again (capability included, with the
@@ -173,9 +176,11 @@ def apply_approvals(
             repeat_limit=repeat_limit,
             approved=True,
             counts=counts,
+            now=now,
         )
         if verdict.allowed:
-            counts[verdict.fingerprint] = counts.get(verdict.fingerprint, 0) + 1
+            key = repeat_key(verdict.fingerprint, state)
+            counts[key] = counts.get(key, 0) + 1
         elif first_stop is None and verdict.termination is not None:
             first_stop = stop(verdict.termination, verdict.code.value)
         changed.append(BatchEntry.model_construct(proposal=proposal, verdict=verdict))

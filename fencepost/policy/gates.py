@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.fingerprint import canonical_json, proposal_fingerprint
+from fencepost.policy.progress import last_run_at, repeat_key
 from fencepost.policy.registry import ToolRegistry, UnknownTool
 from fencepost.policy.state import AgentState
 from fencepost.policy.tool import Effect, Principal, ToolSpec
@@ -141,19 +142,29 @@ def check_progress(
     repeat_limit: int = DEFAULT_REPEAT_LIMIT,
     counts: Mapping[str, int] | None = None,
     fingerprint: str | None = None,
+    now: datetime | None = None,
 ) -> str:
-    """Gate 4: refuse a repeat past ``repeat_limit`` unless the tool says it is progress.
+    """Gate 4: refuse a repeat that brings no new evidence. Returns the key the repeat counts
+    under. Raises :class:`NoProgressDetected`.
 
-    O(1): counts per fingerprint are kept (``state.fingerprints``, or ``counts`` while a batch is
-    being gated), not re-scanned from history. Returns the proposal's fingerprint. Raises
-    :class:`NoProgressDetected`.
+    The same call with the same last result counts towards ``repeat_limit`` (a new result starts
+    a new count: the status changed); a polling tool (``poll_interval_seconds``) is judged by time
+    instead — sooner than its interval is no progress, on time always is. O(1): counts and result
+    hashes are kept in state (or ``counts`` while a batch is gated), never re-scanned.
     """
     if fingerprint is None:
         fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
-    seen = (state.fingerprints if counts is None else counts).get(fingerprint, 0)
+    if spec.poll_interval_seconds is not None:
+        last = last_run_at(fingerprint, state)
+        if last is not None and now is not None:
+            if (now - last).total_seconds() < spec.poll_interval_seconds:
+                raise NoProgressDetected(fingerprint)
+            return repeat_key(fingerprint, state) + ":poll:" + now.isoformat()
+    key = repeat_key(fingerprint, state)
+    seen = (state.fingerprints if counts is None else counts).get(key, 0)
     if seen >= repeat_limit and not _declared_progress(spec, proposal, state):
         raise NoProgressDetected(fingerprint)
-    return fingerprint
+    return key
 
 
 def authorize(spec: ToolSpec, principal: Principal, *, approved: bool = False) -> None:
@@ -176,6 +187,7 @@ def gate_proposal(
     repeat_limit: int = DEFAULT_REPEAT_LIMIT,
     approved: bool = False,
     counts: Mapping[str, int] | None = None,
+    now: datetime | None = None,
 ) -> Verdict:
     """Run gates 1-5 in order and return the verdict as data (budget is reserved separately).
 
@@ -213,6 +225,7 @@ def gate_proposal(
             repeat_limit=repeat_limit,
             counts=counts,
             fingerprint=fingerprint,
+            now=now,
         )
     except NoProgressDetected:
         return verdict(VerdictCode.NO_PROGRESS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry
@@ -15,6 +16,7 @@ from fencepost.policy.budget import BudgetAxis, BudgetExhausted
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.effect import Effect
 from fencepost.policy.gates import gate_proposal
+from fencepost.policy.progress import repeat_key
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.run_check import stop, stop_for_exhausted
 from fencepost.policy.state import AgentState, StopRequest
@@ -71,6 +73,7 @@ def gate_batch(
     repeat_limit: int,
     approval: ApprovalMode,
     approved: bool = False,
+    now: datetime | None = None,
 ) -> GatedBatch:
     """Gate every call of a batch in order; the first denial that ends a run stops it all.
 
@@ -88,11 +91,13 @@ def gate_batch(
             repeat_limit=repeat_limit,
             approved=approved,
             counts=counts,
+            now=now,
         )
         if verdict.code is VerdictCode.APPROVAL_REQUIRED and approval == "interrupt":
             verdict = verdict.model_copy(update={"code": VerdictCode.APPROVAL_PENDING})
         elif verdict.allowed:
-            counts[verdict.fingerprint] = counts.get(verdict.fingerprint, 0) + 1
+            key = repeat_key(verdict.fingerprint, state)
+            counts[key] = counts.get(key, 0) + 1
         elif first_stop is None and verdict.termination is not None:
             first_stop = stop(verdict.termination, verdict.code.value)
         entries.append(BatchEntry.model_construct(proposal=call, verdict=verdict))

@@ -49,6 +49,11 @@ class AgentState(Frozen):
     """The decision being carried out: each proposal joined to its gate verdict by call id."""
     receipts: Annotated[tuple[Receipt, ...], Strict(False)] = ()
     fingerprints: dict[str, int] = Field(default_factory=dict)
+    """How often each repeat key (a call and the result its last run had) has been allowed."""
+    evidence: dict[str, str] = Field(default_factory=dict)
+    """Per call fingerprint, what its last run returned — a hash of the result or error code,
+    never its text — how often it changed, and when: ``"<epoch>:<hash>@<ISO instant>"``.
+    Progress is judged by it."""
     """How often each (tool, canonical args) fingerprint has been allowed: O(1) repeat checks."""
     final_answer: AnswerPayload | None = None
     termination: Annotated[TerminationReason | None, Strict(False)] = None

@@ -1,0 +1,90 @@
+"""The graph's reducer channels: append-only records, repeat counts, result evidence and the
+messages view, each a LangGraph delta channel (a checkpoint stores what a step wrote)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any, cast
+
+from langchain_core.messages import AnyMessage, BaseMessage, convert_to_messages
+from langgraph.channels.delta import DeltaChannel
+from langgraph.graph.message import add_messages
+
+
+def _append(current: Sequence[Any], batches: Sequence[Sequence[Any]]) -> tuple[Any, ...]:
+    """Append-only reducer for the record channels: each write is the items a node added."""
+    out = tuple(current)
+    for batch in batches:
+        out += tuple(batch)
+    return out
+
+
+# Observations, receipts and manifests only ever grow. As delta channels a checkpoint stores the
+# items each step added, not the whole history again: without this, serializing the growing
+# tuples at every superstep was two thirds of the loop's cost (see benchmarks/).
+# A full snapshot of a record every N updates makes a long run's checkpoints grow with its
+# length; at LangGraph's own replay bound a step writes what it added, and a resume replays at
+# most that many writes.
+_SNAPSHOT_EVERY = 5000
+Appended: DeltaChannel[tuple[Any, ...]] = DeltaChannel(_append, snapshot_frequency=_SNAPSHOT_EVERY)
+
+
+def _count_up(current: dict[str, int] | None, batches: Sequence[dict[str, int]]) -> dict[str, int]:
+    """Repeat counts per fingerprint: each write carries the counts that changed; counts only
+    grow (a write cannot lower one), so a state edit cannot reset the no-progress check."""
+    out = dict(current or {})
+    for batch in batches:
+        for key, count in batch.items():
+            if count > out.get(key, 0):
+                out[key] = count
+    return out
+
+
+def _latest(current: dict[str, str] | None, batches: Sequence[dict[str, str]]) -> dict[str, str]:
+    """Per call fingerprint, the last result hash recorded: each write carries what changed."""
+    out = dict(current or {})
+    for batch in batches:
+        out.update(batch)
+    return out
+
+
+Latest: DeltaChannel[dict[str, str]] = DeltaChannel(
+    _latest, dict, snapshot_frequency=_SNAPSHOT_EVERY
+)
+
+
+Counted: DeltaChannel[dict[str, int]] = DeltaChannel(
+    _count_up, dict, snapshot_frequency=_SNAPSHOT_EVERY
+)
+
+
+def _message_id(existing: int, index: int, message: BaseMessage) -> str:
+    body = json.dumps([existing, index, message.type, message.content], default=str)
+    return "msg-" + hashlib.sha256(body.encode()).hexdigest()[:24]
+
+
+def _add_messages(current: list[AnyMessage] | None, batches: Sequence[Any]) -> list[AnyMessage]:
+    """LangGraph's ``add_messages``, one write at a time, with deterministic ids.
+
+    ``add_messages`` gives a message without an id a random one; a delta channel replays the raw
+    writes each time a checkpoint is loaded, so a caller's id-less input message would get a new
+    id on every load. Here it gets one derived from where it lands, the same on every replay.
+    """
+    out: list[Any] = list(current or ())
+    for batch in batches:
+        given = batch if isinstance(batch, list) else [batch]
+        named: list[Any] = [
+            m if m.id is not None else m.model_copy(update={"id": _message_id(len(out), i, m)})
+            for i, m in enumerate(convert_to_messages(given))
+        ]
+        out = cast(list[Any], add_messages(out, named))
+    return out
+
+
+# The messages view grows by a few messages a step; as a delta channel a checkpoint stores the
+# messages a step wrote, not the whole conversation again (see benchmarks/).
+Messages: DeltaChannel[list[AnyMessage]] = DeltaChannel(
+    _add_messages, list, snapshot_frequency=_SNAPSHOT_EVERY
+)
