@@ -9,7 +9,10 @@ Measures, for each backend, and prints one markdown table:
   ONE tenant account whose limit is 8 x ``per_process``; all start at the same instant and reserve
   in a tight loop until the tenant is exhausted. Reports the aggregate reserve/s, each process's
   share (fair share = ``per_process``), whether every process got at least a quarter of its
-  fair share, and overspend (what the tenant holds beyond its limit: must be 0).
+  fair share, and overspend (what the tenant holds beyond its limit: must be 0). Every
+  reservation locks the one tenant row until its commit is durable, so these rows are serial.
+- **8 processes, independent accounts**: the same, each process on a top-level account of its
+  own (limit ``per_process``): nothing shared, so commits can overlap (Postgres groups them).
 
 Durability settings are part of each row: SQLite ``synchronous=FULL`` (the default: a commit is
 on disk when ``reserve`` returns) and ``NORMAL`` (not synced per commit: survives a crash of the
@@ -178,24 +181,23 @@ def _warm(seconds: float) -> int:
     return os.getpid()
 
 
-def _contend(spec: Spec, lane: int, start_at: float, stop_at: float) -> tuple[int, int, float]:
-    """Reserve on this lane's run account until the tenant is exhausted (or time is up).
+def _contend(spec: Spec, run: str, start_at: float, stop_at: float) -> tuple[int, int, float]:
+    """Reserve on ``run`` until it (or its parent) is exhausted, or time is up.
 
     Returns (granted, refused, seconds from start_at to this lane's last reservation attempt).
     """
     ledger = spec.open()
-    run = f"lane-{lane}"
     granted = refused = 0
     try:
         time.sleep(max(0.0, start_at - time.time()))
         i = 0
         while time.time() < stop_at:
             try:
-                ledger.reserve(run, f"lane{lane}-{i}", {"tool_calls": 1})
+                ledger.reserve(run, f"{run}-{i}", {"tool_calls": 1})
                 granted += 1
             except BudgetExhausted:
                 refused += 1
-                break  # the tenant is exhausted: nothing more for anyone
+                break  # exhausted: nothing more for this lane
             i += 1
         return granted, refused, time.time() - start_at
     finally:
@@ -216,22 +218,37 @@ class Contended:
         return min(self.shares) * 4 >= self.fair_share
 
 
-def contended(spec: Spec, pool: ProcessPoolExecutor, per_process: int, budget: float) -> Contended:
+def contended(
+    spec: Spec, pool: ProcessPoolExecutor, per_process: int, budget: float, *, shared: bool
+) -> Contended:
+    """8 lanes at once: under one shared tenant (``shared``), or each on an account of its own."""
     limit = PROCESSES * per_process
+    runs = [f"{'lane' if shared else 'solo'}-{lane}" for lane in range(PROCESSES)]
     setup = spec.open()
     try:
-        setup.open_account("shared-tenant", {"tool_calls": limit})
-        for lane in range(PROCESSES):
-            setup.open_account(f"lane-{lane}", {"tool_calls": 1e12}, parent="shared-tenant")
+        if shared:
+            setup.open_account("shared-tenant", {"tool_calls": limit})
+        for run in runs:
+            if shared:
+                setup.open_account(run, {"tool_calls": 1e12}, parent="shared-tenant")
+            else:
+                setup.open_account(run, {"tool_calls": per_process})
     finally:
         close(setup)
     start_at = time.time() + 1.0  # every process has opened its ledger by then
     stop_at = start_at + budget
-    futures = [pool.submit(_contend, spec, lane, start_at, stop_at) for lane in range(PROCESSES)]
+    futures = [pool.submit(_contend, spec, run, start_at, stop_at) for run in runs]
     results = [future.result(timeout=budget + 60) for future in futures]
     check = spec.open()
     try:
-        held = check.balance("shared-tenant").held.get("tool_calls", 0.0)
+        if shared:
+            held = check.balance("shared-tenant").held.get("tool_calls", 0.0)
+            overspend = max(0.0, held - limit)
+        else:
+            overspend = sum(
+                max(0.0, check.balance(run).held.get("tool_calls", 0.0) - per_process)
+                for run in runs
+            )
     finally:
         close(check)
     shares = [granted for granted, _, _ in results]
@@ -240,7 +257,7 @@ def contended(spec: Spec, pool: ProcessPoolExecutor, per_process: int, budget: f
         total_per_s=sum(shares) / elapsed,
         shares=shares,
         fair_share=per_process,
-        overspend=max(0.0, held - limit) + max(0, sum(shares) - limit),
+        overspend=overspend + max(0, sum(shares) - limit),
         finished=sum(shares) == limit,
     )
 
@@ -300,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[str] = []
     contention_rows: list[str] = []
+    independent_rows: list[str] = []
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=PROCESSES, mp_context=ctx) as pool:
         list(pool.map(_warm, [0.5] * PROCESSES))  # start and import every worker first
@@ -315,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  measured {spec.label}: {single.reserve_per_s:,.0f} reserve/s", flush=True)
             if not contend:
                 return
-            result = contended(spec, pool, args.per_process, args.contention_seconds)
+            result = contended(spec, pool, args.per_process, args.contention_seconds, shared=True)
             shares = " ".join(str(s) for s in sorted(result.shares))
             contention_rows.append(
                 f"| {spec.label} | {result.total_per_s:,.0f} | {shares} | {result.fair_share} | "
@@ -323,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'yes' if result.finished else 'no (time cap)'} |"
             )
             print(f"  contended {spec.label}: {result.total_per_s:,.0f} reserve/s", flush=True)
+            solo = contended(spec, pool, args.per_process, args.contention_seconds, shared=False)
+            independent_rows.append(
+                f"| {spec.label} | {solo.total_per_s:,.0f} | {solo.overspend:g} | "
+                f"{'yes' if solo.finished else 'no (time cap)'} |"
+            )
+            print(f"  independent {spec.label}: {solo.total_per_s:,.0f} reserve/s", flush=True)
 
         only = set(args.only or ("memory", "sqlite", "postgres"))
         if "memory" in only:
@@ -352,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---:|---|---:|---|---:|---|")
     print("\n".join(contention_rows))
+    print(f"\n## {PROCESSES} processes, each on an account of its own (no shared parent)\n")
+    print("| backend | reserve/s (all) | overspend | every account exhausted |")
+    print("|---|---:|---:|---|")
+    print("\n".join(independent_rows))
     print(
         "\nTargets: Postgres >= 1,500/s one process and >= 1,000/s across 8; SQLite >= 2,500/s "
         "one process; every process >= 1/4 of its fair share; overspend 0."
