@@ -309,7 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     dsn = os.environ.get("FENCEPOST_BENCH_POSTGRES_DSN") or os.environ.get(
         "FENCEPOST_TEST_POSTGRES_DSN"
     )
-    workdir = tempfile.mkdtemp(prefix="fp-ledger-bench-")
+    with tempfile.TemporaryDirectory(prefix="fp-ledger-bench-") as workdir:
+        return run(args, dsn, workdir)
+
+
+def run(args: argparse.Namespace, dsn: str | None, workdir: str) -> int:
+    """Measure every backend with files in ``workdir`` and print the tables."""
     fsync_us = fsync_latency_us(workdir)
     print(f"# Ledger throughput ({platform.python_implementation()} {platform.python_version()},")
     print(f"{os.cpu_count()} cores, {platform.system()}; fdatasync in {workdir}: {fsync_us:.0f} us")
