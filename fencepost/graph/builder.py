@@ -57,6 +57,7 @@ def build_agent_graph(
     verdict_key: bytes | None = None,
     tokens_per_step: int | None = None,
     answer_margin: int = 1,
+    repair_attempts: int = 0,
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -82,6 +83,10 @@ def build_agent_graph(
     before them, the model is told it is its final turn (``DecisionInput.final_turn``) and tool
     calls are refused; the run ends ``step_budget_exhausted`` only if it does not answer or
     abstain then. ``0`` turns the margin off.
+    ``repair_attempts`` (default 0) gives an unknown tool or a schema or semantic violation back
+    to the model as data (``DecisionInput.repair``: call ids, field paths, rule names — never
+    values) up to that many times, each try spending a step; then the run ends
+    ``invalid_proposal``.
 
     Example::
 
@@ -113,6 +118,12 @@ def build_agent_graph(
         raise GraphConfigError("verdict_key", "must be bytes, at least 16 of them")
     if not model_timeout_seconds > 0:
         raise GraphConfigError("model_timeout_seconds", "must be > 0")
+    if (
+        not isinstance(repair_attempts, int)
+        or isinstance(repair_attempts, bool)
+        or repair_attempts < 0
+    ):
+        raise GraphConfigError("repair_attempts", "must be an integer >= 0")
     if not isinstance(answer_margin, int) or isinstance(answer_margin, bool) or answer_margin < 0:
         raise GraphConfigError("answer_margin", "must be an integer >= 0")
     if tokens_per_step is None:
@@ -138,6 +149,7 @@ def build_agent_graph(
         verdict_key=verdict_key,
         tokens_per_step=tokens_per_step,
         answer_margin=answer_margin,
+        repair_attempts=repair_attempts,
     )
     # A mapping context is validated by the nodes, not by LangGraph (see ContextInput).
     graph: StateGraph[Any, Any, Any, Any] = StateGraph(

@@ -87,6 +87,7 @@ def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
         step=state.step,
         pending_tasks=tuple(r.task_id for r in pending_tasks(state.receipts) if r.task_id),
         final_turn=final_turn(cfg, state),
+        repair=state.repair_notes,
     )
 
 

@@ -238,9 +238,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         state = viewed(state, seen[-1] if seen else await io.balance(account))
     done = ordered(state.batch, outcomes)
     # What each call returned, as a hash, for the no-progress gate (before the batch is cleared).
-    state = state.model_copy(
-        update={"evidence": recorded_evidence(state, done, now=started)}
-    )
+    state = state.model_copy(update={"evidence": recorded_evidence(state, done, now=started)})
     state = reduce_tool_events(state, tuple(o.event for o in done))
     receipts = tuple(receipt_for(o) for o in [*done, *budget_refusals(state.batch)])
     # Accepted work becomes done only on verified evidence from a later call.

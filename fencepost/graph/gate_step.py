@@ -31,6 +31,7 @@ from fencepost.policy.gating import (
 from fencepost.policy.keys import call_key
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.receipt import ReceiptStatus, current_receipts
+from fencepost.policy.repair import may_repair
 from fencepost.policy.run_check import stop
 
 
@@ -109,8 +110,15 @@ async def gate(
         usage = {}
     state = state.model_copy(update={"batch": gated.batch, "fingerprints": gated.fingerprints})
     if gated.stop is not None:
-        # One denial stops the whole batch: nothing in it runs, nothing is reserved.
+        # One denial stops the whole batch: nothing in it runs, nothing is reserved. A repairable
+        # one may be given back to the model instead (repair_attempts).
+        notes = may_repair(state, gated.batch, attempts=cfg.repair_attempts)
+        if notes is not None:
+            repaired = {"batch": (), "repairs": state.repairs + 1, "repair_notes": notes}
+            return state.model_copy(update=repaired), manifests
         return state.model_copy(update={"stop": gated.stop}), manifests
+    if state.repair_notes:
+        state = state.model_copy(update={"repair_notes": ()})
     state, stopped = await reserve_batch(io, state, ctx)
     if stopped is not None:
         # Nothing of the batch runs: each call the budget could not cover is still receipted.

@@ -47,6 +47,8 @@ class LoopConfig:
     verdict_key: bytes | None
     tokens_per_step: int
     answer_margin: int
+    repair_attempts: int
+    """Refused proposals (unknown tool, schema, semantics) the model may repair, a step each."""
     """The last steps kept for answering: tool calls are refused in them."""
     """Tokens a model step reserves before the model is called (settled to what it reports)."""
 

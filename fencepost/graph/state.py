@@ -85,6 +85,8 @@ class GraphState(TypedDict, total=False):
     termination: TerminationReason | None
     last_error_code: str | None
     manifests: Annotated[tuple[StepManifest, ...], Appended]
+    repairs: int
+    repair_notes: tuple[str, ...]
     model_failures: int
     stop: StopRequest | None
     report: StopReport | None
@@ -111,7 +113,7 @@ class InputState(TypedDict, total=False):
 
 _FIELDS = tuple(AgentState.model_fields)
 _FIELD_SET = frozenset(_FIELDS)
-_TUPLE_FIELDS = ("observations", "proposals", "batch", "receipts", "manifests")
+_TUPLE_FIELDS = ("observations", "proposals", "batch", "receipts", "manifests", "repair_notes")
 
 
 def start(

@@ -34,6 +34,8 @@ class DecisionInput(Frozen):
     pending_tasks: Annotated[tuple[str, ...], Strict(False)] = ()
     """Task ids the run's tools accepted and no later call has shown done: a final answer now
     cannot end the run ``completed`` (check the tasks' status, or abstain)."""
+    repair: Annotated[tuple[str, ...], Strict(False)] = ()
+    """Why the previous proposal was refused (field paths and rule names): fix it and try again."""
     final_turn: bool = False
     """The step kept for answering: tool calls are refused; answer or abstain with what is known."""
 

@@ -178,6 +178,39 @@ def authorize(spec: ToolSpec, principal: Principal, *, approved: bool = False) -
         raise HumanApprovalRequired(spec.name)
 
 
+def _field_names(model: type[BaseModel]) -> frozenset[str]:
+    names: set[str] = set()
+    stack: list[type[BaseModel]] = [model]
+    seen: set[type[BaseModel]] = set()
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for name, field in current.model_fields.items():
+            names.add(name)
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                stack.append(annotation)
+    return frozenset(names)
+
+
+def schema_problems(spec: ToolSpec, exc: ValidationError, limit: int = 8) -> tuple[str, ...]:
+    """A schema refusal as ``"<field path>: <error type>"`` items. Path parts that are not the
+    schema's own field names (a key the model invented) show as ``*``: nothing the model sent is
+    echoed back."""
+    known = _field_names(spec.args_model)
+    out: list[str] = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        parts = [
+            str(part) if isinstance(part, int) or part in known else "*" for part in error["loc"]
+        ]
+        out.append(f"{'.'.join(parts) or '*'}: {error['type']}")
+        if len(out) == limit:
+            break
+    return tuple(dict.fromkeys(out))
+
+
 def gate_proposal(
     registry: ToolRegistry,
     proposal: ToolProposal,
@@ -195,7 +228,7 @@ def gate_proposal(
     """
     fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
 
-    def verdict(code: VerdictCode) -> Verdict:
+    def verdict(code: VerdictCode, problems: tuple[str, ...] = ()) -> Verdict:
         # Every field is already a checked value: skip re-validating on the hot path.
         return Verdict.model_construct(
             call_id=proposal.call_id,
@@ -203,6 +236,7 @@ def gate_proposal(
             fingerprint=fingerprint,
             code=code,
             seal=None,
+            problems=problems,
         )
 
     try:
@@ -211,12 +245,12 @@ def gate_proposal(
         return verdict(VerdictCode.UNKNOWN_TOOL)
     try:
         args = check_schema(spec, proposal)
-    except ValidationError:
-        return verdict(VerdictCode.SCHEMA_VIOLATION)
+    except ValidationError as exc:
+        return verdict(VerdictCode.SCHEMA_VIOLATION, schema_problems(spec, exc))
     try:
         check_semantics(spec, args, state)
-    except ToolSemanticError:
-        return verdict(VerdictCode.SEMANTIC_VIOLATION)
+    except ToolSemanticError as exc:
+        return verdict(VerdictCode.SEMANTIC_VIOLATION, (f"rule: {exc.rule}",))
     try:
         check_progress(
             spec,

@@ -59,6 +59,11 @@ class AgentState(Frozen):
     termination: Annotated[TerminationReason | None, Strict(False)] = None
     last_error_code: str | None = None
     manifests: Annotated[tuple[StepManifest, ...], Strict(False)] = ()
+    repairs: Annotated[int, Field(ge=0)] = 0
+    """Refused proposals the model was given back to repair (``repair_attempts``)."""
+    repair_notes: Annotated[tuple[str, ...], Strict(False)] = ()
+    """Why the last proposal was refused, shown to the model as data: call ids, field paths and
+    rule names, never values. Cleared once a proposal passes the gate."""
     model_failures: Annotated[int, Field(ge=0)] = 0
     """Retryable model errors in a row; reset by the next decision that arrives."""
     stop: StopRequest | None = None

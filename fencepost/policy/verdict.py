@@ -51,6 +51,9 @@ class Verdict(Frozen):
     fingerprint: str
     """sha256 of tool name and canonical arguments (see :func:`proposal_fingerprint`)."""
     code: Annotated[VerdictCode, Strict(False)]
+    problems: Annotated[tuple[str, ...], Strict(False)] = ()
+    """Why a schema or semantic check refused the call, as field paths and rule names — never
+    the values the model sent (``"query: missing"``, ``"rule: reversed_range_start_end"``)."""
     exhausted_axis: str | None = None
     """With ``budget_exhausted``: the budget axis that could not cover this call."""
     seal: str | None = None

@@ -1,0 +1,67 @@
+"""Optional repair (issue 11): a refused proposal is shown to the model as data — call ids, field
+paths and rule names, never values — and the next step may try again; each try spends a step,
+and when the attempts run out the run ends ``invalid_proposal``. Default 0: the seed's way."""
+
+from __future__ import annotations
+
+import fencepost as fp
+from tests.graph.kit import budget, call, context, final_citing_last, harness, thread
+
+SECRET = "sk-live-canary-4242"
+
+
+def _run(script: list[object], **kw: object) -> tuple[fp.AgentState, object]:
+    h = harness(script, **kw)
+    out = h.graph.invoke(fp.start("q", budget(steps=8, tools=4)), thread(), context=context())
+    return fp.run_output(out), h
+
+
+def test_without_repair_a_schema_violation_ends_the_run_invalid_proposal() -> None:
+    bad = call("search_logs", 1, query=42)
+    state, h = _run([bad, call(n=2), final_citing_last])
+    assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
+    assert h.model.calls == 1  # type: ignore[attr-defined]
+
+
+def test_a_repaired_proposal_runs_and_the_model_saw_field_paths_not_values() -> None:
+    bad = call("search_logs", 1, query=42, injected=SECRET)
+    state, h = _run([bad, call(n=2), final_citing_last], repair_attempts=1)
+    assert state.termination is fp.TerminationReason.COMPLETED
+    shown = h.model.inputs[1].repair  # type: ignore[attr-defined]
+    assert shown and shown[0].startswith("call-0001: schema_violation:")
+    assert "query: int_type" in shown[0] or "query: string_type" in shown[0]
+    assert "*: extra_forbidden" in shown[0]
+    assert all(SECRET not in note and "injected" not in note for note in shown)
+    # Cleared once a proposal passes.
+    assert h.model.inputs[2].repair == ()  # type: ignore[attr-defined]
+    assert state.budget.steps_used == 3
+
+
+def test_an_unknown_tool_can_be_repaired_and_is_named_only_by_its_call_id() -> None:
+    unknown = fp.ToolProposal(call_id="call-0001", tool_name="drop_database", arguments={})
+    state, h = _run([unknown, call(n=2), final_citing_last], repair_attempts=2)
+    assert state.termination is fp.TerminationReason.COMPLETED
+    (note,) = h.model.inputs[1].repair  # type: ignore[attr-defined]
+    assert note.startswith("call-0001: unknown_tool") and "drop_database" not in note
+
+
+def test_when_repair_attempts_run_out_the_run_ends_invalid_proposal() -> None:
+    bad = [call("search_logs", n, query=n) for n in range(1, 6)]
+    state, h = _run(bad, repair_attempts=2)
+    assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
+    assert h.model.calls == 3  # type: ignore[attr-defined]
+    assert state.budget.steps_used == 3
+    assert state.budget.tool_calls_used == 0
+
+
+def test_a_semantic_violation_is_shown_as_its_rule_name() -> None:
+    empty = call("search_logs", 1, query="*")
+    state, h = _run([empty, call(n=2), final_citing_last], repair_attempts=1)
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert h.model.inputs[1].repair == ("call-0001: semantic_violation: rule: empty_query",)  # type: ignore[attr-defined]
+
+
+def test_a_capability_denial_is_never_repairable() -> None:
+    admin = call("admin_reset", 1)
+    state, _ = _run([admin, call(n=2), final_citing_last], repair_attempts=3)
+    assert state.termination is fp.TerminationReason.POLICY_DENIED
