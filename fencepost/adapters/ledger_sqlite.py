@@ -74,7 +74,10 @@ wait, so one of them asks (and gets the lock) in the meantime."""
 
 
 def _is_busy(error: sqlite3.OperationalError) -> bool:
-    return getattr(error, "sqlite_errorcode", None) in _BUSY_CODES
+    """Whether another connection holds a lock: SQLITE_BUSY or SQLITE_LOCKED, extended codes
+    included (SQLITE_BUSY_RECOVERY while another process recovers the WAL, for one)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _BUSY_CODES
 
 
 class _WaitingRoom:

@@ -1,4 +1,4 @@
-"""Durable ledgers are fair under contention and never overspend a shared parent.
+"""Durable ledgers under contention: fair, never overspent, and opened by many at once.
 
 8 spawned processes, each with its own run account under ONE tenant account that can hold only
 half of what they ask for (8 x 50 attempts against a limit of 200), all start at the same instant
@@ -95,3 +95,28 @@ def test_eight_contending_processes_each_get_a_quarter_of_their_fair_share_and_n
     finally:
         assert isinstance(ledger, SqliteLedger | PostgresLedger)
         ledger.close()
+
+
+def _open_and_reserve(path: str, lane: int, start_at: float) -> int:
+    time.sleep(max(0.0, start_at - time.time()))
+    with SqliteLedger(path) as ledger:  # every lane creates, migrates and switches to WAL at once
+        ledger.open_account("run", {"tool_calls": 1000})
+        for i in range(10):
+            ledger.reserve("run", f"lane{lane}-call{i}", {"tool_calls": 1})
+    return lane
+
+
+def test_eight_processes_opening_one_new_sqlite_file_at_once_all_get_a_working_ledger(
+    tmp_path: Path, processes: ProcessPoolExecutor
+) -> None:
+    # While one process recovers or sets up the file, the others see SQLITE_BUSY_RECOVERY and
+    # friends (extended busy codes): each must wait and go on, never fail with "locked".
+    for trial in range(2):
+        path = str(tmp_path / f"ledger-{trial}.db")
+        start_at = time.time() + 0.3
+        futures = [
+            processes.submit(_open_and_reserve, path, lane, start_at) for lane in range(PROCESSES)
+        ]
+        assert sorted(future.result(timeout=120) for future in futures) == list(range(PROCESSES))
+        with SqliteLedger(path) as ledger:
+            assert ledger.balance("run").held == {"tool_calls": 10.0 * PROCESSES}

@@ -1,0 +1,73 @@
+"""Rules only the SQLite backend has: how it waits for another process's lock."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fencepost.adapters import SqliteLedger
+
+# Extended result codes SQLite reports while another connection holds or rebuilds a lock.
+BUSY_RECOVERY = sqlite3.SQLITE_BUSY | (1 << 8)
+BUSY_SNAPSHOT = sqlite3.SQLITE_BUSY | (2 << 8)
+LOCKED_SHAREDCACHE = sqlite3.SQLITE_LOCKED | (1 << 8)
+
+
+class _FlakyConnection:
+    """A real connection whose next ``BEGIN``s fail as if another process held the lock."""
+
+    def __init__(self, real: sqlite3.Connection, codes: list[int]) -> None:
+        self._real = real
+        self.codes = codes
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql.startswith("BEGIN") and self.codes:
+            error = sqlite3.OperationalError("database is locked")
+            error.sqlite_errorcode = self.codes.pop(0)  # type: ignore[attr-defined]
+            raise error
+        return self._real.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+@pytest.fixture
+def flaky(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[SqliteLedger, list[int]]]:
+    codes: list[int] = []
+    real_connect = sqlite3.connect
+    monkeypatch.setattr(
+        sqlite3, "connect", lambda *a, **k: _FlakyConnection(real_connect(*a, **k), codes)
+    )
+    with SqliteLedger(tmp_path / "ledger.db", busy_timeout=5) as ledger:
+        yield ledger, codes
+
+
+@pytest.mark.parametrize(
+    "code", [sqlite3.SQLITE_BUSY, BUSY_RECOVERY, BUSY_SNAPSHOT, LOCKED_SHAREDCACHE]
+)
+def test_a_lock_held_elsewhere_is_waited_out_whatever_its_extended_code(
+    flaky: tuple[SqliteLedger, list[int]], code: int
+) -> None:
+    ledger, codes = flaky
+    ledger.open_account("run", {"tool_calls": 2})
+    codes.extend([code, code, code])
+    assert not ledger.reserve("run", "call-1", {"tool_calls": 1}).existing
+    assert codes == []
+    assert ledger.balance("run").held == {"tool_calls": 1.0}
+
+
+def test_another_database_error_is_raised_not_retried(
+    flaky: tuple[SqliteLedger, list[int]],
+) -> None:
+    ledger, codes = flaky
+    ledger.open_account("run", {})
+    codes.append(sqlite3.SQLITE_IOERR)
+    with pytest.raises(sqlite3.OperationalError):
+        ledger.reserve("run", "call-1", {})
+    assert ledger.get("call-1") is None
