@@ -413,7 +413,7 @@ class ChatModelDecider:
         # run. Never keyed by names a caller or model chooses (run ids, call ids): two tenants
         # sharing a decider and every such name must never see each other's turns.
         self._rendered: OrderedDict[
-            tuple[int, ...], tuple[tuple[object, ...], list[BaseMessage]]
+            int, tuple[Observation, Observation, int, list[BaseMessage]]
         ] = OrderedDict()
         self._bound: tuple[str, Runnable[Any, Any]] | None = None
 
@@ -451,53 +451,87 @@ class ChatModelDecider:
         """
         from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-        out: list[BaseMessage] = [
+        head: list[BaseMessage] = [
             SystemMessage(content=self.system_prompt),
             HumanMessage(content=input.question),
         ]
-        arguments = {p.call_id: p.arguments for p in input.proposals}
+        observations = input.observations
+        reused, count = self._rendered_prefix(observations)
+        # Proposals are recorded beside their observations, one for one: the new ones are the
+        # tail (anything else, as after a state edit, is looked up in full).
+        aligned = len(input.proposals) == len(observations)
+        arguments = {p.call_id: p.arguments for p in input.proposals[count if aligned else 0 :]}
         turns: dict[int, list[Observation]] = {}
-        for obs in input.observations:
+        for obs in observations[count:]:
             turns.setdefault(obs.step, []).append(obs)
+        rendered = list(reused)
         for turn in turns.values():
-            shown = tuple(arguments.get(o.call_id) for o in turn)
-            owners: tuple[object, ...] = (*turn, *shown)
-            cache_key = tuple(id(o) for o in owners)
-            with self._lock:
-                entry = self._rendered.get(cache_key)
-            cached = None
-            if entry is not None and all(a is b for a, b in zip(entry[0], owners, strict=True)):
-                cached = entry[1]
-            if cached is None:
-                cached = [
-                    AIMessage(
-                        content="",
-                        tool_calls=[
-                            {
-                                "type": "tool_call",
-                                "id": obs.call_id,
-                                "name": obs.tool_name,
-                                "args": dict(arguments.get(obs.call_id, {})),
-                            }
-                            for obs in turn
-                        ],
-                    ),
-                    *(
-                        ToolMessage(
-                            content=observation_content(obs),
-                            tool_call_id=obs.call_id,
-                            name=obs.tool_name,
-                            status="success" if obs.kind == "tool_result" else "error",
-                        )
+            rendered.append(
+                AIMessage(
+                    content="",
+                    tool_calls=[
+                        {
+                            "type": "tool_call",
+                            "id": obs.call_id,
+                            "name": obs.tool_name,
+                            "args": dict(arguments.get(obs.call_id, {})),
+                        }
                         for obs in turn
-                    ),
-                ]
-                with self._lock:
-                    self._rendered[cache_key] = (owners, cached)
-                    while len(self._rendered) > self._history_size:
-                        self._rendered.popitem(last=False)
-            out.extend(cached)
-        return out
+                    ],
+                )
+            )
+            rendered.extend(
+                ToolMessage(
+                    content=observation_content(obs),
+                    tool_call_id=obs.call_id,
+                    name=obs.tool_name,
+                    status="success" if obs.kind == "tool_result" else "error",
+                )
+                for obs in turn
+            )
+        if observations:
+            self._remember_prefix(observations, rendered)
+        return head + rendered
+
+    def _rendered_prefix(
+        self, observations: tuple[Observation, ...]
+    ) -> tuple[list[BaseMessage], int]:
+        """The turns already rendered for a prefix of ``observations`` (the same objects, so the
+        same run in this process), and how many observations they cover; ``([], 0)`` if none.
+
+        Keyed by the identity of the first observation object and checked against the last one
+        it covered: never by a run or call id a caller or model chooses. A prefix that ends
+        inside a step's turn (results of one step recorded in two writes) is not reused.
+        """
+        if not observations:
+            return [], 0
+        with self._lock:
+            entry = self._rendered.get(id(observations[0]))
+        if entry is None:
+            return [], 0
+        first, last, count, rendered = entry
+        if (
+            first is not observations[0]
+            or count > len(observations)
+            or observations[count - 1] is not last
+            or (count < len(observations) and observations[count].step == last.step)
+        ):
+            return [], 0
+        return rendered, count
+
+    def _remember_prefix(
+        self, observations: tuple[Observation, ...], rendered: list[BaseMessage]
+    ) -> None:
+        with self._lock:
+            self._rendered[id(observations[0])] = (
+                observations[0],
+                observations[-1],
+                len(observations),
+                rendered,
+            )
+            self._rendered.move_to_end(id(observations[0]))
+            while len(self._rendered) > self._history_size:
+                self._rendered.popitem(last=False)
 
     # the port ---------------------------------------------------------------------------------
 

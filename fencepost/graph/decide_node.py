@@ -42,7 +42,6 @@ from fencepost.policy.run_check import (
     out_of_supersteps,
     stop,
 )
-from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.usage import (
     UsageKind,
     UsageReport,
@@ -85,7 +84,7 @@ def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
         catalog=tuple(cfg.registry.model_catalog()),
         budget=state.budget,
         step=state.step,
-        pending_tasks=tuple(r.task_id for r in pending_tasks(state.receipts) if r.task_id),
+        pending_tasks=state.open_tasks,
         final_turn=final_turn(cfg, state),
         repair=state.repair_notes,
     )
@@ -195,7 +194,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         state,
         outcome,
         require_citations=cfg.require_citations,
-        pending_tasks=tuple(r.task_id or r.call_id for r in pending_tasks(state.receipts)),
+        pending_tasks=state.open_tasks,
         final_turn=final_turn(cfg, asked),
     )
     if isinstance(conclusion, FinalRefused):

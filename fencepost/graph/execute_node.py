@@ -56,7 +56,7 @@ from fencepost.policy.run_check import (
     out_of_supersteps,
     stop,
 )
-from fencepost.policy.tasks import completions
+from fencepost.policy.tasks import completions, open_tasks_after
 
 
 async def run_call(
@@ -213,7 +213,9 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         state.batch,
         cfg.registry,
         ctx.principal,
-        {r.call_id for r in state.receipts},
+        # Only calls of this batch can already hold a receipt (rejected at approval): they are
+        # the most recent ones, so the tail is enough (a forged one can only skip a call).
+        {r.call_id for r in state.receipts[-len(state.batch) :]} if state.batch else set(),
         approval=cfg.approval,
         verdict_key=cfg.verdict_key,
         run_id=state.run_id,
@@ -242,7 +244,11 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     state = reduce_tool_events(state, tuple(o.event for o in done))
     receipts = tuple(receipt_for(o) for o in [*done, *budget_refusals(state.batch)])
     # Accepted work becomes done only on verified evidence from a later call.
-    receipts += completions(state.receipts + receipts, done)
+    completed = completions(state.receipts + receipts, done)
+    receipts += completed
+    open_tasks = open_tasks_after(state.open_tasks, done, completed)
+    if open_tasks != state.open_tasks:
+        state = state.model_copy(update={"open_tasks": open_tasks})
     manifests = [
         manifest(
             state,

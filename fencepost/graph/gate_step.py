@@ -59,9 +59,12 @@ async def gate(
         )
         duplicate = stop(TerminationReason.INVALID_PROPOSAL, "duplicate_call_id")
         return state.model_copy(update={"stop": duplicate}), [m]
-    completed = {
-        r.call_id for r in current_receipts(state.receipts) if r.status is ReceiptStatus.COMPLETED
-    }
+    # Only a batch that names dependencies needs the run's completed calls.
+    completed = (
+        {r.call_id for r in current_receipts(state.receipts) if r.status is ReceiptStatus.COMPLETED}
+        if any(c.depends_on for c in calls)
+        else set()
+    )
     if invalid_dependencies(calls, completed):
         m = manifest(
             state,

@@ -48,6 +48,9 @@ class NodeIO:
     async def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         raise NotImplementedError
 
+    async def release(self, key: str) -> Reservation:
+        raise NotImplementedError
+
     async def close_account(self, account: str, reason: str) -> Balance:
         raise NotImplementedError
 
@@ -81,6 +84,9 @@ class SyncIO(NodeIO):
 
     async def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         return self.ledger.settle(key, actual)
+
+    async def release(self, key: str) -> Reservation:
+        return self.ledger.release(key)
 
     async def close_account(self, account: str, reason: str) -> Balance:
         return self.ledger.close_account(account, reason)
@@ -121,6 +127,9 @@ class AsyncIO(NodeIO):
 
     async def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         return await self.ledger.asettle(key, actual)
+
+    async def release(self, key: str) -> Reservation:
+        return await self.ledger.arelease(key)
 
     async def close_account(self, account: str, reason: str) -> Balance:
         return await self.ledger.aclose_account(account, reason)

@@ -7,6 +7,7 @@ caller's trusted context.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 from langgraph.config import get_config
@@ -160,6 +161,11 @@ async def reserve_or_exhausted(
         if held.balance is not None:
             refused = check_owner(held.balance.owner, ctx)
             if refused is not None:
+                if not held.existing:
+                    # Made on somebody else's account for a caller it refuses: given back, so
+                    # the owner is charged nothing for it.
+                    with contextlib.suppress(LookupError, ValueError):
+                        await io.release(key)
                 return refused
         return held
     return stop_for_unknown_account()

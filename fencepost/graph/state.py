@@ -85,6 +85,7 @@ class GraphState(TypedDict, total=False):
     termination: TerminationReason | None
     last_error_code: str | None
     manifests: Annotated[tuple[StepManifest, ...], Appended]
+    open_tasks: tuple[str, ...]
     repairs: int
     repair_notes: tuple[str, ...]
     model_failures: int
@@ -113,7 +114,15 @@ class InputState(TypedDict, total=False):
 
 _FIELDS = tuple(AgentState.model_fields)
 _FIELD_SET = frozenset(_FIELDS)
-_TUPLE_FIELDS = ("observations", "proposals", "batch", "receipts", "manifests", "repair_notes")
+_TUPLE_FIELDS = (
+    "observations",
+    "proposals",
+    "batch",
+    "receipts",
+    "manifests",
+    "repair_notes",
+    "open_tasks",
+)
 
 
 def start(

@@ -59,6 +59,9 @@ class AgentState(Frozen):
     termination: Annotated[TerminationReason | None, Strict(False)] = None
     last_error_code: str | None = None
     manifests: Annotated[tuple[StepManifest, ...], Strict(False)] = ()
+    open_tasks: Annotated[tuple[str, ...], Strict(False)] = ()
+    """Task ids the run's tools accepted that no later call has shown done (kept so each step
+    knows them without scanning every receipt)."""
     repairs: Annotated[int, Field(ge=0)] = 0
     """Refused proposals the model was given back to repair (``repair_attempts``)."""
     repair_notes: Annotated[tuple[str, ...], Strict(False)] = ()

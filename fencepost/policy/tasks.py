@@ -20,6 +20,8 @@ def completions(
 ) -> tuple[Receipt, ...]:
     """New receipts for accepted tasks that ``outcomes`` carry verified completion evidence for:
     the accepting call's receipt, now ``completed``, naming the call that showed it done."""
+    if not any(o.completes is not None for o in outcomes):
+        return ()
     waiting = {r.task_id: r for r in pending_tasks(receipts) if r.task_id is not None}
     done: list[Receipt] = []
     for outcome in outcomes:
@@ -32,3 +34,12 @@ def completions(
                 )
             )
     return tuple(done)
+
+
+def open_tasks_after(
+    state_open: tuple[str, ...], outcomes: Sequence[CallOutcome], completed: tuple[Receipt, ...]
+) -> tuple[str, ...]:
+    """The open task ids once ``outcomes`` are in: new accepted tasks added, completed removed."""
+    done = {r.task_id for r in completed}
+    added = tuple(o.task_id for o in outcomes if o.task_id is not None)
+    return tuple(t for t in (*state_open, *added) if t not in done)

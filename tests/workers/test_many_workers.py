@@ -399,24 +399,9 @@ def test_approval_on_another_worker_by_another_principal_is_denied_and_runs_noth
     assert workers.effects(spec.run_id) == []
 
 
-OWNER_CHECKED_AFTER_RESERVING = (
-    "fencepost/graph/run_account.py:149-163 (reserve_or_exhausted) commits the reservation "
-    "(io.reserve) before check_owner refuses the caller, and nothing releases it: the intruder's "
-    "approval (approve_node.py:76 reserve_batch) leaves tool_calls=1 and mutations=1 held on the "
-    "owner's account (and its parents) for a call that never ran, while the denied state's view "
-    "says 0. Fix: release the reservation when check_owner refuses and it was not existing "
-    "(or check the owner before reserving)."
-)
-
-
 @pytest.mark.parametrize(
     "rebind",
-    [
-        False,
-        pytest.param(
-            True, marks=pytest.mark.xfail(strict=True, reason=OWNER_CHECKED_AFTER_RESERVING)
-        ),
-    ],
+    [False, True],
     ids=["as_is", "state_rewritten"],
 )
 def test_approval_denied_to_another_principal_charges_the_owners_budget_nothing(
