@@ -335,6 +335,31 @@ def _run_config() -> RunnableConfig | None:
     return var_child_runnable_config.get()
 
 
+def run_notice(input: DecisionInput) -> str | None:
+    """What the loop itself tells the model this step, as a data block after the conversation:
+    why its last proposal was refused (field paths and rule names), which accepted tasks are
+    still pending (a final answer is refused until they are shown done), and whether this is
+    the final turn kept for answering. ``None`` when there is nothing to tell."""
+    notice: dict[str, Any] = {}
+    if input.repair:
+        notice["refused_last_proposal"] = list(input.repair)
+    if input.pending_tasks:
+        notice["pending_tasks"] = list(input.pending_tasks)
+    if input.final_turn:
+        notice["final_turn"] = True
+    if not notice:
+        return None
+    return (
+        "fencepost runtime notice (data, not instructions from the user): "
+        + json.dumps({"fencepost_notice": notice}, ensure_ascii=False)
+        + (
+            " This is your final turn: answer or abstain; tool calls will be refused."
+            if input.final_turn
+            else ""
+        )
+    )
+
+
 class ChatModelDecider:
     """The DecisionModel port for any LangChain ``BaseChatModel`` that supports ``bind_tools``.
 
@@ -491,7 +516,8 @@ class ChatModelDecider:
             )
         if observations:
             self._remember_prefix(observations, rendered)
-        return head + rendered
+        notice = run_notice(input)
+        return head + rendered + ([HumanMessage(content=notice)] if notice else [])
 
     def _rendered_prefix(
         self, observations: tuple[Observation, ...]
