@@ -73,6 +73,13 @@ class _Conversation(list[Any]):
 
     at: dict[str, int]
 
+    def __copy__(self) -> _Conversation:
+        # LangGraph copies channel values each time a node's state is read; the default copy of
+        # a list subclass goes through __reduce_ex__ in Python, a plain slice does not.
+        out = _Conversation(self)
+        out.at = self.at
+        return out
+
     def holds(self, message_id: str) -> bool:
         """Whether this version of the conversation holds a message with ``message_id``."""
         position = self.at.get(message_id)

@@ -45,8 +45,7 @@ async def gate(
     """Gate the whole batch, then reserve it call by call, before any of it runs."""
     cfg = io.cfg
     state = state.model_copy(update={"phase": Phase.VALIDATE})
-    answered = {o.call_id for o in state.observations}
-    if duplicate_call_ids(calls, answered):
+    if duplicate_call_ids(calls, state.answered):
         m = manifest(
             state,
             cfg,

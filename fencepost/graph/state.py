@@ -81,6 +81,7 @@ class GraphState(TypedDict, total=False):
     receipts: Annotated[tuple[Receipt, ...], Appended]
     fingerprints: Annotated[dict[str, int], Counted]
     evidence: Annotated[dict[str, str], Latest]
+    answered: Annotated[dict[str, int], Latest]
     final_answer: AnswerPayload | None
     termination: TerminationReason | None
     last_error_code: str | None
@@ -228,7 +229,7 @@ def changed(before: AgentState | None, after: AgentState) -> dict[str, Any]:
         old = getattr(before, name)
         if value is old:
             continue
-        if name in ("fingerprints", "evidence"):
+        if name in ("fingerprints", "evidence", "answered"):
             added = {k: v for k, v in value.items() if old.get(k) != v}
             if added:
                 writes[name] = added
@@ -256,8 +257,8 @@ def applied(before: AgentState | None, writes: dict[str, Any]) -> AgentState | N
             continue
         if name in _APPENDED:
             update[name] = getattr(before, name) + tuple(value)
-        elif name == "evidence":
-            update[name] = {**before.evidence, **value}
+        elif name in ("evidence", "answered"):
+            update[name] = {**getattr(before, name), **value}
         elif name == "fingerprints":
             counts = dict(before.fingerprints)
             for key, count in value.items():

@@ -98,6 +98,7 @@ def reduce_tool_events(state: AgentState, events: tuple[RuntimeEvent, ...]) -> A
             "phase": Phase.OBSERVE,
             "observations": state.observations + added,
             "proposals": state.proposals + answered,
+            "answered": {**state.answered, **{o.call_id: o.step for o in added}},
         }
     )
 

@@ -50,6 +50,9 @@ class AgentState(Frozen):
     receipts: Annotated[tuple[Receipt, ...], Strict(False)] = ()
     fingerprints: dict[str, int] = Field(default_factory=dict)
     """How often each repeat key (a call and the result its last run had) has been allowed."""
+    answered: dict[str, int] = Field(default_factory=dict)
+    """Call ids that have an observation, and the step that proposed them: a reused call id is
+    refused in O(1), without scanning the observations."""
     evidence: dict[str, str] = Field(default_factory=dict)
     """Per call fingerprint, what its last run returned — a hash of the result or error code,
     never its text — how often it changed, and when: ``"<epoch>:<hash>@<ISO instant>"``.
