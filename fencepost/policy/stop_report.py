@@ -19,7 +19,7 @@ Stopping is not undoing: effects already made are listed whatever the kind.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Literal, Protocol
 
@@ -31,7 +31,7 @@ from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import TerminationReason
-from fencepost.policy.receipt import Receipt, ReceiptStatus
+from fencepost.policy.receipt import Receipt, ReceiptStatus, current_receipts
 from fencepost.policy.verdict import VerdictCode
 
 
@@ -160,15 +160,6 @@ class Ended(Protocol):
     def final_answer(self) -> AnswerPayload | None: ...
 
 
-def latest_receipts(receipts: Iterable[Receipt]) -> tuple[Receipt, ...]:
-    """Each call id's latest receipt, in the order calls were first receipted (a later receipt
-    for the same call, e.g. accepted work shown done, replaces the earlier one)."""
-    latest: dict[str, Receipt] = {}
-    for receipt in receipts:
-        latest[receipt.call_id] = receipt
-    return tuple(latest.values())
-
-
 def _reported(receipt: Receipt) -> ReportedCall:
     return ReportedCall(
         call_id=receipt.call_id,
@@ -197,7 +188,7 @@ def stop_report(state: Ended, *, unfinished: Sequence[BatchEntry] = ()) -> StopR
         raise ValueError("a stop report is made for a run that ended")
     buckets: dict[ReceiptStatus, list[ReportedCall]] = {status: [] for status in ReceiptStatus}
     effects: list[str] = []
-    latest = latest_receipts(state.receipts)
+    latest = current_receipts(state.receipts)
     for receipt in latest:
         buckets[receipt.status].append(_reported(receipt))
         if receipt.effect not in (None, Effect.READ) and receipt.status in _EFFECT_STARTED:
