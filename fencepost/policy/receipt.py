@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated
 
@@ -71,7 +72,7 @@ class Completed(Frozen):
     """Where the finished work is: identifiers and paths, never free text from a provider."""
 
 
-def current_receipts(receipts: tuple[Receipt, ...]) -> tuple[Receipt, ...]:
+def current_receipts(receipts: Iterable[Receipt]) -> tuple[Receipt, ...]:
     """Each call id's latest receipt, in the order the calls were first receipted.
 
     Receipts are append-only: a task completed later gets a new receipt for the call that
