@@ -5,6 +5,11 @@ Everything here is offline and deterministic. The tools read canned data; the mo
 what the first log said). ``fencepost demo`` runs :data:`SCENARIOS` through the real graph against
 a real checkpointer; ``langgraph.json`` serves :data:`graph` to ``langgraph dev``.
 
+Three scenarios use tools beyond the on-call registry (:func:`upload_registry`): a postmortem
+upload that is only *accepted* (task-17) until a status check shows the finished document
+(document-42, version 3, its access path), and an investigation delegated to a sub-agent
+(:func:`child_run_registry`) whose run spends the parent's budget.
+
 Example::
 
     from langgraph.checkpoint.memory import InMemorySaver
@@ -26,15 +31,20 @@ from typing import Annotated, Any, Literal
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from fencepost.adapters.child_run import child_run_tool
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph import RunContext, build_agent_graph, cancel, run_output, start
+from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import (
     AbstainProposal,
+    Accepted,
     AgentState,
     AnswerPayload,
+    Completed,
     Deadline,
     DecisionInput,
     DecisionModel,
@@ -42,6 +52,8 @@ from fencepost.policy import (
     ErrorCode,
     FakeClock,
     FinalProposal,
+    InMemoryLedger,
+    Ledger,
     Observation,
     Principal,
     RuntimeBudget,
@@ -51,6 +63,7 @@ from fencepost.policy import (
     ToolProposal,
     ToolRegistry,
     ToolSemanticError,
+    ToolSpec,
 )
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.tool_decorator import tool
@@ -63,17 +76,28 @@ __all__ = [
     "IncidentTriageModel",
     "Scenario",
     "build_demo_graph",
+    "child_run_registry",
     "demo_context",
     "demo_registry",
     "graph",
     "run_demo",
     "run_scenario",
+    "upload_registry",
 ]
 
 DEMO_TENANT = "acme"
 DEMO_PRINCIPAL = "oncall-ana"
 DEMO_CAPABILITIES = frozenset(
-    {"logs:read", "deploys:read", "db:read", "orders:read", "status:read", "ops:write"}
+    {
+        "logs:read",
+        "deploys:read",
+        "db:read",
+        "orders:read",
+        "status:read",
+        "ops:write",
+        "docs:write",
+        "agents:delegate",
+    }
 )
 """What the demo's on-call engineer may do. ``pii:export`` is deliberately missing."""
 
@@ -236,6 +260,90 @@ def demo_registry() -> ToolRegistry:
             export_customer_emails,
         ]
     )
+
+
+# --- an upload that is only accepted, and the status check that shows it done --------------------
+
+UPLOAD_TASK = "task-17"
+UPLOADED_DOCUMENT = {
+    "document_id": "document-42",
+    "version": "3",
+    "access_path": "/docs/postmortems/document-42/v3",
+}
+"""Where the upload's document ends up: what the status check returns as completion evidence."""
+
+
+@tool(effect=Effect.WRITE, capability="docs:write", timeout=10)
+def upload_postmortem(
+    incident: Annotated[str, Field(min_length=3, max_length=120)], ctx: ToolContext
+) -> Accepted:
+    """Upload an incident's postmortem to the document store; returns a task id."""
+    # The store only queues the upload: a task id is a receipt for work accepted, not work done.
+    return Accepted(task_id=UPLOAD_TASK, detail={"queued_as": ctx.idempotency_key})
+
+
+class UploadStatusArgs(BaseModel):
+    """The arguments of ``upload_status``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    task_id: Annotated[str, Field(pattern=r"^task-\d{1,9}$")]
+
+
+def _upload_status(args: UploadStatusArgs, ctx: ToolContext) -> Completed | dict[str, str]:
+    if args.task_id != UPLOAD_TASK:
+        raise ToolError(ErrorCode.NOT_FOUND)
+    return Completed(task_id=args.task_id, evidence=dict(UPLOADED_DOCUMENT))
+
+
+upload_status = ToolSpec(
+    name="upload_status",
+    description="The status of an upload task; once done, the document id, version and path.",
+    args_model=UploadStatusArgs,
+    effect=Effect.READ,
+    required_capability="docs:write",
+    timeout_seconds=5,
+    execute=_upload_status,
+    # Only a result carrying all three completes the upload's receipt ("done!" alone does not).
+    completion_evidence=("document_id", "version", "access_path"),
+    poll_interval_seconds=60,
+)
+
+
+def upload_registry(ledger: Ledger | None = None) -> ToolRegistry:
+    """The demo registry plus the postmortem upload and its status check (``ledger`` is not needed:
+    it is taken so every scenario's registry is built the same way)."""
+    return ToolRegistry([*demo_registry(), upload_postmortem, upload_status])
+
+
+# --- a sub-agent as a tool ----------------------------------------------------------------------
+
+CHILD_BUDGET = RuntimeBudget(steps_remaining=4, tool_calls_remaining=3)
+"""What one delegated investigation may spend, at most: and never more than the parent has left."""
+CHILD_CAPABILITIES = frozenset({"logs:read", "deploys:read", "db:read"})
+"""What the sub-agent may do: read-only, whatever its caller holds."""
+
+
+def child_run_registry(ledger: Ledger | None = None) -> ToolRegistry:
+    """The demo registry plus ``investigate``: a sub-agent (the incident model, read-only tools)
+    run as a child of the calling run, on ``ledger`` — the parent graph's ledger, so the child's
+    account is opened under the parent run's account."""
+    shared = ledger if ledger is not None else InMemoryLedger()
+    reads = ToolRegistry([search_logs, deployment_history, db_metrics])
+    # The child's own checkpointer: its thread (derived from the parent run and the call id) is
+    # resumed by a retried call instead of starting a second child.
+    child = build_agent_graph(reads, IncidentTriageModel(), ledger=shared).compile(
+        checkpointer=InMemorySaver(serde=fencepost_serializer())
+    )
+    investigate = child_run_tool(
+        child,
+        name="investigate",
+        description="Hand an incident question to an investigation sub-agent (read-only tools).",
+        budget=CHILD_BUDGET,
+        capability="agents:delegate",
+        capabilities=CHILD_CAPABILITIES,
+        ledger=shared,
+    )
+    return ToolRegistry([*demo_registry(), investigate])
 
 
 def demo_context(
@@ -410,8 +518,48 @@ def _slow_model_step(clock: FakeClock, seconds: float, then: ToolProposal) -> Ca
     return decide
 
 
+def _status_of_pending(n: int) -> Callable[[DecisionInput], ToolProposal | AbstainProposal]:
+    # The model is shown, as data, the tasks it started that are not done: it checks the first.
+    def decide(inp: DecisionInput) -> ToolProposal | AbstainProposal:
+        if not inp.pending_tasks:
+            return AbstainProposal(reason="insufficient_evidence")
+        return _call(n, "upload_status", task_id=inp.pending_tasks[0])
+
+    return decide
+
+
+def _answer_from_upload_status(inp: DecisionInput) -> FinalProposal | AbstainProposal:
+    for obs in reversed(_results(inp, "upload_status")):
+        evidence = _result(obs).get("evidence") or {}
+        if evidence.get("document_id"):
+            text = (
+                f"The postmortem is uploaded: {evidence['document_id']}, version "
+                f"{evidence.get('version')}, at {evidence.get('access_path')}."
+            )
+            return FinalProposal(answer=AnswerPayload(text=text, citations=(obs.call_id,)))
+    return AbstainProposal(reason="insufficient_evidence")
+
+
+def _answer_from_child(inp: DecisionInput) -> FinalProposal | AbstainProposal:
+    # The child's result is typed data (a ChildRunResult as JSON), not the child's transcript.
+    for obs in reversed(_results(inp, "investigate")):
+        child = _result(obs)
+        if child.get("termination") == TerminationReason.COMPLETED.value:
+            text = (
+                f"The investigation sub-agent (run {child.get('run_id')}, "
+                f"{len(child.get('receipts') or ())} calls) found: {child.get('final_answer_text')}"
+            )
+            return FinalProposal(answer=AnswerPayload(text=text, citations=(obs.call_id,)))
+    return AbstainProposal(reason="insufficient_evidence")
+
+
 ModelFactory = Callable[[FakeClock], DecisionModel]
+RegistryFactory = Callable[[Ledger], ToolRegistry]
 Resume = Literal["approve", "reject", "cancel"]
+
+
+def _on_call_registry(ledger: Ledger) -> ToolRegistry:
+    return demo_registry()
 
 
 @dataclass(frozen=True)
@@ -433,6 +581,8 @@ class Scenario:
     """How a human answers when the run pauses for approval (``approval="interrupt"`` only)."""
     fake_clock: bool = False
     """Run on a :class:`FakeClock` the model can move (deadline scenarios)."""
+    registry: RegistryFactory = _on_call_registry
+    """Builds the scenario's tools on the run's ledger (a child run's tool needs that ledger)."""
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -585,8 +735,67 @@ SCENARIOS: tuple[Scenario, ...] = (
             [_call(1, "restart_service", service="checkout", reason="operator asked")]
         ),
     ),
+    Scenario(
+        name="upload-verified",
+        title=(
+            "upload returns task-17 (accepted, not done); 'uploaded successfully' is refused; "
+            "status finds document-42, version 3 and its access path: completed"
+        ),
+        question="Upload the postmortem of the checkout incident.",
+        expected=TerminationReason.COMPLETED,
+        approval="interrupt",
+        resume="approve",
+        registry=upload_registry,
+        model=lambda clock: ScriptedDecisionModel(
+            [
+                _call(1, "upload_postmortem", incident="checkout 500s after 2026.11.3"),
+                # A success sentence is not evidence: refused while task-17 is pending.
+                _final_citing_all("The postmortem was uploaded successfully."),
+                _status_of_pending(3),
+                _answer_from_upload_status,
+            ]
+        ),
+    ),
+    Scenario(
+        name="child-run",
+        title=(
+            "the investigation is delegated to a sub-agent whose steps and calls are charged to "
+            "this run's budget; its result comes back typed"
+        ),
+        question="Why is checkout returning 500s since 14:00? Delegate the digging.",
+        expected=TerminationReason.COMPLETED,
+        steps=8,
+        registry=child_run_registry,
+        model=lambda clock: ScriptedDecisionModel(
+            [
+                _call(1, "investigate", question="Why is checkout returning 500s since 14:00?"),
+                _answer_from_child,
+            ]
+        ),
+    ),
+    Scenario(
+        name="upload-budget-stop",
+        title=(
+            "upload accepted (task-17), a log search, then no tool call left for the status "
+            "check: the report lists completed, never started and pending"
+        ),
+        question="Upload the checkout postmortem with the error log excerpt.",
+        expected=TerminationReason.TOOL_BUDGET_EXHAUSTED,
+        tool_calls=2,
+        approval="interrupt",
+        resume="approve",
+        registry=upload_registry,
+        model=lambda clock: ScriptedDecisionModel(
+            [
+                _call(1, "upload_postmortem", incident="checkout 500s after 2026.11.3"),
+                _call(2, "search_logs", service="checkout"),
+                _status_of_pending(3),
+            ]
+        ),
+    ),
 )
-"""One scenario per terminal reason (and three ways to complete)."""
+"""One scenario per terminal reason (and six ways to complete), among them the seed's cases: an
+upload accepted then shown done, a child run, and a budget stop that leaves an upload pending."""
 
 
 # --- running scenarios ----------------------------------------------------------------------------
@@ -631,10 +840,17 @@ def build_demo_graph(
     approval: ApprovalMode = "interrupt",
     clock: FakeClock | None = None,
     checkpointer: BaseCheckpointSaver[Any] | None = None,
+    registry: ToolRegistry | None = None,
+    ledger: Ledger | None = None,
 ) -> Any:
-    """The demo registry and a model, compiled (with ``checkpointer``, if given)."""
+    """The demo registry (or ``registry``) and a model, compiled (with ``checkpointer``, if
+    given). ``ledger`` is the budget truth; pass the one a child run's tool was built on."""
     return build_agent_graph(
-        demo_registry(), model or IncidentTriageModel(), approval=approval, clock=clock
+        registry if registry is not None else demo_registry(),
+        model or IncidentTriageModel(),
+        approval=approval,
+        clock=clock,
+        ledger=ledger,
     ).compile(checkpointer=checkpointer)
 
 
@@ -665,11 +881,14 @@ def run_scenario(
     ``on_pause`` sees the calls a run paused for and the answer the demo is about to give.
     """
     clock = FakeClock() if scenario.fake_clock else None
+    ledger = InMemoryLedger()
     compiled = build_demo_graph(
         scenario.model(clock or FakeClock()),
         approval=scenario.approval,
         clock=clock,
         checkpointer=checkpointer,
+        registry=scenario.registry(ledger),
+        ledger=ledger,
     )
     run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
     config: RunnableConfig = {

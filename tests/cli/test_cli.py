@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
 from typer.testing import CliRunner
 
 import fencepost as fp
 from fencepost import demo as demo_module
 from fencepost import reporting
+from fencepost.adapters.child_run import ChildRunResult
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.cli import app
 from fencepost.demo import SCENARIOS, build_demo_graph, demo_context, demo_registry
@@ -102,6 +104,60 @@ def test_demo_write_pauses_for_approval_then_runs_once(
     restarts = [r for r in shown["receipts"] if r["tool_name"] == "restart_service"]
     assert [(r["status"], r["attempts"]) for r in restarts] == [("completed", 1)]
     assert any(m["outcome"] == "approval_pending" for m in shown["manifests"])
+
+
+def test_demo_upload_is_done_only_when_the_status_shows_the_document(
+    demo_db: tuple[str, dict[str, Any]],
+) -> None:
+    url, result = demo_db
+    run = next(r for r in result["runs"] if r["scenario"] == "upload-verified")
+    assert run["paused_for"] == ["upload_postmortem"]  # a write: approved, then only accepted
+    shown = cli_json("show", run["run_id"], "--db", url)
+    receipts = [
+        (r["call_id"], r["status"], r["task_id"], r["completed_by"]) for r in shown["receipts"]
+    ]
+    assert receipts == [
+        ("call-0001", "accepted_pending", "task-17", None),
+        ("call-0003", "completed", None, None),
+        ("call-0001", "completed", "task-17", "call-0003"),
+    ]
+    # "Uploaded successfully" at step 2 was refused: task-17 was still pending.
+    refused = [m for m in shown["manifests"] if m["code"] == "tasks_pending"]
+    assert [(m["step"], m["outcome"]) for m in refused] == [(2, "denied")]
+    answer = shown["final_answer"]
+    assert "document-42" in answer and "version 3" in answer
+    assert "/docs/postmortems/document-42/v3" in answer
+    assert [c["call_id"] for c in shown["citations"]] == ["call-0003"]
+    assert shown["report"]["effects_made"] == ["call-0001"] and shown["report"]["pending"] == []
+
+
+def test_demo_child_run_spends_the_parents_budget(demo_db: tuple[str, dict[str, Any]]) -> None:
+    url, result = demo_db
+    run = next(r for r in result["runs"] if r["scenario"] == "child-run")
+    shown = cli_json("show", run["run_id"], "--db", url)
+    assert [(r["tool_name"], r["status"]) for r in shown["receipts"]] == [
+        ("investigate", "completed")
+    ]
+    # The parent's own two steps and one call, plus the child's three steps and two calls.
+    assert (run["steps"], run["tool_calls"]) == (5, 3)
+    assert shown["budget"]["steps"] == {"used": 5, "left": 3}
+    assert "sub-agent (run child-" in shown["final_answer"]
+
+
+def test_demo_child_run_comes_back_as_a_typed_result_under_the_parents_account() -> None:
+    scenario = next(s for s in SCENARIOS if s.name == "child-run")
+    run = demo_module.run_scenario(scenario, InMemorySaver(serde=fp.fencepost_serializer()))
+    assert run.termination is fp.TerminationReason.COMPLETED
+    [observation] = [o for o in run.state.observations if o.tool_name == "investigate"]
+    child = ChildRunResult.model_validate(observation.result)
+    assert child.completed and child.termination is fp.TerminationReason.COMPLETED
+    assert [(r.tool_name, r.status) for r in child.receipts] == [
+        ("search_logs", fp.ReceiptStatus.COMPLETED),
+        ("deployment_history", fp.ReceiptStatus.COMPLETED),
+    ]
+    assert (child.budget.steps_used, child.budget.tool_calls_used) == (3, 2)
+    assert child.final_answer_text is not None and "2026.11.3" in child.final_answer_text
+    assert run.state.budget.steps_used == 2 + child.budget.steps_used
 
 
 def test_demo_creates_the_default_database_directory(
@@ -249,7 +305,8 @@ def test_report_counts_reasons_and_summarises_steps_calls_and_budget(
     assert axes["steps"]["runs_limited"] == len(SCENARIOS)
     assert axes["steps"]["used_total"] == sum(steps)
     assert axes["steps"]["runs_exhausted"] == 1  # the step-budget scenario
-    assert axes["tool_calls"]["runs_exhausted"] == 1  # the tool-budget scenario
+    # the tool-budget scenario, and the upload whose status check found no call left
+    assert axes["tool_calls"]["runs_exhausted"] == 2
     assert axes["tokens"]["share_of_limit"] is None  # no demo run limits tokens
     assert report["by_scenario"]["deadline"] == {"deadline_exceeded": 1}
     text = cli("report", "--db", url)
@@ -475,7 +532,8 @@ def test_demo_and_every_reading_command_work_on_postgres(postgres_schema: str) -
     assert [c["tool_name"] for c in shown["citations"]] == ["search_logs", "db_metrics"]
     report = cli_json("report", "--db", postgres_schema)
     assert report["runs"] == len(SCENARIOS)
-    assert report["by_reason"]["completed"] == 4
+    completed = [s for s in SCENARIOS if s.expected is fp.TerminationReason.COMPLETED]
+    assert report["by_reason"]["completed"] == len(completed) == 6
     assert_one_line_error(cli("show", "run-nope", "--db", postgres_schema), "no_such_run")
 
 

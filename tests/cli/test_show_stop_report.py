@@ -57,6 +57,28 @@ def test_show_ends_with_what_a_budget_stop_completed_and_never_started(
     assert [c["call_id"] for c in report["never_started"]] == ["call-0003"]
 
 
+def test_show_reports_an_accepted_upload_as_pending_when_the_budget_stops_the_run(
+    demo_db: tuple[str, dict[str, str]],
+) -> None:
+    text, data = show(demo_db, "upload-budget-stop")
+    block = report_block(text)
+    assert "stopped" in block and "tool_calls_exhausted" in block
+    rows = [line.split() for line in block.splitlines()]
+    assert ["completed", "call-0002", "search_logs"] in rows
+    assert ["pending", "call-0001", "upload_postmortem", "write"] in rows
+    assert ["never", "started", "call-0003", "upload_status", "budget_exhausted"] in rows
+    # Stopping is not undoing: the accepted upload is an effect under way.
+    assert "effects made call-0001" in block
+    report = data["report"]
+    assert report["kind"] == "stopped" and report["reason"] == "tool_budget_exhausted"
+    assert [c["call_id"] for c in report["completed"]] == ["call-0002"]
+    assert [c["call_id"] for c in report["pending"]] == ["call-0001"]
+    assert [(c["call_id"], c["error_code"]) for c in report["never_started"]] == [
+        ("call-0003", "budget_exhausted")
+    ]
+    assert report["effects_made"] == ["call-0001"]
+
+
 def test_show_names_the_one_condition_a_waiting_run_needs(
     demo_db: tuple[str, dict[str, str]],
 ) -> None:
