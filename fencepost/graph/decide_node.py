@@ -42,6 +42,7 @@ from fencepost.policy.run_check import (
     out_of_supersteps,
     stop,
 )
+from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.usage import (
     UsageKind,
     UsageReport,
@@ -194,7 +195,9 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         state,
         outcome,
         require_citations=cfg.require_citations,
-        pending_tasks=state.open_tasks,
+        # What the model was shown is a view; a final answer is judged by the receipts themselves
+        # (append-only: a state edit cannot make accepted work look done).
+        pending_tasks=_pending_if_final(state, outcome),
         final_turn=final_turn(cfg, asked),
     )
     if isinstance(conclusion, FinalRefused):
@@ -229,6 +232,12 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         )
     state, manifests = await gate(io, state, ctx, conclusion, usage)
     return changed(before, recorded(state, runtime, manifests))
+
+
+def _pending_if_final(state: AgentState, outcome: Any) -> tuple[str, ...]:
+    if isinstance(outcome, Decided) and isinstance(outcome.decision, FinalProposal):
+        return tuple(r.task_id or r.call_id for r in pending_tasks(state.receipts))
+    return state.open_tasks
 
 
 def _kind_of(outcome: Decided | InvalidProposal, conclusion: StopRequest) -> tuple[str, str]:

@@ -44,7 +44,7 @@ from fencepost.policy.execution import (
     ran,
     uncertain,
 )
-from fencepost.policy.gating import reservation_amounts
+from fencepost.policy.gating import invalid_dependencies, reservation_amounts
 from fencepost.policy.keys import call_key, started_key
 from fencepost.policy.outcome import CallOutcome, receipt_for
 from fencepost.policy.progress import recorded_evidence
@@ -153,17 +153,26 @@ async def run_batch(
         return [await run_call(cfg, state, ctx, account, entry, spec, seen)]
     gate = asyncio.Semaphore(cfg.max_concurrent_tools)
     loop = asyncio.get_running_loop()
+    # The gate refused impossible dependencies; a batch edited since then is checked again, so a
+    # forged cycle can never leave a call waiting on itself.
+    broken = any(e.proposal.depends_on for e, _ in runnable) and invalid_dependencies(
+        [e.proposal for e, _ in runnable], _completed(state)
+    )
     results: dict[str, asyncio.Future[CallOutcome | StopRequest]] = {
         e.call_id: loop.create_future() for e, _ in runnable
     }
 
     async def bounded(entry: BatchEntry, spec: ToolSpec) -> CallOutcome | StopRequest:
         try:
-            needs = [results[d] for d in entry.proposal.depends_on if d in results]
+            needs = (
+                [] if broken else [results[d] for d in entry.proposal.depends_on if d in results]
+            )
             known = set(results)
             missing = [d for d in entry.proposal.depends_on if d not in known]
             outcomes = [await f for f in needs]
-            if not dependencies_met(outcomes, missing, state):
+            if (broken and entry.proposal.depends_on) or not dependencies_met(
+                outcomes, missing, state
+            ):
                 result: CallOutcome | StopRequest = not_run(
                     entry, spec, ErrorCode.DEPENDENCY_FAILED, ReceiptStatus.DENIED, attempts=0
                 )
@@ -184,14 +193,18 @@ async def run_batch(
     return list(await asyncio.gather(*(bounded(e, s) for e, s in runnable)))
 
 
+def _completed(state: AgentState) -> set[str]:
+    return {
+        r.call_id for r in current_receipts(state.receipts) if r.status is ReceiptStatus.COMPLETED
+    }
+
+
 def dependencies_met(
     outcomes: list[CallOutcome | StopRequest], outside: list[str], state: AgentState
 ) -> bool:
     """Whether every dependency produced a verified result: a completed call of this batch, or
     a call the run completed earlier (the gate allowed no other names)."""
-    earlier = {
-        r.call_id for r in current_receipts(state.receipts) if r.status is ReceiptStatus.COMPLETED
-    }
+    earlier = _completed(state)
     return all(
         isinstance(o, CallOutcome) and o.status is ReceiptStatus.COMPLETED for o in outcomes
     ) and all(d in earlier for d in outside)

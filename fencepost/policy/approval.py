@@ -165,6 +165,7 @@ def apply_approvals(
                     call_id=proposal.call_id,
                     tool_name=proposal.tool_name,
                     arguments=answer.arguments or {},
+                    depends_on=proposal.depends_on,
                 )
             except ValidationError:
                 proposal = proposal.model_copy(update={"arguments": {"__invalid__": True}})

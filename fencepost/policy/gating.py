@@ -42,26 +42,31 @@ def duplicate_call_ids(calls: Sequence[ToolProposal], answered: Collection[str])
 
 def invalid_dependencies(calls: Sequence[ToolProposal], completed: Collection[str]) -> bool:
     """Whether a batch names a dependency it cannot have: itself, a call id that is neither in
-    the batch nor a call completed earlier in the run, or a cycle."""
+    the batch nor a call completed earlier in the run, or a cycle. Linear in calls and edges."""
     ids = {c.call_id for c in calls}
-    edges = {c.call_id: [d for d in c.depends_on if d in ids] for c in calls}
+    dependents: dict[str, list[str]] = {cid: [] for cid in ids}
+    waiting_on: dict[str, int] = {}
     for call in calls:
+        inside = set()
         for dep in call.depends_on:
             if dep == call.call_id or (dep not in ids and dep not in completed):
                 return True
+            if dep in ids:
+                inside.add(dep)
+        waiting_on[call.call_id] = len(inside)
+        for dep in inside:
+            dependents[dep].append(call.call_id)
     # Kahn's algorithm: a cycle leaves calls that never become ready.
-    indegree = {cid: len(deps) for cid, deps in edges.items()}
-    ready = [cid for cid, n in indegree.items() if n == 0]
+    ready = [cid for cid, n in waiting_on.items() if n == 0]
     seen = 0
     while ready:
         done = ready.pop()
         seen += 1
-        for cid, deps in edges.items():
-            if done in deps:
-                indegree[cid] -= deps.count(done)
-                if indegree[cid] == 0:
-                    ready.append(cid)
-    return seen != len(ids)
+        for cid in dependents[done]:
+            waiting_on[cid] -= 1
+            if waiting_on[cid] == 0:
+                ready.append(cid)
+    return seen != len(waiting_on)
 
 
 def gate_batch(

@@ -22,11 +22,16 @@ def completions(
     the accepting call's receipt, now ``completed``, naming the call that showed it done."""
     if not any(o.completes is not None for o in outcomes):
         return ()
-    waiting = {r.task_id: r for r in pending_tasks(receipts) if r.task_id is not None}
+    waiting: dict[str, list[Receipt]] = {}
+    for pending in pending_tasks(receipts):
+        if pending.task_id is not None:
+            waiting.setdefault(pending.task_id, []).append(pending)
     done: list[Receipt] = []
     for outcome in outcomes:
         task = outcome.completes
-        receipt = waiting.pop(task, None) if task is not None else None
+        # One completion completes one accepted call: the earliest still waiting on the task.
+        queue = waiting.get(task) if task is not None else None
+        receipt = queue.pop(0) if queue else None
         if receipt is not None:
             done.append(
                 receipt.model_copy(
@@ -40,6 +45,8 @@ def open_tasks_after(
     state_open: tuple[str, ...], outcomes: Sequence[CallOutcome], completed: tuple[Receipt, ...]
 ) -> tuple[str, ...]:
     """The open task ids once ``outcomes`` are in: new accepted tasks added, completed removed."""
-    done = {r.task_id for r in completed}
-    added = tuple(o.task_id for o in outcomes if o.task_id is not None)
-    return tuple(t for t in (*state_open, *added) if t not in done)
+    left = list((*state_open, *(o.task_id for o in outcomes if o.task_id is not None)))
+    for receipt in completed:
+        if receipt.task_id in left:
+            left.remove(receipt.task_id)  # one completion closes one accepted call
+    return tuple(left)
