@@ -96,31 +96,72 @@ def final_turn(cfg: LoopConfig, state: AgentState) -> bool:
     return state.budget.steps_remaining < cfg.answer_margin
 
 
+class _ModelRaised(Exception):
+    """A BaseException the decision model raised, carried as data off its task."""
+
+    def __init__(self, code: ErrorCode) -> None:
+        super().__init__(code.value)
+        self.code = code
+
+
+async def _contained(cfg: LoopConfig, inp: DecisionInput, deadline: Deadline) -> object:
+    try:
+        return await cfg.model.decide(inp, deadline=deadline)
+    except (KeyboardInterrupt, SystemExit):
+        # asyncio re-raises these two out of the event loop after failing the task: caught
+        # here they are this step's failure, as they are for a tool.
+        raise _ModelRaised(ErrorCode.INTERNAL_ERROR) from None
+
+
 async def ask_model(
     cfg: LoopConfig, state: AgentState, ctx: RunContext
 ) -> Decided | InvalidProposal | StopRequest:
     """Ask the decision model, within the run's deadline and the model's own timeout.
 
-    A model error becomes a stop with its safe code: the error's text never reaches state.
+    The model runs as a task of its own, so whatever it raises — an exception, a
+    ``BaseException``, its own ``CancelledError`` — is this step's failure with a safe code, and
+    a model that ignores its deadline is left behind: its text never reaches state and nothing
+    it raises escapes ``invoke``. Only the caller's own cancellation propagates.
     """
     run_deadline = ctx.deadline or Deadline.after(cfg.model_timeout_seconds, clock=cfg.clock)
     deadline = stage_deadline(
         run_deadline, max_stage_seconds=cfg.model_timeout_seconds, clock=cfg.clock
     )
-    run_deadline_passed = False
+    task = asyncio.ensure_future(_contained(cfg, decision_input(state, cfg), deadline))
     try:
-        raw = await asyncio.wait_for(
-            cfg.model.decide(decision_input(state, cfg), deadline=deadline),
-            timeout=max(0.0, deadline.remaining_seconds(clock=cfg.clock)),
+        done, _ = await asyncio.wait(
+            {task}, timeout=max(0.0, deadline.remaining_seconds(clock=cfg.clock))
         )
-    except InvalidProposal as exc:
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        # A model that swallows its cancellation is not waited for; its late end is dropped.
+        task.add_done_callback(_drop)
+        passed = ctx.deadline is not None and ctx.deadline.expired(clock=cfg.clock)
+        return model_error_stop(ErrorCode.TIMEOUT, run_deadline_passed=passed)
+    if task.cancelled():
+        return model_error_stop(ErrorCode.CANCELLED, run_deadline_passed=False)
+    exc = task.exception()
+    if isinstance(exc, InvalidProposal):
         return exc
-    except TimeoutError:
-        run_deadline_passed = ctx.deadline is not None and ctx.deadline.expired(clock=cfg.clock)
-        return model_error_stop(ErrorCode.TIMEOUT, run_deadline_passed=run_deadline_passed)
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:
-        return model_error_stop(error_code_for(exc), run_deadline_passed=False)
-    return accept_decision(raw)
+    if isinstance(exc, _ModelRaised):
+        return model_error_stop(exc.code, run_deadline_passed=False)
+    if exc is not None:
+        code = error_code_for(exc) if isinstance(exc, Exception) else ErrorCode.INTERNAL_ERROR
+        passed = (
+            code is ErrorCode.TIMEOUT
+            and ctx.deadline is not None
+            and ctx.deadline.expired(clock=cfg.clock)
+        )
+        return model_error_stop(code, run_deadline_passed=passed)
+    return accept_decision(task.result())
+
+
+def _drop(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved, so asyncio never logs it
 
 
 async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
