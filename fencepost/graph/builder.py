@@ -150,6 +150,7 @@ def build_agent_graph(
         tokens_per_step=tokens_per_step,
         answer_margin=answer_margin,
         repair_attempts=repair_attempts,
+        owns_ledger=ledger is None,
     )
     # A mapping context is validated by the nodes, not by LangGraph (see ContextInput).
     graph: StateGraph[Any, Any, Any, Any] = StateGraph(

@@ -48,6 +48,8 @@ class LoopConfig:
     tokens_per_step: int
     answer_margin: int
     repair_attempts: int
+    owns_ledger: bool = False
+    """The ledger is the graph's own (none was passed): runs that end are forgotten from it."""
     """Refused proposals (unknown tool, schema, semantics) the model may repair, a step each."""
     """The last steps kept for answering: tool calls are refused in them."""
     """Tokens a model step reserves before the model is called (settled to what it reports)."""

@@ -14,6 +14,7 @@ from fencepost.graph.run_account import account_of, open_run
 from fencepost.graph.state import changed, load_state, request_from
 from fencepost.policy import (
     AgentState,
+    InMemoryLedger,
     LedgerConflict,
     Phase,
     StopRequest,
@@ -58,8 +59,12 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     # The report needs the batch the run stopped in: terminate() clears it.
     state = state.model_copy(update={"report": stop_report(state, unfinished=current.batch)})
     if ctx is not None and ending.error_code not in _NOT_THIS_RUNS_ACCOUNT:
+        account = account_of(state)
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-            await io.close_account(account_of(state), ending.reason.value)
+            await io.close_account(account, ending.reason.value)
+            if io.cfg.owns_ledger and isinstance(io.ledger, InMemoryLedger):
+                # The graph's own process-local ledger would otherwise keep every ended run.
+                io.ledger.forget(account)
     m = manifest(
         state, io.cfg, ctx, phase=Phase.TERMINAL, outcome="terminal", code=ending.reason.value
     )

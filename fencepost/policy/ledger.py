@@ -398,6 +398,8 @@ class InMemoryLedger(Ledger):
         self._closed: dict[str, str] = {}
         self._held: dict[str, dict[str, float]] = {}
         self._reservations: dict[str, Reservation] = {}
+        self._keys: dict[str, list[str]] = {}
+        """Each account's reservation keys, so a closed account's can be forgotten in O(its own)."""
 
     def open_account(
         self,
@@ -434,6 +436,32 @@ class InMemoryLedger(Ledger):
             self._closed.setdefault(account, reason)
             return self._balance(account)
 
+    def forget(self, account: str) -> int:
+        """Drop a closed account's finished reservations and attempt markers; return how many.
+
+        A process-local ledger otherwise keeps every reservation for its lifetime. What the
+        account holds (its balance, and so its parents') is unchanged; a reservation still
+        outstanding (a call in flight when the account closed) is kept so it can be settled.
+        A graph calls this for the ledger it made itself when none was passed, as a run ends.
+        """
+        with self._lock:
+            if account not in self._closed:
+                return 0
+            kept: list[str] = []
+            dropped = 0
+            for key in self._keys.pop(account, []):
+                stored = self._reservations.get(key)
+                if stored is None:
+                    continue
+                if stored.status is ReservationStatus.RESERVED and any(stored.amounts.values()):
+                    kept.append(key)
+                    continue
+                del self._reservations[key]
+                dropped += 1
+            if kept:
+                self._keys[account] = kept
+            return dropped
+
     def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
         validate_name(account, "account")
         validate_name(key)
@@ -450,6 +478,7 @@ class InMemoryLedger(Ledger):
             self._add_held(chain, clean)
             stored = _reservation(account, key, clean, ReservationStatus.RESERVED)
             self._reservations[key] = stored
+            self._keys.setdefault(account, []).append(key)
             return self._out(stored)
 
     def _out(self, stored: Reservation, *, existing: bool = False) -> Reservation:

@@ -381,3 +381,21 @@ def test_books_never_exceed_a_limit_and_closed_accounts_take_nothing_new_over_an
                 if axis in limits[name]:
                     assert left is not None and left >= 0
                     assert expected <= limits[name][axis]
+
+
+def test_forgetting_a_closed_account_drops_its_finished_reservations_and_keeps_its_books() -> None:
+    ledger = InMemoryLedger()
+    ledger.open_account("tenant", {"tool_calls": 10})
+    ledger.open_account("run-a", {"tool_calls": 5}, parent="tenant")
+    ledger.reserve("run-a", "done", {"tool_calls": 1})
+    ledger.settle("done")
+    ledger.reserve("run-a", "marker", {})
+    ledger.reserve("run-a", "in-flight", {"tool_calls": 1})
+    assert ledger.forget("run-a") == 0  # still open: nothing is forgotten
+    ledger.close_account("run-a", "cancelled")
+    before = (ledger.balance("run-a"), ledger.balance("tenant"))
+    assert ledger.forget("run-a") == 2
+    assert ledger.get("done") is None and ledger.get("marker") is None
+    assert (ledger.balance("run-a"), ledger.balance("tenant")) == before
+    # The call in flight when the account closed can still be settled.
+    assert ledger.settle("in-flight").status is ReservationStatus.SETTLED
