@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench demo clean
+.PHONY: test lint bench fuzz demo clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: lint
 
 bench: $(STAMP)
 	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/python benchmarks/bench.py
+
+# The fuzz suite over the real graph at 10,000 examples (`make test` runs it at 2,000).
+fuzz: $(STAMP)
+	FENCEPOST_FUZZ_EXAMPLES=10000 LANGGRAPH_STRICT_MSGPACK=true $(BIN)/pytest -q tests/fuzz
 
 # Runs every demo scenario through the real graph into .fencepost/runs.db, then prints the table.
 demo: $(STAMP)
