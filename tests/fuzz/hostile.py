@@ -607,11 +607,9 @@ usage_values = st.one_of(
     ),
 )
 
-MODEL_EXCEPTIONS = TOOL_EXCEPTIONS
-SYNC_MODEL_BASE_EXCEPTIONS = ("SystemExit", "KeyboardInterrupt")
-"""What a decision model may raise beyond ``Exception`` and still be contained: only these two,
-and only under a sync ``invoke``/``stream``. Every other ``BaseException`` from a model (and these
-two under ``ainvoke``) escapes: see ``tests/fuzz/test_fuzz_regressions.py`` (strict xfails)."""
+MODEL_EXCEPTIONS = TOOL_EXCEPTIONS + BASE_EXCEPTIONS
+"""What a decision model may raise, ``BaseException`` included: every one is the step's failure
+(the model runs as a task of its own; see ``tests/fuzz/test_fuzz_regressions.py``)."""
 INVALID_CODES = ("malformed_decision", "truncated_stream", "invalid_tool_call")
 
 
@@ -622,7 +620,7 @@ _USAGE_WRAPPED = (fp.ToolProposal, fp.ToolBatch, fp.FinalProposal)
 
 
 def _turn_kinds(sync: bool) -> tuple[tuple[int, st.SearchStrategy[Any]], ...]:
-    raised = MODEL_EXCEPTIONS + (SYNC_MODEL_BASE_EXCEPTIONS if sync else ())
+    raised = MODEL_EXCEPTIONS
     # (weight, strategy): weights, not one_of's own bias, set how often each kind is drawn;
     # the first kind (a call that can run) is what a failing example shrinks towards.
     return (

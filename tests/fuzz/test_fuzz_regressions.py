@@ -1,12 +1,13 @@
-"""What the fuzz suite found, shrunk to its minimal form; each input class is left out of the
-fuzz strategies (``tests/fuzz/hostile.py`` says where) while its strict xfail stands here.
+"""What the fuzz suite found, shrunk to its minimal form. Fixed ones stay as regression tests (and
+their inputs are back in the strategies); one still open upstream is a strict xfail, its input
+left out of the strategies (``tests/fuzz/hostile.py`` says where).
 
 A decision model is user code just as a tool is: whatever it raises must end the run typed
 (issue 9: "nothing escapes invoke"), as a tool's ``BaseException`` already does.
 
-Left out and not pinned: a model raising ``CancelledError`` under ``ainvoke`` (it escapes as
-LangGraph's ``NodeCancelledError``). There it cannot be told from the caller cancelling the task,
-which must re-raise; ``asyncio.current_task().cancelling()`` could tell them apart.
+The model now runs as a task of its own (``decide_node.ask_model``), as a tool does: whatever it
+raises, its own ``CancelledError`` included, is the step's failure; only the caller's own
+cancellation propagates.
 """
 
 from __future__ import annotations
@@ -57,17 +58,10 @@ def test_a_model_raising_system_exit_or_keyboard_interrupt_ends_typed_under_invo
     assert state.last_error_code == "internal_error"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fencepost/graph/decide_node.py ask_model awaits DecisionModel.decide through "
-    "asyncio.wait_for, which runs it as a Task; asyncio re-raises SystemExit/KeyboardInterrupt "
-    "from a Task out of the event loop itself, so the `except (Exception, SystemExit, "
-    "KeyboardInterrupt)` in ask_model never contains them under ainvoke: they escape ainvoke "
-    "(under invoke the shared model loop's thread swallows the loop's re-raise). "
-    "tool_runner._contained is the fix already made for tools",
-)
 @pytest.mark.parametrize(
-    "exc", [SystemExit("x"), KeyboardInterrupt("x")], ids=lambda e: type(e).__name__
+    "exc",
+    [SystemExit("x"), KeyboardInterrupt("x"), asyncio.CancelledError("x")],
+    ids=lambda e: type(e).__name__,
 )
 def test_a_model_raising_system_exit_or_keyboard_interrupt_ends_typed_under_ainvoke(
     exc: BaseException,
@@ -76,14 +70,6 @@ def test_a_model_raising_system_exit_or_keyboard_interrupt_ends_typed_under_ainv
     assert state.termination is fp.TerminationReason.FAILED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fencepost/graph/decide_node.py ask_model catches only Exception, SystemExit and "
-    "KeyboardInterrupt from DecisionModel.decide: any other BaseException (GeneratorExit, an "
-    "application's own BaseException subclass, a BaseExceptionGroup) escapes invoke and "
-    "ainvoke and leaves the thread mid-decide, where the same exception from a tool is that "
-    "call's internal_error (tool_runner/tool_threads)",
-)
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize(
     "exc",
@@ -95,14 +81,6 @@ def test_a_model_raising_any_other_base_exception_ends_typed(exc: BaseException,
     assert state.termination is fp.TerminationReason.FAILED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fencepost/graph/decide_node.py ask_model lets a CancelledError raised by "
-    "DecisionModel.decide itself propagate: under a sync invoke (which no caller can cancel) "
-    "it escapes as concurrent.futures.CancelledError from portal.run_sync_shared, with no "
-    "cancel record and the thread left mid-decide; a tool's own CancelledError is that "
-    "call's failure (tool_runner._task_outcome)",
-)
 def test_a_model_raising_cancelled_error_itself_ends_typed_under_invoke() -> None:
     state = _run(asyncio.CancelledError("x"), "sync")
     assert state.is_terminal
