@@ -8,6 +8,7 @@ from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import END, START, StateGraph
 
 from fencepost.graph.approve_node import approve
+from fencepost.graph.bounded import BoundedStateGraph
 from fencepost.graph.context import ContextInput
 from fencepost.graph.decide_node import decide
 from fencepost.graph.execute_node import execute
@@ -153,7 +154,7 @@ def build_agent_graph(
         owns_ledger=ledger is None,
     )
     # A mapping context is validated by the nodes, not by LangGraph (see ContextInput).
-    graph: StateGraph[Any, Any, Any, Any] = StateGraph(
+    graph: StateGraph[Any, Any, Any, Any] = BoundedStateGraph(
         GraphState, context_schema=ContextInput, input_schema=InputState
     )
     # One body per node, run by the sync or the async path (see fencepost.graph.loop). LangGraph

@@ -484,16 +484,11 @@ def test_a_tiny_recursion_limit_ends_with_a_reason(limit: int, mode: str) -> Non
     assert fp.run_output(out).termination is not None
 
 
-def test_a_recursion_limit_of_one_is_the_documented_graph_recursion_error() -> None:
-    from langgraph.errors import GraphRecursionError
-
+def test_a_recursion_limit_of_one_ends_typed_and_raises_nothing() -> None:
     h = harness([call(n=1), ABSTAIN])
     cfg = {**thread(), "recursion_limit": 1}
-    try:
-        out = h.graph.invoke(fp.start("q", budget()), cfg, context=context())
-    except GraphRecursionError:
-        return
-    assert fp.run_output(out).termination is not None
+    out = h.graph.invoke(fp.start("q", budget()), cfg, context=context())
+    assert fp.run_output(out).termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
 
 
 MALFORMED = [
