@@ -8,7 +8,7 @@ from pydantic import model_validator
 
 from fencepost.policy._model import Frozen
 from fencepost.policy.decision import ToolProposal
-from fencepost.policy.verdict import Verdict, VerdictCode
+from fencepost.policy.verdict import Verdict
 
 
 class BatchEntry(Frozen):
@@ -34,11 +34,6 @@ class BatchEntry(Frozen):
 
 
 Batch = tuple[BatchEntry, ...]
-
-
-def entries_with(batch: Batch, code: VerdictCode) -> list[BatchEntry]:
-    """The entries whose verdict carries ``code``, in proposal order."""
-    return [e for e in batch if e.verdict.code is code]
 
 
 def replace_entries(batch: Batch, changed: Iterable[BatchEntry]) -> Batch:
