@@ -183,3 +183,55 @@ def forge_batch(
         props = {e.call_id: e.proposal for e in current}
         pairs = ((props[v.call_id], v) for v in verdicts)
     return {"batch": tuple(fp.policy.BatchEntry(proposal=p, verdict=v) for p, v in pairs)}
+
+
+class UploadArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+
+
+class StatusArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    task_id: str
+
+
+UPLOAD_DONE = fp.Completed(
+    task_id="task-17",
+    evidence={"document_id": "document-42", "version": "3", "access_path": "/docs/42/v3"},
+)
+"""The seed's evidence: document-42, version 3, and where it is."""
+
+
+def upload_registry(status_result: Any = UPLOAD_DONE) -> fp.ToolRegistry:
+    """The seed's upload: ``upload_document`` accepts task-17; ``upload_status`` returns
+    ``status_result`` and declares the evidence that completes a task."""
+
+    def upload(args: UploadArgs, ctx: fp.ToolContext) -> fp.Accepted:
+        return fp.Accepted(task_id="task-17")
+
+    def status(args: StatusArgs, ctx: fp.ToolContext) -> Any:
+        return status_result
+
+    return fp.ToolRegistry(
+        [
+            fp.ToolSpec(
+                name="upload_document",
+                description="Upload a document; returns a task id.",
+                args_model=UploadArgs,
+                effect=fp.Effect.READ,
+                required_capability="docs:write",
+                timeout_seconds=5,
+                execute=upload,
+            ),
+            fp.ToolSpec(
+                name="upload_status",
+                description="The status of an upload task.",
+                args_model=StatusArgs,
+                effect=fp.Effect.READ,
+                required_capability="docs:write",
+                timeout_seconds=5,
+                execute=status,
+                completion_evidence=("document_id", "version", "access_path"),
+            ),
+        ]
+    )

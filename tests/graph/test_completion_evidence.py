@@ -8,53 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 import fencepost as fp
 from fencepost.policy import Completed
-from tests.graph.kit import context, harness, thread
-
-
-class UploadArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    name: str
-
-
-class StatusArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    task_id: str
-
-
-def _registry(status_result: Any) -> fp.ToolRegistry:
-    def upload(args: UploadArgs, ctx: fp.ToolContext) -> fp.Accepted:
-        return fp.Accepted(task_id="task-17")
-
-    def status(args: StatusArgs, ctx: fp.ToolContext) -> Any:
-        return status_result
-
-    return fp.ToolRegistry(
-        [
-            fp.ToolSpec(
-                name="upload_document",
-                description="Upload a document; returns a task id.",
-                args_model=UploadArgs,
-                effect=fp.Effect.READ,
-                required_capability="docs:write",
-                timeout_seconds=5,
-                execute=upload,
-            ),
-            fp.ToolSpec(
-                name="upload_status",
-                description="The status of an upload task.",
-                args_model=StatusArgs,
-                effect=fp.Effect.READ,
-                required_capability="docs:write",
-                timeout_seconds=5,
-                execute=status,
-                completion_evidence=("document_id", "version", "access_path"),
-            ),
-        ]
-    )
+from tests.graph.kit import UPLOAD_DONE, context, harness, thread, upload_registry
 
 
 def _call(tool: str, n: int, **arguments: Any) -> fp.ToolProposal:
@@ -71,7 +27,7 @@ def _ctx() -> fp.RunContext:
 
 
 def _run(status_result: Any, script: list[Any], steps: int = 6) -> tuple[fp.AgentState, Any]:
-    h = harness(script, registry=_registry(status_result))
+    h = harness(script, registry=upload_registry(status_result))
     out = h.graph.invoke(
         fp.start(
             "Upload the report", fp.RuntimeBudget(steps_remaining=steps, tool_calls_remaining=5)
@@ -82,19 +38,13 @@ def _run(status_result: Any, script: list[Any], steps: int = 6) -> tuple[fp.Agen
     return fp.run_output(out), h
 
 
-DONE = Completed(
-    task_id="task-17",
-    evidence={"document_id": "document-42", "version": "3", "access_path": "/docs/42/v3"},
-)
-
-
 def test_seed_upload_task_17_is_completed_by_document_42_version_3_and_its_access_path() -> None:
     script = [
         _call("upload_document", 1, name="report.pdf"),
         _call("upload_status", 2, task_id="task-17"),
         _final,
     ]
-    state, _ = _run(DONE, script)
+    state, _ = _run(UPLOAD_DONE, script)
     assert state.termination is fp.TerminationReason.COMPLETED
     current = {r.call_id: r for r in fp.policy.current_receipts(state.receipts)}
     assert current["call-0001"].status is fp.ReceiptStatus.COMPLETED
@@ -139,7 +89,7 @@ def test_the_final_turn_refuses_tool_calls_and_a_model_that_answers_there_comple
     read = _call("upload_status", 1, task_id="task-1")
     h = harness(
         [read, read.model_copy(update={"call_id": "call-0002"}), _final],
-        registry=_registry({"state": "idle"}),
+        registry=upload_registry({"state": "idle"}),
         repeat_limit=5,
     )
     out = h.graph.invoke(
@@ -154,7 +104,7 @@ def test_the_final_turn_refuses_tool_calls_and_a_model_that_answers_there_comple
 
 def test_a_model_that_calls_a_tool_in_its_final_turn_ends_step_budget_exhausted() -> None:
     calls = [_call("upload_status", n, task_id=f"task-{n}") for n in range(1, 5)]
-    h = harness(calls, registry=_registry({"state": "idle"}))
+    h = harness(calls, registry=upload_registry({"state": "idle"}))
     out = h.graph.invoke(
         fp.start("q", fp.RuntimeBudget(steps_remaining=3, tool_calls_remaining=5)),
         thread(),

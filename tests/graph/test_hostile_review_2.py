@@ -19,63 +19,20 @@ from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
-from fencepost.policy import Completed
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gating import invalid_dependencies
 from fencepost.policy.tasks import pending_tasks
-from tests.graph.kit import budget, call, context, harness, thread
+from tests.graph.kit import (
+    budget,
+    call,
+    context,
+    harness,
+    thread,
+    upload_registry,
+)
 
 ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
 DOCS = frozenset({"docs:write"})
-
-
-class UploadArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    name: str
-
-
-class StatusArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    task_id: str
-
-
-DONE = Completed(
-    task_id="task-17",
-    evidence={"document_id": "document-42", "version": "3", "access_path": "/docs/42/v3"},
-)
-
-
-def _task_registry(status_result: Any = DONE) -> fp.ToolRegistry:
-    def upload(args: UploadArgs, ctx: fp.ToolContext) -> fp.Accepted:
-        # An upstream whose task ids are not unique per upload (or a re-upload of one task).
-        return fp.Accepted(task_id="task-17")
-
-    def status(args: StatusArgs, ctx: fp.ToolContext) -> Any:
-        return status_result
-
-    return fp.ToolRegistry(
-        [
-            fp.ToolSpec(
-                name="upload_document",
-                description="Upload a document; returns a task id.",
-                args_model=UploadArgs,
-                effect=fp.Effect.READ,
-                required_capability="docs:write",
-                timeout_seconds=5,
-                execute=upload,
-            ),
-            fp.ToolSpec(
-                name="upload_status",
-                description="The status of an upload task.",
-                args_model=StatusArgs,
-                effect=fp.Effect.READ,
-                required_capability="docs:write",
-                timeout_seconds=5,
-                execute=status,
-                completion_evidence=("document_id", "version", "access_path"),
-            ),
-        ]
-    )
 
 
 def _p(tool: str, n: int, depends_on: tuple[str, ...] = (), **arguments: Any) -> fp.ToolProposal:
@@ -124,7 +81,7 @@ def test_one_completion_never_closes_two_accepted_tasks_that_share_a_task_id() -
         _final_citing_all,
         ABSTAIN,
     ]
-    h = harness(script, registry=_task_registry())
+    h = harness(script, registry=upload_registry())
     out = h.graph.invoke(
         fp.start("upload both", budget(steps=6, tools=5)), thread(), context=context(caps=DOCS)
     )
@@ -136,7 +93,7 @@ def test_one_completion_never_closes_two_accepted_tasks_that_share_a_task_id() -
 def test_clearing_open_tasks_in_state_does_not_let_a_final_answer_pass() -> None:
     h = harness(
         [_p("upload_document", 1, name="a.pdf"), _final_citing_all, _final_citing_all, ABSTAIN],
-        registry=_task_registry({"status": "done"}),
+        registry=upload_registry({"status": "done"}),
     )
     config, ctx = thread(), context(caps=DOCS)
     h.graph.invoke(
@@ -151,7 +108,7 @@ def test_clearing_open_tasks_in_state_does_not_let_a_final_answer_pass() -> None
 
 
 def test_a_completed_from_a_tool_declaring_no_completion_evidence_completes_nothing() -> None:
-    reg = _task_registry()
+    reg = upload_registry()
     plain = reg.get("upload_status").model_copy(update={"completion_evidence": ()})
     registry = fp.ToolRegistry([reg.get("upload_document"), plain])
     h = harness(

@@ -8,10 +8,10 @@ edges count.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import fencepost.policy
+from tests.policy.test_layering import imported_modules
 
 PACKAGE = "fencepost.policy"
 POLICY_DIR = Path(fencepost.policy.__file__).parent
@@ -31,22 +31,9 @@ def policy_sources() -> dict[str, tuple[str, bool]]:
 
 
 def imported(source: str, module: str, *, is_package: bool = False) -> set[str]:
-    """Absolute names ``source`` imports (``from a import b`` yields ``a`` and ``a.b``)."""
-    package = module if is_package else module.rsplit(".", 1)[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1])
-                target = f"{base}.{node.module}" if node.module else base
-            else:
-                target = node.module or ""
-            found.add(target)
-            found.update(f"{target}.{alias.name}" for alias in node.names)
-    return found
+    """Absolute names ``source`` imports (``from a import b`` yields ``a`` and ``a.b``): the
+    layering test's reading, with a package's own name as the base of its relative imports."""
+    return imported_modules(source, f"{module}.__init__" if is_package else module)
 
 
 def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
