@@ -421,17 +421,20 @@ async def test_an_async_tool_that_swallows_cancellation_is_abandoned_at_its_dead
             raise RuntimeError(SECRET)
         return "late value"
 
+    # Tasks other tests (or the fuzz suite) left behind on loops that no longer run are not
+    # this test's: only the one it abandons must end and be dropped.
+    earlier = set(tool_runner._abandoned_tasks)
     started = time.monotonic()
     result = await arun_tool(stubborn, timeout=0.05)
     assert result == ToolRun(error=ErrorCode.TIMEOUT, abandoned=True)
     assert time.monotonic() - started < 1.0  # the deadline plus a small grace, not the tool
     gate.set()
     for _ in range(100):
-        if not tool_runner._abandoned_tasks:
+        if not tool_runner._abandoned_tasks - earlier:
             break
         await asyncio.sleep(0.01)
     assert finished == [late]
-    assert not tool_runner._abandoned_tasks
+    assert not tool_runner._abandoned_tasks - earlier
     gc.collect()
     await asyncio.sleep(0)
     assert logged == []  # no "Task exception was never retrieved", nothing recorded
@@ -444,11 +447,13 @@ def test_an_abandoned_async_tool_in_a_sync_invoke_is_dropped_when_it_ends() -> N
         await asyncio.sleep(0.05)
         raise RuntimeError(SECRET)
 
+    earlier = set(tool_runner._abandoned_tasks)  # other tests' leftovers are not this one's
     # On this thread: the task stays on this thread's loop, the only one it can run on.
     assert run(stubborn, timeout=0.05) == ToolRun(error=ErrorCode.TIMEOUT, abandoned=True)
+    assert tool_runner._abandoned_tasks - earlier  # it was left behind...
     # It goes on only while this thread's loop runs again; its late failure is retrieved.
     run_sync(asyncio.sleep(0.2))
-    assert not tool_runner._abandoned_tasks
+    assert not tool_runner._abandoned_tasks - earlier  # ...and dropped once it ended
 
 
 async def test_a_tool_that_honours_cancellation_is_cut_without_being_abandoned() -> None:
