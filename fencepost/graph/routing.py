@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from fencepost.policy import Phase, VerdictCode
+from langgraph.managed import RemainingSteps
+
+# pydantic builds the published JSON schemas from TypedDicts, and on Python < 3.12 it accepts only
+# typing_extensions' TypedDict.
+from typing_extensions import TypedDict
+
+from fencepost.policy import Phase, StopRequest, VerdictCode
+from fencepost.policy.batch import BatchEntry
 from fencepost.policy.run_check import NEEDS_DECIDE, out_of_supersteps
 
 Next = Literal["decide", "approve", "execute", "terminal"]
 
 
-def _after_gate(values: dict[str, Any]) -> Next:
+class RouteView(TypedDict, total=False):
+    """The channels a router reads. LangGraph reads a conditional edge's input from the type of
+    its first parameter: typed as the whole state, each route re-read every channel (the
+    conversation and the records re-applied) at every superstep, for the five fields used."""
+
+    run_id: str
+    phase: Phase
+    stop: StopRequest | None
+    batch: tuple[BatchEntry, ...]
+    remaining_steps: RemainingSteps
+
+
+def _after_gate(values: RouteView) -> Next:
     verdicts = [e.verdict for e in values.get("batch") or ()]
     if any(v.code is VerdictCode.APPROVAL_PENDING for v in verdicts):
         return "approve"
@@ -19,7 +38,7 @@ def _after_gate(values: dict[str, Any]) -> Next:
     return "decide"
 
 
-def route_start(values: dict[str, Any]) -> Next:
+def route_start(values: RouteView) -> Next:
     """Entry: a new run decides; a resumed one continues where its state says it is."""
     if (
         values.get("phase") is Phase.TERMINAL
@@ -33,7 +52,7 @@ def route_start(values: dict[str, Any]) -> Next:
     return _after_gate(values)
 
 
-def route_after_decide(values: dict[str, Any]) -> Next:
+def route_after_decide(values: RouteView) -> Next:
     """After a decision was gated: pause for approval, execute, or end."""
     if values.get("stop") is not None:
         return "terminal"
@@ -43,14 +62,14 @@ def route_after_decide(values: dict[str, Any]) -> Next:
     return _after_gate(values)
 
 
-def route_after_approve(values: dict[str, Any]) -> Next:
+def route_after_approve(values: RouteView) -> Next:
     """After a human answered: run what was approved, or ask the model again."""
     if values.get("stop") is not None:
         return "terminal"
     return _after_gate(values)
 
 
-def route_after_execute(values: dict[str, Any]) -> Next:
+def route_after_execute(values: RouteView) -> Next:
     """After tools ran: back to the model, or end."""
     if values.get("stop") is not None:
         return "terminal"
