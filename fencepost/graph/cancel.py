@@ -37,7 +37,10 @@ def cancel(
     another worker) is refused its next model step or tool and ends ``cancelled`` by itself.
     Then the terminal node writes the durable cancel record. Use it also after cancelling the
     task that ran ``ainvoke``/``astream`` (which re-raises ``CancelledError``). Returns the final
-    state, or ``None`` if nothing ever ran on the thread.
+    state, or ``None`` if nothing ever ran on the thread. LangGraph saves checkpoints in the
+    background by default, so a run that started a moment ago may not show on its thread yet:
+    ``None`` then means nothing was cancelled (call again, or start the run with
+    ``durability="sync"``).
     """
     snapshot = graph.get_state(config)
     if "run_id" not in snapshot.values:

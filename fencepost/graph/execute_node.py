@@ -12,7 +12,6 @@ from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
 from fencepost.graph.node_io import AsyncIO, NodeIO
 from fencepost.graph.run_account import account_of, reserve, reserve_or_exhausted, viewed
 from fencepost.graph.state import changed, require_state
-from fencepost.graph.tool_runner import run_tool
 from fencepost.policy import (
     AgentState,
     Balance,
@@ -60,7 +59,7 @@ from fencepost.policy.tasks import completions, open_tasks_after
 
 
 async def run_call(
-    cfg: LoopConfig,
+    io: NodeIO,
     state: AgentState,
     ctx: RunContext,
     account: str,
@@ -76,7 +75,7 @@ async def run_call(
     so a cancelled run starts no further tool. ``seen`` collects the run account's balance as
     each settlement leaves it (the last one is the state's new budget view).
     """
-    io = AsyncIO(cfg)
+    cfg = io.cfg
     attempt = 1
     while True:
         # Attempt 1 was reserved at the gate: reserving it again is a no-op that returns that
@@ -122,7 +121,7 @@ async def run_call(
         outcome = ran(entry, spec, attempt, error=ErrorCode.INVALID_ARGUMENT)
     else:
         timeout = max(0.0, deadline.remaining_seconds(clock=cfg.clock))
-        result = await run_tool(spec, args, tool_ctx, timeout_seconds=timeout)
+        result = await io.run_tool(spec, args, tool_ctx, timeout_seconds=timeout)
         if result.abandoned and spec.effect is not Effect.READ:
             # A write that ignored its deadline may still land: not known, so not guessed.
             outcome = uncertain(entry, spec, attempt)
@@ -148,9 +147,7 @@ async def run_batch(
     it waits) and runs only if each produced a verified result; otherwise it never starts and
     its receipt says ``dependency_failed``.
     """
-    if len(runnable) == 1 and not runnable[0][0].proposal.depends_on:
-        entry, spec = runnable[0]
-        return [await run_call(cfg, state, ctx, account, entry, spec, seen)]
+    io = AsyncIO(cfg)
     gate = asyncio.Semaphore(cfg.max_concurrent_tools)
     loop = asyncio.get_running_loop()
     # The gate refused impossible dependencies; a batch edited since then is checked again, so a
@@ -183,7 +180,7 @@ async def run_batch(
                         seen.append(freed.balance)
             else:
                 async with gate:
-                    result = await run_call(cfg, state, ctx, account, entry, spec, seen)
+                    result = await run_call(io, state, ctx, account, entry, spec, seen)
         except BaseException:
             results[entry.call_id].cancel()
             raise
@@ -239,7 +236,12 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         account = account_of(state)
         runnable = admission.runnable
         seen: list[Balance] = []
-        results = await io.call(lambda: run_batch(cfg, state, ctx, account, runnable, seen))
+        if len(runnable) == 1 and not runnable[0][0].proposal.depends_on:
+            # One call needs no event loop of its own: the sync graph runs it on its thread.
+            entry, spec = runnable[0]
+            results = [await run_call(io, state, ctx, account, entry, spec, seen)]
+        else:
+            results = await io.call(lambda: run_batch(cfg, state, ctx, account, runnable, seen))
         for (entry, spec), result in zip(admission.runnable, results, strict=True):
             if isinstance(result, StopRequest):
                 claim_stop = claim_stop or result

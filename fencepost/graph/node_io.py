@@ -13,14 +13,14 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 from langgraph.runtime import Runtime
+from pydantic import BaseModel
 
 from fencepost.graph.loop import LoopConfig, Update
 from fencepost.graph.messages import with_messages
-from fencepost.graph.portal import run_sync, run_sync_shared
-from fencepost.policy import (
-    Balance,
-    Reservation,
-)
+from fencepost.graph.model_call import ModelCall, ModelRun, run_model, run_model_blocking
+from fencepost.graph.portal import run_sync
+from fencepost.graph.tool_runner import ToolRun, run_tool, run_tool_blocking
+from fencepost.policy import Balance, Reservation, ToolContext, ToolSpec
 
 T = TypeVar("T")
 
@@ -61,9 +61,15 @@ class NodeIO:
         """Run the tools (``make`` builds the awaitable)."""
         raise NotImplementedError
 
-    async def call_model(self, make: Callable[[], Awaitable[T]]) -> T:
-        """Run the model call (``make`` builds the awaitable)."""
-        return await self.call(make)
+    async def run_model(self, make: ModelCall, timeout: float) -> ModelRun:
+        """Run the model call ``make`` builds, contained (see :mod:`fencepost.graph.model_call`)."""
+        return await run_model(make, timeout)
+
+    async def run_tool(
+        self, spec: ToolSpec, args: BaseModel, ctx: ToolContext, *, timeout_seconds: float
+    ) -> ToolRun:
+        """Run one tool body, contained (see :mod:`fencepost.graph.tool_runner`)."""
+        return await run_tool(spec, args, ctx, timeout_seconds=timeout_seconds)
 
 
 class SyncIO(NodeIO):
@@ -100,13 +106,15 @@ class SyncIO(NodeIO):
 
         return run_sync(wrapped())
 
-    async def call_model(self, make: Callable[[], Awaitable[T]]) -> T:
+    async def run_model(self, make: ModelCall, timeout: float) -> ModelRun:
         # Model clients keep process-wide connection pools bound to one loop: every sync model
         # call goes to the one shared loop, never to a per-thread one (tools do).
-        async def wrapped() -> T:
-            return await make()
+        return run_model_blocking(make, timeout)
 
-        return run_sync_shared(wrapped())
+    async def run_tool(
+        self, spec: ToolSpec, args: BaseModel, ctx: ToolContext, *, timeout_seconds: float
+    ) -> ToolRun:
+        return run_tool_blocking(spec, args, ctx, timeout_seconds=timeout_seconds)
 
 
 class AsyncIO(NodeIO):

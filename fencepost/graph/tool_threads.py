@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import inspect
 import os
 import queue
@@ -18,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fencepost.policy import ErrorCode, error_code_for
@@ -54,14 +56,12 @@ def _returned(value: Any) -> _Outcome:
 
 
 class _Job:
-    """One sync body: run by a worker thread, its outcome delivered to the caller's loop."""
+    """One sync body: run by a worker thread, its outcome handed to the caller by ``notify``
+    (onto the caller's loop, or to a blocked caller's event)."""
 
-    def __init__(
-        self, fn: Callable[[], Any], loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]
-    ) -> None:
+    def __init__(self, fn: Callable[[], Any], notify: Callable[[_Outcome], None]) -> None:
         self.fn = fn
-        self.loop = loop
-        self.future = future
+        self.notify = notify
         self.finished = False
         self.abandoned = False
         self.outcome: _Outcome | None = None
@@ -73,9 +73,32 @@ class _Job:
             outcome = _Outcome(error=_code_for(exc), finished=time.monotonic())
         del self.fn
         self.outcome = outcome  # read by the caller once `finished` is set under the pool's lock
-        # A RuntimeError: the caller's loop is closed, nobody is waiting any more.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(_deliver, self.future, outcome)
+        self.notify(outcome)
+
+
+class LoopJob(_Job):
+    """A job whose caller awaits ``future`` on its event loop."""
+
+    def __init__(self, fn: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future[_Outcome] = loop.create_future()
+        super().__init__(fn, partial(_on_loop, loop, _deliver, self.future))
+
+
+class BlockingJob(_Job):
+    """A job whose caller blocks its thread on ``done`` (the sync graph: no event loop)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.done = threading.Event()
+        super().__init__(fn, self._notified)
+
+    def _notified(self, _: _Outcome) -> None:
+        self.done.set()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    # A RuntimeError: the caller's loop is closed, nobody is waiting any more.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)
 
 
 def _deliver(future: asyncio.Future[Any], outcome: _Outcome) -> None:
@@ -104,6 +127,13 @@ class _Worker:
             job = self.jobs.get() if keep else None
 
 
+class _NoSlot(enum.Enum):
+    FULL = "full"
+    """Abandoned bodies fill the pool: fail fast, do not queue."""
+    WAIT = "wait"
+    """Every thread is busy with a healthy body: wait for one until the deadline."""
+
+
 class _ToolThreads:
     """Threads for sync tool bodies: ``base`` at once, plus one for each abandoned body, never
     more than ``cap`` in all."""
@@ -116,7 +146,7 @@ class _ToolThreads:
         """Bodies in progress, abandoned ones included."""
         self._abandoned = 0
         self._idle: list[_Worker] = []
-        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+        self._waiters: deque[Callable[[], None]] = deque()
 
     def _capacity(self) -> int:
         return min(self.base + self._abandoned, self.cap)
@@ -126,30 +156,69 @@ class _ToolThreads:
         with self._lock:
             return self._running, self._abandoned
 
-    async def start(self, fn: Callable[[], Any], deadline: float) -> _Job | None:
+    def _slot(self, wake: Callable[[], None] | None) -> _Worker | _NoSlot | None:
+        """Take a slot: an idle worker, or None for a new thread. Else say why not; when it is
+        worth waiting, ``wake`` (if given) is called once a slot may have freed up."""
+        with self._lock:
+            if self._running < self._capacity():
+                self._running += 1
+                return self._idle.pop() if self._idle else None
+            if self.base + self._abandoned >= self.cap:
+                return _NoSlot.FULL
+            if wake is not None:
+                self._waiters.append(wake)
+            return _NoSlot.WAIT
+
+    def _stop_waiting(self, wake: Callable[[], None]) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._waiters.remove(wake)
+
+    async def start(self, fn: Callable[[], Any], deadline: float) -> LoopJob | None:
         """Hand ``fn`` to a thread; None when no thread could take it (it never ran)."""
         loop = asyncio.get_running_loop()
-        while True:
-            with self._lock:
-                if self._running < self._capacity():
-                    self._running += 1
-                    worker = self._idle.pop() if self._idle else None
-                    break
-                if self.base + self._abandoned >= self.cap:
-                    return None  # abandoned bodies fill the pool: fail fast, do not queue
-                waiter: asyncio.Future[None] = loop.create_future()
-                self._waiters.append((loop, waiter))
-            remaining = deadline - time.monotonic()
+        slot = self._slot(None)
+        while slot is _NoSlot.WAIT:
+            waiter: asyncio.Future[None] = loop.create_future()
+            wake = partial(_on_loop, loop, _wake, waiter)
+            slot = self._slot(wake)
+            if slot is not _NoSlot.WAIT:
+                break
             try:
+                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
                 await asyncio.wait({waiter}, timeout=remaining)
                 if not waiter.done():
                     return None
             finally:
-                with self._lock, contextlib.suppress(ValueError):
-                    self._waiters.remove((loop, waiter))
-        job = _Job(fn, loop, loop.create_future())
+                self._stop_waiting(wake)
+            slot = self._slot(None)
+        if slot is _NoSlot.FULL:
+            return None
+        job = LoopJob(fn, loop)
+        return job if self._hand(job, slot) else None
+
+    def start_blocking(self, fn: Callable[[], Any], deadline: float) -> BlockingJob | None:
+        """As :meth:`start`, for a caller with no event loop: waits for a slot by blocking."""
+        slot = self._slot(None)
+        while slot is _NoSlot.WAIT:
+            freed = threading.Event()
+            slot = self._slot(freed.set)
+            if slot is not _NoSlot.WAIT:
+                break
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not freed.wait(remaining):
+                    return None
+            finally:
+                self._stop_waiting(freed.set)
+            slot = self._slot(None)
+        if slot is _NoSlot.FULL:
+            return None
+        job = BlockingJob(fn)
+        return job if self._hand(job, slot) else None
+
+    def _hand(self, job: _Job, worker: _Worker | None) -> bool:
         try:
             if worker is None:
                 worker = _Worker(self)
@@ -161,8 +230,8 @@ class _ToolThreads:
             with self._lock:
                 self._running -= 1
             self._wake_all()
-            return None
-        return job
+            return False
+        return True
 
     def abandon(self, job: _Job) -> bool:
         """Leave ``job`` behind: its thread no longer counts against the pool's capacity."""
@@ -190,9 +259,8 @@ class _ToolThreads:
     def _wake_all(self) -> None:
         with self._lock:
             waiters = list(self._waiters)
-        for loop, waiter in waiters:
-            with contextlib.suppress(RuntimeError):  # that caller's loop is closed
-                loop.call_soon_threadsafe(_wake, waiter)
+        for wake in waiters:
+            wake()
 
 
 _threads = _ToolThreads()

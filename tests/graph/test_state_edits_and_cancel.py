@@ -151,7 +151,12 @@ def test_cancel_from_another_thread_stops_the_run_before_its_next_tool() -> None
     runner = threading.Thread(target=run)
     runner.start()
     assert started.wait(5)
-    fp.cancel(h.graph, config, context=ctx)
+    # LangGraph saves checkpoints in the background: until the first one lands, the thread shows
+    # no run and cancel finds nothing to cancel (it returns None, see its docstring).
+    deadline = time.monotonic() + 5
+    while "run_id" not in h.graph.get_state(config).values and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert fp.cancel(h.graph, config, context=ctx) is not None
     ran_at_cancel = len(ran)
     runner.join(10)
     assert not runner.is_alive()
