@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -114,36 +113,31 @@ async def _contained(cfg: LoopConfig, inp: DecisionInput, deadline: Deadline) ->
 
 
 async def ask_model(
-    cfg: LoopConfig, state: AgentState, ctx: RunContext
+    io: NodeIO, state: AgentState, ctx: RunContext
 ) -> Decided | InvalidProposal | StopRequest:
     """Ask the decision model, within the run's deadline and the model's own timeout.
 
-    The model runs as a task of its own, so whatever it raises — an exception, a
-    ``BaseException``, its own ``CancelledError`` — is this step's failure with a safe code, and
-    a model that ignores its deadline is left behind: its text never reaches state and nothing
-    it raises escapes ``invoke``. Only the caller's own cancellation propagates.
+    The model runs as a task of its own (:mod:`fencepost.graph.model_call`), so whatever it
+    raises — an exception, a ``BaseException``, its own ``CancelledError`` — is this step's
+    failure with a safe code, and a model that ignores its deadline is left behind: its text
+    never reaches state and nothing it raises escapes ``invoke``. Only the caller's own
+    cancellation propagates.
     """
+    cfg = io.cfg
     run_deadline = ctx.deadline or Deadline.after(cfg.model_timeout_seconds, clock=cfg.clock)
     deadline = stage_deadline(
         run_deadline, max_stage_seconds=cfg.model_timeout_seconds, clock=cfg.clock
     )
-    task = asyncio.ensure_future(_contained(cfg, decision_input(state, cfg), deadline))
-    try:
-        done, _ = await asyncio.wait(
-            {task}, timeout=max(0.0, deadline.remaining_seconds(clock=cfg.clock))
-        )
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    if not done:
-        task.cancel()
-        # A model that swallows its cancellation is not waited for; its late end is dropped.
-        task.add_done_callback(_drop)
+    inp = decision_input(state, cfg)
+    run = await io.run_model(
+        lambda: _contained(cfg, inp, deadline), deadline.remaining_seconds(clock=cfg.clock)
+    )
+    if not run.finished:
         passed = ctx.deadline is not None and ctx.deadline.expired(clock=cfg.clock)
         return model_error_stop(ErrorCode.TIMEOUT, run_deadline_passed=passed)
-    if task.cancelled():
+    if run.cancelled:
         return model_error_stop(ErrorCode.CANCELLED, run_deadline_passed=False)
-    exc = task.exception()
+    exc = run.error
     if isinstance(exc, InvalidProposal):
         return exc
     if isinstance(exc, _ModelRaised):
@@ -156,12 +150,7 @@ async def ask_model(
             and ctx.deadline.expired(clock=cfg.clock)
         )
         return model_error_stop(code, run_deadline_passed=passed)
-    return accept_decision(task.result())
-
-
-def _drop(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # retrieved, so asyncio never logs it
+    return accept_decision(run.value)
 
 
 async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
@@ -199,7 +188,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
             break
     state = state.model_copy(update={"phase": Phase.DECIDE})
     asked = state
-    outcome = await io.call_model(lambda: ask_model(cfg, asked, ctx))
+    outcome = await ask_model(io, asked, ctx)
     report = (
         usage_report(outcome.input_tokens, outcome.output_tokens, estimate=estimate)
         if isinstance(outcome, Decided)

@@ -60,7 +60,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["run_sync", "run_sync_shared"]
+__all__ = ["run_sync", "run_sync_shared", "shared_loop"]
 
 
 class _Job:
@@ -271,6 +271,12 @@ def _shared_loop() -> _SharedLoop:
                 _parents_shared.append(shared)
             shared = _shared = _SharedLoop()
         return shared
+
+
+def shared_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """The shared model loop and the thread running it (made on first use)."""
+    shared = _shared_loop()
+    return shared.loop, shared.thread
 
 
 def run_sync_shared(coro: Coroutine[Any, Any, T]) -> T:

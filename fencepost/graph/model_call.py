@@ -1,0 +1,121 @@
+"""Run the decision model contained: a task of its own, waited for no longer than its deadline.
+
+Whatever the model does — return, raise any exception or ``BaseException``, raise its own
+``CancelledError``, ignore its deadline — comes back as a :class:`ModelRun`; a model past its
+deadline is cancelled and left behind, its late end retrieved and dropped (never logged, never
+recorded). Only the caller's own cancellation or interruption propagates.
+
+- :func:`run_model` (the async graph): a task on the caller's loop.
+- :func:`run_model_blocking` (the sync graph): a task on the process's shared model loop (see
+  :mod:`fencepost.graph.portal` for why models share one loop), while the calling thread waits
+  on a thread event; no loop runs on the calling thread and no second task wraps the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from fencepost.graph.portal import run_sync, shared_loop
+
+__all__ = ["ModelRun", "run_model", "run_model_blocking"]
+
+ModelCall = Callable[[], Coroutine[Any, Any, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRun:
+    """How one model call ended."""
+
+    finished: bool
+    """False: it did not end before its deadline and was left behind."""
+    cancelled: bool = False
+    """It ended cancelled from inside (nothing here had cancelled it)."""
+    error: BaseException | None = None
+    value: Any = None
+
+
+def _ended(task: asyncio.Future[Any]) -> ModelRun:
+    if task.cancelled():
+        return ModelRun(finished=True, cancelled=True)
+    error = task.exception()  # retrieved here, so a failure is never logged by asyncio
+    if error is not None:
+        return ModelRun(finished=True, error=error)
+    return ModelRun(finished=True, value=task.result())
+
+
+def _drop(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved, so asyncio never logs it
+
+
+async def run_model(make: ModelCall, timeout: float) -> ModelRun:
+    """Run ``make()`` as a task on the running loop; wait at most ``timeout`` seconds."""
+    task = asyncio.ensure_future(make())
+    try:
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        # A model that swallows its cancellation is not waited for; its late end is dropped.
+        task.add_done_callback(_drop)
+        return ModelRun(finished=False)
+    return _ended(task)
+
+
+class _Watched:
+    """A task on another thread's loop, watched from the calling thread."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.run = ModelRun(finished=False)
+        self._lock = threading.Lock()
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled = False
+
+    def start(self, call: Coroutine[Any, Any, Any]) -> None:
+        """On the loop's thread: start the task, unless the caller already gave up."""
+        with self._lock:
+            if self._cancelled:
+                call.close()
+                self.done.set()
+                return
+            self._task = task = asyncio.ensure_future(call)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        self.run = _ended(task)
+        self.done.set()
+
+    def cancel(self) -> None:
+        """From the calling thread: cancel the task; its end is still retrieved and dropped."""
+        with self._lock:
+            self._cancelled = True
+            task = self._task
+        if task is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nothing to cancel
+                task.get_loop().call_soon_threadsafe(task.cancel)
+
+
+def run_model_blocking(make: ModelCall, timeout: float) -> ModelRun:
+    """Run ``make()`` as a task on the shared model loop; block at most ``timeout`` seconds."""
+    loop, thread = shared_loop()
+    if threading.current_thread() is thread:  # a sync graph invoked from a model: re-entrancy
+        return run_sync(run_model(make, timeout))
+    watched = _Watched()
+    loop.call_soon_threadsafe(watched.start, make())
+    try:
+        finished = watched.done.wait(max(0.0, timeout))
+    except BaseException:
+        watched.cancel()  # the caller's own interruption (Ctrl-C while it waits)
+        raise
+    if not finished:
+        watched.cancel()
+        return ModelRun(finished=False)
+    return watched.run
