@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 
 
+# A run's account and each call id are hashed again at every reservation, settlement and marker
+# of the run; the digest is a pure function of its text, so a bounded cache is safe to share.
+@lru_cache(maxsize=4096)
 def _digest(*parts: str) -> str:
     # JSON keeps the parts apart whatever they contain: ("a\x1fb", "c") is not ("a", "b\x1fc").
     joined = json.dumps(parts, ensure_ascii=True)

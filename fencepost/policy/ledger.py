@@ -16,7 +16,7 @@ from typing import Annotated
 
 from pydantic import Field, Strict
 
-from fencepost.policy._model import Frozen
+from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted, reason_for_axis
 
 MAX_NAME_LENGTH = 512
@@ -371,14 +371,18 @@ def _reservation(
     existing: bool = False,
     balance: Balance | None = None,
 ) -> Reservation:
-    """A fresh Reservation (its own ``amounts`` dict)."""
-    return Reservation(
-        account=account,
-        key=key,
-        amounts=dict(amounts),
-        status=status,
-        existing=existing,
-        balance=balance,
+    """A fresh Reservation (its own ``amounts`` dict) of checked values: names validated, amounts
+    cleaned by :func:`validate_amounts`, so it is assembled without validating again."""
+    return assemble(
+        Reservation,
+        {
+            "account": account,
+            "key": key,
+            "amounts": dict(amounts),
+            "status": status,
+            "existing": existing,
+            "balance": balance,
+        },
     )
 
 
@@ -542,13 +546,17 @@ class InMemoryLedger(Ledger):
             return _reservation(stored.account, key, stored.amounts, stored.status)
 
     def _balance(self, account: str) -> Balance:
-        return Balance(
-            account=account,
-            parent=self._parents[account],
-            limits=dict(self._limits[account]),
-            held=dict(self._held[account]),
-            owner=dict(self._owners[account]),
-            closed=self._closed.get(account),
+        # Every value was checked when the account was opened or the amounts reserved.
+        return assemble(
+            Balance,
+            {
+                "account": account,
+                "parent": self._parents[account],
+                "limits": dict(self._limits[account]),
+                "held": dict(self._held[account]),
+                "owner": dict(self._owners[account]),
+                "closed": self._closed.get(account),
+            },
         )
 
     def balance(self, account: str) -> Balance:

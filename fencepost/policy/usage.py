@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, Strict
 
-from fencepost.policy._model import Frozen
+from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.budget import BudgetAxis, RuntimeBudget
 
 MAX_PLAUSIBLE_TOKENS = 10_000_000
@@ -96,6 +96,12 @@ def step_settlement(
 
 
 _INTEGER_AXES = (BudgetAxis.STEPS, BudgetAxis.TOOL_CALLS, BudgetAxis.TOKENS, BudgetAxis.MUTATIONS)
+# Per axis: its ledger name, the view's two field names, and whether it counts whole units.
+_VIEW_FIELDS = tuple(
+    (axis.value, f"{axis.value}_used", f"{axis.value}_remaining", axis in _INTEGER_AXES)
+    for axis in BudgetAxis
+)
+_ALWAYS_LIMITED = ("steps_remaining", "tool_calls_remaining")
 
 
 def budget_view(limits: dict[str, float], held: dict[str, float]) -> RuntimeBudget:
@@ -103,18 +109,21 @@ def budget_view(limits: dict[str, float], held: dict[str, float]) -> RuntimeBudg
 
     State carries this view for the trace and the report; limits are checked by the ledger.
     """
-    fields: dict[str, Any] = {}
-    for axis in BudgetAxis:
-        used = held.get(axis.value, 0.0)
-        limit = limits.get(axis.value)
+    remaining: dict[str, Any] = {}
+    spent: dict[str, Any] = {}
+    for name, used_field, remaining_field, whole in _VIEW_FIELDS:
+        used = held.get(name, 0.0)
+        limit = limits.get(name)
         left = None if limit is None else max(0.0, limit - used)
-        if axis in _INTEGER_AXES:
-            fields[f"{axis.value}_used"] = round(used)
-            fields[f"{axis.value}_remaining"] = None if left is None else round(left)
+        if whole:
+            spent[used_field] = round(used)
+            remaining[remaining_field] = None if left is None else round(left)
         else:
-            fields[f"{axis.value}_used"] = used
-            fields[f"{axis.value}_remaining"] = left
-    for required in ("steps_remaining", "tool_calls_remaining"):
-        if fields[required] is None:
-            fields[required] = 0
-    return RuntimeBudget.model_construct(**fields)
+            spent[used_field] = used
+            remaining[remaining_field] = left
+    for required in _ALWAYS_LIMITED:
+        if remaining[required] is None:
+            remaining[required] = 0
+    # In the order the fields are declared, as validation would have made them.
+    fields = remaining | spent
+    return assemble(RuntimeBudget, fields)

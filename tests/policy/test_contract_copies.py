@@ -1,0 +1,78 @@
+"""The contract types' fast copy and assembly make exactly what pydantic's own would."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import BaseModel, ValidationError
+
+import fencepost as fp
+from fencepost.policy._model import assemble
+from fencepost.policy.budget import BudgetAxis
+from fencepost.policy.ledger import Balance, Reservation, ReservationStatus
+from fencepost.policy.usage import budget_view
+
+amounts = st.dictionaries(
+    st.sampled_from([a.value for a in BudgetAxis]),
+    st.floats(min_value=0, max_value=1e9, allow_nan=False),
+    max_size=5,
+)
+
+
+def _same(a: BaseModel, b: BaseModel) -> None:
+    assert a == b
+    assert type(a) is type(b)
+    assert a.model_fields_set == b.model_fields_set
+    assert list(a.__dict__) == list(b.__dict__)
+    assert a.model_dump() == b.model_dump()
+
+
+@given(steps=st.integers(0, 100), tools=st.integers(0, 100), used=st.integers(0, 100))
+def test_a_copy_of_a_contract_type_is_pydantics_copy(steps: int, tools: int, used: int) -> None:
+    budget = fp.RuntimeBudget(steps_remaining=steps, tool_calls_remaining=tools)
+    update = {"steps_used": used}
+    _same(budget.model_copy(update=update), BaseModel.model_copy(budget, update=update))
+    _same(budget.model_copy(), BaseModel.model_copy(budget))
+    _same(budget.model_copy(deep=True), BaseModel.model_copy(budget, deep=True))
+
+
+def test_a_copy_stays_frozen_and_leaves_the_original_alone() -> None:
+    budget = fp.RuntimeBudget(steps_remaining=3, tool_calls_remaining=2)
+    copy = budget.model_copy(update={"steps_remaining": 1})
+    assert budget.steps_remaining == 3
+    with pytest.raises(ValidationError):
+        copy.steps_remaining = 5  # type: ignore[misc]
+
+
+@given(limits=amounts, held=amounts)
+def test_the_budget_view_is_what_validation_makes(
+    limits: dict[str, float], held: dict[str, float]
+) -> None:
+    view = budget_view(limits, held)
+    _same(view, fp.RuntimeBudget.model_validate(view.model_dump()))
+
+
+@given(limits=amounts, held=amounts)
+def test_an_assembled_ledger_record_is_what_validation_makes(
+    limits: dict[str, float], held: dict[str, float]
+) -> None:
+    values = {
+        "account": "acct",
+        "parent": None,
+        "limits": limits,
+        "held": held,
+        "owner": {"tenant": "t"},
+        "closed": None,
+    }
+    balance = assemble(Balance, dict(values))
+    _same(balance, Balance.model_validate(values))
+    record = {
+        "account": "acct",
+        "key": "k",
+        "amounts": held,
+        "status": ReservationStatus.RESERVED,
+        "existing": False,
+        "balance": balance,
+    }
+    _same(assemble(Reservation, dict(record)), Reservation.model_validate(record))
