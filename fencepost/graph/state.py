@@ -29,6 +29,7 @@ from fencepost.policy import (
 )
 from fencepost.policy._model import Frozen
 from fencepost.policy.batch import BatchEntry
+from fencepost.policy.revised import changes_since
 
 DEFAULT_STEPS = 8
 """Model steps a run may take when its start request names no budget."""
@@ -222,7 +223,12 @@ def changed(before: AgentState | None, after: AgentState) -> dict[str, Any]:
     """The channel writes that turn ``before`` into ``after``: fields that changed, and for the
     append-only record channels only the items added."""
     if before is None:
-        return {name: getattr(after, name) for name in _FIELDS}
+        # Plain dicts: a revised record carries its changes beside it, never into a checkpoint.
+        return {
+            name: dict(value) if isinstance(value, dict) else value
+            for name in _FIELDS
+            for value in (getattr(after, name),)
+        }
     writes: dict[str, Any] = {}
     for name in _FIELDS:
         value = getattr(after, name)
@@ -230,7 +236,7 @@ def changed(before: AgentState | None, after: AgentState) -> dict[str, Any]:
         if value is old:
             continue
         if name in ("fingerprints", "evidence", "answered"):
-            added = {k: v for k, v in value.items() if old.get(k) != v}
+            added = changes_since(old, value)
             if added:
                 writes[name] = added
             continue

@@ -11,6 +11,7 @@ from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import canonical_json, fits_checkpoint
 from fencepost.policy.observation import Observation
 from fencepost.policy.phase import Phase
+from fencepost.policy.revised import revised
 from fencepost.policy.state import AgentState
 
 
@@ -98,7 +99,7 @@ def reduce_tool_events(state: AgentState, events: tuple[RuntimeEvent, ...]) -> A
             "phase": Phase.OBSERVE,
             "observations": state.observations + added,
             "proposals": state.proposals + answered,
-            "answered": {**state.answered, **{o.call_id: o.step for o in added}},
+            "answered": revised(state.answered, {o.call_id: o.step for o in added}),
         }
     )
 

@@ -6,6 +6,7 @@ call that needs approval waits for it; calls the budget cannot cover are marked,
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,6 +19,7 @@ from fencepost.policy.effect import Effect
 from fencepost.policy.gates import gate_proposal
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.revised import revised
 from fencepost.policy.run_check import stop, stop_for_exhausted
 from fencepost.policy.state import AgentState, StopRequest
 from fencepost.policy.tool import Principal, ToolSpec
@@ -84,7 +86,8 @@ def gate_batch(
 
     Repeats count within the batch too: the same call twice in one batch is seen twice.
     """
-    counts = dict(state.fingerprints)
+    # Only the counts this batch raises: read through to the run's own (not copied per step).
+    counts = ChainMap[str, int]({}, state.fingerprints)
     entries: list[BatchEntry] = []
     first_stop: StopRequest | None = None
     for call in calls:
@@ -106,7 +109,11 @@ def gate_batch(
         elif first_stop is None and verdict.termination is not None:
             first_stop = stop(verdict.termination, verdict.code.value)
         entries.append(BatchEntry.model_construct(proposal=call, verdict=verdict))
-    return GatedBatch(batch=tuple(entries), fingerprints=counts, stop=first_stop)
+    return GatedBatch(
+        batch=tuple(entries),
+        fingerprints=revised(state.fingerprints, counts.maps[0]),
+        stop=first_stop,
+    )
 
 
 def reservation_amounts(spec: ToolSpec) -> dict[str, float]:

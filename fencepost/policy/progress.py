@@ -14,6 +14,7 @@ from datetime import datetime
 from fencepost.policy.events import ToolFailed, ToolSucceeded
 from fencepost.policy.fingerprint import canonical_json, proposal_fingerprint
 from fencepost.policy.outcome import CallOutcome
+from fencepost.policy.revised import revised
 from fencepost.policy.state import AgentState
 
 
@@ -68,7 +69,7 @@ def recorded_evidence(
 ) -> dict[str, str]:
     """``state.evidence`` with what ``outcomes`` returned recorded for their calls."""
     calls = {entry.call_id: entry.proposal for entry in state.batch}
-    evidence = dict(state.evidence)
+    evidence: dict[str, str] = {}
     stamp = now.isoformat()
     for outcome in outcomes:
         proposal = calls.get(outcome.call_id)
@@ -77,9 +78,9 @@ def recorded_evidence(
         fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
         digest = result_hash(outcome)
         epoch = 0
-        seen = evidence.get(fingerprint)
+        seen = evidence.get(fingerprint) or state.evidence.get(fingerprint)
         if seen is not None:
             last_epoch, last_digest, _ = _parse(seen)
             epoch = last_epoch if last_digest == digest else last_epoch + 1
         evidence[fingerprint] = f"{epoch}:{digest}@{stamp}"
-    return evidence
+    return revised(state.evidence, evidence)
