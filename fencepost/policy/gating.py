@@ -144,6 +144,8 @@ def after_reservations(
 
     A batch none of which can run ends the run now, with the axis that ran out named.
     """
+    if not refused and verdict_key is None:
+        return batch, None  # nothing to mark, nothing to seal
     out: list[BatchEntry] = []
     for entry in batch:
         verdict: Verdict = entry.verdict
@@ -159,8 +161,9 @@ def after_reservations(
             verdict = seal_verdict(verdict, run_id=run_id, key=verdict_key)
         out.append(entry.with_verdict(verdict) if verdict is not entry.verdict else entry)
     result = tuple(out)
-    runs = any(e.verdict.allowed or e.verdict.code is VerdictCode.APPROVAL_PENDING for e in result)
-    if refused and not runs:
+    if refused and not any(
+        e.verdict.allowed or e.verdict.code is VerdictCode.APPROVAL_PENDING for e in result
+    ):
         first = next(iter(refused.values()))
         return result, stop_for_exhausted(first)
     return result, None
