@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fencepost.graph.portal import run_sync, shared_loop
+from fencepost.graph.tool_threads import _wait_seconds
 
 __all__ = ["ModelRun", "run_model", "run_model_blocking"]
 
@@ -60,6 +61,7 @@ async def run_model(make: ModelCall, timeout: float) -> ModelRun:
         done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))
     except asyncio.CancelledError:
         task.cancel()
+        task.add_done_callback(_drop)  # one that ignores the cancel may still fail, unretrieved
         raise
     if not done:
         task.cancel()
@@ -111,7 +113,7 @@ def run_model_blocking(make: ModelCall, timeout: float) -> ModelRun:
     watched = _Watched()
     loop.call_soon_threadsafe(watched.start, make())
     try:
-        finished = watched.done.wait(max(0.0, timeout))
+        finished = watched.done.wait(_wait_seconds(timeout))
     except BaseException:
         watched.cancel()  # the caller's own interruption (Ctrl-C while it waits)
         raise

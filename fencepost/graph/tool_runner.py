@@ -37,7 +37,7 @@ from pydantic import BaseModel
 
 from fencepost.graph import tool_threads
 from fencepost.graph.portal import run_sync
-from fencepost.graph.tool_threads import _code_for, _Outcome, _returned
+from fencepost.graph.tool_threads import _code_for, _Outcome, _returned, _wait_seconds
 from fencepost.policy import ErrorCode, ToolContext, ToolSpec
 
 __all__ = ["ToolRun", "run_tool", "run_tool_blocking"]
@@ -231,7 +231,7 @@ def _run_sync_body_blocking(
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE)
     try:
-        finished = job.done.wait(max(0.0, deadline - time.monotonic()))
+        finished = job.done.wait(_wait_seconds(deadline - time.monotonic()))
     except BaseException:
         # The caller's own interruption (Ctrl-C while it waits): the body is left behind.
         pool.abandon(job)

@@ -41,6 +41,12 @@ def _code_for(exc: BaseException) -> ErrorCode:
     return error_code_for(exc) if isinstance(exc, Exception) else ErrorCode.INTERNAL_ERROR
 
 
+def _wait_seconds(timeout: float) -> float:
+    """Seconds to block a thread for: a wait past ``threading.TIMEOUT_MAX`` (~292 years) raises
+    ``OverflowError``, where ``asyncio.wait`` takes any timeout."""
+    return min(max(0.0, timeout), threading.TIMEOUT_MAX)
+
+
 def _returned(value: Any) -> _Outcome:
     if inspect.isawaitable(value):
         # A body that hands back an awaitable did not do its work; nothing will ever await it.
@@ -208,7 +214,7 @@ class _ToolThreads:
                 break
             try:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not freed.wait(remaining):
+                if remaining <= 0 or not freed.wait(_wait_seconds(remaining)):
                     return None
             finally:
                 self._stop_waiting(freed.set)
