@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from langgraph._internal._runnable import RunnableCallable
@@ -117,8 +118,9 @@ def build_agent_graph(
         raise GraphConfigError("max_concurrent_tools", "must be an integer >= 1")
     if verdict_key is not None and (not isinstance(verdict_key, bytes) or len(verdict_key) < 16):
         raise GraphConfigError("verdict_key", "must be bytes, at least 16 of them")
-    if not model_timeout_seconds > 0:
-        raise GraphConfigError("model_timeout_seconds", "must be > 0")
+    if not (model_timeout_seconds > 0 and math.isfinite(model_timeout_seconds)):
+        # An infinite timeout has no deadline to compute: it failed at the first model step.
+        raise GraphConfigError("model_timeout_seconds", "must be > 0 and finite")
     if (
         not isinstance(repair_attempts, int)
         or isinstance(repair_attempts, bool)

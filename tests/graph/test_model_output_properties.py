@@ -60,6 +60,8 @@ def test_build_time_config_errors_name_the_field() -> None:
         ({"approval": "sometimes"}, "approval"),
         ({"repeat_limit": 0}, "repeat_limit"),
         ({"model_timeout_seconds": 0}, "model_timeout_seconds"),
+        ({"model_timeout_seconds": float("inf")}, "model_timeout_seconds"),
+        ({"model_timeout_seconds": float("nan")}, "model_timeout_seconds"),
         ({"ledger": object()}, "ledger"),
         ({"max_concurrent_tools": 0}, "max_concurrent_tools"),
         ({"model_retries": -1}, "model_retries"),
