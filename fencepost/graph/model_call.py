@@ -49,7 +49,20 @@ def _ended(task: asyncio.Future[Any]) -> ModelRun:
     return ModelRun(finished=True, value=task.result())
 
 
-def _drop(task: asyncio.Future[Any]) -> None:
+_left_behind: set[asyncio.Future[Any]] = set()
+"""Model tasks cancelled and not waited for, referenced until they end: asyncio holds tasks only
+weakly, and one collected while pending is logged as destroyed."""
+
+
+def _leave_behind(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` without waiting; its late end is retrieved and dropped."""
+    task.cancel()
+    _left_behind.add(task)
+    task.add_done_callback(_forget)
+
+
+def _forget(task: asyncio.Future[Any]) -> None:
+    _left_behind.discard(task)
     if not task.cancelled():
         task.exception()  # retrieved, so asyncio never logs it
 
@@ -60,13 +73,11 @@ async def run_model(make: ModelCall, timeout: float) -> ModelRun:
     try:
         done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))
     except asyncio.CancelledError:
-        task.cancel()
-        task.add_done_callback(_drop)  # one that ignores the cancel may still fail, unretrieved
+        _leave_behind(task)  # one that ignores the cancel may still fail later
         raise
     if not done:
-        task.cancel()
         # A model that swallows its cancellation is not waited for; its late end is dropped.
-        task.add_done_callback(_drop)
+        _leave_behind(task)
         return ModelRun(finished=False)
     return _ended(task)
 
@@ -102,7 +113,7 @@ class _Watched:
             task = self._task
         if task is not None:
             with contextlib.suppress(RuntimeError):  # its loop is closed: nothing to cancel
-                task.get_loop().call_soon_threadsafe(task.cancel)
+                task.get_loop().call_soon_threadsafe(_leave_behind, task)
 
 
 def run_model_blocking(make: ModelCall, timeout: float) -> ModelRun:

@@ -558,3 +558,27 @@ async def test_a_model_left_behind_by_its_callers_cancellation_never_logs_its_la
     gc.collect()
     await asyncio.sleep(0)
     assert logged == []
+
+
+def test_a_model_left_behind_is_kept_until_it_ends_never_logged_as_destroyed_pending(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # asyncio holds tasks weakly: a cancelled model that swallows the cancel and then awaits a
+    # future nobody else references would be collected while pending, and asyncio logs that.
+    async def stubborn() -> str:
+        while True:
+            # A new one each time: cancelling the task cancels the future it awaits.
+            orphan: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            with contextlib.suppress(asyncio.CancelledError):
+                await orphan
+
+    with caplog.at_level(logging.DEBUG):
+        for runner in (
+            lambda: run_model_blocking(stubborn, 0.05),
+            lambda: run_sync_shared(run_model(stubborn, 0.05)),
+        ):
+            assert not finishes(runner).finished
+            for _ in range(3):
+                time.sleep(0.05)
+                gc.collect()
+    assert "destroyed but it is pending" not in caplog.text
