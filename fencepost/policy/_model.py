@@ -30,15 +30,30 @@ class Frozen(BaseModel):
         cls = type(self)
         made = cls.__new__(cls)
         values = self.__dict__.copy()
-        fields_set = set(self.__pydantic_fields_set__)
+        fields_set = self.__pydantic_fields_set__
         if update:
             values.update(update)
-            fields_set.update(update)
+            if not fields_set.issuperset(update):
+                fields_set = fields_set | update.keys()
+        # Shared with the original when unchanged: a frozen model never changes it in place,
+        # and pydantic's own copy copies it (a 25-name set per state copy was most of its size).
         _set(made, "__dict__", values)
         _set(made, "__pydantic_fields_set__", fields_set)
         _set(made, "__pydantic_extra__", None)
         _set(made, "__pydantic_private__", None)
         return made
+
+
+_EVERY_FIELD: dict[type[BaseModel], set[str]] = {}
+
+
+def _every_field(cls: type[BaseModel]) -> set[str]:
+    # One set per type, shared by every instance assembled (never changed in place, as above):
+    # a ledger keeps a record per reservation, and a set of its six names is 700 bytes.
+    names = _EVERY_FIELD.get(cls)
+    if names is None:
+        names = _EVERY_FIELD[cls] = set(cls.model_fields)
+    return names
 
 
 def assemble(cls: type[M], values: dict[str, Any]) -> M:
@@ -48,7 +63,7 @@ def assemble(cls: type[M], values: dict[str, Any]) -> M:
     reservation). ``values`` becomes the instance's own: the caller must not keep it."""
     made = cls.__new__(cls)
     _set(made, "__dict__", values)
-    _set(made, "__pydantic_fields_set__", set(values))
+    _set(made, "__pydantic_fields_set__", _every_field(cls))
     _set(made, "__pydantic_extra__", None)
     _set(made, "__pydantic_private__", None)
     return made

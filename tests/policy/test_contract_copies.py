@@ -76,3 +76,17 @@ def test_an_assembled_ledger_record_is_what_validation_makes(
         "balance": balance,
     }
     _same(assemble(Reservation, dict(record)), Reservation.model_validate(record))
+
+
+def test_copies_sharing_a_field_set_never_change_each_other() -> None:
+    values = {"account": "a", "parent": None, "limits": {}, "held": {}, "owner": {}}
+    first = assemble(Balance, {**values, "closed": None})
+    second = assemble(Balance, {**values, "closed": None})
+    pydantic_copy = BaseModel.model_copy(first, update={"closed": "done"})
+    ours = first.model_copy(update={"closed": "done"})
+    assert pydantic_copy == ours and pydantic_copy.closed == "done"
+    assert first.model_fields_set == second.model_fields_set == set(Balance.model_fields)
+    budget = fp.RuntimeBudget(steps_remaining=1, tool_calls_remaining=1)
+    widened = budget.model_copy(update={"steps_used": 1})
+    assert "steps_used" in widened.model_fields_set
+    assert "steps_used" not in budget.model_fields_set
