@@ -478,14 +478,7 @@ def test_a_forked_child_runs_sync_invoke_on_a_pool_and_a_model_loop_of_its_own()
                 status = 0
         finally:
             os._exit(status)
-    end = time.monotonic() + 15
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.monotonic() > end:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung")
-        time.sleep(0.01)
-    assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0
+    isolation.assert_child_succeeded(pid)
     assert finishes(_one_call(fine).run).observations[0].result == "ok"
 
 

@@ -114,6 +114,18 @@ def wait_until(predicate: Callable[[], bool], within: float = 5.0) -> None:
         time.sleep(0.005)
 
 
+def assert_child_succeeded(pid: int, within: float = 15.0) -> None:
+    """Wait for forked child ``pid``; fail if it hangs (killed) or exits non-zero."""
+    end = time.monotonic() + within
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > end:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.01)
+    assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0
+
+
 class Escape(BaseException):
     """An application's own BaseException."""
 
@@ -230,14 +242,7 @@ def test_a_forked_child_builds_its_own_loops_and_the_parent_keeps_working() -> N
         finally:
             os._exit(status)
 
-    end = time.monotonic() + 15
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.monotonic() > end:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung")
-        time.sleep(0.01)
-    assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0
+    assert_child_succeeded(pid)
     # The child never closed its copies of the parent's loops: the server thread's loop is
     # still woken by a tool thread's result (a closed copy unregisters the parent's wake-up).
     requests.put(ok)
