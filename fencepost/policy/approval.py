@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import JsonValue, ValidationError
 
-from fencepost.policy._model import Frozen
+from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.batch import Batch, BatchEntry, replace_entries
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.effect import Effect
@@ -184,7 +184,7 @@ def apply_approvals(
             counts[key] = counts.get(key, 0) + 1
         elif first_stop is None and verdict.termination is not None:
             first_stop = stop(verdict.termination, verdict.code.value)
-        changed.append(BatchEntry.model_construct(proposal=proposal, verdict=verdict))
+        changed.append(assemble(BatchEntry, {"proposal": proposal, "verdict": verdict}))
     return ApprovalResult(
         batch=replace_entries(state.batch, changed),
         fingerprints=counts,

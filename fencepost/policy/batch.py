@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from pydantic import model_validator
 
-from fencepost.policy._model import Frozen
+from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.verdict import Verdict
 
@@ -30,7 +30,7 @@ class BatchEntry(Frozen):
 
     def with_verdict(self, verdict: Verdict) -> BatchEntry:
         """This entry with a new verdict for the same call."""
-        return BatchEntry.model_construct(proposal=self.proposal, verdict=verdict)
+        return assemble(BatchEntry, {"proposal": self.proposal, "verdict": verdict})
 
 
 Batch = tuple[BatchEntry, ...]

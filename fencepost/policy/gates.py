@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from fencepost.policy._model import assemble
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.fingerprint import canonical_json, proposal_fingerprint
 from fencepost.policy.progress import last_run_at, repeat_key
@@ -230,13 +231,17 @@ def gate_proposal(
 
     def verdict(code: VerdictCode, problems: tuple[str, ...] = ()) -> Verdict:
         # Every field is already a checked value: skip re-validating on the hot path.
-        return Verdict.model_construct(
-            call_id=proposal.call_id,
-            tool_name=proposal.tool_name,
-            fingerprint=fingerprint,
-            code=code,
-            seal=None,
-            problems=problems,
+        return assemble(
+            Verdict,
+            {
+                "call_id": proposal.call_id,
+                "tool_name": proposal.tool_name,
+                "fingerprint": fingerprint,
+                "code": code,
+                "problems": problems,
+                "exhausted_axis": None,
+                "seal": None,
+            },
         )
 
     try:

@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from fencepost.policy._model import assemble
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted
@@ -108,7 +109,7 @@ def gate_batch(
             counts[key] = counts.get(key, 0) + 1
         elif first_stop is None and verdict.termination is not None:
             first_stop = stop(verdict.termination, verdict.code.value)
-        entries.append(BatchEntry.model_construct(proposal=call, verdict=verdict))
+        entries.append(assemble(BatchEntry, {"proposal": call, "verdict": verdict}))
     return GatedBatch(
         batch=tuple(entries),
         fingerprints=revised(state.fingerprints, counts.maps[0]),
