@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fencepost.graph.portal import run_sync, shared_loop
+from fencepost.graph.timed_wait import within
 from fencepost.graph.tool_threads import _wait_seconds
 
 __all__ = ["ModelRun", "run_model", "run_model_blocking"]
@@ -71,7 +72,7 @@ async def run_model(make: ModelCall, timeout: float) -> ModelRun:
     """Run ``make()`` as a task on the running loop; wait at most ``timeout`` seconds."""
     task = asyncio.ensure_future(make())
     try:
-        done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))
+        done = await within(task, timeout)
     except asyncio.CancelledError:
         _leave_behind(task)  # one that ignores the cancel may still fail later
         raise

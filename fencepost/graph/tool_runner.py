@@ -37,6 +37,7 @@ from pydantic import BaseModel
 
 from fencepost.graph import tool_threads
 from fencepost.graph.portal import run_sync
+from fencepost.graph.timed_wait import within
 from fencepost.graph.tool_threads import _code_for, _Outcome, _returned, _wait_seconds
 from fencepost.policy import ErrorCode, ToolContext, ToolSpec
 
@@ -134,11 +135,11 @@ def _task_outcome(task: asyncio.Task[Any]) -> _Outcome:
 async def _run_async(spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline: float) -> ToolRun:
     task = asyncio.ensure_future(_contained(spec.execute, args, ctx))
     try:
-        await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
+        await within(task, deadline - time.monotonic())
         if task.done():
             return _result(_task_outcome(task), deadline)
         task.cancel()
-        await asyncio.wait({task}, timeout=_CANCEL_GRACE_SECONDS)
+        await within(task, _CANCEL_GRACE_SECONDS)
     except asyncio.CancelledError:
         # The caller's own cancellation: the body is cancelled too and never waited for.
         task.cancel()
@@ -161,7 +162,7 @@ async def _run_sync_body(
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE)
     try:
-        await asyncio.wait({job.future}, timeout=max(0.0, deadline - time.monotonic()))
+        await within(job.future, deadline - time.monotonic())
     except asyncio.CancelledError:
         pool.abandon(job)
         raise

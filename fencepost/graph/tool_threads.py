@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from fencepost.graph.timed_wait import within
 from fencepost.policy import ErrorCode, error_code_for
 
 _BASE_THREADS = 32
@@ -193,7 +194,7 @@ class _ToolThreads:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                await asyncio.wait({waiter}, timeout=remaining)
+                await within(waiter, remaining)
                 if not waiter.done():
                     return None
             finally:
