@@ -176,9 +176,17 @@ class _ToolThreads:
                 self._waiters.append(wake)
             return _NoSlot.WAIT
 
-    def _stop_waiting(self, wake: Callable[[], None]) -> None:
-        with self._lock, contextlib.suppress(ValueError):
-            self._waiters.remove(wake)
+    def _stop_waiting(self, wake: Callable[[], None], *, woken: bool) -> None:
+        """A waiter leaves the queue. One that was woken for a slot and gives up anyway (its
+        deadline, its cancellation) passes the wake-up on, so a free slot never goes unclaimed."""
+        with self._lock:
+            try:
+                self._waiters.remove(wake)
+                return  # never woken
+            except ValueError:
+                pass
+        if not woken:
+            self._wake_one()
 
     async def start(self, fn: Callable[[], Any], deadline: float) -> LoopJob | None:
         """Hand ``fn`` to a thread; None when no thread could take it (it never ran)."""
@@ -190,15 +198,14 @@ class _ToolThreads:
             slot = self._slot(wake)
             if slot is not _NoSlot.WAIT:
                 break
+            woken = False
             try:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                await within(waiter, remaining)
-                if not waiter.done():
-                    return None
+                woken = remaining > 0 and await within(waiter, remaining)
             finally:
-                self._stop_waiting(wake)
+                self._stop_waiting(wake, woken=woken)
+            if not woken:
+                return None
             slot = self._slot(None)
         if slot is _NoSlot.FULL:
             return None
@@ -213,12 +220,14 @@ class _ToolThreads:
             slot = self._slot(freed.set)
             if slot is not _NoSlot.WAIT:
                 break
+            woken = False
             try:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not freed.wait(_wait_seconds(remaining)):
-                    return None
+                woken = remaining > 0 and freed.wait(_wait_seconds(remaining))
             finally:
-                self._stop_waiting(freed.set)
+                self._stop_waiting(freed.set, woken=woken)
+            if not woken:
+                return None
             slot = self._slot(None)
         if slot is _NoSlot.FULL:
             return None
@@ -236,7 +245,7 @@ class _ToolThreads:
         except BaseException:  # no thread could be started: give the slot back
             with self._lock:
                 self._running -= 1
-            self._wake_all()
+            self._wake_one()
             return False
         return True
 
@@ -247,7 +256,7 @@ class _ToolThreads:
                 return False
             job.abandoned = True
             self._abandoned += 1
-        self._wake_all()
+        self._wake_one()
         return True
 
     def _finished(self, worker: _Worker, job: _Job) -> bool:
@@ -260,13 +269,16 @@ class _ToolThreads:
             keep = len(self._idle) < self.base
             if keep:
                 self._idle.append(worker)
-        self._wake_all()
+        self._wake_one()
         return keep
 
-    def _wake_all(self) -> None:
+    def _wake_one(self) -> None:
+        # One slot freed, one waiter woken, first come first served: waking every waiter for
+        # each freed slot cost O(waiters) per tool call, and with 1,000 runs in flight the loop
+        # spent so long on wake-ups that calls missed their deadline waiting (~5% unavailable).
         with self._lock:
-            waiters = list(self._waiters)
-        for wake in waiters:
+            wake = self._waiters.popleft() if self._waiters else None
+        if wake is not None:
             wake()
 
 

@@ -575,3 +575,31 @@ def test_a_model_left_behind_is_kept_until_it_ends_never_logged_as_destroyed_pen
                 time.sleep(0.05)
                 gc.collect()
     assert "destroyed but it is pending" not in caplog.text
+
+
+def test_a_freed_thread_wakes_one_waiter_and_one_that_gives_up_passes_it_on(
+    small_pool: tool_threads._ToolThreads, release: threading.Event
+) -> None:
+    # Waking every waiter for each freed thread cost O(waiters) per call: with 1,000 runs in
+    # flight calls missed their deadlines waiting (~5% unavailable). One waiter is woken, in
+    # arrival order; one that gives up after its wake-up hands it to the next, so a free thread
+    # is never left unclaimed while calls wait.
+    for _ in range(small_pool.base):
+        threading.Thread(
+            target=run_tool_blocking,
+            args=(spec(lambda _, __: release.wait(10)), NoArgs(), CTX),
+            kwargs={"timeout_seconds": 30},
+            daemon=True,
+        ).start()
+    wait_until(lambda: small_pool.stats() == (small_pool.base, 0))
+    woken: list[str] = []
+    first, second, third = (lambda n=n: woken.append(n) for n in ("first", "second", "third"))
+    for wake in (first, second, third):
+        assert small_pool._slot(wake) is tool_threads._NoSlot.WAIT
+    small_pool._wake_one()  # a thread freed
+    assert woken == ["first"]
+    small_pool._stop_waiting(first, woken=False)  # it timed out before it could take it
+    assert woken == ["first", "second"]
+    small_pool._stop_waiting(second, woken=True)  # it takes the thread: nothing passed on
+    small_pool._stop_waiting(third, woken=False)  # still queued: it just leaves
+    assert woken == ["first", "second"]
