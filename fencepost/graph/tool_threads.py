@@ -153,7 +153,8 @@ class _ToolThreads:
         """Bodies in progress, abandoned ones included."""
         self._abandoned = 0
         self._idle: list[_Worker] = []
-        self._waiters: deque[Callable[[], None]] = deque()
+        self._waiters: dict[object, deque[Callable[[], None]]] = {}
+        """Calls waiting for a thread, queued per caller (an event loop, or a blocked thread)."""
 
     def _capacity(self) -> int:
         return min(self.base + self._abandoned, self.cap)
@@ -163,7 +164,9 @@ class _ToolThreads:
         with self._lock:
             return self._running, self._abandoned
 
-    def _slot(self, wake: Callable[[], None] | None) -> _Worker | _NoSlot | None:
+    def _slot(
+        self, wake: Callable[[], None] | None, caller: object = None
+    ) -> _Worker | _NoSlot | None:
         """Take a slot: an idle worker, or None for a new thread. Else say why not; when it is
         worth waiting, ``wake`` (if given) is called once a slot may have freed up."""
         with self._lock:
@@ -173,20 +176,21 @@ class _ToolThreads:
             if self.base + self._abandoned >= self.cap:
                 return _NoSlot.FULL
             if wake is not None:
-                self._waiters.append(wake)
+                self._waiters.setdefault(caller, deque()).append(wake)
             return _NoSlot.WAIT
 
-    def _stop_waiting(self, wake: Callable[[], None], *, woken: bool) -> None:
+    def _stop_waiting(self, wake: Callable[[], None], caller: object, *, woken: bool) -> None:
         """A waiter leaves the queue. One that was woken for a slot and gives up anyway (its
         deadline, its cancellation) passes the wake-up on, so a free slot never goes unclaimed."""
         with self._lock:
-            try:
-                self._waiters.remove(wake)
+            queue = self._waiters.get(caller)
+            if queue is not None and wake in queue:
+                queue.remove(wake)
+                if not queue:
+                    del self._waiters[caller]
                 return  # never woken
-            except ValueError:
-                pass
         if not woken:
-            self._wake_one()
+            self._wake_callers()
 
     async def start(self, fn: Callable[[], Any], deadline: float) -> LoopJob | None:
         """Hand ``fn`` to a thread; None when no thread could take it (it never ran)."""
@@ -195,7 +199,7 @@ class _ToolThreads:
         while slot is _NoSlot.WAIT:
             waiter: asyncio.Future[None] = loop.create_future()
             wake = partial(_on_loop, loop, _wake, waiter)
-            slot = self._slot(wake)
+            slot = self._slot(wake, loop)
             if slot is not _NoSlot.WAIT:
                 break
             woken = False
@@ -203,7 +207,7 @@ class _ToolThreads:
                 remaining = deadline - time.monotonic()
                 woken = remaining > 0 and await within(waiter, remaining)
             finally:
-                self._stop_waiting(wake, woken=woken)
+                self._stop_waiting(wake, loop, woken=woken)
             if not woken:
                 return None
             slot = self._slot(None)
@@ -217,7 +221,7 @@ class _ToolThreads:
         slot = self._slot(None)
         while slot is _NoSlot.WAIT:
             freed = threading.Event()
-            slot = self._slot(freed.set)
+            slot = self._slot(freed.set, freed)
             if slot is not _NoSlot.WAIT:
                 break
             woken = False
@@ -225,7 +229,7 @@ class _ToolThreads:
                 remaining = deadline - time.monotonic()
                 woken = remaining > 0 and freed.wait(_wait_seconds(remaining))
             finally:
-                self._stop_waiting(freed.set, woken=woken)
+                self._stop_waiting(freed.set, freed, woken=woken)
             if not woken:
                 return None
             slot = self._slot(None)
@@ -245,7 +249,7 @@ class _ToolThreads:
         except BaseException:  # no thread could be started: give the slot back
             with self._lock:
                 self._running -= 1
-            self._wake_one()
+            self._wake_callers()
             return False
         return True
 
@@ -256,7 +260,7 @@ class _ToolThreads:
                 return False
             job.abandoned = True
             self._abandoned += 1
-        self._wake_one()
+        self._wake_callers()
         return True
 
     def _finished(self, worker: _Worker, job: _Job) -> bool:
@@ -269,16 +273,19 @@ class _ToolThreads:
             keep = len(self._idle) < self.base
             if keep:
                 self._idle.append(worker)
-        self._wake_one()
+        self._wake_callers()
         return keep
 
-    def _wake_one(self) -> None:
-        # One slot freed, one waiter woken, first come first served: waking every waiter for
-        # each freed slot cost O(waiters) per tool call, and with 1,000 runs in flight the loop
-        # spent so long on wake-ups that calls missed their deadline waiting (~5% unavailable).
+    def _wake_callers(self) -> None:
+        # A thread freed: the first waiter of each caller is woken, first come first served. One
+        # per event loop: waking every waiter cost O(waiters) per tool call, and with 1,000 runs
+        # in flight on one loop calls missed their deadlines waiting (~5% unavailable). One per
+        # caller, not one in all: a wake-up sent to a loop that a tenant's tool is blocking must
+        # not leave another caller's waiter asleep beside a free thread.
         with self._lock:
-            wake = self._waiters.popleft() if self._waiters else None
-        if wake is not None:
+            wakes = [queue.popleft() for queue in self._waiters.values()]
+            self._waiters = {caller: queue for caller, queue in self._waiters.items() if queue}
+        for wake in wakes:
             wake()
 
 

@@ -577,13 +577,14 @@ def test_a_model_left_behind_is_kept_until_it_ends_never_logged_as_destroyed_pen
     assert "destroyed but it is pending" not in caplog.text
 
 
-def test_a_freed_thread_wakes_one_waiter_and_one_that_gives_up_passes_it_on(
+def test_a_freed_thread_wakes_one_waiter_per_caller_and_one_that_gives_up_passes_it_on(
     small_pool: tool_threads._ToolThreads, release: threading.Event
 ) -> None:
     # Waking every waiter for each freed thread cost O(waiters) per call: with 1,000 runs in
-    # flight calls missed their deadlines waiting (~5% unavailable). One waiter is woken, in
-    # arrival order; one that gives up after its wake-up hands it to the next, so a free thread
-    # is never left unclaimed while calls wait.
+    # flight on one loop, calls missed their deadlines waiting (~5% unavailable). The first
+    # waiter of each caller (an event loop, a blocked thread) is woken, in arrival order; one
+    # that gives up after its wake-up hands it on. So a free thread is never left unclaimed
+    # while calls wait, even when one caller's loop is too blocked to take its wake-up.
     for _ in range(small_pool.base):
         threading.Thread(
             target=run_tool_blocking,
@@ -593,13 +594,18 @@ def test_a_freed_thread_wakes_one_waiter_and_one_that_gives_up_passes_it_on(
         ).start()
     wait_until(lambda: small_pool.stats() == (small_pool.base, 0))
     woken: list[str] = []
-    first, second, third = (lambda n=n: woken.append(n) for n in ("first", "second", "third"))
-    for wake in (first, second, third):
-        assert small_pool._slot(wake) is tool_threads._NoSlot.WAIT
-    small_pool._wake_one()  # a thread freed
-    assert woken == ["first"]
-    small_pool._stop_waiting(first, woken=False)  # it timed out before it could take it
-    assert woken == ["first", "second"]
-    small_pool._stop_waiting(second, woken=True)  # it takes the thread: nothing passed on
-    small_pool._stop_waiting(third, woken=False)  # still queued: it just leaves
-    assert woken == ["first", "second"]
+    loop_a, loop_b = object(), object()
+    first, second, third, other = (
+        lambda n=n: woken.append(n) for n in ("first", "second", "third", "other")
+    )
+    for wake, caller in ((first, loop_a), (second, loop_a), (third, loop_a), (other, loop_b)):
+        assert small_pool._slot(wake, caller) is tool_threads._NoSlot.WAIT
+    small_pool._wake_callers()  # a thread freed
+    assert woken == ["first", "other"]
+    small_pool._stop_waiting(first, loop_a, woken=False)  # it timed out before taking it
+    assert woken == ["first", "other", "second"]
+    small_pool._stop_waiting(second, loop_a, woken=True)  # it takes the thread
+    small_pool._stop_waiting(other, loop_b, woken=True)
+    small_pool._stop_waiting(third, loop_a, woken=False)  # still queued: it just leaves
+    assert woken == ["first", "other", "second"]
+    assert small_pool._waiters == {}
