@@ -277,11 +277,9 @@ class _ToolThreads:
         return keep
 
     def _wake_callers(self) -> None:
-        # A thread freed: the first waiter of each caller is woken, first come first served. One
-        # per event loop: waking every waiter cost O(waiters) per tool call, and with 1,000 runs
-        # in flight on one loop calls missed their deadlines waiting (~5% unavailable). One per
-        # caller, not one in all: a wake-up sent to a loop that a tenant's tool is blocking must
-        # not leave another caller's waiter asleep beside a free thread.
+        # A thread freed: the first waiter of each caller is woken. Waking all cost O(waiters) a
+        # call (1,000 runs on one loop: ~5% of calls missed their deadline waiting); waking one
+        # in all could send the only wake-up to a loop a tenant's tool is blocking.
         with self._lock:
             wakes = [queue.popleft() for queue in self._waiters.values()]
             self._waiters = {caller: queue for caller, queue in self._waiters.items() if queue}
