@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from functools import cache
 from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -28,7 +30,7 @@ class Frozen(BaseModel):
         # never changes it, so instances given the same names share one (about 18 KB of a paused
         # run's records, manifests and budget views at 1,000 runs in flight).
         names = self.__pydantic_fields_set__
-        shared = _FIELD_SETS.setdefault(frozenset(names), names)
+        shared = _shared(names)
         if shared is not names:
             _set(self, "__pydantic_fields_set__", shared)
 
@@ -38,33 +40,32 @@ class Frozen(BaseModel):
         A contract type has no extra keys and no private attributes to carry over."""
         if deep:
             return super().model_copy(update=update, deep=True)
-        cls = type(self)
-        made = cls.__new__(cls)
         values = self.__dict__.copy()
-        fields_set = self.__pydantic_fields_set__
+        names = self.__pydantic_fields_set__
         if update:
             values.update(update)
-            if not fields_set.issuperset(update):
-                fields_set = fields_set | update.keys()
-        # Shared with the original when unchanged: a frozen model never changes it in place,
-        # and pydantic's own copy copies it (a 25-name set per state copy was most of its size).
-        _set(made, "__dict__", values)
-        _set(made, "__pydantic_fields_set__", fields_set)
-        _set(made, "__pydantic_extra__", None)
-        _set(made, "__pydantic_private__", None)
-        return made
+            if not names.issuperset(update):
+                names = _shared(names | update.keys())
+        return _made(type(self), values, names)
 
 
-_EVERY_FIELD: dict[type[BaseModel], set[str]] = {}
+def _shared(names: AbstractSet[str]) -> set[str]:
+    """The one set of these field names every instance given them shares. A frozen model never
+    changes its set in place, and pydantic's own copy copies it before changing it."""
+    key = frozenset(names)
+    shared = _FIELD_SETS.get(key)
+    if shared is None:
+        shared = _FIELD_SETS[key] = set(key)
+    return shared
 
 
-def _every_field(cls: type[BaseModel]) -> set[str]:
-    # One set per type, shared by every instance assembled (never changed in place, as above):
-    # a ledger keeps a record per reservation, and a set of its six names is 700 bytes.
-    names = _EVERY_FIELD.get(cls)
-    if names is None:
-        names = _EVERY_FIELD[cls] = set(cls.model_fields)
-    return names
+def _made(cls: type[M], values: dict[str, Any], names: set[str]) -> M:
+    made = cls.__new__(cls)
+    _set(made, "__dict__", values)
+    _set(made, "__pydantic_fields_set__", names)
+    _set(made, "__pydantic_extra__", None)
+    _set(made, "__pydantic_private__", None)
+    return made
 
 
 def assemble(cls: type[M], values: dict[str, Any]) -> M:
@@ -72,9 +73,9 @@ def assemble(cls: type[M], values: dict[str, Any]) -> M:
     name every one of its fields: what ``model_construct`` makes, without its per-field
     alias and default handling (on the hot path, a budget view is assembled at every
     reservation). ``values`` becomes the instance's own: the caller must not keep it."""
-    made = cls.__new__(cls)
-    _set(made, "__dict__", values)
-    _set(made, "__pydantic_fields_set__", _every_field(cls))
-    _set(made, "__pydantic_extra__", None)
-    _set(made, "__pydantic_private__", None)
-    return made
+    return _made(cls, values, _every_field(cls))
+
+
+@cache
+def _every_field(cls: type[BaseModel]) -> set[str]:
+    return _shared(cls.model_fields.keys())
