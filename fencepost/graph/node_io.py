@@ -63,13 +63,13 @@ class NodeIO:
 
     async def run_model(self, make: ModelCall, timeout: float) -> ModelRun:
         """Run the model call ``make`` builds, contained (see :mod:`fencepost.graph.model_call`)."""
-        return await run_model(make, timeout)
+        raise NotImplementedError
 
     async def run_tool(
         self, spec: ToolSpec, args: BaseModel, ctx: ToolContext, *, timeout_seconds: float
     ) -> ToolRun:
         """Run one tool body, contained (see :mod:`fencepost.graph.tool_runner`)."""
-        return await run_tool(spec, args, ctx, timeout_seconds=timeout_seconds)
+        raise NotImplementedError
 
 
 class SyncIO(NodeIO):
@@ -147,6 +147,14 @@ class AsyncIO(NodeIO):
 
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         return await make()
+
+    async def run_model(self, make: ModelCall, timeout: float) -> ModelRun:
+        return await run_model(make, timeout)
+
+    async def run_tool(
+        self, spec: ToolSpec, args: BaseModel, ctx: ToolContext, *, timeout_seconds: float
+    ) -> ToolRun:
+        return await run_tool(spec, args, ctx, timeout_seconds=timeout_seconds)
 
 
 def drive(body: Coroutine[Any, Any, T]) -> T:
