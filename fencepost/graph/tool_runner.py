@@ -156,9 +156,7 @@ async def _run_sync_body(
     spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline: float
 ) -> ToolRun:
     pool = _threads
-    context = contextvars.copy_context()  # the tool sees its run's context vars, as to_thread does
-    execute = spec.execute
-    job = await pool.start(lambda: context.run(execute, args, ctx), deadline)
+    job = await pool.start(_body(spec, args, ctx), deadline)
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE)
     try:
@@ -169,9 +167,22 @@ async def _run_sync_body(
     if job.future.done():
         return _result(job.future.result(), deadline)
     job.future.cancel()
+    return _past_deadline(pool, job, deadline)
+
+
+def _body(spec: ToolSpec, args: BaseModel, ctx: ToolContext) -> Callable[[], Any]:
+    context = contextvars.copy_context()  # the tool sees its run's context vars, as to_thread does
+    execute = spec.execute
+    return lambda: context.run(execute, args, ctx)
+
+
+def _past_deadline(
+    pool: tool_threads._ToolThreads, job: tool_threads._Job, deadline: float
+) -> ToolRun:
+    """A sync body not heard from by its deadline: left behind, unless it finished just now
+    (its outcome on its way to the caller), when it is judged by when it finished."""
     if pool.abandon(job):
         return ToolRun(error=ErrorCode.TIMEOUT, abandoned=True)
-    # It finished while its outcome was on its way to this loop: judged by when it finished.
     return _result(job.outcome or _Outcome(error=ErrorCode.TIMEOUT), deadline)
 
 
@@ -226,9 +237,7 @@ def _run_sync_body_blocking(
     spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline: float
 ) -> ToolRun:
     pool = _threads
-    context = contextvars.copy_context()
-    execute = spec.execute
-    job = pool.start_blocking(lambda: context.run(execute, args, ctx), deadline)
+    job = pool.start_blocking(_body(spec, args, ctx), deadline)
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE)
     try:
@@ -237,7 +246,6 @@ def _run_sync_body_blocking(
         # The caller's own interruption (Ctrl-C while it waits): the body is left behind.
         pool.abandon(job)
         raise
-    if not finished and pool.abandon(job):
-        return ToolRun(error=ErrorCode.TIMEOUT, abandoned=True)
-    # Finished, or it finished just as it was being abandoned: judged by when it finished.
+    if not finished:
+        return _past_deadline(pool, job, deadline)
     return _result(job.outcome or _Outcome(error=ErrorCode.TIMEOUT), deadline)
