@@ -19,7 +19,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from fencepost.graph.loop import Update
-from fencepost.graph.state import applied, load_state
+from fencepost.graph.state import Writes, applied, load_state
 from fencepost.policy import AgentState, Observation
 from fencepost.policy.untrusted import observation_content
 
@@ -106,8 +106,14 @@ def with_messages(values: dict[str, Any], update: Update) -> Update:
     """A node's channel writes (``update``, made from ``values``) plus the messages showing them."""
     if not update or not isinstance(update, dict):
         return update
-    before = load_state(values)
-    after = applied(before, update)
+    if isinstance(update, Writes):
+        # The body's own states: reading its writes back into state again costs a state load.
+        before: AgentState | None = update.before
+        after: AgentState | None = update.after
+        update = dict(update)  # LangGraph, and a stream of updates, get a plain dict
+    else:
+        before = load_state(values)
+        after = applied(before, update)
     if after is None:
         return update
     shown = messages_for(before, after, question_given=before is None and not values.get("request"))

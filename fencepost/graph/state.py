@@ -219,17 +219,28 @@ def load_state(values: dict[str, Any]) -> AgentState | None:
 _APPENDED = frozenset({"observations", "proposals", "receipts", "manifests"})
 
 
-def changed(before: AgentState | None, after: AgentState) -> dict[str, Any]:
+class Writes(dict[str, Any]):
+    """A node's channel writes (what :func:`changed` returns), with the two states they were
+    made from: the messages view is derived from those, not from the writes read back into
+    state a second time. Never handed to LangGraph itself (see ``node_io.twins``)."""
+
+    __slots__ = ("after", "before")
+
+    before: AgentState | None
+    after: AgentState
+
+
+def changed(before: AgentState | None, after: AgentState) -> Writes:
     """The channel writes that turn ``before`` into ``after``: fields that changed, and for the
     append-only record channels only the items added."""
+    writes = Writes()
+    writes.before, writes.after = before, after
     if before is None:
         # Plain dicts: a revised record carries its changes beside it, never into a checkpoint.
-        return {
-            name: dict(value) if isinstance(value, dict) else value
-            for name in _FIELDS
-            for value in (getattr(after, name),)
-        }
-    writes: dict[str, Any] = {}
+        for name in _FIELDS:
+            value = getattr(after, name)
+            writes[name] = dict(value) if isinstance(value, dict) else value
+        return writes
     for name in _FIELDS:
         value = getattr(after, name)
         old = getattr(before, name)
@@ -245,7 +256,10 @@ def changed(before: AgentState | None, after: AgentState) -> dict[str, Any]:
                 raise ValueError(f"{name} is append-only")
             if len(value) > len(old):
                 writes[name] = value[len(old) :]
-        else:
+        elif value != old:
+            # An equal value made again (the budget view after a settlement that changed no
+            # balance) is not written: each write is a serialized blob and a new channel
+            # version in every checkpoint that follows.
             writes[name] = value
     return writes
 

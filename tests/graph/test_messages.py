@@ -249,3 +249,20 @@ async def test_stream_mode_messages_streams_the_models_tokens_from_an_async_grap
     ]
     assert "".join(_tokens(chunks)) == "checkout broke after deploy 42"
     assert len(_tokens(chunks)) > 1
+
+
+def test_a_stream_of_updates_gets_plain_dicts_and_no_value_written_again_unchanged() -> None:
+    h = harness([call(n=1), call(n=2), final_citing_last])
+    seen = 0
+    for chunk in h.graph.stream(
+        fp.start("q", budget()), thread(), context=context(), stream_mode="updates"
+    ):
+        for node, update in chunk.items():
+            if not update:
+                continue
+            assert type(update) is dict, node
+            seen += 1
+            # The trivial tool's settlement changes no balance: its budget view is not rewritten.
+            if node == "execute":
+                assert "budget" not in update
+    assert seen >= 5
