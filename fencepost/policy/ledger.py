@@ -12,7 +12,7 @@ import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from pydantic import Field, Strict
 
@@ -386,6 +386,16 @@ def _reservation(
     )
 
 
+class _Record(NamedTuple):
+    """What the in-memory ledger keeps of a reservation (its key is the dict's key): a tuple,
+    not a :class:`Reservation`, as a paused run's records stay in memory until it ends."""
+
+    account: str
+    amounts: dict[str, float]
+    """Never handed out: every Reservation made from it gets its own copy."""
+    status: ReservationStatus
+
+
 class InMemoryLedger(Ledger):
     """A process-local ledger for tests and notebooks. Atomic under a lock; not durable.
 
@@ -401,7 +411,7 @@ class InMemoryLedger(Ledger):
         self._owners: dict[str, dict[str, str]] = {}
         self._closed: dict[str, str] = {}
         self._held: dict[str, dict[str, float]] = {}
-        self._reservations: dict[str, Reservation] = {}
+        self._reservations: dict[str, _Record] = {}
         self._keys: dict[str, list[str]] = {}
         """Each account's reservation keys, so a closed account's can be forgotten in O(its own)."""
 
@@ -474,27 +484,32 @@ class InMemoryLedger(Ledger):
             prior = self._reservations.get(key)
             if prior is not None:
                 if prior.account != account:
-                    return existing_reservation(prior, account)  # raises LedgerConflict
-                return self._out(prior, existing=True)
+                    # raises LedgerConflict
+                    return existing_reservation(self._model(key, prior), account)
+                return self._out(key, prior, existing=True)
             chain = walk_chain(account, self._parents)
             check_open((name, self._closed.get(name)) for name in chain)
             check_room(((name, self._limits[name], self._held[name]) for name in chain), clean)
             self._add_held(chain, clean)
-            stored = _reservation(account, key, clean, ReservationStatus.RESERVED)
+            stored = _Record(account, clean, ReservationStatus.RESERVED)
             self._reservations[key] = stored
             self._keys.setdefault(account, []).append(key)
-            return self._out(stored)
+            return self._out(key, stored)
 
-    def _out(self, stored: Reservation, *, existing: bool = False) -> Reservation:
+    def _out(self, key: str, stored: _Record, *, existing: bool = False) -> Reservation:
         """A copy of ``stored`` to hand out, with its account's balance now."""
         return _reservation(
             stored.account,
-            stored.key,
+            key,
             stored.amounts,
             stored.status,
             existing=existing,
             balance=self._balance(stored.account),
         )
+
+    @staticmethod
+    def _model(key: str, stored: _Record) -> Reservation:
+        return _reservation(stored.account, key, stored.amounts, stored.status)
 
     def _add_held(self, chain: list[str], delta: Mapping[str, float]) -> None:
         for name in chain:
@@ -502,11 +517,11 @@ class InMemoryLedger(Ledger):
             for axis, amount in delta.items():
                 held[axis] = held.get(axis, 0.0) + amount
 
-    def _refund(self, reservation: Reservation, refund: Mapping[str, float]) -> None:
+    def _refund(self, reservation: _Record, refund: Mapping[str, float]) -> None:
         chain = walk_chain(reservation.account, self._parents)
         self._add_held(chain, {axis: -amount for axis, amount in refund.items()})
 
-    def _stored(self, key: str) -> Reservation:
+    def _stored(self, key: str) -> _Record:
         reservation = self._reservations.get(key)
         if reservation is None:
             raise UnknownReservation(key)
@@ -516,26 +531,24 @@ class InMemoryLedger(Ledger):
         validate_name(key)
         with self._lock:
             reservation = self._stored(key)
-            if existing_outcome(reservation) is not None:
-                return self._out(reservation, existing=True)
+            if reservation.status is not ReservationStatus.RESERVED:
+                return self._out(key, reservation, existing=True)  # see existing_outcome
             refund, final = settlement(reservation.amounts, actual)
             self._refund(reservation, refund)
-            settled = _reservation(reservation.account, key, final, ReservationStatus.SETTLED)
+            settled = _Record(reservation.account, final, ReservationStatus.SETTLED)
             self._reservations[key] = settled
-            return self._out(settled)
+            return self._out(key, settled)
 
     def release(self, key: str) -> Reservation:
         validate_name(key)
         with self._lock:
             reservation = self._stored(key)
-            if existing_outcome(reservation) is not None:
-                return self._out(reservation, existing=True)
+            if reservation.status is not ReservationStatus.RESERVED:
+                return self._out(key, reservation, existing=True)  # see existing_outcome
             self._refund(reservation, reservation.amounts)
-            released = _reservation(
-                reservation.account, key, reservation.amounts, ReservationStatus.RELEASED
-            )
+            released = reservation._replace(status=ReservationStatus.RELEASED)
             self._reservations[key] = released
-            return self._out(released)
+            return self._out(key, released)
 
     def get(self, key: str) -> Reservation | None:
         validate_name(key)
@@ -543,7 +556,7 @@ class InMemoryLedger(Ledger):
             stored = self._reservations.get(key)
             if stored is None:
                 return None
-            return _reservation(stored.account, key, stored.amounts, stored.status)
+            return self._model(key, stored)
 
     def _balance(self, account: str) -> Balance:
         # Every value was checked when the account was opened or the amounts reserved.

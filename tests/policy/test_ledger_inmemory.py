@@ -399,3 +399,21 @@ def test_forgetting_a_closed_account_drops_its_finished_reservations_and_keeps_i
     assert (ledger.balance("run-a"), ledger.balance("tenant")) == before
     # The call in flight when the account closed can still be settled.
     assert ledger.settle("in-flight").status is ReservationStatus.SETTLED
+
+
+def test_every_reservation_handed_out_is_a_copy_the_books_never_share(
+    ledger: InMemoryLedger,
+) -> None:
+    ledger.open_account("run", {"tool_calls": 3})
+    first = ledger.reserve("run", "k1", {"tool_calls": 1})
+    first.amounts["tool_calls"] = 0.0  # a caller scribbling on what it was given
+    again = ledger.reserve("run", "k1", {"tool_calls": 1})
+    assert again.existing and again.amounts == {"tool_calls": 1.0}
+    settled = ledger.settle("k1")
+    settled.amounts["tool_calls"] = 99.0
+    stored = ledger.get("k1")
+    assert stored is not None and stored.amounts == {"tool_calls": 1.0}
+    assert stored.status is ReservationStatus.SETTLED
+    assert ledger.balance("run").held == {"tool_calls": 1.0}
+    assert ledger.release("k1").existing  # settled stays settled: nothing refunded twice
+    assert ledger.balance("run").held == {"tool_calls": 1.0}
