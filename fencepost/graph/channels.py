@@ -10,7 +10,51 @@ from typing import Any, cast
 
 from langchain_core.messages import AnyMessage, BaseMessage, RemoveMessage, convert_to_messages
 from langgraph.channels.delta import DeltaChannel
+from langgraph.channels.last_value import LastValue
 from langgraph.graph.message import add_messages
+
+
+class Defaulted(LastValue[Any]):
+    """A last-value channel that reads as ``default`` until it is first written.
+
+    Most of a run's fields keep their default for the whole run (no stop, no report, no
+    repairs): as plain channels each was written at the run's start, a serialized write and a
+    version in every checkpoint after it. Unwritten, they cost nothing and still read as their
+    default, so ``get_state().values`` and a server client see every key.
+    """
+
+    __slots__ = ("default",)
+
+    def __init__(self, typ: Any, key: str = "", default: Any = None) -> None:
+        super().__init__(typ, key)
+        self.default = default
+
+    def copy(self) -> Defaulted:
+        out = super().copy()
+        out.default = self.default
+        return out
+
+    def from_checkpoint(self, checkpoint: Any) -> Defaulted:
+        out = super().from_checkpoint(checkpoint)
+        out.default = self.default
+        return out
+
+    def get(self) -> Any:
+        return self.value if LastValue.is_available(self) else self.default
+
+    def is_available(self) -> bool:
+        return True  # a node's input holds the default too
+
+
+class Records(DeltaChannel[Any]):
+    """A delta channel that reads as empty (its type's empty value) until first written, for
+    the reason :class:`Defaulted` gives."""
+
+    def get(self) -> Any:
+        return self.value if DeltaChannel.is_available(self) else self.typ()
+
+    def is_available(self) -> bool:
+        return True
 
 
 def _append(current: Sequence[Any], batches: Sequence[Sequence[Any]]) -> tuple[Any, ...]:
@@ -28,7 +72,7 @@ def _append(current: Sequence[Any], batches: Sequence[Sequence[Any]]) -> tuple[A
 # length; at LangGraph's own replay bound a step writes what it added, and a resume replays at
 # most that many writes.
 _SNAPSHOT_EVERY = 5000
-Appended: DeltaChannel[tuple[Any, ...]] = DeltaChannel(_append, snapshot_frequency=_SNAPSHOT_EVERY)
+Appended: DeltaChannel[tuple[Any, ...]] = Records(_append, snapshot_frequency=_SNAPSHOT_EVERY)
 
 
 def _count_up(current: dict[str, int] | None, batches: Sequence[dict[str, int]]) -> dict[str, int]:
@@ -50,14 +94,10 @@ def _latest(current: dict[str, str] | None, batches: Sequence[dict[str, str]]) -
     return out
 
 
-Latest: DeltaChannel[dict[str, str]] = DeltaChannel(
-    _latest, dict, snapshot_frequency=_SNAPSHOT_EVERY
-)
+Latest: DeltaChannel[dict[str, str]] = Records(_latest, dict, snapshot_frequency=_SNAPSHOT_EVERY)
 
 
-Counted: DeltaChannel[dict[str, int]] = DeltaChannel(
-    _count_up, dict, snapshot_frequency=_SNAPSHOT_EVERY
-)
+Counted: DeltaChannel[dict[str, int]] = Records(_count_up, dict, snapshot_frequency=_SNAPSHOT_EVERY)
 
 
 def _message_id(existing: int, index: int, message: BaseMessage) -> str:

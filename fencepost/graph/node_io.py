@@ -19,6 +19,7 @@ from fencepost.graph.loop import LoopConfig, Update
 from fencepost.graph.messages import with_messages
 from fencepost.graph.model_call import ModelCall, ModelRun, run_model, run_model_blocking
 from fencepost.graph.portal import run_sync
+from fencepost.graph.state import started
 from fencepost.graph.tool_runner import ToolRun, run_tool, run_tool_blocking
 from fencepost.policy import Balance, Reservation, ToolContext, ToolSpec
 
@@ -177,13 +178,14 @@ def twins(
     Callable[[dict[str, Any], Runtime[Any]], Coroutine[Any, Any, Update]],
 ]:
     """The sync and async node functions for one body. Each adds the ``messages`` that show
-    what its body changed (:mod:`fencepost.graph.messages`), so no body writes them itself."""
+    what its body changed (:mod:`fencepost.graph.messages`), so no body writes them itself,
+    and resets what a caller wrote before a run began (:func:`~fencepost.graph.state.started`)."""
     sync_io, async_io = SyncIO(cfg), AsyncIO(cfg)
 
     def run(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-        return with_messages(values, drive(body(sync_io, values, runtime)))
+        return with_messages(values, started(values, drive(body(sync_io, values, runtime))))
 
     async def arun(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-        return with_messages(values, await body(async_io, values, runtime))
+        return with_messages(values, started(values, await body(async_io, values, runtime)))
 
     return run, arun

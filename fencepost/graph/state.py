@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, get_type_hints
 
 from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
 from langgraph.managed import RemainingSteps
@@ -13,7 +13,7 @@ from pydantic import Field
 # accepts only typing_extensions' TypedDict.
 from typing_extensions import TypedDict
 
-from fencepost.graph.channels import Appended, Counted, Latest, Messages
+from fencepost.graph.channels import Appended, Counted, Defaulted, Latest, Messages, Records
 from fencepost.policy import (
     AgentState,
     AnswerPayload,
@@ -65,34 +65,40 @@ class StartRequest(Frozen):
     )
 
 
+def _unset(name: str) -> Defaulted:
+    """The channel of AgentState field ``name``: read as the field's default until written."""
+    field = AgentState.model_fields[name]
+    return Defaulted(field.annotation, default=field.get_default(call_default_factory=True))
+
+
 class GraphState(TypedDict, total=False):
     """LangGraph state schema: AgentState's fields as channels (validates back into AgentState)."""
 
     request: StartRequest
     run_id: str
-    tenant_id: str | None
-    principal_id: str | None
+    tenant_id: Annotated[str | None, _unset("tenant_id")]
+    principal_id: Annotated[str | None, _unset("principal_id")]
     question: str
     phase: Phase
     budget: RuntimeBudget
-    step: int
+    step: Annotated[int, _unset("step")]
     observations: Annotated[tuple[Observation, ...], Appended]
     proposals: Annotated[tuple[ToolProposal, ...], Appended]
-    batch: tuple[BatchEntry, ...]
+    batch: Annotated[tuple[BatchEntry, ...], _unset("batch")]
     receipts: Annotated[tuple[Receipt, ...], Appended]
     fingerprints: Annotated[dict[str, int], Counted]
     evidence: Annotated[dict[str, str], Latest]
     answered: Annotated[dict[str, int], Latest]
-    final_answer: AnswerPayload | None
-    termination: TerminationReason | None
-    last_error_code: str | None
+    final_answer: Annotated[AnswerPayload | None, _unset("final_answer")]
+    termination: Annotated[TerminationReason | None, _unset("termination")]
+    last_error_code: Annotated[str | None, _unset("last_error_code")]
     manifests: Annotated[tuple[StepManifest, ...], Appended]
-    open_tasks: tuple[str, ...]
-    repairs: int
-    repair_notes: tuple[str, ...]
-    model_failures: int
-    stop: StopRequest | None
-    report: StopReport | None
+    open_tasks: Annotated[tuple[str, ...], _unset("open_tasks")]
+    repairs: Annotated[int, _unset("repairs")]
+    repair_notes: Annotated[tuple[str, ...], _unset("repair_notes")]
+    model_failures: Annotated[int, _unset("model_failures")]
+    stop: Annotated[StopRequest | None, _unset("stop")]
+    report: Annotated[StopReport | None, _unset("report")]
     messages: Annotated[list[AnyMessage], Messages]
     """The run as a conversation, for chat UIs and ``stream_mode="messages"``: a view of the
     fields above, derived by :mod:`fencepost.graph.messages`, never read by the loop."""
@@ -217,6 +223,19 @@ def load_state(values: dict[str, Any]) -> AgentState | None:
 
 
 _APPENDED = frozenset({"observations", "proposals", "receipts", "manifests"})
+_UNSET: dict[str, Any] = {
+    name: AgentState.model_fields[name].get_default(call_default_factory=True)
+    for name, hint in get_type_hints(GraphState, include_extras=True).items()
+    if any(isinstance(m, Defaulted | Records) for m in getattr(hint, "__metadata__", ()))
+    and name in AgentState.model_fields
+}
+"""Fields whose channel reads as the field's default until written: a new run leaves them
+unwritten while they hold it."""
+_RESET = tuple(
+    name
+    for name, hint in get_type_hints(GraphState, include_extras=True).items()
+    if any(isinstance(m, Defaulted) for m in getattr(hint, "__metadata__", ()))
+)
 
 
 class Writes(dict[str, Any]):
@@ -236,9 +255,11 @@ def changed(before: AgentState | None, after: AgentState) -> Writes:
     writes = Writes()
     writes.before, writes.after = before, after
     if before is None:
-        # Plain dicts: a revised record carries its changes beside it, never into a checkpoint.
         for name in _FIELDS:
             value = getattr(after, name)
+            if name in _UNSET and value == _UNSET[name]:
+                continue  # its channel reads as the default unwritten (see channels.Defaulted)
+            # Plain dicts: a revised record carries its changes beside it, never into a checkpoint.
             writes[name] = dict(value) if isinstance(value, dict) else value
         return writes
     for name in _FIELDS:
@@ -260,6 +281,21 @@ def changed(before: AgentState | None, after: AgentState) -> Writes:
             # An equal value made again (the budget view after a settlement that changed no
             # balance) is not written: each write is a serialized blob and a new channel
             # version in every checkpoint that follows.
+            writes[name] = value
+    return writes
+
+
+def started(values: dict[str, Any], writes: Any) -> Any:
+    """A node's writes (what it returned), made safe for a run's first: a field the new run
+    leaves at its default is still written when its channel holds something else, a value a
+    caller wrote to the thread before the run began (``update_state`` on a fresh thread), so
+    no run starts with a stop, a batch or a termination it did not make."""
+    if not isinstance(writes, Writes) or writes.before is not None:
+        return writes
+    after = writes.after
+    for name in _RESET:
+        value = getattr(after, name)
+        if name not in writes and values.get(name, value) != value:
             writes[name] = value
     return writes
 

@@ -62,6 +62,45 @@ def test_approval_pause_and_resume_keeps_budget_and_runs_once(saver: Any) -> Non
     assert again == state and len(h.calls.log) == 2
 
 
+_LEFT_AT_DEFAULT = (
+    "final_answer",
+    "termination",
+    "last_error_code",
+    "open_tasks",
+    "repairs",
+    "repair_notes",
+    "model_failures",
+    "stop",
+    "report",
+)
+
+
+def test_a_field_left_at_its_default_is_never_written_yet_every_field_reads_back(
+    saver: Any,
+) -> None:
+    h = harness(
+        [call(n=1), call("write_note", 2, note="x"), final_citing_last],
+        checkpointer=saver,
+        approval="interrupt",
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget(steps=5, tools=5)), config, context=ctx)
+    versions = saver.get_tuple(config).checkpoint["channel_versions"]
+    assert not set(_LEFT_AT_DEFAULT) & set(versions)
+    # A server client and get_state still see every key of the paused run, at its default.
+    values = h.graph.get_state(config).values
+    assert set(fp.AgentState.model_fields) <= set(values)
+    assert values["termination"] is None and values["stop"] is None and values["repairs"] == 0
+    # Another graph over the same saver (a new process) reads the defaults back and resumes.
+    again = harness([final_citing_last], checkpointer=saver, approval="interrupt")
+    state = fp.run_output(again.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert [n for n, _, _ in again.calls.log] == ["write_note"]
+    assert state.repairs == 0 and state.model_failures == 0 and state.report is not None
+    ended = saver.get_tuple(config).checkpoint["channel_versions"]
+    assert {"final_answer", "termination", "report"} <= set(ended)
+
+
 def test_no_progress_and_denials_end_the_same_way(saver: Any) -> None:
     h = harness([call(n=i, query="same") for i in range(1, 5)], checkpointer=saver)
     assert h.run().termination is fp.TerminationReason.NO_PROGRESS

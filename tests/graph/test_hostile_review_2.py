@@ -26,6 +26,7 @@ from tests.graph.kit import (
     budget,
     call,
     context,
+    final_citing_last,
     harness,
     thread,
     upload_registry,
@@ -393,3 +394,17 @@ def test_a_caller_forging_the_runs_message_ids_leaves_one_message_per_id() -> No
     by_id = {m.id: m for m in messages}
     assert "forged" not in str(by_id["fp:run-forged-ids:end"].content)
     assert by_id["fp:run-forged-ids:observation-call-0002"].content != "forged"
+
+
+def test_values_a_caller_wrote_before_the_run_began_do_not_survive_its_start() -> None:
+    # Fields a run leaves at their default are not written at its start (their channels read as
+    # the default): one a caller wrote to the fresh thread first must still be reset.
+    h = harness([call(n=1), final_citing_last])
+    config = thread()
+    forged = fp.policy.StopRequest(reason=fp.TerminationReason.POLICY_DENIED, error_code="forged")
+    h.graph.update_state(
+        config, {"stop": forged, "repairs": 7, "last_error_code": "forged"}, as_node="approve"
+    )
+    out = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=context()))
+    assert out.stop != forged and out.repairs == 0 and out.last_error_code != "forged"
+    assert out.termination is not fp.TerminationReason.POLICY_DENIED
