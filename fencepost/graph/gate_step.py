@@ -44,7 +44,8 @@ async def gate(
 ) -> tuple[AgentState, list[StepManifest]]:
     """Gate the whole batch, then reserve it call by call, before any of it runs."""
     cfg = io.cfg
-    state = state.model_copy(update={"phase": Phase.VALIDATE})
+    # The phase is set with the step's first real change (one state copy less per decision);
+    # nothing before it reads the phase.
     if duplicate_call_ids(calls, state.answered):
         m = manifest(
             state,
@@ -57,7 +58,7 @@ async def gate(
             **usage,
         )
         duplicate = stop(TerminationReason.INVALID_PROPOSAL, "duplicate_call_id")
-        return state.model_copy(update={"stop": duplicate}), [m]
+        return state.model_copy(update={"phase": Phase.VALIDATE, "stop": duplicate}), [m]
     # Only a batch that names dependencies needs the run's completed calls.
     completed = (
         {r.call_id for r in current_receipts(state.receipts) if r.status is ReceiptStatus.COMPLETED}
@@ -76,7 +77,7 @@ async def gate(
             **usage,
         )
         invalid = stop(TerminationReason.INVALID_PROPOSAL, "invalid_dependency")
-        return state.model_copy(update={"stop": invalid}), [m]
+        return state.model_copy(update={"phase": Phase.VALIDATE, "stop": invalid}), [m]
     gated = gate_batch(
         cfg.registry,
         calls,
@@ -110,7 +111,9 @@ async def gate(
             )
         )
         usage = {}
-    state = state.model_copy(update={"batch": gated.batch, "fingerprints": gated.fingerprints})
+    state = state.model_copy(
+        update={"phase": Phase.VALIDATE, "batch": gated.batch, "fingerprints": gated.fingerprints}
+    )
     if gated.stop is not None:
         # One denial stops the whole batch: nothing in it runs, nothing is reserved. A repairable
         # one may be given back to the model instead (repair_attempts).
@@ -122,11 +125,13 @@ async def gate(
     if state.repair_notes:
         state = state.model_copy(update={"repair_notes": ()})
     state, stopped = await reserve_batch(io, state, ctx)
-    if stopped is not None:
-        # Nothing of the batch runs: each call the budget could not cover is still receipted.
-        refused = tuple(receipt_for(o) for o in budget_refusals(state.batch))
-        state = state.model_copy(update={"receipts": state.receipts + refused})
-    return state.model_copy(update={"stop": stopped}), manifests
+    if stopped is None:
+        return state, manifests
+    # Nothing of the batch runs: each call the budget could not cover is still receipted.
+    refused = tuple(receipt_for(o) for o in budget_refusals(state.batch))
+    return state.model_copy(
+        update={"receipts": state.receipts + refused, "stop": stopped}
+    ), manifests
 
 
 async def reserve_batch(
@@ -143,7 +148,9 @@ async def reserve_batch(
             continue
         spec = cfg.registry.get(entry.proposal.tool_name)
         key = call_key(account, entry.call_id, 1)
-        held = await reserve_or_exhausted(io, state, ctx, key, reservation_amounts(spec))
+        held = await reserve_or_exhausted(
+            io, state, ctx, key, reservation_amounts(spec), account=account
+        )
         if isinstance(held, StopRequest):
             return state, held
         if isinstance(held, BudgetExhausted):
