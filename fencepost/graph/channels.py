@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from langchain_core.messages import AnyMessage, BaseMessage, RemoveMessage, convert_to_messages
+from langgraph.channels.binop import _get_overwrite
 from langgraph.channels.delta import DeltaChannel
 from langgraph.channels.last_value import LastValue
+from langgraph.checkpoint.base import PendingWrite
 from langgraph.graph.message import add_messages
 
 
@@ -46,9 +48,33 @@ class Defaulted(LastValue[Any]):
         return True  # a node's input holds the default too
 
 
-class Records(DeltaChannel[Any]):
+class Shared(DeltaChannel[Any]):
+    """A delta channel whose copies share its value.
+
+    LangGraph copies every channel to route each step (a router reads the state with the
+    node's writes applied), and a delta channel's copy copies its value: the repeat counts,
+    the result evidence and the conversation, each as long as the run. The reducers here
+    never change a value in place, they make a new one, so a copy can share it.
+    """
+
+    def copy(self) -> Shared:
+        out = self.__class__(self.reducer, self.typ, snapshot_frequency=self.snapshot_frequency)
+        out.key = self.key
+        out.value = self.value
+        return out
+
+
+class Records(Shared):
     """A delta channel that reads as empty (its type's empty value) until first written, for
-    the reason :class:`Defaulted` gives."""
+    the reason :class:`Defaulted` gives, and only ever grows: LangGraph's ``Overwrite`` (in any
+    of its forms, ``{"__overwrite__": ...}`` from a JSON client included) is dropped, so no
+    state update can take back a receipt or reset a repeat count."""
+
+    def update(self, values: Sequence[Any]) -> bool:
+        return super().update([v for v in values if not _get_overwrite(v)[0]])
+
+    def replay_writes(self, writes: Sequence[PendingWrite]) -> None:
+        super().replay_writes([w for w in writes if not _get_overwrite(w[2])[0]])
 
     def get(self) -> Any:
         return self.value if DeltaChannel.is_available(self) else self.typ()
@@ -114,8 +140,8 @@ class _Conversation(list[Any]):
     at: dict[str, int]
 
     def __copy__(self) -> _Conversation:
-        # LangGraph copies channel values each time a node's state is read; the default copy of
-        # a list subclass goes through __reduce_ex__ in Python, a plain slice does not.
+        # Whatever copies the conversation (LangGraph's Overwrite does) gets a plain slice: the
+        # default copy of a list subclass goes through __reduce_ex__ in Python.
         out = _Conversation(self)
         out.at = self.at
         return out
@@ -168,6 +194,6 @@ def _add_messages(current: list[AnyMessage] | None, batches: Sequence[Any]) -> l
 
 # The messages view grows by a few messages a step; as a delta channel a checkpoint stores the
 # messages a step wrote, not the whole conversation again (see benchmarks/).
-Messages: DeltaChannel[list[AnyMessage]] = DeltaChannel(
+Messages: DeltaChannel[list[AnyMessage]] = Shared(
     _add_messages, list, snapshot_frequency=_SNAPSHOT_EVERY
 )
