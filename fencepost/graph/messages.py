@@ -104,13 +104,17 @@ def messages_for(
 
 def with_messages(values: dict[str, Any], update: Update) -> Update:
     """A node's channel writes (``update``, made from ``values``) plus the messages showing them."""
-    if not update or not isinstance(update, dict):
+    if not isinstance(update, dict):
         return update
     if isinstance(update, Writes):
+        if not update:
+            return {}
         # The body's own states: reading its writes back into state again costs a state load.
         before: AgentState | None = update.before
         after: AgentState | None = update.after
         update = dict(update)  # LangGraph, and a stream of updates, get a plain dict
+    elif not update:
+        return update
     else:
         before = load_state(values)
         after = applied(before, update)

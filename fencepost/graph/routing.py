@@ -40,14 +40,16 @@ def _after_gate(values: RouteView) -> Next:
 
 def route_start(values: RouteView) -> Next:
     """Entry: a new run decides; a resumed one continues where its state says it is."""
-    if (
-        values.get("phase") is Phase.TERMINAL
-        or values.get("stop") is not None
-        # No room even for a first decision: the terminal node still ends the run as data.
-        or out_of_supersteps(values.get("remaining_steps"), NEEDS_DECIDE)
-    ):
+    # No room even for a first decision: the terminal node still ends the run as data.
+    if out_of_supersteps(values.get("remaining_steps"), NEEDS_DECIDE):
         return "terminal"
-    if "run_id" not in values or not values.get("batch"):
+    if "run_id" not in values:
+        # No run yet: a stop or a phase a caller wrote to the thread first is not the run's
+        # (its first step writes over them), so the run still decides.
+        return "decide"
+    if values.get("phase") is Phase.TERMINAL or values.get("stop") is not None:
+        return "terminal"
+    if not values.get("batch"):
         return "decide"
     return _after_gate(values)
 

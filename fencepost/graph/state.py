@@ -257,7 +257,7 @@ def changed(before: AgentState | None, after: AgentState) -> Writes:
     if before is None:
         for name in _FIELDS:
             value = getattr(after, name)
-            if name in _UNSET and value == _UNSET[name]:
+            if name in _UNSET and _same(value, _UNSET[name]):
                 continue  # its channel reads as the default unwritten (see channels.Defaulted)
             # Plain dicts: a revised record carries its changes beside it, never into a checkpoint.
             writes[name] = dict(value) if isinstance(value, dict) else value
@@ -277,12 +277,18 @@ def changed(before: AgentState | None, after: AgentState) -> Writes:
                 raise ValueError(f"{name} is append-only")
             if len(value) > len(old):
                 writes[name] = value[len(old) :]
-        elif value != old:
+        elif not _same(value, old):
             # An equal value made again (the budget view after a settlement that changed no
             # balance) is not written: each write is a serialized blob and a new channel
             # version in every checkpoint that follows.
             writes[name] = value
     return writes
+
+
+def _same(value: Any, old: Any) -> bool:
+    """Equal and of the same type: a caller's ``"terminal"`` equals ``Phase.TERMINAL`` (a str
+    enum) but is not it, and the loop tests the phase by identity, so it is written over."""
+    return type(value) is type(old) and value == old
 
 
 def started(values: dict[str, Any], writes: Any) -> Any:
@@ -295,7 +301,7 @@ def started(values: dict[str, Any], writes: Any) -> Any:
     after = writes.after
     for name in _RESET:
         value = getattr(after, name)
-        if name not in writes and values.get(name, value) != value:
+        if name not in writes and not _same(values.get(name, value), value):
             writes[name] = value
     return writes
 

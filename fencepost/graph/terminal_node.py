@@ -24,6 +24,7 @@ from fencepost.policy import (
     terminate,
 )
 from fencepost.policy.context import coerce_context
+from fencepost.policy.decide import judged_stop
 from fencepost.policy.run_check import stop
 
 # Stops that mean the account on this thread is not (or not provably) this caller's: closing
@@ -54,7 +55,11 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
         return {}
     else:
         current = before
-    ending = current.stop or stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
+    ending = judged_stop(
+        current,
+        current.stop or stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit"),
+        require_citations=io.cfg.require_citations,
+    )
     state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
     # The report needs the batch the run stopped in: terminate() clears it.
     state = state.model_copy(update={"report": stop_report(state, unfinished=current.batch)})

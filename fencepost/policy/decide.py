@@ -16,6 +16,7 @@ from fencepost.policy.fingerprint import fits_checkpoint
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.run_check import stop
 from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.terminate import MissingCitation, UnsupportedCitation, validate_final_answer
 
 RETRYABLE_MODEL_CODES = frozenset(
@@ -110,3 +111,24 @@ def conclude(
     if isinstance(decision, AbstainProposal):
         return StopRequest(reason=TerminationReason(decision.reason))
     return calls_of(decided)
+
+
+def judged_stop(state: AgentState, ending: StopRequest, *, require_citations: bool) -> StopRequest:
+    """The stop a run ends with, judged again against the state it ends in.
+
+    A ``completed`` stop is only what :func:`conclude` makes of a final answer; one that reached
+    the end by another road (written into state by a caller) must pass the same checks: an
+    answer, no accepted work pending, every citation an observation of the run. Otherwise the
+    run ends ``invalid_proposal``, never ``completed``. Any other stop is returned as it is.
+    """
+    if ending.reason is not TerminationReason.COMPLETED:
+        return ending
+    if ending.answer is None:
+        return stop(TerminationReason.INVALID_PROPOSAL, InvalidProposal().code)
+    if pending_tasks(state.receipts):
+        return stop(TerminationReason.INVALID_PROPOSAL, FinalRefused().code)
+    try:
+        validate_final_answer(ending.answer, state, require_citations=require_citations)
+    except (UnsupportedCitation, MissingCitation) as exc:
+        return stop(TerminationReason.INVALID_PROPOSAL, exc.code)
+    return ending

@@ -96,3 +96,32 @@ def test_missing_citations_are_rejected_only_when_required() -> None:
 def test_duplicate_citations_are_collapsed_in_order() -> None:
     answer = AnswerPayload(text="x", citations=("b", "a", "b"))
     assert answer.citations == ("b", "a")
+
+
+def test_a_completed_stop_is_judged_again_at_the_end_as_a_final_answer_would_be() -> None:
+    from fencepost.policy.decide import judged_stop
+    from fencepost.policy.state import StopRequest
+
+    def completed(answer: AnswerPayload | None) -> StopRequest:
+        return StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
+
+    observed = _observed()
+    good = completed(AnswerPayload(text="One hit.", citations=("call-0001",)))
+    assert judged_stop(observed, good, require_citations=True) is good
+    for ending, code, required in (
+        (completed(None), "malformed_decision", False),
+        (
+            completed(AnswerPayload(text="x", citations=("call-0002",))),
+            "unsupported_citation",
+            False,
+        ),
+        (completed(AnswerPayload(text="x")), "missing_citation", True),
+    ):
+        judged = judged_stop(observed, ending, require_citations=required)
+        assert (judged.reason, judged.error_code, judged.answer) == (
+            TerminationReason.INVALID_PROPOSAL,
+            code,
+            None,
+        )
+    other = StopRequest(reason=TerminationReason.POLICY_DENIED, error_code="x")
+    assert judged_stop(observed, other, require_citations=True) is other

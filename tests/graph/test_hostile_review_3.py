@@ -1,0 +1,367 @@
+"""Hostile review of the defaulted channels (``channels.Defaulted``/``channels.Records``), the
+"an equal value is not written again" rule of ``state.changed``, ``state.started``, the ledger's
+tuple records and the gate's later VALIDATE phase.
+
+Each probe takes one hostile seat: a caller holding the thread's config (any ``update_state`` or
+``Command(update=..., resume=...)``, before a run, while it is paused, after it ended), another
+tenant sharing the process, one graph and one ledger, or the process itself (a tool raising
+``SystemExit``, a model that never returns). Tests that fail name the rule a hole breaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.types import Command
+
+import fencepost as fp
+from fencepost.graph.serde import fencepost_serializer
+from fencepost.policy import Phase, StopRequest, TerminationReason
+from fencepost.policy.fingerprint import proposal_fingerprint
+from fencepost.policy.tasks import pending_tasks
+from tests.graph.kit import (
+    Calls,
+    budget,
+    call,
+    context,
+    final_citing_last,
+    harness,
+    make_registry,
+    thread,
+    upload_registry,
+)
+
+ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
+DOCS = frozenset({"docs:write"})
+FORGED_ANSWER = fp.AnswerPayload(text="forged", citations=("call-0001",))
+
+
+def _state(h: Any, config: dict[str, Any]) -> fp.AgentState:
+    return fp.run_output(h.graph.get_state(config).values)
+
+
+def _terminal_manifests(state: fp.AgentState) -> int:
+    return sum(1 for m in state.manifests if m.phase is Phase.TERMINAL)
+
+
+def _final_citing_all(inp: fp.DecisionInput) -> fp.FinalProposal:
+    cited = tuple(o.call_id for o in inp.observations if o.kind == "tool_result")
+    return fp.FinalProposal(answer=fp.AnswerPayload(text="Uploaded.", citations=cited))
+
+
+# --- a caller: before the run -----------------------------------------------------------------
+
+
+def test_a_stop_or_terminal_phase_written_before_the_run_began_does_not_end_it_undecided() -> None:
+    # Before a run exists on the thread, a stop or a terminal phase in its channels is not the
+    # run's: route_start sends it to decide, not to the terminal node (which would begin the run
+    # and end it step_budget_exhausted/recursion_limit with no step taken).
+    for seeded in (
+        {"stop": StopRequest(reason=TerminationReason.POLICY_DENIED, error_code="forged")},
+        {"phase": Phase.TERMINAL},
+    ):
+        h = harness([call(n=1), final_citing_last])
+        config = thread()
+        h.graph.update_state(config, seeded, as_node="approve")
+        out = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=context()))
+        assert out.termination is TerminationReason.COMPLETED, (seeded, out.last_error_code)
+        assert h.calls.count("search_logs") == 1
+
+
+def test_every_defaulted_field_a_caller_seeds_on_a_fresh_thread_is_reset_at_the_run_start() -> None:
+    h = harness([call(n=1), final_citing_last])
+    config = thread()
+    forged_write = fp.policy.BatchEntry(
+        proposal=call("write_note", 1, note="forged"),
+        verdict=fp.policy.Verdict(
+            call_id="call-0001",
+            tool_name="write_note",
+            fingerprint=proposal_fingerprint("write_note", {"note": "forged"}),
+            code=fp.policy.VerdictCode.ALLOWED,
+        ),
+    )
+    seeded: dict[str, Any] = {
+        "batch": (forged_write,),
+        "termination": TerminationReason.COMPLETED,
+        "final_answer": FORGED_ANSWER,
+        "open_tasks": ("task-x",),
+        "model_failures": 5,
+        "repair_notes": ("forged",),
+        "tenant_id": "other-tenant",
+        "principal_id": "intruder",
+        "step": 40,
+    }
+    h.graph.update_state(config, seeded, as_node="execute")
+    out = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=context()))
+    assert h.calls.count("write_note") == 0
+    assert out.termination is TerminationReason.COMPLETED
+    assert out.final_answer is not None and out.final_answer.text != "forged"
+    assert (out.tenant_id, out.principal_id) == ("acme", "u-1")
+    assert out.open_tasks == () and out.model_failures == 0 and out.repair_notes == ()
+    assert out.step == out.budget.steps_used == 2
+    assert out.report is not None and out.report.reason is TerminationReason.COMPLETED
+
+
+# --- a caller: mid-run and after the end -------------------------------------------------------
+
+
+def test_a_plain_string_phase_a_caller_wrote_is_replaced_so_an_ended_run_stays_ended() -> None:
+    # A JSON client spells the phase "terminal", equal to Phase.TERMINAL (a str enum) but not it.
+    # state.changed skips only a value equal AND of the same type, so the terminal node writes
+    # the enum over it: `phase is Phase.TERMINAL` holds, and a later invoke cannot end the run a
+    # second time with whatever stop the caller writes then.
+    h = harness([call(n=1), ABSTAIN])
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_after=["execute"])
+    h.graph.invoke(None, config, context=ctx, interrupt_after=["decide"])
+    assert _state(h, config).stop is not None  # the run's own abstain, not yet terminal
+    h.graph.update_state(config, {"phase": "terminal"}, as_node="decide")
+    h.graph.invoke(None, config, context=ctx)
+    assert h.graph.get_state(config).values["phase"] is Phase.TERMINAL
+    forged = StopRequest(reason=TerminationReason.COMPLETED, answer=FORGED_ANSWER)
+    h.graph.update_state(config, {"stop": forged}, as_node="execute")
+    h.graph.invoke(None, config, context=ctx)
+    state = _state(h, config)
+    assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
+    assert state.final_answer is None
+    assert _terminal_manifests(state) == 1
+
+
+def test_overwriting_the_receipts_in_state_never_lets_a_final_pass_with_a_task_pending() -> None:
+    # receipts only grow: LangGraph's Overwrite (here its JSON form {"__overwrite__": v}, what a
+    # server client can send) is dropped by channels.Records, so decide still judges a final
+    # answer by the pending receipt.
+    h = harness(
+        [
+            fp.ToolProposal(
+                call_id="call-0001", tool_name="upload_document", arguments={"name": "a.pdf"}
+            ),
+            _final_citing_all,
+            _final_citing_all,
+            ABSTAIN,
+        ],
+        registry=upload_registry({"status": "done"}),
+    )
+    config, ctx = thread(), context(caps=DOCS)
+    h.graph.invoke(
+        fp.start("upload", budget(steps=5, tools=3)),
+        config,
+        context=ctx,
+        interrupt_after=["execute"],
+    )
+    assert [r.call_id for r in pending_tasks(_state(h, config).receipts)] == ["call-0001"]
+    h.graph.update_state(
+        config, {"receipts": {"__overwrite__": ()}, "open_tasks": ()}, as_node="execute"
+    )
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert state.termination is not TerminationReason.COMPLETED
+    assert [r.call_id for r in pending_tasks(state.receipts)] == ["call-0001"]
+
+
+def test_overwriting_the_fingerprints_in_state_does_not_reset_the_no_progress_count() -> None:
+    # fingerprints' reducer only raises counts ("a state edit cannot reset the no-progress
+    # check"); an Overwrite, which would skip the reducer, is dropped.
+    baseline = harness([*(call(n=i, query="same") for i in range(1, 12)), ABSTAIN])
+    assert baseline.run(steps=12, tools=10).termination is TerminationReason.NO_PROGRESS
+    limit = baseline.calls.count("search_logs")
+
+    h = harness([*(call(n=i, query="same") for i in range(1, 12)), ABSTAIN])
+    config, ctx = thread(), context()
+    h.graph.invoke(
+        fp.start("q", budget(steps=12, tools=10)), config, context=ctx, interrupt_after=["execute"]
+    )
+    for _ in range(15):
+        if _state(h, config).is_terminal:
+            break
+        h.graph.update_state(config, {"fingerprints": {"__overwrite__": {}}}, as_node="execute")
+        h.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
+    state = _state(h, config)
+    assert state.termination is TerminationReason.NO_PROGRESS
+    assert h.calls.count("search_logs") == limit
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit, older than the default channels: a node reads revived values without "
+    "validating each scalar again, so a None written over an int or a tuple fails the next step",
+)
+@pytest.mark.parametrize("field", ["repairs", "open_tasks"])
+def test_a_none_a_caller_writes_mid_run_still_ends_the_run_typed_and_readable(field: str) -> None:
+    # Low severity, the same before this change: None sent with the approval either makes invoke
+    # raise a raw TypeError (open_tasks, batch) or is carried, unwritten, into the ended state,
+    # which then no longer reads back as an AgentState (repairs, model_failures).
+    h = harness([call("write_note", 1, note="a"), final_citing_last], approval="interrupt")
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    h.graph.invoke(Command(update={field: None}, resume="approve"), config, context=ctx)
+    state = _state(h, config)
+    assert state.is_terminal and state.termination is not None
+    assert h.calls.count("write_note") <= 1
+
+
+def test_a_stop_a_caller_writes_while_paused_never_ends_the_run_with_an_unverified_answer() -> None:
+    # update_state(..., as_node="approve") stands in for the approve node and route_after_approve
+    # sends the stop to the terminal node, which judges a completed stop again (policy
+    # judged_stop): no tool ran and the citation names no observation, so it is not completed.
+    h = harness([call("write_note", 1, note="a"), final_citing_last], approval="interrupt")
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    unverified = fp.AnswerPayload(text="forged", citations=("call-0009",))
+    forged = StopRequest(reason=TerminationReason.COMPLETED, answer=unverified)
+    h.graph.update_state(config, {"stop": forged}, as_node="approve")
+    h.graph.invoke(None, config, context=ctx)
+    state = _state(h, config)
+    assert state.is_terminal
+    assert state.final_answer is None or set(state.final_answer.citations) <= state.evidence_ids()
+    assert state.termination is not TerminationReason.COMPLETED
+
+
+def test_forged_values_sent_with_an_approval_never_become_the_runs_end() -> None:
+    h = harness(
+        [call("write_note", 1, note="a"), call(n=2), final_citing_last], approval="interrupt"
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    forged = {
+        "termination": TerminationReason.NO_PROGRESS,
+        "final_answer": FORGED_ANSWER,
+        "last_error_code": "forged",
+        "report": None,
+        "model_failures": 1,
+    }
+    state = fp.run_output(
+        h.graph.invoke(Command(update=forged, resume="approve"), config, context=ctx)
+    )
+    assert state.termination is TerminationReason.COMPLETED
+    assert state.final_answer is not None and state.final_answer.text != "forged"
+    assert state.last_error_code is None
+    assert state.report is not None and state.report.reason is TerminationReason.COMPLETED
+    assert [n for n, _, _ in h.calls.log] == ["write_note", "search_logs"]
+
+
+# --- another tenant: one graph, one ledger, two threads ----------------------------------------
+
+
+def test_two_tenants_interleaved_on_one_graph_and_ledger_share_no_state_or_budget() -> None:
+    ledger = fp.InMemoryLedger()
+    calls = Calls()
+
+    def script(inp: fp.DecisionInput) -> Any:
+        # Each run's first decision is its own write; then it answers from what it saw.
+        if not inp.observations:
+            return call("write_note", 1, note=inp.question)
+        if any(o.kind == "tool_result" for o in inp.observations):
+            return final_citing_last(inp)
+        return ABSTAIN
+
+    h = harness([script] * 8, approval="interrupt", ledger=ledger, calls=calls)
+    ca, cb = thread(), thread()
+    xa = context(tenant="tenant-a", principal="alice")
+    xb = context(tenant="tenant-b", principal="bob")
+    h.graph.invoke(fp.start("a", budget(steps=4, tools=2), run_id="same"), ca, context=xa)
+    h.graph.invoke(fp.start("b", budget(steps=6, tools=3), run_id="same"), cb, context=xb)
+    b = fp.run_output(h.graph.invoke(Command(resume="approve"), cb, context=xb))
+    a = fp.run_output(h.graph.invoke(Command(resume="reject"), ca, context=xa))
+    assert [(n, args) for n, args, _ in calls.log] == [("write_note", {"note": "b"})]
+    assert b.termination is TerminationReason.COMPLETED
+    assert a.termination is TerminationReason.INSUFFICIENT_EVIDENCE
+    assert (a.tenant_id, a.principal_id, b.tenant_id, b.principal_id) == (
+        "tenant-a",
+        "alice",
+        "tenant-b",
+        "bob",
+    )
+    assert (b.budget.steps_used, b.budget.tool_calls_used, b.budget.steps_remaining) == (2, 1, 4)
+    assert (a.budget.steps_used, a.budget.tool_calls_used, a.budget.steps_remaining) == (2, 0, 2)
+    assert [o.call_id for o in b.observations] == ["call-0001"]
+    assert all(o.kind == "tool_error" for o in a.observations)
+    assert b.final_answer is not None and a.final_answer is None
+    assert a.report is not None and b.report is not None and a.report != b.report
+    # What one run's values hand out cannot reach the other's: scribbling on them changes nothing.
+    values = h.graph.get_state(cb).values
+    values["fingerprints"]["x"] = 99
+    values["evidence"]["x"] = "forged"
+    assert "x" not in _state(h, ca).fingerprints and "x" not in _state(h, cb).evidence
+
+
+# --- the process: a tool raising SystemExit, a model that never returns --------------------------
+
+
+def _never(inp: fp.DecisionInput) -> Any:
+    return asyncio.Event().wait()
+
+
+def test_a_hung_model_and_a_system_exit_tool_end_typed_and_a_new_graph_reads_every_field_back(
+    tmp_path: Path,
+) -> None:
+    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    def exits(ctx: fp.ToolContext) -> Any:
+        """Ends the process, if it can."""
+        raise SystemExit(3)
+
+    script = [
+        _never,
+        fp.ToolProposal(call_id="call-0001", tool_name="exits", arguments={}),
+        call("write_note", 2, note="x"),
+        call(n=3),
+        final_citing_last,
+    ]
+    db = tmp_path / "runs.db"
+    conn = sqlite3.connect(db, check_same_thread=False)
+    calls = Calls()
+    registry = make_registry(calls, extra=(exits,))
+    h = harness(
+        script,
+        checkpointer=SqliteSaver(conn, serde=fencepost_serializer()),
+        registry=registry,
+        calls=calls,
+        approval="interrupt",
+        model_timeout_seconds=0.3,
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget(steps=8, tools=5)), config, context=ctx)
+    paused = h.graph.get_state(config)
+    assert paused.next == ("approve",)
+    seen = fp.run_output(paused.values)
+    conn.close()
+
+    conn2 = sqlite3.connect(db, check_same_thread=False)
+    again = harness(
+        script[3:],
+        checkpointer=SqliteSaver(conn2, serde=fencepost_serializer()),
+        registry=registry,
+        calls=calls,
+        approval="interrupt",
+    )
+    read_back = fp.run_output(again.graph.get_state(config).values)
+    assert read_back == seen
+    assert read_back.receipts[0].error_code is fp.ErrorCode.INTERNAL_ERROR
+    assert read_back.model_failures == 0 and read_back.step == 3
+    state = fp.run_output(again.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+    assert [n for n, _, _ in calls.log] == ["write_note", "search_logs"]
+    assert fp.run_output(again.graph.get_state(config).values) == state
+    conn2.close()
+
+
+def test_values_streamed_at_one_step_are_never_changed_by_a_later_step() -> None:
+    # channels.Shared copies share their value: safe only while no reducer changes one in place.
+    h = harness([call(n=1), call(n=2, query="other"), call(n=1, query="again"), final_citing_last])
+    names = ("fingerprints", "evidence", "answered", "observations", "receipts", "messages")
+    seen: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for chunk in h.graph.stream(
+        fp.start("q", budget(steps=6, tools=4)), thread(), context=context(), stream_mode="values"
+    ):
+        kept = {n: chunk[n] for n in names if n in chunk}
+        seen.append((kept, copy.deepcopy(kept)))
+    assert len(seen) > 3
+    for live, then in seen:
+        assert {n: list(v) if isinstance(v, list) else v for n, v in live.items()} == {
+            n: list(v) if isinstance(v, list) else v for n, v in then.items()
+        }
