@@ -45,7 +45,8 @@ def test_search_then_final_completes(saver: Any) -> None:
     assert isinstance(h.graph.get_state(config).values["budget"], fp.RuntimeBudget)
 
 
-def test_approval_pause_and_resume_keeps_budget_and_runs_once(saver: Any) -> None:
+def _paused_at_a_write(saver: Any) -> tuple[Any, dict[str, Any], fp.RunContext]:
+    """A run that searched once and is paused at the approval of a write."""
     h = harness(
         [call(n=1), call("write_note", 2, note="x"), final_citing_last],
         checkpointer=saver,
@@ -53,6 +54,11 @@ def test_approval_pause_and_resume_keeps_budget_and_runs_once(saver: Any) -> Non
     )
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget(steps=5, tools=5)), config, context=ctx)
+    return h, config, ctx
+
+
+def test_approval_pause_and_resume_keeps_budget_and_runs_once(saver: Any) -> None:
+    h, config, ctx = _paused_at_a_write(saver)
     state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
     assert state.termination is fp.TerminationReason.COMPLETED
     assert state.budget.steps_used == 3 and state.budget.tool_calls_used == 2
@@ -78,13 +84,7 @@ _LEFT_AT_DEFAULT = (
 def test_a_field_left_at_its_default_is_never_written_yet_every_field_reads_back(
     saver: Any,
 ) -> None:
-    h = harness(
-        [call(n=1), call("write_note", 2, note="x"), final_citing_last],
-        checkpointer=saver,
-        approval="interrupt",
-    )
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget(steps=5, tools=5)), config, context=ctx)
+    h, config, ctx = _paused_at_a_write(saver)
     versions = saver.get_tuple(config).checkpoint["channel_versions"]
     assert not set(_LEFT_AT_DEFAULT) & set(versions)
     # A server client and get_state still see every key of the paused run, at its default.
