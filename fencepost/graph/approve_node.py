@@ -10,7 +10,8 @@ from langgraph.types import interrupt
 from fencepost.graph.gate_step import reserve_batch
 from fencepost.graph.loop import Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.state import changed, require_state
+from fencepost.graph.state import require_state
+from fencepost.graph.writes import changed
 from fencepost.policy import Phase, reduce_tool_events
 from fencepost.policy.approval import (
     ApprovalProblem,

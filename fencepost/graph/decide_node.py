@@ -10,7 +10,8 @@ from fencepost.graph.gate_step import gate
 from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import account_of, open_run, reserve, viewed
-from fencepost.graph.state import StartRequest, changed, load_state, request_from
+from fencepost.graph.state import StartRequest, load_state, request_from
+from fencepost.graph.writes import changed
 from fencepost.policy import (
     AbstainProposal,
     AgentState,

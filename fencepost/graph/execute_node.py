@@ -11,7 +11,8 @@ from langgraph.runtime import Runtime
 from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
 from fencepost.graph.node_io import AsyncIO, NodeIO
 from fencepost.graph.run_account import account_of, reserve, reserve_or_exhausted, viewed
-from fencepost.graph.state import changed, require_state
+from fencepost.graph.state import require_state
+from fencepost.graph.writes import changed
 from fencepost.policy import (
     AgentState,
     Balance,

@@ -19,7 +19,8 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from fencepost.graph.loop import Update
-from fencepost.graph.state import Writes, applied, load_state
+from fencepost.graph.state import load_state
+from fencepost.graph.writes import Writes, applied
 from fencepost.policy import AgentState, Observation
 from fencepost.policy.untrusted import observation_content
 

@@ -19,8 +19,8 @@ from fencepost.graph.loop import LoopConfig, Update
 from fencepost.graph.messages import with_messages
 from fencepost.graph.model_call import ModelCall, ModelRun, run_model, run_model_blocking
 from fencepost.graph.portal import run_sync
-from fencepost.graph.state import started
 from fencepost.graph.tool_runner import ToolRun, run_tool, run_tool_blocking
+from fencepost.graph.writes import started
 from fencepost.policy import Balance, Reservation, ToolContext, ToolSpec
 
 T = TypeVar("T")

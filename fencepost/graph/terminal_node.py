@@ -11,7 +11,8 @@ from fencepost.graph.decide_node import begin
 from fencepost.graph.loop import Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import account_of, open_run
-from fencepost.graph.state import changed, load_state, request_from
+from fencepost.graph.state import load_state, request_from
+from fencepost.graph.writes import changed
 from fencepost.policy import (
     AgentState,
     InMemoryLedger,

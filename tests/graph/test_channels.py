@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import StateGraph
 
-from fencepost.graph.state import _UNSET, GraphState
+from fencepost.graph.state import GraphState
+from fencepost.graph.writes import _UNSET
 from fencepost.policy import AgentState
 
 _words = st.text(alphabet="abcdefgh", min_size=1, max_size=4)
