@@ -217,14 +217,7 @@ def others_part(budget: float, quick: bool) -> str:
         timeout = max(share, float(wanted.group(1))) if wanted and not quick else share
         t0 = time.perf_counter()
         try:
-            done = subprocess.run(
-                [sys.executable, str(script)],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                cwd=HERE.parent,
-                env=env,
-            )
+            done = _run_script(script, timeout, env)
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
             lines += [f"### {script.name}: stopped after {timeout:.0f} s", "", _nest(out), ""]
@@ -239,6 +232,30 @@ def others_part(budget: float, quick: bool) -> str:
         lines += [_nest(out) or "(no output)", ""]
         sys.stderr.write(done.stderr[-2000:])
     return "\n".join(lines)
+
+
+def _run_script(
+    script: Path, timeout: float, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` to its end or ``timeout``; on timeout its whole process group is killed
+    (a script's worker processes too: killing the script alone left them running, holding
+    database connections, after ``make bench`` had ended)."""
+    with subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=HERE.parent,
+        env=env,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            raise subprocess.TimeoutExpired(proc.args, timeout, output=out) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _nest(out: str) -> str:
