@@ -19,8 +19,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from fencepost.graph.loop import Update
-from fencepost.graph.state import load_state
-from fencepost.graph.writes import Writes, applied
+from fencepost.graph.writes import Writes
 from fencepost.policy import AgentState, Observation
 from fencepost.policy.untrusted import observation_content
 
@@ -104,24 +103,16 @@ def messages_for(
 
 
 def with_messages(values: dict[str, Any], update: Update) -> Update:
-    """A node's channel writes (``update``, made from ``values``) plus the messages showing them."""
-    if not isinstance(update, dict):
-        return update
-    if isinstance(update, Writes):
-        if not update:
-            return {}
-        # The body's own states: reading its writes back into state again costs a state load.
-        before: AgentState | None = update.before
-        after: AgentState | None = update.after
-        update = dict(update)  # LangGraph, and a stream of updates, get a plain dict
-    elif not update:
-        return update
-    else:
-        before = load_state(values)
-        after = applied(before, update)
-    if after is None:
-        return update
-    shown = messages_for(before, after, question_given=before is None and not values.get("request"))
-    if not shown:
-        return update
-    return {**update, "messages": shown}
+    """A node's channel writes (what :func:`~fencepost.graph.writes.changed` made of its step)
+    plus the messages showing them, as the plain dict LangGraph and a stream of updates get."""
+    if not update:
+        return {}
+    if not isinstance(update, Writes):
+        # Messages are derived from the two states the writes were made from; a body that
+        # wrote a dict of its own would leave the conversation silently behind its state.
+        raise TypeError("a node body returns its writes as changed(before, after) makes them")
+    before = update.before
+    shown = messages_for(
+        before, update.after, question_given=before is None and not values.get("request")
+    )
+    return {**update, "messages": shown} if shown else dict(update)

@@ -64,10 +64,14 @@ class StartRequest(Frozen):
     )
 
 
+def field_default(name: str) -> Any:
+    """The default of AgentState field ``name`` (a fresh one where it has a factory)."""
+    return AgentState.model_fields[name].get_default(call_default_factory=True)
+
+
 def _unset(name: str) -> Defaulted:
     """The channel of AgentState field ``name``: read as the field's default until written."""
-    field = AgentState.model_fields[name]
-    return Defaulted(field.annotation, default=field.get_default(call_default_factory=True))
+    return Defaulted(AgentState.model_fields[name].annotation, default=field_default(name))
 
 
 class GraphState(TypedDict, total=False):

@@ -1,36 +1,40 @@
-"""A node's channel writes: what a node changed, as LangGraph channel updates, and back.
+"""A node's channel writes: the step from one AgentState to the next, as LangGraph updates.
 
 A node computes the next AgentState; :func:`changed` turns the step from one state to the next
 into the writes that make it (only the fields that changed, only the items a record gained,
 nothing for a field a new run leaves at its default), :func:`started` makes a new run's first
-writes safe against values a caller put in the thread first, and :func:`applied` is the inverse.
+writes safe against values a caller put in the thread first (the messages view is derived from
+the two states a :class:`Writes` carries, in :mod:`fencepost.graph.messages`).
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any, get_type_hints
 
 from fencepost.graph.channels import Defaulted, Records
-from fencepost.graph.state import _FIELDS, GraphState
+from fencepost.graph.state import _FIELDS, GraphState, field_default
 from fencepost.policy import AgentState
 from fencepost.policy.revised import changes_since
 
-_FIELD_SET = frozenset(_FIELDS)
-
 _APPENDED = frozenset({"observations", "proposals", "receipts", "manifests"})
-_UNSET: dict[str, Any] = {
-    name: AgentState.model_fields[name].get_default(call_default_factory=True)
-    for name, hint in get_type_hints(GraphState, include_extras=True).items()
-    if any(isinstance(m, Defaulted | Records) for m in getattr(hint, "__metadata__", ()))
-    and name in AgentState.model_fields
-}
+_HINTS = get_type_hints(GraphState, include_extras=True)
+
+
+def _fields_on(kind: type[Any] | types.UnionType) -> tuple[str, ...]:
+    """The AgentState fields whose channel is a ``kind``."""
+    return tuple(
+        name
+        for name in _FIELDS
+        if any(isinstance(m, kind) for m in getattr(_HINTS[name], "__metadata__", ()))
+    )
+
+
+_UNSET: dict[str, Any] = {name: field_default(name) for name in _fields_on(Defaulted | Records)}
 """Fields whose channel reads as the field's default until written: a new run leaves them
 unwritten while they hold it."""
-_RESET = tuple(
-    name
-    for name, hint in get_type_hints(GraphState, include_extras=True).items()
-    if any(isinstance(m, Defaulted) for m in getattr(hint, "__metadata__", ()))
-)
+_RESET = _fields_on(Defaulted)
+"""Of those, the ones a write replaces (a record channel only grows: nothing to reset)."""
 
 
 class Writes(dict[str, Any]):
@@ -99,28 +103,3 @@ def started(values: dict[str, Any], writes: Any) -> Any:
         if name not in writes and not _same(values.get(name, value), value):
             writes[name] = value
     return writes
-
-
-def applied(before: AgentState | None, writes: dict[str, Any]) -> AgentState | None:
-    """The state ``writes`` (what :func:`changed` returned) turn ``before`` into: its inverse.
-    ``None`` when there is still no run (a node that wrote nothing to a fresh thread)."""
-    if before is None:
-        if "run_id" not in writes:
-            return None
-        return AgentState.model_construct(**{n: writes[n] for n in _FIELDS if n in writes})
-    update: dict[str, Any] = {}
-    for name, value in writes.items():
-        if name not in _FIELD_SET:
-            continue
-        if name in _APPENDED:
-            update[name] = getattr(before, name) + tuple(value)
-        elif name in ("evidence", "answered"):
-            update[name] = {**getattr(before, name), **value}
-        elif name == "fingerprints":
-            counts = dict(before.fingerprints)
-            for key, count in value.items():
-                counts[key] = max(count, counts.get(key, 0))
-            update[name] = counts
-        else:
-            update[name] = value
-    return before.model_copy(update=update)
