@@ -13,6 +13,7 @@ from fencepost.policy.decision import AbstainProposal, FinalProposal, InvalidPro
 from fencepost.policy.decision_model import Decided, ToolBatch
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import fits_checkpoint
+from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.run_check import stop
 from fencepost.policy.state import AgentState, StopRequest
@@ -101,13 +102,7 @@ def conclude(
     if isinstance(decision, ToolProposal | ToolBatch) and final_turn:
         return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "answer_margin")
     if isinstance(decision, FinalProposal):
-        try:
-            answer = validate_final_answer(
-                decision.answer, state, require_citations=require_citations
-            )
-        except (UnsupportedCitation, MissingCitation) as exc:
-            return stop(TerminationReason.INVALID_PROPOSAL, exc.code)
-        return StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
+        return _completed(decision.answer, state, require_citations=require_citations)
     if isinstance(decision, AbstainProposal):
         return StopRequest(reason=TerminationReason(decision.reason))
     return calls_of(decided)
@@ -127,8 +122,15 @@ def judged_stop(state: AgentState, ending: StopRequest, *, require_citations: bo
         return stop(TerminationReason.INVALID_PROPOSAL, InvalidProposal().code)
     if pending_tasks(state.receipts):
         return stop(TerminationReason.INVALID_PROPOSAL, FinalRefused().code)
+    judged = _completed(ending.answer, state, require_citations=require_citations)
+    return ending if judged.reason is TerminationReason.COMPLETED else judged
+
+
+def _completed(answer: AnswerPayload, state: AgentState, *, require_citations: bool) -> StopRequest:
+    """``completed`` with ``answer`` if its citations are server-verified, else the stop the
+    failed check means (``invalid_proposal``, never ``completed``)."""
     try:
-        validate_final_answer(ending.answer, state, require_citations=require_citations)
+        answer = validate_final_answer(answer, state, require_citations=require_citations)
     except (UnsupportedCitation, MissingCitation) as exc:
         return stop(TerminationReason.INVALID_PROPOSAL, exc.code)
-    return ending
+    return StopRequest(reason=TerminationReason.COMPLETED, answer=answer)

@@ -123,5 +123,20 @@ def test_a_completed_stop_is_judged_again_at_the_end_as_a_final_answer_would_be(
             code,
             None,
         )
+    # Accepted work still pending: the answer is not judged done, however well it cites.
+    from fencepost.policy import Receipt, ReceiptStatus
+
+    accepted = Receipt(
+        call_id="call-0003",
+        tool_name="upload_document",
+        status=ReceiptStatus.ACCEPTED_PENDING,
+        task_id="task-1",
+    )
+    pending = observed.model_copy(update={"receipts": (*observed.receipts, accepted)})
+    judged = judged_stop(pending, good, require_citations=False)
+    assert (judged.reason, judged.error_code) == (
+        TerminationReason.INVALID_PROPOSAL,
+        "tasks_pending",
+    )
     other = StopRequest(reason=TerminationReason.POLICY_DENIED, error_code="x")
     assert judged_stop(observed, other, require_citations=True) is other
