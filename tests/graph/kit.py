@@ -34,6 +34,12 @@ class Calls:
         return sum(1 for n, _, _ in self.log if n == name)
 
 
+ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
+"""The model declining to answer: ends a run insufficient_evidence."""
+DOCS = frozenset({"docs:write"})
+"""The capability the upload registry's tools need."""
+
+
 def make_registry(
     calls: Calls, *, search_result: Any = None, extra: Sequence[fp.ToolSpec] = ()
 ) -> fp.ToolRegistry:

@@ -37,7 +37,7 @@ from fencepost.graph.model_call import run_model, run_model_blocking
 from fencepost.graph.portal import run_sync_shared
 from fencepost.graph.tool_runner import ToolRun, run_tool_blocking
 from tests.graph import test_tool_isolation as isolation
-from tests.graph.kit import Harness, budget, call, context, harness, thread
+from tests.graph.kit import ABSTAIN, Harness, budget, call, context, harness, thread
 from tests.graph.test_hostile_review import _saver_bytes
 from tests.graph.test_tool_isolation import (
     BASE_EXCEPTIONS,
@@ -55,7 +55,6 @@ release = isolation.release
 small_pool = isolation.small_pool
 """A fixture: a pool of 2 threads that may grow to 4, in place of the process's pool."""
 
-ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
 ABSTAIN_ENDS = fp.TerminationReason.INSUFFICIENT_EVIDENCE
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="unset")
 

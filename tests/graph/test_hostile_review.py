@@ -23,9 +23,8 @@ from pydantic import BaseModel, ConfigDict
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.policy.keys import run_account
-from tests.graph.kit import Calls, budget, call, context, harness, make_registry, thread
+from tests.graph.kit import ABSTAIN, Calls, budget, call, context, harness, make_registry, thread
 
-ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
 CANARY = "canary-s3cr3t-7f1e"
 
 

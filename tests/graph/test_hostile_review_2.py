@@ -23,6 +23,8 @@ from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gating import invalid_dependencies
 from fencepost.policy.tasks import pending_tasks
 from tests.graph.kit import (
+    ABSTAIN,
+    DOCS,
     budget,
     call,
     context,
@@ -31,9 +33,6 @@ from tests.graph.kit import (
     thread,
     upload_registry,
 )
-
-ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
-DOCS = frozenset({"docs:write"})
 
 
 def _p(tool: str, n: int, depends_on: tuple[str, ...] = (), **arguments: Any) -> fp.ToolProposal:

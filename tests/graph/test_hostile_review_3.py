@@ -26,6 +26,8 @@ from fencepost.policy import Phase, StopRequest, TerminationReason
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.tasks import pending_tasks
 from tests.graph.kit import (
+    ABSTAIN,
+    DOCS,
     Calls,
     budget,
     call,
@@ -37,8 +39,6 @@ from tests.graph.kit import (
     upload_registry,
 )
 
-ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
-DOCS = frozenset({"docs:write"})
 FORGED_ANSWER = fp.AnswerPayload(text="forged", citations=("call-0001",))
 
 

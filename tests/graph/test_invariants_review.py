@@ -35,6 +35,7 @@ import fencepost as fp
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.policy.keys import call_key, run_account
 from tests.graph.kit import (
+    ABSTAIN,
     Calls,
     Harness,
     budget,
@@ -46,8 +47,6 @@ from tests.graph.kit import (
     make_registry,
     thread,
 )
-
-ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
 
 
 def _allowed(proposal: fp.ToolProposal) -> fp.policy.Verdict:

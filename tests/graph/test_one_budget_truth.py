@@ -41,10 +41,9 @@ from fencepost.policy import BudgetAxis, Reservation, UnknownAccount
 from fencepost.policy.keys import run_account
 from fencepost.policy.tool_decorator import tool
 from fencepost.reporting import load_runs
-from tests.graph.kit import Calls, call, context, final_citing_last, make_registry, thread
+from tests.graph.kit import ABSTAIN, Calls, call, context, final_citing_last, make_registry, thread
 
 AXES = tuple(BudgetAxis)
-ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
 
 
 def priced_tool(calls: Calls, cost: float) -> fp.ToolSpec:

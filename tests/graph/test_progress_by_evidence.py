@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
 from fencepost.policy import FakeClock
-from tests.graph.kit import context, harness, thread
+from tests.graph.kit import ABSTAIN, context, harness, thread
 
 
 class TaskArgs(BaseModel):
@@ -76,9 +76,6 @@ def _run(registry: fp.ToolRegistry, script: list[Any], **kw: Any) -> tuple[fp.Ag
     state = fp.run_output(out)
     ran = sum(1 for o in state.observations)
     return state, ran
-
-
-ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
 
 
 def test_the_same_call_with_the_same_result_is_no_progress() -> None:

@@ -16,9 +16,7 @@ from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
-from tests.graph.kit import budget, call, context, harness, thread
-
-ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
+from tests.graph.kit import ABSTAIN, budget, call, context, harness, thread
 
 
 def _state(h: Any, config: dict[str, Any]) -> fp.AgentState:
