@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from json.encoder import encode_basestring
 from typing import Any
 
 
@@ -16,7 +17,17 @@ def canonical_json(value: Any) -> str:
 
 def proposal_fingerprint(tool_name: str, arguments: Any) -> str:
     """sha256 of the canonical JSON of tool name and arguments; holds no argument text."""
-    canonical = canonical_json({"tool": tool_name, "arguments": arguments})
+    return fingerprint_of(tool_name, canonical_json(arguments))
+
+
+def fingerprint_of(tool_name: str, canonical_arguments: str) -> str:
+    """:func:`proposal_fingerprint` from arguments already in canonical JSON (the gate has
+    them for the schema check): the same text ``canonical_json({"tool": ..., "arguments":
+    ...})`` gives, as sorted keys put ``arguments`` first."""
+    # encode_basestring is what json.dumps(..., ensure_ascii=False) writes for a str.
+    canonical = (
+        '{"arguments":' + canonical_arguments + ',"tool":' + encode_basestring(tool_name) + "}"
+    )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 

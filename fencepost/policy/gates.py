@@ -7,6 +7,7 @@ Budget reservation comes last and lives in :mod:`fencepost.policy.budget`.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Mapping
 from datetime import date, datetime
 from typing import Any
@@ -15,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from fencepost.policy._model import assemble
 from fencepost.policy.decision import ToolProposal
-from fencepost.policy.fingerprint import canonical_json, proposal_fingerprint
+from fencepost.policy.fingerprint import canonical_json, fingerprint_of, proposal_fingerprint
 from fencepost.policy.progress import last_run_at, repeat_key
 from fencepost.policy.registry import ToolRegistry, UnknownTool
 from fencepost.policy.state import AgentState
@@ -62,13 +63,18 @@ def check_registered(registry: ToolRegistry, proposal: ToolProposal) -> ToolSpec
     return registry.get(proposal.tool_name)
 
 
-def check_schema(spec: ToolSpec, proposal: ToolProposal) -> BaseModel:
+def check_schema(
+    spec: ToolSpec, proposal: ToolProposal, *, canonical_arguments: str | None = None
+) -> BaseModel:
     """Gate 2: strict schema, no coercion, no extra keys. Raises pydantic ``ValidationError``.
 
     Validated as the JSON it is (strict JSON mode): ``"5"`` is still not an int, but a date given
     as ISO text, a tuple as a list and an enum as its value are accepted, as JSON has no others.
+    ``canonical_arguments`` is ``canonical_json(proposal.arguments)`` when the caller has it.
     """
-    return spec.args_model.model_validate_json(canonical_json(proposal.arguments), strict=True)
+    if canonical_arguments is None:
+        canonical_arguments = canonical_json(proposal.arguments)
+    return spec.args_model.model_validate_json(canonical_arguments, strict=True)
 
 
 _EMPTY_LIKE = frozenset({"", "*", "?", "null", "none", "undefined", "n/a", "na", "nil", "''", '""'})
@@ -88,6 +94,24 @@ def _is_empty_like(value: str) -> bool:
     return value.strip().strip("'\"").strip().lower() in _EMPTY_LIKE
 
 
+_Plan = tuple[tuple[str, ...], tuple[tuple[str, str], ...]]
+# Per arguments model, which built-in rules can apply to it: most tools have one query-like field
+# and no range, and the gate runs on every proposal. Weak keys: a model made per request goes.
+_PLANS: weakref.WeakKeyDictionary[type[BaseModel], _Plan] = weakref.WeakKeyDictionary()
+
+
+def _semantic_plan(model: type[BaseModel]) -> _Plan:
+    plan = _PLANS.get(model)
+    if plan is None:
+        # A validated instance's __dict__ holds its declared fields only (extras live apart).
+        names = model.model_fields
+        plan = _PLANS[model] = (
+            tuple(n for n in _QUERY_FIELDS if n in names),
+            tuple((lo, hi) for lo, hi in _RANGE_PAIRS if lo in names and hi in names),
+        )
+    return plan
+
+
 def check_semantics(spec: ToolSpec, args: BaseModel, state: AgentState) -> None:
     """Gate 3: rules a schema cannot say. Raises :class:`ToolSemanticError`.
 
@@ -96,11 +120,12 @@ def check_semantics(spec: ToolSpec, args: BaseModel, state: AgentState) -> None:
     ...) must not be reversed. Then the tool's own ``semantic_validator``, if any.
     """
     values: Mapping[str, Any] = args.__dict__
-    for name in _QUERY_FIELDS:
+    query_fields, range_pairs = _semantic_plan(type(args))
+    for name in query_fields:
         value = values.get(name)
         if isinstance(value, str) and _is_empty_like(value):
             raise ToolSemanticError(f"empty_{name}")
-    for low, high in _RANGE_PAIRS:
+    for low, high in range_pairs:
         a, b = values.get(low), values.get(high)
         comparable = (isinstance(a, datetime) and isinstance(b, datetime)) or (
             isinstance(a, date)
@@ -227,7 +252,9 @@ def gate_proposal(
 
     ``counts`` overrides ``state.fingerprints`` for the repeat check (a batch gated call by call).
     """
-    fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
+    # One canonical text of the arguments serves the fingerprint and the schema check.
+    canonical_arguments = canonical_json(proposal.arguments)
+    fingerprint = fingerprint_of(proposal.tool_name, canonical_arguments)
 
     def verdict(code: VerdictCode, problems: tuple[str, ...] = ()) -> Verdict:
         # Every field is already a checked value: skip re-validating on the hot path.
@@ -249,7 +276,7 @@ def gate_proposal(
     except UnknownTool:
         return verdict(VerdictCode.UNKNOWN_TOOL)
     try:
-        args = check_schema(spec, proposal)
+        args = check_schema(spec, proposal, canonical_arguments=canonical_arguments)
     except ValidationError as exc:
         return verdict(VerdictCode.SCHEMA_VIOLATION, schema_problems(spec, exc))
     try:

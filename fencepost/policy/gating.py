@@ -88,7 +88,8 @@ def gate_batch(
     Repeats count within the batch too: the same call twice in one batch is seen twice.
     """
     # Only the counts this batch raises: read through to the run's own (not copied per step).
-    counts = ChainMap[str, int]({}, state.fingerprints)
+    raised: dict[str, int] = {}
+    counts = ChainMap[str, int](raised, state.fingerprints)
     entries: list[BatchEntry] = []
     first_stop: StopRequest | None = None
     for call in calls:
@@ -99,7 +100,8 @@ def gate_batch(
             principal,
             repeat_limit=repeat_limit,
             approved=approved,
-            counts=counts,
+            # Until a call of the batch is allowed, the run's own counts are the counts.
+            counts=counts if raised else state.fingerprints,
             now=now,
         )
         if verdict.code is VerdictCode.APPROVAL_REQUIRED and approval == "interrupt":
@@ -112,7 +114,7 @@ def gate_batch(
         entries.append(assemble(BatchEntry, {"proposal": call, "verdict": verdict}))
     return GatedBatch(
         batch=tuple(entries),
-        fingerprints=revised(state.fingerprints, counts.maps[0]),
+        fingerprints=revised(state.fingerprints, raised),
         stop=first_stop,
     )
 

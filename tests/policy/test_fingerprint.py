@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from typing import Any
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fencepost.policy import canonical_json, proposal_fingerprint
+from fencepost.policy.fingerprint import fingerprint_of
 
 json_values = st.recursive(
     st.none()
@@ -112,3 +114,16 @@ def test_only_integers_a_checkpoint_can_store_fit() -> None:
     assert fits_checkpoint({"a": [2**64 - 1, -(2**63), True, 1.5, "x"]})
     assert not fits_checkpoint({"a": [{"b": 2**64}]})
     assert not fits_checkpoint([-(2**63) - 1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(tool=st.text(max_size=12), args=json_values)
+def test_a_fingerprint_from_canonical_arguments_is_the_fingerprint_of_the_call(
+    tool: str, args: Any
+) -> None:
+    # The gate fingerprints from the canonical text it already made for the schema check: that
+    # must be the very hash of the whole call, whatever the tool name or arguments hold.
+    whole = canonical_json({"tool": tool, "arguments": args})
+    expected = hashlib.sha256(whole.encode("utf-8")).hexdigest()
+    assert fingerprint_of(tool, canonical_json(args)) == expected
+    assert proposal_fingerprint(tool, args) == expected

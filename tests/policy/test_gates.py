@@ -6,7 +6,7 @@ from datetime import date
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from fencepost.policy import (
     DEFAULT_REPEAT_LIMIT,
@@ -334,3 +334,51 @@ def test_semantic_error_is_not_mistaken_for_a_schema_error() -> None:
     registry = ToolRegistry((make_spec(semantic_validator=reject),))
     verdict = gate_proposal(registry, make_proposal(), make_state(), EVERYONE)
     assert verdict.code is VerdictCode.SEMANTIC_VIOLATION
+
+
+_QUERY_LIKE = ("query", "q", "search", "search_query", "text", "keywords")
+_RANGES = (
+    ("start", "end"),
+    ("since", "until"),
+    ("from_date", "to_date"),
+    ("start_date", "end_date"),
+    ("start_time", "end_time"),
+    ("date_from", "date_to"),
+    ("after", "before"),
+)
+
+
+def _args_model(*names: str) -> type[BaseModel]:
+    fields: dict[str, Any] = {n: (Any, None) for n in names}
+    return create_model("WideArgs", **fields)
+
+
+@pytest.mark.parametrize("name", _QUERY_LIKE)
+def test_every_query_like_field_of_any_arguments_model_is_checked(name: str) -> None:
+    # The rules a model can break are worked out once per model: each field must still count.
+    model = _args_model(*_QUERY_LIKE, "limit")
+    with pytest.raises(ToolSemanticError) as caught:
+        check_semantics(make_spec(), model(**{name: " * "}), make_state())
+    assert caught.value.rule == f"empty_{name}"
+    check_semantics(make_spec(), model(**{name: "checkout"}), make_state())
+
+
+@pytest.mark.parametrize(("low", "high"), _RANGES)
+def test_every_range_pair_of_any_arguments_model_is_checked(low: str, high: str) -> None:
+    model = _args_model(*(n for pair in _RANGES for n in pair))
+    reversed_range = {low: date(2026, 2, 1), high: date(2026, 1, 1)}
+    with pytest.raises(ToolSemanticError) as caught:
+        check_semantics(make_spec(), model(**reversed_range), make_state())
+    assert caught.value.rule == f"reversed_range_{low}_{high}"
+    half = _args_model(low)  # a model with only one end of the pair has no range to check
+    check_semantics(make_spec(), half(**{low: date(2026, 2, 1)}), make_state())
+
+
+def test_an_extra_field_is_not_taken_for_a_declared_one() -> None:
+    # A model that allows extras keeps them apart from its fields: an extra "query" was never
+    # checked, and working the rules out per model must not start checking it either way.
+    class Loose(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        limit: int = 1
+
+    check_semantics(make_spec(), Loose.model_validate({"limit": 2, "query": ""}), make_state())
