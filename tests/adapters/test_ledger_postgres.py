@@ -10,6 +10,8 @@ import psycopg
 import pytest
 
 from fencepost.adapters import PostgresLedger
+from fencepost.adapters.ledger_postgres import SCHEMA_VERSION
+from fencepost.policy import BudgetExhausted
 
 
 @pytest.fixture
@@ -70,3 +72,36 @@ def test_a_role_without_create_uses_a_database_already_set_up(
         with psycopg.connect(postgres_dsn, autocommit=True) as admin:
             admin.execute(f'DROP OWNED BY "{role}"')
             admin.execute(f'DROP ROLE "{role}"')
+
+
+def test_a_database_with_older_functions_gets_the_current_ones_and_keeps_its_books(
+    postgres_schema: str,
+) -> None:
+    # A deployment upgraded in place: its tables hold reservations, its functions are an older
+    # version's. Opening the ledger replaces the functions and nothing recorded changes.
+    with PostgresLedger(postgres_schema) as first:
+        first.open_account("tenant", {"cost": 10})
+        first.open_account("run", {"cost": 5}, parent="tenant")
+        first.reserve("run", "k1", {"cost": 2})
+        before = first.balance("run")
+    with psycopg.connect(postgres_schema, autocommit=True) as conn:
+        conn.execute(
+            "CREATE OR REPLACE FUNCTION fencepost_ledger_version() RETURNS integer"
+            f" LANGUAGE sql IMMUTABLE AS 'SELECT {SCHEMA_VERSION - 1}'"
+        )
+        # The older reserve: anything but the current one, so a call to it would show.
+        conn.execute(
+            "CREATE OR REPLACE FUNCTION fencepost_ledger_reserve("
+            " p_account text, p_key text, p_axes text[], p_amounts double precision[])"
+            " RETURNS fencepost_ledger_result LANGUAGE plpgsql AS"
+            " $$ BEGIN RAISE EXCEPTION 'older function'; END $$"
+        )
+    with PostgresLedger(postgres_schema) as upgraded:
+        assert upgraded.balance("run") == before
+        assert upgraded.reserve("run", "k1", {"cost": 2}).existing
+        assert not upgraded.reserve("run", "k2", {"cost": 3}).existing
+        with pytest.raises(BudgetExhausted):
+            upgraded.reserve("run", "k3", {"cost": 1})
+    with psycopg.connect(postgres_schema, autocommit=True) as conn:
+        version = conn.execute("SELECT fencepost_ledger_version()").fetchone()
+    assert version == (SCHEMA_VERSION,)
