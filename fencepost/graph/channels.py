@@ -1,19 +1,50 @@
-"""The graph's reducer channels: append-only records, repeat counts, result evidence and the
-messages view, each a LangGraph delta channel (a checkpoint stores what a step wrote)."""
+"""The graph's channels: defaulted fields, records (delta channels: a checkpoint stores what a
+step wrote), the messages view, and the exact type checks of what a caller writes to them."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
-from typing import Any, cast
+import types
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any, Union, cast, get_args, get_origin
 
+from annotated_types import Ge, MaxLen, MinLen
 from langchain_core.messages import AnyMessage, BaseMessage, RemoveMessage, convert_to_messages
 from langgraph.channels.binop import _get_overwrite
 from langgraph.channels.delta import DeltaChannel
 from langgraph.channels.last_value import LastValue
 from langgraph.checkpoint.base import PendingWrite
 from langgraph.graph.message import add_messages
+from pydantic import Strict, TypeAdapter
+from pydantic.fields import FieldInfo
+
+Check = Callable[[Any], bool]
+
+
+def value_check(typ: Any, *, deep: bool = True) -> Check:
+    """A check, without pydantic, that a value is exactly of ``typ``: ``type(v) is X`` (a bool is
+    no int, a str no enum), a tuple maybe a list (revived); ``deep=False``: items unchecked."""
+    origin, args = get_origin(typ), get_args(typ)
+    if typ is int:  # and one a checkpoint holds, with room to count on
+        return lambda v: type(v) is int and -(2**63) <= v < 2**63
+    if isinstance(typ, type) and origin is None:
+        return lambda v: type(v) is typ
+    if (origin is Union or origin is types.UnionType) and len(args) == 2 and type(None) in args:
+        some = value_check(args[0] if args[1] is type(None) else args[1], deep=deep)
+        return lambda v: v is None or some(v)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = value_check(args[0])
+        if not deep:  # a revived list is checked by its first item (a foreign serializer's dicts)
+            return lambda v: type(v) is tuple or (type(v) is list and (not v or item(v[0])))
+        return lambda v: (type(v) is tuple or type(v) is list) and all(map(item, v))
+    if origin is dict:
+        key, entry = value_check(args[0]), value_check(args[1])
+        return lambda v: (
+            type(v) is dict and (not deep or (all(map(key, v)) and all(map(entry, v.values()))))
+        )
+    raise TypeError(f"no exact check for {typ!r}")
 
 
 class Defaulted(LastValue[Any]):
@@ -47,6 +78,19 @@ class Defaulted(LastValue[Any]):
     def is_available(self) -> bool:
         return True  # a node's input holds the default too
 
+    def update(self, values: Sequence[Any]) -> bool:  # nodes refusing a state write one stop
+        if len(values) > 1 and all(v is values[0] for v in values):
+            values = values[:1]
+        return LastValue.update(self, values)
+
+
+class Coerced(Defaulted):
+    """A :class:`Defaulted` channel a router reads: a value of its type (JSON form converted) or
+    None, never one a router misreads (a node reading None ends the run ``invalid_state``)."""
+
+    def update(self, values: Sequence[Any]) -> bool:
+        return super().update(list(map(reader(self.typ), values)) if values else values)
+
 
 class Shared(DeltaChannel[Any]):
     """A delta channel whose copies share its value.
@@ -68,7 +112,8 @@ class Records(Shared):
     """A delta channel that reads as empty (its type's empty value) until first written, for
     the reason :class:`Defaulted` gives, and only ever grows: LangGraph's ``Overwrite`` (in any
     of its forms, ``{"__overwrite__": ...}`` from a JSON client included) is dropped, so no
-    state update can take back a receipt or reset a repeat count."""
+    state update can take back a receipt or reset a repeat count; nor is a write of another
+    type kept (:func:`typed`)."""
 
     def update(self, values: Sequence[Any]) -> bool:
         return super().update([v for v in values if not _get_overwrite(v)[0]])
@@ -81,6 +126,68 @@ class Records(Shared):
 
     def is_available(self) -> bool:
         return True
+
+    @classmethod
+    def appended(cls, typ: Any) -> Records:
+        """An append-only record of ``typ`` (``tuple[X, ...]``): each write is the items added."""
+        return cls(typed(_append, typ), snapshot_frequency=_SNAPSHOT_EVERY)
+
+    @classmethod
+    def latest(cls, typ: Any) -> Records:
+        """A per-key record of ``typ`` (``dict[str, V]``): each write, the entries changed."""
+        return cls(typed(_latest, typ), dict, snapshot_frequency=_SNAPSHOT_EVERY)
+
+    @classmethod
+    def counted(cls, typ: Any) -> Records:
+        """Repeat counts (``dict[str, int]``) that only grow: each write, the counts changed."""
+        return cls(typed(_count_up, typ), dict, snapshot_frequency=_SNAPSHOT_EVERY)
+
+
+_BOUNDS: dict[type[Any], Callable[[Check, Any], Check]] = {  # a field with another bound: add it
+    Ge: lambda c, m: lambda v: c(v) and v >= m.ge,
+    MinLen: lambda c, m: lambda v: c(v) and len(v) >= m.min_length,
+    MaxLen: lambda c, m: lambda v: c(v) and len(v) <= m.max_length,
+}
+
+
+def field_check(info: FieldInfo, *, deep: bool = True) -> Check:
+    """:func:`value_check` of a pydantic field's type, with its bounds (``ge``, lengths)."""
+    check = value_check(info.annotation, deep=deep)
+    for meta in info.metadata:
+        if not isinstance(meta, Strict):
+            check = _BOUNDS[type(meta)](check, meta)
+    return check
+
+
+@cache
+def reader(typ: Any) -> Callable[[Any], Any]:
+    """A write to a channel of ``typ`` as it is held: itself, if exactly of ``typ``, else its JSON
+    form converted, else None (never raised: a thread's later invokes would raise it again)."""
+    exact, adapter = value_check(typ), TypeAdapter(typ)
+
+    def read(write: Any) -> Any:
+        if exact(write):
+            return write
+        try:
+            value = adapter.validate_python(write, strict=False)
+        except Exception:
+            return None  # neither of the type nor its JSON form
+        return value if exact(value) else None
+
+    return read
+
+
+def typed(reduce: Callable[..., Any], typ: Any) -> Callable[..., Any]:
+    """``reduce``, given only the writes :func:`reader` reads as ``typ`` (the rest dropped)."""
+    accepted = reader(typ)
+
+    def reducer(current: Any, batches: Sequence[Any]) -> Any:
+        if type(current) is list:  # a snapshot a checkpoint revived: checked once, as a write
+            current = accepted(current) or ()
+        kept = [w for w in map(accepted, batches) if w is not None]
+        return reduce(current, kept) if kept else current
+
+    return reducer
 
 
 def _append(current: Sequence[Any], batches: Sequence[Sequence[Any]]) -> tuple[Any, ...]:
@@ -98,7 +205,6 @@ def _append(current: Sequence[Any], batches: Sequence[Sequence[Any]]) -> tuple[A
 # length; at LangGraph's own replay bound a step writes what it added, and a resume replays at
 # most that many writes.
 _SNAPSHOT_EVERY = 5000
-Appended: DeltaChannel[tuple[Any, ...]] = Records(_append, snapshot_frequency=_SNAPSHOT_EVERY)
 
 
 def _count_up(current: dict[str, int] | None, batches: Sequence[dict[str, int]]) -> dict[str, int]:
@@ -118,12 +224,6 @@ def _latest(current: dict[str, str] | None, batches: Sequence[dict[str, str]]) -
     for batch in batches:
         out.update(batch)
     return out
-
-
-Latest: DeltaChannel[dict[str, str]] = Records(_latest, dict, snapshot_frequency=_SNAPSHOT_EVERY)
-
-
-Counted: DeltaChannel[dict[str, int]] = Records(_count_up, dict, snapshot_frequency=_SNAPSHOT_EVERY)
 
 
 def _message_id(existing: int, index: int, message: BaseMessage) -> str:

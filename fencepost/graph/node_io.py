@@ -19,8 +19,9 @@ from fencepost.graph.loop import LoopConfig, Update
 from fencepost.graph.messages import with_messages
 from fencepost.graph.model_call import ModelCall, ModelRun, run_model, run_model_blocking
 from fencepost.graph.portal import run_sync
+from fencepost.graph.state import InvalidState
 from fencepost.graph.tool_runner import ToolRun, run_tool, run_tool_blocking
-from fencepost.graph.writes import started
+from fencepost.graph.writes import refused, started
 from fencepost.policy import Balance, Reservation, ToolContext, ToolSpec
 
 T = TypeVar("T")
@@ -179,13 +180,27 @@ def twins(
 ]:
     """The sync and async node functions for one body. Each adds the ``messages`` that show
     what its body changed (:mod:`fencepost.graph.messages`), so no body writes them itself,
-    and resets what a caller wrote before a run began (:func:`~fencepost.graph.state.started`)."""
+    and resets what a caller wrote before a run began (:func:`~fencepost.graph.writes.started`).
+
+    A body that acts on state (approves, runs tools) reads it with ``require_state``, which
+    raises :class:`~fencepost.graph.state.InvalidState` on a value no field can hold: the body
+    is not run; only the stop that ends the run is written (``writes.refused``), routing it to
+    the terminal node, as a node ends a run on a missing or mismatched context.
+    """
     sync_io, async_io = SyncIO(cfg), AsyncIO(cfg)
 
     def run(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-        return with_messages(values, started(values, drive(body(sync_io, values, runtime))))
+        try:
+            writes = drive(body(sync_io, values, runtime))
+        except InvalidState as invalid:
+            writes = refused(invalid.state)
+        return with_messages(values, started(values, writes))
 
     async def arun(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-        return with_messages(values, started(values, await body(async_io, values, runtime)))
+        try:
+            writes = await body(async_io, values, runtime)
+        except InvalidState as invalid:
+            writes = refused(invalid.state)
+        return with_messages(values, started(values, writes))
 
     return run, arun

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, get_type_hints
 
 from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
 from langgraph.managed import RemainingSteps
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 # pydantic builds the published JSON schemas from these TypedDicts, and on Python < 3.12 it
 # accepts only typing_extensions' TypedDict.
 from typing_extensions import TypedDict
 
-from fencepost.graph.channels import Appended, Counted, Defaulted, Latest, Messages
+from fencepost.graph.channels import Coerced, Defaulted, Messages, Records, field_check
 from fencepost.policy import (
     AgentState,
     AnswerPayload,
@@ -27,8 +28,9 @@ from fencepost.policy import (
     TerminationReason,
     ToolProposal,
 )
-from fencepost.policy._model import Frozen
+from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.batch import BatchEntry
+from fencepost.policy.run_check import stop
 
 DEFAULT_STEPS = 8
 """Model steps a run may take when its start request names no budget."""
@@ -69,9 +71,14 @@ def field_default(name: str) -> Any:
     return AgentState.model_fields[name].get_default(call_default_factory=True)
 
 
-def _unset(name: str) -> Defaulted:
+def _unset(name: str, kind: type[Defaulted] = Defaulted) -> Defaulted:
     """The channel of AgentState field ``name``: read as the field's default until written."""
-    return Defaulted(AgentState.model_fields[name].annotation, default=field_default(name))
+    return kind(AgentState.model_fields[name].annotation, default=field_default(name))
+
+
+def _record(name: str, kind: Callable[[Any], Records]) -> Records:
+    """The channel of AgentState field ``name``: a ``kind`` record of the field's type."""
+    return kind(AgentState.model_fields[name].annotation)
 
 
 class GraphState(TypedDict, total=False):
@@ -85,17 +92,17 @@ class GraphState(TypedDict, total=False):
     phase: Phase
     budget: RuntimeBudget
     step: Annotated[int, _unset("step")]
-    observations: Annotated[tuple[Observation, ...], Appended]
-    proposals: Annotated[tuple[ToolProposal, ...], Appended]
-    batch: Annotated[tuple[BatchEntry, ...], _unset("batch")]
-    receipts: Annotated[tuple[Receipt, ...], Appended]
-    fingerprints: Annotated[dict[str, int], Counted]
-    evidence: Annotated[dict[str, str], Latest]
-    answered: Annotated[dict[str, int], Latest]
+    observations: Annotated[tuple[Observation, ...], _record("observations", Records.appended)]
+    proposals: Annotated[tuple[ToolProposal, ...], _record("proposals", Records.appended)]
+    batch: Annotated[tuple[BatchEntry, ...], _unset("batch", Coerced)]
+    receipts: Annotated[tuple[Receipt, ...], _record("receipts", Records.appended)]
+    fingerprints: Annotated[dict[str, int], _record("fingerprints", Records.counted)]
+    evidence: Annotated[dict[str, str], _record("evidence", Records.latest)]
+    answered: Annotated[dict[str, int], _record("answered", Records.latest)]
     final_answer: Annotated[AnswerPayload | None, _unset("final_answer")]
     termination: Annotated[TerminationReason | None, _unset("termination")]
     last_error_code: Annotated[str | None, _unset("last_error_code")]
-    manifests: Annotated[tuple[StepManifest, ...], Appended]
+    manifests: Annotated[tuple[StepManifest, ...], _record("manifests", Records.appended)]
     open_tasks: Annotated[tuple[str, ...], _unset("open_tasks")]
     repairs: Annotated[int, _unset("repairs")]
     repair_notes: Annotated[tuple[str, ...], _unset("repair_notes")]
@@ -124,15 +131,6 @@ class InputState(TypedDict, total=False):
 
 
 _FIELDS = tuple(AgentState.model_fields)
-_TUPLE_FIELDS = (
-    "observations",
-    "proposals",
-    "batch",
-    "receipts",
-    "manifests",
-    "repair_notes",
-    "open_tasks",
-)
 
 
 def start(
@@ -200,35 +198,99 @@ def request_from(values: dict[str, Any], *, required: bool = True) -> StartReque
     return None
 
 
+_RECORDS = frozenset(  # the fields held in a record channel
+    n
+    for n, hint in get_type_hints(GraphState, include_extras=True).items()
+    if any(isinstance(m, Records) for m in getattr(hint, "__metadata__", ()))
+)
+_ABSENT = object()
+_INVALID = stop(TerminationReason.POLICY_DENIED, "invalid_state")
+_NO_REQUEST = StartRequest(run_id="run-invalid", question="")
+# A record's items are checked as they are written (``channels.typed``); here only its type.
+_CHECKS = {
+    name: field_check(info, deep=name not in _RECORDS)
+    for name, info in AgentState.model_fields.items()
+}
+
+
+class MendedState(AgentState):
+    """AgentState from channel values not all exactly of their field's type: each such field
+    holds its value's JSON form converted, else a stand-in (its default; for the run id, question
+    and budget, the start request's). A node's writes from it carry the mended fields."""
+
+    rewrite: tuple[str, ...] = ()
+    """The fields whose channel holds something else, written back with the node's writes."""
+    invalid: bool = False
+    """A value had no form of its field's type: the run ends, its stop or ``invalid_state``."""
+
+
+class InvalidState(Exception):
+    """Raised by :func:`require_state` for an invalid state: a node that acts does not read
+    stops, so ``node_io.twins`` writes the mended state instead (its stop ends the run)."""
+
+    def __init__(self, state: MendedState) -> None:
+        super().__init__(f"no valid value in state field(s) {', '.join(state.rewrite)}")
+        self.state = state
+
+
 def load_state(values: dict[str, Any]) -> AgentState | None:
     """AgentState from channel values (None before a run has started on this thread).
 
-    In-process values are already validated instances, so they are assembled without a second
-    validation; anything that is not (a mapping from a foreign client) is validated in full.
+    Each value is checked against its field's type (``type(v) is X``: a step's cost); if all
+    pass, they are assembled unvalidated, else validated in full and mended (:class:`MendedState`).
     """
     if "run_id" not in values:
         return None
-    data = {name: values[name] for name in _FIELDS if name in values}
-    if isinstance(data.get("budget"), RuntimeBudget):
-        # A checkpoint turns tuples into lists; their items are revived, validated models.
-        revived = True
-        for name in _TUPLE_FIELDS:
-            items = data.get(name)
-            if type(items) is list:
-                revived = revived and not (items and isinstance(items[0], dict))
-                data[name] = tuple(items)
-        if revived:
-            return AgentState.model_construct(**data)
-    # Values that did not come back as fencepost types (a foreign client, a serializer without
-    # fencepost's allowlist) are validated in full rather than half-read.
-    return AgentState.model_validate(data, strict=False)
+    data: dict[str, Any] = {}
+    wrong: list[str] = []
+    for name, check in _CHECKS.items():
+        value = data[name] = values.get(name, _ABSENT)  # absent: invalid, as no check passes it
+        if not check(value):
+            wrong.append(name)
+        elif type(value) is list:
+            data[name] = tuple(value)  # a checkpoint turns tuples into lists
+    if data.get("phase") is Phase.TERMINAL and data.get("termination") is None:
+        wrong.append("phase")  # terminal, but not made so by the terminal node
+    if wrong:
+        return _mended(values, data, wrong)
+    return assemble(AgentState, data)
+
+
+def _mended(values: dict[str, Any], data: dict[str, Any], wrong: list[str]) -> MendedState:
+    request, invalid = values.get("request"), set[str]()
+    try:
+        state = AgentState.model_validate(data, strict=False)
+    except ValidationError as exc:  # field names only: no value reaches state or a message
+        invalid = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+        data.update((name, _stand_in(name, request)) for name in invalid)
+        state = AgentState.model_validate(data, strict=False)
+    # Converted, exact too (an int a checkpoint holds); terminal only with a termination.
+    late = {n for n in wrong if not _CHECKS[n](getattr(state, n))}
+    late |= {"phase"} if state.is_terminal and state.termination is None else set()
+    if late:
+        invalid |= late
+        state = state.model_copy(update={n: _stand_in(n, request) for n in late})
+    if invalid and state.stop is None:
+        invalid.add("stop")
+        state = state.model_copy(update={"stop": _INVALID})
+    rewrite = tuple(n for n in _FIELDS if n not in _RECORDS and (n in invalid or n in wrong))
+    return MendedState.model_construct(**state.__dict__, rewrite=rewrite, invalid=bool(invalid))
+
+
+def _stand_in(name: str, request: Any) -> Any:
+    if not AgentState.model_fields[name].is_required():
+        return field_default(name)
+    return getattr(request if isinstance(request, StartRequest) else _NO_REQUEST, name)
 
 
 def require_state(values: dict[str, Any]) -> AgentState:
-    """AgentState from channel values of a thread a run has started on."""
+    """AgentState from channel values of a thread a run has started on, for a node that acts:
+    raises :class:`InvalidState` where :func:`load_state` mends an invalid value."""
     state = load_state(values)
     if state is None:
         raise RuntimeError("no run on this thread")
+    if isinstance(state, MendedState) and state.invalid:
+        raise InvalidState(state)
     return state
 
 

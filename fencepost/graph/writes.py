@@ -2,9 +2,11 @@
 
 A node computes the next AgentState; :func:`changed` turns the step from one state to the next
 into the writes that make it (only the fields that changed, only the items a record gained,
-nothing for a field a new run leaves at its default), :func:`started` makes a new run's first
-writes safe against values a caller put in the thread first (the messages view is derived from
-the two states a :class:`Writes` carries, in :mod:`fencepost.graph.messages`).
+nothing for a field a new run leaves at its default, and whatever a mended state mended),
+:func:`started` makes a new run's first writes safe against values a caller put in the thread
+first, :func:`refused` is what a node writes that does not run on an invalid state (the
+messages view is derived from the two states a :class:`Writes` carries, in
+:mod:`fencepost.graph.messages`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import types
 from typing import Any, get_type_hints
 
 from fencepost.graph.channels import Defaulted, Records
-from fencepost.graph.state import _FIELDS, GraphState, field_default
+from fencepost.graph.state import _FIELDS, GraphState, MendedState, field_default
 from fencepost.policy import AgentState
 from fencepost.policy.revised import changes_since
 
@@ -81,6 +83,21 @@ def changed(before: AgentState | None, after: AgentState) -> Writes:
             # balance) is not written: each write is a serialized blob and a new channel
             # version in every checkpoint that follows.
             writes[name] = value
+    if type(before) is MendedState:
+        # Its channels hold what it mended (a caller's value of the wrong type): written over.
+        for name in before.rewrite:
+            writes.setdefault(name, getattr(after, name))
+    return writes
+
+
+def refused(state: MendedState) -> Writes:
+    """The writes of a node that does not run on ``state`` (see ``state.InvalidState``): the stop
+    that ends the run, where its channel holds another. The terminal node writes the rest of
+    what was mended; so two nodes that refuse one state together write one field, one stop."""
+    writes = Writes()
+    writes.before = writes.after = state
+    if "stop" in state.rewrite:
+        writes["stop"] = state.stop
     return writes
 
 

@@ -186,23 +186,77 @@ def test_overwriting_the_fingerprints_in_state_does_not_reset_the_no_progress_co
     assert h.calls.count("search_logs") == limit
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit, older than the default channels: a node reads revived values without "
-    "validating each scalar again, so a None written over an int or a tuple fails the next step",
+# Values of no form of their field's type, not only None: a str where a model or an int is due,
+# an int where a tuple or a str is, a negative counter, an int no checkpoint can count on from,
+# a terminal phase the terminal node did not set. Each lands in its channel (LangGraph saves a
+# Command's writes before it applies them: refusing one there would fail every later invoke of
+# the thread), so the next node reads it: state.load_state mends it and the run ends typed.
+NO_FORM_OF_THEIR_FIELD: list[tuple[str, Any]] = [
+    ("repairs", None),
+    ("open_tasks", None),
+    ("batch", None),
+    ("model_failures", None),
+    ("step", -1),
+    ("step", "three"),
+    ("step", 2**64 - 1),
+    ("tenant_id", 5),
+    ("principal_id", {"id": "u-1"}),
+    ("run_id", None),
+    ("question", [1]),
+    ("budget", "plenty"),
+    ("phase", "nowhere"),
+    ("phase", Phase.TERMINAL),
+    ("stop", "stop now"),
+    ("report", 5),
+    ("final_answer", "forged"),
+    ("termination", "bogus"),
+    ("last_error_code", 7),
+    ("repair_notes", 3),
+    ("open_tasks", [1]),
+    ("batch", ["x"]),
+]
+
+
+@pytest.mark.parametrize("how", ["command", "update_state"])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    NO_FORM_OF_THEIR_FIELD,
+    ids=[f"{f}={v!r}" for f, v in NO_FORM_OF_THEIR_FIELD],
 )
-@pytest.mark.parametrize("field", ["repairs", "open_tasks"])
-def test_a_none_a_caller_writes_mid_run_still_ends_the_run_typed_and_readable(field: str) -> None:
-    # Low severity, the same before this change: None sent with the approval either makes invoke
-    # raise a raw TypeError (open_tasks, batch) or is carried, unwritten, into the ended state,
-    # which then no longer reads back as an AgentState (repairs, model_failures).
+def test_a_value_no_field_can_hold_written_mid_run_ends_the_run_policy_denied_and_readable(
+    field: str, value: Any, how: str
+) -> None:
+    # Before: None sent with the approval made invoke raise a raw TypeError (open_tasks, batch)
+    # or was carried, unwritten, into the ended state, which then no longer read back as an
+    # AgentState (repairs, model_failures). Now the approve node does not act on such a state:
+    # the run ends policy_denied ("invalid_state"), as it does on a missing context.
     h = harness([call("write_note", 1, note="a"), final_citing_last], approval="interrupt")
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
-    h.graph.invoke(Command(update={field: None}, resume="approve"), config, context=ctx)
-    state = _state(h, config)
-    assert state.is_terminal and state.termination is not None
-    assert h.calls.count("write_note") <= 1
+    config, ctx, request = thread(), context(), fp.start("q", budget())
+    h.graph.invoke(request, config, context=ctx)
+    if how == "command":
+        h.graph.invoke(Command(update={field: value}, resume="approve"), config, context=ctx)
+    else:
+        h.graph.update_state(config, {field: value}, as_node="decide")
+        h.graph.invoke(None, config, context=ctx)
+    snapshot = h.graph.get_state(config)
+    state = fp.run_output(snapshot.values)
+    assert snapshot.next == ()
+    assert state.termination is TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "invalid_state"
+    assert state.report is not None and state.report.reason is TerminationReason.POLICY_DENIED
+    assert _terminal_manifests(state) == 1
+    assert h.calls.count("write_note") == 0  # the approval was never acted on
+    # Every channel holds a value of its field's type again (the run id, had it none, is the
+    # start request's), and no error text reached one.
+    for name in fp.AgentState.model_fields:
+        held = snapshot.values[name]
+        held = tuple(held) if type(held) is list else held
+        assert type(held) is type(getattr(state, name)) and held == getattr(state, name), name
+    assert state.run_id == request["request"].run_id
+    assert "validation" not in repr(snapshot.values).lower()
+    # The ended run stays ended.
+    h.graph.invoke(None, config, context=ctx)
+    assert fp.run_output(h.graph.get_state(config).values) == state
 
 
 def test_a_stop_a_caller_writes_while_paused_never_ends_the_run_with_an_unverified_answer() -> None:

@@ -1,0 +1,218 @@
+"""What a caller writes into a paused run's channels, and what the next node reads of it.
+
+A caller holding the thread's config can write any value to any channel (``update_state``, or
+``Command(update=...)`` with the approval). ``state.load_state`` checks each value against its
+field's type at every step (``type(v) is X``, no pydantic) and validates only when a check fails:
+
+- a value of the field's type, or its JSON form (a server client's mapping, a string for an
+  enum), is read as that type and written back typed; the run goes on;
+- a value of no form of its field's type ends the run ``policy_denied`` (``invalid_state``), and
+  the ended state reads back as an AgentState (pinned field by field in ``test_hostile_review_3``);
+- a record (observations, receipts, repeat counts...) only grows, and only by values of its
+  type: any other write is dropped, as an ``Overwrite`` is.
+
+None of them raises out of ``invoke``, and no error text reaches state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from langgraph.types import Command
+
+import fencepost as fp
+from fencepost.graph.channels import value_check
+from fencepost.graph.state import MendedState, load_state
+from fencepost.policy import Phase, StopRequest, TerminationReason
+from fencepost.policy.batch import BatchEntry
+from tests.graph.kit import Harness, budget, call, context, final_citing_last, harness, thread
+
+
+def _paused() -> tuple[Harness, dict[str, Any], fp.RunContext]:
+    """A run paused for approval of its first call, a write."""
+    h = harness(
+        [call("write_note", 1, note="a"), final_citing_last, final_citing_last],
+        approval="interrupt",
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    assert h.graph.get_state(config).next == ("approve",)
+    return h, config, ctx
+
+
+def _state(h: Harness, config: dict[str, Any]) -> fp.AgentState:
+    return fp.run_output(h.graph.get_state(config).values)
+
+
+def test_a_step_of_a_run_no_caller_wrote_to_reads_its_state_without_validating() -> None:
+    # The hot path: every value passes its exact check, and the state is assembled from them.
+    h, config, _ = _paused()
+    values = h.graph.get_state(config).values
+    state = load_state(values)
+    assert type(state) is fp.AgentState
+    assert state == fp.run_output(values)
+
+
+def test_an_exact_check_takes_no_lookalike_of_its_type() -> None:
+    # What pydantic's lax mode would convert is not exact: it goes the slow way, validated.
+    assert value_check(int)(3) and not value_check(int)(True) and not value_check(int)(2**63)
+    assert value_check(Phase)(Phase.TERMINAL) and not value_check(Phase)("terminal")
+    assert value_check(str | None)(None) and not value_check(str | None)(b"x")
+    assert value_check(tuple[str, ...])(["a"]) and not value_check(tuple[str, ...])(("a", 1))
+    assert not value_check(dict[str, int])({"k": "1"})
+    assert value_check(dict[str, int], deep=False)({"k": "1"})  # a record's items: at its write
+
+
+def test_a_json_stop_a_server_client_writes_is_read_as_a_stop_and_written_back_typed() -> None:
+    h, config, ctx = _paused()
+    stop = {"reason": "cancelled", "error_code": "operator"}
+    h.graph.update_state(config, {"stop": stop}, as_node="decide")
+    h.graph.invoke(None, config, context=ctx)
+    values = h.graph.get_state(config).values
+    state = fp.run_output(values)
+    assert state.termination is TerminationReason.CANCELLED
+    assert state.last_error_code == "operator"
+    assert type(values["stop"]) is StopRequest
+    assert h.calls.count("write_note") == 0
+
+
+def test_a_json_batch_is_routed_as_a_batch_and_the_approval_still_runs_it_once() -> None:
+    # The routers read the batch before any node does: its channel holds the batch converted,
+    # never the mappings (on which the router after decide raised AttributeError).
+    h, config, ctx = _paused()
+    sent = [e.model_dump(mode="json") for e in _state(h, config).batch]
+    h.graph.update_state(config, {"batch": sent}, as_node="decide")
+    assert all(type(e) is BatchEntry for e in h.graph.get_state(config).values["batch"])
+    assert h.graph.get_state(config).next == ("approve",)
+    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+    assert h.calls.count("write_note") == 1
+
+
+def test_a_json_form_in_a_channel_is_read_as_its_type_and_named_to_be_written_back() -> None:
+    h, config, ctx = _paused()
+    values = dict(h.graph.get_state(config).values)
+    values.update(phase="decide", repair_notes=["note"], repairs="2")
+    state = load_state(values)
+    assert isinstance(state, MendedState) and not state.invalid
+    assert (state.phase, state.repair_notes, state.repairs) == (Phase.DECIDE, ("note",), 2)
+    assert state.rewrite == ("phase", "repairs")  # a list is a tuple as a checkpoint revives it
+    # Through the graph: the approve node reads it, acts, and writes the typed value back.
+    h.graph.invoke(Command(update={"repairs": "2"}, resume="approve"), config, context=ctx)
+    held = h.graph.get_state(config).values["repairs"]
+    assert type(held) is int and held == 2
+    assert _state(h, config).termination is TerminationReason.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("observations", None),
+        ("observations", "x"),
+        ("observations", [1]),
+        ("receipts", [{"call_id": "call-0001"}]),
+        ("manifests", 5),
+        ("proposals", {"a": 1}),
+        ("fingerprints", None),
+        ("fingerprints", {"k": "v"}),
+        ("fingerprints", {"k": 2**64 - 1}),
+        ("evidence", {"k": 1}),
+        ("answered", [1]),
+    ],
+)
+@pytest.mark.parametrize("how", ["command", "update_state"])
+def test_a_write_a_record_cannot_hold_is_dropped_and_the_run_goes_on(
+    field: str, value: Any, how: str
+) -> None:
+    # Before: each raised out of the reducer (TypeError, AttributeError), and through a Command
+    # out of every later invoke of the thread too; or it was kept, and the next node raised.
+    untouched, config, ctx = _paused()
+    expected = fp.run_output(untouched.graph.invoke(Command(resume="approve"), config, context=ctx))
+    h, config, ctx = _paused()
+    if how == "command":
+        h.graph.invoke(Command(update={field: value}, resume="approve"), config, context=ctx)
+    else:
+        h.graph.update_state(config, {field: value}, as_node="decide")
+        h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    state = _state(h, config)
+    assert state.termination is TerminationReason.COMPLETED
+    assert h.calls.count("write_note") == 1
+    # The record holds what the run made of it, nothing of the write.
+    record, made = getattr(state, field), getattr(expected, field)
+    if isinstance(made, dict):
+        assert record.keys() == made.keys()
+    else:
+        assert len(record) == len(made)
+
+
+@pytest.mark.parametrize("write", [{"repairs": None}, {"batch": "x"}, {"open_tasks": 5}])
+async def test_the_async_graph_ends_a_run_given_an_invalid_value_the_same_way(
+    write: dict[str, Any],
+) -> None:
+    h = harness([call("write_note", 1, note="a"), final_citing_last], approval="interrupt")
+    config, ctx = thread(), context()
+    await h.graph.ainvoke(fp.start("q", budget()), config, context=ctx)
+    await h.graph.ainvoke(Command(update=write, resume="approve"), config, context=ctx)
+    state = fp.run_output((await h.graph.aget_state(config)).values)
+    assert state.termination is TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "invalid_state"
+    assert h.calls.log == []
+
+
+def test_two_nodes_refusing_one_state_together_write_one_stop() -> None:
+    # A Command's goto runs execute beside the approve node still waiting: both find the batch
+    # invalid, neither acts, and both write the same stop (LangGraph refuses two different
+    # values for one channel in one step).
+    h, config, ctx = _paused()
+    h.graph.invoke(Command(update={"batch": "x"}, goto="execute"), config, context=ctx)
+    state = _state(h, config)
+    assert state.termination is TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "invalid_state"
+    assert h.calls.log == []
+
+
+# -- any JSON a client can send, over any field --------------------------------------------------
+
+_json_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+    | st.sampled_from(["terminal", "decide", "completed", "cancelled", "call-0001", ""])
+)
+_json = st.recursive(
+    _json_leaf,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_writes = st.dictionaries(
+    st.sampled_from(sorted(fp.AgentState.model_fields)), _json, min_size=1, max_size=3
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(writes=_writes, how=st.sampled_from(["command", "update_state"]))
+def test_any_json_written_over_any_fields_mid_run_ends_the_run_typed_and_readable(
+    writes: dict[str, Any], how: str
+) -> None:
+    h, config, ctx = _paused()
+    if how == "command":
+        h.graph.invoke(Command(update=writes, resume="approve"), config, context=ctx)
+    else:
+        h.graph.update_state(config, writes, as_node="decide")
+        h.graph.invoke(None, config, context=ctx)
+        if h.graph.get_state(config).next == ("approve",):
+            h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    snapshot = h.graph.get_state(config)
+    state = fp.run_output(snapshot.values)
+    assert snapshot.next == ()
+    assert state.is_terminal and state.termination is not None
+    assert sum(1 for m in state.manifests if m.phase is Phase.TERMINAL) == 1
+    assert h.calls.count("write_note") <= 1
+    assert "validation" not in repr(snapshot.values).lower()
