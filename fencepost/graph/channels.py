@@ -1,22 +1,19 @@
 """The graph's channels: defaulted fields, records (delta channels: a checkpoint stores what a
-step wrote), the messages view, and the exact type checks of what a caller writes to them."""
+step wrote), and the exact type checks of what a caller writes to them. The messages view's
+channel is in :mod:`fencepost.graph.conversation`."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import types
 from collections.abc import Callable, Sequence
 from functools import cache
-from typing import Any, Union, cast, get_args, get_origin
+from typing import Any, Union, get_args, get_origin
 
 from annotated_types import Ge, MaxLen, MinLen
-from langchain_core.messages import AnyMessage, BaseMessage, RemoveMessage, convert_to_messages
 from langgraph.channels.binop import _get_overwrite
 from langgraph.channels.delta import DeltaChannel
 from langgraph.channels.last_value import LastValue
 from langgraph.checkpoint.base import PendingWrite
-from langgraph.graph.message import add_messages
 from pydantic import Strict, TypeAdapter
 from pydantic.fields import FieldInfo
 
@@ -130,17 +127,17 @@ class Records(Shared):
     @classmethod
     def appended(cls, typ: Any) -> Records:
         """An append-only record of ``typ`` (``tuple[X, ...]``): each write is the items added."""
-        return cls(typed(_append, typ), snapshot_frequency=_SNAPSHOT_EVERY)
+        return cls(typed(_append, typ), snapshot_frequency=SNAPSHOT_EVERY)
 
     @classmethod
     def latest(cls, typ: Any) -> Records:
         """A per-key record of ``typ`` (``dict[str, V]``): each write, the entries changed."""
-        return cls(typed(_latest, typ), dict, snapshot_frequency=_SNAPSHOT_EVERY)
+        return cls(typed(_latest, typ), dict, snapshot_frequency=SNAPSHOT_EVERY)
 
     @classmethod
     def counted(cls, typ: Any) -> Records:
         """Repeat counts (``dict[str, int]``) that only grow: each write, the counts changed."""
-        return cls(typed(_count_up, typ), dict, snapshot_frequency=_SNAPSHOT_EVERY)
+        return cls(typed(_count_up, typ), dict, snapshot_frequency=SNAPSHOT_EVERY)
 
 
 _BOUNDS: dict[type[Any], Callable[[Check, Any], Check]] = {  # a field with another bound: add it
@@ -204,7 +201,7 @@ def _append(current: Sequence[Any], batches: Sequence[Sequence[Any]]) -> tuple[A
 # A full snapshot of a record every N updates makes a long run's checkpoints grow with its
 # length; at LangGraph's own replay bound a step writes what it added, and a resume replays at
 # most that many writes.
-_SNAPSHOT_EVERY = 5000
+SNAPSHOT_EVERY = 5000
 
 
 def _count_up(current: dict[str, int] | None, batches: Sequence[dict[str, int]]) -> dict[str, int]:
@@ -224,76 +221,3 @@ def _latest(current: dict[str, str] | None, batches: Sequence[dict[str, str]]) -
     for batch in batches:
         out.update(batch)
     return out
-
-
-def _message_id(existing: int, index: int, message: BaseMessage) -> str:
-    body = json.dumps([existing, index, message.type, message.content], default=str)
-    return "msg-" + hashlib.sha256(body.encode()).hexdigest()[:24]
-
-
-class _Conversation(list[Any]):
-    """The messages list, carrying where each id it holds sits (a map shared with the versions
-    it grew from and into: a position is trusted only if the message there has that id)."""
-
-    __slots__ = ("at",)
-
-    at: dict[str, int]
-
-    def __copy__(self) -> _Conversation:
-        # Whatever copies the conversation (LangGraph's Overwrite does) gets a plain slice: the
-        # default copy of a list subclass goes through __reduce_ex__ in Python.
-        out = _Conversation(self)
-        out.at = self.at
-        return out
-
-    def holds(self, message_id: str) -> bool:
-        """Whether this version of the conversation holds a message with ``message_id``."""
-        position = self.at.get(message_id)
-        return position is not None and position < len(self) and self[position].id == message_id
-
-
-def _indexed(messages: list[Any]) -> _Conversation:
-    out = _Conversation(messages)
-    out.at = {m.id: i for i, m in enumerate(out) if m.id is not None}
-    return out
-
-
-def _add_messages(current: list[AnyMessage] | None, batches: Sequence[Any]) -> list[AnyMessage]:
-    """LangGraph's ``add_messages``, one write at a time, with deterministic ids.
-
-    ``add_messages`` gives a message without an id a random one; a delta channel replays the raw
-    writes each time a checkpoint is loaded, so a caller's id-less input message would get a new
-    id on every load. Here it gets one derived from where it lands, the same on every replay.
-
-    ``add_messages`` also re-indexes the whole conversation on every write, which grows with the
-    run; a write of messages whose ids are all new (every step's, as fencepost makes them) is
-    appended instead, and only a replacement or a removal goes through ``add_messages``.
-    """
-    if isinstance(current, _Conversation):
-        out = _Conversation(current)
-        out.at = current.at
-    else:
-        out = _indexed(list(current or ()))
-    for batch in batches:
-        given = batch if isinstance(batch, list) else [batch]
-        named: list[Any] = [
-            m if m.id is not None else m.model_copy(update={"id": _message_id(len(out), i, m)})
-            for i, m in enumerate(convert_to_messages(given))
-        ]
-        fresh = {m.id for m in named}
-        if len(fresh) == len(named) and not any(
-            isinstance(m, RemoveMessage) or out.holds(m.id) for m in named
-        ):
-            for message in named:
-                out.at[message.id] = len(out)
-                out.append(message)
-            continue
-        out = _indexed(cast(list[Any], add_messages(list(out), named)))
-    return out
-
-
-# The messages view grows by a few messages a step; as a delta channel a checkpoint stores the
-# messages a step wrote, not the whole conversation again (see benchmarks/).
-Messages: DeltaChannel[list[AnyMessage]] = Shared(
-    _add_messages, list, snapshot_frequency=_SNAPSHOT_EVERY
-)

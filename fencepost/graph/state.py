@@ -10,11 +10,11 @@ from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
 from langgraph.managed import RemainingSteps
 from pydantic import Field, ValidationError
 
-# pydantic builds the published JSON schemas from these TypedDicts, and on Python < 3.12 it
-# accepts only typing_extensions' TypedDict.
+# pydantic builds the JSON schemas from these; on Python < 3.12 only from typing_extensions'.
 from typing_extensions import TypedDict
 
-from fencepost.graph.channels import Coerced, Defaulted, Messages, Records, field_check
+from fencepost.graph.channels import Coerced, Defaulted, Records, field_check
+from fencepost.graph.conversation import Messages
 from fencepost.policy import (
     AgentState,
     AnswerPayload,

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from langchain_core.messages import BaseMessage, RemoveMessage
 from langgraph.types import Command
 
 import fencepost as fp
@@ -216,3 +217,45 @@ def test_any_json_written_over_any_fields_mid_run_ends_the_run_typed_and_readabl
     assert sum(1 for m in state.manifests if m.phase is Phase.TERMINAL) == 1
     assert h.calls.count("write_note") <= 1
     assert "validation" not in repr(snapshot.values).lower()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [5, {"role": "alien", "content": "x"}, [RemoveMessage(id="msg-never-held")], [[1, 2]]],
+    ids=["number", "unknown-role", "removal-of-nothing", "nested-list"],
+)
+@pytest.mark.parametrize("how", ["command", "update_state"])
+def test_a_write_that_is_no_message_leaves_the_conversation_and_the_thread_usable(
+    value: Any, how: str
+) -> None:
+    # Before: add_messages raised (NotImplementedError, ValueError) when the write was applied,
+    # and through a Command it was applied again by every later invoke: the thread was stuck.
+    h, config, ctx = _paused()
+    held = list(h.graph.get_state(config).values["messages"])
+    if how == "command":
+        h.graph.invoke(Command(update={"messages": value}, resume="approve"), config, context=ctx)
+    else:
+        h.graph.update_state(config, {"messages": value}, as_node="decide")
+        h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    state = _state(h, config)
+    assert state.termination is TerminationReason.COMPLETED
+    assert h.calls.count("write_note") == 1
+    messages = h.graph.get_state(config).values["messages"]
+    assert messages[: len(held)] == held  # nothing dropped, nothing of the write added
+    assert all(isinstance(m, BaseMessage) for m in messages)
+    h.graph.invoke(None, config, context=ctx)  # and later invokes of the thread still work
+    assert _state(h, config) == state
+
+
+def test_a_state_update_as_the_approve_node_while_a_call_awaits_approval_keeps_it_waiting() -> None:
+    # The approve node's routes include itself: an update made as it, with the call still
+    # awaiting a human, pauses again (before: KeyError 'approve' out of update_state).
+    h, config, ctx = _paused()
+    h.graph.update_state(config, {"last_error_code": None}, as_node="approve")
+    assert h.graph.get_state(config).next == ("approve",)
+    h.graph.invoke(None, config, context=ctx)
+    assert h.graph.get_state(config).next == ("approve",)
+    assert h.calls.count("write_note") == 0
+    h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    assert _state(h, config).termination is TerminationReason.COMPLETED
+    assert h.calls.count("write_note") == 1
