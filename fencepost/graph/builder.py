@@ -173,7 +173,10 @@ def build_agent_graph(
     graph.add_conditional_edges(
         "decide", route_after_decide, ["approve", "execute", "decide", "terminal"]
     )
-    graph.add_conditional_edges("approve", route_after_approve, ["execute", "decide", "terminal"])
+    # "approve" too: a state update made as the approve node while a call still awaits a human.
+    graph.add_conditional_edges(
+        "approve", route_after_approve, ["approve", "execute", "decide", "terminal"]
+    )
     graph.add_conditional_edges("execute", route_after_execute, ["decide", "terminal"])
     graph.add_edge("terminal", END)
     remember(graph, cfg)
