@@ -231,7 +231,8 @@ _FUNCTIONS = (
         v_name := p_account;
         LOOP
             SELECT a.parent INTO v_top FROM fencepost_ledger_accounts a WHERE a.name = v_name;
-            IF NOT FOUND OR coalesce(array_length(v_chain, 1), 0) >= 1000 THEN
+            -- At most 1001 accounts, as the SQLite backend walks (depth 0 to 1000).
+            IF NOT FOUND OR coalesce(array_length(v_chain, 1), 0) > 1000 THEN
                 r.outcome := 'unknown_account';
                 r.e_account := v_name;
                 RETURN r;
@@ -323,7 +324,7 @@ _FUNCTIONS = (
         END IF;
         -- The chain, as reserve walks it (a reservation's account and its parents exist).
         v_name := v_account;
-        WHILE v_name IS NOT NULL AND coalesce(array_length(v_chain, 1), 0) < 1000 LOOP
+        WHILE v_name IS NOT NULL AND coalesce(array_length(v_chain, 1), 0) <= 1000 LOOP
             v_chain := v_chain || v_name;
             SELECT a.parent INTO v_name FROM fencepost_ledger_accounts a WHERE a.name = v_name;
         END LOOP;
