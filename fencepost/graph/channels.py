@@ -75,10 +75,16 @@ class Defaulted(LastValue[Any]):
     def is_available(self) -> bool:
         return True  # a node's input holds the default too
 
-    def update(self, values: Sequence[Any]) -> bool:  # nodes refusing a state write one stop
-        if len(values) > 1 and all(v is values[0] for v in values):
+    def update(self, values: Sequence[Any]) -> bool:
+        # Nodes refusing one state each write its stop: equal values (each node mended its own
+        # copy of a caller's JSON stop) are one write, not a conflict.
+        if len(values) > 1 and all(_equal(v, values[0]) for v in values):
             values = values[:1]
         return LastValue.update(self, values)
+
+
+def _equal(value: Any, other: Any) -> bool:
+    return value is other or (type(value) is type(other) and value == other)
 
 
 class Coerced(Defaulted):

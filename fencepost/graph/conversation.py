@@ -8,8 +8,11 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from langchain_core.messages import AnyMessage, BaseMessage, RemoveMessage, convert_to_messages
+from langgraph.channels.binop import _get_overwrite
 from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import PendingWrite
 from langgraph.graph.message import add_messages
+from langgraph.types import Overwrite
 
 from fencepost.graph.channels import SNAPSHOT_EVERY, Shared
 
@@ -90,8 +93,41 @@ def _add_messages(current: list[AnyMessage] | None, batches: Sequence[Any]) -> l
     return out
 
 
+def _as_taken(write: Any) -> Any:
+    """A write as the conversation takes it. An ``Overwrite`` (any of its forms, a JSON client's
+    ``{"__overwrite__": ...}`` included) bypasses the reducer, so it is read here: of messages,
+    it becomes an ``Overwrite`` of those messages, named as an append names them; of anything
+    else, None (dropped, as a write that is no message is: kept, it raised at every load)."""
+    is_overwrite, value = _get_overwrite(write)
+    if not is_overwrite or value is None:  # None: LangGraph's reset to an empty conversation
+        return write
+    given = value if isinstance(value, list) else [value]
+    try:
+        convert_to_messages(given)
+    except Exception:
+        return None
+    return Overwrite(_add_messages(None, [given]))
+
+
+class Conversation(Shared):
+    """The messages channel: every write it keeps is messages (see :func:`_as_taken`)."""
+
+    def update(self, values: Sequence[Any]) -> bool:
+        taken = [w for w in map(_as_taken, values) if w is not None]
+        resets = [i for i, w in enumerate(taken) if _get_overwrite(w)[0]]
+        # Two resets in one step: the last wins, as across steps (LangGraph raises, again at
+        # every later invoke of the thread when a caller's Command wrote them).
+        for i in reversed(resets[:-1]):
+            del taken[i]
+        return super().update(taken)
+
+    def replay_writes(self, writes: Sequence[PendingWrite]) -> None:
+        taken = ((task, channel, _as_taken(value)) for task, channel, value in writes)
+        super().replay_writes([w for w in taken if w[2] is not None])
+
+
 # The messages view grows by a few messages a step; as a delta channel a checkpoint stores the
 # messages a step wrote, not the whole conversation again (see benchmarks/).
-Messages: DeltaChannel[list[AnyMessage]] = Shared(
+Messages: DeltaChannel[list[AnyMessage]] = Conversation(
     _add_messages, list, snapshot_frequency=SNAPSHOT_EVERY
 )

@@ -1,0 +1,268 @@
+"""Hostile review of the exact per-step state checks (``state.load_state``, ``MendedState``,
+``InvalidState``), the typed record and batch channels, the messages channel's drops and the
+approve node's route to itself.
+
+Each probe takes one hostile seat: a caller holding the thread's config (any ``update_state``,
+``Command(update=..., resume=..., goto=...)``, JSON forms a LangGraph Server client can send),
+before, while paused for approval, and after a run. A probe that found a bug is kept as a strict
+xfail whose reason names the repro and a fix; the others pin what was fixed in this review.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import BaseMessage, HumanMessage
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.types import Command, Overwrite
+
+import fencepost as fp
+from fencepost.graph.serde import fencepost_serializer
+from fencepost.policy import Phase, TerminationReason
+from fencepost.policy.tasks import pending_tasks
+from tests.graph.kit import (
+    ABSTAIN,
+    DOCS,
+    Harness,
+    budget,
+    call,
+    context,
+    final_citing_last,
+    harness,
+    thread,
+    upload_registry,
+)
+
+
+def _paused(**kw: Any) -> tuple[Harness, dict[str, Any], fp.RunContext]:
+    """A run paused for approval of its first call, a write."""
+    h = harness(
+        [call("write_note", 1, note="a"), final_citing_last, final_citing_last],
+        approval="interrupt",
+        **kw,
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    assert h.graph.get_state(config).next == ("approve",)
+    return h, config, ctx
+
+
+def _state(h: Harness, config: dict[str, Any]) -> fp.AgentState:
+    return fp.run_output(h.graph.get_state(config).values)
+
+
+def _ended_typed(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> fp.AgentState:
+    """The thread ended with exactly one reason, and a later invoke of it still works."""
+    snapshot = h.graph.get_state(config)
+    state = fp.run_output(snapshot.values)
+    assert snapshot.next == ()
+    assert state.is_terminal and state.termination is not None
+    assert sum(1 for m in state.manifests if m.phase is Phase.TERMINAL) == 1
+    h.graph.invoke(None, config, context=ctx)
+    assert _state(h, config) == state
+    return state
+
+
+# --- a caller: a JSON stop written with a value of no form, while a second node runs ------------
+
+_JSON_STOP = {"reason": "cancelled", "error_code": "operator"}
+
+
+@pytest.mark.parametrize("goto", ["terminal", "execute", "decide"])
+def test_a_json_stop_and_an_invalid_value_sent_with_a_goto_end_the_run_typed(goto: str) -> None:
+    # The approve node still waiting and the node named by goto both read the state, mend the
+    # caller's JSON stop (each its own StopRequest, equal) and write it back. Before: LastValue
+    # refused two values for one channel in one step (InvalidUpdateError), and LangGraph applied
+    # the Command's saved writes again at every later invoke: the thread was stuck for good.
+    # channels.Defaulted now takes equal values of one type as one write.
+    h, config, ctx = _paused()
+    h.graph.invoke(
+        Command(update={"repairs": None, "stop": _JSON_STOP}, goto=goto), config, context=ctx
+    )
+    state = _ended_typed(h, config, ctx)
+    assert state.termination is TerminationReason.CANCELLED
+    assert h.calls.count("write_note") == 0
+
+
+# --- a caller: what a JSON client can write over the conversation ------------------------------
+
+_CONVERSATION_RESETS: dict[str, Any] = {
+    "overwrite-of-a-number": {"__overwrite__": 5},
+    "overwrite-of-json-messages": {"__overwrite__": [{"role": "user", "content": "hi"}]},
+    "overwrite-in-its-json-dataclass-form": {
+        "type": "__overwrite__",
+        "value": [{"role": "user", "content": "hi"}],
+    },
+}
+
+
+@pytest.mark.parametrize("value", _CONVERSATION_RESETS.values(), ids=_CONVERSATION_RESETS.keys())
+@pytest.mark.parametrize("how", ["command", "update_state"])
+def test_an_overwrite_of_the_conversation_never_leaves_the_thread_stuck(
+    value: Any, how: str
+) -> None:
+    # The messages channel is a delta channel: an Overwrite bypasses its reducer, so a number
+    # or JSON mappings became the conversation, and the next write (or every load of the
+    # thread, which replays the saved writes) raised TypeError/AttributeError, at every later
+    # invoke of the thread. Now an Overwrite is read as messages, or dropped.
+    h, config, ctx = _paused()
+    if how == "command":
+        h.graph.invoke(Command(update={"messages": value}, resume="approve"), config, context=ctx)
+    else:
+        h.graph.update_state(config, {"messages": value}, as_node="decide")
+        h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    state = _ended_typed(h, config, ctx)
+    assert state.termination is TerminationReason.COMPLETED
+    assert h.calls.count("write_note") == 1
+    assert all(isinstance(m, BaseMessage) for m in h.graph.get_state(config).values["messages"])
+
+
+def test_two_overwrites_of_the_conversation_in_one_command_never_leave_the_thread_stuck() -> None:
+    # Before: InvalidUpdateError ("only one Overwrite value per super-step") at every invoke.
+    h, config, ctx = _paused()
+    update = [
+        ("messages", Overwrite([HumanMessage("a", id="m-a")])),
+        ("messages", Overwrite([HumanMessage("b", id="m-b")])),
+    ]
+    h.graph.invoke(Command(update=update, resume="approve"), config, context=ctx)
+    state = _ended_typed(h, config, ctx)
+    assert state.termination is TerminationReason.COMPLETED
+    messages = h.graph.get_state(config).values["messages"]
+    assert messages[0].id == "m-b" and all(m.id != "m-a" for m in messages)  # the last wins
+
+
+def test_a_conversation_reset_a_json_client_wrote_reads_back_the_same_from_a_checkpoint_file(
+    tmp_path: Path,
+) -> None:
+    # The replay path: a new graph on the same SQLite file applies the saved writes again.
+    db = tmp_path / "runs.db"
+    conn = sqlite3.connect(db, check_same_thread=False)
+    h, config, ctx = _paused(checkpointer=SqliteSaver(conn, serde=fencepost_serializer()))
+    sent = [{"role": "user", "content": "from a client"}]
+    h.graph.update_state(config, {"messages": {"__overwrite__": sent}}, as_node="decide")
+    held = h.graph.get_state(config).values["messages"]
+    assert [(m.type, m.content) for m in held] == [("human", "from a client")]
+    conn.close()
+    conn2 = sqlite3.connect(db, check_same_thread=False)
+    again = harness(
+        [final_citing_last],
+        checkpointer=SqliteSaver(conn2, serde=fencepost_serializer()),
+        approval="interrupt",
+        calls=h.calls,
+    )
+    assert again.graph.get_state(config).values["messages"] == held
+    out = fp.run_output(again.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert out.termination is TerminationReason.COMPLETED
+    conn2.close()
+
+
+# --- a caller: receipts only grow, but what they grow by decides what is done -------------------
+
+
+def _final_citing_all(inp: fp.DecisionInput) -> fp.FinalProposal:
+    cited = tuple(o.call_id for o in inp.observations if o.kind == "tool_result")
+    return fp.FinalProposal(answer=fp.AnswerPayload(text="Uploaded.", citations=cited))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="receipts are append-only, but a caller can append one: a forged 'completed' receipt "
+    "for the accepting call (update_state(config, {'receipts': [forged]}), as a Receipt or, "
+    "since channels.typed converts JSON, as the JSON a server client sends) makes "
+    "current_receipts() see the task done, and the final answer passes with task-17 never shown "
+    "done. Fix: judge pending work from something a state edit cannot write (e.g. a ledger "
+    "marker per completion, as call starts are marked, or completions sealed with verdict_key)",
+)
+@pytest.mark.parametrize("form", ["receipt", "json"])
+def test_appending_a_forged_completion_receipt_never_lets_a_final_pass_with_a_task_pending(
+    form: str,
+) -> None:
+    h = harness(
+        [
+            fp.ToolProposal(
+                call_id="call-0001", tool_name="upload_document", arguments={"name": "a.pdf"}
+            ),
+            _final_citing_all,
+            _final_citing_all,
+            ABSTAIN,
+        ],
+        registry=upload_registry({"status": "done"}),
+    )
+    config, ctx = thread(), context(caps=DOCS)
+    h.graph.invoke(
+        fp.start("upload", budget(steps=5, tools=3)),
+        config,
+        context=ctx,
+        interrupt_after=["execute"],
+    )
+    [waiting] = pending_tasks(_state(h, config).receipts)
+    forged: Any = waiting.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
+    if form == "json":
+        forged = forged.model_dump(mode="json")
+    h.graph.update_state(config, {"receipts": [forged], "open_tasks": []}, as_node="execute")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert state.termination is not TerminationReason.COMPLETED
+
+
+# --- a caller: pre-existing ways out of the loop that skip its one exit --------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pre-existing (b489934 too): update_state(..., as_node='terminal') is taken as the "
+    "terminal node's output, and its edge goes to END: the thread ends with no termination, no "
+    "report and the run's ledger account open (and with {'repairs': None} its values no longer "
+    "read back as an AgentState). Fix: route after the terminal node with a conditional edge "
+    "(END once the state is terminal, else 'terminal' again), as approve now routes to itself",
+)
+@pytest.mark.parametrize("update", [{"last_error_code": None}, {"repairs": None}])
+def test_a_state_update_made_as_the_terminal_node_still_ends_the_run_with_a_reason(
+    update: dict[str, Any],
+) -> None:
+    h, config, ctx = _paused()
+    h.graph.update_state(config, update, as_node="terminal")
+    h.graph.invoke(None, config, context=ctx)
+    state = _ended_typed(h, config, ctx)
+    assert state.report is not None
+    assert h.calls.count("write_note") == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pre-existing (b489934 too): a Command sent while a write awaits approval that makes "
+    "two writers of one last-value field in one step — goto another node beside the paused "
+    "approve node (Command(goto='terminal'|'execute'|'decide', resume='approve'): both write "
+    "batch or budget), goto two nodes, or one field written twice (update=[('stop', None), "
+    "('stop', {...})]) — makes LangGraph raise InvalidUpdateError when the step's writes are "
+    "applied, and again at every later invoke: the thread is stuck for good. Fix: a rule for "
+    "a caller's conflicting writes (e.g. nodes other than approve refuse to act while a call "
+    "awaits a human, and channels.Defaulted keeps the last write of a Command's own task)",
+)
+@pytest.mark.parametrize(
+    "command",
+    [
+        Command(goto="terminal", resume="approve"),
+        Command(goto="execute", resume="approve"),
+        Command(goto="decide", resume="approve"),
+        Command(goto=["decide", "execute"]),
+        Command(update=[("stop", None), ("stop", _JSON_STOP)], resume="approve"),
+    ],
+    ids=["goto-terminal", "goto-execute", "goto-decide", "goto-two-nodes", "one-field-twice"],
+)
+def test_a_command_a_caller_sends_while_paused_never_leaves_the_thread_stuck(
+    command: Command[Any],
+) -> None:
+    h, config, ctx = _paused()
+    with contextlib.suppress(Exception):  # raising once is not the rule pinned here
+        h.graph.invoke(command, config, context=ctx)
+    for _ in range(3):
+        with contextlib.suppress(Exception):
+            if h.graph.get_state(config).next != ("approve",):
+                break
+            h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    _ended_typed(h, config, ctx)
+    assert h.calls.count("write_note") <= 1
