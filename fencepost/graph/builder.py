@@ -19,6 +19,7 @@ from fencepost.graph.routing import (
     route_after_approve,
     route_after_decide,
     route_after_execute,
+    route_after_terminal,
     route_start,
 )
 from fencepost.graph.state import GraphState, InputState
@@ -178,6 +179,7 @@ def build_agent_graph(
         "approve", route_after_approve, ["approve", "execute", "decide", "terminal"]
     )
     graph.add_conditional_edges("execute", route_after_execute, ["decide", "terminal"])
-    graph.add_edge("terminal", END)
+    # "terminal" too: a state update made as the terminal node is not an ended run.
+    graph.add_conditional_edges("terminal", route_after_terminal, ["terminal", END])
     remember(graph, cfg)
     return graph

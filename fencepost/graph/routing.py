@@ -15,6 +15,7 @@ from fencepost.policy.batch import BatchEntry
 from fencepost.policy.run_check import NEEDS_DECIDE, out_of_supersteps
 
 Next = Literal["decide", "approve", "execute", "terminal"]
+Exit = Literal["terminal", "__end__"]
 
 
 class RouteView(TypedDict, total=False):
@@ -76,3 +77,14 @@ def route_after_execute(values: RouteView) -> Next:
     if values.get("stop") is not None:
         return "terminal"
     return "decide"
+
+
+def route_after_terminal(values: RouteView) -> Exit:
+    """After the terminal node: out of the graph once the run has ended (or none began).
+
+    The node always ends a run; only a state update made as the terminal node (which LangGraph
+    takes as its output) arrives here with a run still going, and is sent through it.
+    """
+    if "run_id" not in values or values.get("phase") is Phase.TERMINAL:
+        return "__end__"
+    return "terminal"

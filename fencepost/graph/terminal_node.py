@@ -26,13 +26,22 @@ from fencepost.policy import (
 )
 from fencepost.policy.context import coerce_context
 from fencepost.policy.decide import judged_stop
-from fencepost.policy.run_check import stop
+from fencepost.policy.run_check import NEEDS_DECIDE, out_of_supersteps, stop
 
 # Stops that mean the account on this thread is not (or not provably) this caller's: closing
 # it would let a stranger end somebody else's run.
 _NOT_THIS_RUNS_ACCOUNT = frozenset(
     {"account_conflict", "unknown_budget_account", "context_mismatch", "missing_context"}
 )
+
+
+def _unasked(values: dict[str, Any]) -> StopRequest:
+    """Why a run reaching this node with no stop ends: every node that ends a run asks with a
+    stop, so it is the recursion limit (the entry had no room to decide), or else a caller's
+    state update made as this node (LangGraph takes it as the node's output)."""
+    if out_of_supersteps(values.get("remaining_steps"), NEEDS_DECIDE):
+        return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
+    return stop(TerminationReason.POLICY_DENIED, "invalid_state")
 
 
 async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
@@ -53,13 +62,13 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
             if not isinstance(opened, StopRequest):
                 current = opened
     elif before.is_terminal:
-        return {}
+        # Nothing to do; but a value mended on reading (a phase a checkpoint revived as text)
+        # is written back, so the route out reads the run as ended.
+        return changed(before, before)
     else:
         current = before
     ending = judged_stop(
-        current,
-        current.stop or stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit"),
-        require_citations=io.cfg.require_citations,
+        current, current.stop or _unasked(values), require_citations=io.cfg.require_citations
     )
     state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
     # The report needs the batch the run stopped in: terminate() clears it.

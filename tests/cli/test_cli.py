@@ -325,7 +325,7 @@ def test_graph_prints_the_loop_as_mermaid() -> None:
     result = cli("graph")
     assert result.exit_code == 0
     assert "graph TD;" in result.stdout
-    for edge in ("decide -.-> execute;", "execute -.-> decide;", "terminal --> __end__;"):
+    for edge in ("decide -.-> execute;", "execute -.-> decide;", "terminal -.-> __end__;"):
         assert edge in result.stdout
     assert cli_json("graph")["mermaid"] == result.stdout.rstrip("\n") + "\n"
 

@@ -211,14 +211,11 @@ def test_appending_a_forged_completion_receipt_never_lets_a_final_pass_with_a_ta
 # --- a caller: pre-existing ways out of the loop that skip its one exit --------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pre-existing (b489934 too): update_state(..., as_node='terminal') is taken as the "
-    "terminal node's output, and its edge goes to END: the thread ends with no termination, no "
-    "report and the run's ledger account open (and with {'repairs': None} its values no longer "
-    "read back as an AgentState). Fix: route after the terminal node with a conditional edge "
-    "(END once the state is terminal, else 'terminal' again), as approve now routes to itself",
-)
+# Before: update_state(..., as_node='terminal') was taken as the terminal node's output and its
+# edge went to END: the thread ended with no termination, no report, and the run's ledger account
+# open (with {'repairs': None}, values that no longer read back as an AgentState). The terminal
+# node now routes through itself until the run has ended, and a stop-less arrival with supersteps
+# left is a caller's doing, not the recursion limit.
 @pytest.mark.parametrize("update", [{"last_error_code": None}, {"repairs": None}])
 def test_a_state_update_made_as_the_terminal_node_still_ends_the_run_with_a_reason(
     update: dict[str, Any],
@@ -228,6 +225,8 @@ def test_a_state_update_made_as_the_terminal_node_still_ends_the_run_with_a_reas
     h.graph.invoke(None, config, context=ctx)
     state = _ended_typed(h, config, ctx)
     assert state.report is not None
+    assert state.termination is TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "invalid_state"
     assert h.calls.count("write_note") == 0
 
 
