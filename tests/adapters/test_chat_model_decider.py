@@ -44,6 +44,7 @@ from tests.adapters.fakes import (
     final_citing_all,
     langchain_registry,
 )
+from tests.strategies import json_tree
 
 # -- the scenarios, through the full graph ------------------------------------------------------
 
@@ -493,13 +494,7 @@ def test_finish_reason_is_required_only_from_provider_integrations() -> None:
 # -- properties: any reply is a decision or an InvalidProposal, never anything else -------------
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
+json_values = json_tree(json_scalars, max_leaves=8)
 names = st.sampled_from(
     ["search_logs", "final_answer", "abstain", "Bad Name", "", "x" * 80]
 ) | st.text(max_size=12)

@@ -241,3 +241,50 @@ def upload_registry(status_result: Any = UPLOAD_DONE) -> fp.ToolRegistry:
             ),
         ]
     )
+
+
+def state_of(h: Harness, config: dict[str, Any]) -> fp.AgentState:
+    """The thread's state as an AgentState."""
+    return fp.run_output(h.graph.get_state(config).values)
+
+
+def paused_for_approval(**build_kw: Any) -> tuple[Harness, dict[str, Any], fp.RunContext]:
+    """A run paused for approval of its first call, a write; then it answers, citing it."""
+    h = harness(
+        [call("write_note", 1, note="a"), final_citing_last, final_citing_last],
+        approval="interrupt",
+        **build_kw,
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    assert h.graph.get_state(config).next == ("approve",)
+    return h, config, ctx
+
+
+def final_citing_all(inp: fp.DecisionInput) -> fp.FinalProposal:
+    """A final answer citing every successful observation."""
+    cited = tuple(o.call_id for o in inp.observations if o.kind == "tool_result")
+    return fp.FinalProposal(answer=fp.AnswerPayload(text="Uploaded.", citations=cited))
+
+
+def upload_accepted() -> tuple[Harness, dict[str, Any], fp.RunContext]:
+    """A run stopped after an upload its tool accepted (a task pending, not shown done)."""
+    h = harness(
+        [
+            fp.ToolProposal(
+                call_id="call-0001", tool_name="upload_document", arguments={"name": "a.pdf"}
+            ),
+            final_citing_all,
+            final_citing_all,
+            ABSTAIN,
+        ],
+        registry=upload_registry({"status": "done"}),
+    )
+    config, ctx = thread(), context(caps=DOCS)
+    h.graph.invoke(
+        fp.start("upload", budget(steps=5, tools=3)),
+        config,
+        context=ctx,
+        interrupt_after=["execute"],
+    )
+    return h, config, ctx

@@ -29,28 +29,22 @@ from fencepost.graph.channels import value_check
 from fencepost.graph.state import MendedState, load_state
 from fencepost.policy import Phase, StopRequest, TerminationReason
 from fencepost.policy.batch import BatchEntry
-from tests.graph.kit import Harness, budget, call, context, final_citing_last, harness, thread
-
-
-def _paused() -> tuple[Harness, dict[str, Any], fp.RunContext]:
-    """A run paused for approval of its first call, a write."""
-    h = harness(
-        [call("write_note", 1, note="a"), final_citing_last, final_citing_last],
-        approval="interrupt",
-    )
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
-    assert h.graph.get_state(config).next == ("approve",)
-    return h, config, ctx
-
-
-def _state(h: Harness, config: dict[str, Any]) -> fp.AgentState:
-    return fp.run_output(h.graph.get_state(config).values)
+from tests.graph.kit import (
+    budget,
+    call,
+    context,
+    final_citing_last,
+    harness,
+    paused_for_approval,
+    state_of,
+    thread,
+)
+from tests.strategies import json_tree
 
 
 def test_a_step_of_a_run_no_caller_wrote_to_reads_its_state_without_validating() -> None:
     # The hot path: every value passes its exact check, and the state is assembled from them.
-    h, config, _ = _paused()
+    h, config, _ = paused_for_approval()
     values = h.graph.get_state(config).values
     state = load_state(values)
     assert type(state) is fp.AgentState
@@ -68,7 +62,7 @@ def test_an_exact_check_takes_no_lookalike_of_its_type() -> None:
 
 
 def test_a_json_stop_a_server_client_writes_is_read_as_a_stop_and_written_back_typed() -> None:
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     stop = {"reason": "cancelled", "error_code": "operator"}
     h.graph.update_state(config, {"stop": stop}, as_node="decide")
     h.graph.invoke(None, config, context=ctx)
@@ -83,8 +77,8 @@ def test_a_json_stop_a_server_client_writes_is_read_as_a_stop_and_written_back_t
 def test_a_json_batch_is_routed_as_a_batch_and_the_approval_still_runs_it_once() -> None:
     # The routers read the batch before any node does: its channel holds the batch converted,
     # never the mappings (on which the router after decide raised AttributeError).
-    h, config, ctx = _paused()
-    sent = [e.model_dump(mode="json") for e in _state(h, config).batch]
+    h, config, ctx = paused_for_approval()
+    sent = [e.model_dump(mode="json") for e in state_of(h, config).batch]
     h.graph.update_state(config, {"batch": sent}, as_node="decide")
     assert all(type(e) is BatchEntry for e in h.graph.get_state(config).values["batch"])
     assert h.graph.get_state(config).next == ("approve",)
@@ -94,7 +88,7 @@ def test_a_json_batch_is_routed_as_a_batch_and_the_approval_still_runs_it_once()
 
 
 def test_a_json_form_in_a_channel_is_read_as_its_type_and_named_to_be_written_back() -> None:
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     values = dict(h.graph.get_state(config).values)
     values.update(phase="decide", repair_notes=["note"], repairs="2")
     state = load_state(values)
@@ -105,7 +99,7 @@ def test_a_json_form_in_a_channel_is_read_as_its_type_and_named_to_be_written_ba
     h.graph.invoke(Command(update={"repairs": "2"}, resume="approve"), config, context=ctx)
     held = h.graph.get_state(config).values["repairs"]
     assert type(held) is int and held == 2
-    assert _state(h, config).termination is TerminationReason.COMPLETED
+    assert state_of(h, config).termination is TerminationReason.COMPLETED
 
 
 @pytest.mark.parametrize(
@@ -130,15 +124,15 @@ def test_a_write_a_record_cannot_hold_is_dropped_and_the_run_goes_on(
 ) -> None:
     # Before: each raised out of the reducer (TypeError, AttributeError), and through a Command
     # out of every later invoke of the thread too; or it was kept, and the next node raised.
-    untouched, config, ctx = _paused()
+    untouched, config, ctx = paused_for_approval()
     expected = fp.run_output(untouched.graph.invoke(Command(resume="approve"), config, context=ctx))
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     if how == "command":
         h.graph.invoke(Command(update={field: value}, resume="approve"), config, context=ctx)
     else:
         h.graph.update_state(config, {field: value}, as_node="decide")
         h.graph.invoke(Command(resume="approve"), config, context=ctx)
-    state = _state(h, config)
+    state = state_of(h, config)
     assert state.termination is TerminationReason.COMPLETED
     assert h.calls.count("write_note") == 1
     # The record holds what the run made of it, nothing of the write.
@@ -167,9 +161,9 @@ def test_two_nodes_refusing_one_state_together_write_one_stop() -> None:
     # A Command's goto runs execute beside the approve node still waiting: both find the batch
     # invalid, neither acts, and both write the same stop (LangGraph refuses two different
     # values for one channel in one step).
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     h.graph.invoke(Command(update={"batch": "x"}, goto="execute"), config, context=ctx)
-    state = _state(h, config)
+    state = state_of(h, config)
     assert state.termination is TerminationReason.POLICY_DENIED
     assert state.last_error_code == "invalid_state"
     assert h.calls.log == []
@@ -185,13 +179,7 @@ _json_leaf = (
     | st.text(max_size=8)
     | st.sampled_from(["terminal", "decide", "completed", "cancelled", "call-0001", ""])
 )
-_json = st.recursive(
-    _json_leaf,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
-    max_leaves=6,
-)
+_json = json_tree(_json_leaf, max_leaves=6)
 _writes = st.dictionaries(
     st.sampled_from(sorted(fp.AgentState.model_fields)), _json, min_size=1, max_size=3
 )
@@ -202,7 +190,7 @@ _writes = st.dictionaries(
 def test_any_json_written_over_any_fields_mid_run_ends_the_run_typed_and_readable(
     writes: dict[str, Any], how: str
 ) -> None:
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     if how == "command":
         h.graph.invoke(Command(update=writes, resume="approve"), config, context=ctx)
     else:
@@ -230,32 +218,32 @@ def test_a_write_that_is_no_message_leaves_the_conversation_and_the_thread_usabl
 ) -> None:
     # Before: add_messages raised (NotImplementedError, ValueError) when the write was applied,
     # and through a Command it was applied again by every later invoke: the thread was stuck.
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     held = list(h.graph.get_state(config).values["messages"])
     if how == "command":
         h.graph.invoke(Command(update={"messages": value}, resume="approve"), config, context=ctx)
     else:
         h.graph.update_state(config, {"messages": value}, as_node="decide")
         h.graph.invoke(Command(resume="approve"), config, context=ctx)
-    state = _state(h, config)
+    state = state_of(h, config)
     assert state.termination is TerminationReason.COMPLETED
     assert h.calls.count("write_note") == 1
     messages = h.graph.get_state(config).values["messages"]
     assert messages[: len(held)] == held  # nothing dropped, nothing of the write added
     assert all(isinstance(m, BaseMessage) for m in messages)
     h.graph.invoke(None, config, context=ctx)  # and later invokes of the thread still work
-    assert _state(h, config) == state
+    assert state_of(h, config) == state
 
 
 def test_a_state_update_as_the_approve_node_while_a_call_awaits_approval_keeps_it_waiting() -> None:
     # The approve node's routes include itself: an update made as it, with the call still
     # awaiting a human, pauses again (before: KeyError 'approve' out of update_state).
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     h.graph.update_state(config, {"last_error_code": None}, as_node="approve")
     assert h.graph.get_state(config).next == ("approve",)
     h.graph.invoke(None, config, context=ctx)
     assert h.graph.get_state(config).next == ("approve",)
     assert h.calls.count("write_note") == 0
     h.graph.invoke(Command(resume="approve"), config, context=ctx)
-    assert _state(h, config).termination is TerminationReason.COMPLETED
+    assert state_of(h, config).termination is TerminationReason.COMPLETED
     assert h.calls.count("write_note") == 1

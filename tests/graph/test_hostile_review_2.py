@@ -31,6 +31,7 @@ from tests.graph.kit import (
     final_citing_last,
     harness,
     thread,
+    upload_accepted,
     upload_registry,
 )
 
@@ -91,17 +92,7 @@ def test_one_completion_never_closes_two_accepted_tasks_that_share_a_task_id() -
 
 
 def test_clearing_open_tasks_in_state_does_not_let_a_final_answer_pass() -> None:
-    h = harness(
-        [_p("upload_document", 1, name="a.pdf"), _final_citing_all, _final_citing_all, ABSTAIN],
-        registry=upload_registry({"status": "done"}),
-    )
-    config, ctx = thread(), context(caps=DOCS)
-    h.graph.invoke(
-        fp.start("upload", budget(steps=5, tools=3)),
-        config,
-        context=ctx,
-        interrupt_after=["execute"],
-    )
+    h, config, ctx = upload_accepted()
     state = _drive(h, config, ctx, lambda s: {"open_tasks": ()} if s.open_tasks else None)
     assert pending_tasks(state.receipts)
     assert state.termination is not fp.TerminationReason.COMPLETED

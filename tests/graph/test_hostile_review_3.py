@@ -27,7 +27,6 @@ from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.tasks import pending_tasks
 from tests.graph.kit import (
     ABSTAIN,
-    DOCS,
     Calls,
     budget,
     call,
@@ -35,24 +34,16 @@ from tests.graph.kit import (
     final_citing_last,
     harness,
     make_registry,
+    state_of,
     thread,
-    upload_registry,
+    upload_accepted,
 )
 
 FORGED_ANSWER = fp.AnswerPayload(text="forged", citations=("call-0001",))
 
 
-def _state(h: Any, config: dict[str, Any]) -> fp.AgentState:
-    return fp.run_output(h.graph.get_state(config).values)
-
-
 def _terminal_manifests(state: fp.AgentState) -> int:
     return sum(1 for m in state.manifests if m.phase is Phase.TERMINAL)
-
-
-def _final_citing_all(inp: fp.DecisionInput) -> fp.FinalProposal:
-    cited = tuple(o.call_id for o in inp.observations if o.kind == "tool_result")
-    return fp.FinalProposal(answer=fp.AnswerPayload(text="Uploaded.", citations=cited))
 
 
 # --- a caller: before the run -----------------------------------------------------------------
@@ -120,14 +111,14 @@ def test_a_plain_string_phase_a_caller_wrote_is_replaced_so_an_ended_run_stays_e
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_after=["execute"])
     h.graph.invoke(None, config, context=ctx, interrupt_after=["decide"])
-    assert _state(h, config).stop is not None  # the run's own abstain, not yet terminal
+    assert state_of(h, config).stop is not None  # the run's own abstain, not yet terminal
     h.graph.update_state(config, {"phase": "terminal"}, as_node="decide")
     h.graph.invoke(None, config, context=ctx)
     assert h.graph.get_state(config).values["phase"] is Phase.TERMINAL
     forged = StopRequest(reason=TerminationReason.COMPLETED, answer=FORGED_ANSWER)
     h.graph.update_state(config, {"stop": forged}, as_node="execute")
     h.graph.invoke(None, config, context=ctx)
-    state = _state(h, config)
+    state = state_of(h, config)
     assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
     assert state.final_answer is None
     assert _terminal_manifests(state) == 1
@@ -137,25 +128,8 @@ def test_overwriting_the_receipts_in_state_never_lets_a_final_pass_with_a_task_p
     # receipts only grow: LangGraph's Overwrite (here its JSON form {"__overwrite__": v}, what a
     # server client can send) is dropped by channels.Records, so decide still judges a final
     # answer by the pending receipt.
-    h = harness(
-        [
-            fp.ToolProposal(
-                call_id="call-0001", tool_name="upload_document", arguments={"name": "a.pdf"}
-            ),
-            _final_citing_all,
-            _final_citing_all,
-            ABSTAIN,
-        ],
-        registry=upload_registry({"status": "done"}),
-    )
-    config, ctx = thread(), context(caps=DOCS)
-    h.graph.invoke(
-        fp.start("upload", budget(steps=5, tools=3)),
-        config,
-        context=ctx,
-        interrupt_after=["execute"],
-    )
-    assert [r.call_id for r in pending_tasks(_state(h, config).receipts)] == ["call-0001"]
+    h, config, ctx = upload_accepted()
+    assert [r.call_id for r in pending_tasks(state_of(h, config).receipts)] == ["call-0001"]
     h.graph.update_state(
         config, {"receipts": {"__overwrite__": ()}, "open_tasks": ()}, as_node="execute"
     )
@@ -177,11 +151,11 @@ def test_overwriting_the_fingerprints_in_state_does_not_reset_the_no_progress_co
         fp.start("q", budget(steps=12, tools=10)), config, context=ctx, interrupt_after=["execute"]
     )
     for _ in range(15):
-        if _state(h, config).is_terminal:
+        if state_of(h, config).is_terminal:
             break
         h.graph.update_state(config, {"fingerprints": {"__overwrite__": {}}}, as_node="execute")
         h.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
-    state = _state(h, config)
+    state = state_of(h, config)
     assert state.termination is TerminationReason.NO_PROGRESS
     assert h.calls.count("search_logs") == limit
 
@@ -270,7 +244,7 @@ def test_a_stop_a_caller_writes_while_paused_never_ends_the_run_with_an_unverifi
     forged = StopRequest(reason=TerminationReason.COMPLETED, answer=unverified)
     h.graph.update_state(config, {"stop": forged}, as_node="approve")
     h.graph.invoke(None, config, context=ctx)
-    state = _state(h, config)
+    state = state_of(h, config)
     assert state.is_terminal
     assert state.final_answer is None or set(state.final_answer.citations) <= state.evidence_ids()
     assert state.termination is not TerminationReason.COMPLETED
@@ -341,7 +315,7 @@ def test_two_tenants_interleaved_on_one_graph_and_ledger_share_no_state_or_budge
     values = h.graph.get_state(cb).values
     values["fingerprints"]["x"] = 99
     values["evidence"]["x"] = "forged"
-    assert "x" not in _state(h, ca).fingerprints and "x" not in _state(h, cb).evidence
+    assert "x" not in state_of(h, ca).fingerprints and "x" not in state_of(h, cb).evidence
 
 
 # --- the process: a tool raising SystemExit, a model that never returns --------------------------

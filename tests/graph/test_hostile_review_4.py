@@ -25,34 +25,13 @@ from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import Phase, TerminationReason
 from fencepost.policy.tasks import pending_tasks
 from tests.graph.kit import (
-    ABSTAIN,
-    DOCS,
     Harness,
-    budget,
-    call,
-    context,
     final_citing_last,
     harness,
-    thread,
-    upload_registry,
+    paused_for_approval,
+    state_of,
+    upload_accepted,
 )
-
-
-def _paused(**kw: Any) -> tuple[Harness, dict[str, Any], fp.RunContext]:
-    """A run paused for approval of its first call, a write."""
-    h = harness(
-        [call("write_note", 1, note="a"), final_citing_last, final_citing_last],
-        approval="interrupt",
-        **kw,
-    )
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
-    assert h.graph.get_state(config).next == ("approve",)
-    return h, config, ctx
-
-
-def _state(h: Harness, config: dict[str, Any]) -> fp.AgentState:
-    return fp.run_output(h.graph.get_state(config).values)
 
 
 def _ended_typed(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> fp.AgentState:
@@ -63,7 +42,7 @@ def _ended_typed(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> fp.A
     assert state.is_terminal and state.termination is not None
     assert sum(1 for m in state.manifests if m.phase is Phase.TERMINAL) == 1
     h.graph.invoke(None, config, context=ctx)
-    assert _state(h, config) == state
+    assert state_of(h, config) == state
     return state
 
 
@@ -79,7 +58,7 @@ def test_a_json_stop_and_an_invalid_value_sent_with_a_goto_end_the_run_typed(got
     # refused two values for one channel in one step (InvalidUpdateError), and LangGraph applied
     # the Command's saved writes again at every later invoke: the thread was stuck for good.
     # channels.Defaulted now takes equal values of one type as one write.
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     h.graph.invoke(
         Command(update={"repairs": None, "stop": _JSON_STOP}, goto=goto), config, context=ctx
     )
@@ -109,7 +88,7 @@ def test_an_overwrite_of_the_conversation_never_leaves_the_thread_stuck(
     # or JSON mappings became the conversation, and the next write (or every load of the
     # thread, which replays the saved writes) raised TypeError/AttributeError, at every later
     # invoke of the thread. Now an Overwrite is read as messages, or dropped.
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     if how == "command":
         h.graph.invoke(Command(update={"messages": value}, resume="approve"), config, context=ctx)
     else:
@@ -123,7 +102,7 @@ def test_an_overwrite_of_the_conversation_never_leaves_the_thread_stuck(
 
 def test_two_overwrites_of_the_conversation_in_one_command_never_leave_the_thread_stuck() -> None:
     # Before: InvalidUpdateError ("only one Overwrite value per super-step") at every invoke.
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     update = [
         ("messages", Overwrite([HumanMessage("a", id="m-a")])),
         ("messages", Overwrite([HumanMessage("b", id="m-b")])),
@@ -141,7 +120,9 @@ def test_a_conversation_reset_a_json_client_wrote_reads_back_the_same_from_a_che
     # The replay path: a new graph on the same SQLite file applies the saved writes again.
     db = tmp_path / "runs.db"
     conn = sqlite3.connect(db, check_same_thread=False)
-    h, config, ctx = _paused(checkpointer=SqliteSaver(conn, serde=fencepost_serializer()))
+    h, config, ctx = paused_for_approval(
+        checkpointer=SqliteSaver(conn, serde=fencepost_serializer())
+    )
     sent = [{"role": "user", "content": "from a client"}]
     h.graph.update_state(config, {"messages": {"__overwrite__": sent}}, as_node="decide")
     held = h.graph.get_state(config).values["messages"]
@@ -163,11 +144,6 @@ def test_a_conversation_reset_a_json_client_wrote_reads_back_the_same_from_a_che
 # --- a caller: receipts only grow, but what they grow by decides what is done -------------------
 
 
-def _final_citing_all(inp: fp.DecisionInput) -> fp.FinalProposal:
-    cited = tuple(o.call_id for o in inp.observations if o.kind == "tool_result")
-    return fp.FinalProposal(answer=fp.AnswerPayload(text="Uploaded.", citations=cited))
-
-
 @pytest.mark.xfail(
     strict=True,
     reason="receipts are append-only, but a caller can append one: a forged 'completed' receipt "
@@ -181,25 +157,8 @@ def _final_citing_all(inp: fp.DecisionInput) -> fp.FinalProposal:
 def test_appending_a_forged_completion_receipt_never_lets_a_final_pass_with_a_task_pending(
     form: str,
 ) -> None:
-    h = harness(
-        [
-            fp.ToolProposal(
-                call_id="call-0001", tool_name="upload_document", arguments={"name": "a.pdf"}
-            ),
-            _final_citing_all,
-            _final_citing_all,
-            ABSTAIN,
-        ],
-        registry=upload_registry({"status": "done"}),
-    )
-    config, ctx = thread(), context(caps=DOCS)
-    h.graph.invoke(
-        fp.start("upload", budget(steps=5, tools=3)),
-        config,
-        context=ctx,
-        interrupt_after=["execute"],
-    )
-    [waiting] = pending_tasks(_state(h, config).receipts)
+    h, config, ctx = upload_accepted()
+    [waiting] = pending_tasks(state_of(h, config).receipts)
     forged: Any = waiting.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
     if form == "json":
         forged = forged.model_dump(mode="json")
@@ -220,7 +179,7 @@ def test_appending_a_forged_completion_receipt_never_lets_a_final_pass_with_a_ta
 def test_a_state_update_made_as_the_terminal_node_still_ends_the_run_with_a_reason(
     update: dict[str, Any],
 ) -> None:
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     h.graph.update_state(config, update, as_node="terminal")
     h.graph.invoke(None, config, context=ctx)
     state = _ended_typed(h, config, ctx)
@@ -255,7 +214,7 @@ def test_a_state_update_made_as_the_terminal_node_still_ends_the_run_with_a_reas
 def test_a_command_a_caller_sends_while_paused_never_leaves_the_thread_stuck(
     command: Command[Any],
 ) -> None:
-    h, config, ctx = _paused()
+    h, config, ctx = paused_for_approval()
     with contextlib.suppress(Exception):  # raising once is not the rule pinned here
         h.graph.invoke(command, config, context=ctx)
     for _ in range(3):

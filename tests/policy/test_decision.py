@@ -18,6 +18,7 @@ from fencepost.policy import (
     parse_decision,
     proposal_fingerprint,
 )
+from tests.strategies import json_tree
 
 DECISIONS = (ToolProposal, FinalProposal, AbstainProposal)
 
@@ -28,13 +29,7 @@ json_scalars = (
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=20)
 )
-json_like = st.recursive(
-    json_scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_like = json_tree(json_scalars, max_leaves=20, max_size=4)
 # Near-misses reach the deeper validators instead of failing on the discriminator.
 decision_keys = st.sampled_from(
     ["kind", "call_id", "tool_name", "arguments", "answer", "reason", "text", "citations"]
