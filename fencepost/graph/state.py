@@ -198,19 +198,19 @@ def request_from(values: dict[str, Any], *, required: bool = True) -> StartReque
     return None
 
 
-_RECORDS = frozenset(  # the fields held in a record channel
-    n
-    for n, hint in get_type_hints(GraphState, include_extras=True).items()
-    if any(isinstance(m, Records) for m in getattr(hint, "__metadata__", ()))
-)
+def fields_on(kind: Any) -> tuple[str, ...]:
+    """The AgentState fields whose channel is a ``kind`` (a channel class, or a union)."""
+    hints = get_type_hints(GraphState, include_extras=True)
+    meta = {n: getattr(hints[n], "__metadata__", ()) for n in _FIELDS}
+    return tuple(n for n in _FIELDS if any(isinstance(m, kind) for m in meta[n]))
+
+
+_RECORDS = frozenset(fields_on(Records))
 _ABSENT = object()
 _INVALID = stop(TerminationReason.POLICY_DENIED, "invalid_state")
 _NO_REQUEST = StartRequest(run_id="run-invalid", question="")
 # A record's items are checked as they are written (``channels.typed``); here only its type.
-_CHECKS = {
-    name: field_check(info, deep=name not in _RECORDS)
-    for name, info in AgentState.model_fields.items()
-}
+_CHECKS = {n: field_check(i, deep=n not in _RECORDS) for n, i in AgentState.model_fields.items()}
 
 
 class MendedState(AgentState):

@@ -11,31 +11,18 @@ messages view is derived from the two states a :class:`Writes` carries, in
 
 from __future__ import annotations
 
-import types
-from typing import Any, get_type_hints
+from typing import Any
 
 from fencepost.graph.channels import Defaulted, Records
-from fencepost.graph.state import _FIELDS, GraphState, MendedState, field_default
+from fencepost.graph.state import _FIELDS, MendedState, field_default, fields_on
 from fencepost.policy import AgentState
 from fencepost.policy.revised import changes_since
 
 _APPENDED = frozenset({"observations", "proposals", "receipts", "manifests"})
-_HINTS = get_type_hints(GraphState, include_extras=True)
-
-
-def _fields_on(kind: type[Any] | types.UnionType) -> tuple[str, ...]:
-    """The AgentState fields whose channel is a ``kind``."""
-    return tuple(
-        name
-        for name in _FIELDS
-        if any(isinstance(m, kind) for m in getattr(_HINTS[name], "__metadata__", ()))
-    )
-
-
-_UNSET: dict[str, Any] = {name: field_default(name) for name in _fields_on(Defaulted | Records)}
+_UNSET: dict[str, Any] = {name: field_default(name) for name in fields_on(Defaulted | Records)}
 """Fields whose channel reads as the field's default until written: a new run leaves them
 unwritten while they hold it."""
-_RESET = _fields_on(Defaulted)
+_RESET = fields_on(Defaulted)
 """Of those, the ones a write replaces (a record channel only grows: nothing to reset)."""
 
 
