@@ -17,7 +17,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -148,7 +148,7 @@ def parse_ai_message(
     ``malformed_final_answer``, ``malformed_abstention``, ``empty_response``.
 
     A call id that is missing, shorter than 8 or longer than 128 characters, or already used in
-    this run is replaced by a generated one, listed in ``generated_call_ids``.
+    this run (in ``used_call_ids``: a set or a mapping is looked up as given) is replaced by a generated one, listed in ``generated_call_ids``.
     ``require_finish_reason=None`` requires a finish reason only from provider integrations
     (messages whose metadata names a ``model_provider``).
     """
@@ -157,7 +157,8 @@ def parse_ai_message(
             message,
             run_id=run_id,
             step=step,
-            used=set(used_call_ids),
+            # A set or a mapping (the run's ``answered``) is asked as it is: no copy per step.
+            used=used_call_ids if isinstance(used_call_ids, Set | Mapping) else set(used_call_ids),
             final_tool=final_tool,
             abstain_tool=abstain_tool,
             require_finish_reason=require_finish_reason,
@@ -174,7 +175,7 @@ def _parse(
     *,
     run_id: str,
     step: int,
-    used: set[str],
+    used: Container[str],
     final_tool: str,
     abstain_tool: str,
     require_finish_reason: bool | None,
@@ -243,17 +244,19 @@ def _parse(
 
     proposals: list[ToolProposal] = []
     generated: list[str] = []
-    taken = set(used)
+    # This turn's ids beside the run's (never a copy of them: that grew with the run).
+    taken: set[str] = set()
     for index, call in enumerate(calls):
         call_id = call.get("id")
         if (
             not isinstance(call_id, str)
             or not CALL_ID_MIN <= len(call_id) <= CALL_ID_MAX
             or call_id in taken
+            or call_id in used
         ):
             salt = 0
             call_id = _generated_id(run_id, step, index, salt)
-            while call_id in taken:
+            while call_id in taken or call_id in used:
                 salt += 1
                 call_id = _generated_id(run_id, step, index, salt)
             generated.append(call_id)
@@ -582,9 +585,17 @@ class ChatModelDecider:
             reply,
             run_id=input.run_id,
             step=input.step,
-            used_call_ids=(o.call_id for o in input.observations),
+            used_call_ids=_used_call_ids(input),
             final_tool=self.final_tool,
             abstain_tool=self.abstain_tool,
             require_finish_reason=self.require_finish_reason,
         )
         return decided
+
+
+def _used_call_ids(input: DecisionInput) -> Iterable[str]:
+    """The call ids this run has used: the input's ``answered`` (one per observation) when it is
+    filled in, else the observations' own (an input built by hand)."""
+    if len(input.answered) >= len(input.observations):
+        return input.answered
+    return (o.call_id for o in input.observations)

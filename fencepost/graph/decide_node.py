@@ -88,6 +88,7 @@ def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
         pending_tasks=state.open_tasks,
         final_turn=final_turn(cfg, state),
         repair=state.repair_notes,
+        answered=state.answered,
     )
 
 

@@ -38,6 +38,9 @@ class DecisionInput(Frozen):
     """Why the previous proposal was refused (field paths and rule names): fix it and try again."""
     final_turn: bool = False
     """The step kept for answering: tool calls are refused; answer or abstain with what is known."""
+    answered: dict[str, int] = Field(default_factory=dict)
+    """The call ids that have an observation (and the step that proposed each): a model's call id
+    found here is a reuse, checked in O(1) however long the run (see ``AgentState.answered``)."""
 
 
 Decision = ToolProposal | FinalProposal | AbstainProposal | ToolBatch

@@ -30,6 +30,8 @@ from fencepost.adapters.chat_model import (
     DeciderConfigError,
     parse_ai_message,
 )
+from fencepost.policy.decision_model import DecisionInput
+from fencepost.policy.observation import Observation
 from tests.adapters.fakes import (
     SECRET,
     RateLimitError,
@@ -224,6 +226,27 @@ async def test_short_or_reused_call_ids_are_replaced_and_recorded() -> None:
     # The model sees the ids that actually ran, each result under its own id.
     shown = [m.tool_call_id for m in chat.received[-1] if isinstance(m, ToolMessage)]
     assert shown == ids
+
+
+async def test_a_reused_call_id_is_replaced_for_an_input_built_without_answered() -> None:
+    # A DecisionInput made by hand names no ``answered``: the observations' ids are the used ones.
+    model, _ = decider([ai_call("search_logs", {"query": "again"}, "call_seen0000001")])
+    seen = Observation(
+        sequence=1, step=1, call_id="call_seen0000001", tool_name="search_logs", kind="tool_result"
+    )
+    inp = DecisionInput(
+        run_id="run-h",
+        question="q",
+        observations=(seen,),
+        catalog=(),
+        budget=fp.RuntimeBudget(steps_remaining=3, tool_calls_remaining=3),
+        step=2,
+    )
+    decided = await model.decide(inp, deadline=fp.Deadline.after(5))
+    assert isinstance(decided, fp.Decided)
+    assert isinstance(decided.decision, fp.ToolProposal)
+    assert decided.decision.call_id != "call_seen0000001"
+    assert decided.generated_call_ids == (decided.decision.call_id,)
 
 
 async def test_generated_call_ids_are_listed_on_the_decision() -> None:
@@ -517,17 +540,29 @@ metadata = st.fixed_dictionaries(
 )
 
 
+# The forms a run's used call ids come in: a set, the run's ``answered`` mapping (looked up as
+# given), a list, a one-shot generator (copied first).
+used_forms = st.sampled_from(
+    [
+        lambda used: used,
+        lambda used: dict.fromkeys(used, 1),
+        lambda used: sorted(used),
+        lambda used: (i for i in sorted(used)),
+    ]
+)
+
+
 @settings(max_examples=300, deadline=None)
-@given(calls=tool_calls, content=contents, meta=metadata)
+@given(calls=tool_calls, content=contents, meta=metadata, form=used_forms)
 def test_any_reply_parses_to_a_decision_or_an_invalid_proposal(
-    calls: list[dict[str, Any]], content: Any, meta: dict[str, Any]
+    calls: list[dict[str, Any]], content: Any, meta: dict[str, Any], form: Any
 ) -> None:
     message = AIMessage(content=content, response_metadata=meta)
     # Set after construction: LangChain's own validation would reject some of these shapes.
     message.tool_calls = [{**c, "type": "tool_call"} for c in calls]  # type: ignore[misc]
-    used = {"used_call_0001"}
+    used = {"used_call_0001", "used_call_0002"}
     try:
-        decided = parse_ai_message(message, run_id="run-p", step=2, used_call_ids=used)
+        decided = parse_ai_message(message, run_id="run-p", step=2, used_call_ids=form(used))
     except fp.InvalidProposal as exc:
         assert exc.code and "\n" not in exc.code
         return
