@@ -549,6 +549,51 @@ def build_counter_loop(saver: BaseCheckpointSaver[Any]) -> System:
     )
 
 
+def build_channel_loop(
+    saver: BaseCheckpointSaver[Any], channels: int, decide_writes: int, execute_writes: int
+) -> System:
+    """The empty two-node loop with fencepost's channel layout: ``channels`` integer channels,
+    of which ``decide`` writes ``decide_writes`` and ``execute`` ``execute_writes`` per
+    iteration (counter included), and a conditional edge after each node as fencepost has.
+    What LangGraph's machinery costs for that many channels and writes, with no payload,
+    no policy and no serialization beyond integers."""
+    from typing import TypedDict
+
+    names = ["count", "more", *(f"c{i}" for i in range(max(0, channels - 2)))]
+    layout = TypedDict("layout", dict.fromkeys(names, int), total=False)  # type: ignore[misc]
+    extra = names[2:]
+    by_decide, by_execute = extra[: max(0, decide_writes - 2)], extra[max(0, decide_writes - 2) :]
+    by_execute = by_execute[: max(0, execute_writes - 1)]
+
+    def decide(state: Any) -> dict[str, Any]:
+        out = {"count": state["count"] + 1, "more": int(TALLY.turn() is not None)}
+        out.update(dict.fromkeys(by_decide, state["count"]))
+        return out
+
+    def execute(state: Any) -> dict[str, Any]:
+        search_logs(f"status:5xx page:{state['count']}")
+        out = {"count": state["count"] + 1}
+        out.update(dict.fromkeys(by_execute, state["count"]))
+        return out
+
+    builder = StateGraph(layout)
+    builder.add_node("decide", RunnableCallable(decide, name="decide"))
+    builder.add_node("execute", RunnableCallable(execute, name="execute"))
+    builder.add_edge(START, "decide")
+    builder.add_conditional_edges("decide", lambda s: "execute" if s["more"] else END)
+    builder.add_conditional_edges("execute", lambda s: "decide")
+
+    def check(out: Any, n: int) -> str | None:
+        return None if out["count"] == 2 * n + 1 else f"counter ended at {out['count']}"
+
+    return System(
+        name=f"{channels}-channel loop",
+        graph=builder.compile(checkpointer=saver),
+        make_input=lambda n: {"count": 0, "more": 1},
+        check=check,
+    )
+
+
 def package_version(name: str) -> str:
     try:
         return version(name)

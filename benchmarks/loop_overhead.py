@@ -265,6 +265,83 @@ def build_fencepost_floor(saver: BaseCheckpointSaver[Any]) -> System:
     return system
 
 
+@contextlib.contextmanager
+def _called_inline() -> Any:
+    """The sync graph's model and tool calls made on the calling thread, for as long as the
+    block runs: no hop to the shared model loop, no tool worker thread, no deadline enforced."""
+    from fencepost.graph.model_call import ModelRun
+    from fencepost.graph.node_io import SyncIO
+    from fencepost.graph.tool_runner import ToolRun
+
+    async def run_model(self: Any, make: Any, timeout: float) -> Any:
+        try:
+            return ModelRun(finished=True, value=await make())
+        except Exception as exc:
+            return ModelRun(finished=True, error=exc)
+
+    async def run_tool(self: Any, spec: Any, args: Any, ctx: Any, **kw: Any) -> Any:
+        try:
+            return ToolRun(value=spec.execute(args, ctx))
+        except Exception:
+            return ToolRun(error=fp.ErrorCode.INTERNAL_ERROR)
+
+    saved = SyncIO.run_model, SyncIO.run_tool
+    SyncIO.run_model, SyncIO.run_tool = run_model, run_tool  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SyncIO.run_model, SyncIO.run_tool = saved  # type: ignore[method-assign]
+
+
+class _Uncontained:
+    """A compiled fencepost graph whose ``invoke`` runs inside :func:`_called_inline`."""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph = graph
+        self.checkpointer = graph.checkpointer
+
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        with _called_inline():
+            return self.graph.invoke(*args, **kwargs)
+
+
+def build_fencepost_uncontained(saver: BaseCheckpointSaver[Any]) -> System:
+    """fencepost driven by :class:`BenchDecisionModel`, its model and tool called on the calling
+    thread (sync ``invoke`` only): what the containment hops cost. A what-if, never a
+    configuration fencepost offers: a model or tool that blocks or ignores its deadline would
+    hang the run, and a ``SystemExit`` from one would escape it. Built from graph internals
+    (``SyncIO.run_model``/``run_tool``): when they move, the row is skipped and says why."""
+    from fencepost.graph.node_io import SyncIO
+
+    for name in ("run_model", "run_tool"):
+        if name not in vars(SyncIO):
+            raise RuntimeError(f"fencepost.graph.node_io.SyncIO has no {name}")
+    system = build_fencepost(saver, decider=BenchDecisionModel(), name="fencepost (uncontained)")
+    system.graph = _Uncontained(system.graph)
+    return system
+
+
+def channel_layout() -> tuple[int, int, int]:
+    """fencepost's state channels, and how many of them ``decide`` and ``execute`` write in an
+    iteration of the loop (counted from the updates of a 3-iteration run, its middle one)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    system = build_fencepost_floor(InMemorySaver())
+    system.before_run()
+    TALLY.reset(3)
+    config = {"configurable": {"thread_id": "layout"}}
+    written: dict[str, list[int]] = {"decide": [], "execute": []}
+    for chunk in system.graph.stream(
+        system.make_input(3), config, stream_mode="updates", **system.kwargs
+    ):
+        for node, update in chunk.items():
+            if node in written:
+                written[node].append(len(update or {}))
+    if len(written["decide"]) < 3 or len(written["execute"]) < 2:
+        raise RuntimeError(f"unexpected supersteps in a 3-iteration run: {written}")
+    return len(system.graph.builder.channels), written["decide"][1], written["execute"][1]
+
+
 def _gate(values: dict[str, Any]) -> dict[str, Any]:
     # Pass-through: what a separate gate node costs in LangGraph machinery alone (one more
     # superstep, task, set of channel reads and checkpoint per iteration), with no work in it.

@@ -38,6 +38,7 @@ from common import (
     System,
     async_sqlite_saver,
     build_bare,
+    build_channel_loop,
     build_counter_loop,
     close_saver,
     describe,
@@ -96,6 +97,7 @@ def floor_part(
             floor = build_counter_loop(make("floor"))
             systems.append(floor)
             entries.append(Entry(((saver_name, mode, "floor"),), floor, mode))
+        layout = _gap_entries(lo, fp_error, entries, systems, cells)
         rounds = interleave(
             entries, cells, n=n, rounds=rounds, warm_up_n=min(n, 40), runner=runner, label="floor"
         )
@@ -141,7 +143,78 @@ def floor_part(
                 )
             )
     lines.append("")
+    lines.extend(_gap_table(cells, layout))
     return "\n".join(lines), targets
+
+
+_GAP = ("fencepost", "uncontained", "channels", "floor")
+"""The rows of the gap table, InMemorySaver and sync ``invoke`` only."""
+
+
+def _gap_entries(
+    lo: ModuleType | None,
+    fp_error: str,
+    entries: list[Entry],
+    systems: list[System],
+    cells: dict[Key, Cell],
+) -> tuple[int, int, int] | None:
+    """The two what-ifs that split fencepost's gap to the floor, run in the same rounds."""
+    if lo is None:
+        for what in _GAP[1:3]:
+            cells["memory", "sync", what] = _skip_cell(fp_error)
+        return None
+    try:
+        uncontained = lo.build_fencepost_uncontained(memory_saver())
+        systems.append(uncontained)
+        entries.append(Entry((("memory", "sync", "uncontained"),), uncontained, "sync"))
+    except Exception as exc:
+        cells["memory", "sync", "uncontained"] = _skip_cell(describe(exc))
+    try:
+        layout = lo.channel_layout()
+    except Exception as exc:
+        cells["memory", "sync", "channels"] = _skip_cell(describe(exc))
+        return None
+    looped = build_channel_loop(memory_saver(), *layout)
+    systems.append(looped)
+    entries.append(Entry((("memory", "sync", "channels"),), looped, "sync"))
+    return layout
+
+
+def _gap_table(cells: dict[Key, Cell], layout: tuple[int, int, int] | None) -> list[str]:
+    floor = cells.get(("memory", "sync", "floor"))
+    shape = (
+        f"{layout[0]} channels, {layout[1]} written by decide and {layout[2]} by execute"
+        if layout
+        else "fencepost's channel layout (not measured)"
+    )
+    names = {
+        "fencepost": "fencepost, as built",
+        "uncontained": "fencepost, model and tool called on the calling thread (what-if)",
+        "channels": f"empty loop with fencepost's layout: {shape}, integers only",
+        "floor": "empty two-node loop",
+    }
+    lines = [
+        "### Where the gap to the floor goes (InMemorySaver, invoke, the same rounds)",
+        "",
+        "Two what-ifs split fencepost's time above the floor. **Uncontained** is fencepost with "
+        "the decision model and the tool body called on the calling thread: no hop to the "
+        "shared model loop, no tool worker thread, so no deadline enforced and nothing "
+        "contained (never a configuration fencepost offers; it measures what containment "
+        "costs). **Layout** is the empty loop with fencepost's channels and writes per "
+        "iteration, all integers, and a conditional edge after each node: what LangGraph's "
+        "machinery costs for that layout alone. Uncontained minus the layout loop is "
+        "fencepost's own work per iteration: state checks, policy, ledger, manifests, the "
+        "messages view, and serializing its values.",
+        "",
+        "| system | ms/iter | / floor |",
+        "|---|---:|---:|",
+    ]
+    for what in _GAP:
+        cell = cells.get(("memory", "sync", what))
+        r = ratio(cell, floor) if what != "floor" else "1.00"
+        lines.append(f"| {names[what]} | {cell.fmt() if cell else 'n/a'} | {r} |")
+    lines.append("")
+    return lines
 
 
 async def _close(systems: list[System]) -> None:
