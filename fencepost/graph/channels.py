@@ -10,6 +10,7 @@ from functools import cache
 from typing import Any, Union, get_args, get_origin
 
 from annotated_types import Ge, MaxLen, MinLen
+from langgraph._internal._typing import MISSING
 from langgraph.channels.binop import _get_overwrite
 from langgraph.channels.delta import DeltaChannel
 from langgraph.channels.last_value import LastValue
@@ -60,8 +61,10 @@ class Defaulted(LastValue[Any]):
         self.default = default
 
     def copy(self) -> Defaulted:
-        out = super().copy()
-        out.default = self.default
+        # LangGraph copies every channel twice a step (for each router's read) and the
+        # constructor chain costs more than the copy: the slots are set directly.
+        out = _new(type(self))
+        out.typ, out.key, out.value, out.default = self.typ, self.key, self.value, self.default
         return out
 
     def from_checkpoint(self, checkpoint: Any) -> Defaulted:
@@ -70,17 +73,23 @@ class Defaulted(LastValue[Any]):
         return out
 
     def get(self) -> Any:
-        return self.value if LastValue.is_available(self) else self.default
+        value = self.value
+        return self.default if value is MISSING else value
 
     def is_available(self) -> bool:
         return True  # a node's input holds the default too
 
     def update(self, values: Sequence[Any]) -> bool:
+        if not values:
+            return False  # every channel is told of every step; most are not written in it
         # Nodes refusing one state each write its stop: equal values (each node mended its own
         # copy of a caller's JSON stop) are one write, not a conflict.
         if len(values) > 1 and all(_equal(v, values[0]) for v in values):
             values = values[:1]
         return LastValue.update(self, values)
+
+
+_new = object.__new__
 
 
 def _equal(value: Any, other: Any) -> bool:
@@ -105,9 +114,9 @@ class Shared(DeltaChannel[Any]):
     """
 
     def copy(self) -> Shared:
-        out = self.__class__(self.reducer, self.typ, snapshot_frequency=self.snapshot_frequency)
-        out.key = self.key
-        out.value = self.value
+        out = _new(type(self))
+        out.typ, out.key, out.value = self.typ, self.key, self.value
+        out.reducer, out.snapshot_frequency = self.reducer, self.snapshot_frequency
         return out
 
 
@@ -119,13 +128,16 @@ class Records(Shared):
     type kept (:func:`typed`)."""
 
     def update(self, values: Sequence[Any]) -> bool:
+        if not values:
+            return False
         return super().update([v for v in values if not _get_overwrite(v)[0]])
 
     def replay_writes(self, writes: Sequence[PendingWrite]) -> None:
         super().replay_writes([w for w in writes if not _get_overwrite(w[2])[0]])
 
     def get(self) -> Any:
-        return self.value if DeltaChannel.is_available(self) else self.typ()
+        value = self.value
+        return self.typ() if value is MISSING else value
 
     def is_available(self) -> bool:
         return True

@@ -113,6 +113,8 @@ class Conversation(Shared):
     """The messages channel: every write it keeps is messages (see :func:`_as_taken`)."""
 
     def update(self, values: Sequence[Any]) -> bool:
+        if not values:
+            return False
         taken = [w for w in map(_as_taken, values) if w is not None]
         resets = [i for i, w in enumerate(taken) if _get_overwrite(w)[0]]
         # Two resets in one step: the last wins, as across steps (LangGraph raises, again at

@@ -64,3 +64,20 @@ def test_a_field_a_new_run_leaves_unwritten_reads_as_its_agent_state_default() -
     for name in _UNSET:
         default = AgentState.model_fields[name].get_default(call_default_factory=True)
         assert channels[name].copy().get() == default, name
+
+
+@given(first=st.integers(0, 2**62), more=st.integers(0, 2**62))
+def test_a_defaulted_channel_copy_reads_what_the_original_holds_and_writes_alone(
+    first: int, more: int
+) -> None:
+    channels = _channels()
+    for name in ("step", "repairs", "model_failures"):
+        original = channels[name].copy()
+        unwritten = original.copy()
+        assert unwritten.get() == 0 and not unwritten.update([]), name  # the default, unwritten
+        original.update([first])
+        routed = original.copy()
+        assert routed.get() == first and routed.checkpoint() == first, name
+        routed.update([more])
+        assert original.get() == first and routed.get() == more, name
+        assert channels[name].from_checkpoint(routed.checkpoint()).get() == more, name
