@@ -9,7 +9,7 @@ from langgraph.runtime import Runtime
 from fencepost.graph.gate_step import gate
 from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, open_run, reserve, viewed
+from fencepost.graph.run_account import account_of, open_run, pending_work, reserve, viewed
 from fencepost.graph.state import StartRequest, load_state, request_from
 from fencepost.graph.writes import changed
 from fencepost.policy import (
@@ -42,7 +42,6 @@ from fencepost.policy.run_check import (
     out_of_supersteps,
     stop,
 )
-from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.usage import (
     UsageKind,
     UsageReport,
@@ -227,9 +226,10 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         state,
         outcome,
         require_citations=cfg.require_citations,
-        # What the model was shown is a view; a final answer is judged by the receipts themselves
-        # (append-only: a state edit cannot make accepted work look done).
-        pending_tasks=_pending_if_final(state, outcome),
+        # What the model was shown is a view; a final answer is judged by the accepting receipts
+        # (append-only) and the ledger's completion markers (a state edit can append a receipt
+        # saying "completed", never a marker).
+        pending_tasks=await _pending_if_final(io, state, outcome),
         final_turn=final_turn(cfg, asked),
     )
     if isinstance(conclusion, FinalRefused):
@@ -266,9 +266,9 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     return changed(before, recorded(state, runtime, manifests))
 
 
-def _pending_if_final(state: AgentState, outcome: Any) -> tuple[str, ...]:
+async def _pending_if_final(io: NodeIO, state: AgentState, outcome: Any) -> tuple[str, ...]:
     if isinstance(outcome, Decided) and isinstance(outcome.decision, FinalProposal):
-        return tuple(r.task_id or r.call_id for r in pending_tasks(state.receipts))
+        return await pending_work(io, state)
     return state.open_tasks
 
 

@@ -10,7 +10,7 @@ from langgraph.runtime import Runtime
 
 from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
 from fencepost.graph.node_io import AsyncIO, NodeIO
-from fencepost.graph.run_account import account_of, reserve, reserve_or_exhausted, viewed
+from fencepost.graph.run_account import account_of, certify, reserve, reserve_or_exhausted, viewed
 from fencepost.graph.state import require_state
 from fencepost.graph.writes import changed
 from fencepost.policy import (
@@ -56,7 +56,7 @@ from fencepost.policy.run_check import (
     out_of_supersteps,
     stop,
 )
-from fencepost.policy.tasks import completions, open_tasks_after
+from fencepost.policy.tasks import open_tasks_after
 
 
 async def run_call(
@@ -259,9 +259,9 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     state = state.model_copy(update={"evidence": recorded_evidence(state, done, now=started)})
     state = reduce_tool_events(state, tuple(o.event for o in done))
     receipts = tuple(receipt_for(o) for o in [*done, *budget_refusals(state.batch)])
-    # Accepted work becomes done only on verified evidence from a later call.
-    completed = completions(state.receipts + receipts, done)
-    receipts += completed
+    # Accepted work becomes done only on verified evidence from a later call, marked in the ledger.
+    completed, mark_stop = await certify(io, state, ctx, state.receipts + receipts, done)
+    receipts, claim_stop = receipts + completed, claim_stop or mark_stop
     open_tasks = open_tasks_after(state.open_tasks, done, completed)
     if open_tasks != state.open_tasks:
         state = state.model_copy(update={"open_tasks": open_tasks})

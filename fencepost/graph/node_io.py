@@ -59,6 +59,10 @@ class NodeIO:
     async def balance(self, account: str) -> Balance:
         raise NotImplementedError
 
+    async def get(self, key: str) -> Reservation | None:
+        """The reservation (or zero-amount marker) under ``key``, if the ledger holds one."""
+        raise NotImplementedError
+
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         """Run the tools (``make`` builds the awaitable)."""
         raise NotImplementedError
@@ -101,6 +105,9 @@ class SyncIO(NodeIO):
 
     async def balance(self, account: str) -> Balance:
         return self.ledger.balance(account)
+
+    async def get(self, key: str) -> Reservation | None:
+        return self.ledger.get(key)
 
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         async def wrapped() -> T:
@@ -146,6 +153,9 @@ class AsyncIO(NodeIO):
 
     async def balance(self, account: str) -> Balance:
         return await self.ledger.abalance(account)
+
+    async def get(self, key: str) -> Reservation | None:
+        return await self.ledger.aget(key)
 
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         return await make()

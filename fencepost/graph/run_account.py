@@ -8,7 +8,7 @@ caller's trusted context.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from langgraph.config import get_config
 
@@ -20,14 +20,16 @@ from fencepost.policy import (
     BudgetExhausted,
     InMemoryLedger,
     LedgerConflict,
+    Receipt,
     Reservation,
     StopRequest,
     TerminationReason,
     UnknownAccount,
 )
 from fencepost.policy.context import RunContext
-from fencepost.policy.keys import carried_key, run_account
+from fencepost.policy.keys import carried_key, completed_key, run_account
 from fencepost.policy.ledger import AccountClosed
+from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.run_check import (
     check_owner,
     stop,
@@ -35,6 +37,7 @@ from fencepost.policy.run_check import (
     stop_for_exhausted,
     stop_for_unknown_account,
 )
+from fencepost.policy.tasks import accepted_calls, completions, recorded_done, unfinished
 from fencepost.policy.usage import budget_view
 
 
@@ -94,8 +97,14 @@ async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
 
 async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: str) -> bool:
     """Re-open the account of a run whose non-durable ledger was lost (a new process), carrying
-    over what the checkpoint says was spent. A durable ledger's missing account is never
-    re-created: that run is refused."""
+    over what the checkpoint says was spent and which accepted tasks it says were shown done. A
+    durable ledger's missing account is never re-created: that run is refused.
+
+    Limit: with the ledger lost, the checkpoint is the only record left, so it is trusted as
+    it is for spent budget: a completion receipt a caller forged *before* the loss is carried
+    (one forged after the re-opening is not). A run that needs that cannot be forged keeps a
+    durable ledger (SQLite/Postgres), whose completion markers outlive the process.
+    """
     if not isinstance(io.ledger, InMemoryLedger) or await check_parent(io, ctx) is not None:
         return False
     budget = state.budget
@@ -107,9 +116,61 @@ async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: s
         carried = {a.value: float(v) for a, v in used.items() if v}
         if carried:
             await io.reserve(account, carried_key(account), carried)
+        for call_id in recorded_done(state.receipts):
+            await io.reserve(account, completed_key(account, call_id), {})
     except (UnknownAccount, LedgerConflict, BudgetExhausted, AccountClosed, ValueError):
         return False
     return True
+
+
+async def marked_done(io: NodeIO, account: str, calls: Iterable[str]) -> frozenset[str]:
+    """Which of the accepting ``calls`` the ledger marks as shown done (``completed_key``)."""
+    return frozenset([c for c in calls if await io.get(completed_key(account, c)) is not None])
+
+
+async def pending_work(io: NodeIO, state: AgentState) -> tuple[str, ...]:
+    """The tasks (or call ids) accepted work still waits on, judged by the ledger's markers: a
+    receipt in state saying ``completed`` is not enough (a caller can append one)."""
+    marked = await marked_done(io, account_of(state), accepted_calls(state.receipts))
+    return tuple(r.task_id or r.call_id for r in unfinished(state.receipts, marked))
+
+
+async def pending_at_end(io: NodeIO, state: AgentState) -> tuple[str, ...] | None:
+    """:func:`pending_work` for judging a stop at the end, or None when the run's account is
+    gone from a non-durable ledger lost with its process (nothing has re-opened it yet): then
+    the receipts are all that is left to judge by, as when ``reopen_lost`` carries them."""
+    if isinstance(io.ledger, InMemoryLedger):
+        try:
+            await io.balance(account_of(state))
+        except UnknownAccount:
+            return None
+    return await pending_work(io, state)
+
+
+async def certify(
+    io: NodeIO,
+    state: AgentState,
+    ctx: RunContext,
+    receipts: tuple[Receipt, ...],
+    outcomes: Sequence[CallOutcome],
+) -> tuple[tuple[Receipt, ...], StopRequest | None]:
+    """The completion receipts ``outcomes`` show (see ``tasks.completions``), each certified by
+    its ``completed_key`` marker in the ledger first: a zero-amount reservation, idempotent by
+    key, durable before the receipt reaches state (a crash in between re-derives it on the
+    re-run, or leaves the marker merely early: it is written only on verified evidence).
+
+    A refused marker (a closed account, another owner) records no completion and is the stop.
+    """
+    if not any(o.completes is not None for o in outcomes):
+        return (), None
+    account = account_of(state)
+    done = completions(receipts, outcomes, await marked_done(io, account, recorded_done(receipts)))
+    for receipt in done:
+        key = completed_key(account, receipt.call_id)
+        held = await reserve(io, state, ctx, key, {}, account=account)
+        if isinstance(held, StopRequest):
+            return (), held
+    return done, None
 
 
 async def reserve(

@@ -10,7 +10,7 @@ from langgraph.runtime import Runtime
 from fencepost.graph.decide_node import begin
 from fencepost.graph.loop import Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, open_run
+from fencepost.graph.run_account import account_of, open_run, pending_at_end
 from fencepost.graph.state import load_state, request_from
 from fencepost.graph.writes import changed
 from fencepost.policy import (
@@ -67,8 +67,12 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
         return changed(before, before)
     else:
         current = before
+    asked = current.stop or _unasked(values)
+    # A completed stop is judged by the ledger's completion markers, not by receipts in state.
+    completed = asked.reason is TerminationReason.COMPLETED and asked.answer is not None
+    pending = await pending_at_end(io, current) if completed else None
     ending = judged_stop(
-        current, current.stop or _unasked(values), require_citations=io.cfg.require_citations
+        current, asked, require_citations=io.cfg.require_citations, pending=pending
     )
     state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
     # The report needs the batch the run stopped in: terminate() clears it.

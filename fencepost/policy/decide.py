@@ -5,7 +5,7 @@ The node calls the model; these functions judge what came back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Literal
 
 from fencepost.policy._model import Frozen
@@ -108,19 +108,29 @@ def conclude(
     return calls_of(decided)
 
 
-def judged_stop(state: AgentState, ending: StopRequest, *, require_citations: bool) -> StopRequest:
+def judged_stop(
+    state: AgentState,
+    ending: StopRequest,
+    *,
+    require_citations: bool,
+    pending: Collection[str] | None = None,
+) -> StopRequest:
     """The stop a run ends with, judged again against the state it ends in.
 
     A ``completed`` stop is only what :func:`conclude` makes of a final answer; one that reached
     the end by another road (written into state by a caller) must pass the same checks: an
     answer, no accepted work pending, every citation an observation of the run. Otherwise the
     run ends ``invalid_proposal``, never ``completed``. Any other stop is returned as it is.
+
+    ``pending``: the tasks accepted work still waits on as the ledger's completion markers tell
+    it (``tasks.unfinished``); a receipt saying ``completed`` can be a caller's. ``None``: only
+    the receipts are left to judge by (a non-durable ledger lost with its process).
     """
     if ending.reason is not TerminationReason.COMPLETED:
         return ending
     if ending.answer is None:
         return stop(TerminationReason.INVALID_PROPOSAL, InvalidProposal().code)
-    if pending_tasks(state.receipts):
+    if pending if pending is not None else pending_tasks(state.receipts):
         return stop(TerminationReason.INVALID_PROPOSAL, FinalRefused().code)
     judged = _completed(ending.answer, state, require_citations=require_citations)
     return ending if judged.reason is TerminationReason.COMPLETED else judged

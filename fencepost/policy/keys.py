@@ -61,3 +61,13 @@ def started_key(account: str, call_id: str, attempt: int) -> str:
 def carried_key(account: str) -> str:
     """What a non-durable ledger re-opened after a restart carries over from the checkpoint."""
     return f"{account}:carried"
+
+
+def completed_key(account: str, call_id: str) -> str:
+    """The durable marker (zero amounts) that the task call ``call_id`` accepted was shown done.
+
+    Written by the execute node before the completion receipt, only on verified evidence: a
+    receipt in state is a caller's ``update_state`` away from forged, so a final answer counts
+    accepted work done only when the ledger holds this marker.
+    """
+    return f"{account}:done:{_digest(call_id)}"

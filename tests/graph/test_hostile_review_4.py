@@ -22,7 +22,7 @@ from langgraph.types import Command, Overwrite
 
 import fencepost as fp
 from fencepost.graph.serde import fencepost_serializer
-from fencepost.policy import Phase, TerminationReason
+from fencepost.policy import Phase, StopRequest, TerminationReason
 from fencepost.policy.tasks import pending_tasks
 from tests.graph.kit import (
     Harness,
@@ -144,25 +144,40 @@ def test_a_conversation_reset_a_json_client_wrote_reads_back_the_same_from_a_che
 # --- a caller: receipts only grow, but what they grow by decides what is done -------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="receipts are append-only, but a caller can append one: a forged 'completed' receipt "
-    "for the accepting call (update_state(config, {'receipts': [forged]}), as a Receipt or, "
-    "since channels.typed converts JSON, as the JSON a server client sends) makes "
-    "current_receipts() see the task done, and the final answer passes with task-17 never shown "
-    "done. Fix: judge pending work from something a state edit cannot write (e.g. a ledger "
-    "marker per completion, as call starts are marked, or completions sealed with verdict_key)",
-)
+def _forged_completion(h: Harness, config: dict[str, Any], form: str) -> Any:
+    [waiting] = pending_tasks(state_of(h, config).receipts)
+    forged: Any = waiting.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
+    return forged.model_dump(mode="json") if form == "json" else forged
+
+
+# Before: a forged 'completed' receipt for the accepting call (update_state(config, {'receipts':
+# [forged]}), as a Receipt or as the JSON a server client sends) made current_receipts() see the
+# task done, and the final answer passed with task-17 never shown done. decide now judges pending
+# work by the ledger's completion markers (keys.completed_key), which the execute node writes on
+# verified evidence before the receipt, and a state update cannot write.
 @pytest.mark.parametrize("form", ["receipt", "json"])
 def test_appending_a_forged_completion_receipt_never_lets_a_final_pass_with_a_task_pending(
     form: str,
 ) -> None:
     h, config, ctx = upload_accepted()
-    [waiting] = pending_tasks(state_of(h, config).receipts)
-    forged: Any = waiting.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
-    if form == "json":
-        forged = forged.model_dump(mode="json")
+    forged = _forged_completion(h, config, form)
     h.graph.update_state(config, {"receipts": [forged], "open_tasks": []}, as_node="execute")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert state.termination is not TerminationReason.COMPLETED
+
+
+# Before: the terminal node judged a completed stop by the receipts in state (judged_stop's
+# pending_tasks), so a forged 'completed' receipt sent with a forged completed stop ended the run
+# completed with task-17 never shown done. It now judges by the ledger's completion markers.
+@pytest.mark.parametrize("form", ["receipt", "json"])
+def test_a_forged_completion_receipt_sent_with_a_completed_stop_never_ends_the_run_completed(
+    form: str,
+) -> None:
+    h, config, ctx = upload_accepted()
+    answer = fp.AnswerPayload(text="Uploaded.", citations=("call-0001",))
+    forged_stop = StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
+    update = {"receipts": [_forged_completion(h, config, form)], "stop": forged_stop}
+    h.graph.update_state(config, update, as_node="execute")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is not TerminationReason.COMPLETED
 
