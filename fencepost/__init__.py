@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fencepost import graph, policy
 from fencepost.graph import (
+    CommandRefused,
     GraphConfigError,
     acancel,
     build_agent_graph,
@@ -71,6 +72,7 @@ __all__ = [
     "Accepted",
     "AgentState",
     "AnswerPayload",
+    "CommandRefused",
     "Completed",
     "Deadline",
     "Decided",

@@ -1,5 +1,6 @@
 """The LangGraph binding: state schema, nodes, routing, builder, run context, serializer."""
 
+from fencepost.graph.bounded import CommandRefused
 from fencepost.graph.builder import GraphConfigError, build_agent_graph
 from fencepost.graph.cancel import acancel, cancel
 from fencepost.graph.context import RunContext
@@ -7,6 +8,7 @@ from fencepost.graph.serde import fencepost_serializer, serializer_allowlist
 from fencepost.graph.state import GraphState, InputState, StartRequest, run_output, start
 
 __all__ = [
+    "CommandRefused",
     "GraphConfigError",
     "GraphState",
     "InputState",

@@ -1,23 +1,82 @@
 """The StateGraph ``build_agent_graph`` returns: a plain LangGraph ``StateGraph`` whose compiled
-graph never lets ``GraphRecursionError`` out once the run has ended with a reason.
+graph never lets ``GraphRecursionError`` out once the run has ended with a reason, and refuses a
+``Command`` that would make two nodes write one field in one step.
 
 With ``recursion_limit=1`` LangGraph runs the terminal node (which records
 ``step_budget_exhausted``) and then raises anyway: its step check runs before its "nothing left
 to run" check. The run has ended as data by then, so the error is dropped and the ended state is
 returned; any other ``GraphRecursionError`` is raised as before.
+
+The loop runs one node per step. A caller's ``goto`` beside a node the thread is already waiting
+on (the approval, or the node after an ``interrupt_after``), a ``goto`` of several nodes, or an
+update that names one field twice would have two writers of one field: LangGraph saves such a
+Command's writes before applying them and then raises ``InvalidUpdateError`` at every later
+invoke of the thread. It is refused before anything is saved (:class:`CommandRefused`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from langgraph.channels.last_value import LastValue
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import StateGraph
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command
 
 from fencepost.policy import Phase
+
+
+class CommandRefused(ValueError):
+    """A ``Command`` the loop cannot take: it would make two nodes write one field in one step
+    (see the module docstring). Nothing of it was saved; the thread is as it was.
+
+    >>> str(CommandRefused("goto names 2 nodes"))
+    'command refused: goto names 2 nodes'
+    """
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"command refused: {why}")
+        self.why = why
+
+
+def _targets(command: Command[Any]) -> list[Any]:
+    goto = command.goto
+    if isinstance(goto, list | tuple):
+        return list(goto)
+    return [goto] if goto else []
+
+
+def _twice(command: Command[Any], channels: Mapping[str, Any]) -> str | None:
+    """A last-value field an update names twice (a list of pairs can; a dict cannot). A record
+    or the conversation takes several writes a step: naming one twice is an append."""
+    update = command.update
+    if not isinstance(update, list | tuple):
+        return None
+    seen: set[str] = set()
+    for pair in update:
+        key = pair[0] if isinstance(pair, list | tuple) and len(pair) == 2 else None
+        if not isinstance(key, str) or not isinstance(channels.get(key), LastValue):
+            continue
+        if key in seen:
+            return f"the update writes {key!r} twice"
+        seen.add(key)
+    return None
+
+
+def _refusal(
+    command: Command[Any], waiting: tuple[str, ...], channels: Mapping[str, Any]
+) -> str | None:
+    """Why ``command`` cannot be taken on a thread ``waiting`` on these nodes, if it cannot."""
+    targets = _targets(command)
+    if len(targets) > 1:
+        return f"goto names {len(targets)} nodes"
+    # A goto of the very node the thread waits on is that one task; a Send is always another.
+    if targets and any(node != targets[0] for node in waiting):
+        return f"goto beside {', '.join(waiting)}, which the thread is waiting on"
+    return _twice(command, channels)
 
 
 class BoundedStateGraph(StateGraph[Any, Any, Any, Any]):
@@ -48,9 +107,25 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         except Exception:
             return False
 
+    def _waiting(self, command: Command[Any], config: RunnableConfig | None) -> tuple[str, ...]:
+        if not _targets(command) or config is None or self.checkpointer is None:
+            return ()
+        return tuple(self.get_state(config).next)
+
+    async def _awaiting(
+        self, command: Command[Any], config: RunnableConfig | None
+    ) -> tuple[str, ...]:
+        if not _targets(command) or config is None or self.checkpointer is None:
+            return ()
+        return tuple((await self.aget_state(config)).next)
+
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
+        if isinstance(input, Command):
+            why = _refusal(input, self._waiting(input, config), self.channels)
+            if why is not None:
+                raise CommandRefused(why)
         try:
             yield from super().stream(input, config, **kwargs)
         except GraphRecursionError:
@@ -60,6 +135,10 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
+        if isinstance(input, Command):
+            why = _refusal(input, await self._awaiting(input, config), self.channels)
+            if why is not None:
+                raise CommandRefused(why)
         try:
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk

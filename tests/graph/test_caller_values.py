@@ -157,12 +157,17 @@ async def test_the_async_graph_ends_a_run_given_an_invalid_value_the_same_way(
     assert h.calls.log == []
 
 
-def test_two_nodes_refusing_one_state_together_write_one_stop() -> None:
-    # A Command's goto runs execute beside the approve node still waiting: both find the batch
-    # invalid, neither acts, and both write the same stop (LangGraph refuses two different
-    # values for one channel in one step).
+def test_an_invalid_batch_written_while_paused_ends_the_run_typed_and_a_goto_beside_is_refused() -> (
+    None
+):
+    # A goto would run execute beside the approve node still waiting (two writers of one field
+    # in one step): refused whole, nothing saved (graph.bounded). The update alone reaches the
+    # approve node, which finds the batch invalid, does not act, and ends the run.
     h, config, ctx = paused_for_approval()
-    h.graph.invoke(Command(update={"batch": "x"}, goto="execute"), config, context=ctx)
+    with pytest.raises(fp.CommandRefused):
+        h.graph.invoke(Command(update={"batch": "x"}, goto="execute"), config, context=ctx)
+    assert state_of(h, config).batch  # the paused batch, untouched
+    h.graph.invoke(Command(update={"batch": "x"}), config, context=ctx)
     state = state_of(h, config)
     assert state.termination is TerminationReason.POLICY_DENIED
     assert state.last_error_code == "invalid_state"

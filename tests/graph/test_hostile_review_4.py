@@ -10,7 +10,7 @@ xfail whose reason names the repro and a fix; the others pin what was fixed in t
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -53,15 +53,15 @@ _JSON_STOP = {"reason": "cancelled", "error_code": "operator"}
 
 @pytest.mark.parametrize("goto", ["terminal", "execute", "decide"])
 def test_a_json_stop_and_an_invalid_value_sent_with_a_goto_end_the_run_typed(goto: str) -> None:
-    # The approve node still waiting and the node named by goto both read the state, mend the
-    # caller's JSON stop (each its own StopRequest, equal) and write it back. Before: LastValue
-    # refused two values for one channel in one step (InvalidUpdateError), and LangGraph applied
-    # the Command's saved writes again at every later invoke: the thread was stuck for good.
-    # channels.Defaulted now takes equal values of one type as one write.
+    # Before: the approve node still waiting and the node named by goto both read the state,
+    # each mended the caller's JSON stop and wrote it back, and LastValue refused two values for
+    # one channel in one step, at every later invoke. A goto beside the waiting node is now
+    # refused whole (graph.bounded); the same values written as an update end the run typed.
     h, config, ctx = paused_for_approval()
-    h.graph.invoke(
-        Command(update={"repairs": None, "stop": _JSON_STOP}, goto=goto), config, context=ctx
-    )
+    update = {"repairs": None, "stop": _JSON_STOP}
+    with pytest.raises(fp.CommandRefused):
+        h.graph.invoke(Command(update=update, goto=goto), config, context=ctx)
+    h.graph.invoke(Command(update=update), config, context=ctx)
     state = _ended_typed(h, config, ctx)
     assert state.termination is TerminationReason.CANCELLED
     assert h.calls.count("write_note") == 0
@@ -204,17 +204,11 @@ def test_a_state_update_made_as_the_terminal_node_still_ends_the_run_with_a_reas
     assert h.calls.count("write_note") == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pre-existing (b489934 too): a Command sent while a write awaits approval that makes "
-    "two writers of one last-value field in one step — goto another node beside the paused "
-    "approve node (Command(goto='terminal'|'execute'|'decide', resume='approve'): both write "
-    "batch or budget), goto two nodes, or one field written twice (update=[('stop', None), "
-    "('stop', {...})]) — makes LangGraph raise InvalidUpdateError when the step's writes are "
-    "applied, and again at every later invoke: the thread is stuck for good. Fix: a rule for "
-    "a caller's conflicting writes (e.g. nodes other than approve refuse to act while a call "
-    "awaits a human, and channels.Defaulted keeps the last write of a Command's own task)",
-)
+# Before (b489934 too): each of these made two writers of one last-value field in one step (a
+# goto beside the paused approve node, a goto of two nodes, one field written twice); LangGraph
+# saved the Command's writes, raised InvalidUpdateError applying them, and raised again at every
+# later invoke: the thread was stuck for good. graph.bounded now refuses such a Command before
+# anything of it is saved, with a typed error; the thread goes on as it was.
 @pytest.mark.parametrize(
     "command",
     [
@@ -230,12 +224,39 @@ def test_a_command_a_caller_sends_while_paused_never_leaves_the_thread_stuck(
     command: Command[Any],
 ) -> None:
     h, config, ctx = paused_for_approval()
-    with contextlib.suppress(Exception):  # raising once is not the rule pinned here
+    before = h.graph.get_state(config)
+    with pytest.raises(fp.CommandRefused):
         h.graph.invoke(command, config, context=ctx)
-    for _ in range(3):
-        with contextlib.suppress(Exception):
-            if h.graph.get_state(config).next != ("approve",):
-                break
-            h.graph.invoke(Command(resume="approve"), config, context=ctx)
-    _ended_typed(h, config, ctx)
-    assert h.calls.count("write_note") <= 1
+    after = h.graph.get_state(config)
+    assert after.config == before.config and after.next == ("approve",)  # nothing was saved
+    h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    state = _ended_typed(h, config, ctx)
+    assert state.termination is TerminationReason.COMPLETED
+    assert h.calls.count("write_note") == 1
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        Command(goto="approve", resume="approve"),  # the node the thread waits on: one task
+        Command(update=[("messages", [HumanMessage("a")]), ("messages", [HumanMessage("b")])]),
+    ],
+    ids=["goto-the-waiting-node", "a-record-twice"],
+)
+def test_a_command_that_makes_no_second_writer_is_taken(command: Command[Any]) -> None:
+    h, config, ctx = paused_for_approval()
+    h.graph.invoke(command, config, context=ctx)
+    if h.graph.get_state(config).next == ("approve",):
+        h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    assert _ended_typed(h, config, ctx).termination is TerminationReason.COMPLETED
+
+
+def test_a_refused_command_is_refused_on_the_async_graph_too() -> None:
+    h, config, ctx = paused_for_approval()
+
+    async def send() -> None:
+        await h.graph.ainvoke(Command(goto="terminal", resume="approve"), config, context=ctx)
+
+    with pytest.raises(fp.CommandRefused, match="waiting on"):
+        asyncio.run(send())
+    assert h.graph.get_state(config).next == ("approve",)

@@ -70,8 +70,18 @@ def _edit_and_continue(
     if how == "update_state":
         h.graph.update_state(config, update, as_node="decide")
         h.graph.invoke(None, config, context=ctx)
+        return _state(h, config)
+    command = Command(update=update, goto="execute")
+    waiting = h.graph.get_state(config).next
+    if waiting not in ((), ("execute",)):
+        # A goto beside another node the thread waits on (the approval) would make two writers
+        # of one field in one step: refused whole, nothing saved (graph.bounded).
+        before = h.graph.get_state(config)
+        with pytest.raises(fp.CommandRefused):
+            h.graph.invoke(command, config, context=ctx)
+        assert h.graph.get_state(config).config == before.config
     else:
-        h.graph.invoke(Command(update=update, goto="execute"), config, context=ctx)
+        h.graph.invoke(command, config, context=ctx)
     return _state(h, config)
 
 
