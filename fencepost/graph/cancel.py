@@ -24,8 +24,10 @@ _CANCEL = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled"
 
 
 def _account(config: RunnableConfig, state: AgentState) -> str:
-    thread = (config.get("configurable") or {}).get("thread_id")
-    return run_account("" if thread is None else str(thread), state.run_id)
+    configurable = config.get("configurable") or {}
+    thread = configurable.get("thread_id")
+    namespace = str(configurable.get("checkpoint_ns") or "")
+    return run_account("" if thread is None else str(thread), state.run_id, namespace)
 
 
 def cancel(

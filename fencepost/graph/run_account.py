@@ -43,17 +43,27 @@ from fencepost.policy.usage import budget_view
 
 def thread_id() -> str:
     """The checkpoint thread the node runs on ("" without a checkpointer)."""
+    return _thread()[0]
+
+
+def _thread() -> tuple[str, str]:
+    """The node's checkpoint thread and its graph's namespace ("" at the top level): a node's
+    own namespace ends with its task (``node:task-id``); a graph invoked from a parent graph's
+    node runs under that node's namespace, on the parent's thread."""
     try:
         configurable = get_config().get("configurable") or {}
     except RuntimeError:
-        return ""
+        return "", ""
     value = configurable.get("thread_id")
-    return "" if value is None else str(value)
+    # "|" joins namespace levels (LangGraph's NS_SEP, private since 1.0).
+    namespace = str(configurable.get("checkpoint_ns") or "").rpartition("|")[0]
+    return ("" if value is None else str(value)), namespace
 
 
 def account_of(state: AgentState) -> str:
-    """The ledger account of the run in ``state`` on this node's thread."""
-    return run_account(thread_id(), state.run_id)
+    """The ledger account of the run in ``state`` on this node's thread (and namespace)."""
+    thread, namespace = _thread()
+    return run_account(thread, state.run_id, namespace)
 
 
 async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopRequest | AgentState:
@@ -135,15 +145,29 @@ async def pending_work(io: NodeIO, state: AgentState) -> tuple[str, ...]:
     return tuple(r.task_id or r.call_id for r in unfinished(state.receipts, marked))
 
 
-async def pending_at_end(io: NodeIO, state: AgentState) -> tuple[str, ...] | None:
-    """:func:`pending_work` for judging a stop at the end, or None when the run's account is
-    gone from a non-durable ledger lost with its process (nothing has re-opened it yet): then
-    the receipts are all that is left to judge by, as when ``reopen_lost`` carries them."""
-    if isinstance(io.ledger, InMemoryLedger):
-        try:
-            await io.balance(account_of(state))
-        except UnknownAccount:
-            return None
+async def owned(io: NodeIO, account: str, ctx: RunContext | None) -> bool | None:
+    """Whether the ledger's ``account`` was opened for the caller in ``ctx`` (None: the ledger
+    has no such account). The terminal node closes, and judges by, only an account that is the
+    caller's: a stop's error code is a state edit away from saying anything."""
+    try:
+        balance = await io.balance(account)
+    except UnknownAccount:
+        return None
+    return ctx is not None and check_owner(balance.owner, ctx) is None
+
+
+async def pending_at_end(
+    io: NodeIO, state: AgentState, ctx: RunContext | None
+) -> tuple[str, ...] | None:
+    """:func:`pending_work` for judging a stop at the end. Every accepted task is pending when
+    the account is not provably the caller's (its markers are another run's); None when the
+    account is gone from a non-durable ledger lost with its process (nothing has re-opened it
+    yet): then the receipts are all that is left to judge by, as ``reopen_lost`` carries them."""
+    mine = await owned(io, account_of(state), ctx)
+    if mine is None and isinstance(io.ledger, InMemoryLedger):
+        return None
+    if not mine:
+        return tuple(r.task_id or r.call_id for r in unfinished(state.receipts, ()))
     return await pending_work(io, state)
 
 

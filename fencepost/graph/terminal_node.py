@@ -10,7 +10,7 @@ from langgraph.runtime import Runtime
 from fencepost.graph.decide_node import begin
 from fencepost.graph.loop import Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, open_run, pending_at_end
+from fencepost.graph.run_account import account_of, open_run, owned, pending_at_end
 from fencepost.graph.state import load_state, request_from
 from fencepost.graph.writes import changed
 from fencepost.policy import (
@@ -70,15 +70,15 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     asked = current.stop or _unasked(values)
     # A completed stop is judged by the ledger's completion markers, not by receipts in state.
     completed = asked.reason is TerminationReason.COMPLETED and asked.answer is not None
-    pending = await pending_at_end(io, current) if completed else None
+    pending = await pending_at_end(io, current, ctx) if completed else None
     ending = judged_stop(
         current, asked, require_citations=io.cfg.require_citations, pending=pending
     )
     state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
     # The report needs the batch the run stopped in: terminate() clears it.
     state = state.model_copy(update={"report": stop_report(state, unfinished=current.batch)})
-    if ctx is not None and ending.error_code not in _NOT_THIS_RUNS_ACCOUNT:
-        account = account_of(state)
+    account = account_of(state)
+    if ending.error_code not in _NOT_THIS_RUNS_ACCOUNT and await owned(io, account, ctx):
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
             await io.close_account(account, ending.reason.value)
             if io.cfg.owns_ledger and isinstance(io.ledger, InMemoryLedger):

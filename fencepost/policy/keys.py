@@ -21,14 +21,18 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256(joined.encode("ascii")).hexdigest()[:32]
 
 
-def run_account(thread_id: str, run_id: str) -> str:
+def run_account(thread_id: str, run_id: str, namespace: str = "") -> str:
     """The ledger account of the run on checkpoint thread ``thread_id``.
 
     A thread holds one run, so the account is named from the thread alone — a field of state
     (the run id, the tenant) cannot move a run to another account; ``run_id`` names it only when
     there is no thread (no checkpointer). The identity (tenant, principal) is recorded *in* the
     account: a state update that rewrites it lands on this account, whose owner then differs.
+    A run invoked from a parent graph's node shares the parent's thread under a checkpoint
+    ``namespace`` of its own, which names its account too (a top-level run's is ``""``).
     """
+    if thread_id and namespace:
+        return f"run:{_digest('thread', thread_id, namespace)}"
     if thread_id:
         return f"run:{_digest('thread', thread_id)}"
     return f"run:{_digest('run', run_id)}"

@@ -1,0 +1,519 @@
+"""Hostile review of completion markers (b67c778: accepted work is done only when the ledger holds
+``keys.completed_key``), the chat adapter's reused-id lookup and the channels' copy fast paths.
+
+Three seats: a caller holding the thread's config (any ``update_state``, ``Command``, JSON forms);
+another tenant sharing the process and the ledger; the process itself (crashes, a lost in-memory
+ledger, a cancel mid-batch, the async graph). A probe that found a bug is a strict xfail whose
+reason names the repro and a fix; the others pin a rule worth keeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command
+from typing_extensions import TypedDict
+
+import fencepost as fp
+from fencepost.adapters import SqliteLedger
+from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.serde import fencepost_serializer
+from fencepost.policy import Phase, StopRequest, TerminationReason
+from fencepost.policy.keys import completed_key, run_account
+from tests.graph.kit import (
+    ABSTAIN,
+    DOCS,
+    UPLOAD_DONE,
+    Harness,
+    StatusArgs,
+    budget,
+    context,
+    final_citing_all,
+    harness,
+    state_of,
+    thread,
+    upload_registry,
+)
+
+UPLOAD = fp.ToolProposal(
+    call_id="call-0001", tool_name="upload_document", arguments={"name": "a.pdf"}
+)
+STATUS = fp.ToolProposal(
+    call_id="call-0002", tool_name="upload_status", arguments={"task_id": "task-17"}
+)
+
+
+def _graph(script: list[Any], *, status: Any = UPLOAD_DONE, **build: Any) -> Harness:
+    return harness(script, registry=upload_registry(status), **build)
+
+
+def _start(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None:
+    """Run the upload (its tool accepts task-17) and stop after it ran."""
+    h.graph.invoke(
+        fp.start("upload", budget(steps=6, tools=4)),
+        config,
+        context=ctx,
+        interrupt_after=["execute"],
+    )
+
+
+def _account(config: dict[str, Any]) -> str:
+    return run_account(config["configurable"]["thread_id"], "unused-with-a-thread")
+
+
+def _forged_completion(h: Harness, config: dict[str, Any]) -> None:
+    """Append a ``completed`` receipt for the accepting call, as a caller can."""
+    [accepted] = [r for r in state_of(h, config).receipts if r.call_id == "call-0001"]
+    forged = accepted.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
+    h.graph.update_state(config, {"receipts": [forged], "open_tasks": []}, as_node="execute")
+
+
+@contextmanager
+def _files(tmp_path: Path) -> Iterator[tuple[SqliteSaver, SqliteLedger]]:
+    """A SqliteSaver and a SqliteLedger on files: what a new process opens again."""
+    conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    try:
+        yield SqliteSaver(conn, serde=fencepost_serializer()), ledger
+    finally:
+        ledger.close()
+        conn.close()
+
+
+# === Seat 1: a caller holding the thread's config ===============================================
+
+
+_FORGED_END: dict[str, Any] = {
+    "phase": "terminal",
+    "termination": "completed",
+    "final_answer": {"text": "Uploaded.", "citations": ["call-0001"]},
+}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pre-existing, bypasses the completion markers entirely: after the upload is accepted "
+    "(task-17 pending, no marker), update_state(config, {'phase': 'terminal', 'termination': "
+    "'completed', 'final_answer': {...}}, as_node='execute') (or the same as Command(update=...)) "
+    "is read by load_state as an ended run (is_terminal is `phase is TERMINAL`; the mend only "
+    "refuses a terminal phase WITHOUT a termination), so the terminal node returns it as it is: "
+    "the thread reads termination=completed with the task never shown done, no terminal manifest, "
+    "no report, and the ledger account still open. Fix: a termination counts only when the "
+    "terminal node made it — e.g. the terminal node seals (run id, termination, answer) with the "
+    "graph's verdict_key (as verdicts are sealed) and load_state mends an unsealed termination "
+    "away (stop invalid_state), or a terminal-looking state whose ledger account is not closed "
+    "with that reason is routed through the terminal node and judged",
+)
+@pytest.mark.parametrize("how", ["update_state", "json_command"])
+def test_a_termination_a_caller_writes_never_ends_a_run_completed(how: str) -> None:
+    ledger = fp.InMemoryLedger()
+    h = _graph([UPLOAD, final_citing_all, final_citing_all, ABSTAIN], ledger=ledger)
+    config, ctx = thread(), context(caps=DOCS)
+    _start(h, config, ctx)
+    if how == "update_state":
+        h.graph.update_state(config, _FORGED_END, as_node="execute")
+        h.graph.invoke(None, config, context=ctx)
+    else:
+        h.graph.invoke(Command(update=_FORGED_END), config, context=ctx)
+    state = state_of(h, config)
+    assert state.termination is not TerminationReason.COMPLETED
+    assert ledger.get(completed_key(_account(config), "call-0001")) is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an accepting receipt is trusted as real whatever wrote it: a caller appends "
+    "Receipt(call_id='call-9999', tool_name='upload_document', status='accepted_pending', "
+    "task_id=None) for a call the run never made; tasks.accepted_calls counts it, no completion "
+    "can ever match it (no task id), and the model is shown no pending task (open_tasks is the "
+    "view): every final answer is refused 'tasks_pending' and the run can never complete, even "
+    "after the genuine status check marked task-17 done. Before b67c778 a caller could undo it "
+    "with a forged 'completed'; now nothing can. Low severity (only the config holder's own run). "
+    "Fix: accepted work counts only for a call the run made — accepted_calls filtered to call ids "
+    "the ledger holds a call reservation for (call_key(account, id, 1)), or execute writes an "
+    "'accepted' marker beside the receipt and pending_work reads those",
+)
+def test_a_receipt_for_a_call_the_run_never_made_never_holds_up_its_completion() -> None:
+    h = _graph([UPLOAD, STATUS, final_citing_all, ABSTAIN])
+    config, ctx = thread(), context(caps=DOCS)
+    _start(h, config, ctx)
+    never_made = fp.Receipt(
+        call_id="call-9999",
+        tool_name="upload_document",
+        status=fp.ReceiptStatus.ACCEPTED_PENDING,
+    )
+    h.graph.update_state(config, {"receipts": [never_made]}, as_node="execute")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+
+
+_ODD_RECEIPTS = {
+    # completed receipts a caller appends before the genuine status check: call ids that never
+    # existed (empty, NUL, very long), another task id, the same task id twice, junk completed_by
+    "unknown-ids": [
+        fp.Receipt(call_id=cid, tool_name="upload_document", status="completed", task_id="task-17")
+        for cid in ("", "\x00", "x" * 5000, "call-0003")
+    ],
+    "other-task": [
+        fp.Receipt(
+            call_id="call-0001",
+            tool_name="upload_document",
+            status="completed",
+            task_id="task-99",
+            completed_by="call-0001",
+        )
+    ],
+    "duplicate-task": [
+        fp.Receipt(call_id="call-0001", tool_name="upload_document", status="completed"),
+        fp.Receipt(call_id="call-0001", tool_name="upload_document", status="completed"),
+    ],
+}
+
+
+@pytest.mark.parametrize("form", ["receipt", "json"])
+@pytest.mark.parametrize("forged", list(_ODD_RECEIPTS), ids=list(_ODD_RECEIPTS))
+def test_completion_receipts_a_caller_forges_never_stop_the_genuine_completion_or_crash_a_node(
+    forged: str, form: str
+) -> None:
+    ledger = fp.InMemoryLedger()
+    h = _graph([UPLOAD, STATUS, final_citing_all, ABSTAIN], ledger=ledger)
+    config, ctx = thread(), context(caps=DOCS)
+    _start(h, config, ctx)
+    receipts: list[Any] = list(_ODD_RECEIPTS[forged])
+    if form == "json":
+        receipts = [r.model_dump(mode="json") for r in receipts]
+    h.graph.update_state(config, {"receipts": receipts, "open_tasks": []}, as_node="execute")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+    assert ledger.get(completed_key(_account(config), "call-0001")) is not None
+    genuine = [r for r in state.receipts if r.call_id == "call-0001" and r.completed_by]
+    assert [r.completed_by for r in genuine if r.completed_by == "call-0002"] == ["call-0002"]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [{"run_id": "run-elsewhere"}, {"tenant_id": "globex"}, {"principal_id": "intruder"}],
+    ids=["run_id", "tenant_id", "principal_id"],
+)
+def test_rewriting_the_run_identity_in_state_never_moves_it_to_an_account_with_markers(
+    edit: dict[str, Any],
+) -> None:
+    # account_of names the account from the thread alone: a new run id does not point it at an
+    # unknown (re-openable) account, and a new identity is refused by the account's owner.
+    ledger = fp.InMemoryLedger()
+    h = _graph([UPLOAD, final_citing_all, final_citing_all, ABSTAIN], ledger=ledger)
+    config, ctx = thread(), context(caps=DOCS)
+    _start(h, config, ctx)
+    _forged_completion(h, config)
+    h.graph.update_state(config, edit, as_node="execute")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert state.termination is not TerminationReason.COMPLETED
+    assert ledger.get(completed_key(_account(config), "call-0001")) is None
+
+
+# === Seat 2: another tenant sharing the process and the ledger ==================================
+
+
+def test_another_tenant_on_the_same_thread_id_is_refused_and_never_marks_this_runs_task() -> None:
+    # Tenant B keeps its own checkpointer but shares the ledger and picks the same thread id: its
+    # run is refused at the start (the account is A's), and A's genuine completion is A's alone.
+    ledger = fp.InMemoryLedger()
+    config = thread()
+    ctx_a, ctx_b = context(caps=DOCS), context(tenant="globex", principal="u-9", caps=DOCS)
+    a = _graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    _start(a, config, ctx_a)
+    b = _graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    other = b.run(ctx=ctx_b, config=config)
+    assert (other.termination, other.last_error_code) == (
+        TerminationReason.POLICY_DENIED,
+        "account_conflict",
+    )
+    assert ledger.get(completed_key(_account(config), "call-0001")) is None
+    state = fp.run_output(a.graph.invoke(None, config, context=ctx_a))
+    assert state.termination is TerminationReason.COMPLETED
+
+
+# Before: the terminal node closed run_account(thread) whenever the stop's error code (a state
+# edit away from anything) was not one of _NOT_THIS_RUNS_ACCOUNT: tenant B, on its own
+# checkpointer but the shared ledger and tenant A's thread id, rewrote its account_conflict stop
+# to cancelled and closed A's account. It now closes, and judges completions by, only an account
+# whose recorded owner is the caller (run_account.owned).
+def test_a_stop_another_tenant_writes_on_its_own_thread_never_closes_this_runs_account() -> None:
+    ledger = fp.InMemoryLedger()
+    config = thread()
+    ctx_a, ctx_b = context(caps=DOCS), context(tenant="globex", principal="u-9", caps=DOCS)
+    a = _graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    _start(a, config, ctx_a)
+    b = _graph([UPLOAD, final_citing_all, ABSTAIN], ledger=ledger)
+    b.graph.invoke(
+        fp.start("upload", budget()), config, context=ctx_b, interrupt_before=["terminal"]
+    )
+    cancel = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled")
+    b.graph.update_state(config, {"stop": cancel}, as_node="execute")
+    b.graph.invoke(None, config, context=ctx_b)
+    assert ledger.balance(_account(config)).closed is None
+    state = fp.run_output(a.graph.invoke(None, config, context=ctx_a))
+    assert state.termination is TerminationReason.COMPLETED
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the account (and so every completion marker) is named from the thread id alone, and "
+    "open_account is idempotent for the same (parent, limits, owner): a second run of the same "
+    "tenant with the same thread id on another checkpointer sharing the ledger (two agents of one "
+    "app keyed by one conversation id) shares run A's account. A's status check marked call-0001; "
+    "B's own upload call-0001 is accepted and never shown done, yet B's final answer is accepted "
+    "on A's marker and B ends 'completed'. Fix: bind the run to its account — record the run id "
+    "in the account's owner terms (so B's open is a LedgerConflict -> account_conflict, and a "
+    "run_id rewrite fails check_owner) and/or name the account from (thread_id, checkpoint_ns)",
+)
+def test_a_run_on_a_thread_id_another_run_used_never_counts_that_runs_completion_marker() -> None:
+    ledger = fp.InMemoryLedger()
+    config, ctx = thread(), context(caps=DOCS)
+    a = _graph([UPLOAD, STATUS, ABSTAIN], ledger=ledger)
+    _start(a, config, ctx)
+    a.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
+    assert ledger.get(completed_key(_account(config), "call-0001")) is not None
+    b = _graph(
+        [UPLOAD, final_citing_all, final_citing_all, ABSTAIN],
+        status={"status": "done"},
+        ledger=ledger,
+    )
+    state = b.run(ctx=ctx, config=config)
+    # Today B's upload runs (accepted, never shown done) and B ends completed on A's marker.
+    assert state.termination is not TerminationReason.COMPLETED
+
+
+class _Parent(TypedDict, total=False):
+    first: str
+    second: str
+
+
+# Before: 'a thread holds one run' did not hold for a fencepost graph invoked from a node of a
+# parent graph (it runs on the parent's thread under a checkpoint namespace of its own): two
+# such runs shared run_account(thread_id), and the second ended policy_denied 'run_closed'. The
+# account is now named from the thread and that namespace.
+def test_two_agent_runs_nested_in_one_parent_thread_each_get_an_account_of_their_own() -> None:
+    ledger = fp.InMemoryLedger()
+    ctx = context(caps=DOCS)
+
+    def agent() -> Any:
+        model = ScriptedDecisionModel([UPLOAD, STATUS, final_citing_all])
+        return fp.build_agent_graph(upload_registry(), model, ledger=ledger).compile()
+
+    first, second = agent(), agent()
+
+    def node(graph: Any, key: str) -> Any:
+        def run(_: _Parent) -> dict[str, str]:
+            out = fp.run_output(graph.invoke(fp.start("upload", budget()), context=ctx))
+            return {key: f"{out.termination.value}:{out.last_error_code}"}
+
+        return run
+
+    parent = StateGraph(_Parent)
+    parent.add_node("first", node(first, "first"))
+    parent.add_node("second", node(second, "second"))
+    parent.add_edge(START, "first")
+    parent.add_edge("first", "second")
+    parent.add_edge("second", END)
+    out = parent.compile(checkpointer=InMemorySaver()).invoke({}, thread(), context=ctx)
+    assert out == {"first": "completed:None", "second": "completed:None"}
+
+
+def _channel_pairs() -> list[tuple[str, Any, Any]]:
+    stop = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled")
+    receipt = fp.Receipt(call_id="call-0001", tool_name="t", status="completed")
+    return [
+        ("stop", None, stop),
+        ("receipts", (receipt,), (receipt.model_copy(update={"call_id": "call-0002"}),)),
+        ("answered", {"call-0001": 1}, {"call-0002": 2}),
+        ("fingerprints", {"f": 1}, {"f": 3, "g": 1}),
+        ("messages", [HumanMessage("q", id="m-1")], [AIMessage("a", id="m-2")]),
+    ]
+
+
+def test_a_write_to_a_routed_copy_of_a_channel_never_changes_the_original_or_its_other_copy() -> (
+    None
+):
+    # The fast copies share the value (object.__new__, slots set directly): sound only while
+    # every reducer makes a new value. A write to one copy must not show in the original, in a
+    # second copy, or in a channel restored from the same checkpoint.
+    h = _graph([])
+    for name, first, second in _channel_pairs():
+        original = h.graph.channels[name].from_checkpoint(None)
+        assert original.update([first])
+        before = original.get()
+        snapshot = json.dumps(before, default=repr) if name != "messages" else len(before)
+        routed, sibling = original.copy(), original.copy()
+        assert routed.update([second]) is True
+        assert routed.get() is not before
+        after = original.get()
+        assert after is before, name
+        assert (json.dumps(after, default=repr) if name != "messages" else len(after)) == snapshot
+        assert sibling.get() is before, name
+        assert routed.update([]) is False
+        assert type(routed) is type(original) and routed.key == original.key
+
+
+# === Seat 3: the process ========================================================================
+
+
+class _CrashAfterMarker(SqliteLedger):
+    """A SqliteLedger whose process dies right after a completion marker is durable (before the
+    completion receipt reaches a checkpoint). The text carries a secret: none may reach state."""
+
+    def reserve(self, account: str, key: str, amounts: Any) -> fp.policy.Reservation:
+        held = super().reserve(account, key, amounts)
+        if ":done:" in key:
+            raise RuntimeError("power cut password=hunter2 at db.internal:5432")
+        return held
+
+
+def test_a_crash_between_the_marker_and_the_receipt_completes_on_the_rerun_with_no_error_text(
+    tmp_path: Path,
+) -> None:
+    config, ctx = thread(), context(caps=DOCS)
+    conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
+    crashing = _CrashAfterMarker(tmp_path / "ledger.db")
+    try:
+        saver = SqliteSaver(conn, serde=fencepost_serializer())
+        h = _graph([UPLOAD, STATUS], checkpointer=saver, ledger=crashing)
+        _start(h, config, ctx)
+        with pytest.raises(RuntimeError):
+            h.graph.invoke(None, config, context=ctx)
+    finally:
+        crashing.close()
+        conn.close()
+    with _files(tmp_path) as (saver, ledger):
+        assert ledger.get(completed_key(_account(config), "call-0001")) is not None
+        again = _graph([final_citing_all, ABSTAIN], checkpointer=saver, ledger=ledger)
+        assert [r.status for r in state_of(again, config).receipts] == [
+            fp.ReceiptStatus.ACCEPTED_PENDING
+        ]
+        state = fp.run_output(again.graph.invoke(None, config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+    done = [r.completed_by for r in state.receipts if r.call_id == "call-0001"]
+    assert done == [None, "call-0002"]
+    text = json.dumps(state.model_dump(mode="json"))
+    assert "hunter2" not in text and "power cut" not in text
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_account_closed_mid_batch_records_no_completion_and_ends_cancelled(mode: str) -> None:
+    # A cancel closes the account while the status check runs: the marker is refused, so no
+    # completion receipt is recorded, and the run ends cancelled as data.
+    ledger = fp.InMemoryLedger()
+    config, ctx = thread(), context(caps=DOCS)
+    account = _account(config)
+
+    def status(args: StatusArgs, tool_ctx: fp.ToolContext) -> Any:
+        ledger.close_account(account, TerminationReason.CANCELLED.value)
+        return UPLOAD_DONE
+
+    base = upload_registry()
+    spec = base.get("upload_status")
+    assert spec is not None
+    registry = fp.ToolRegistry(
+        [base.get("upload_document"), spec.model_copy(update={"execute": status})]
+    )
+    h = harness([UPLOAD, STATUS, final_citing_all, ABSTAIN], registry=registry, ledger=ledger)
+    if mode == "sync":
+        state = h.run(ctx=ctx, config=config)
+    else:
+        request = fp.start("upload", budget(steps=6, tools=4))
+        state = fp.run_output(asyncio.run(h.graph.ainvoke(request, config, context=ctx)))
+    assert state.termination is TerminationReason.CANCELLED
+    assert ledger.get(completed_key(account, "call-0001")) is None
+    assert not [r for r in state.receipts if r.call_id == "call-0001" and r.completed_by]
+    assert h.model.calls == 2
+
+
+def test_two_calls_that_accepted_one_task_id_each_need_a_completion_of_their_own() -> None:
+    # The seed's upload tool always accepts task-17: one status check completes the earliest
+    # waiting call, the final answer is refused until a second check completes the other.
+    again = UPLOAD.model_copy(update={"call_id": "call-0003"})
+    second = STATUS.model_copy(update={"call_id": "call-0004"})
+    ledger = fp.InMemoryLedger()
+    h = _graph([UPLOAD, again, STATUS, final_citing_all, second, final_citing_all], ledger=ledger)
+    config = thread()
+    state = h.run(steps=8, tools=6, ctx=context(caps=DOCS), config=config)
+    assert state.termination is TerminationReason.COMPLETED
+    assert [m.code for m in state.manifests if m.code == "tasks_pending"] == ["tasks_pending"]
+    done = {r.call_id: r.completed_by for r in state.receipts if r.completed_by}
+    assert done == {"call-0001": "call-0002", "call-0003": "call-0004"}
+    for call_id in ("call-0001", "call-0003"):
+        assert ledger.get(completed_key(_account(config), call_id)) is not None
+
+
+def test_a_lost_in_memory_ledger_before_the_status_check_still_lets_the_genuine_one_complete() -> (
+    None
+):
+    saver = InMemorySaver()
+    config, ctx = thread(), context(caps=DOCS)
+    h = _graph([UPLOAD], checkpointer=saver)
+    _start(h, config, ctx)
+    again = _graph([STATUS, final_citing_all], checkpointer=saver)  # a new process's own ledger
+    state = fp.run_output(again.graph.invoke(None, config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+
+
+def _durable_ledger(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> fp.Ledger:
+    if kind == "sqlite":
+        return SqliteLedger(tmp_path / "ledger.db")
+    from fencepost.adapters.ledger_postgres import PostgresLedger
+
+    return PostgresLedger(request.getfixturevalue("postgres_schema"))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+@pytest.mark.parametrize("forge", [False, True], ids=["genuine", "forged"])
+def test_the_async_graph_judges_completion_by_the_durable_ledgers_markers(
+    kind: str, forge: bool, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # ainvoke runs the nodes with AsyncIO: the markers are read with the ledger's aget.
+    ledger = _durable_ledger(kind, tmp_path, request)
+    try:
+        script = [UPLOAD, final_citing_all, final_citing_all, ABSTAIN]
+        h = _graph([UPLOAD, STATUS, final_citing_all] if not forge else script, ledger=ledger)
+        config, ctx = thread(), context(caps=DOCS)
+
+        async def run() -> fp.AgentState:
+            await h.graph.ainvoke(
+                fp.start("upload", budget(steps=6, tools=4)),
+                config,
+                context=ctx,
+                interrupt_after=["execute"],
+            )
+            if forge:
+                _forged_completion(h, config)
+            return fp.run_output(await h.graph.ainvoke(None, config, context=ctx))
+
+        state = asyncio.run(run())
+        marker = ledger.get(completed_key(_account(config), "call-0001"))
+    finally:
+        ledger.close()  # type: ignore[attr-defined]
+    if forge:
+        assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
+        assert marker is None
+    else:
+        assert state.termination is TerminationReason.COMPLETED
+        assert marker is not None
+
+
+def test_a_completed_stop_the_terminal_node_judges_leaves_one_terminal_manifest() -> None:
+    # The terminal node's ledger read adds no second ending: one manifest, one reason.
+    h = _graph([UPLOAD, STATUS, final_citing_all])
+    state = h.run(ctx=context(caps=DOCS))
+    assert state.termination is TerminationReason.COMPLETED
+    assert sum(1 for m in state.manifests if m.phase is Phase.TERMINAL) == 1
