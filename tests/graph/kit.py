@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
 from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
+from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy.tool_decorator import tool
 
 
@@ -241,6 +247,53 @@ def upload_registry(status_result: Any = UPLOAD_DONE) -> fp.ToolRegistry:
             ),
         ]
     )
+
+
+UPLOAD = fp.ToolProposal(
+    call_id="call-0001", tool_name="upload_document", arguments={"name": "a.pdf"}
+)
+"""The seed's upload: its tool accepts task-17."""
+STATUS = fp.ToolProposal(
+    call_id="call-0002", tool_name="upload_status", arguments={"task_id": "task-17"}
+)
+"""The status check of task-17 (its evidence shows it done with :data:`UPLOAD_DONE`)."""
+
+
+def upload_graph(script: list[Any], *, status: Any = UPLOAD_DONE, **build: Any) -> Harness:
+    """A harness over :func:`upload_registry` (``status``: what the status tool returns)."""
+    return harness(script, registry=upload_registry(status), **build)
+
+
+def start_upload(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None:
+    """Start a run and stop it after its first tool step ran (the upload, accepted)."""
+    h.graph.invoke(
+        fp.start("upload", budget(steps=6, tools=4)),
+        config,
+        context=ctx,
+        interrupt_after=["execute"],
+    )
+
+
+async def astart_upload(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None:
+    """:func:`start_upload` on the async graph (``ainvoke``)."""
+    await h.graph.ainvoke(
+        fp.start("upload", budget(steps=6, tools=4)),
+        config,
+        context=ctx,
+        interrupt_after=["execute"],
+    )
+
+
+@contextmanager
+def sqlite_files(tmp_path: Path) -> Iterator[tuple[SqliteSaver, SqliteLedger]]:
+    """A SqliteSaver and a SqliteLedger on files: what a new process opens again."""
+    conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    try:
+        yield SqliteSaver(conn, serde=fencepost_serializer()), ledger
+    finally:
+        ledger.close()
+        conn.close()
 
 
 def state_of(h: Harness, config: dict[str, Any]) -> fp.AgentState:

@@ -12,58 +12,35 @@ checkpoint, which then carries the completions it recorded (see ``run_account.re
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.checkpoint.sqlite import SqliteSaver
 
 import fencepost as fp
-from fencepost.adapters import SqliteLedger
-from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import TerminationReason
 from fencepost.policy.keys import completed_key, run_account
 from fencepost.policy.tasks import pending_tasks
 from tests.graph.kit import (
     ABSTAIN,
     DOCS,
-    UPLOAD_DONE,
+    STATUS,
+    UPLOAD,
     Harness,
+    astart_upload,
     budget,
     context,
     final_citing_all,
-    harness,
+    sqlite_files,
+    start_upload,
     state_of,
     thread,
-    upload_registry,
+    upload_graph,
 )
 
-UPLOAD = fp.ToolProposal(
-    call_id="call-0001", tool_name="upload_document", arguments={"name": "a.pdf"}
-)
-STATUS = fp.ToolProposal(
-    call_id="call-0002", tool_name="upload_status", arguments={"task_id": "task-17"}
-)
 REFUSED_TWICE = [final_citing_all, final_citing_all, ABSTAIN]
 """What a model says after the upload: final answers (refused while the task is pending)."""
-
-
-def _graph(script: list[Any], *, status: Any = UPLOAD_DONE, **build: Any) -> Harness:
-    return harness(script, registry=upload_registry(status), **build)
-
-
-def _start(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None:
-    """Run the upload (and stop after it ran)."""
-    h.graph.invoke(
-        fp.start("upload", budget(steps=6, tools=4)),
-        config,
-        context=ctx,
-        interrupt_after=["execute"],
-    )
 
 
 def _next_execute(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None:
@@ -84,24 +61,12 @@ def _marker(ledger: fp.Ledger, config: dict[str, Any], h: Harness) -> fp.policy.
     return ledger.get(completed_key(account, "call-0001"))
 
 
-@contextmanager
-def _files(tmp_path: Path) -> Iterator[tuple[SqliteSaver, SqliteLedger]]:
-    """A SqliteSaver and a SqliteLedger on files: what a new process opens again."""
-    conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
-    ledger = SqliteLedger(tmp_path / "ledger.db")
-    try:
-        yield SqliteSaver(conn, serde=fencepost_serializer()), ledger
-    finally:
-        ledger.close()
-        conn.close()
-
-
 # --- a genuine completion still completes -------------------------------------------------------
 
 
 def test_a_task_its_status_tool_shows_done_lets_the_final_answer_complete_and_is_marked() -> None:
     ledger = fp.InMemoryLedger()
-    h = _graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    h = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
     config, ctx = thread(), context(caps=DOCS)
     state = h.run(steps=6, tools=4, ctx=ctx, config=config)
     assert state.termination is TerminationReason.COMPLETED
@@ -112,14 +77,14 @@ def test_a_completion_shown_before_a_resume_completes_the_run_in_a_fresh_graph_o
     tmp_path: Path,
 ) -> None:
     config, ctx = thread(), context(caps=DOCS)
-    with _files(tmp_path) as (saver, ledger):
-        h = _graph([UPLOAD, STATUS], checkpointer=saver, ledger=ledger)
-        _start(h, config, ctx)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        h = upload_graph([UPLOAD, STATUS], checkpointer=saver, ledger=ledger)
+        start_upload(h, config, ctx)
         _next_execute(h, config, ctx)
         assert not pending_tasks(state_of(h, config).receipts)
         assert _marker(ledger, config, h) is not None
-    with _files(tmp_path) as (saver, ledger):
-        again = _graph([final_citing_all, ABSTAIN], checkpointer=saver, ledger=ledger)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        again = upload_graph([final_citing_all, ABSTAIN], checkpointer=saver, ledger=ledger)
         state = fp.run_output(again.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
 
@@ -127,10 +92,10 @@ def test_a_completion_shown_before_a_resume_completes_the_run_in_a_fresh_graph_o
 def test_a_completion_shown_before_a_resume_completes_the_run_in_a_fresh_graph_in_memory() -> None:
     saver, ledger = InMemorySaver(), fp.InMemoryLedger()
     config, ctx = thread(), context(caps=DOCS)
-    h = _graph([UPLOAD, STATUS], checkpointer=saver, ledger=ledger)
-    _start(h, config, ctx)
+    h = upload_graph([UPLOAD, STATUS], checkpointer=saver, ledger=ledger)
+    start_upload(h, config, ctx)
     _next_execute(h, config, ctx)
-    again = _graph([final_citing_all, ABSTAIN], checkpointer=saver, ledger=ledger)
+    again = upload_graph([final_citing_all, ABSTAIN], checkpointer=saver, ledger=ledger)
     state = fp.run_output(again.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
     assert _marker(ledger, config, again) is not None
@@ -139,9 +104,9 @@ def test_a_completion_shown_before_a_resume_completes_the_run_in_a_fresh_graph_i
 def test_a_genuine_completion_after_a_forged_one_is_still_marked_and_completes_the_run() -> None:
     # The forged receipt made the call look done, so the status check found nothing waiting and
     # marked nothing: the run could never complete. Waiting now means "not marked done".
-    h = _graph([UPLOAD, STATUS, final_citing_all, ABSTAIN])
+    h = upload_graph([UPLOAD, STATUS, final_citing_all, ABSTAIN])
     config, ctx = thread(), context(caps=DOCS)
-    _start(h, config, ctx)
+    start_upload(h, config, ctx)
     _forge(h, config, "receipt")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
@@ -151,9 +116,9 @@ def test_an_early_marker_a_crash_left_gets_its_receipt_when_the_task_is_shown_do
     # A crash between the marker and the checkpoint leaves the marker early: the re-run (here a
     # later status check) still records the completion receipt, naming the call that showed it.
     ledger = fp.InMemoryLedger()
-    h = _graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    h = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
     config, ctx = thread(), context(caps=DOCS)
-    _start(h, config, ctx)
+    start_upload(h, config, ctx)
     account = run_account(config["configurable"]["thread_id"], state_of(h, config).run_id)
     ledger.reserve(account, completed_key(account, "call-0001"), {})  # as the lost attempt did
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
@@ -173,12 +138,12 @@ def test_a_forged_completion_receipt_never_completes_a_run_on_a_durable_ledger(
     tmp_path: Path, form: str
 ) -> None:
     config, ctx = thread(), context(caps=DOCS)
-    with _files(tmp_path) as (saver, ledger):
-        h = _graph([UPLOAD], status={"status": "done"}, checkpointer=saver, ledger=ledger)
-        _start(h, config, ctx)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        h = upload_graph([UPLOAD], status={"status": "done"}, checkpointer=saver, ledger=ledger)
+        start_upload(h, config, ctx)
         _forge(h, config, form)
-    with _files(tmp_path) as (saver, ledger):
-        again = _graph(REFUSED_TWICE, checkpointer=saver, ledger=ledger)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        again = upload_graph(REFUSED_TWICE, checkpointer=saver, ledger=ledger)
         state = fp.run_output(again.graph.invoke(None, config, context=ctx))
         assert _marker(ledger, config, again) is None
     assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
@@ -188,16 +153,11 @@ def test_a_forged_completion_receipt_never_completes_a_run_on_a_durable_ledger(
 
 
 def test_a_forged_completion_receipt_never_completes_a_run_on_the_async_graph() -> None:
-    h = _graph([UPLOAD, *REFUSED_TWICE], status={"status": "done"})
+    h = upload_graph([UPLOAD, *REFUSED_TWICE], status={"status": "done"})
     config, ctx = thread(), context(caps=DOCS)
 
     async def run() -> fp.AgentState:
-        await h.graph.ainvoke(
-            fp.start("upload", budget(steps=6, tools=4)),
-            config,
-            context=ctx,
-            interrupt_after=["execute"],
-        )
+        await astart_upload(h, config, ctx)
         _forge(h, config, "json")
         return fp.run_output(await h.graph.ainvoke(None, config, context=ctx))
 
@@ -214,10 +174,10 @@ def test_after_the_in_memory_ledger_is_lost_a_completion_recorded_before_still_c
     # checkpoint recorded (as it carries what was spent), so the run is never stuck pending.
     saver = InMemorySaver()
     config, ctx = thread(), context(caps=DOCS)
-    h = _graph([UPLOAD, STATUS], checkpointer=saver)
-    _start(h, config, ctx)
+    h = upload_graph([UPLOAD, STATUS], checkpointer=saver)
+    start_upload(h, config, ctx)
     _next_execute(h, config, ctx)
-    again = _graph([final_citing_all, ABSTAIN], checkpointer=saver)
+    again = upload_graph([final_citing_all, ABSTAIN], checkpointer=saver)
     state = fp.run_output(again.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
 
@@ -225,10 +185,10 @@ def test_after_the_in_memory_ledger_is_lost_a_completion_recorded_before_still_c
 def test_after_the_in_memory_ledger_is_reopened_a_completion_forged_later_is_refused() -> None:
     saver = InMemorySaver()
     config, ctx = thread(), context(caps=DOCS)
-    h = _graph([UPLOAD], checkpointer=saver)
-    _start(h, config, ctx)
+    h = upload_graph([UPLOAD], checkpointer=saver)
+    start_upload(h, config, ctx)
     # A new process: its first step re-opens the account (the checkpoint shows nothing done).
-    again = _graph([STATUS, *REFUSED_TWICE], status={"status": "running"}, checkpointer=saver)
+    again = upload_graph([STATUS, *REFUSED_TWICE], status={"status": "running"}, checkpointer=saver)
     _next_execute(again, config, ctx)
     _forge(again, config, "receipt")
     state = fp.run_output(again.graph.invoke(None, config, context=ctx))
@@ -249,13 +209,13 @@ def test_a_forged_completed_stop_never_ends_a_run_completed_on_a_durable_ledger(
     # The forged receipt and a completed stop citing the upload, resumed in a new process: the
     # stop goes straight to the terminal node, which asks the ledger, not the receipts.
     config, ctx = thread(), context(caps=DOCS)
-    with _files(tmp_path) as (saver, ledger):
-        h = _graph([UPLOAD], checkpointer=saver, ledger=ledger)
-        _start(h, config, ctx)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        h = upload_graph([UPLOAD], checkpointer=saver, ledger=ledger)
+        start_upload(h, config, ctx)
         _forge(h, config, "json")
         h.graph.update_state(config, _forged_completed_stop(), as_node="execute")
-    with _files(tmp_path) as (saver, ledger):
-        again = _graph([], checkpointer=saver, ledger=ledger)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        again = upload_graph([], checkpointer=saver, ledger=ledger)
         state = fp.run_output(again.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.INVALID_PROPOSAL
     assert state.last_error_code == "tasks_pending"
@@ -270,7 +230,7 @@ def test_a_genuine_completed_stop_ends_the_run_completed_after_the_in_memory_led
     # nothing re-opens it before the terminal node, which judges by the receipts then.
     saver = InMemorySaver()
     config, ctx = thread(), context(caps=DOCS)
-    h = _graph([UPLOAD, STATUS, final_citing_all], checkpointer=saver)
+    h = upload_graph([UPLOAD, STATUS, final_citing_all], checkpointer=saver)
     h.graph.invoke(
         fp.start("upload", budget(steps=6, tools=4)),
         config,
@@ -278,6 +238,6 @@ def test_a_genuine_completed_stop_ends_the_run_completed_after_the_in_memory_led
         interrupt_before=["terminal"],
     )
     assert state_of(h, config).stop is not None
-    again = _graph([], checkpointer=saver)
+    again = upload_graph([], checkpointer=saver)
     state = fp.run_output(again.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED

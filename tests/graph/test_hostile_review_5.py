@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,8 @@ from fencepost.policy.keys import completed_key, run_account
 from tests.graph.kit import (
     ABSTAIN,
     DOCS,
+    STATUS,
+    UPLOAD,
     UPLOAD_DONE,
     Harness,
     StatusArgs,
@@ -41,31 +41,13 @@ from tests.graph.kit import (
     context,
     final_citing_all,
     harness,
+    sqlite_files,
+    start_upload,
     state_of,
     thread,
+    upload_graph,
     upload_registry,
 )
-
-UPLOAD = fp.ToolProposal(
-    call_id="call-0001", tool_name="upload_document", arguments={"name": "a.pdf"}
-)
-STATUS = fp.ToolProposal(
-    call_id="call-0002", tool_name="upload_status", arguments={"task_id": "task-17"}
-)
-
-
-def _graph(script: list[Any], *, status: Any = UPLOAD_DONE, **build: Any) -> Harness:
-    return harness(script, registry=upload_registry(status), **build)
-
-
-def _start(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None:
-    """Run the upload (its tool accepts task-17) and stop after it ran."""
-    h.graph.invoke(
-        fp.start("upload", budget(steps=6, tools=4)),
-        config,
-        context=ctx,
-        interrupt_after=["execute"],
-    )
 
 
 def _account(config: dict[str, Any]) -> str:
@@ -77,18 +59,6 @@ def _forged_completion(h: Harness, config: dict[str, Any]) -> None:
     [accepted] = [r for r in state_of(h, config).receipts if r.call_id == "call-0001"]
     forged = accepted.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
     h.graph.update_state(config, {"receipts": [forged], "open_tasks": []}, as_node="execute")
-
-
-@contextmanager
-def _files(tmp_path: Path) -> Iterator[tuple[SqliteSaver, SqliteLedger]]:
-    """A SqliteSaver and a SqliteLedger on files: what a new process opens again."""
-    conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
-    ledger = SqliteLedger(tmp_path / "ledger.db")
-    try:
-        yield SqliteSaver(conn, serde=fencepost_serializer()), ledger
-    finally:
-        ledger.close()
-        conn.close()
 
 
 # === Seat 1: a caller holding the thread's config ===============================================
@@ -118,9 +88,9 @@ _FORGED_END: dict[str, Any] = {
 @pytest.mark.parametrize("how", ["update_state", "json_command"])
 def test_a_termination_a_caller_writes_never_ends_a_run_completed(how: str) -> None:
     ledger = fp.InMemoryLedger()
-    h = _graph([UPLOAD, final_citing_all, final_citing_all, ABSTAIN], ledger=ledger)
+    h = upload_graph([UPLOAD, final_citing_all, final_citing_all, ABSTAIN], ledger=ledger)
     config, ctx = thread(), context(caps=DOCS)
-    _start(h, config, ctx)
+    start_upload(h, config, ctx)
     if how == "update_state":
         h.graph.update_state(config, _FORGED_END, as_node="execute")
         h.graph.invoke(None, config, context=ctx)
@@ -145,9 +115,9 @@ def test_a_termination_a_caller_writes_never_ends_a_run_completed(how: str) -> N
     "'accepted' marker beside the receipt and pending_work reads those",
 )
 def test_a_receipt_for_a_call_the_run_never_made_never_holds_up_its_completion() -> None:
-    h = _graph([UPLOAD, STATUS, final_citing_all, ABSTAIN])
+    h = upload_graph([UPLOAD, STATUS, final_citing_all, ABSTAIN])
     config, ctx = thread(), context(caps=DOCS)
-    _start(h, config, ctx)
+    start_upload(h, config, ctx)
     never_made = fp.Receipt(
         call_id="call-9999",
         tool_name="upload_document",
@@ -187,9 +157,9 @@ def test_completion_receipts_a_caller_forges_never_stop_the_genuine_completion_o
     forged: str, form: str
 ) -> None:
     ledger = fp.InMemoryLedger()
-    h = _graph([UPLOAD, STATUS, final_citing_all, ABSTAIN], ledger=ledger)
+    h = upload_graph([UPLOAD, STATUS, final_citing_all, ABSTAIN], ledger=ledger)
     config, ctx = thread(), context(caps=DOCS)
-    _start(h, config, ctx)
+    start_upload(h, config, ctx)
     receipts: list[Any] = list(_ODD_RECEIPTS[forged])
     if form == "json":
         receipts = [r.model_dump(mode="json") for r in receipts]
@@ -212,9 +182,9 @@ def test_rewriting_the_run_identity_in_state_never_moves_it_to_an_account_with_m
     # account_of names the account from the thread alone: a new run id does not point it at an
     # unknown (re-openable) account, and a new identity is refused by the account's owner.
     ledger = fp.InMemoryLedger()
-    h = _graph([UPLOAD, final_citing_all, final_citing_all, ABSTAIN], ledger=ledger)
+    h = upload_graph([UPLOAD, final_citing_all, final_citing_all, ABSTAIN], ledger=ledger)
     config, ctx = thread(), context(caps=DOCS)
-    _start(h, config, ctx)
+    start_upload(h, config, ctx)
     _forged_completion(h, config)
     h.graph.update_state(config, edit, as_node="execute")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
@@ -231,9 +201,9 @@ def test_another_tenant_on_the_same_thread_id_is_refused_and_never_marks_this_ru
     ledger = fp.InMemoryLedger()
     config = thread()
     ctx_a, ctx_b = context(caps=DOCS), context(tenant="globex", principal="u-9", caps=DOCS)
-    a = _graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
-    _start(a, config, ctx_a)
-    b = _graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    a = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    start_upload(a, config, ctx_a)
+    b = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
     other = b.run(ctx=ctx_b, config=config)
     assert (other.termination, other.last_error_code) == (
         TerminationReason.POLICY_DENIED,
@@ -253,9 +223,9 @@ def test_a_stop_another_tenant_writes_on_its_own_thread_never_closes_this_runs_a
     ledger = fp.InMemoryLedger()
     config = thread()
     ctx_a, ctx_b = context(caps=DOCS), context(tenant="globex", principal="u-9", caps=DOCS)
-    a = _graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
-    _start(a, config, ctx_a)
-    b = _graph([UPLOAD, final_citing_all, ABSTAIN], ledger=ledger)
+    a = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    start_upload(a, config, ctx_a)
+    b = upload_graph([UPLOAD, final_citing_all, ABSTAIN], ledger=ledger)
     b.graph.invoke(
         fp.start("upload", budget()), config, context=ctx_b, interrupt_before=["terminal"]
     )
@@ -281,11 +251,11 @@ def test_a_stop_another_tenant_writes_on_its_own_thread_never_closes_this_runs_a
 def test_a_run_on_a_thread_id_another_run_used_never_counts_that_runs_completion_marker() -> None:
     ledger = fp.InMemoryLedger()
     config, ctx = thread(), context(caps=DOCS)
-    a = _graph([UPLOAD, STATUS, ABSTAIN], ledger=ledger)
-    _start(a, config, ctx)
+    a = upload_graph([UPLOAD, STATUS, ABSTAIN], ledger=ledger)
+    start_upload(a, config, ctx)
     a.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
     assert ledger.get(completed_key(_account(config), "call-0001")) is not None
-    b = _graph(
+    b = upload_graph(
         [UPLOAD, final_citing_all, final_citing_all, ABSTAIN],
         status={"status": "done"},
         ledger=ledger,
@@ -349,7 +319,7 @@ def test_a_write_to_a_routed_copy_of_a_channel_never_changes_the_original_or_its
     # The fast copies share the value (object.__new__, slots set directly): sound only while
     # every reducer makes a new value. A write to one copy must not show in the original, in a
     # second copy, or in a channel restored from the same checkpoint.
-    h = _graph([])
+    h = upload_graph([])
     for name, first, second in _channel_pairs():
         original = h.graph.channels[name].from_checkpoint(None)
         assert original.update([first])
@@ -388,16 +358,16 @@ def test_a_crash_between_the_marker_and_the_receipt_completes_on_the_rerun_with_
     crashing = _CrashAfterMarker(tmp_path / "ledger.db")
     try:
         saver = SqliteSaver(conn, serde=fencepost_serializer())
-        h = _graph([UPLOAD, STATUS], checkpointer=saver, ledger=crashing)
-        _start(h, config, ctx)
+        h = upload_graph([UPLOAD, STATUS], checkpointer=saver, ledger=crashing)
+        start_upload(h, config, ctx)
         with pytest.raises(RuntimeError):
             h.graph.invoke(None, config, context=ctx)
     finally:
         crashing.close()
         conn.close()
-    with _files(tmp_path) as (saver, ledger):
+    with sqlite_files(tmp_path) as (saver, ledger):
         assert ledger.get(completed_key(_account(config), "call-0001")) is not None
-        again = _graph([final_citing_all, ABSTAIN], checkpointer=saver, ledger=ledger)
+        again = upload_graph([final_citing_all, ABSTAIN], checkpointer=saver, ledger=ledger)
         assert [r.status for r in state_of(again, config).receipts] == [
             fp.ReceiptStatus.ACCEPTED_PENDING
         ]
@@ -445,7 +415,9 @@ def test_two_calls_that_accepted_one_task_id_each_need_a_completion_of_their_own
     again = UPLOAD.model_copy(update={"call_id": "call-0003"})
     second = STATUS.model_copy(update={"call_id": "call-0004"})
     ledger = fp.InMemoryLedger()
-    h = _graph([UPLOAD, again, STATUS, final_citing_all, second, final_citing_all], ledger=ledger)
+    h = upload_graph(
+        [UPLOAD, again, STATUS, final_citing_all, second, final_citing_all], ledger=ledger
+    )
     config = thread()
     state = h.run(steps=8, tools=6, ctx=context(caps=DOCS), config=config)
     assert state.termination is TerminationReason.COMPLETED
@@ -461,9 +433,11 @@ def test_a_lost_in_memory_ledger_before_the_status_check_still_lets_the_genuine_
 ):
     saver = InMemorySaver()
     config, ctx = thread(), context(caps=DOCS)
-    h = _graph([UPLOAD], checkpointer=saver)
-    _start(h, config, ctx)
-    again = _graph([STATUS, final_citing_all], checkpointer=saver)  # a new process's own ledger
+    h = upload_graph([UPLOAD], checkpointer=saver)
+    start_upload(h, config, ctx)
+    again = upload_graph(
+        [STATUS, final_citing_all], checkpointer=saver
+    )  # a new process's own ledger
     state = fp.run_output(again.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
 
@@ -485,7 +459,7 @@ def test_the_async_graph_judges_completion_by_the_durable_ledgers_markers(
     ledger = _durable_ledger(kind, tmp_path, request)
     try:
         script = [UPLOAD, final_citing_all, final_citing_all, ABSTAIN]
-        h = _graph([UPLOAD, STATUS, final_citing_all] if not forge else script, ledger=ledger)
+        h = upload_graph([UPLOAD, STATUS, final_citing_all] if not forge else script, ledger=ledger)
         config, ctx = thread(), context(caps=DOCS)
 
         async def run() -> fp.AgentState:
@@ -513,7 +487,7 @@ def test_the_async_graph_judges_completion_by_the_durable_ledgers_markers(
 
 def test_a_completed_stop_the_terminal_node_judges_leaves_one_terminal_manifest() -> None:
     # The terminal node's ledger read adds no second ending: one manifest, one reason.
-    h = _graph([UPLOAD, STATUS, final_citing_all])
+    h = upload_graph([UPLOAD, STATUS, final_citing_all])
     state = h.run(ctx=context(caps=DOCS))
     assert state.termination is TerminationReason.COMPLETED
     assert sum(1 for m in state.manifests if m.phase is Phase.TERMINAL) == 1
