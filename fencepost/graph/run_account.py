@@ -27,7 +27,7 @@ from fencepost.policy import (
     UnknownAccount,
 )
 from fencepost.policy.context import RunContext
-from fencepost.policy.keys import carried_key, completed_key, run_account
+from fencepost.policy.keys import carried_key, completed_key, run_account, started_key
 from fencepost.policy.ledger import AccountClosed
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.run_check import (
@@ -37,7 +37,7 @@ from fencepost.policy.run_check import (
     stop_for_exhausted,
     stop_for_unknown_account,
 )
-from fencepost.policy.tasks import accepted_calls, completions, recorded_done, unfinished
+from fencepost.policy.tasks import accepting, completions, recorded_done, unfinished
 from fencepost.policy.usage import budget_view
 
 
@@ -126,6 +126,8 @@ async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: s
         carried = {a.value: float(v) for a, v in used.items() if v}
         if carried:
             await io.reserve(account, carried_key(account), carried)
+        for receipt in accepting(state.receipts):  # a restart keeps what the checkpoint says
+            await io.reserve(account, _started(account, receipt), {})
         for call_id in recorded_done(state.receipts):
             await io.reserve(account, completed_key(account, call_id), {})
     except (UnknownAccount, LedgerConflict, BudgetExhausted, AccountClosed, ValueError):
@@ -140,9 +142,19 @@ async def marked_done(io: NodeIO, account: str, calls: Iterable[str]) -> frozens
 
 async def pending_work(io: NodeIO, state: AgentState) -> tuple[str, ...]:
     """The tasks (or call ids) accepted work still waits on, judged by the ledger's markers: a
-    receipt in state saying ``completed`` is not enough (a caller can append one)."""
-    marked = await marked_done(io, account_of(state), accepted_calls(state.receipts))
-    return tuple(r.task_id or r.call_id for r in unfinished(state.receipts, marked))
+    receipt in state saying ``completed`` is not enough (a caller can append one), and one
+    saying ``accepted_pending`` counts only for a call the ledger shows started."""
+    account = account_of(state)
+    accepted = accepting(state.receipts)
+    started = frozenset(
+        [r.call_id for r in accepted if await io.get(_started(account, r)) is not None]
+    )
+    marked = await marked_done(io, account, started)
+    return tuple(r.task_id or r.call_id for r in unfinished(state.receipts, marked, started))
+
+
+def _started(account: str, receipt: Receipt) -> str:
+    return started_key(account, receipt.call_id, max(1, receipt.attempts))
 
 
 async def owned(io: NodeIO, account: str, ctx: RunContext | None) -> bool | None:

@@ -41,17 +41,33 @@ def recorded_done(receipts: tuple[Receipt, ...]) -> tuple[str, ...]:
     )
 
 
-def unfinished(receipts: tuple[Receipt, ...], marked: Collection[str]) -> tuple[Receipt, ...]:
+def accepting(receipts: tuple[Receipt, ...]) -> tuple[Receipt, ...]:
+    """Each accepting call's first ``accepted_pending`` receipt (its attempt is the one whose
+    start the ledger marked: ``keys.started_key``)."""
+    first: dict[str, Receipt] = {}
+    for r in receipts:
+        if r.status is ReceiptStatus.ACCEPTED_PENDING:
+            first.setdefault(r.call_id, r)
+    return tuple(first.values())
+
+
+def unfinished(
+    receipts: tuple[Receipt, ...],
+    marked: Collection[str],
+    started: Collection[str] | None = None,
+) -> tuple[Receipt, ...]:
     """The accepting receipts of calls whose task the ledger does not mark shown done.
 
     ``marked`` holds the call ids whose ``completed_key`` marker the ledger holds. A receipt
     saying ``completed`` without the marker is a state edit: that task is still pending.
+    ``started`` (when given) holds the accepting calls the ledger shows started: an accepting
+    receipt for any other call is a state edit too, and holds nothing up.
     """
-    first: dict[str, Receipt] = {}
-    for r in receipts:
-        if r.status is ReceiptStatus.ACCEPTED_PENDING and r.call_id not in marked:
-            first.setdefault(r.call_id, r)
-    return tuple(first.values())
+    return tuple(
+        r
+        for r in accepting(receipts)
+        if r.call_id not in marked and (started is None or r.call_id in started)
+    )
 
 
 def completions(

@@ -101,19 +101,9 @@ def test_a_termination_a_caller_writes_never_ends_a_run_completed(how: str) -> N
     assert ledger.get(completed_key(_account(config), "call-0001")) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an accepting receipt is trusted as real whatever wrote it: a caller appends "
-    "Receipt(call_id='call-9999', tool_name='upload_document', status='accepted_pending', "
-    "task_id=None) for a call the run never made; tasks.accepted_calls counts it, no completion "
-    "can ever match it (no task id), and the model is shown no pending task (open_tasks is the "
-    "view): every final answer is refused 'tasks_pending' and the run can never complete, even "
-    "after the genuine status check marked task-17 done. Before b67c778 a caller could undo it "
-    "with a forged 'completed'; now nothing can. Low severity (only the config holder's own run). "
-    "Fix: accepted work counts only for a call the run made — accepted_calls filtered to call ids "
-    "the ledger holds a call reservation for (call_key(account, id, 1)), or execute writes an "
-    "'accepted' marker beside the receipt and pending_work reads those",
-)
+# Before: an accepting receipt counted whatever wrote it: a caller's accepted_pending receipt for
+# call-9999, which the run never made, held every final answer up for good (no completion can
+# match it). Accepted work now counts only for a call the ledger shows started (keys.started_key).
 def test_a_receipt_for_a_call_the_run_never_made_never_holds_up_its_completion() -> None:
     h = upload_graph([UPLOAD, STATUS, final_citing_all, ABSTAIN])
     config, ctx = thread(), context(caps=DOCS)
