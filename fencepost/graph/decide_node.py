@@ -6,6 +6,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
+from fencepost.graph.endings import unsealed_end
 from fencepost.graph.gate_step import gate
 from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
@@ -168,7 +169,10 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
             state = opened
     else:
         state = before
-    if state.is_terminal or state.stop is not None:
+    if state.is_terminal:
+        # An ending the terminal node did not make goes back to it to be judged.
+        return changed(before, await unsealed_end(io, state) or state)
+    if state.stop is not None:
         return changed(before, state)
     refused = check_run(state, ctx, clock=cfg.clock)
     if refused is None and out_of_supersteps(values.get("remaining_steps"), NEEDS_DECIDE):

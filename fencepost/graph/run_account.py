@@ -157,32 +157,6 @@ def _started(account: str, receipt: Receipt) -> str:
     return started_key(account, receipt.call_id, max(1, receipt.attempts))
 
 
-async def owned(io: NodeIO, account: str, ctx: RunContext | None) -> bool | None:
-    """Whether the ledger's ``account`` was opened for the caller in ``ctx`` (None: the ledger
-    has no such account). The terminal node closes, and judges by, only an account that is the
-    caller's: a stop's error code is a state edit away from saying anything."""
-    try:
-        balance = await io.balance(account)
-    except UnknownAccount:
-        return None
-    return ctx is not None and check_owner(balance.owner, ctx) is None
-
-
-async def pending_at_end(
-    io: NodeIO, state: AgentState, ctx: RunContext | None
-) -> tuple[str, ...] | None:
-    """:func:`pending_work` for judging a stop at the end. Every accepted task is pending when
-    the account is not provably the caller's (its markers are another run's); None when the
-    account is gone from a non-durable ledger lost with its process (nothing has re-opened it
-    yet): then the receipts are all that is left to judge by, as ``reopen_lost`` carries them."""
-    mine = await owned(io, account_of(state), ctx)
-    if mine is None and isinstance(io.ledger, InMemoryLedger):
-        return None
-    if not mine:
-        return tuple(r.task_id or r.call_id for r in unfinished(state.receipts, ()))
-    return await pending_work(io, state)
-
-
 async def certify(
     io: NodeIO,
     state: AgentState,

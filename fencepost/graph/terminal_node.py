@@ -8,9 +8,10 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from fencepost.graph.decide_node import begin
+from fencepost.graph.endings import owned, pending_at_end, unsealed_end
 from fencepost.graph.loop import Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, open_run, owned, pending_at_end
+from fencepost.graph.run_account import account_of, open_run
 from fencepost.graph.state import load_state, request_from
 from fencepost.graph.writes import changed
 from fencepost.policy import (
@@ -62,9 +63,12 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
             if not isinstance(opened, StopRequest):
                 current = opened
     elif before.is_terminal:
-        # Nothing to do; but a value mended on reading (a phase a checkpoint revived as text)
-        # is written back, so the route out reads the run as ended.
-        return changed(before, before)
+        unended = await unsealed_end(io, before)
+        if unended is None:
+            # Nothing to do; but a value mended on reading (a phase a checkpoint revived as
+            # text) is written back, so the route out reads the run as ended.
+            return changed(before, before)
+        current = unended
     else:
         current = before
     asked = current.stop or _unasked(values)

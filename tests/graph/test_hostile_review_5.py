@@ -71,20 +71,11 @@ _FORGED_END: dict[str, Any] = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pre-existing, bypasses the completion markers entirely: after the upload is accepted "
-    "(task-17 pending, no marker), update_state(config, {'phase': 'terminal', 'termination': "
-    "'completed', 'final_answer': {...}}, as_node='execute') (or the same as Command(update=...)) "
-    "is read by load_state as an ended run (is_terminal is `phase is TERMINAL`; the mend only "
-    "refuses a terminal phase WITHOUT a termination), so the terminal node returns it as it is: "
-    "the thread reads termination=completed with the task never shown done, no terminal manifest, "
-    "no report, and the ledger account still open. Fix: a termination counts only when the "
-    "terminal node made it — e.g. the terminal node seals (run id, termination, answer) with the "
-    "graph's verdict_key (as verdicts are sealed) and load_state mends an unsealed termination "
-    "away (stop invalid_state), or a terminal-looking state whose ledger account is not closed "
-    "with that reason is routed through the terminal node and judged",
-)
+# Before: update_state(config, {'phase': 'terminal', 'termination': 'completed', 'final_answer':
+# {...}}) (or the same Command) was read as an ended run, and the terminal node returned it as it
+# was: completed with task-17 never shown done, no terminal manifest or report, the account open.
+# The terminal node closes the account before it writes an ending, so a completed state whose
+# account is open goes back to it (endings.unsealed_end) and ends policy_denied, invalid_state.
 @pytest.mark.parametrize("how", ["update_state", "json_command"])
 def test_a_termination_a_caller_writes_never_ends_a_run_completed(how: str) -> None:
     ledger = fp.InMemoryLedger()
@@ -99,6 +90,15 @@ def test_a_termination_a_caller_writes_never_ends_a_run_completed(how: str) -> N
     state = state_of(h, config)
     assert state.termination is not TerminationReason.COMPLETED
     assert ledger.get(completed_key(_account(config), "call-0001")) is None
+    # Ended by the terminal node after all: its reason, its one manifest, its report, and the
+    # account closed with that reason.
+    assert (state.termination, state.last_error_code) == (
+        TerminationReason.POLICY_DENIED,
+        "invalid_state",
+    )
+    assert sum(1 for m in state.manifests if m.phase is Phase.TERMINAL) == 1
+    assert state.report is not None
+    assert ledger.balance(_account(config)).closed == TerminationReason.POLICY_DENIED.value
 
 
 # Before: an accepting receipt counted whatever wrote it: a caller's accepted_pending receipt for

@@ -1,0 +1,63 @@
+"""How a run's ending is checked against the ledger: the terminal node closes the run's account
+before it writes an ending, and judges a completed stop by the account's completion markers,
+only when the account is the caller's."""
+
+from __future__ import annotations
+
+from fencepost.graph.node_io import NodeIO
+from fencepost.graph.run_account import account_of, pending_work
+from fencepost.policy import AgentState, InMemoryLedger, Phase, TerminationReason, UnknownAccount
+from fencepost.policy.context import RunContext
+from fencepost.policy.run_check import check_owner, stop
+from fencepost.policy.tasks import unfinished
+
+
+async def owned(io: NodeIO, account: str, ctx: RunContext | None) -> bool | None:
+    """Whether the ledger's ``account`` was opened for the caller in ``ctx`` (None: the ledger
+    has no such account). The terminal node closes, and judges by, only an account that is the
+    caller's: a stop's error code is a state edit away from saying anything."""
+    try:
+        balance = await io.balance(account)
+    except UnknownAccount:
+        return None
+    return ctx is not None and check_owner(balance.owner, ctx) is None
+
+
+async def unsealed_end(io: NodeIO, state: AgentState) -> AgentState | None:
+    """``state`` sent back to be ended by the terminal node, if it reads ``completed`` while
+    the run's ledger account is still open: the terminal node closes the account before it
+    writes an ending, so such a state was written by a caller (``update_state``). None if the
+    ending stands (not ``completed``, the account closed, or no account to ask)."""
+    if state.termination is not TerminationReason.COMPLETED:
+        return None
+    try:
+        balance = await io.balance(account_of(state))
+    except UnknownAccount:
+        return None
+    if balance.closed is not None:
+        return None
+    return state.model_copy(update=_UNENDED)
+
+
+_UNENDED = {
+    "phase": Phase.OBSERVE,
+    "termination": None,
+    "final_answer": None,
+    "report": None,
+    "stop": stop(TerminationReason.POLICY_DENIED, "invalid_state"),
+}
+
+
+async def pending_at_end(
+    io: NodeIO, state: AgentState, ctx: RunContext | None
+) -> tuple[str, ...] | None:
+    """:func:`pending_work` for judging a stop at the end. Every accepted task is pending when
+    the account is not provably the caller's (its markers are another run's); None when the
+    account is gone from a non-durable ledger lost with its process (nothing has re-opened it
+    yet): then the receipts are all that is left to judge by, as ``reopen_lost`` carries them."""
+    mine = await owned(io, account_of(state), ctx)
+    if mine is None and isinstance(io.ledger, InMemoryLedger):
+        return None
+    if not mine:
+        return tuple(r.task_id or r.call_id for r in unfinished(state.receipts, ()))
+    return await pending_work(io, state)
