@@ -12,15 +12,18 @@ from fencepost.policy.run_check import check_owner, stop
 from fencepost.policy.tasks import unfinished
 
 
-async def owned(io: NodeIO, account: str, ctx: RunContext | None) -> bool | None:
-    """Whether the ledger's ``account`` was opened for the caller in ``ctx`` (None: the ledger
-    has no such account). The terminal node closes, and judges by, only an account that is the
-    caller's: a stop's error code is a state edit away from saying anything."""
+async def owned(
+    io: NodeIO, account: str, ctx: RunContext | None, run_id: str | None = None
+) -> bool | None:
+    """Whether the ledger's ``account`` was opened for the caller in ``ctx`` (and the run
+    ``run_id``; None: the ledger has no such account). The terminal node closes, and judges by,
+    only an account that is the caller's: a stop's error code is a state edit away from saying
+    anything."""
     try:
         balance = await io.balance(account)
     except UnknownAccount:
         return None
-    return ctx is not None and check_owner(balance.owner, ctx) is None
+    return ctx is not None and check_owner(balance.owner, ctx, run_id) is None
 
 
 async def unsealed_end(io: NodeIO, state: AgentState) -> AgentState | None:
@@ -55,7 +58,7 @@ async def pending_at_end(
     the account is not provably the caller's (its markers are another run's); None when the
     account is gone from a non-durable ledger lost with its process (nothing has re-opened it
     yet): then the receipts are all that is left to judge by, as ``reopen_lost`` carries them."""
-    mine = await owned(io, account_of(state), ctx)
+    mine = await owned(io, account_of(state), ctx, state.run_id)
     if mine is None and isinstance(io.ledger, InMemoryLedger):
         return None
     if not mine:

@@ -32,6 +32,7 @@ from fencepost.policy.ledger import AccountClosed
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.run_check import (
     check_owner,
+    run_owner,
     stop,
     stop_for_closed,
     stop_for_exhausted,
@@ -80,7 +81,7 @@ async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopReques
             account_of(state),
             state.budget.limits(),
             parent=ctx.budget_account,
-            owner=ctx.owner(),
+            owner=run_owner(ctx, state.run_id),
         )
     except UnknownAccount:
         return stop_for_unknown_account()
@@ -121,7 +122,7 @@ async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: s
     used = {axis: budget.used(axis) for axis in BudgetAxis}
     try:
         await io.open_account(
-            account, budget.limits(), parent=ctx.budget_account, owner=ctx.owner()
+            account, budget.limits(), parent=ctx.budget_account, owner=run_owner(ctx, state.run_id)
         )
         carried = {a.value: float(v) for a, v in used.items() if v}
         if carried:
@@ -230,7 +231,7 @@ async def reserve_or_exhausted(
         except (LedgerConflict, ValueError):
             return stop(TerminationReason.POLICY_DENIED, "account_conflict")
         if held.balance is not None:
-            refused = check_owner(held.balance.owner, ctx)
+            refused = check_owner(held.balance.owner, ctx, state.run_id)
             if refused is not None:
                 if not held.existing:
                     # Made on somebody else's account for a caller it refuses: given back, so

@@ -82,7 +82,9 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     # The report needs the batch the run stopped in: terminate() clears it.
     state = state.model_copy(update={"report": stop_report(state, unfinished=current.batch)})
     account = account_of(state)
-    if ending.error_code not in _NOT_THIS_RUNS_ACCOUNT and await owned(io, account, ctx):
+    if ending.error_code not in _NOT_THIS_RUNS_ACCOUNT and await owned(
+        io, account, ctx, state.run_id
+    ):
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
             await io.close_account(account, ending.reason.value)
             if io.cfg.owns_ledger and isinstance(io.ledger, InMemoryLedger):

@@ -38,6 +38,12 @@ def run_account(thread_id: str, run_id: str, namespace: str = "") -> str:
     return f"run:{_digest('run', run_id)}"
 
 
+def run_tag(run_id: str) -> str:
+    """The run an account was opened for, as its owner records it: a hash, since a run id is
+    the caller's text and an owner holds only clean names."""
+    return _digest("run-id", run_id)
+
+
 def step_key(account: str, step: int) -> str:
     """The reservation of model step ``step`` (1-based) of the run's ``account``."""
     return f"{account}:step:{step}"

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.context import RunContext
 from fencepost.policy.deadline import Clock
+from fencepost.policy.keys import run_tag
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.state import AgentState, StopRequest
 
@@ -43,13 +44,31 @@ def check_run(state: AgentState, ctx: RunContext | None, *, clock: Clock) -> Sto
     return None
 
 
-def check_owner(owner: Mapping[str, str], ctx: RunContext) -> StopRequest | None:
-    """The run's ledger account was opened for the caller's identity, whatever state says.
+RUN = "run"
+"""The owner key naming the run an account was opened for (beside the caller's identity)."""
 
-    An account opened before owners were recorded (no owner) is not second-guessed.
+
+def run_owner(ctx: RunContext, run_id: str) -> dict[str, str]:
+    """What a run's ledger account records as its owner: the caller's identity and the run."""
+    return {**ctx.owner(), RUN: run_tag(run_id)}
+
+
+def check_owner(
+    owner: Mapping[str, str], ctx: RunContext, run_id: str | None = None
+) -> StopRequest | None:
+    """The run's ledger account was opened for the caller's identity (and, given ``run_id``,
+    for that run), whatever state says.
+
+    An account opened before owners were recorded (no owner), or before they named the run, is
+    not second-guessed on what it does not record. Another run on the account is a conflict:
+    two runs on one thread id (separate checkpointers, one ledger) would share its markers.
     """
-    if owner and dict(owner) != ctx.owner():
+    if not owner:
+        return None
+    if {k: v for k, v in owner.items() if k != RUN} != ctx.owner():
         return stop(TerminationReason.POLICY_DENIED, "context_mismatch")
+    if run_id is not None and owner.get(RUN, run_tag(run_id)) != run_tag(run_id):
+        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
     return None
 
 

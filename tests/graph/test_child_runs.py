@@ -22,7 +22,7 @@ import fencepost as fp
 from fencepost.adapters import child_run_tool
 from fencepost.adapters.child_run import ChildRunConfigError, ChildRunResult, child_thread_id
 from fencepost.adapters.scripted import ScriptedDecisionModel
-from fencepost.policy.keys import run_account
+from fencepost.policy.keys import run_account, run_tag
 from fencepost.policy.tool_decorator import tool
 from tests.graph.kit import CAPS, thread
 
@@ -286,7 +286,7 @@ async def test_a_childs_reason_and_receipts_come_back_as_typed_data_not_its_text
     assert ctx.deadline is not None and inner.deadline.at <= ctx.deadline.at
     balance = family.ledger.balance(run_account(child.thread_id, child.run_id))
     assert balance.parent == account
-    assert balance.owner == {"tenant": "acme", "principal": "u-1"}
+    assert balance.owner == {"tenant": "acme", "principal": "u-1", "run": run_tag(child.run_id)}
 
 
 def test_a_child_holds_only_the_capabilities_its_tool_grants() -> None:

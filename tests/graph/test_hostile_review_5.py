@@ -227,17 +227,10 @@ def test_a_stop_another_tenant_writes_on_its_own_thread_never_closes_this_runs_a
     assert state.termination is TerminationReason.COMPLETED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the account (and so every completion marker) is named from the thread id alone, and "
-    "open_account is idempotent for the same (parent, limits, owner): a second run of the same "
-    "tenant with the same thread id on another checkpointer sharing the ledger (two agents of one "
-    "app keyed by one conversation id) shares run A's account. A's status check marked call-0001; "
-    "B's own upload call-0001 is accepted and never shown done, yet B's final answer is accepted "
-    "on A's marker and B ends 'completed'. Fix: bind the run to its account — record the run id "
-    "in the account's owner terms (so B's open is a LedgerConflict -> account_conflict, and a "
-    "run_id rewrite fails check_owner) and/or name the account from (thread_id, checkpoint_ns)",
-)
+# Before: the account (and every completion marker) was named from the thread id alone and
+# open_account is idempotent for the same terms: run B of the same tenant, on the thread id run A
+# used (its own checkpointer, the shared ledger), shared A's account and completed on A's marker.
+# The account's owner now names the run it was opened for: B is refused (account_conflict).
 def test_a_run_on_a_thread_id_another_run_used_never_counts_that_runs_completion_marker() -> None:
     ledger = fp.InMemoryLedger()
     config, ctx = thread(), context(caps=DOCS)
@@ -251,8 +244,11 @@ def test_a_run_on_a_thread_id_another_run_used_never_counts_that_runs_completion
         ledger=ledger,
     )
     state = b.run(ctx=ctx, config=config)
-    # Today B's upload runs (accepted, never shown done) and B ends completed on A's marker.
     assert state.termination is not TerminationReason.COMPLETED
+    assert (state.termination, state.last_error_code) == (
+        TerminationReason.POLICY_DENIED,
+        "account_conflict",
+    )
 
 
 class _Parent(TypedDict, total=False):
