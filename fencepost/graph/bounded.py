@@ -11,7 +11,8 @@ The loop runs one node per step. A caller's ``goto`` beside a node the thread is
 on (the approval, or the node after an ``interrupt_after``), a ``goto`` of several nodes, or an
 update that names one field twice would have two writers of one field: LangGraph saves such a
 Command's writes before applying them and then raises ``InvalidUpdateError`` at every later
-invoke of the thread. It is refused before anything is saved (:class:`CommandRefused`).
+invoke of the thread. It is refused before anything is saved (:class:`CommandRefused`), and so
+is an update of LangGraph's own channels (a goto by another name) and any ``Send``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from langgraph.channels.last_value import LastValue
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import StateGraph
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import Command
+from langgraph.types import Command, Send
 
 from fencepost.policy import Phase
 
@@ -49,34 +50,50 @@ def _targets(command: Command[Any]) -> list[Any]:
     return [goto] if goto else []
 
 
-def _twice(command: Command[Any], channels: Mapping[str, Any]) -> str | None:
-    """A last-value field an update names twice (a list of pairs can; a dict cannot). A record
-    or the conversation takes several writes a step: naming one twice is an append."""
-    update = command.update
-    if not isinstance(update, list | tuple):
+def _keys(update: Any) -> list[Any] | None:
+    """The channels an update writes (None: a form LangGraph writes to no channel)."""
+    if isinstance(update, dict):
+        return list(update)
+    if isinstance(update, list | tuple) and all(
+        isinstance(p, tuple) and len(p) == 2 for p in update
+    ):
+        return [p[0] for p in update]
+    return None
+
+
+def _update_refusal(command: Command[Any], fields: Mapping[str, Any]) -> str | None:
+    """A state update may write the state's own fields, each last-value one once (a list of
+    pairs can name one twice; a record or the conversation takes several writes a step).
+    LangGraph's own channels (``branch:to:<node>``, ``__start__``, ``__pregel_tasks``) are a
+    goto by another name: never."""
+    keys = _keys(command.update)
+    if keys is None:
         return None
     seen: set[str] = set()
-    for pair in update:
-        key = pair[0] if isinstance(pair, list | tuple) and len(pair) == 2 else None
-        if not isinstance(key, str) or not isinstance(channels.get(key), LastValue):
-            continue
-        if key in seen:
-            return f"the update writes {key!r} twice"
-        seen.add(key)
+    for key in keys:
+        if not isinstance(key, str) or key not in fields:
+            return "the update writes a channel that is no field of the state"
+        if isinstance(fields[key], LastValue):
+            if key in seen:
+                return f"the update writes {key!r} twice"
+            seen.add(key)
     return None
 
 
 def _refusal(
-    command: Command[Any], waiting: tuple[str, ...], channels: Mapping[str, Any]
+    command: Command[Any], waiting: tuple[str, ...], fields: Mapping[str, Any]
 ) -> str | None:
     """Why ``command`` cannot be taken on a thread ``waiting`` on these nodes, if it cannot."""
     targets = _targets(command)
     if len(targets) > 1:
         return f"goto names {len(targets)} nodes"
-    # A goto of the very node the thread waits on is that one task; a Send is always another.
+    if any(isinstance(t, Send) for t in targets):
+        # A node fed by a Send reads the Send's argument as its state: no node here is.
+        return "goto sends a node its own input"
+    # A goto of the very node the thread waits on is that one task.
     if targets and any(node != targets[0] for node in waiting):
         return f"goto beside {', '.join(waiting)}, which the thread is waiting on"
-    return _twice(command, channels)
+    return _update_refusal(command, fields)
 
 
 class BoundedStateGraph(StateGraph[Any, Any, Any, Any]):
@@ -123,7 +140,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
         if isinstance(input, Command):
-            why = _refusal(input, self._waiting(input, config), self.channels)
+            why = _refusal(input, self._waiting(input, config), self.builder.channels)
             if why is not None:
                 raise CommandRefused(why)
         try:
@@ -136,7 +153,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         if isinstance(input, Command):
-            why = _refusal(input, await self._awaiting(input, config), self.channels)
+            why = _refusal(input, await self._awaiting(input, config), self.builder.channels)
             if why is not None:
                 raise CommandRefused(why)
         try:

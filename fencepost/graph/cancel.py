@@ -19,6 +19,7 @@ from fencepost.policy import (
 )
 from fencepost.policy.context import RunContext
 from fencepost.policy.keys import run_account
+from fencepost.policy.run_check import check_owner
 
 _CANCEL = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled")
 
@@ -28,6 +29,13 @@ def _account(config: RunnableConfig, state: AgentState) -> str:
     thread = configurable.get("thread_id")
     namespace = str(configurable.get("checkpoint_ns") or "")
     return run_account("" if thread is None else str(thread), state.run_id, namespace)
+
+
+def _someone_elses(owner: Any, context: RunContext | None, state: AgentState) -> bool:
+    """A caller who names a context cancels only a run whose account was opened for it (and
+    this run): another tenant on the same thread id closes nothing. Without a context it is the
+    operator's cancel, as before."""
+    return context is not None and check_owner(owner, context, state.run_id) is not None
 
 
 def cancel(
@@ -50,10 +58,10 @@ def cancel(
     state = run_output(snapshot.values)
     settings = settings_of(graph)
     if settings is not None and not state.is_terminal:
+        account = _account(config, state)
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-            settings.ledger.close_account(
-                _account(config, state), TerminationReason.CANCELLED.value
-            )
+            if not _someone_elses(settings.ledger.balance(account).owner, context, state):
+                settings.ledger.close_account(account, TerminationReason.CANCELLED.value)
     if not state.is_terminal:
         graph.update_state(config, {"stop": _CANCEL}, as_node="execute")
         graph.invoke(None, config, context=context)
@@ -71,10 +79,10 @@ async def acancel(
     state = run_output(snapshot.values)
     settings = settings_of(graph)
     if settings is not None and not state.is_terminal:
+        account = _account(config, state)
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-            await settings.ledger.aclose_account(
-                _account(config, state), TerminationReason.CANCELLED.value
-            )
+            if not _someone_elses((await settings.ledger.abalance(account)).owner, context, state):
+                await settings.ledger.aclose_account(account, TerminationReason.CANCELLED.value)
     if not state.is_terminal:
         await graph.aupdate_state(config, {"stop": _CANCEL}, as_node="execute")
         await graph.ainvoke(None, config, context=context)

@@ -10,7 +10,14 @@ from fencepost.graph.endings import unsealed_end
 from fencepost.graph.gate_step import gate
 from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, open_run, pending_work, reserve, viewed
+from fencepost.graph.run_account import (
+    account_of,
+    open_run,
+    pending_work,
+    reserve,
+    started_run_id,
+    viewed,
+)
 from fencepost.graph.state import StartRequest, load_state, request_from
 from fencepost.graph.writes import changed
 from fencepost.policy import (
@@ -161,7 +168,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     ctx = coerce_context(runtime.context)
     before = load_state(values)
     if before is None:
-        state = begin(request_from(values), ctx)
+        state = begin(request_from(values, run_id=started_run_id()), ctx)
         if ctx is not None:
             opened = await open_run(io, state, ctx)
             if isinstance(opened, StopRequest):

@@ -28,27 +28,29 @@ async def owned(
 
 async def unsealed_end(io: NodeIO, state: AgentState) -> AgentState | None:
     """``state`` sent back to be ended by the terminal node, if it reads ``completed`` while
-    the run's ledger account is still open: the terminal node closes the account before it
-    writes an ending, so such a state was written by a caller (``update_state``). None if the
-    ending stands (not ``completed``, the account closed, or no account to ask)."""
+    the run's ledger account is open or closed for another reason: the terminal node closes the
+    account with its reason before it writes an ending, so such a state was written by a caller
+    (``update_state``). It ends with the reason the ledger closed it with, else
+    ``policy_denied``, ``invalid_state``. None if the ending stands (not ``completed``, the
+    account closed ``completed``, or no account to ask: one the graph's own ledger forgot)."""
     if state.termination is not TerminationReason.COMPLETED:
         return None
     try:
-        balance = await io.balance(account_of(state))
+        closed = (await io.balance(account_of(state))).closed
     except UnknownAccount:
         return None
-    if balance.closed is not None:
+    if closed == TerminationReason.COMPLETED.value:
         return None
-    return state.model_copy(update=_UNENDED)
+    known = closed is not None and closed in _REASONS
+    reason = TerminationReason(closed) if closed is not None and known else _DENIED
+    return state.model_copy(update={**_UNENDED, "stop": stop(reason, "invalid_state")})
 
 
-_UNENDED = {
-    "phase": Phase.OBSERVE,
-    "termination": None,
-    "final_answer": None,
-    "report": None,
-    "stop": stop(TerminationReason.POLICY_DENIED, "invalid_state"),
-}
+_REASONS = frozenset(r.value for r in TerminationReason) - {TerminationReason.COMPLETED.value}
+_DENIED = TerminationReason.POLICY_DENIED
+
+
+_UNENDED = {"phase": Phase.OBSERVE, "termination": None, "final_answer": None, "report": None}
 
 
 async def pending_at_end(

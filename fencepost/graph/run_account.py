@@ -27,7 +27,13 @@ from fencepost.policy import (
     UnknownAccount,
 )
 from fencepost.policy.context import RunContext
-from fencepost.policy.keys import carried_key, completed_key, run_account, started_key
+from fencepost.policy.keys import (
+    carried_key,
+    completed_key,
+    run_account,
+    started_key,
+    task_run_id,
+)
 from fencepost.policy.ledger import AccountClosed
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.run_check import (
@@ -59,6 +65,19 @@ def _thread() -> tuple[str, str]:
     # "|" joins namespace levels (LangGraph's NS_SEP, private since 1.0).
     namespace = str(configurable.get("checkpoint_ns") or "").rpartition("|")[0]
     return ("" if value is None else str(value)), namespace
+
+
+def started_run_id() -> str | None:
+    """The run id a start that names none gets on this node's thread (``keys.task_run_id``);
+    None off a thread (no checkpointer): a generated one then."""
+    try:
+        configurable = get_config().get("configurable") or {}
+    except RuntimeError:
+        return None
+    thread, namespace = configurable.get("thread_id"), configurable.get("checkpoint_ns")
+    if thread is None or not namespace:
+        return None
+    return task_run_id(str(thread), str(namespace))
 
 
 def account_of(state: AgentState) -> str:

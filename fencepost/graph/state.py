@@ -170,28 +170,28 @@ class NoQuestion(ValueError):
     """A run was started with neither a start request nor a human message to answer."""
 
     def __init__(self) -> None:
-        super().__init__(
-            'a run starts from {"request": {"question": ...}} or {"messages": [...]} with a '
-            "human message"
-        )
+        super().__init__('a run starts from {"request": {"question": ...}} or {"messages": [...]}')
 
 
-def request_from(values: dict[str, Any], *, required: bool = True) -> StartRequest | None:
+def request_from(
+    values: dict[str, Any], *, required: bool = True, run_id: str | None = None
+) -> StartRequest | None:
     """The start request in a new run's channel values: ``request`` if given, else one made
-    from the last human message in ``messages`` (with the default run id and budget).
-
-    Without either, raises :class:`NoQuestion` (``required=False``: returns ``None``).
-    """
+    from the last human message in ``messages`` (with the default budget, and ``run_id`` or a
+    generated id where none is named). Without either, raises :class:`NoQuestion`
+    (``required=False``: returns ``None``)."""
+    named: dict[str, Any] = {} if run_id is None else {"run_id": run_id}
     request = values.get("request")
     if request is not None:
         if isinstance(request, StartRequest):
             return request
+        request = {**named, **request} if isinstance(request, dict) else request
         return StartRequest.model_validate(request, strict=False)
     for message in reversed(values.get("messages") or ()):
         if isinstance(message, HumanMessage):
             question = _text_of(message).strip()
             if question:
-                return StartRequest(question=question)
+                return StartRequest(question=question, **named)
             break
     if required:
         raise NoQuestion

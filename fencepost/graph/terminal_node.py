@@ -11,7 +11,7 @@ from fencepost.graph.decide_node import begin
 from fencepost.graph.endings import owned, pending_at_end, unsealed_end
 from fencepost.graph.loop import Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, open_run
+from fencepost.graph.run_account import account_of, open_run, started_run_id
 from fencepost.graph.state import load_state, request_from
 from fencepost.graph.writes import changed
 from fencepost.policy import (
@@ -45,6 +45,11 @@ def _unasked(values: dict[str, Any]) -> StopRequest:
     return stop(TerminationReason.POLICY_DENIED, "invalid_state")
 
 
+def _cancelled(current: AgentState) -> AgentState:
+    state = terminate(current, TerminationReason.CANCELLED, error_code="cancelled")
+    return state.model_copy(update={"report": stop_report(state, unfinished=current.batch)})
+
+
 async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
     """End the run with the stop a node asked for, and close its ledger account: a closed
     account refuses every later reservation, so no state edit can reopen the run."""
@@ -54,7 +59,7 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     if before is None:
         # The recursion limit left no room even for a first decision: the run still ends with a
         # reason, bound to whoever started it.
-        request = request_from(values, required=False)
+        request = request_from(values, required=False, run_id=started_run_id())
         if request is None:
             return {}
         current = begin(request, ctx)
@@ -86,7 +91,10 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
         io, account, ctx, state.run_id
     ):
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-            await io.close_account(account, ending.reason.value)
+            closed = (await io.close_account(account, ending.reason.value)).closed
+            if closed == TerminationReason.CANCELLED.value != ending.reason.value:
+                # A cancel closed the account first (the first close stands): so does its reason.
+                state, ending = _cancelled(current), stop(TerminationReason.CANCELLED, "cancelled")
             if io.cfg.owns_ledger and isinstance(io.ledger, InMemoryLedger):
                 # The graph's own process-local ledger would otherwise keep every ended run.
                 io.ledger.forget(account)

@@ -38,6 +38,14 @@ def run_account(thread_id: str, run_id: str, namespace: str = "") -> str:
     return f"run:{_digest('run', run_id)}"
 
 
+def task_run_id(thread_id: str, task_namespace: str) -> str:
+    """The run id of a run whose start names none, from the thread and the namespace of the
+    task that starts it: LangGraph derives a task's id from the checkpoint it runs after, so
+    the first step run again after a crash names the same run, and a run started on the same
+    thread id elsewhere (another checkpointer) another."""
+    return f"run-{_digest('task-run', thread_id, task_namespace)[:16]}"
+
+
 def run_tag(run_id: str) -> str:
     """The run an account was opened for, as its owner records it: a hash, since a run id is
     the caller's text and an owner holds only clean names."""

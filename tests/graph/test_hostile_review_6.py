@@ -1,0 +1,402 @@
+"""Hostile review of the Command refusal (19ea812: graph.bounded refuses a Command that would make
+two writers of one field), endings.unsealed_end / owned, run-tagged account owners, namespaced
+accounts for nested runs, started markers for accepted work, and fp.cancel's namespace.
+
+Three seats: a caller holding the thread's config (any Command, ``update_state``, JSON forms);
+another tenant or run sharing the process and the ledger; the process itself (crashes, a lost
+in-memory ledger, a nested run, the async graph). A probe that found a bug is a strict xfail
+whose reason names the repro and a fix; the others pin a rule worth keeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, Send
+from typing_extensions import TypedDict
+
+import fencepost as fp
+from fencepost.adapters import SqliteLedger
+from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.serde import fencepost_serializer
+from fencepost.policy import Phase, TerminationReason
+from fencepost.policy.keys import run_account
+from tests.graph.kit import (
+    ABSTAIN,
+    DOCS,
+    STATUS,
+    UPLOAD,
+    Calls,
+    astart_upload,
+    budget,
+    call,
+    context,
+    final_citing_all,
+    final_citing_last,
+    harness,
+    make_registry,
+    paused_for_approval,
+    sqlite_files,
+    start_upload,
+    state_of,
+    thread,
+    upload_graph,
+)
+
+
+def _account(config: dict[str, Any]) -> str:
+    return run_account(config["configurable"]["thread_id"], "unused-with-a-thread")
+
+
+def _terminal_manifests(state: fp.AgentState) -> int:
+    return sum(1 for m in state.manifests if m.phase is Phase.TERMINAL)
+
+
+# === Seat 1: a caller holding the thread's config ===============================================
+
+
+# A goto is only sugar for a write to LangGraph's own channels: `branch:to:<node>` (an
+# EphemeralValue that triggers the node), `__pregel_tasks` (a Send) and `__start__`. _refusal
+# looks only at Command.goto and at last-value *state* fields, so the same second writer sent as
+# an update is taken: saved, then InvalidUpdateError (or the pushed node's RuntimeError /
+# NoQuestion) at every later invoke of the thread.
+_OWN_CHANNEL_UPDATES = {
+    "branch-to-execute": Command(update={"branch:to:execute": "__start__"}),
+    "branch-to-terminal": Command(update={"branch:to:terminal": "__start__"}),
+    "branch-to-decide": Command(update={"branch:to:decide": "__start__"}),
+    "start-twice": Command(update=[("__start__", {}), ("__start__", {})]),
+    "send-as-update": Command(update={"__pregel_tasks": Send("execute", {})}),
+}
+
+
+# Fixed: graph.bounded refuses an update of anything but the state's own fields, and any Send.
+@pytest.mark.parametrize("command", list(_OWN_CHANNEL_UPDATES), ids=list(_OWN_CHANNEL_UPDATES))
+def test_a_command_naming_langgraphs_own_channels_never_leaves_the_thread_stuck(
+    command: str,
+) -> None:
+    h, config, ctx = paused_for_approval()
+    try:
+        h.graph.invoke(_OWN_CHANNEL_UPDATES[command], config, context=ctx)
+    except fp.CommandRefused:
+        assert h.graph.get_state(config).next == ("approve",)
+    if h.graph.get_state(config).next == ("approve",):
+        h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    h.graph.invoke(None, config, context=ctx)
+    assert state_of(h, config).termination is not None
+
+
+def test_a_send_a_caller_sends_to_an_ended_thread_never_leaves_it_raising() -> None:
+    h, config, ctx = paused_for_approval()
+    h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    assert state_of(h, config).termination is TerminationReason.COMPLETED
+    with contextlib.suppress(fp.CommandRefused):
+        h.graph.invoke(Command(goto=Send("execute", {})), config, context=ctx)
+    h.graph.invoke(None, config, context=ctx)
+    assert state_of(h, config).termination is TerminationReason.COMPLETED
+
+
+@pytest.mark.parametrize(
+    "command",
+    [Command(resume="approve"), Command(goto="approve", resume="approve")],
+    ids=["resume-alone", "goto-the-waiting-node"],
+)
+def test_a_resume_or_a_goto_of_the_waiting_node_is_taken_on_the_async_graph(
+    command: Command[Any],
+) -> None:
+    h, config, ctx = paused_for_approval()
+    out = asyncio.run(h.graph.ainvoke(command, config, context=ctx))
+    state = fp.run_output(out)
+    assert state.termination is TerminationReason.COMPLETED
+    assert h.calls.count("write_note") == 1
+    assert "command refused" not in json.dumps(state.model_dump(mode="json"))
+
+
+_FORGED_COMPLETED: dict[str, Any] = {
+    "phase": "terminal",
+    "termination": "completed",
+    "stop": None,
+    "last_error_code": None,
+    "final_answer": {"text": "Uploaded.", "citations": ["call-0001"]},
+}
+
+
+# Before: unsealed_end sent a completed state back only while the account was open; one closed
+# with another reason (fp.cancel, insufficient_evidence) let a caller's completed stand. It now
+# ends with the ledger's reason.
+@pytest.mark.parametrize(
+    "ending",
+    [
+        "cancelled",
+        "abstained",
+        "abstained-default-ledger",
+    ],
+)
+def test_a_caller_never_rewrites_an_ended_run_to_completed(ending: str) -> None:
+    ledger = None if ending.endswith("default-ledger") else fp.InMemoryLedger()
+    h = upload_graph(
+        [UPLOAD, final_citing_all, final_citing_all, ABSTAIN, ABSTAIN],
+        **({"ledger": ledger} if ledger is not None else {}),
+    )
+    config, ctx = thread(), context(caps=DOCS)
+    if ending == "cancelled":
+        start_upload(h, config, ctx)
+        fp.cancel(h.graph, config, context=ctx)
+        h.graph.invoke(Command(update=_FORGED_COMPLETED, goto="decide"), config, context=ctx)
+    else:
+        h.graph.invoke(fp.start("upload", budget()), config, context=ctx)
+        genuine = state_of(h, config).termination
+        assert genuine is TerminationReason.INSUFFICIENT_EVIDENCE
+        h.graph.update_state(config, _FORGED_COMPLETED, as_node="execute")
+        h.graph.invoke(None, config, context=ctx)
+    state = state_of(h, config)
+    assert state.termination is not TerminationReason.COMPLETED
+    if ledger is not None:
+        assert ledger.balance(_account(config)).closed == state.termination.value
+
+
+@pytest.mark.parametrize("where", ["default-ledger", "durable-ledger-fresh-graph"])
+def test_a_genuine_ending_is_never_rewritten_when_the_thread_is_invoked_again(
+    where: str, tmp_path: Path
+) -> None:
+    # unsealed_end must leave a genuine completed alone, whether the graph's own ledger forgot
+    # its account or a new process's graph reads a durable ledger that closed it.
+    config, ctx = thread(), context(caps=DOCS)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        durable = where.startswith("durable")
+        kw: dict[str, Any] = {"checkpointer": saver, "ledger": ledger} if durable else {}
+        h = upload_graph([UPLOAD, STATUS, final_citing_all], **kw)
+        assert h.run(ctx=ctx, config=config).termination is TerminationReason.COMPLETED
+        again = upload_graph([ABSTAIN], **kw) if durable else h
+        again.graph.invoke(Command(goto="decide"), config, context=ctx)
+        state = state_of(again, config)
+    assert state.termination is TerminationReason.COMPLETED
+    assert _terminal_manifests(state) == 1
+
+
+# === Seat 2: another tenant or run sharing the process and the ledger ===========================
+
+
+# fp.cancel closes run_account(thread, run_id, checkpoint_ns) with no look at the account's owner:
+# tenant B, on its own checkpointer but the shared ledger and A's thread id, only needs a state of
+# its own that is not terminal (its refused run, stopped before the terminal node).
+# Before: fp.cancel closed the account named from the thread id whoever asked: tenant B, on its
+# own checkpointer with A's thread id, cancelled A's run. A cancel that names a context now closes
+# only an account opened for that caller and run (graph.cancel).
+def test_another_tenants_cancel_on_its_own_thread_never_closes_this_runs_account() -> None:
+    ledger = fp.InMemoryLedger()
+    config = thread()
+    ctx_a, ctx_b = context(caps=DOCS), context(tenant="globex", principal="u-9", caps=DOCS)
+    a = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    start_upload(a, config, ctx_a)
+    b = upload_graph([UPLOAD, final_citing_all, ABSTAIN], ledger=ledger)
+    b.graph.invoke(
+        fp.start("upload", budget()), config, context=ctx_b, interrupt_before=["terminal"]
+    )
+    fp.cancel(b.graph, config, context=ctx_b)
+    assert ledger.balance(_account(config)).closed is None
+    state = fp.run_output(a.graph.invoke(None, config, context=ctx_a))
+    assert state.termination is TerminationReason.COMPLETED
+
+
+class _CrashBeforeFirstStep(SqliteLedger):
+    """A SqliteLedger whose process dies reserving a model step: the account was opened, the
+    decide node's writes never reach a checkpoint. The text carries a secret."""
+
+    def reserve(self, account: str, key: str, amounts: Any) -> fp.policy.Reservation:
+        if ":step:" in key:
+            raise RuntimeError("power cut password=hunter2")
+        return super().reserve(account, key, amounts)
+
+
+_STARTS: dict[str, Any] = {
+    "start": fp.start("why is checkout failing?", budget()),
+    "messages": {"messages": [HumanMessage("why is checkout failing?")]},
+    "json-request": {"request": {"question": "why is checkout failing?"}},
+}
+# Before (e68fe36): a run started from {'messages': [...]} or {'request': {'question': ...}} got
+# a new run id each time its start was read; its first decide dying after open_run left a
+# durable account whose owner names another run, and the re-run ended account_conflict for good.
+# A start that names no run id now gets one derived from the thread and its first task
+# (keys.task_run_id), the same on the re-run.
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "start",
+        "messages",
+        "json-request",
+    ],
+)
+def test_a_run_whose_first_step_died_resumes_on_a_durable_ledger_whatever_its_input_form(
+    form: str, tmp_path: Path
+) -> None:
+    config, ctx = thread(), context()
+    conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
+    crashing = _CrashBeforeFirstStep(tmp_path / "ledger.db")
+    try:
+        saver = SqliteSaver(conn, serde=fencepost_serializer())
+        h = harness([final_citing_last], checkpointer=saver, ledger=crashing)
+        with pytest.raises(RuntimeError):
+            h.graph.invoke(_STARTS[form], config, context=ctx)
+    finally:
+        crashing.close()
+        conn.close()
+    with sqlite_files(tmp_path) as (saver, ledger):
+        again = harness(
+            [call("search_logs", 1), final_citing_last], checkpointer=saver, ledger=ledger
+        )
+        state = fp.run_output(again.graph.invoke(None, config, context=ctx))
+    assert (state.termination, state.last_error_code) == (TerminationReason.COMPLETED, None)
+    text = json.dumps(state.model_dump(mode="json"))
+    assert "hunter2" not in text and "power cut" not in text
+
+
+def test_a_run_resumed_by_a_fresh_graph_with_its_context_as_json_is_its_own(
+    tmp_path: Path,
+) -> None:
+    # LangGraph Server passes the context as a dict: the owner it makes (identity + run tag) is
+    # the one the account recorded from a RunContext, in another process's graph.
+    config, ctx = thread(), context(caps=DOCS)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        start_upload(upload_graph([UPLOAD], checkpointer=saver, ledger=ledger), config, ctx)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        again = upload_graph([STATUS, final_citing_all], checkpointer=saver, ledger=ledger)
+        as_json = ctx.model_dump(mode="json")
+        state = fp.run_output(again.graph.invoke(None, config, context=as_json))
+        closed = ledger.balance(_account(config)).closed
+    assert state.termination is TerminationReason.COMPLETED
+    assert closed == TerminationReason.COMPLETED.value
+
+
+# === Seat 3: the process ========================================================================
+
+
+class _Parent(TypedDict, total=False):
+    out: str
+
+
+def _nested_paused(
+    ledger: fp.InMemoryLedger, saver: InMemorySaver, *, own_saver: bool = False
+) -> tuple[Any, Any, dict[str, Any], fp.RunContext, Calls]:
+    """A parent graph whose node runs a fencepost graph that pauses for approval of a write."""
+    calls = Calls()
+    model = ScriptedDecisionModel(
+        [call("write_note", 1, note="a"), final_citing_last, final_citing_last]
+    )
+    built = fp.build_agent_graph(make_registry(calls), model, ledger=ledger, approval="interrupt")
+    nested = built.compile(checkpointer=saver) if own_saver else built.compile()
+    ctx = context()
+
+    def agent(_: _Parent) -> dict[str, str]:
+        out = fp.run_output(nested.invoke(fp.start("q", budget()), context=ctx))
+        return {"out": f"{out.termination}:{out.last_error_code}"}
+
+    parent = StateGraph(_Parent)
+    parent.add_node("agent", agent)
+    parent.add_edge(START, "agent")
+    parent.add_edge("agent", END)
+    compiled = parent.compile(checkpointer=saver)
+    config = thread()
+    compiled.invoke({}, config, context=ctx)
+    assert compiled.get_state(config).next == ("agent",)
+    return compiled, nested, config, ctx, calls
+
+
+def test_a_nested_run_resumed_after_its_approval_keeps_one_account() -> None:
+    ledger = fp.InMemoryLedger()
+    opened: list[str] = []
+    open_account = ledger.open_account
+
+    def spy(account: str, *args: Any, **kwargs: Any) -> Any:
+        opened.append(account)
+        return open_account(account, *args, **kwargs)
+
+    ledger.open_account = spy  # type: ignore[method-assign]
+    parent, _, config, ctx, calls = _nested_paused(ledger, InMemorySaver())
+    out = parent.invoke(Command(resume="approve"), config, context=ctx)
+    assert out == {"out": "completed:None"}
+    assert len(set(opened)) == 1
+    assert ledger.balance(opened[0]).closed == TerminationReason.COMPLETED.value
+    assert calls.count("write_note") == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "a fencepost graph nested in a parent node (compiled with the parent's saver), paused "
+        "for approval; fp.cancel(nested, {'configurable': {'thread_id': t, 'checkpoint_ns': "
+        "<the subgraph's ns>}}) closes the right account, then raises ValueError('Subgraph "
+        "agent not found') from nested.update_state (compiled without a saver: 'No "
+        "checkpointer set' before anything). Fix: cancel a nested run by closing its account "
+        "and returning (the parent's resume ends it cancelled), or document cancel as "
+        "top-level only and drop the namespace"
+    ),
+)
+def test_cancel_of_a_nested_run_paused_for_approval_returns_and_ends_it_cancelled() -> None:
+    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
+    parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=True)
+    sub = parent.get_state(config, subgraphs=True).tasks[0].state
+    assert sub is not None and not isinstance(sub, dict)
+    namespace = sub.config["configurable"]["checkpoint_ns"]
+    nested_config = {
+        "configurable": {
+            "thread_id": config["configurable"]["thread_id"],
+            "checkpoint_ns": namespace,
+        }
+    }
+    fp.cancel(nested, nested_config, context=ctx)
+    out = parent.invoke(Command(resume="approve"), config, context=ctx)
+    assert out == {"out": "cancelled:cancelled"}
+    assert calls.count("write_note") == 0
+
+
+def test_a_lost_in_memory_ledger_after_an_accepted_call_still_completes_on_the_async_graph() -> (
+    None
+):
+    # reopen_lost carries the started marker of the accepted upload: the genuine status check
+    # completes it, and a final answer before it would still be held up.
+    saver = InMemorySaver()
+    config, ctx = thread(), context(caps=DOCS)
+    asyncio.run(astart_upload(upload_graph([UPLOAD], checkpointer=saver), config, ctx))
+    again = upload_graph([final_citing_all, STATUS, final_citing_all], checkpointer=saver)
+    state = fp.run_output(asyncio.run(again.graph.ainvoke(None, config, context=ctx)))
+    assert state.termination is TerminationReason.COMPLETED
+    assert [m.code for m in state.manifests if m.code == "tasks_pending"] == ["tasks_pending"]
+    done = [r.completed_by for r in state.receipts if r.call_id == "call-0001"]
+    assert done == [None, "call-0002"]
+
+
+def test_a_cancel_that_closes_the_account_first_is_the_runs_ending_in_state_and_ledger() -> None:
+    # The run's final answer was accepted (its stop is completed) when a cancel from another
+    # thread closed the account, before the terminal node ran: the first close stands, so the
+    # run ends cancelled in state too, and a later invoke leaves it so.
+    ledger = fp.InMemoryLedger()
+    h = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    config, ctx = thread(), context(caps=DOCS)
+    h.graph.invoke(
+        fp.start("upload", budget(steps=6, tools=4)),
+        config,
+        context=ctx,
+        interrupt_before=["terminal"],
+    )
+    asked = state_of(h, config).stop
+    assert asked is not None and asked.reason is TerminationReason.COMPLETED
+    ledger.close_account(_account(config), TerminationReason.CANCELLED.value)
+    h.graph.invoke(None, config, context=ctx)
+    state = state_of(h, config)
+    assert state.termination is TerminationReason.CANCELLED
+    assert ledger.balance(_account(config)).closed == TerminationReason.CANCELLED.value
+    assert _terminal_manifests(state) == 1
+    h.graph.invoke(None, config, context=ctx)
+    assert state_of(h, config) == state
