@@ -20,6 +20,7 @@ import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.serde import fencepost_serializer
+from fencepost.policy.keys import run_account
 from fencepost.policy.tool_decorator import tool
 
 
@@ -262,6 +263,35 @@ STATUS = fp.ToolProposal(
 def upload_graph(script: list[Any], *, status: Any = UPLOAD_DONE, **build: Any) -> Harness:
     """A harness over :func:`upload_registry` (``status``: what the status tool returns)."""
     return harness(script, registry=upload_registry(status), **build)
+
+
+def thread_account(config: dict[str, Any]) -> str:
+    """The ledger account of the run on ``config``'s thread (a top-level graph's)."""
+    return run_account(config["configurable"]["thread_id"], "unused-with-a-thread")
+
+
+@dataclass
+class TwoTenants:
+    """Tenant A's run stopped after its upload, and tenant B's graph on its own checkpointer,
+    both on one thread id and one ledger."""
+
+    ledger: fp.InMemoryLedger
+    config: dict[str, Any]
+    ctx_a: fp.RunContext
+    ctx_b: fp.RunContext
+    a: Harness
+    b: Harness
+
+
+def two_tenants(b_script: list[Any]) -> TwoTenants:
+    """:class:`TwoTenants`: A runs upload, status, final; B runs ``b_script``."""
+    ledger = fp.InMemoryLedger()
+    config = thread()
+    ctx_a, ctx_b = context(caps=DOCS), context(tenant="globex", principal="u-9", caps=DOCS)
+    a = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    start_upload(a, config, ctx_a)
+    b = upload_graph(b_script, ledger=ledger)
+    return TwoTenants(ledger, config, ctx_a, ctx_b, a, b)
 
 
 def start_upload(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None:

@@ -28,7 +28,7 @@ from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import Phase, StopRequest, TerminationReason
-from fencepost.policy.keys import completed_key, run_account
+from fencepost.policy.keys import completed_key
 from tests.graph.kit import (
     ABSTAIN,
     DOCS,
@@ -45,13 +45,11 @@ from tests.graph.kit import (
     start_upload,
     state_of,
     thread,
+    thread_account,
+    two_tenants,
     upload_graph,
     upload_registry,
 )
-
-
-def _account(config: dict[str, Any]) -> str:
-    return run_account(config["configurable"]["thread_id"], "unused-with-a-thread")
 
 
 def _forged_completion(h: Harness, config: dict[str, Any]) -> None:
@@ -89,7 +87,7 @@ def test_a_termination_a_caller_writes_never_ends_a_run_completed(how: str) -> N
         h.graph.invoke(Command(update=_FORGED_END), config, context=ctx)
     state = state_of(h, config)
     assert state.termination is not TerminationReason.COMPLETED
-    assert ledger.get(completed_key(_account(config), "call-0001")) is None
+    assert ledger.get(completed_key(thread_account(config), "call-0001")) is None
     # Ended by the terminal node after all: its reason, its one manifest, its report, and the
     # account closed with that reason.
     assert (state.termination, state.last_error_code) == (
@@ -98,7 +96,7 @@ def test_a_termination_a_caller_writes_never_ends_a_run_completed(how: str) -> N
     )
     assert sum(1 for m in state.manifests if m.phase is Phase.TERMINAL) == 1
     assert state.report is not None
-    assert ledger.balance(_account(config)).closed == TerminationReason.POLICY_DENIED.value
+    assert ledger.balance(thread_account(config)).closed == TerminationReason.POLICY_DENIED.value
 
 
 # Before: an accepting receipt counted whatever wrote it: a caller's accepted_pending receipt for
@@ -156,7 +154,7 @@ def test_completion_receipts_a_caller_forges_never_stop_the_genuine_completion_o
     h.graph.update_state(config, {"receipts": receipts, "open_tasks": []}, as_node="execute")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
-    assert ledger.get(completed_key(_account(config), "call-0001")) is not None
+    assert ledger.get(completed_key(thread_account(config), "call-0001")) is not None
     genuine = [r for r in state.receipts if r.call_id == "call-0001" and r.completed_by]
     assert [r.completed_by for r in genuine if r.completed_by == "call-0002"] == ["call-0002"]
 
@@ -179,7 +177,7 @@ def test_rewriting_the_run_identity_in_state_never_moves_it_to_an_account_with_m
     h.graph.update_state(config, edit, as_node="execute")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is not TerminationReason.COMPLETED
-    assert ledger.get(completed_key(_account(config), "call-0001")) is None
+    assert ledger.get(completed_key(thread_account(config), "call-0001")) is None
 
 
 # === Seat 2: another tenant sharing the process and the ledger ==================================
@@ -188,18 +186,14 @@ def test_rewriting_the_run_identity_in_state_never_moves_it_to_an_account_with_m
 def test_another_tenant_on_the_same_thread_id_is_refused_and_never_marks_this_runs_task() -> None:
     # Tenant B keeps its own checkpointer but shares the ledger and picks the same thread id: its
     # run is refused at the start (the account is A's), and A's genuine completion is A's alone.
-    ledger = fp.InMemoryLedger()
-    config = thread()
-    ctx_a, ctx_b = context(caps=DOCS), context(tenant="globex", principal="u-9", caps=DOCS)
-    a = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
-    start_upload(a, config, ctx_a)
-    b = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    t = two_tenants([UPLOAD, STATUS, final_citing_all])
+    ledger, config, ctx_a, ctx_b, a, b = t.ledger, t.config, t.ctx_a, t.ctx_b, t.a, t.b
     other = b.run(ctx=ctx_b, config=config)
     assert (other.termination, other.last_error_code) == (
         TerminationReason.POLICY_DENIED,
         "account_conflict",
     )
-    assert ledger.get(completed_key(_account(config), "call-0001")) is None
+    assert ledger.get(completed_key(thread_account(config), "call-0001")) is None
     state = fp.run_output(a.graph.invoke(None, config, context=ctx_a))
     assert state.termination is TerminationReason.COMPLETED
 
@@ -210,19 +204,15 @@ def test_another_tenant_on_the_same_thread_id_is_refused_and_never_marks_this_ru
 # to cancelled and closed A's account. It now closes, and judges completions by, only an account
 # whose recorded owner is the caller (run_account.owned).
 def test_a_stop_another_tenant_writes_on_its_own_thread_never_closes_this_runs_account() -> None:
-    ledger = fp.InMemoryLedger()
-    config = thread()
-    ctx_a, ctx_b = context(caps=DOCS), context(tenant="globex", principal="u-9", caps=DOCS)
-    a = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
-    start_upload(a, config, ctx_a)
-    b = upload_graph([UPLOAD, final_citing_all, ABSTAIN], ledger=ledger)
+    t = two_tenants([UPLOAD, final_citing_all, ABSTAIN])
+    ledger, config, ctx_a, ctx_b, a, b = t.ledger, t.config, t.ctx_a, t.ctx_b, t.a, t.b
     b.graph.invoke(
         fp.start("upload", budget()), config, context=ctx_b, interrupt_before=["terminal"]
     )
     cancel = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled")
     b.graph.update_state(config, {"stop": cancel}, as_node="execute")
     b.graph.invoke(None, config, context=ctx_b)
-    assert ledger.balance(_account(config)).closed is None
+    assert ledger.balance(thread_account(config)).closed is None
     state = fp.run_output(a.graph.invoke(None, config, context=ctx_a))
     assert state.termination is TerminationReason.COMPLETED
 
@@ -237,7 +227,7 @@ def test_a_run_on_a_thread_id_another_run_used_never_counts_that_runs_completion
     a = upload_graph([UPLOAD, STATUS, ABSTAIN], ledger=ledger)
     start_upload(a, config, ctx)
     a.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
-    assert ledger.get(completed_key(_account(config), "call-0001")) is not None
+    assert ledger.get(completed_key(thread_account(config), "call-0001")) is not None
     b = upload_graph(
         [UPLOAD, final_citing_all, final_citing_all, ABSTAIN],
         status={"status": "done"},
@@ -352,7 +342,7 @@ def test_a_crash_between_the_marker_and_the_receipt_completes_on_the_rerun_with_
         crashing.close()
         conn.close()
     with sqlite_files(tmp_path) as (saver, ledger):
-        assert ledger.get(completed_key(_account(config), "call-0001")) is not None
+        assert ledger.get(completed_key(thread_account(config), "call-0001")) is not None
         again = upload_graph([final_citing_all, ABSTAIN], checkpointer=saver, ledger=ledger)
         assert [r.status for r in state_of(again, config).receipts] == [
             fp.ReceiptStatus.ACCEPTED_PENDING
@@ -371,7 +361,7 @@ def test_an_account_closed_mid_batch_records_no_completion_and_ends_cancelled(mo
     # completion receipt is recorded, and the run ends cancelled as data.
     ledger = fp.InMemoryLedger()
     config, ctx = thread(), context(caps=DOCS)
-    account = _account(config)
+    account = thread_account(config)
 
     def status(args: StatusArgs, tool_ctx: fp.ToolContext) -> Any:
         ledger.close_account(account, TerminationReason.CANCELLED.value)
@@ -411,7 +401,7 @@ def test_two_calls_that_accepted_one_task_id_each_need_a_completion_of_their_own
     done = {r.call_id: r.completed_by for r in state.receipts if r.completed_by}
     assert done == {"call-0001": "call-0002", "call-0003": "call-0004"}
     for call_id in ("call-0001", "call-0003"):
-        assert ledger.get(completed_key(_account(config), call_id)) is not None
+        assert ledger.get(completed_key(thread_account(config), call_id)) is not None
 
 
 def test_a_lost_in_memory_ledger_before_the_status_check_still_lets_the_genuine_one_complete() -> (
@@ -460,7 +450,7 @@ def test_the_async_graph_judges_completion_by_the_durable_ledgers_markers(
             return fp.run_output(await h.graph.ainvoke(None, config, context=ctx))
 
         state = asyncio.run(run())
-        marker = ledger.get(completed_key(_account(config), "call-0001"))
+        marker = ledger.get(completed_key(thread_account(config), "call-0001"))
     finally:
         ledger.close()  # type: ignore[attr-defined]
     if forge:

@@ -30,7 +30,6 @@ from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import Phase, TerminationReason
-from fencepost.policy.keys import run_account
 from tests.graph.kit import (
     ABSTAIN,
     DOCS,
@@ -50,12 +49,10 @@ from tests.graph.kit import (
     start_upload,
     state_of,
     thread,
+    thread_account,
+    two_tenants,
     upload_graph,
 )
-
-
-def _account(config: dict[str, Any]) -> str:
-    return run_account(config["configurable"]["thread_id"], "unused-with-a-thread")
 
 
 def _terminal_manifests(state: fp.AgentState) -> int:
@@ -161,7 +158,7 @@ def test_a_caller_never_rewrites_an_ended_run_to_completed(ending: str) -> None:
     state = state_of(h, config)
     assert state.termination is not TerminationReason.COMPLETED
     if ledger is not None:
-        assert ledger.balance(_account(config)).closed == state.termination.value
+        assert ledger.balance(thread_account(config)).closed == state.termination.value
 
 
 @pytest.mark.parametrize("where", ["default-ledger", "durable-ledger-fresh-graph"])
@@ -193,17 +190,13 @@ def test_a_genuine_ending_is_never_rewritten_when_the_thread_is_invoked_again(
 # own checkpointer with A's thread id, cancelled A's run. A cancel that names a context now closes
 # only an account opened for that caller and run (graph.cancel).
 def test_another_tenants_cancel_on_its_own_thread_never_closes_this_runs_account() -> None:
-    ledger = fp.InMemoryLedger()
-    config = thread()
-    ctx_a, ctx_b = context(caps=DOCS), context(tenant="globex", principal="u-9", caps=DOCS)
-    a = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
-    start_upload(a, config, ctx_a)
-    b = upload_graph([UPLOAD, final_citing_all, ABSTAIN], ledger=ledger)
+    t = two_tenants([UPLOAD, final_citing_all, ABSTAIN])
+    ledger, config, ctx_a, ctx_b, a, b = t.ledger, t.config, t.ctx_a, t.ctx_b, t.a, t.b
     b.graph.invoke(
         fp.start("upload", budget()), config, context=ctx_b, interrupt_before=["terminal"]
     )
     fp.cancel(b.graph, config, context=ctx_b)
-    assert ledger.balance(_account(config)).closed is None
+    assert ledger.balance(thread_account(config)).closed is None
     state = fp.run_output(a.graph.invoke(None, config, context=ctx_a))
     assert state.termination is TerminationReason.COMPLETED
 
@@ -274,7 +267,7 @@ def test_a_run_resumed_by_a_fresh_graph_with_its_context_as_json_is_its_own(
         again = upload_graph([STATUS, final_citing_all], checkpointer=saver, ledger=ledger)
         as_json = ctx.model_dump(mode="json")
         state = fp.run_output(again.graph.invoke(None, config, context=as_json))
-        closed = ledger.balance(_account(config)).closed
+        closed = ledger.balance(thread_account(config)).closed
     assert state.termination is TerminationReason.COMPLETED
     assert closed == TerminationReason.COMPLETED.value
 
@@ -392,11 +385,11 @@ def test_a_cancel_that_closes_the_account_first_is_the_runs_ending_in_state_and_
     )
     asked = state_of(h, config).stop
     assert asked is not None and asked.reason is TerminationReason.COMPLETED
-    ledger.close_account(_account(config), TerminationReason.CANCELLED.value)
+    ledger.close_account(thread_account(config), TerminationReason.CANCELLED.value)
     h.graph.invoke(None, config, context=ctx)
     state = state_of(h, config)
     assert state.termination is TerminationReason.CANCELLED
-    assert ledger.balance(_account(config)).closed == TerminationReason.CANCELLED.value
+    assert ledger.balance(thread_account(config)).closed == TerminationReason.CANCELLED.value
     assert _terminal_manifests(state) == 1
     h.graph.invoke(None, config, context=ctx)
     assert state_of(h, config) == state
