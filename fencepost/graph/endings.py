@@ -41,26 +41,24 @@ async def unsealed_end(io: NodeIO, state: AgentState) -> AgentState | None:
         return None
     if closed == TerminationReason.COMPLETED.value:
         return None
-    known = closed is not None and closed in _REASONS
-    reason = TerminationReason(closed) if closed is not None and known else _DENIED
+    reason = _REASONS.get(closed, TerminationReason.POLICY_DENIED)
     return state.model_copy(update={**_UNENDED, "stop": stop(reason, "invalid_state")})
 
 
-_REASONS = frozenset(r.value for r in TerminationReason) - {TerminationReason.COMPLETED.value}
-_DENIED = TerminationReason.POLICY_DENIED
+_REASONS: dict[str | None, TerminationReason] = {r.value: r for r in TerminationReason}
 
 
 _UNENDED = {"phase": Phase.OBSERVE, "termination": None, "final_answer": None, "report": None}
 
 
 async def pending_at_end(
-    io: NodeIO, state: AgentState, ctx: RunContext | None
+    io: NodeIO, state: AgentState, mine: bool | None
 ) -> tuple[str, ...] | None:
     """:func:`pending_work` for judging a stop at the end. Every accepted task is pending when
     the account is not provably the caller's (its markers are another run's); None when the
     account is gone from a non-durable ledger lost with its process (nothing has re-opened it
-    yet): then the receipts are all that is left to judge by, as ``reopen_lost`` carries them."""
-    mine = await owned(io, account_of(state), ctx, state.run_id)
+    yet): then the receipts are all that is left to judge by, as ``reopen_lost`` carries them.
+    ``mine``: what :func:`owned` says of the run's account."""
     if mine is None and isinstance(io.ledger, InMemoryLedger):
         return None
     if not mine:

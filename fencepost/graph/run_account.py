@@ -48,11 +48,6 @@ from fencepost.policy.tasks import accepting, completions, recorded_done, unfini
 from fencepost.policy.usage import budget_view
 
 
-def thread_id() -> str:
-    """The checkpoint thread the node runs on ("" without a checkpointer)."""
-    return _thread()[0]
-
-
 def _thread() -> tuple[str, str]:
     """The node's checkpoint thread and its graph's namespace ("" at the top level): a node's
     own namespace ends with its task (``node:task-id``); a graph invoked from a parent graph's

@@ -79,17 +79,16 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     asked = current.stop or _unasked(values)
     # A completed stop is judged by the ledger's completion markers, not by receipts in state.
     completed = asked.reason is TerminationReason.COMPLETED and asked.answer is not None
-    pending = await pending_at_end(io, current, ctx) if completed else None
+    account = account_of(current)
+    mine = await owned(io, account, ctx, current.run_id)
+    pending = await pending_at_end(io, current, mine) if completed else None
     ending = judged_stop(
         current, asked, require_citations=io.cfg.require_citations, pending=pending
     )
     state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
     # The report needs the batch the run stopped in: terminate() clears it.
     state = state.model_copy(update={"report": stop_report(state, unfinished=current.batch)})
-    account = account_of(state)
-    if ending.error_code not in _NOT_THIS_RUNS_ACCOUNT and await owned(
-        io, account, ctx, state.run_id
-    ):
+    if ending.error_code not in _NOT_THIS_RUNS_ACCOUNT and mine:
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
             closed = (await io.close_account(account, ending.reason.value)).closed
             if closed == TerminationReason.CANCELLED.value != ending.reason.value:

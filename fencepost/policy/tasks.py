@@ -22,18 +22,10 @@ def pending_tasks(receipts: tuple[Receipt, ...]) -> tuple[Receipt, ...]:
     )
 
 
-def accepted_calls(receipts: tuple[Receipt, ...]) -> tuple[str, ...]:
-    """The call ids whose tool accepted a task: an ``accepted_pending`` receipt anywhere in their
-    history (a later receipt, genuine or appended by a caller, never takes it back)."""
-    return tuple(
-        dict.fromkeys(r.call_id for r in receipts if r.status is ReceiptStatus.ACCEPTED_PENDING)
-    )
-
-
 def recorded_done(receipts: tuple[Receipt, ...]) -> tuple[str, ...]:
     """The accepting calls whose current receipt says ``completed``: what the checkpoint claims
     was shown done (to be carried into a non-durable ledger re-opened after a restart)."""
-    accepted = set(accepted_calls(receipts))
+    accepted = {r.call_id for r in accepting(receipts)}
     return tuple(
         r.call_id
         for r in current_receipts(receipts)
