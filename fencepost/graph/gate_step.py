@@ -59,13 +59,15 @@ async def gate(
         )
         duplicate = stop(TerminationReason.INVALID_PROPOSAL, "duplicate_call_id")
         return state.model_copy(update={"phase": Phase.VALIDATE, "stop": duplicate}), [m]
-    # Only a batch that names dependencies needs the run's completed calls.
-    completed = (
-        {r.call_id for r in current_receipts(state.receipts) if r.status is ReceiptStatus.COMPLETED}
-        if any(c.depends_on for c in calls)
-        else set()
-    )
-    if invalid_dependencies(calls, completed):
+    # Only a batch that names dependencies needs them checked, against the run's completed calls.
+    if any(c.depends_on for c in calls) and invalid_dependencies(
+        calls,
+        {
+            r.call_id
+            for r in current_receipts(state.receipts)
+            if r.status is ReceiptStatus.COMPLETED
+        },
+    ):
         m = manifest(
             state,
             cfg,

@@ -8,8 +8,8 @@ unique key, and no key leaks what the model wrote.
 from __future__ import annotations
 
 import hashlib
-import json
 from functools import lru_cache
+from json.encoder import encode_basestring_ascii
 
 
 # A run's account and each call id are hashed again at every reservation, settlement and marker
@@ -17,7 +17,9 @@ from functools import lru_cache
 @lru_cache(maxsize=4096)
 def _digest(*parts: str) -> str:
     # JSON keeps the parts apart whatever they contain: ("a\x1fb", "c") is not ("a", "b\x1fc").
-    joined = json.dumps(parts, ensure_ascii=True)
+    # Written as json.dumps(parts, ensure_ascii=True) writes it (durable ledgers hold these
+    # keys), without building an encoder per call: a fresh call id misses the cache.
+    joined = "[" + ", ".join(map(encode_basestring_ascii, parts)) + "]"
     return hashlib.sha256(joined.encode("ascii")).hexdigest()[:32]
 
 
