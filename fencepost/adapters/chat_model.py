@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Container, Iterable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any
@@ -435,14 +436,20 @@ class ChatModelDecider:
         where it has one); the reported usage is settled after."""
         self._history_size = history_size
         self._lock = threading.Lock()
-        # Rendered turns by the identity of the observation objects they render (kept alive by
-        # the entry, so an id cannot be reused while cached): an observation never changes once
-        # recorded, so re-rendering the whole history every step is waste that grows with the
-        # run. Never keyed by names a caller or model chooses (run ids, call ids): two tenants
-        # sharing a decider and every such name must never see each other's turns.
+        # Rendered turns by the identity of the observation objects they render: an observation
+        # never changes once recorded, so re-rendering the whole history every step is waste
+        # that grows with the run. Never keyed by names a caller or model chooses (run ids, call
+        # ids): two tenants sharing a decider and every such name must never see each other's
+        # turns. The observations are held weakly (an id is only trusted while its object is the
+        # one referenced), and an entry goes when its run's first observation does: a finished
+        # run's turns would otherwise stay until 4,096 later runs pushed them out.
         self._rendered: OrderedDict[
-            int, tuple[Observation, Observation, int, list[BaseMessage]]
+            int, tuple[weakref.ref[Observation], weakref.ref[Observation], int, list[BaseMessage]]
         ] = OrderedDict()
+        self._gone: list[int] = []
+        """Keys whose first observation died, appended by a weakref callback (any thread, even
+        inside the lock's holder during a collection: so it only appends), purged under the
+        lock."""
         self._bound: tuple[str, Runnable[Any, Any]] | None = None
 
     # what the model is given ------------------------------------------------------------------
@@ -540,10 +547,13 @@ class ChatModelDecider:
             return [], 0
         first, last, count, rendered = entry
         if (
-            first is not observations[0]
+            first() is not observations[0]
             or count > len(observations)
-            or observations[count - 1] is not last
-            or (count < len(observations) and observations[count].step == last.step)
+            or observations[count - 1] is not last()
+            or (
+                count < len(observations)
+                and observations[count].step == observations[count - 1].step
+            )
         ):
             return [], 0
         return rendered, count
@@ -551,14 +561,22 @@ class ChatModelDecider:
     def _remember_prefix(
         self, observations: tuple[Observation, ...], rendered: list[BaseMessage]
     ) -> None:
+        first = observations[0]
+        key = id(first)
         with self._lock:
-            self._rendered[id(observations[0])] = (
-                observations[0],
-                observations[-1],
-                len(observations),
-                rendered,
+            while self._gone:
+                dead = self._gone.pop()
+                held = self._rendered.get(dead)
+                if held is not None and held[0]() is None:  # not a new object under a reused id
+                    del self._rendered[dead]
+            entry = self._rendered.get(key)
+            ref = (
+                entry[0]
+                if entry is not None and entry[0]() is first
+                else _weak(first, key, self._gone)
             )
-            self._rendered.move_to_end(id(observations[0]))
+            self._rendered[key] = (ref, weakref.ref(observations[-1]), len(observations), rendered)
+            self._rendered.move_to_end(key)
             while len(self._rendered) > self._history_size:
                 self._rendered.popitem(last=False)
 
@@ -591,6 +609,12 @@ class ChatModelDecider:
             require_finish_reason=self.require_finish_reason,
         )
         return decided
+
+
+def _weak(first: Observation, key: int, gone: list[int]) -> weakref.ref[Observation]:
+    """A weak reference to a run's first observation that reports ``key`` gone when it dies
+    (the callback holds the list, not the decider, so a dropped decider is not kept alive)."""
+    return weakref.ref(first, lambda _: gone.append(key))
 
 
 def _used_call_ids(input: DecisionInput) -> Iterable[str]:

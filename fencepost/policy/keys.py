@@ -23,6 +23,8 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256(joined.encode("ascii")).hexdigest()[:32]
 
 
+# One string object per account: a run's reservations, markers and ledger records all hold it.
+@lru_cache(maxsize=4096)
 def run_account(thread_id: str, run_id: str, namespace: str = "") -> str:
     """The ledger account of the run on checkpoint thread ``thread_id``.
 

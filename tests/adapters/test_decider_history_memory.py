@@ -1,0 +1,89 @@
+"""The decider's rendered history lives as long as the run's observations, not longer.
+
+A decider serves many runs for the life of a process; what it rendered for one run must go when
+that run's records go, and be reused (not rebuilt) while the run goes on.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+
+import fencepost as fp
+from fencepost.adapters import ChatModelDecider
+from fencepost.policy.decision_model import DecisionInput
+from fencepost.policy.observation import Observation
+
+
+class _ToolsModel(GenericFakeChatModel):
+    def bind_tools(self, tools: object, **kwargs: object) -> _ToolsModel:
+        return self
+
+
+def _decider() -> ChatModelDecider:
+    return ChatModelDecider(_ToolsModel(messages=iter([AIMessage(content="unused")])))
+
+
+def _observation(n: int) -> Observation:
+    return Observation(
+        sequence=n,
+        step=n + 1,
+        call_id=f"call_{n:010d}",
+        tool_name="search_logs",
+        kind="tool_result",
+        result={"n": n},
+    )
+
+
+def _input(observations: tuple[Observation, ...]) -> DecisionInput:
+    proposals = tuple(
+        fp.ToolProposal(call_id=o.call_id, tool_name=o.tool_name, arguments={"query": "q"})
+        for o in observations
+    )
+    return DecisionInput(
+        run_id="run-x",
+        question="q",
+        observations=observations,
+        proposals=proposals,
+        catalog=(),
+        budget=fp.RuntimeBudget(steps_remaining=9, tool_calls_remaining=9),
+        step=len(observations) + 1,
+    )
+
+
+def _tool_messages(messages: list[BaseMessage]) -> list[BaseMessage]:
+    return [m for m in messages if isinstance(m, ToolMessage)]
+
+
+def test_a_run_that_goes_on_is_shown_the_turns_already_rendered() -> None:
+    decider = _decider()
+    records = (_observation(0), _observation(1))
+    earlier = _tool_messages(decider.messages(_input(records)))
+    later = _tool_messages(decider.messages(_input((*records, _observation(2)))))
+    assert later[0] is earlier[0] and later[1] is earlier[1]
+    assert len(later) == 3
+
+
+def test_a_finished_runs_turns_go_with_its_observations() -> None:
+    decider = _decider()
+    records = tuple(_observation(n) for n in range(3))
+    shown = weakref.ref(_tool_messages(decider.messages(_input(records)))[0])
+    del records
+    gc.collect()
+    # Another run's step is when the decider tidies up.
+    decider.messages(_input((_observation(7),)))
+    gc.collect()
+    assert shown() is None
+
+
+def test_turns_are_not_reused_for_other_observations_at_a_reused_address() -> None:
+    decider = _decider()
+    for n in range(50):  # new objects land on freed addresses: each must be rendered afresh
+        records = (_observation(n),)
+        messages = _tool_messages(decider.messages(_input(records)))
+        assert messages[0].tool_call_id == f"call_{n:010d}"  # type: ignore[attr-defined]
+        del records, messages
+        gc.collect()
