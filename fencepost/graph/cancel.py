@@ -24,18 +24,45 @@ from fencepost.policy.run_check import check_owner
 _CANCEL = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled")
 
 
-def _account(config: RunnableConfig, state: AgentState) -> str:
-    configurable = config.get("configurable") or {}
-    thread = configurable.get("thread_id")
-    namespace = str(configurable.get("checkpoint_ns") or "")
-    return run_account("" if thread is None else str(thread), state.run_id, namespace)
+def _namespace(config: RunnableConfig) -> str:
+    """The checkpoint namespace ``config`` names: "" for a top-level run, a parent graph's
+    node's for a run nested in it."""
+    return str((config.get("configurable") or {}).get("checkpoint_ns") or "")
 
 
-def _someone_elses(owner: Any, context: RunContext | None, state: AgentState) -> bool:
+def _account(config: RunnableConfig, state: AgentState | None) -> str:
+    thread = (config.get("configurable") or {}).get("thread_id")
+    run_id = "" if state is None else state.run_id  # named by the thread whenever there is one
+    return run_account("" if thread is None else str(thread), run_id, _namespace(config))
+
+
+def _someone_elses(owner: Any, context: RunContext | None, state: AgentState | None) -> bool:
     """A caller who names a context cancels only a run whose account was opened for it (and
-    this run): another tenant on the same thread id closes nothing. Without a context it is the
-    operator's cancel, as before."""
-    return context is not None and check_owner(owner, context, state.run_id) is not None
+    this run, when its state could be read): another tenant on the same thread id closes
+    nothing. Without a context it is the operator's cancel, as before."""
+    run_id = None if state is None else state.run_id
+    return context is not None and check_owner(owner, context, run_id) is not None
+
+
+def _nested_state(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> AgentState | None:
+    """A nested run's state as its own graph reads it; None if that graph cannot read it (it was
+    compiled without a checkpointer: the parent's saver holds the run) or nothing ran there."""
+    try:
+        values = graph.get_state(config).values
+    except ValueError:  # "No checkpointer set": nothing to read, the account is still named
+        return None
+    return run_output(values) if "run_id" in values else None
+
+
+async def _anested_state(
+    graph: Pregel[Any, Any, Any, Any], config: RunnableConfig
+) -> AgentState | None:
+    """Async twin of :func:`_nested_state`."""
+    try:
+        values = (await graph.aget_state(config)).values
+    except ValueError:
+        return None
+    return run_output(values) if "run_id" in values else None
 
 
 def cancel(
@@ -51,18 +78,24 @@ def cancel(
     background by default, so a run that started a moment ago may not show on its thread yet:
     ``None`` then means nothing was cancelled (call again, or start the run with
     ``durability="sync"``).
+
+    A run nested in a parent graph's node is named by the subgraph's ``checkpoint_ns`` in
+    ``config`` (``parent.get_state(config, subgraphs=True).tasks[0].state.config``). Only its
+    account is closed: the parent owns the thread, and the parent's next invoke (a resume, say)
+    ends the nested run ``cancelled`` at its next model step or tool. Returns its state as it
+    was, or ``None`` when its graph cannot read it (compiled without a checkpointer of its own).
     """
+    if _namespace(config):
+        state = _nested_state(graph, config)
+        if state is None or not state.is_terminal:
+            _close(graph, config, context, state)
+        return state
     snapshot = graph.get_state(config)
     if "run_id" not in snapshot.values:
         return None
     state = run_output(snapshot.values)
-    settings = settings_of(graph)
-    if settings is not None and not state.is_terminal:
-        account = _account(config, state)
-        with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-            if not _someone_elses(settings.ledger.balance(account).owner, context, state):
-                settings.ledger.close_account(account, TerminationReason.CANCELLED.value)
     if not state.is_terminal:
+        _close(graph, config, context, state)
         graph.update_state(config, {"stop": _CANCEL}, as_node="execute")
         graph.invoke(None, config, context=context)
         state = run_output(graph.get_state(config).values)
@@ -73,18 +106,50 @@ async def acancel(
     graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *, context: RunContext | None = None
 ) -> AgentState | None:
     """Async twin of :func:`cancel`."""
+    if _namespace(config):
+        state = await _anested_state(graph, config)
+        if state is None or not state.is_terminal:
+            await _aclose(graph, config, context, state)
+        return state
     snapshot = await graph.aget_state(config)
     if "run_id" not in snapshot.values:
         return None
     state = run_output(snapshot.values)
-    settings = settings_of(graph)
-    if settings is not None and not state.is_terminal:
-        account = _account(config, state)
-        with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-            if not _someone_elses((await settings.ledger.abalance(account)).owner, context, state):
-                await settings.ledger.aclose_account(account, TerminationReason.CANCELLED.value)
     if not state.is_terminal:
+        await _aclose(graph, config, context, state)
         await graph.aupdate_state(config, {"stop": _CANCEL}, as_node="execute")
         await graph.ainvoke(None, config, context=context)
         state = run_output((await graph.aget_state(config)).values)
     return state
+
+
+def _close(
+    graph: Pregel[Any, Any, Any, Any],
+    config: RunnableConfig,
+    context: RunContext | None,
+    state: AgentState | None,
+) -> None:
+    """Close the run's ledger account as cancelled, unless it is somebody else's."""
+    settings = settings_of(graph)
+    if settings is None:
+        return
+    account = _account(config, state)
+    with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
+        if not _someone_elses(settings.ledger.balance(account).owner, context, state):
+            settings.ledger.close_account(account, TerminationReason.CANCELLED.value)
+
+
+async def _aclose(
+    graph: Pregel[Any, Any, Any, Any],
+    config: RunnableConfig,
+    context: RunContext | None,
+    state: AgentState | None,
+) -> None:
+    """Async twin of :func:`_close`."""
+    settings = settings_of(graph)
+    if settings is None:
+        return
+    account = _account(config, state)
+    with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
+        if not _someone_elses((await settings.ledger.abalance(account)).owner, context, state):
+            await settings.ledger.aclose_account(account, TerminationReason.CANCELLED.value)

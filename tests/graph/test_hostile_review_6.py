@@ -324,31 +324,47 @@ def test_a_nested_run_resumed_after_its_approval_keeps_one_account() -> None:
     assert calls.count("write_note") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a fencepost graph nested in a parent node (compiled with the parent's saver), paused "
-        "for approval; fp.cancel(nested, {'configurable': {'thread_id': t, 'checkpoint_ns': "
-        "<the subgraph's ns>}}) closes the right account, then raises ValueError('Subgraph "
-        "agent not found') from nested.update_state (compiled without a saver: 'No "
-        "checkpointer set' before anything). Fix: cancel a nested run by closing its account "
-        "and returning (the parent's resume ends it cancelled), or document cancel as "
-        "top-level only and drop the namespace"
-    ),
-)
-def test_cancel_of_a_nested_run_paused_for_approval_returns_and_ends_it_cancelled() -> None:
-    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
-    parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=True)
+def _nested_config(parent: Any, config: dict[str, Any]) -> dict[str, Any]:
     sub = parent.get_state(config, subgraphs=True).tasks[0].state
     assert sub is not None and not isinstance(sub, dict)
     namespace = sub.config["configurable"]["checkpoint_ns"]
-    nested_config = {
+    return {
         "configurable": {
             "thread_id": config["configurable"]["thread_id"],
             "checkpoint_ns": namespace,
         }
     }
-    fp.cancel(nested, nested_config, context=ctx)
+
+
+@pytest.mark.parametrize("own_saver", [True, False], ids=["own-saver", "parents-saver"])
+def test_cancel_of_a_nested_run_paused_for_approval_returns_and_ends_it_cancelled(
+    own_saver: bool,
+) -> None:
+    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
+    parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=own_saver)
+    state = fp.cancel(nested, _nested_config(parent, config), context=ctx)
+    if own_saver:  # its graph reads its state: still paused, the parent ends it
+        assert state is not None and not state.is_terminal
+    else:
+        assert state is None
+    out = parent.invoke(Command(resume="approve"), config, context=ctx)
+    assert out == {"out": "cancelled:cancelled"}
+    assert calls.count("write_note") == 0
+
+
+def test_another_tenants_cancel_of_a_nested_run_closes_nothing() -> None:
+    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
+    parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=True)
+    fp.cancel(nested, _nested_config(parent, config), context=context(tenant="tenant-other"))
+    out = parent.invoke(Command(resume="approve"), config, context=ctx)
+    assert out == {"out": "completed:None"}
+    assert calls.count("write_note") == 1
+
+
+def test_acancel_of_a_nested_run_ends_it_cancelled() -> None:
+    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
+    parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=True)
+    asyncio.run(fp.acancel(nested, _nested_config(parent, config), context=ctx))
     out = parent.invoke(Command(resume="approve"), config, context=ctx)
     assert out == {"out": "cancelled:cancelled"}
     assert calls.count("write_note") == 0
