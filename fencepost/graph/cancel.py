@@ -19,6 +19,7 @@ from fencepost.policy import (
 )
 from fencepost.policy.context import RunContext
 from fencepost.policy.keys import run_account
+from fencepost.policy.ledger import Ledger
 from fencepost.policy.run_check import check_owner
 
 _CANCEL = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled")
@@ -123,6 +124,14 @@ async def acancel(
     return state
 
 
+def _ledger_account(
+    graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, state: AgentState | None
+) -> tuple[Ledger, str] | None:
+    """The ledger of a fencepost graph and the run's account on it; None for another graph."""
+    settings = settings_of(graph)
+    return None if settings is None else (settings.ledger, _account(config, state))
+
+
 def _close(
     graph: Pregel[Any, Any, Any, Any],
     config: RunnableConfig,
@@ -130,13 +139,11 @@ def _close(
     state: AgentState | None,
 ) -> None:
     """Close the run's ledger account as cancelled, unless it is somebody else's."""
-    settings = settings_of(graph)
-    if settings is None:
-        return
-    account = _account(config, state)
-    with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-        if not _someone_elses(settings.ledger.balance(account).owner, context, state):
-            settings.ledger.close_account(account, TerminationReason.CANCELLED.value)
+    if (target := _ledger_account(graph, config, state)) is not None:
+        ledger, account = target
+        with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
+            if not _someone_elses(ledger.balance(account).owner, context, state):
+                ledger.close_account(account, TerminationReason.CANCELLED.value)
 
 
 async def _aclose(
@@ -146,10 +153,8 @@ async def _aclose(
     state: AgentState | None,
 ) -> None:
     """Async twin of :func:`_close`."""
-    settings = settings_of(graph)
-    if settings is None:
-        return
-    account = _account(config, state)
-    with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-        if not _someone_elses((await settings.ledger.abalance(account)).owner, context, state):
-            await settings.ledger.aclose_account(account, TerminationReason.CANCELLED.value)
+    if (target := _ledger_account(graph, config, state)) is not None:
+        ledger, account = target
+        with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
+            if not _someone_elses((await ledger.abalance(account)).owner, context, state):
+                await ledger.aclose_account(account, TerminationReason.CANCELLED.value)
