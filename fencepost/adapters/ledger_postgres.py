@@ -84,7 +84,7 @@ _AConn = AsyncConnection[TupleRow]
 # Serialises concurrent ``setup`` calls: CREATE TABLE IF NOT EXISTS is not safe under a race.
 _SETUP_LOCK = 0x6665_6E63_6570_6F73  # "fencepos"
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Bumped whenever the functions change; ``setup`` (re)creates them when the database is older."""
 
 _RESULT = """
@@ -273,6 +273,13 @@ _FUNCTIONS = (
             END IF;
         END LOOP;
         IF v_closed_at IS NOT NULL THEN
+            -- The key may have been reserved by the transaction this one waited on for the lock
+            -- (before it closed the account): what was reserved before comes back as existing.
+            SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s
+             WHERE s.key = p_key;
+            IF FOUND THEN
+                RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
+            END IF;
             r.outcome := 'closed';
             RETURN r;
         END IF;
@@ -297,6 +304,12 @@ _FUNCTIONS = (
                  WHERE coalesce(h.amount, 0) + x.amount > l.amount
                  ORDER BY c.n, x.m LIMIT 1;
                 IF FOUND THEN
+                    -- As for a close: the room may be gone to this very key, reserved meanwhile.
+                    SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s
+                     WHERE s.key = p_key;
+                    IF FOUND THEN
+                        RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
+                    END IF;
                     r.outcome := 'exhausted';
                     r.e_account := v_hit.name;
                     r.e_axis := v_hit.axis;

@@ -31,6 +31,16 @@ def _namespace(config: RunnableConfig) -> str:
     return str((config.get("configurable") or {}).get("checkpoint_ns") or "")
 
 
+def _head(config: RunnableConfig) -> RunnableConfig:
+    """``config`` naming the thread's latest checkpoint: a cancel acts on the run as it is now,
+    never on (nor forks from) an earlier checkpoint that a snapshot's config pins."""
+    configurable = config.get("configurable") or {}
+    if "checkpoint_id" not in configurable and "checkpoint_map" not in configurable:
+        return config
+    kept = {k: v for k, v in configurable.items() if k not in ("checkpoint_id", "checkpoint_map")}
+    return {**config, "configurable": kept}
+
+
 def _account(config: RunnableConfig, state: AgentState | None) -> str:
     thread = (config.get("configurable") or {}).get("thread_id")
     run_id = "" if state is None else state.run_id  # named by the thread whenever there is one
@@ -80,13 +90,19 @@ def cancel(
     ``None`` then means nothing was cancelled (call again, or start the run with
     ``durability="sync"``).
 
+    A config pinned to a checkpoint (a snapshot's ``config``) cancels the thread's latest one:
+    never a fork from an earlier checkpoint.
+
     A run nested in a parent graph's node is named by the subgraph's ``checkpoint_ns`` in
-    ``config`` (``parent.get_state(config, subgraphs=True).tasks[0].state.config``). Only its
-    account is closed: the parent owns the thread, and the parent's next invoke (a resume, say)
-    ends the nested run ``cancelled`` at its next model step or tool. Returns its state as it
-    was, or ``None`` when its graph cannot read it (compiled without a checkpointer of its own).
+    ``config`` (``parent.get_state(config, subgraphs=True).tasks[0].state.config``). Given the
+    nested fencepost graph, only its account is closed: the parent owns the thread, and the
+    parent's next invoke (a resume, say) ends the nested run ``cancelled`` at its next model step
+    or tool; it returns the nested state as it was, or ``None`` when that graph cannot read it
+    (compiled without a checkpointer of its own). Given the parent graph, the nested run is
+    cancelled through the parent as a top-level one is.
     """
-    if _namespace(config):
+    config = _head(config)
+    if _namespace(config) and settings_of(graph) is not None:
         state = _nested_state(graph, config)
         if state is None or not state.is_terminal:
             _close(graph, config, context, state)
@@ -107,7 +123,8 @@ async def acancel(
     graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *, context: RunContext | None = None
 ) -> AgentState | None:
     """Async twin of :func:`cancel`."""
-    if _namespace(config):
+    config = _head(config)
+    if _namespace(config) and settings_of(graph) is not None:
         state = await _anested_state(graph, config)
         if state is None or not state.is_terminal:
             await _aclose(graph, config, context, state)

@@ -1,0 +1,321 @@
+"""Hostile review of 864372d..cc5946f: the ledger key digest without a JSON encoder, the chat
+adapter's rendered-turns cache held by weak references, and fp.cancel of a nested run.
+
+Three seats: a caller holding a thread's config (any config to fp.cancel, any context); another
+tenant sharing the process (one decider, the key caches) and the ledger; the process itself
+(threads, a garbage collection firing weakref callbacks anywhere, even inside the decider's
+lock). Each probe that found a bug (a cancel given the parent graph of a nested run did nothing;
+a snapshot's pinned config forked from its checkpoint) was fixed with it; the others pin a rule
+worth keeping. The Postgres half is tests/adapters/test_hostile_review_ledger_7.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import random
+import threading
+import weakref
+from typing import Any
+
+import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
+import fencepost as fp
+from fencepost.adapters import ChatModelDecider
+from fencepost.policy import TerminationReason
+from fencepost.policy.decision_model import DecisionInput
+from fencepost.policy.keys import _digest, run_account
+from fencepost.policy.observation import Observation
+from tests.graph.kit import (
+    budget,
+    call,
+    context,
+    final_citing_last,
+    harness,
+    paused_for_approval,
+    state_of,
+    thread,
+    thread_account,
+)
+from tests.graph.test_hostile_review_6 import _nested_config, _nested_paused
+
+# === keys: the digest durable ledgers hold ======================================================
+
+
+def _json_digest(*parts: str) -> str:
+    """The digest as 8f704dd wrote it: every key already in a durable ledger was made so."""
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=True).encode("ascii")).hexdigest()[:32]
+
+
+def test_ledger_key_digest_is_the_json_digest_for_every_string_lone_surrogates_included() -> None:
+    rnd = random.Random(7)
+    pools = [(0, 0x7F), (0x80, 0xD7FF), (0xD800, 0xDFFF), (0xE000, 0x10FFFF)]
+
+    def text() -> str:
+        return "".join(chr(rnd.randint(*rnd.choice(pools))) for _ in range(rnd.randint(0, 12)))
+
+    fixed = [
+        "",
+        '"',
+        "\\",
+        "\x00",
+        "\x1f",
+        "\x7f",
+        "\ud800",
+        "\udfff",
+        "\ud83d\ude00",
+        "😀",
+        "\u2028",
+    ]
+    samples = [tuple(fixed)] + [
+        tuple(text() for _ in range(rnd.randint(0, 4))) for _ in range(20000)
+    ]
+    for parts in samples:
+        assert _digest(*parts) == _json_digest(*parts), parts
+    # A str subclass hashes as its text, as json.dumps wrote it.
+    weird = type("Weird", (str,), {"__str__": lambda self: "other"})("acme")
+    assert _digest(weird) == _json_digest("acme")
+
+
+def test_the_run_account_cache_names_every_run_as_the_uncached_scheme_does() -> None:
+    # The cache is keyed by names callers choose (thread ids, run ids); it is safe to share only
+    # while its value is a pure function of them: the same account however it is asked for.
+    for thread_id, run_id, namespace in [
+        ("t-1", "r-1", ""),
+        ("t-1", "r-2", ""),  # a thread names its run: the run id does not move it
+        ("t-1", "r-1", "agent:1"),
+        ("", "r-1", ""),
+        ("", "r-1", "agent:1"),  # no thread: the run id names it, the namespace is not used
+    ]:
+        expected = (
+            f"run:{_json_digest('thread', thread_id, namespace)}"
+            if thread_id and namespace
+            else f"run:{_json_digest('thread', thread_id)}"
+            if thread_id
+            else f"run:{_json_digest('run', run_id)}"
+        )
+        assert run_account(thread_id, run_id, namespace) == expected
+        assert run_account(thread_id, run_id, namespace=namespace) == expected
+
+
+# === the decider's rendered turns ================================================================
+
+
+class _ToolsModel(GenericFakeChatModel):
+    def bind_tools(self, tools: object, **kwargs: object) -> _ToolsModel:
+        return self
+
+
+def _decider(history_size: int = 4096) -> ChatModelDecider:
+    return ChatModelDecider(
+        _ToolsModel(messages=iter([AIMessage(content="unused")])), history_size=history_size
+    )
+
+
+def _obs(n: int, secret: str) -> Observation:
+    # Same call ids and steps for every tenant: only the content tells whose turn it is.
+    return Observation(
+        sequence=n,
+        step=n + 1,
+        call_id=f"call_{n:010d}",
+        tool_name="search_logs",
+        kind="tool_result",
+        result={"secret": secret, "n": n},
+    )
+
+
+def _input(observations: tuple[Observation, ...], secret: str) -> DecisionInput:
+    proposals = tuple(
+        fp.ToolProposal(call_id=o.call_id, tool_name=o.tool_name, arguments={"q": secret})
+        for o in observations
+    )
+    return DecisionInput(
+        run_id="run-same-for-everyone",
+        question="q",
+        observations=observations,
+        proposals=proposals,
+        catalog=(),
+        budget=fp.RuntimeBudget(steps_remaining=99, tool_calls_remaining=99),
+        step=len(observations) + 1,
+    )
+
+
+def _secrets_shown(messages: list[BaseMessage]) -> set[str]:
+    shown: set[str] = set()
+    for m in messages:
+        if isinstance(m, ToolMessage):
+            for secret in _SECRETS:
+                if secret in str(m.content):
+                    shown.add(secret)
+        if isinstance(m, AIMessage):
+            for tc in m.tool_calls:
+                shown.add(tc["args"].get("q", ""))
+    return shown
+
+
+_SECRETS = [f"tenant-{i:03d}-secret" for i in range(200)]
+
+
+def test_a_tenant_at_a_reused_address_is_never_shown_another_tenants_turns() -> None:
+    # Tenant A's run dies; B's observations land on A's freed addresses (same call ids, same
+    # steps): B must be rendered from its own records, never from A's cached turns.
+    decider = _decider()
+    reused = 0
+    for i in range(0, 150, 2):
+        a, b = _SECRETS[i], _SECRETS[i + 1]
+        records_a = tuple(_obs(n, a) for n in range(3))
+        first_a, last_a = id(records_a[0]), id(records_a[-1])
+        assert _secrets_shown(decider.messages(_input(records_a, a))) == {a}
+        del records_a
+        gc.collect()
+        records_b = tuple(_obs(n, b) for n in range(3))
+        reused += id(records_b[0]) == first_a or id(records_b[-1]) == last_a
+        assert _secrets_shown(decider.messages(_input(records_b, b))) == {b}
+        del records_b
+    assert reused, "no address was reused: the probe proved nothing"
+
+
+class _CollectingLock:
+    """The decider's lock, running a garbage collection while held: weakref callbacks fire
+    inside ``_remember_prefix`` (and ``_rendered_prefix``) as the collector may fire them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        gc.collect()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_runs_dying_in_a_collection_inside_the_lock_neither_deadlock_nor_leak_nor_cross() -> None:
+    decider = _decider()
+    decider._lock = _CollectingLock()  # type: ignore[assignment]
+    errors: list[BaseException] = []
+
+    def tenant(index: int) -> None:
+        try:
+            secret = _SECRETS[index]
+            for _ in range(3):  # each pass a new run; the last one's records die in a cycle
+                records = tuple(_obs(n, secret) for n in range(4))
+                cycle: list[Any] = [records]
+                cycle.append(cycle)  # only the collector frees them, inside some lock holder
+                for k in range(1, 5):
+                    shown = _secrets_shown(decider.messages(_input(records[:k], secret)))
+                    assert shown == {secret}, (secret, shown)
+                del records, cycle
+        except BaseException as exc:  # handed to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=tenant, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a thread hung: a callback waited on the lock"
+    assert not errors, errors[0]
+    gc.collect()
+    live = (_obs(0, _SECRETS[199]),)
+    decider.messages(_input(live, _SECRETS[199]))  # a step of a live run tidies up
+    assert len(decider._rendered) == 1  # every dead run's turns are gone: only the live one
+    assert decider._gone == []
+
+
+def test_a_decider_dropped_with_live_runs_is_freed_and_its_callbacks_harmless() -> None:
+    decider = _decider()
+    records = tuple(_obs(n, _SECRETS[0]) for n in range(2))
+    decider.messages(_input(records, _SECRETS[0]))
+    gone = weakref.ref(decider)
+    del decider
+    gc.collect()
+    assert gone() is None  # the callbacks hold the list, not the decider
+    del records  # its callback appends to an orphaned list: nothing raises
+    gc.collect()
+
+
+# === fp.cancel: nested runs and any config =======================================================
+
+
+def test_another_tenant_naming_a_nested_runs_namespace_closes_nothing_without_its_state() -> None:
+    # The nested graph compiled without a saver: cancel cannot read the run, so the owner
+    # check is all that stands between another tenant and the account.
+    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
+    parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=False)
+    nested_config = _nested_config(parent, config)
+    account = run_account(
+        config["configurable"]["thread_id"], "", nested_config["configurable"]["checkpoint_ns"]
+    )
+    assert fp.cancel(nested, nested_config, context=context(tenant="tenant-other")) is None
+    assert fp.cancel(nested, nested_config, context=context(principal="u-other")) is None
+    assert ledger.balance(account).closed is None
+    out = parent.invoke(Command(resume="approve"), config, context=ctx)
+    assert out == {"out": "completed:None"}
+    assert calls.count("write_note") == 1
+
+
+def test_a_stray_namespace_on_a_top_level_runs_config_closes_nothing_and_says_so() -> None:
+    # A crafted or stray checkpoint_ns turns a top-level cancel into a nested one: it must
+    # close no account it does not name, and report that nothing was cancelled.
+    ledger = fp.InMemoryLedger()
+    h, config, ctx = paused_for_approval(ledger=ledger)
+    stray = {"configurable": {**config["configurable"], "checkpoint_ns": "approve:crafted"}}
+    assert fp.cancel(h.graph, stray, context=ctx) is None
+    assert ledger.balance(thread_account(config)).closed is None
+    out = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert out.termination is TerminationReason.COMPLETED
+    assert h.calls.count("write_note") == 1
+
+
+def test_cancel_with_a_snapshots_config_ends_the_run_cancelled() -> None:
+    h, config, ctx = paused_for_approval()
+    snapshot_config = h.graph.get_state(config).config
+    returned = fp.cancel(h.graph, snapshot_config, context=ctx)
+    head = h.graph.get_state(config)
+    assert head.next == ()
+    assert state_of(h, config).termination is TerminationReason.CANCELLED
+    assert returned is not None and returned.termination is TerminationReason.CANCELLED
+    assert h.calls.count("write_note") == 0
+
+
+def test_cancel_with_an_old_snapshots_config_never_rewrites_a_finished_runs_ending() -> None:
+    h, config, ctx = paused_for_approval()
+    old = h.graph.get_state(config).config
+    done = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert done.termination is TerminationReason.COMPLETED
+    fp.cancel(h.graph, old, context=ctx)
+    assert h.graph.get_state(config).next == ()
+    assert state_of(h, config).termination is TerminationReason.COMPLETED
+
+
+def test_a_top_level_cancel_still_ends_a_running_thread_cancelled() -> None:
+    # The nested branch must not swallow the ordinary cancel: no namespace, or an empty one.
+    for configurable in ({}, {"checkpoint_ns": ""}):
+        ledger = fp.InMemoryLedger()
+        h = harness([call("search_logs", 1), final_citing_last], ledger=ledger)
+        config = thread()
+        ctx = context()
+        h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_after=["execute"])
+        cfg = {"configurable": {**config["configurable"], **configurable}}
+        out = fp.cancel(h.graph, cfg, context=ctx)
+        assert out is not None and out.termination is TerminationReason.CANCELLED
+        assert ledger.balance(thread_account(config)).closed == "cancelled"
+
+
+@pytest.mark.parametrize("own_saver", [True, False], ids=["own-saver", "parents-saver"])
+def test_cancel_of_a_nested_run_through_its_parent_graph_still_ends_it_cancelled(
+    own_saver: bool,
+) -> None:
+    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
+    parent, _, config, ctx, calls = _nested_paused(ledger, saver, own_saver=own_saver)
+    returned = fp.cancel(parent, _nested_config(parent, config), context=ctx)
+    assert returned is not None and returned.termination is TerminationReason.CANCELLED
+    out = parent.invoke(Command(resume="approve"), config, context=ctx)
+    assert out == {"out": "cancelled:cancelled"}
+    assert calls.count("write_note") == 0
