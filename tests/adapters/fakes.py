@@ -180,3 +180,53 @@ def data_block(message: ToolMessage) -> Any:
     content = json.loads(str(message.content))
     assert set(content) == {UNTRUSTED_KEY}, content
     return content[UNTRUSTED_KEY]
+
+
+# -- a decider's input, built by hand ------------------------------------------------------------
+
+
+def idle_decider(history_size: int = 4096) -> ChatModelDecider:
+    """A decider over a chat model it is never asked to call (for ``messages()`` alone): it keeps
+    nothing it is given, so a test can watch what the decider itself holds on to."""
+
+    class _Unused(GenericFakeChatModel):
+        def bind_tools(self, tools: object, **kwargs: object) -> Any:
+            return self
+
+    return ChatModelDecider(
+        _Unused(messages=iter([AIMessage(content="unused")])), history_size=history_size
+    )
+
+
+def tool_observation(n: int, result: dict[str, Any]) -> fp.policy.Observation:
+    """Observation ``n`` of a run: call ``call_<n>`` of ``search_logs`` at step ``n + 1``."""
+    return fp.policy.Observation(
+        sequence=n,
+        step=n + 1,
+        call_id=f"call_{n:010d}",
+        tool_name="search_logs",
+        kind="tool_result",
+        result=result,
+    )
+
+
+def decision_input(
+    observations: tuple[fp.policy.Observation, ...],
+    arguments: dict[str, Any],
+    *,
+    run_id: str = "run-x",
+) -> fp.DecisionInput:
+    """The input of the next step after ``observations``, each proposed with ``arguments``."""
+    proposals = tuple(
+        fp.ToolProposal(call_id=o.call_id, tool_name=o.tool_name, arguments=arguments)
+        for o in observations
+    )
+    return fp.DecisionInput(
+        run_id=run_id,
+        question="q",
+        observations=observations,
+        proposals=proposals,
+        catalog=(),
+        budget=fp.RuntimeBudget(steps_remaining=99, tool_calls_remaining=99),
+        step=len(observations) + 1,
+    )

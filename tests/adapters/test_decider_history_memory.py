@@ -9,49 +9,24 @@ from __future__ import annotations
 import gc
 import weakref
 
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import BaseMessage, ToolMessage
 
-import fencepost as fp
 from fencepost.adapters import ChatModelDecider
 from fencepost.policy.decision_model import DecisionInput
 from fencepost.policy.observation import Observation
-
-
-class _ToolsModel(GenericFakeChatModel):
-    def bind_tools(self, tools: object, **kwargs: object) -> _ToolsModel:
-        return self
+from tests.adapters.fakes import decision_input, idle_decider, tool_observation
 
 
 def _decider() -> ChatModelDecider:
-    return ChatModelDecider(_ToolsModel(messages=iter([AIMessage(content="unused")])))
+    return idle_decider()
 
 
 def _observation(n: int) -> Observation:
-    return Observation(
-        sequence=n,
-        step=n + 1,
-        call_id=f"call_{n:010d}",
-        tool_name="search_logs",
-        kind="tool_result",
-        result={"n": n},
-    )
+    return tool_observation(n, {"n": n})
 
 
 def _input(observations: tuple[Observation, ...]) -> DecisionInput:
-    proposals = tuple(
-        fp.ToolProposal(call_id=o.call_id, tool_name=o.tool_name, arguments={"query": "q"})
-        for o in observations
-    )
-    return DecisionInput(
-        run_id="run-x",
-        question="q",
-        observations=observations,
-        proposals=proposals,
-        catalog=(),
-        budget=fp.RuntimeBudget(steps_remaining=9, tool_calls_remaining=9),
-        step=len(observations) + 1,
-    )
+    return decision_input(observations, {"query": "q"})
 
 
 def _tool_messages(messages: list[BaseMessage]) -> list[BaseMessage]:

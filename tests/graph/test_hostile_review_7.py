@@ -20,7 +20,6 @@ import weakref
 from typing import Any
 
 import pytest
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
@@ -31,6 +30,7 @@ from fencepost.policy import TerminationReason
 from fencepost.policy.decision_model import DecisionInput
 from fencepost.policy.keys import _digest, run_account
 from fencepost.policy.observation import Observation
+from tests.adapters.fakes import decision_input, idle_decider, tool_observation
 from tests.graph.kit import (
     budget,
     call,
@@ -106,43 +106,17 @@ def test_the_run_account_cache_names_every_run_as_the_uncached_scheme_does() -> 
 # === the decider's rendered turns ================================================================
 
 
-class _ToolsModel(GenericFakeChatModel):
-    def bind_tools(self, tools: object, **kwargs: object) -> _ToolsModel:
-        return self
-
-
 def _decider(history_size: int = 4096) -> ChatModelDecider:
-    return ChatModelDecider(
-        _ToolsModel(messages=iter([AIMessage(content="unused")])), history_size=history_size
-    )
+    return idle_decider(history_size)
 
 
 def _obs(n: int, secret: str) -> Observation:
     # Same call ids and steps for every tenant: only the content tells whose turn it is.
-    return Observation(
-        sequence=n,
-        step=n + 1,
-        call_id=f"call_{n:010d}",
-        tool_name="search_logs",
-        kind="tool_result",
-        result={"secret": secret, "n": n},
-    )
+    return tool_observation(n, {"secret": secret, "n": n})
 
 
 def _input(observations: tuple[Observation, ...], secret: str) -> DecisionInput:
-    proposals = tuple(
-        fp.ToolProposal(call_id=o.call_id, tool_name=o.tool_name, arguments={"q": secret})
-        for o in observations
-    )
-    return DecisionInput(
-        run_id="run-same-for-everyone",
-        question="q",
-        observations=observations,
-        proposals=proposals,
-        catalog=(),
-        budget=fp.RuntimeBudget(steps_remaining=99, tool_calls_remaining=99),
-        step=len(observations) + 1,
-    )
+    return decision_input(observations, {"q": secret}, run_id="run-same-for-everyone")
 
 
 def _secrets_shown(messages: list[BaseMessage]) -> set[str]:
