@@ -84,7 +84,7 @@ _AConn = AsyncConnection[TupleRow]
 # Serialises concurrent ``setup`` calls: CREATE TABLE IF NOT EXISTS is not safe under a race.
 _SETUP_LOCK = 0x6665_6E63_6570_6F73  # "fencepos"
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Bumped whenever the functions change; ``setup`` (re)creates them when the database is older."""
 
 _RESULT = """
@@ -167,6 +167,22 @@ _FUNCTIONS = (
     END $$
     """,
     """
+    CREATE FUNCTION fencepost_ledger_reserved_before(p_key text, p_account text)
+    RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    -- A key reserved before comes back as it was (existing, or a conflict if another account
+    -- holds it), whatever has happened to the account since; no outcome if it is new.
+    DECLARE
+        r fencepost_ledger_result;
+        v_holder text;
+    BEGIN
+        SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s WHERE s.key = p_key;
+        IF FOUND THEN
+            RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
+        END IF;
+        RETURN r;
+    END $$
+    """,
+    """
     CREATE FUNCTION fencepost_ledger_open(
         p_account text, p_parent text, p_owner text, p_axes text[], p_amounts double precision[]
     ) RETURNS fencepost_ledger_result LANGUAGE plpgsql
@@ -213,6 +229,7 @@ _FUNCTIONS = (
     SET plan_cache_mode = force_generic_plan AS $$
     DECLARE
         r fencepost_ledger_result;
+        v_before fencepost_ledger_result;
         v_holder text;
         v_parent text;
         v_owner text;
@@ -231,10 +248,9 @@ _FUNCTIONS = (
           INTO v_parent, v_owner, v_holder
           FROM fencepost_ledger_accounts a WHERE a.name = p_account;
         IF NOT FOUND THEN
-            SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s
-             WHERE s.key = p_key;
-            IF FOUND THEN
-                RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
+            v_before := fencepost_ledger_reserved_before(p_key, p_account);
+            IF v_before.outcome IS NOT NULL THEN
+                RETURN v_before;
             END IF;
             r.outcome := 'unknown_account';
             r.e_account := p_account;
@@ -275,10 +291,9 @@ _FUNCTIONS = (
         IF v_closed_at IS NOT NULL THEN
             -- The key may have been reserved by the transaction this one waited on for the lock
             -- (before it closed the account): what was reserved before comes back as existing.
-            SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s
-             WHERE s.key = p_key;
-            IF FOUND THEN
-                RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
+            v_before := fencepost_ledger_reserved_before(p_key, p_account);
+            IF v_before.outcome IS NOT NULL THEN
+                RETURN v_before;
             END IF;
             r.outcome := 'closed';
             RETURN r;
@@ -305,10 +320,9 @@ _FUNCTIONS = (
                  ORDER BY c.n, x.m LIMIT 1;
                 IF FOUND THEN
                     -- As for a close: the room may be gone to this very key, reserved meanwhile.
-                    SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s
-                     WHERE s.key = p_key;
-                    IF FOUND THEN
-                        RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
+                    v_before := fencepost_ledger_reserved_before(p_key, p_account);
+                    IF v_before.outcome IS NOT NULL THEN
+                        RETURN v_before;
                     END IF;
                     r.outcome := 'exhausted';
                     r.e_account := v_hit.name;
@@ -324,9 +338,7 @@ _FUNCTIONS = (
         INSERT INTO fencepost_ledger_reservations (key, account, status)
         VALUES (p_key, p_account, 'reserved') ON CONFLICT (key) DO NOTHING;
         IF NOT FOUND THEN  -- committed by another transaction since the first look
-            SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s
-             WHERE s.key = p_key;
-            RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
+            RETURN fencepost_ledger_reserved_before(p_key, p_account);
         END IF;
         IF cardinality(p_axes) > 0 THEN
             -- Set-returning functions in the select list run in step, element by element.
