@@ -324,6 +324,13 @@ def test_a_nested_run_resumed_after_its_approval_keeps_one_account() -> None:
     assert calls.count("write_note") == 1
 
 
+def approved(parent: Any, config: dict[str, Any], ctx: fp.RunContext, calls: Calls) -> Any:
+    """What the parent returns once the nested run's approval is answered, and how many times
+    the write it waited on ran."""
+    out = parent.invoke(Command(resume="approve"), config, context=ctx)
+    return out, calls.count("write_note")
+
+
 def _nested_config(parent: Any, config: dict[str, Any]) -> dict[str, Any]:
     sub = parent.get_state(config, subgraphs=True).tasks[0].state
     assert sub is not None and not isinstance(sub, dict)
@@ -347,27 +354,21 @@ def test_cancel_of_a_nested_run_paused_for_approval_returns_and_ends_it_cancelle
         assert state is not None and not state.is_terminal
     else:
         assert state is None
-    out = parent.invoke(Command(resume="approve"), config, context=ctx)
-    assert out == {"out": "cancelled:cancelled"}
-    assert calls.count("write_note") == 0
+    assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)
 
 
 def test_another_tenants_cancel_of_a_nested_run_closes_nothing() -> None:
     saver, ledger = InMemorySaver(), fp.InMemoryLedger()
     parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=True)
     fp.cancel(nested, _nested_config(parent, config), context=context(tenant="tenant-other"))
-    out = parent.invoke(Command(resume="approve"), config, context=ctx)
-    assert out == {"out": "completed:None"}
-    assert calls.count("write_note") == 1
+    assert approved(parent, config, ctx, calls) == ({"out": "completed:None"}, 1)
 
 
 def test_acancel_of_a_nested_run_ends_it_cancelled() -> None:
     saver, ledger = InMemorySaver(), fp.InMemoryLedger()
     parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=True)
     asyncio.run(fp.acancel(nested, _nested_config(parent, config), context=ctx))
-    out = parent.invoke(Command(resume="approve"), config, context=ctx)
-    assert out == {"out": "cancelled:cancelled"}
-    assert calls.count("write_note") == 0
+    assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)
 
 
 def test_a_lost_in_memory_ledger_after_an_accepted_call_still_completes_on_the_async_graph() -> (

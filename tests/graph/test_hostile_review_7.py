@@ -42,7 +42,7 @@ from tests.graph.kit import (
     thread,
     thread_account,
 )
-from tests.graph.test_hostile_review_6 import _nested_config, _nested_paused
+from tests.graph.test_hostile_review_6 import _nested_config, _nested_paused, approved
 
 # === keys: the digest durable ledgers hold ======================================================
 
@@ -229,9 +229,7 @@ def test_another_tenant_naming_a_nested_runs_namespace_closes_nothing_without_it
     assert fp.cancel(nested, nested_config, context=context(tenant="tenant-other")) is None
     assert fp.cancel(nested, nested_config, context=context(principal="u-other")) is None
     assert ledger.balance(account).closed is None
-    out = parent.invoke(Command(resume="approve"), config, context=ctx)
-    assert out == {"out": "completed:None"}
-    assert calls.count("write_note") == 1
+    assert approved(parent, config, ctx, calls) == ({"out": "completed:None"}, 1)
 
 
 def test_a_stray_namespace_on_a_top_level_runs_config_closes_nothing_and_says_so() -> None:
@@ -290,6 +288,4 @@ def test_cancel_of_a_nested_run_through_its_parent_graph_still_ends_it_cancelled
     parent, _, config, ctx, calls = _nested_paused(ledger, saver, own_saver=own_saver)
     returned = fp.cancel(parent, _nested_config(parent, config), context=ctx)
     assert returned is not None and returned.termination is TerminationReason.CANCELLED
-    out = parent.invoke(Command(resume="approve"), config, context=ctx)
-    assert out == {"out": "cancelled:cancelled"}
-    assert calls.count("write_note") == 0
+    assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)
