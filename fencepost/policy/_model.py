@@ -11,6 +11,11 @@ from pydantic import BaseModel, ConfigDict
 
 M = TypeVar("M", bound=BaseModel)
 _set = object.__setattr__
+# BaseModel's own slots, set through their descriptors: ``object.__setattr__`` by name looks each
+# up through the model's MRO first, and an instance is made a dozen times a step.
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 _FIELD_SETS: dict[frozenset[str], set[str]] = {}
 """One field-name set per distinct set of names given (a handful per contract type)."""
 
@@ -62,9 +67,9 @@ def _shared(names: AbstractSet[str]) -> set[str]:
 def _made(cls: type[M], values: dict[str, Any], names: set[str]) -> M:
     made = cls.__new__(cls)
     _set(made, "__dict__", values)
-    _set(made, "__pydantic_fields_set__", names)
-    _set(made, "__pydantic_extra__", None)
-    _set(made, "__pydantic_private__", None)
+    _set_fields_set(made, names)
+    _set_extra(made, None)
+    _set_private(made, None)
     return made
 
 
