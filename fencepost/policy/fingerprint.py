@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import hashlib
-import json
+import json.encoder
+from collections.abc import Callable
 from json.encoder import encode_basestring
 from typing import Any
 
+_ENCODER = json.encoder.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+# The C encoder json.dumps builds from these settings at every call (after building the
+# encoder itself): made here directly, with the fresh circular-reference markers it needs.
+_make_encoder: Callable[..., Callable[[Any, int], tuple[str, ...]]] | None = getattr(
+    json.encoder, "c_make_encoder", None
+)
+
 
 def canonical_json(value: Any) -> str:
-    """Deterministic JSON: sorted keys, no insignificant whitespace, UTF-8 kept as is."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    """Deterministic JSON: sorted keys, no insignificant whitespace, UTF-8 kept as is.
+
+    The text ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+    allow_nan=False)`` gives, and its errors.
+    """
+    if _make_encoder is None or isinstance(value, str):
+        return _ENCODER.encode(value)
+    encode = _make_encoder(
+        {}, _ENCODER.default, encode_basestring, None, ":", ",", True, False, False
     )
+    return "".join(encode(value, 0))
 
 
 def proposal_fingerprint(tool_name: str, arguments: Any) -> str:

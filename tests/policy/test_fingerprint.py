@@ -127,3 +127,53 @@ def test_a_fingerprint_from_canonical_arguments_is_the_fingerprint_of_the_call(
     expected = hashlib.sha256(whole.encode("utf-8")).hexdigest()
     assert fingerprint_of(tool, canonical_json(args)) == expected
     assert proposal_fingerprint(tool, args) == expected
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats()
+        | st.text(max_size=10)
+        | st.tuples(st.integers()),
+        lambda children: (
+            st.lists(children, max_size=4)
+            | st.dictionaries(st.text(max_size=6), children, max_size=4)
+            | st.dictionaries(st.integers(), children, max_size=3)
+        ),
+        max_leaves=25,
+    )
+)
+def test_canonical_json_is_the_text_json_dumps_gives(value: Any) -> None:
+    # Fingerprints (and so repeat counts in checkpoints) are hashes of this text: the encoder
+    # made once must write what json.dumps writes, and refuse what it refuses.
+    try:
+        expected: str | type[Exception] = _dumps(value)
+    except (ValueError, TypeError) as exc:
+        expected = type(exc)
+    if isinstance(expected, str):
+        assert canonical_json(value) == expected
+    else:
+        with pytest.raises(expected):
+            canonical_json(value)
+
+
+def test_canonical_json_refuses_what_json_dumps_refuses() -> None:
+    circular: list[Any] = []
+    circular.append(circular)
+    for value in ({"x": object()}, circular, {(1, 2): 1}, float("nan")):
+        with pytest.raises((ValueError, TypeError)) as ours:
+            canonical_json(value)
+        with pytest.raises((ValueError, TypeError)) as theirs:
+            _dumps(value)
+        assert type(ours.value) is type(theirs.value)
+        assert str(ours.value) == str(theirs.value)
+    assert canonical_json("é\x00") == _dumps("é\x00")
