@@ -39,6 +39,8 @@ class GatedBatch:
 
 def duplicate_call_ids(calls: Sequence[ToolProposal], answered: Collection[str]) -> bool:
     """Whether a batch reuses a call id, among itself or of a call already answered."""
+    if len(calls) == 1:  # most decisions: no batch to repeat an id within
+        return calls[0].call_id in answered
     ids = [c.call_id for c in calls]
     return len(set(ids)) != len(ids) or any(i in answered for i in ids)
 
@@ -88,8 +90,9 @@ def gate_batch(
     Repeats count within the batch too: the same call twice in one batch is seen twice.
     """
     # Only the counts this batch raises: read through to the run's own (not copied per step).
+    run_counts = state.fingerprints
     raised: dict[str, int] = {}
-    counts = ChainMap[str, int](raised, state.fingerprints)
+    counts: Mapping[str, int] = run_counts  # until a call of the batch is allowed
     entries: list[BatchEntry] = []
     first_stop: StopRequest | None = None
     for call in calls:
@@ -100,15 +103,16 @@ def gate_batch(
             principal,
             repeat_limit=repeat_limit,
             approved=approved,
-            # Until a call of the batch is allowed, the run's own counts are the counts.
-            counts=counts if raised else state.fingerprints,
+            counts=counts,
             now=now,
         )
         if verdict.code is VerdictCode.APPROVAL_REQUIRED and approval == "interrupt":
             verdict = verdict.model_copy(update={"code": VerdictCode.APPROVAL_PENDING})
         elif verdict.allowed:
             key = repeat_key(verdict.fingerprint, state)
-            counts[key] = counts.get(key, 0) + 1
+            raised[key] = (raised[key] if key in raised else run_counts.get(key, 0)) + 1
+            if counts is run_counts:
+                counts = ChainMap(raised, run_counts)  # made only for a batch's later calls
         elif first_stop is None and verdict.termination is not None:
             first_stop = stop(verdict.termination, verdict.code.value)
         entries.append(assemble(BatchEntry, {"proposal": call, "verdict": verdict}))
