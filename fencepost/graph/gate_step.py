@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fencepost.graph.loop import manifest
+from fencepost.graph.loop import checked_manifest
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import account_of, reserve_or_exhausted, viewed
 from fencepost.policy import (
@@ -47,7 +47,7 @@ async def gate(
     # The phase is set with the step's first real change (one state copy less per decision);
     # nothing before it reads the phase.
     if duplicate_call_ids(calls, state.answered):
-        m = manifest(
+        m = checked_manifest(
             state,
             cfg,
             ctx,
@@ -68,7 +68,7 @@ async def gate(
             if r.status is ReceiptStatus.COMPLETED
         },
     ):
-        m = manifest(
+        m = checked_manifest(
             state,
             cfg,
             ctx,
@@ -95,7 +95,7 @@ async def gate(
         spec = cfg.registry.get(verdict.tool_name) if verdict.tool_name in cfg.registry else None
         pending = verdict.code is VerdictCode.APPROVAL_PENDING
         manifests.append(
-            manifest(
+            checked_manifest(
                 state,
                 cfg,
                 ctx,

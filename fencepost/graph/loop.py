@@ -9,7 +9,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from langgraph.graph import StateGraph
 from langgraph.runtime import Runtime
@@ -23,8 +23,10 @@ from fencepost.policy import (
     StepManifest,
     ToolRegistry,
 )
+from fencepost.policy._model import assemble
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.context import RunContext
+from fencepost.policy.manifest import Outcome
 
 T = TypeVar("T")
 Update = dict[str, Any]
@@ -100,6 +102,78 @@ def manifest(
         outcome=outcome,
         **fields,
     )
+
+
+# Every field of a manifest in declared order, at its default (the required ones are always
+# given): the values validation would fill in around the ones given.
+_MANIFEST_DEFAULTS: dict[str, Any] = {
+    name: None if info.is_required() else info.get_default(call_default_factory=True)
+    for name, info in StepManifest.model_fields.items()
+}
+
+
+def checked_manifest(
+    state: AgentState,
+    cfg: LoopConfig,
+    ctx: RunContext | None,
+    *,
+    phase: Phase,
+    outcome: Any,
+    **fields: Any,
+) -> StepManifest:
+    """:func:`manifest` for ``fields`` that are already checked values of their fields (the
+    gate's own codes, a registered tool's effect, a judged usage report): the record is
+    assembled, as validation would make it, without validating again."""
+    budget, step = state.budget, state.step
+    used, steps, calls = budget.tokens_used, budget.steps_remaining, budget.tool_calls_remaining
+    names = tuple(fields)
+    given = _GIVEN.get(names)
+    if given is None and fields.keys() <= _OPTIONAL:
+        given = _GIVEN[names] = frozenset(_MANIFEST_BASE | fields.keys())
+    if (
+        given is None
+        or not (type(state.run_id) is str and type(step) is type(steps) is type(calls) is int)
+        or type(used) is not int
+        or step < 0
+        or outcome not in _OUTCOMES
+    ):
+        # A key no manifest has (or one given twice), a state value of another type (a budget
+        # view a caller wrote, a ledger gave no balance for) or an outcome no manifest has:
+        # judged, and refused, by validation.
+        return manifest(state, cfg, ctx, phase=phase, outcome=outcome, **fields)
+    deadline = ctx.deadline if ctx is not None else None
+    values = _MANIFEST_DEFAULTS.copy()
+    values["run_id"] = state.run_id
+    values["step"] = step
+    values["phase"] = phase
+    values["steps_remaining"] = steps
+    values["tool_calls_remaining"] = calls
+    values["tokens_used"] = used
+    values["deadline_remaining_ms"] = deadline.remaining_ms(clock=cfg.clock) if deadline else None
+    values["outcome"] = outcome
+    values.update(fields)
+    # The state's values were just checked as validation checks them; the deadline is the
+    # trusted context's; ``fields`` are fencepost's own (see the docstring).
+    return assemble(StepManifest, values, given)
+
+
+_OUTCOMES = frozenset(get_args(Outcome))
+_MANIFEST_BASE = frozenset(
+    (
+        "run_id",
+        "step",
+        "phase",
+        "steps_remaining",
+        "tool_calls_remaining",
+        "tokens_used",
+        "deadline_remaining_ms",
+        "outcome",
+    )
+)
+_OPTIONAL = frozenset(_MANIFEST_DEFAULTS) - _MANIFEST_BASE
+_GIVEN: dict[tuple[str, ...], frozenset[str]] = {}
+"""The fields set of a manifest given each tuple of optional field names (fencepost's own call
+sites name a handful): validation records the names given, defaults aside."""
 
 
 def recorded(

@@ -73,12 +73,15 @@ def _made(cls: type[M], values: dict[str, Any], names: set[str]) -> M:
     return made
 
 
-def assemble(cls: type[M], values: dict[str, Any]) -> M:
+def assemble(cls: type[M], values: dict[str, Any], given: AbstractSet[str] | None = None) -> M:
     """An instance of the contract type ``cls`` from ``values`` that are already checked and
     name every one of its fields: what ``model_construct`` makes, without its per-field
     alias and default handling (on the hot path, a budget view is assembled at every
-    reservation). ``values`` becomes the instance's own: the caller must not keep it."""
-    return _made(cls, values, _every_field(cls))
+    reservation). ``values`` becomes the instance's own: the caller must not keep it.
+
+    ``given`` names the fields the values were given for, the rest being defaults (what
+    validation records as the fields set); every field when omitted."""
+    return _made(cls, values, _every_field(cls) if given is None else _shared(given))
 
 
 @cache

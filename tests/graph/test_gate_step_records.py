@@ -1,0 +1,117 @@
+"""The gate step's records are what validation would make: its manifests are assembled from
+checked values (never from a value of another type)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ValidationError
+
+import fencepost as fp
+from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.loop import LoopConfig, checked_manifest, manifest, settings_of
+from fencepost.policy import Phase, StepManifest, VerdictCode
+from fencepost.policy.effect import Effect
+from tests.graph.kit import Calls, context, make_registry
+
+fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "decision_kind": st.sampled_from(["tool", "final", "abstain", "invalid", None]),
+        "tool_name": st.none() | st.text(max_size=8),
+        "effect": st.none() | st.sampled_from(list(Effect)),
+        "verdict": st.none() | st.sampled_from(list(VerdictCode)),
+        "code": st.none() | st.text(max_size=8),
+        "input_tokens": st.none() | st.integers(0, 10**6),
+        "output_tokens": st.none() | st.integers(0, 10**6),
+    },
+)
+
+
+def _settings() -> LoopConfig:
+    cfg = settings_of(fp.build_agent_graph(make_registry(Calls()), ScriptedDecisionModel([])))
+    assert cfg is not None
+    return cfg
+
+
+def _state(step: int = 2, **budget: Any) -> fp.AgentState:
+    return fp.AgentState(
+        run_id="run-0001",
+        tenant_id="acme",
+        principal_id="u-1",
+        question="why?",
+        step=step,
+        budget=fp.RuntimeBudget(
+            **({"steps_remaining": 5, "tool_calls_remaining": 4, "tokens_used": 7} | budget)
+        ),
+    )
+
+
+def _same(a: BaseModel, b: BaseModel) -> None:
+    assert a == b
+    assert type(a) is type(b)
+    assert a.model_fields_set == b.model_fields_set
+    assert list(a.__dict__) == list(b.__dict__)
+    assert a.model_dump() == b.model_dump()
+
+
+CFG = _settings()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    given_fields=fields,
+    step=st.integers(0, 50),
+    phase=st.sampled_from(list(Phase)),
+    outcome=st.sampled_from(["allowed", "denied", "approval_pending"]),
+    deadline=st.booleans(),
+)
+def test_a_gate_manifest_is_what_validation_makes(
+    given_fields: dict[str, Any], step: int, phase: Phase, outcome: str, deadline: bool
+) -> None:
+    ctx = context(seconds=30 if deadline else None)
+    state = _state(step)
+    ours = checked_manifest(state, CFG, ctx, phase=phase, outcome=outcome, **given_fields)
+    theirs = manifest(state, CFG, ctx, phase=phase, outcome=outcome, **given_fields)
+    if ours.deadline_remaining_ms is not None:  # the clock moved between the two
+        theirs = StepManifest.model_validate(
+            theirs.model_dump(exclude_unset=True)
+            | {"deadline_remaining_ms": ours.deadline_remaining_ms}
+        )
+    _same(ours, theirs)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        # A budget view a caller wrote whole (a channel checks only its type), and a state whose
+        # step is no count: the manifest is still validated, and refuses them.
+        _state().model_copy(
+            update={
+                "budget": fp.RuntimeBudget.model_construct(
+                    steps_remaining="5", tool_calls_remaining=4
+                )
+            }
+        ),
+        _state().model_copy(
+            update={"budget": _state().budget.model_copy(update={"tokens_used": 1.5})}
+        ),
+        _state().model_copy(update={"step": -1}),
+        _state().model_copy(update={"run_id": 7}),
+    ],
+)
+def test_a_gate_manifest_of_a_value_of_another_type_is_refused(state: fp.AgentState) -> None:
+    with pytest.raises(ValidationError):
+        checked_manifest(state, CFG, context(), phase=Phase.VALIDATE, outcome="allowed")
+
+
+def test_a_gate_manifest_refuses_a_key_no_manifest_has() -> None:
+    with pytest.raises(ValidationError):
+        checked_manifest(
+            _state(), CFG, context(), phase=Phase.VALIDATE, outcome="allowed", prompt="x"
+        )
+    with pytest.raises(ValidationError):
+        checked_manifest(_state(), CFG, context(), phase=Phase.VALIDATE, outcome="nonsense")
