@@ -10,6 +10,7 @@ from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import account_of, reserve_or_exhausted, viewed
 from fencepost.policy import (
     AgentState,
+    Balance,
     BudgetExhausted,
     Phase,
     StepManifest,
@@ -33,6 +34,7 @@ from fencepost.policy.outcome import receipt_for
 from fencepost.policy.receipt import ReceiptStatus, current_receipts
 from fencepost.policy.repair import may_repair
 from fencepost.policy.run_check import stop
+from fencepost.policy.usage import budget_view
 
 
 async def gate(
@@ -113,9 +115,14 @@ async def gate(
             )
         )
         usage = {}
-    state = state.model_copy(
-        update={"phase": Phase.VALIDATE, "batch": gated.batch, "fingerprints": gated.fingerprints}
-    )
+    gated_update: dict[str, Any] = {
+        "phase": Phase.VALIDATE,
+        "batch": gated.batch,
+        "fingerprints": gated.fingerprints,
+    }
+    if gated.stop is None and state.repair_notes:
+        gated_update["repair_notes"] = ()  # a batch that passes clears them (one copy, not two)
+    state = state.model_copy(update=gated_update)
     if gated.stop is not None:
         # One denial stops the whole batch: nothing in it runs, nothing is reserved. A repairable
         # one may be given back to the model instead (repair_attempts).
@@ -124,8 +131,6 @@ async def gate(
             repaired = {"batch": (), "repairs": state.repairs + 1, "repair_notes": notes}
             return state.model_copy(update=repaired), manifests
         return state.model_copy(update={"stop": gated.stop}), manifests
-    if state.repair_notes:
-        state = state.model_copy(update={"repair_notes": ()})
     state, stopped = await reserve_batch(io, state, ctx)
     if stopped is None:
         return state, manifests
@@ -145,9 +150,15 @@ async def reserve_batch(
     cfg = io.cfg
     account = account_of(state)
     refused: dict[str, BudgetExhausted] = {}
+    # The last reservation's balance, viewed into state only when state is next read: before
+    # the next reservation (which may re-open the account from state's budget) or with the
+    # batch at the end, so a batch of one copies the state once, not twice.
+    latest: Balance | None = None
     for entry in to_reserve(state.batch):
         if only is not None and entry.call_id not in only:
             continue
+        if latest is not None:
+            state, latest = viewed(state, latest), None
         spec = cfg.registry.get(entry.proposal.tool_name)
         key = call_key(account, entry.call_id, 1)
         held = await reserve_or_exhausted(
@@ -158,8 +169,13 @@ async def reserve_batch(
         if isinstance(held, BudgetExhausted):
             refused[entry.call_id] = held
             continue
-        state = viewed(state, held.balance)
+        latest = held.balance
     batch, stopped = after_reservations(
         state.batch, refused, run_id=state.run_id, verdict_key=cfg.verdict_key
     )
-    return state.model_copy(update={"batch": batch}), stopped
+    update: dict[str, Any] = {}
+    if batch is not state.batch:
+        update["batch"] = batch
+    if latest is not None:
+        update["budget"] = budget_view(latest.limits, latest.held)
+    return (state.model_copy(update=update) if update else state), stopped

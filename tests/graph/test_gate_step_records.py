@@ -1,5 +1,6 @@
 """The gate step's records are what validation would make: its manifests are assembled from
-checked values (never from a value of another type)."""
+checked values (never from a value of another type), and a batch reserved call by call leaves
+the budget view of its last reservation."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from pydantic import BaseModel, ValidationError
 
 import fencepost as fp
 from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.gate_step import gate
 from fencepost.graph.loop import LoopConfig, checked_manifest, manifest, settings_of
+from fencepost.graph.node_io import SyncIO
+from fencepost.graph.run_account import open_run
 from fencepost.policy import Phase, StepManifest, VerdictCode
 from fencepost.policy.effect import Effect
 from tests.graph.kit import Calls, context, make_registry
@@ -115,3 +119,36 @@ def test_a_gate_manifest_refuses_a_key_no_manifest_has() -> None:
         )
     with pytest.raises(ValidationError):
         checked_manifest(_state(), CFG, context(), phase=Phase.VALIDATE, outcome="nonsense")
+
+
+def _drive(coro: Any) -> Any:
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("the gate step suspended under SyncIO")
+
+
+@pytest.mark.parametrize("calls", [1, 2, 3, 5])
+def test_a_reserved_batch_leaves_the_budget_of_its_last_reservation(calls: int) -> None:
+    cfg = _settings()
+    io, ctx = SyncIO(cfg), context()
+    opened = _drive(open_run(io, _state(step=1, tool_calls_remaining=3), ctx))
+    assert isinstance(opened, fp.AgentState)
+    batch = tuple(
+        fp.ToolProposal(
+            call_id=f"call-{n:04d}", tool_name="search_logs", arguments={"query": f"q {n}"}
+        )
+        for n in range(calls)
+    )
+    state, manifests = _drive(gate(io, opened, ctx, batch, {}))
+    assert len(manifests) == calls
+    from fencepost.graph.run_account import account_of
+
+    held = cfg.ledger.balance(account_of(state))
+    assert held.held.get("tool_calls", 0.0) == min(calls, 3)
+    assert state.budget.tool_calls_used == min(calls, 3)
+    assert state.budget.tool_calls_remaining == 3 - min(calls, 3)
+    codes = [e.verdict.code for e in state.batch]
+    assert codes.count(VerdictCode.ALLOWED) == min(calls, 3)
+    assert codes.count(VerdictCode.BUDGET_EXHAUSTED) == max(0, calls - 3)
