@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import ChainMap
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from fencepost.policy._model import assemble
 from fencepost.policy.approval import ApprovalMode
@@ -27,14 +27,16 @@ from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict
 
 
-@dataclass(frozen=True, slots=True)
-class GatedBatch:
-    """A batch as the gate left it: entries with verdicts, repeat counts, and a stop if any."""
+class GatedBatch(NamedTuple):
+    """A batch as the gate left it: entries with verdicts, repeat counts, and a stop if any.
+
+    A named tuple (frozen, as a result is), made once per decision: a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__``."""
 
     batch: Batch
     fingerprints: dict[str, int]
     stop: StopRequest | None = None
-    denied_codes: tuple[VerdictCode, ...] = field(default=())
+    denied_codes: tuple[VerdictCode, ...] = ()
 
 
 def duplicate_call_ids(calls: Sequence[ToolProposal], answered: Collection[str]) -> bool:
@@ -96,6 +98,8 @@ def gate_batch(
     entries: list[BatchEntry] = []
     first_stop: StopRequest | None = None
     for call in calls:
+        if raised and counts is run_counts:
+            counts = ChainMap(raised, run_counts)  # made only for a call after an allowed one
         verdict = gate_proposal(
             registry,
             call,
@@ -111,8 +115,6 @@ def gate_batch(
         elif verdict.allowed:
             key = repeat_key(verdict.fingerprint, state)
             raised[key] = (raised[key] if key in raised else run_counts.get(key, 0)) + 1
-            if counts is run_counts:
-                counts = ChainMap(raised, run_counts)  # made only for a batch's later calls
         elif first_stop is None and verdict.termination is not None:
             first_stop = stop(verdict.termination, verdict.code.value)
         entries.append(assemble(BatchEntry, {"proposal": call, "verdict": verdict}))

@@ -1,0 +1,55 @@
+"""Gating a batch: repeats count within the batch, and the run's counts are never changed."""
+
+from __future__ import annotations
+
+from fencepost.policy import ToolRegistry, VerdictCode
+from fencepost.policy.fingerprint import proposal_fingerprint
+from fencepost.policy.gating import duplicate_call_ids, gate_batch
+from tests.policy.factories import make_proposal, make_spec, make_state, reader
+
+REGISTRY = ToolRegistry((make_spec(),))
+ARGS = {"query": "checkout 500"}
+KEY = proposal_fingerprint("search_logs", ARGS)
+
+
+def _gate(counts: dict[str, int], *call_ids: str, args: dict[str, str] = ARGS) -> list[str]:
+    state = make_state(fingerprints=counts)
+    calls = [make_proposal(args, call_id=c) for c in call_ids]
+    gated = gate_batch(REGISTRY, calls, state, reader(), repeat_limit=2, approval="terminate")
+    assert state.fingerprints == counts  # the run's own counts are left alone
+    return [e.verdict.code.value for e in gated.batch] + [str(gated.fingerprints.get(KEY))]
+
+
+def test_the_same_call_twice_in_one_batch_is_seen_twice() -> None:
+    assert _gate({KEY: 1}, "call-0001", "call-0002") == ["allowed", "no_progress", "2"]
+    assert _gate({}, "call-0001", "call-0002", "call-0003") == [
+        "allowed",
+        "allowed",
+        "no_progress",
+        "2",
+    ]
+
+
+def test_a_lone_call_counts_on_the_runs_own_count() -> None:
+    assert _gate({KEY: 1}, "call-0001") == ["allowed", "2"]
+    assert _gate({KEY: 2}, "call-0001") == ["no_progress", "2"]
+    assert _gate({}, "call-0001") == ["allowed", "1"]
+
+
+def test_a_denied_call_raises_no_count_for_the_calls_after_it() -> None:
+    other = {"query": "*"}  # empty-like: a semantic denial, counted nowhere
+    state = make_state(fingerprints={KEY: 1})
+    calls = [make_proposal(other, call_id="call-0001"), make_proposal(ARGS, call_id="call-0002")]
+    gated = gate_batch(REGISTRY, calls, state, reader(), repeat_limit=2, approval="terminate")
+    codes = [e.verdict.code for e in gated.batch]
+    assert codes == [VerdictCode.SEMANTIC_VIOLATION, VerdictCode.ALLOWED]
+    assert gated.fingerprints == {KEY: 2}
+
+
+def test_a_batch_reusing_a_call_id_is_a_duplicate_whatever_its_size() -> None:
+    one = [make_proposal(call_id="call-0001")]
+    assert duplicate_call_ids(one, {"call-0001": 1})
+    assert not duplicate_call_ids(one, {"call-0002": 1})
+    two = [make_proposal(call_id="call-0001"), make_proposal(call_id="call-0001")]
+    assert duplicate_call_ids(two, {})
+    assert not duplicate_call_ids([], {})
