@@ -396,6 +396,10 @@ class _Record(NamedTuple):
     status: ReservationStatus
 
 
+# A record made from its three fields without the NamedTuple's Python-level __new__.
+_new_record = tuple.__new__
+
+
 class InMemoryLedger(Ledger):
     """A process-local ledger for tests and notebooks. Atomic under a lock; not durable.
 
@@ -477,7 +481,10 @@ class InMemoryLedger(Ledger):
             return dropped
 
     def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        validate_name(account, "account")
+        # An account this ledger opened was validated then (and accounts are never dropped):
+        # the same text is the same valid name.
+        if type(account) is not str or account not in self._parents:
+            validate_name(account, "account")
         validate_name(key)
         clean = validate_amounts(amounts)
         with self._lock:
@@ -491,9 +498,13 @@ class InMemoryLedger(Ledger):
             check_open((name, self._closed.get(name)) for name in chain)
             check_room(((name, self._limits[name], self._held[name]) for name in chain), clean)
             self._add_held(chain, clean)
-            stored = _Record(account, clean, ReservationStatus.RESERVED)
+            stored = _new_record(_Record, (account, clean, ReservationStatus.RESERVED))
             self._reservations[key] = stored
-            self._keys.setdefault(account, []).append(key)
+            keys = self._keys.get(account)
+            if keys is None:
+                self._keys[account] = [key]
+            else:
+                keys.append(key)
             return self._out(key, stored)
 
     def _out(self, key: str, stored: _Record, *, existing: bool = False) -> Reservation:

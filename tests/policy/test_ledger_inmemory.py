@@ -417,3 +417,31 @@ def test_every_reservation_handed_out_is_a_copy_the_books_never_share(
     assert ledger.balance("run").held == {"tool_calls": 1.0}
     assert ledger.release("k1").existing  # settled stays settled: nothing refunded twice
     assert ledger.balance("run").held == {"tool_calls": 1.0}
+
+
+class _LooksLikeAnAccount:
+    """Not a string, yet equal to (and hashing as) the name of an account that is open."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return other == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+def test_a_reservation_names_an_account_the_ledger_takes_even_once_one_is_open() -> None:
+    # An open account's name is not validated again; anything else still is, before the books.
+    from fencepost.policy.ledger import InvalidLedgerKey
+
+    ledger = InMemoryLedger()
+    ledger.open_account("run-1", {"tool_calls": 2})
+    assert ledger.reserve("run-1", "k-1", {"tool_calls": 1}).balance is not None
+    for bad in (_LooksLikeAnAccount("run-1"), "run-\x00", "", "r" * 513):
+        with pytest.raises(InvalidLedgerKey):
+            ledger.reserve(bad, "k-2", {"tool_calls": 1})  # type: ignore[arg-type]
+    with pytest.raises(UnknownAccount):
+        ledger.reserve("run-2", "k-2", {"tool_calls": 1})
+    assert ledger.balance("run-1").held == {"tool_calls": 1.0}
