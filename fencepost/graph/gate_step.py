@@ -92,9 +92,8 @@ async def gate(
         now=cfg.clock.now(),
     )
     manifests = []
-    for entry in gated.batch:
+    for entry, spec in zip(gated.batch, gated.specs, strict=True):
         verdict = entry.verdict
-        spec = cfg.registry.get(verdict.tool_name) if verdict.tool_name in cfg.registry else None
         pending = verdict.code is VerdictCode.APPROVAL_PENDING
         manifests.append(
             checked_manifest(

@@ -252,6 +252,31 @@ def gate_proposal(
 
     ``counts`` overrides ``state.fingerprints`` for the repeat check (a batch gated call by call).
     """
+    return judged(
+        registry,
+        proposal,
+        state,
+        principal,
+        repeat_limit=repeat_limit,
+        approved=approved,
+        counts=counts,
+        now=now,
+    )[0]
+
+
+def judged(
+    registry: ToolRegistry,
+    proposal: ToolProposal,
+    state: AgentState,
+    principal: Principal,
+    *,
+    repeat_limit: int = DEFAULT_REPEAT_LIMIT,
+    approved: bool = False,
+    counts: Mapping[str, int] | None = None,
+    now: datetime | None = None,
+) -> tuple[Verdict, ToolSpec | None]:
+    """:func:`gate_proposal`, with the registered spec it found on the way (``None`` for an
+    unknown tool), so a batch does not look it up again."""
     # One canonical text of the arguments serves the fingerprint and the schema check.
     canonical_arguments = canonical_json(proposal.arguments)
     fingerprint = fingerprint_of(proposal.tool_name, canonical_arguments)
@@ -274,15 +299,15 @@ def gate_proposal(
     try:
         spec = check_registered(registry, proposal)
     except UnknownTool:
-        return verdict(VerdictCode.UNKNOWN_TOOL)
+        return verdict(VerdictCode.UNKNOWN_TOOL), None
     try:
         args = check_schema(spec, proposal, canonical_arguments=canonical_arguments)
     except ValidationError as exc:
-        return verdict(VerdictCode.SCHEMA_VIOLATION, schema_problems(spec, exc))
+        return verdict(VerdictCode.SCHEMA_VIOLATION, schema_problems(spec, exc)), spec
     try:
         check_semantics(spec, args, state)
     except ToolSemanticError as exc:
-        return verdict(VerdictCode.SEMANTIC_VIOLATION, (f"rule: {exc.rule}",))
+        return verdict(VerdictCode.SEMANTIC_VIOLATION, (f"rule: {exc.rule}",)), spec
     try:
         check_progress(
             spec,
@@ -294,11 +319,11 @@ def gate_proposal(
             now=now,
         )
     except NoProgressDetected:
-        return verdict(VerdictCode.NO_PROGRESS)
+        return verdict(VerdictCode.NO_PROGRESS), spec
     try:
         authorize(spec, principal, approved=approved)
     except ToolPolicyDenied:
-        return verdict(VerdictCode.CAPABILITY_DENIED)
+        return verdict(VerdictCode.CAPABILITY_DENIED), spec
     except HumanApprovalRequired:
-        return verdict(VerdictCode.APPROVAL_REQUIRED)
-    return verdict(VerdictCode.ALLOWED)
+        return verdict(VerdictCode.APPROVAL_REQUIRED), spec
+    return verdict(VerdictCode.ALLOWED), spec

@@ -17,7 +17,7 @@ from fencepost.policy.batch import Batch, BatchEntry
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.effect import Effect
-from fencepost.policy.gates import gate_proposal
+from fencepost.policy.gates import judged
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.revised import revised
@@ -37,6 +37,8 @@ class GatedBatch(NamedTuple):
     fingerprints: dict[str, int]
     stop: StopRequest | None = None
     denied_codes: tuple[VerdictCode, ...] = ()
+    specs: tuple[ToolSpec | None, ...] = ()
+    """Per entry, the registered spec of its tool (``None``: not registered)."""
 
 
 def duplicate_call_ids(calls: Sequence[ToolProposal], answered: Collection[str]) -> bool:
@@ -96,11 +98,12 @@ def gate_batch(
     raised: dict[str, int] = {}
     counts: Mapping[str, int] = run_counts  # until a call of the batch is allowed
     entries: list[BatchEntry] = []
+    specs: list[ToolSpec | None] = []
     first_stop: StopRequest | None = None
     for call in calls:
         if raised and counts is run_counts:
             counts = ChainMap(raised, run_counts)  # made only for a call after an allowed one
-        verdict = gate_proposal(
+        verdict, spec = judged(
             registry,
             call,
             state,
@@ -118,10 +121,12 @@ def gate_batch(
         elif first_stop is None and verdict.termination is not None:
             first_stop = stop(verdict.termination, verdict.code.value)
         entries.append(assemble(BatchEntry, {"proposal": call, "verdict": verdict}))
+        specs.append(spec)
     return GatedBatch(
         batch=tuple(entries),
         fingerprints=revised(state.fingerprints, raised),
         stop=first_stop,
+        specs=tuple(specs),
     )
 
 
