@@ -19,6 +19,7 @@ from fencepost.policy import (
     ToolProposal,
     VerdictCode,
 )
+from fencepost.policy.batch import Batch
 from fencepost.policy.context import RunContext
 from fencepost.policy.execution import budget_refusals
 from fencepost.policy.gating import (
@@ -119,10 +120,8 @@ async def gate(
         "batch": gated.batch,
         "fingerprints": gated.fingerprints,
     }
-    if gated.stop is None and state.repair_notes:
-        gated_update["repair_notes"] = ()  # a batch that passes clears them (one copy, not two)
-    state = state.model_copy(update=gated_update)
     if gated.stop is not None:
+        state = state.model_copy(update=gated_update)
         # One denial stops the whole batch: nothing in it runs, nothing is reserved. A repairable
         # one may be given back to the model instead (repair_attempts).
         notes = may_repair(state, gated.batch, attempts=cfg.repair_attempts)
@@ -130,7 +129,10 @@ async def gate(
             repaired = {"batch": (), "repairs": state.repairs + 1, "repair_notes": notes}
             return state.model_copy(update=repaired), manifests
         return state.model_copy(update={"stop": gated.stop}), manifests
-    state, stopped = await reserve_batch(io, state, ctx)
+    if state.repair_notes:
+        gated_update["repair_notes"] = ()  # a batch that passes clears them
+    # Written with the reservations' result: one copy of state for both.
+    state, stopped = await reserve_batch(io, state, ctx, gated=gated_update)
     if stopped is None:
         return state, manifests
     # Nothing of the batch runs: each call the budget could not cover is still receipted.
@@ -141,19 +143,30 @@ async def gate(
 
 
 async def reserve_batch(
-    io: NodeIO, state: AgentState, ctx: RunContext, only: frozenset[str] | None = None
+    io: NodeIO,
+    state: AgentState,
+    ctx: RunContext,
+    only: frozenset[str] | None = None,
+    *,
+    gated: dict[str, Any] | None = None,
 ) -> tuple[AgentState, StopRequest | None]:
     """Reserve the batch's allowed calls in order (attempt 1 of each; ``only`` these call ids
     when given); those the budget cannot cover are marked and receipted as never run, so with
-    N calls left exactly N run."""
+    N calls left exactly N run.
+
+    ``gated``: fields the gate step sets (its batch, phase and repeat counts), written into the
+    state returned. Reserving reads only state's identity, budget and receipts (the run's
+    account, its owner, a lost account re-opened), which the gate step does not set."""
     cfg = io.cfg
     account = account_of(state)
     refused: dict[str, BudgetExhausted] = {}
+    update: dict[str, Any] = dict(gated) if gated else {}
+    current: Batch = update.get("batch", state.batch)
     # The last reservation's balance, viewed into state only when state is next read: before
     # the next reservation (which may re-open the account from state's budget) or with the
     # batch at the end, so a batch of one copies the state once, not twice.
     latest: Balance | None = None
-    for entry in to_reserve(state.batch):
+    for entry in to_reserve(current):
         if only is not None and entry.call_id not in only:
             continue
         if latest is not None:
@@ -164,15 +177,14 @@ async def reserve_batch(
             io, state, ctx, key, reservation_amounts(spec), account=account
         )
         if isinstance(held, StopRequest):
-            return state, held
+            return (state.model_copy(update=update) if update else state), held
         if isinstance(held, BudgetExhausted):
             refused[entry.call_id] = held
             continue
         latest = held.balance
     batch, stopped = after_reservations(
-        state.batch, refused, run_id=state.run_id, verdict_key=cfg.verdict_key
+        current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key
     )
-    update: dict[str, Any] = {}
     if batch is not state.batch:
         update["batch"] = batch
     if latest is not None:

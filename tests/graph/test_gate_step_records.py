@@ -152,3 +152,23 @@ def test_a_reserved_batch_leaves_the_budget_of_its_last_reservation(calls: int) 
     codes = [e.verdict.code for e in state.batch]
     assert codes.count(VerdictCode.ALLOWED) == min(calls, 3)
     assert codes.count(VerdictCode.BUDGET_EXHAUSTED) == max(0, calls - 3)
+
+
+def test_a_batch_refused_by_a_closed_account_still_records_the_gated_batch() -> None:
+    # The reservation's stop returns the state the gate made: its batch, phase and counts.
+    from fencepost.graph.run_account import account_of
+
+    cfg = _settings()
+    io, ctx = SyncIO(cfg), context()
+    opened = _drive(open_run(io, _state(step=1), ctx))
+    assert isinstance(opened, fp.AgentState)
+    cfg.ledger.close_account(account_of(opened), "cancelled")
+    proposal = fp.ToolProposal(
+        call_id="call-0001", tool_name="search_logs", arguments={"query": "q"}
+    )
+    state, _ = _drive(gate(io, opened, ctx, (proposal,), {}))
+    assert state.stop is not None and state.stop.reason is fp.TerminationReason.CANCELLED
+    assert state.phase is Phase.VALIDATE
+    assert [e.call_id for e in state.batch] == ["call-0001"]
+    assert sum(state.fingerprints.values()) == 1
+    assert state.budget == opened.budget
