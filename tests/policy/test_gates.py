@@ -384,3 +384,30 @@ def test_an_extra_field_is_not_taken_for_a_declared_one() -> None:
         limit: int = 1
 
     check_semantics(make_spec(), Loose.model_validate({"limit": 2, "query": ""}), make_state())
+
+
+def test_the_schema_gate_validates_through_a_models_own_model_validate_json() -> None:
+    # The gate calls pydantic's validator directly only for a model that keeps pydantic's own
+    # model_validate_json; one that overrides it is judged by its override.
+    seen: list[str] = []
+
+    class Audited(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        query: str
+
+        @classmethod
+        def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Audited:
+            seen.append(json_data)
+            if "forbidden" in json_data:
+                raise ValueError("refused by the model's own hook")
+            return super().model_validate_json(json_data, **kwargs)
+
+    spec = make_spec(args_model=Audited)
+    args = check_schema(spec, make_proposal({"query": "checkout"}))
+    assert isinstance(args, Audited) and seen == ['{"query":"checkout"}']
+    with pytest.raises(ValueError, match="own hook"):
+        check_schema(spec, make_proposal({"query": "forbidden"}))
+    plain = check_schema(make_spec(), make_proposal({"query": "checkout", "limit": 3}))
+    assert plain == SearchArgs(query="checkout", limit=3)
+    with pytest.raises(ValidationError):
+        check_schema(make_spec(), make_proposal({"query": "checkout", "limit": "3"}))
