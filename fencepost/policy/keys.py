@@ -19,7 +19,10 @@ def _digest(*parts: str) -> str:
     # JSON keeps the parts apart whatever they contain: ("a\x1fb", "c") is not ("a", "b\x1fc").
     # Written as json.dumps(parts, ensure_ascii=True) writes it (durable ledgers hold these
     # keys), without building an encoder per call: a fresh call id misses the cache.
-    joined = "[" + ", ".join(map(encode_basestring_ascii, parts)) + "]"
+    if len(parts) == 1:  # a call id: no separators to write
+        joined = "[" + encode_basestring_ascii(parts[0]) + "]"
+    else:
+        joined = "[" + ", ".join(map(encode_basestring_ascii, parts)) + "]"
     return hashlib.sha256(joined.encode("ascii")).hexdigest()[:32]
 
 
