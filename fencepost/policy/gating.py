@@ -133,12 +133,18 @@ def gate_batch(
 def reservation_amounts(spec: ToolSpec) -> dict[str, float]:
     """What one attempt of a call of ``spec`` reserves: a tool call, a mutation for a write or
     external effect, and the tool's declared cost."""
-    amounts = {BudgetAxis.TOOL_CALLS.value: 1.0}
+    amounts = {_TOOL_CALLS: 1.0}
     if spec.effect is not Effect.READ:
-        amounts[BudgetAxis.MUTATIONS.value] = 1.0
+        amounts[_MUTATIONS] = 1.0
     if spec.cost > 0:
-        amounts[BudgetAxis.COST.value] = float(spec.cost)
+        amounts[_COST] = float(spec.cost)
     return amounts
+
+
+# An enum member's ``.value`` is a descriptor call each time; these names are fixed.
+_TOOL_CALLS = BudgetAxis.TOOL_CALLS.value
+_MUTATIONS = BudgetAxis.MUTATIONS.value
+_COST = BudgetAxis.COST.value
 
 
 def to_reserve(batch: Batch) -> list[BatchEntry]:
