@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import sys
 from typing import Any
 
 import pytest
@@ -177,3 +178,22 @@ def test_canonical_json_refuses_what_json_dumps_refuses() -> None:
         assert type(ours.value) is type(theirs.value)
         assert str(ours.value) == str(theirs.value)
     assert canonical_json("é\x00") == _dumps("é\x00")
+
+
+def test_canonical_json_refuses_a_cycle_and_a_too_deep_value_as_json_dumps_does() -> None:
+    # The shared encoder keeps no circular-reference markers: a cycle must still be the
+    # ValueError json.dumps raises, and a value too deep still its RecursionError.
+    cycle: dict[str, Any] = {"a": [1, {"b": None}]}
+    cycle["a"][1]["b"] = cycle
+    with pytest.raises(ValueError, match="Circular reference detected"):
+        canonical_json(cycle)
+    deep: list[Any] = []
+    inner = deep
+    for _ in range(sys.getrecursionlimit() + 100):
+        inner.append([])
+        inner = inner[0]
+    with pytest.raises(RecursionError):
+        _dumps(deep)
+    with pytest.raises(RecursionError):
+        canonical_json(deep)
+    assert canonical_json({"x": cycle["a"][0]}) == '{"x":1}'  # the encoder is fine after
