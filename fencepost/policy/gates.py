@@ -285,9 +285,11 @@ def judged(
     approved: bool = False,
     counts: Mapping[str, int] | None = None,
     now: datetime | None = None,
-) -> tuple[Verdict, ToolSpec | None]:
-    """:func:`gate_proposal`, with the registered spec it found on the way (``None`` for an
-    unknown tool), so a batch does not look it up again."""
+) -> tuple[Verdict, ToolSpec | None, str | None]:
+    """:func:`gate_proposal`, with what it found on the way, so a batch does not work either
+    out again: the registered spec (``None`` for an unknown tool), and the key the call's
+    repeats count under when the repeat check reached it (``repeat_key`` of the fingerprint;
+    ``None`` when not reached, or for a polling tool, whose check keys by time)."""
     # One canonical text of the arguments serves the fingerprint and the schema check.
     canonical_arguments = canonical_json(proposal.arguments)
     fingerprint = fingerprint_of(proposal.tool_name, canonical_arguments)
@@ -310,17 +312,17 @@ def judged(
     try:
         spec = check_registered(registry, proposal)
     except UnknownTool:
-        return verdict(VerdictCode.UNKNOWN_TOOL), None
+        return verdict(VerdictCode.UNKNOWN_TOOL), None, None
     try:
         args = check_schema(spec, proposal, canonical_arguments=canonical_arguments)
     except ValidationError as exc:
-        return verdict(VerdictCode.SCHEMA_VIOLATION, schema_problems(spec, exc)), spec
+        return verdict(VerdictCode.SCHEMA_VIOLATION, schema_problems(spec, exc)), spec, None
     try:
         check_semantics(spec, args, state)
     except ToolSemanticError as exc:
-        return verdict(VerdictCode.SEMANTIC_VIOLATION, (f"rule: {exc.rule}",)), spec
+        return verdict(VerdictCode.SEMANTIC_VIOLATION, (f"rule: {exc.rule}",)), spec, None
     try:
-        check_progress(
+        key: str | None = check_progress(
             spec,
             proposal,
             state,
@@ -330,11 +332,13 @@ def judged(
             now=now,
         )
     except NoProgressDetected:
-        return verdict(VerdictCode.NO_PROGRESS), spec
+        return verdict(VerdictCode.NO_PROGRESS), spec, None
+    if spec.poll_interval_seconds is not None:
+        key = None
     try:
         authorize(spec, principal, approved=approved)
     except ToolPolicyDenied:
-        return verdict(VerdictCode.CAPABILITY_DENIED), spec
+        return verdict(VerdictCode.CAPABILITY_DENIED), spec, key
     except HumanApprovalRequired:
-        return verdict(VerdictCode.APPROVAL_REQUIRED), spec
-    return verdict(VerdictCode.ALLOWED), spec
+        return verdict(VerdictCode.APPROVAL_REQUIRED), spec, key
+    return verdict(VerdictCode.ALLOWED), spec, key

@@ -103,7 +103,7 @@ def gate_batch(
     for call in calls:
         if raised and counts is run_counts:
             counts = ChainMap(raised, run_counts)  # made only for a call after an allowed one
-        verdict, spec = judged(
+        verdict, spec, counted = judged(
             registry,
             call,
             state,
@@ -116,7 +116,7 @@ def gate_batch(
         if verdict.code is VerdictCode.APPROVAL_REQUIRED and approval == "interrupt":
             verdict = verdict.model_copy(update={"code": VerdictCode.APPROVAL_PENDING})
         elif verdict.allowed:
-            key = repeat_key(verdict.fingerprint, state)
+            key = repeat_key(verdict.fingerprint, state) if counted is None else counted
             raised[key] = (raised[key] if key in raised else run_counts.get(key, 0)) + 1
         elif first_stop is None and verdict.termination is not None:
             first_stop = stop(verdict.termination, verdict.code.value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 from fencepost.policy import ToolRegistry, VerdictCode
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gating import duplicate_call_ids, gate_batch
@@ -53,3 +55,23 @@ def test_a_batch_reusing_a_call_id_is_a_duplicate_whatever_its_size() -> None:
     two = [make_proposal(call_id="call-0001"), make_proposal(call_id="call-0001")]
     assert duplicate_call_ids(two, {})
     assert not duplicate_call_ids([], {})
+
+
+def test_a_polling_call_is_counted_under_its_repeat_key_not_its_time_key() -> None:
+    # The repeat check of a polling tool keys by time; the batch counts the call under the
+    # key every later step reads (repeat_key), as for any other tool.
+    from datetime import datetime, timedelta
+
+    from fencepost.policy.progress import repeat_key
+
+    registry = ToolRegistry((make_spec(poll_interval_seconds=5),))
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    evidence = {KEY: f"1:abc@{(now - timedelta(seconds=60)).isoformat()}"}
+    state = make_state(evidence=evidence, fingerprints={})
+    calls = [make_proposal(ARGS, call_id="call-0001")]
+    gated = gate_batch(
+        registry, calls, state, reader(), repeat_limit=2, approval="terminate", now=now
+    )
+    assert [e.verdict.code for e in gated.batch] == [VerdictCode.ALLOWED]
+    assert gated.fingerprints == {repeat_key(KEY, state): 1}
+    assert repeat_key(KEY, state) != KEY  # the epoch moved on: not the bare fingerprint
