@@ -19,6 +19,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Container, Iterable, Mapping, Sequence, Set
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -43,7 +44,14 @@ from fencepost.policy.untrusted import ERROR_KEY, UNTRUSTED_KEY, observation_con
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
-    from langchain_core.messages import AIMessage, BaseMessage
+    from langchain_core.messages import (
+        AIMessage,
+        AIMessageChunk,
+        BaseMessage,
+        HumanMessage,
+        SystemMessage,
+        ToolMessage,
+    )
     from langchain_core.runnables import Runnable, RunnableConfig
 
 __all__ = [
@@ -181,8 +189,7 @@ def _parse(
     abstain_tool: str,
     require_finish_reason: bool | None,
 ) -> Decided:
-    from langchain_core.messages import AIMessage, AIMessageChunk
-
+    AIMessage, AIMessageChunk = _ai_types()
     if not isinstance(message, AIMessage):
         raise InvalidProposal("malformed_decision")
     meta = message.response_metadata if isinstance(message.response_metadata, dict) else {}
@@ -277,6 +284,24 @@ def _parse(
         input_tokens=tokens_in,
         output_tokens=tokens_out,
     )
+
+
+@cache
+def _ai_types() -> tuple[type[AIMessage], type[AIMessageChunk]]:
+    # Imported on first use (importing this module does not need LangChain), then kept: an
+    # import statement in a function is a module-table lookup at every call, twice a step.
+    from langchain_core.messages import AIMessage, AIMessageChunk
+
+    return AIMessage, AIMessageChunk
+
+
+@cache
+def _message_types() -> tuple[
+    type[AIMessage], type[HumanMessage], type[SystemMessage], type[ToolMessage]
+]:
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    return AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 
 def _ending_tools(final_tool: str, abstain_tool: str) -> list[dict[str, Any]]:
@@ -444,13 +469,21 @@ class ChatModelDecider:
         # one referenced), and an entry goes when its run's first observation does: a finished
         # run's turns would otherwise stay until 4,096 later runs pushed them out.
         self._rendered: OrderedDict[
-            int, tuple[weakref.ref[Observation], weakref.ref[Observation], int, list[BaseMessage]]
+            int,
+            tuple[
+                weakref.ref[Observation],
+                weakref.ref[Observation],
+                int,
+                list[BaseMessage],
+                BaseMessage,
+            ],
         ] = OrderedDict()
         self._gone: list[int] = []
         """Keys whose first observation died, appended by a weakref callback (any thread, even
         inside the lock's holder during a collection: so it only appends), purged under the
         lock."""
         self._bound: tuple[str, Runnable[Any, Any]] | None = None
+        self._system: BaseMessage | None = None
 
     # what the model is given ------------------------------------------------------------------
 
@@ -484,14 +517,13 @@ class ChatModelDecider:
         observation, joined by call id. Nothing here depends on this process having seen the
         earlier turns, so a run resumed elsewhere shows the model the same conversation.
         """
-        from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+        AIMessage, HumanMessage, _, ToolMessage = _message_types()
 
-        head: list[BaseMessage] = [
-            SystemMessage(content=self.system_prompt),
-            HumanMessage(content=input.question),
-        ]
         observations = input.observations
-        reused, count = self._rendered_prefix(observations)
+        reused, count, asked = self._rendered_prefix(observations)
+        if asked is None or asked.content != input.question:
+            asked = HumanMessage(content=input.question)
+        head: list[BaseMessage] = [self._system_message(), asked]
         # Proposals are recorded beside their observations, one for one: the new ones are the
         # tail (anything else, as after a state edit, is looked up in full).
         aligned = len(input.proposals) == len(observations)
@@ -525,27 +557,37 @@ class ChatModelDecider:
                 for obs in turn
             )
         if observations:
-            self._remember_prefix(observations, rendered)
+            self._remember_prefix(observations, rendered, asked)
         notice = run_notice(input)
         return head + rendered + ([HumanMessage(content=notice)] if notice else [])
 
+    def _system_message(self) -> BaseMessage:
+        """The system prompt as a message: one per decider (it holds no run data), made again
+        only if ``system_prompt`` was reassigned."""
+        made = self._system
+        if made is None or made.content != self.system_prompt:
+            made = self._system = _message_types()[2](content=self.system_prompt)
+        return made
+
     def _rendered_prefix(
         self, observations: tuple[Observation, ...]
-    ) -> tuple[list[BaseMessage], int]:
+    ) -> tuple[list[BaseMessage], int, BaseMessage | None]:
         """The turns already rendered for a prefix of ``observations`` (the same objects, so the
-        same run in this process), and how many observations they cover; ``([], 0)`` if none.
+        same run in this process), how many observations they cover, and the question message
+        shown with them (the caller checks it still says the run's question); ``([], 0, None)``
+        if none.
 
         Keyed by the identity of the first observation object and checked against the last one
         it covered: never by a run or call id a caller or model chooses. A prefix that ends
         inside a step's turn (results of one step recorded in two writes) is not reused.
         """
         if not observations:
-            return [], 0
+            return [], 0, None
         with self._lock:
             entry = self._rendered.get(id(observations[0]))
         if entry is None:
-            return [], 0
-        first, last, count, rendered = entry
+            return [], 0, None
+        first, last, count, rendered, asked = entry
         if (
             first() is not observations[0]
             or count > len(observations)
@@ -555,11 +597,14 @@ class ChatModelDecider:
                 and observations[count].step == observations[count - 1].step
             )
         ):
-            return [], 0
-        return rendered, count
+            return [], 0, None
+        return rendered, count, asked
 
     def _remember_prefix(
-        self, observations: tuple[Observation, ...], rendered: list[BaseMessage]
+        self,
+        observations: tuple[Observation, ...],
+        rendered: list[BaseMessage],
+        asked: BaseMessage,
     ) -> None:
         first = observations[0]
         key = id(first)
@@ -575,7 +620,13 @@ class ChatModelDecider:
                 if entry is not None and entry[0]() is first
                 else _weak(first, key, self._gone)
             )
-            self._rendered[key] = (ref, weakref.ref(observations[-1]), len(observations), rendered)
+            self._rendered[key] = (
+                ref,
+                weakref.ref(observations[-1]),
+                len(observations),
+                rendered,
+                asked,
+            )
             self._rendered.move_to_end(key)
             while len(self._rendered) > self._history_size:
                 self._rendered.popitem(last=False)

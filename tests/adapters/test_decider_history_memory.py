@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from langchain_core.messages import BaseMessage, ToolMessage
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
 from fencepost.adapters import ChatModelDecider
 from fencepost.policy.decision_model import DecisionInput
@@ -62,3 +62,22 @@ def test_turns_are_not_reused_for_other_observations_at_a_reused_address() -> No
         assert messages[0].tool_call_id == f"call_{n:010d}"  # type: ignore[attr-defined]
         del records, messages
         gc.collect()
+
+
+def test_a_reused_history_is_shown_with_the_question_the_run_asks_now() -> None:
+    # The question message is kept beside the run's rendered turns; a state edit that changes
+    # the question (same observation objects) must show the model the new one.
+    decider = _decider()
+    records = (_observation(0),)
+    decider.messages(_input(records))
+    edited = _input((*records, _observation(1))).model_copy(update={"question": "another?"})
+    shown = decider.messages(edited)
+    assert isinstance(shown[1], HumanMessage) and shown[1].content == "another?"
+
+
+def test_a_reassigned_system_prompt_is_the_one_shown() -> None:
+    decider = _decider()
+    decider.messages(_input(()))
+    decider.system_prompt = "new rules"
+    shown = decider.messages(_input(()))
+    assert isinstance(shown[0], SystemMessage) and shown[0].content == "new rules"
