@@ -48,13 +48,13 @@ class LoopConfig:
     max_concurrent_tools: int
     verdict_key: bytes | None
     tokens_per_step: int
+    """Tokens a model step reserves before the model is called (settled to what it reports)."""
     answer_margin: int
+    """The last steps kept for answering: tool calls are refused in them."""
     repair_attempts: int
+    """Refused proposals (unknown tool, schema, semantics) the model may repair, a step each."""
     owns_ledger: bool = False
     """The ledger is the graph's own (none was passed): runs that end are forgotten from it."""
-    """Refused proposals (unknown tool, schema, semantics) the model may repair, a step each."""
-    """The last steps kept for answering: tool calls are refused in them."""
-    """Tokens a model step reserves before the model is called (settled to what it reports)."""
 
 
 # The settings of each built graph, found again from the graph object (never from a name a

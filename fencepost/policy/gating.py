@@ -36,7 +36,6 @@ class GatedBatch(NamedTuple):
     batch: Batch
     fingerprints: dict[str, int]
     stop: StopRequest | None = None
-    denied_codes: tuple[VerdictCode, ...] = ()
     specs: tuple[ToolSpec | None, ...] = ()
     """Per entry, the registered spec of its tool (``None``: not registered)."""
 

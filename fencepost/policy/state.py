@@ -57,7 +57,6 @@ class AgentState(Frozen):
     """Per call fingerprint, what its last run returned — a hash of the result or error code,
     never its text — how often it changed, and when: ``"<epoch>:<hash>@<ISO instant>"``.
     Progress is judged by it."""
-    """How often each (tool, canonical args) fingerprint has been allowed: O(1) repeat checks."""
     final_answer: AnswerPayload | None = None
     termination: Annotated[TerminationReason | None, Strict(False)] = None
     last_error_code: str | None = None
