@@ -8,6 +8,7 @@ crash of ``make bench``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import cProfile
 import inspect
 import os
@@ -21,6 +22,7 @@ from typing import Any
 from uuid import uuid4
 
 from common import TOOL_NAME, describe, memory_saver, settle
+from langchain_core.runnables.config import var_child_runnable_config
 
 Target = tuple[str, str, bool | None]
 
@@ -186,13 +188,22 @@ def _in_node(lo: ModuleType) -> tuple[str, Callable[[Any], Callable[[], Any]]]:
         def make_step(state: Any) -> Callable[[], Any]:
             io = SyncIO(cfg)
             budget = fp.RuntimeBudget(steps_remaining=10**9, tool_calls_remaining=10**9)
-            opened = _drive(
-                open_run(io, state.model_copy(update={"budget": budget}), lo.RUN_CONTEXT)
+            # Inside a node, LangGraph's config (the thread the run's account is named from) is
+            # in context; outside one, every account lookup would pay a RuntimeError instead.
+            in_node = contextvars.copy_context()
+            in_node.run(
+                var_child_runnable_config.set, {"configurable": {"thread_id": f"bench-{uuid4()}"}}
+            )
+            opened = in_node.run(
+                _drive,
+                open_run(io, state.model_copy(update={"budget": budget}), lo.RUN_CONTEXT),
             )
             if not isinstance(opened, fp.AgentState):
                 raise Skip(f"open_run refused the run: {opened!r:.80}")
             proposals = _fresh_proposals(NUMBER * (REPEAT + 1) + 1)
-            return lambda: _drive(gate(io, opened, lo.RUN_CONTEXT, (next(proposals),), {}))
+            return lambda: in_node.run(
+                _drive, gate(io, opened, lo.RUN_CONTEXT, (next(proposals),), {})
+            )
 
         return "in-node: `gate_step.gate` (decide's gate step, incl. ledger reservation)", make_step
     try:
