@@ -234,3 +234,63 @@ def test_reservation_amounts_name_the_axes_as_plain_strings(effect: Effect, cost
         expected["cost"] = float(cost)
     assert amounts == expected
     assert all(type(k) is str for k in amounts)  # a durable ledger's JSON keys
+
+
+# === keys: a one-part digest ====================================================================
+
+
+class _LyingText(str):
+    """A str whose Python-level views lie; the digest must read its text."""
+
+    def __str__(self) -> str:
+        return "other"
+
+    def __len__(self) -> int:
+        return 0
+
+    def __iter__(self) -> Any:
+        return iter("zz")
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        "",
+        "\ud800",
+        "\udfff\ud800",
+        '"\\\x00\x1f\x7f',
+        "😀\u2028",
+        "a" * 100_000,
+        _LyingText("acme"),
+    ],
+    ids=repr,
+)
+def test_a_one_part_ledger_key_is_the_json_digest_durable_ledgers_already_hold(part: str) -> None:
+    import hashlib
+
+    from fencepost.policy.keys import _digest
+
+    text = str.__str__(part)
+    expected = hashlib.sha256(json.dumps((text,), ensure_ascii=True).encode("ascii"))
+    assert _digest(part) == expected.hexdigest()[:32]
+
+
+def test_reservations_on_open_accounts_from_many_threads_are_each_booked_once() -> None:
+    ledger = InMemoryLedger()
+    for n in range(4):
+        ledger.open_account(f"run-{n}", {"tool_calls": 10_000})
+    barrier = threading.Barrier(8)
+
+    def work(t: int) -> None:
+        barrier.wait()
+        for i in range(500):
+            ledger.reserve(f"run-{i % 4}", f"k-{i}", {"tool_calls": 1})  # same keys: idempotent
+            ledger.reserve(f"run-{i % 4}", f"t{t}-{i}", {"tool_calls": 1})
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    held = sum(ledger.balance(f"run-{n}").held["tool_calls"] for n in range(4))
+    assert held == 500 + 8 * 500
