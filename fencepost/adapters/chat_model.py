@@ -483,7 +483,6 @@ class ChatModelDecider:
         inside the lock's holder during a collection: so it only appends), purged under the
         lock."""
         self._bound: tuple[str, Runnable[Any, Any]] | None = None
-        self._system: BaseMessage | None = None
 
     # what the model is given ------------------------------------------------------------------
 
@@ -562,12 +561,10 @@ class ChatModelDecider:
         return head + rendered + ([HumanMessage(content=notice)] if notice else [])
 
     def _system_message(self) -> BaseMessage:
-        """The system prompt as a message: one per decider (it holds no run data), made again
-        only if ``system_prompt`` was reassigned."""
-        made = self._system
-        if made is None or made.content != self.system_prompt:
-            made = self._system = _message_types()[2](content=self.system_prompt)
-        return made
+        """The system prompt as a message, made for each call: a chat model or a callback may
+        edit the messages it is handed in place (``additional_kwargs``, ``id``, ``name``), and
+        one message shared by every run would carry one run's edit into another tenant's."""
+        return _message_types()[2](content=self.system_prompt)
 
     def _rendered_prefix(
         self, observations: tuple[Observation, ...]

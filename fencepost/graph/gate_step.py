@@ -108,7 +108,8 @@ async def gate(
                 if pending
                 else "denied",
                 decision_kind="tool",
-                tool_name=verdict.tool_name if spec else None,
+                # The registered name (an exact str): the model's may be a str subclass.
+                tool_name=spec.name if spec else None,
                 effect=spec.effect if spec else None,
                 verdict=verdict.code,
                 **usage,

@@ -11,15 +11,15 @@ from typing import Any
 _ENCODER = json.encoder.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
-# The C encoder json.dumps builds from these settings at every call (after building the
-# encoder itself), made once here. Without circular-reference markers it holds no state, so
-# one serves every call and thread; a cycle then recurses until RecursionError, and only
-# then is the value encoded again with markers, to refuse it as json.dumps does.
+# The C encoder json.dumps builds from these settings, made here without the JSONEncoder and
+# iterencode around it. Each call gets its own circular-reference markers (a dict): shared
+# markers would make two threads encoding one object see a cycle, and no markers at all find a
+# cycle only at the recursion limit, after encoding every level up to it (a wide cyclic dict
+# then costs about a thousand times what json.dumps spends refusing it).
 _make_encoder: Callable[..., Callable[[Any, int], tuple[str, ...]]] | None = getattr(
     json.encoder, "c_make_encoder", None
 )
 _SETTINGS = (_ENCODER.default, encode_basestring, None, ":", ",", True, False, False)
-_unmarked = _make_encoder(None, *_SETTINGS) if _make_encoder is not None else None
 
 
 def canonical_json(value: Any) -> str:
@@ -28,13 +28,9 @@ def canonical_json(value: Any) -> str:
     The text ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
     allow_nan=False)`` gives, and its errors.
     """
-    if _make_encoder is None or _unmarked is None or isinstance(value, str):
+    if _make_encoder is None or isinstance(value, str):
         return _ENCODER.encode(value)
-    try:
-        return "".join(_unmarked(value, 0))
-    except RecursionError:
-        # A cycle (ValueError, as json.dumps says) or a value too deep (RecursionError again).
-        return "".join(_make_encoder({}, *_SETTINGS)(value, 0))
+    return "".join(_make_encoder({}, *_SETTINGS)(value, 0))
 
 
 def proposal_fingerprint(tool_name: str, arguments: Any) -> str:

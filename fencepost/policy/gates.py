@@ -75,7 +75,8 @@ def check_schema(
     if canonical_arguments is None:
         canonical_arguments = canonical_json(proposal.arguments)
     model = spec.args_model
-    if model.model_validate_json.__func__ is _VALIDATE_JSON:  # type: ignore[attr-defined]
+    # getattr: an override need not be a bound method (a staticmethod has no ``__func__``).
+    if getattr(model.model_validate_json, "__func__", None) is _VALIDATE_JSON:
         # What pydantic's own model_validate_json calls, without its wrapper (a third of the
         # check); a model that overrides model_validate_json is validated through its own.
         args: BaseModel = model.__pydantic_validator__.validate_json(

@@ -418,6 +418,8 @@ class InMemoryLedger(Ledger):
         self._reservations: dict[str, _Record] = {}
         self._keys: dict[str, list[str]] = {}
         """Each account's reservation keys, so a closed account's can be forgotten in O(its own)."""
+        self._valid_names: set[str] = set()
+        """The names of open accounts that were opened as exact strs (validated then)."""
 
     def open_account(
         self,
@@ -443,6 +445,8 @@ class InMemoryLedger(Ledger):
                 self._limits[account] = clean
                 self._owners[account] = who
                 self._held[account] = {}
+                if type(account) is str:
+                    self._valid_names.add(account)
             return self._balance(account)
 
     def close_account(self, account: str, reason: str) -> Balance:
@@ -481,9 +485,10 @@ class InMemoryLedger(Ledger):
             return dropped
 
     def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        # An account this ledger opened was validated then (and accounts are never dropped):
-        # the same text is the same valid name.
-        if type(account) is not str or account not in self._parents:
+        # An account this ledger opened as an exact str was validated then (and accounts are
+        # never dropped): the same text is the same valid name. Looked up among exact strs
+        # only: a str subclass opened as a name may claim to equal any text.
+        if type(account) is not str or account not in self._valid_names:
             validate_name(account, "account")
         validate_name(key)
         clean = validate_amounts(amounts)

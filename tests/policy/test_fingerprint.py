@@ -181,8 +181,8 @@ def test_canonical_json_refuses_what_json_dumps_refuses() -> None:
 
 
 def test_canonical_json_refuses_a_cycle_and_a_too_deep_value_as_json_dumps_does() -> None:
-    # The shared encoder keeps no circular-reference markers: a cycle must still be the
-    # ValueError json.dumps raises, and a value too deep still its RecursionError.
+    # A cycle must be the ValueError json.dumps raises, and a value too deep its
+    # RecursionError, whatever markers the encoder keeps.
     cycle: dict[str, Any] = {"a": [1, {"b": None}]}
     cycle["a"][1]["b"] = cycle
     with pytest.raises(ValueError, match="Circular reference detected"):

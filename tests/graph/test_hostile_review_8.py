@@ -1,0 +1,184 @@
+"""Hostile review of bf590b9..d7f8990 (graph half): the gate step's manifests assembled without
+validation (``checked_manifest``), the batch reserved with the gate's fields written once, and
+what a caller's ``Command(update=...)`` of the wrong type does to a run.
+
+Seats: a caller who can send any update (values of the wrong type, a budget view written whole,
+a bool where an int is, a str-subclass run id, NaN, huge ints); the process itself (a decision
+model handing over records it built without validation). The policy half is
+tests/policy/test_hostile_review_8.py, the adapter half tests/adapters/test_hostile_review_8.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langgraph.types import Command
+
+import fencepost as fp
+from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.gate_step import gate
+from fencepost.graph.loop import LoopConfig, settings_of
+from fencepost.graph.node_io import SyncIO
+from fencepost.graph.run_account import open_run
+from fencepost.graph.serde import fencepost_serializer
+from fencepost.policy import StepManifest
+from tests.graph.kit import Calls, context, make_registry, paused_for_approval, state_of
+
+
+def _settings() -> LoopConfig:
+    cfg = settings_of(fp.build_agent_graph(make_registry(Calls()), ScriptedDecisionModel([])))
+    assert cfg is not None
+    return cfg
+
+
+def _state(step: int) -> fp.AgentState:
+    return fp.AgentState(
+        run_id="run-0001",
+        tenant_id="acme",
+        principal_id="u-1",
+        question="why?",
+        step=step,
+        budget=fp.RuntimeBudget(steps_remaining=5, tool_calls_remaining=4, tokens_used=7),
+    )
+
+
+def _drive(coro: Any) -> Any:
+    """A coroutine run to its end under SyncIO (it never suspends)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("the gate step suspended under SyncIO")
+
+
+class _Name(str):
+    """A tool name a decision model built without validation: equal to a registered name."""
+
+    def __repr__(self) -> str:
+        return "lie"
+
+
+def _gated(*calls: fp.ToolProposal) -> tuple[fp.AgentState, list[StepManifest]]:
+    cfg = _settings()
+    io, ctx = SyncIO(cfg), context()
+    opened = _drive(open_run(io, _state(step=1), ctx))
+    assert isinstance(opened, fp.AgentState)
+    out: tuple[fp.AgentState, list[StepManifest]] = _drive(gate(io, opened, ctx, calls, {}))
+    return out
+
+
+def _validated(m: StepManifest) -> StepManifest:
+    return StepManifest.model_validate(m.model_dump(exclude_unset=True))
+
+
+def test_a_gate_manifest_names_its_tool_as_a_plain_str_whatever_the_model_handed_in() -> None:
+    # A DecisionModel's records are not validated again (accept_decision takes the instance):
+    # bf590b9's validated manifest turned a str-subclass name into a str; the assembled one
+    # kept the subclass (its repr, its attributes) in the trace record.
+    proposal = fp.ToolProposal.model_construct(
+        call_id="call-0001", tool_name=_Name("search_logs"), arguments={"query": "q"}
+    )
+    _, manifests = _gated(proposal)
+    assert [type(m.tool_name) for m in manifests] == [str]
+    assert manifests[0].tool_name == "search_logs"
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        (("search_logs", {"query": "q"}),),
+        (("search_logs", {"query": "q"}), ("search_logs", {"query": "q"})),  # a repeat
+        (("nope", {}),),  # unknown
+        (("search_logs", {"query": 5}),),  # schema
+        (("search_logs", {"query": "a"}), ("write_note", {"note": "n"})),  # needs approval
+        tuple(("search_logs", {"query": f"q{n}"}) for n in range(6)),  # past the budget
+    ],
+    ids=["one", "repeat", "unknown", "schema", "approval", "over-budget"],
+)
+def test_the_gate_steps_records_are_what_validation_makes_and_survive_a_checkpoint(
+    calls: tuple[tuple[str, dict[str, Any]], ...],
+) -> None:
+    batch = tuple(
+        fp.ToolProposal(call_id=f"call-{n:04d}", tool_name=t, arguments=a)
+        for n, (t, a) in enumerate(calls)
+    )
+    state, manifests = _gated(*batch)
+    serde = fencepost_serializer()
+    for m in manifests:
+        again = _validated(m)
+        assert m == again and m.model_fields_set == again.model_fields_set
+        assert list(m.__dict__) == list(again.__dict__)
+        revived = serde.loads_typed(serde.dumps_typed(m))
+        assert revived == m and type(revived) is StepManifest
+    whole = fp.AgentState.model_validate(state.model_dump())
+    assert whole == state
+    revived_state = serde.loads_typed(serde.dumps_typed(state))
+    assert revived_state == state
+
+
+# === a caller's update of the wrong type =========================================================
+
+
+class _RunId(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("update", "reason"),
+    [
+        ({"step": True}, fp.TerminationReason.COMPLETED),
+        ({"step": 2**62}, fp.TerminationReason.COMPLETED),
+        ({"step": 1.0}, fp.TerminationReason.COMPLETED),
+        ({"step": -1}, fp.TerminationReason.POLICY_DENIED),
+        ({"step": float("nan")}, fp.TerminationReason.POLICY_DENIED),
+        ({"run_id": _RunId("someone-else")}, fp.TerminationReason.POLICY_DENIED),
+        ({"fingerprints": {"x": True}}, fp.TerminationReason.COMPLETED),
+        ({"fingerprints": {"x": float("inf")}}, fp.TerminationReason.COMPLETED),
+        ({"batch": ("x",)}, fp.TerminationReason.POLICY_DENIED),
+        ({"phase": "gate"}, fp.TerminationReason.POLICY_DENIED),
+        (
+            {"budget": fp.RuntimeBudget(steps_remaining=2**62, tool_calls_remaining=2**62)},
+            fp.TerminationReason.COMPLETED,
+        ),
+    ],
+    ids=repr,
+)
+def test_an_update_of_the_wrong_type_at_resume_ends_the_run_with_a_typed_reason(
+    update: dict[str, Any], reason: fp.TerminationReason
+) -> None:
+    # The same ends as on bf590b9 (checked probe by probe): the fast paths met each of these
+    # and either passed it to validation or ended the run; the write ran at most once.
+    h, config, ctx = paused_for_approval()
+    h.graph.invoke(Command(resume="approve", update=update), config, context=ctx)
+    assert state_of(h, config).termination is reason
+    assert h.calls.count("write_note") <= 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=Exception,
+    reason=(
+        "pre-existing (bf590b9 too): LangGraph's serde revives a pydantic record it cannot "
+        "validate with model_construct, and load_state checks a record field only by "
+        "type(v) is RuntimeBudget, so a budget view whose fields are of another type reaches "
+        "approve's manifest, whose validation raises; the thread is stuck at approve. Fix: "
+        "check a record's own fields exactly in channels.value_check (or in load_state for "
+        "budget), so the state is mended and the run ends policy_denied/invalid_state."
+    ),
+)
+@pytest.mark.parametrize(
+    "budget",
+    [
+        fp.RuntimeBudget.model_construct(steps_remaining="5", tool_calls_remaining=4),
+        fp.RuntimeBudget.model_construct(steps_remaining=True, tool_calls_remaining=4),
+    ],
+    ids=["str", "bool"],
+)
+def test_a_budget_view_written_whole_with_fields_of_another_type_ends_the_run_typed(
+    budget: fp.RuntimeBudget,
+) -> None:
+    h, config, ctx = paused_for_approval()
+    h.graph.invoke(Command(resume="approve", update={"budget": budget}), config, context=ctx)
+    assert state_of(h, config).termination is fp.TerminationReason.POLICY_DENIED
+    assert h.calls.count("write_note") == 0
