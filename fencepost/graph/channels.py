@@ -7,7 +7,7 @@ from __future__ import annotations
 import types
 from collections.abc import Callable, Sequence
 from functools import cache
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from annotated_types import Ge, MaxLen, MinLen
 from langgraph._internal._typing import MISSING
@@ -15,22 +15,33 @@ from langgraph.channels.binop import _get_overwrite
 from langgraph.channels.delta import DeltaChannel
 from langgraph.channels.last_value import LastValue
 from langgraph.checkpoint.base import PendingWrite
-from pydantic import Strict, TypeAdapter
+from pydantic import BaseModel, Strict, TypeAdapter
 from pydantic.fields import FieldInfo
 
 Check = Callable[[Any], bool]
 
 
-def value_check(typ: Any, *, deep: bool = True) -> Check:
+def value_check(typ: Any, *, deep: bool = True, records: bool = False) -> Check:
     """A check, without pydantic, that a value is exactly of ``typ``: ``type(v) is X`` (a bool is
-    no int, a str no enum), a tuple maybe a list (revived); ``deep=False``: items unchecked."""
+    no int, a str no enum), a tuple maybe a list (revived); ``deep=False``: items unchecked.
+
+    ``records``: a contract record (a pydantic model) is checked field by field too, as
+    :func:`record_check` does; else by its type alone."""
     origin, args = get_origin(typ), get_args(typ)
     if typ is int:  # and one a checkpoint holds, with room to count on
         return lambda v: type(v) is int and -(2**63) <= v < 2**63
+    if records and isinstance(typ, type) and issubclass(typ, BaseModel):
+        return record_check(typ)
     if isinstance(typ, type) and origin is None:
         return lambda v: type(v) is typ
+    if origin is Annotated:  # a bound inside an optional: ``int | None`` with ``ge=0`` on the int
+        return _bounded(value_check(args[0], deep=deep, records=records), typ.__metadata__)
+    if origin is Literal:
+        return lambda v: any(type(v) is type(a) and v == a for a in args)
     if (origin is Union or origin is types.UnionType) and len(args) == 2 and type(None) in args:
-        some = value_check(args[0] if args[1] is type(None) else args[1], deep=deep)
+        some = value_check(
+            args[0] if args[1] is type(None) else args[1], deep=deep, records=records
+        )
         return lambda v: v is None or some(v)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         item = value_check(args[0])
@@ -165,12 +176,42 @@ _BOUNDS: dict[type[Any], Callable[[Check, Any], Check]] = {  # a field with anot
 }
 
 
-def field_check(info: FieldInfo, *, deep: bool = True) -> Check:
+def field_check(info: FieldInfo, *, deep: bool = True, records: bool = False) -> Check:
     """:func:`value_check` of a pydantic field's type, with its bounds (``ge``, lengths)."""
-    check = value_check(info.annotation, deep=deep)
-    for meta in info.metadata:
-        if not isinstance(meta, Strict):
+    return _bounded(value_check(info.annotation, deep=deep, records=records), info.metadata)
+
+
+def _bounded(check: Check, metadata: Sequence[Any]) -> Check:
+    for meta in metadata:
+        if isinstance(meta, FieldInfo):
+            check = _bounded(check, meta.metadata)
+        elif not isinstance(meta, Strict):
             check = _BOUNDS[type(meta)](check, meta)
+    return check
+
+
+@cache
+def record_check(cls: type[BaseModel]) -> Check:
+    """A contract record exactly of ``cls`` whose every field holds a value of its own type.
+
+    LangGraph revives a record it cannot validate with ``model_construct``, and a caller can
+    write one so made (``update_state``): its type alone says nothing of its fields (a budget
+    view whose ``steps_remaining`` is ``"5"``). A field whose type has no exact check (JSON
+    values, a text pattern) is left to the code that reads it."""
+    checks: list[tuple[str, Check]] = []
+    for name, info in cls.model_fields.items():
+        try:
+            checks.append((name, field_check(info, records=True)))
+        except (TypeError, KeyError):
+            continue
+    absent = object()
+
+    def check(v: Any) -> bool:
+        if type(v) is not cls:
+            return False
+        values = v.__dict__
+        return all(field(values.get(name, absent)) for name, field in checks)
+
     return check
 
 

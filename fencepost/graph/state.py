@@ -210,7 +210,12 @@ _ABSENT = object()
 _INVALID = stop(TerminationReason.POLICY_DENIED, "invalid_state")
 _NO_REQUEST = StartRequest(run_id="run-invalid", question="")
 # A record's items are checked as they are written (``channels.typed``); here only its type.
-_CHECKS = {n: field_check(i, deep=n not in _RECORDS) for n, i in AgentState.model_fields.items()}
+# A field holding one contract record (the budget view, a stop, a report) is checked field by
+# field: written whole, or revived unvalidated, its type alone says nothing of its fields.
+_CHECKS = {
+    n: field_check(i, deep=n not in _RECORDS, records=n not in _RECORDS)
+    for n, i in AgentState.model_fields.items()
+}
 
 
 class MendedState(AgentState):

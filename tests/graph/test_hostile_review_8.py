@@ -22,7 +22,7 @@ from fencepost.graph.loop import LoopConfig, settings_of
 from fencepost.graph.node_io import SyncIO
 from fencepost.graph.run_account import open_run
 from fencepost.graph.serde import fencepost_serializer
-from fencepost.policy import StepManifest
+from fencepost.policy import StepManifest, StopReport, StopRequest
 from tests.graph.kit import Calls, context, make_registry, paused_for_approval, state_of
 
 
@@ -155,18 +155,10 @@ def test_an_update_of_the_wrong_type_at_resume_ends_the_run_with_a_typed_reason(
     assert h.calls.count("write_note") <= 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=Exception,
-    reason=(
-        "pre-existing (bf590b9 too): LangGraph's serde revives a pydantic record it cannot "
-        "validate with model_construct, and load_state checks a record field only by "
-        "type(v) is RuntimeBudget, so a budget view whose fields are of another type reaches "
-        "approve's manifest, whose validation raises; the thread is stuck at approve. Fix: "
-        "check a record's own fields exactly in channels.value_check (or in load_state for "
-        "budget), so the state is mended and the run ends policy_denied/invalid_state."
-    ),
-)
+# Pre-existing (bf590b9 too), closed by channels.record_check: LangGraph's serde revives a
+# pydantic record it cannot validate with model_construct, and load_state checked such a field by
+# its type alone, so the bad budget reached approve's manifest, whose validation raised, and the
+# thread stayed stuck at approve.
 @pytest.mark.parametrize(
     "budget",
     [
@@ -180,5 +172,22 @@ def test_a_budget_view_written_whole_with_fields_of_another_type_ends_the_run_ty
 ) -> None:
     h, config, ctx = paused_for_approval()
     h.graph.invoke(Command(resume="approve", update={"budget": budget}), config, context=ctx)
+    assert state_of(h, config).termination is fp.TerminationReason.POLICY_DENIED
+    assert h.calls.count("write_note") == 0
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        {"stop": StopRequest.model_construct(reason="completed", error_code=5, answer=None)},
+        {"report": StopReport.model_construct(reason=7)},
+    ],
+    ids=["stop", "report"],
+)
+def test_a_record_written_whole_with_fields_of_another_type_ends_the_run_typed(
+    written: dict[str, Any],
+) -> None:
+    h, config, ctx = paused_for_approval()
+    h.graph.invoke(Command(resume="approve", update=written), config, context=ctx)
     assert state_of(h, config).termination is fp.TerminationReason.POLICY_DENIED
     assert h.calls.count("write_note") == 0
