@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.loop import LoopConfig, settings_of
 from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy.keys import run_account
 from fencepost.policy.tool_decorator import tool
@@ -371,3 +372,24 @@ def upload_accepted() -> tuple[Harness, dict[str, Any], fp.RunContext]:
         interrupt_after=["execute"],
     )
     return h, config, ctx
+
+
+def loop_settings() -> LoopConfig:
+    """The settings a built graph's nodes run with, for calling a node's step directly."""
+    cfg = settings_of(fp.build_agent_graph(make_registry(Calls()), ScriptedDecisionModel([])))
+    assert cfg is not None
+    return cfg
+
+
+def mid_run_state(step: int = 2, **budget: Any) -> fp.AgentState:
+    """A run's state at model step ``step`` (its budget view overridden by ``budget``)."""
+    return fp.AgentState(
+        run_id="run-0001",
+        tenant_id="acme",
+        principal_id="u-1",
+        question="why?",
+        step=step,
+        budget=fp.RuntimeBudget(
+            **({"steps_remaining": 5, "tool_calls_remaining": 4, "tokens_used": 7} | budget)
+        ),
+    )

@@ -12,14 +12,13 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 import fencepost as fp
-from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.gate_step import gate
-from fencepost.graph.loop import LoopConfig, checked_manifest, manifest, settings_of
-from fencepost.graph.node_io import SyncIO
+from fencepost.graph.loop import checked_manifest, manifest
+from fencepost.graph.node_io import SyncIO, drive
 from fencepost.graph.run_account import open_run
 from fencepost.policy import Phase, StepManifest, VerdictCode
 from fencepost.policy.effect import Effect
-from tests.graph.kit import Calls, context, make_registry
+from tests.graph.kit import context, loop_settings, mid_run_state
 
 fields = st.fixed_dictionaries(
     {},
@@ -35,25 +34,6 @@ fields = st.fixed_dictionaries(
 )
 
 
-def _settings() -> LoopConfig:
-    cfg = settings_of(fp.build_agent_graph(make_registry(Calls()), ScriptedDecisionModel([])))
-    assert cfg is not None
-    return cfg
-
-
-def _state(step: int = 2, **budget: Any) -> fp.AgentState:
-    return fp.AgentState(
-        run_id="run-0001",
-        tenant_id="acme",
-        principal_id="u-1",
-        question="why?",
-        step=step,
-        budget=fp.RuntimeBudget(
-            **({"steps_remaining": 5, "tool_calls_remaining": 4, "tokens_used": 7} | budget)
-        ),
-    )
-
-
 def _same(a: BaseModel, b: BaseModel) -> None:
     assert a == b
     assert type(a) is type(b)
@@ -62,7 +42,7 @@ def _same(a: BaseModel, b: BaseModel) -> None:
     assert a.model_dump() == b.model_dump()
 
 
-CFG = _settings()
+CFG = loop_settings()
 
 
 @settings(max_examples=200, deadline=None)
@@ -77,7 +57,7 @@ def test_a_gate_manifest_is_what_validation_makes(
     given_fields: dict[str, Any], step: int, phase: Phase, outcome: str, deadline: bool
 ) -> None:
     ctx = context(seconds=30 if deadline else None)
-    state = _state(step)
+    state = mid_run_state(step)
     ours = checked_manifest(state, CFG, ctx, phase=phase, outcome=outcome, **given_fields)
     theirs = manifest(state, CFG, ctx, phase=phase, outcome=outcome, **given_fields)
     if ours.deadline_remaining_ms is not None:  # the clock moved between the two
@@ -93,18 +73,18 @@ def test_a_gate_manifest_is_what_validation_makes(
     [
         # A budget view a caller wrote whole (a channel checks only its type), and a state whose
         # step is no count: the manifest is still validated, and refuses them.
-        _state().model_copy(
+        mid_run_state().model_copy(
             update={
                 "budget": fp.RuntimeBudget.model_construct(
                     steps_remaining="5", tool_calls_remaining=4
                 )
             }
         ),
-        _state().model_copy(
-            update={"budget": _state().budget.model_copy(update={"tokens_used": 1.5})}
+        mid_run_state().model_copy(
+            update={"budget": mid_run_state().budget.model_copy(update={"tokens_used": 1.5})}
         ),
-        _state().model_copy(update={"step": -1}),
-        _state().model_copy(update={"run_id": 7}),
+        mid_run_state().model_copy(update={"step": -1}),
+        mid_run_state().model_copy(update={"run_id": 7}),
     ],
 )
 def test_a_gate_manifest_of_a_value_of_another_type_is_refused(state: fp.AgentState) -> None:
@@ -115,25 +95,17 @@ def test_a_gate_manifest_of_a_value_of_another_type_is_refused(state: fp.AgentSt
 def test_a_gate_manifest_refuses_a_key_no_manifest_has() -> None:
     with pytest.raises(ValidationError):
         checked_manifest(
-            _state(), CFG, context(), phase=Phase.VALIDATE, outcome="allowed", prompt="x"
+            mid_run_state(), CFG, context(), phase=Phase.VALIDATE, outcome="allowed", prompt="x"
         )
     with pytest.raises(ValidationError):
-        checked_manifest(_state(), CFG, context(), phase=Phase.VALIDATE, outcome="nonsense")
-
-
-def _drive(coro: Any) -> Any:
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    raise AssertionError("the gate step suspended under SyncIO")
+        checked_manifest(mid_run_state(), CFG, context(), phase=Phase.VALIDATE, outcome="nonsense")
 
 
 @pytest.mark.parametrize("calls", [1, 2, 3, 5])
 def test_a_reserved_batch_leaves_the_budget_of_its_last_reservation(calls: int) -> None:
-    cfg = _settings()
+    cfg = loop_settings()
     io, ctx = SyncIO(cfg), context()
-    opened = _drive(open_run(io, _state(step=1, tool_calls_remaining=3), ctx))
+    opened = drive(open_run(io, mid_run_state(step=1, tool_calls_remaining=3), ctx))
     assert isinstance(opened, fp.AgentState)
     batch = tuple(
         fp.ToolProposal(
@@ -141,7 +113,7 @@ def test_a_reserved_batch_leaves_the_budget_of_its_last_reservation(calls: int) 
         )
         for n in range(calls)
     )
-    state, manifests = _drive(gate(io, opened, ctx, batch, {}))
+    state, manifests = drive(gate(io, opened, ctx, batch, {}))
     assert len(manifests) == calls
     from fencepost.graph.run_account import account_of
 
@@ -158,15 +130,15 @@ def test_a_batch_refused_by_a_closed_account_still_records_the_gated_batch() -> 
     # The reservation's stop returns the state the gate made: its batch, phase and counts.
     from fencepost.graph.run_account import account_of
 
-    cfg = _settings()
+    cfg = loop_settings()
     io, ctx = SyncIO(cfg), context()
-    opened = _drive(open_run(io, _state(step=1), ctx))
+    opened = drive(open_run(io, mid_run_state(step=1), ctx))
     assert isinstance(opened, fp.AgentState)
     cfg.ledger.close_account(account_of(opened), "cancelled")
     proposal = fp.ToolProposal(
         call_id="call-0001", tool_name="search_logs", arguments={"query": "q"}
     )
-    state, _ = _drive(gate(io, opened, ctx, (proposal,), {}))
+    state, _ = drive(gate(io, opened, ctx, (proposal,), {}))
     assert state.stop is not None and state.stop.reason is fp.TerminationReason.CANCELLED
     assert state.phase is Phase.VALIDATE
     assert [e.call_id for e in state.batch] == ["call-0001"]

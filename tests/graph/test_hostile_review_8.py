@@ -16,40 +16,18 @@ import pytest
 from langgraph.types import Command
 
 import fencepost as fp
-from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.gate_step import gate
-from fencepost.graph.loop import LoopConfig, settings_of
-from fencepost.graph.node_io import SyncIO
+from fencepost.graph.node_io import SyncIO, drive
 from fencepost.graph.run_account import open_run
 from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import StepManifest, StopReport, StopRequest
-from tests.graph.kit import Calls, context, make_registry, paused_for_approval, state_of
-
-
-def _settings() -> LoopConfig:
-    cfg = settings_of(fp.build_agent_graph(make_registry(Calls()), ScriptedDecisionModel([])))
-    assert cfg is not None
-    return cfg
-
-
-def _state(step: int) -> fp.AgentState:
-    return fp.AgentState(
-        run_id="run-0001",
-        tenant_id="acme",
-        principal_id="u-1",
-        question="why?",
-        step=step,
-        budget=fp.RuntimeBudget(steps_remaining=5, tool_calls_remaining=4, tokens_used=7),
-    )
-
-
-def _drive(coro: Any) -> Any:
-    """A coroutine run to its end under SyncIO (it never suspends)."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    raise AssertionError("the gate step suspended under SyncIO")
+from tests.graph.kit import (
+    context,
+    loop_settings,
+    mid_run_state,
+    paused_for_approval,
+    state_of,
+)
 
 
 class _Name(str):
@@ -60,11 +38,11 @@ class _Name(str):
 
 
 def _gated(*calls: fp.ToolProposal) -> tuple[fp.AgentState, list[StepManifest]]:
-    cfg = _settings()
+    cfg = loop_settings()
     io, ctx = SyncIO(cfg), context()
-    opened = _drive(open_run(io, _state(step=1), ctx))
+    opened = drive(open_run(io, mid_run_state(step=1), ctx))
     assert isinstance(opened, fp.AgentState)
-    out: tuple[fp.AgentState, list[StepManifest]] = _drive(gate(io, opened, ctx, calls, {}))
+    out: tuple[fp.AgentState, list[StepManifest]] = drive(gate(io, opened, ctx, calls, {}))
     return out
 
 
