@@ -30,22 +30,13 @@ from fencepost.policy import (
 )
 from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.batch import BatchEntry
+from fencepost.policy.budget import DEFAULT_STEPS, DEFAULT_TOOL_CALLS, default_budget
 from fencepost.policy.run_check import stop
-
-DEFAULT_STEPS = 8
-"""Model steps a run may take when its start request names no budget."""
-DEFAULT_TOOL_CALLS = 8
-"""Tool calls a run may start when its start request names no budget."""
 
 
 def new_run_id() -> str:
     """A fresh run id (what a start request without one gets)."""
     return f"run-{uuid.uuid4().hex[:16]}"
-
-
-def default_budget() -> RuntimeBudget:
-    """The budget of a run whose start request names none: 8 model steps, 8 tool calls."""
-    return RuntimeBudget(steps_remaining=DEFAULT_STEPS, tool_calls_remaining=DEFAULT_TOOL_CALLS)
 
 
 class StartRequest(Frozen):
@@ -209,9 +200,8 @@ _RECORDS = frozenset(fields_on(Records))
 _ABSENT = object()
 _INVALID = stop(TerminationReason.POLICY_DENIED, "invalid_state")
 _NO_REQUEST = StartRequest(run_id="run-invalid", question="")
-# A record's items are checked as they are written (``channels.typed``); here only its type.
-# A field holding one contract record (the budget view, a stop, a report) is checked field by
-# field: written whole, or revived unvalidated, its type alone says nothing of its fields.
+# Records' items are checked as they are written (``channels.typed``), here by type alone; a
+# field holding one contract record (budget view, stop, report) is checked field by field too.
 _CHECKS = {
     n: field_check(i, deep=n not in _RECORDS, records=n not in _RECORDS)
     for n, i in AgentState.model_fields.items()

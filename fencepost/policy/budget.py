@@ -188,3 +188,14 @@ class RuntimeBudget(Frozen):
                 limit=self.tokens_used,
                 requested=1,
             )
+
+
+DEFAULT_STEPS = 8
+"""Model steps a run may take when its start request names no budget."""
+DEFAULT_TOOL_CALLS = 8
+"""Tool calls a run may start when its start request names no budget."""
+
+
+def default_budget() -> RuntimeBudget:
+    """The budget of a run whose start request names none: 8 model steps, 8 tool calls."""
+    return RuntimeBudget(steps_remaining=DEFAULT_STEPS, tool_calls_remaining=DEFAULT_TOOL_CALLS)

@@ -20,7 +20,7 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.graph.messages import RESULT_KEY, messages_for
 from fencepost.graph.serde import fencepost_serializer
-from fencepost.graph.state import default_budget
+from fencepost.policy.budget import default_budget
 from fencepost.policy.untrusted import ERROR_KEY, UNTRUSTED_KEY, observation_content
 from tests.adapters import fakes
 from tests.graph.kit import budget, call, context, final_citing_last, harness, thread

@@ -14,7 +14,7 @@ import pytest
 
 import fencepost as fp
 from fencepost.graph.context import ContextInput
-from fencepost.graph.state import DEFAULT_STEPS, DEFAULT_TOOL_CALLS, default_budget
+from fencepost.policy.budget import DEFAULT_STEPS, DEFAULT_TOOL_CALLS, default_budget
 from tests.graph.kit import call, final_citing_last, harness, thread
 
 GOOD_CONTEXT = {"tenant_id": "acme", "principal": {"id": "u-1", "capabilities": ["logs:read"]}}
