@@ -90,18 +90,24 @@ def manifest(
     **fields: Any,
 ) -> StepManifest:
     """One trace record: what happened at this point, with the budget left, and no payload text."""
-    deadline = ctx.deadline if ctx is not None else None
-    return StepManifest(
-        run_id=state.run_id,
-        step=state.step,
-        phase=phase,
-        steps_remaining=state.budget.steps_remaining,
-        tool_calls_remaining=state.budget.tool_calls_remaining,
-        tokens_used=state.budget.tokens_used,
-        deadline_remaining_ms=deadline.remaining_ms(clock=cfg.clock) if deadline else None,
-        outcome=outcome,
-        **fields,
-    )
+    return StepManifest(**_where(state, cfg, ctx, phase, outcome), **fields)
+
+
+def _where(
+    state: AgentState, cfg: LoopConfig, ctx: RunContext | None, phase: Phase, outcome: Any
+) -> dict[str, Any]:
+    """The fields every manifest has: the run, the step, the budget and time left, the outcome."""
+    budget, deadline = state.budget, ctx.deadline if ctx is not None else None
+    return {
+        "run_id": state.run_id,
+        "step": state.step,
+        "phase": phase,
+        "steps_remaining": budget.steps_remaining,
+        "tool_calls_remaining": budget.tool_calls_remaining,
+        "tokens_used": budget.tokens_used,
+        "deadline_remaining_ms": deadline.remaining_ms(clock=cfg.clock) if deadline else None,
+        "outcome": outcome,
+    }
 
 
 # Every field of a manifest in declared order, at its default (the required ones are always
@@ -141,16 +147,7 @@ def checked_manifest(
         # view a caller wrote, a ledger gave no balance for) or an outcome no manifest has:
         # judged, and refused, by validation.
         return manifest(state, cfg, ctx, phase=phase, outcome=outcome, **fields)
-    deadline = ctx.deadline if ctx is not None else None
-    values = _MANIFEST_DEFAULTS.copy()
-    values["run_id"] = state.run_id
-    values["step"] = step
-    values["phase"] = phase
-    values["steps_remaining"] = steps
-    values["tool_calls_remaining"] = calls
-    values["tokens_used"] = used
-    values["deadline_remaining_ms"] = deadline.remaining_ms(clock=cfg.clock) if deadline else None
-    values["outcome"] = outcome
+    values = _MANIFEST_DEFAULTS | _where(state, cfg, ctx, phase, outcome)  # in declared order
     values.update(fields)
     # The state's values were just checked as validation checks them; the deadline is the
     # trusted context's; ``fields`` are fencepost's own (see the docstring).
