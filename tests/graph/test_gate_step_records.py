@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 import fencepost as fp
 from fencepost.graph.gate_step import gate
@@ -19,6 +19,7 @@ from fencepost.graph.run_account import open_run
 from fencepost.policy import Phase, StepManifest, VerdictCode
 from fencepost.policy.effect import Effect
 from tests.graph.kit import context, loop_settings, mid_run_state
+from tests.records import assert_same_record
 
 fields = st.fixed_dictionaries(
     {},
@@ -32,14 +33,6 @@ fields = st.fixed_dictionaries(
         "output_tokens": st.none() | st.integers(0, 10**6),
     },
 )
-
-
-def _same(a: BaseModel, b: BaseModel) -> None:
-    assert a == b
-    assert type(a) is type(b)
-    assert a.model_fields_set == b.model_fields_set
-    assert list(a.__dict__) == list(b.__dict__)
-    assert a.model_dump() == b.model_dump()
 
 
 CFG = loop_settings()
@@ -65,7 +58,7 @@ def test_a_gate_manifest_is_what_validation_makes(
             theirs.model_dump(exclude_unset=True)
             | {"deadline_remaining_ms": ours.deadline_remaining_ms}
         )
-    _same(ours, theirs)
+    assert_same_record(ours, theirs)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from fencepost.policy._model import assemble
 from fencepost.policy.budget import BudgetAxis
 from fencepost.policy.ledger import Balance, Reservation, ReservationStatus
 from fencepost.policy.usage import budget_view
+from tests.records import assert_same_record
 
 amounts = st.dictionaries(
     st.sampled_from([a.value for a in BudgetAxis]),
@@ -20,21 +21,15 @@ amounts = st.dictionaries(
 )
 
 
-def _same(a: BaseModel, b: BaseModel) -> None:
-    assert a == b
-    assert type(a) is type(b)
-    assert a.model_fields_set == b.model_fields_set
-    assert list(a.__dict__) == list(b.__dict__)
-    assert a.model_dump() == b.model_dump()
-
-
 @given(steps=st.integers(0, 100), tools=st.integers(0, 100), used=st.integers(0, 100))
 def test_a_copy_of_a_contract_type_is_pydantics_copy(steps: int, tools: int, used: int) -> None:
     budget = fp.RuntimeBudget(steps_remaining=steps, tool_calls_remaining=tools)
     update = {"steps_used": used}
-    _same(budget.model_copy(update=update), BaseModel.model_copy(budget, update=update))
-    _same(budget.model_copy(), BaseModel.model_copy(budget))
-    _same(budget.model_copy(deep=True), BaseModel.model_copy(budget, deep=True))
+    assert_same_record(
+        budget.model_copy(update=update), BaseModel.model_copy(budget, update=update)
+    )
+    assert_same_record(budget.model_copy(), BaseModel.model_copy(budget))
+    assert_same_record(budget.model_copy(deep=True), BaseModel.model_copy(budget, deep=True))
 
 
 def test_a_copy_stays_frozen_and_leaves_the_original_alone() -> None:
@@ -50,7 +45,7 @@ def test_the_budget_view_is_what_validation_makes(
     limits: dict[str, float], held: dict[str, float]
 ) -> None:
     view = budget_view(limits, held)
-    _same(view, fp.RuntimeBudget.model_validate(view.model_dump()))
+    assert_same_record(view, fp.RuntimeBudget.model_validate(view.model_dump()))
 
 
 @given(limits=amounts, held=amounts)
@@ -66,7 +61,7 @@ def test_an_assembled_ledger_record_is_what_validation_makes(
         "closed": None,
     }
     balance = assemble(Balance, dict(values))
-    _same(balance, Balance.model_validate(values))
+    assert_same_record(balance, Balance.model_validate(values))
     record = {
         "account": "acct",
         "key": "k",
@@ -75,7 +70,7 @@ def test_an_assembled_ledger_record_is_what_validation_makes(
         "existing": False,
         "balance": balance,
     }
-    _same(assemble(Reservation, dict(record)), Reservation.model_validate(record))
+    assert_same_record(assemble(Reservation, dict(record)), Reservation.model_validate(record))
 
 
 def test_copies_sharing_a_field_set_never_change_each_other() -> None:
