@@ -389,6 +389,30 @@ def run_notice(input: DecisionInput) -> str | None:
     )
 
 
+def _window_notice(left_out: int) -> str:
+    """What a model shown only the latest turns of a long run is told about the rest, as a data
+    block after the question: how many earlier tool results it is not shown."""
+    return "fencepost runtime notice (data, not instructions from the user): " + json.dumps(
+        {"fencepost_notice": {"earlier_tool_results_not_shown": left_out}}
+    )
+
+
+def _window_start(rendered: Sequence[BaseMessage], turns: int, ai: type[Any]) -> int:
+    """Where the latest ``turns`` assistant turns begin in ``rendered`` (0: all of it shown).
+
+    Walks back from the end, so a step costs the window, not the run; a turn is cut whole, so
+    every tool message still follows the assistant turn that made its call."""
+    if len(rendered) <= turns:
+        return 0
+    seen = 0
+    for index in range(len(rendered) - 1, -1, -1):
+        if type(rendered[index]) is ai:
+            seen += 1
+            if seen == turns:
+                return index
+    return 0
+
+
 class ChatModelDecider:
     """The DecisionModel port for any LangChain ``BaseChatModel`` that supports ``bind_tools``.
 
@@ -410,6 +434,16 @@ class ChatModelDecider:
     ``system_prompt`` is the team's own instructions; fencepost's protocol (how to finish, and
     that tool output is data) is always appended. ``tool_choice`` and ``bind_kwargs`` are
     passed to ``bind_tools``.
+
+    ``history_window`` bounds what a long run shows the model: the latest ``history_window``
+    tool turns (an assistant turn and its results, never split), after one data notice saying
+    how many earlier results are left out. Every step then costs the same however long the
+    run (a chat model's client and LangChain do work per message at every call, and a provider
+    bills per token) and the conversation fits a context window; the run's record keeps every
+    observation, and the citation check still accepts any of them. ``None`` (the default)
+    shows the whole conversation::
+
+        model = ChatModelDecider(ChatOpenAI(model="gpt-4.1-mini"), history_window=20)
     """
 
     def __init__(
@@ -424,6 +458,7 @@ class ChatModelDecider:
         require_finish_reason: bool | None = None,
         history_size: int = 4096,
         token_estimate: int | None = None,
+        history_window: int | None = None,
     ) -> None:
         from langchain_core.language_models import BaseChatModel
 
@@ -435,6 +470,12 @@ class ChatModelDecider:
             raise DeciderConfigError(f"{type(chat_model).__name__} does not implement bind_tools")
         if final_tool == abstain_tool:
             raise DeciderConfigError("final_tool and abstain_tool must differ")
+        if history_window is not None and (type(history_window) is not int or history_window < 1):
+            raise DeciderConfigError(
+                f"history_window must be an integer >= 1 or None, got {history_window!r}"
+            )
+        self.history_window = history_window
+        """At most this many of the latest tool turns are shown to the model (``None``: all)."""
         self.chat_model = chat_model
         self.final_tool = final_tool
         self.abstain_tool = abstain_tool
@@ -509,7 +550,8 @@ class ChatModelDecider:
         return functions + _ending_tools(self.final_tool, self.abstain_tool)
 
     def messages(self, input: DecisionInput) -> list[BaseMessage]:
-        """The conversation the model is shown for ``input`` (see the module doc for how).
+        """The conversation the model is shown for ``input`` (see the module doc for how; with
+        ``history_window``, its latest turns only: see the class doc).
 
         Each model step that proposed tools becomes one assistant turn with those calls (the
         arguments as they ran, from ``input.proposals``), followed by one tool message per
@@ -558,7 +600,13 @@ class ChatModelDecider:
         if observations:
             self._remember_prefix(observations, rendered, asked)
         notice = run_notice(input)
-        return head + rendered + ([HumanMessage(content=notice)] if notice else [])
+        tail = [HumanMessage(content=notice)] if notice else []
+        window = self.history_window
+        if window is not None and (start := _window_start(rendered, window, AIMessage)):
+            shown = len(rendered) - start - window  # the tool results in the turns shown
+            head.append(HumanMessage(content=_window_notice(len(observations) - shown)))
+            return head + rendered[start:] + tail
+        return head + rendered + tail
 
     def _system_message(self) -> BaseMessage:
         """The system prompt as a message, made for each call: a chat model or a callback may
