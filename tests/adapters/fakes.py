@@ -185,7 +185,7 @@ def data_block(message: ToolMessage) -> Any:
 # -- a decider's input, built by hand ------------------------------------------------------------
 
 
-def idle_decider(history_size: int = 4096) -> ChatModelDecider:
+def idle_decider(history_size: int = 4096, **options: Any) -> ChatModelDecider:
     """A decider over a chat model it is never asked to call (for ``messages()`` alone): it keeps
     nothing it is given, so a test can watch what the decider itself holds on to."""
 
@@ -194,7 +194,7 @@ def idle_decider(history_size: int = 4096) -> ChatModelDecider:
             return self
 
     return ChatModelDecider(
-        _Unused(messages=iter([AIMessage(content="unused")])), history_size=history_size
+        _Unused(messages=iter([AIMessage(content="unused")])), history_size=history_size, **options
     )
 
 

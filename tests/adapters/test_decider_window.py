@@ -22,50 +22,33 @@ from tests.adapters.fakes import (
     arun,
     build,
     decider,
+    decision_input,
     final_citing_all,
     idle_decider,
     langchain_registry,
+    tool_observation,
 )
 
 
-def _turns(batches: list[int]) -> tuple[tuple[Observation, ...], tuple[fp.ToolProposal, ...]]:
-    """Observations and their proposals for a run whose step ``s`` made ``batches[s]`` calls."""
+def _turns(batches: list[int]) -> fp.DecisionInput:
+    """The next step's input in a run whose step ``s`` made ``batches[s]`` calls."""
     observations: list[Observation] = []
     for step, size in enumerate(batches, start=1):
         for _ in range(size):
             n = len(observations)
-            observations.append(
-                Observation(
-                    sequence=n,
-                    step=step,
-                    call_id=f"call_{n:010d}",
-                    tool_name="search_logs",
-                    kind="tool_result",
-                    result={"n": n},
-                )
-            )
-    proposals = tuple(
-        fp.ToolProposal(call_id=o.call_id, tool_name=o.tool_name, arguments={"query": o.call_id})
-        for o in observations
-    )
-    return tuple(observations), proposals
+            observations.append(tool_observation(n, {"n": n}).model_copy(update={"step": step}))
+    return decision_input(tuple(observations), {"query": "q"})
 
 
-def _input(observations: tuple[Observation, ...], proposals: tuple[Any, ...]) -> fp.DecisionInput:
-    return fp.DecisionInput(
-        run_id="run-w",
-        question="q",
-        observations=observations,
-        proposals=proposals,
-        catalog=(),
-        budget=fp.RuntimeBudget(steps_remaining=99, tool_calls_remaining=99),
-        step=len(observations) + 1,
+def _cut(full: fp.DecisionInput, count: int) -> fp.DecisionInput:
+    """``full`` as it was when the run had recorded ``count`` observations."""
+    return full.model_copy(
+        update={"observations": full.observations[:count], "proposals": full.proposals[:count]}
     )
 
 
 def _windowed(window: int | None) -> ChatModelDecider:
-    plain = idle_decider()
-    return ChatModelDecider(plain.chat_model, history_window=window)
+    return idle_decider(history_window=window)
 
 
 def _left_out(messages: list[BaseMessage]) -> int | None:
@@ -102,8 +85,8 @@ def _expected_turns(batches: list[int], window: int | None) -> list[list[str]]:
 
 
 def test_a_long_run_is_shown_its_latest_turns_whole_after_a_notice_counting_the_rest() -> None:
-    observations, proposals = _turns([1, 2, 1, 3, 1])
-    messages = _windowed(2).messages(_input(observations, proposals))
+    run = _turns([1, 2, 1, 3, 1])
+    messages = _windowed(2).messages(run)
     assert isinstance(messages[0], SystemMessage) and messages[1].content == "q"
     assert _left_out(messages) == 4  # steps 1-3 made 4 calls
     assert _shown_turns(messages) == [
@@ -113,15 +96,15 @@ def test_a_long_run_is_shown_its_latest_turns_whole_after_a_notice_counting_the_
 
 
 def test_a_run_within_its_window_is_shown_whole_and_told_of_nothing_left_out() -> None:
-    observations, proposals = _turns([1, 2])
-    messages = _windowed(2).messages(_input(observations, proposals))
+    run = _turns([1, 2])
+    messages = _windowed(2).messages(run)
     assert _left_out(messages) is None
     assert _shown_turns(messages) == _expected_turns([1, 2], None)
 
 
 def test_without_a_window_the_whole_conversation_is_shown() -> None:
-    observations, proposals = _turns([1] * 40)
-    messages = _windowed(None).messages(_input(observations, proposals))
+    run = _turns([1] * 40)
+    messages = _windowed(None).messages(run)
     assert _left_out(messages) is None
     assert len(_shown_turns(messages)) == 40
 
@@ -143,19 +126,18 @@ def test_a_window_that_is_not_a_positive_integer_is_refused_when_the_decider_is_
 def test_the_window_shows_the_same_latest_turns_whether_the_run_grew_here_or_not(
     batches: list[int], window: int, grown_by: int
 ) -> None:
-    observations, proposals = _turns(batches)
+    run = _turns(batches)
     warm = _windowed(window)
     # The same run seen step by step in this process (its rendered turns reused)...
     for end in range(0, len(batches), grown_by):
-        cut = sum(batches[:end])
-        warm.messages(_input(observations[:cut], proposals[:cut]))
-    seen_here = warm.messages(_input(observations, proposals))
+        warm.messages(_cut(run, sum(batches[:end])))
+    seen_here = warm.messages(run)
     # ...and resumed in a fresh process: the model is shown the same conversation.
-    fresh = _windowed(window).messages(_input(observations, proposals))
+    fresh = _windowed(window).messages(run)
     for messages in (seen_here, fresh):
         assert _shown_turns(messages) == _expected_turns(batches, window)
         shown = sum(len(t) for t in _shown_turns(messages))
-        assert (_left_out(messages) or 0) + shown == len(observations)
+        assert (_left_out(messages) or 0) + shown == len(run.observations)
         assert (_left_out(messages) is None) == (len(batches) <= window)
     assert [m.content for m in seen_here] == [m.content for m in fresh]
 
