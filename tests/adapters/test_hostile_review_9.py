@@ -7,6 +7,7 @@ rule in its name; the module docstring of ``test_decider_window`` states the fea
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import tracemalloc
 from typing import Any
@@ -14,12 +15,22 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from langchain_core.messages import AIMessage, BaseMessage
 
 import fencepost as fp
 from fencepost.adapters import ChatModelDecider
 from fencepost.adapters.chat_model import DeciderConfigError
 from fencepost.policy.observation import Observation
-from tests.adapters.fakes import idle_decider
+from tests.adapters.fakes import (
+    ToolLog,
+    ai_call,
+    arun,
+    build,
+    decider,
+    final_citing_all,
+    idle_decider,
+    langchain_registry,
+)
 from tests.adapters.test_decider_window import (
     _expected_turns,
     _input,
@@ -147,3 +158,38 @@ def test_a_rewritten_record_is_still_shown_as_whole_turns_with_an_honest_count(
         left_out = _left_out(shown)
         assert left_out is None or 0 < left_out <= len(observations)
         assert (left_out or 0) + sum(len(t) for t in turns) == len(observations)
+
+
+# -- another tenant's integration editing messages in place ----------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pre-existing (911f3d6, a4c7b6b): the rendered-turn cache hands the chat model the "
+    "same message objects at every step of a run; copying them each step costs O(shown) "
+    "per step, a trade-off for the maintainers, not a review fix",
+)
+@pytest.mark.parametrize("window", [None, 3])
+def test_an_in_place_edit_of_a_shown_message_does_not_reach_the_runs_next_step(
+    window: int | None,
+) -> None:
+    # An integration or callback that marks the last message it is handed (a prompt-caching
+    # breakpoint, as Anthropic-style caching does) in place: the next step is shown that mark
+    # again on a message that is no longer last, and the marks pile up step after step
+    # (Anthropic refuses more than 4). A run resumed in a fresh process is shown none.
+    marked: list[int] = []
+
+    def step(n: int) -> Any:
+        def reply(messages: list[BaseMessage]) -> AIMessage:
+            marked.append(sum("cache_control" in m.additional_kwargs for m in messages))
+            messages[-1].additional_kwargs["cache_control"] = {"type": "ephemeral"}
+            if n < 6:
+                return ai_call("search_logs", {"query": f"q{n}"}, f"call_{n:04d}")
+            return final_citing_all(messages)
+
+        return reply
+
+    model, _ = decider([step(n) for n in range(7)], history_window=window)
+    state = asyncio.run(arun(build(langchain_registry(ToolLog()), model), steps=8, tools=6))
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert marked == [0] * 7
