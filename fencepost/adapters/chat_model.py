@@ -471,9 +471,10 @@ class ChatModelDecider:
         if final_tool == abstain_tool:
             raise DeciderConfigError("final_tool and abstain_tool must differ")
         if history_window is not None and (type(history_window) is not int or history_window < 1):
-            raise DeciderConfigError(
-                f"history_window must be an integer >= 1 or None, got {history_window!r}"
-            )
+            # Never the value's repr: an int past Python's digit limit, or a str subclass, would
+            # raise something else from inside the message.
+            got = "an integer < 1" if type(history_window) is int else type(history_window).__name__
+            raise DeciderConfigError(f"history_window must be an integer >= 1 or None, got {got}")
         self.history_window = history_window
         """At most this many of the latest tool turns are shown to the model (``None``: all)."""
         self.chat_model = chat_model
@@ -517,6 +518,7 @@ class ChatModelDecider:
                 int,
                 list[BaseMessage],
                 BaseMessage,
+                int | None,
             ],
         ] = OrderedDict()
         self._gone: list[int] = []
@@ -561,7 +563,8 @@ class ChatModelDecider:
         AIMessage, HumanMessage, _, ToolMessage = _message_types()
 
         observations = input.observations
-        reused, count, asked = self._rendered_prefix(observations)
+        window = self.history_window
+        reused, count, asked = self._rendered_prefix(observations, window)
         if asked is None or asked.content != input.question:
             asked = HumanMessage(content=input.question)
         head: list[BaseMessage] = [self._system_message(), asked]
@@ -597,16 +600,21 @@ class ChatModelDecider:
                 )
                 for obs in turn
             )
-        if observations:
-            self._remember_prefix(observations, rendered, asked)
         notice = run_notice(input)
         tail = [HumanMessage(content=notice)] if notice else []
-        window = self.history_window
-        if window is not None and (start := _window_start(rendered, window, AIMessage)):
-            shown = len(rendered) - start - window  # the tool results in the turns shown
-            head.append(HumanMessage(content=_window_notice(len(observations) - shown)))
-            return head + rendered[start:] + tail
-        return head + rendered + tail
+        if window is None:
+            if observations:
+                self._remember_prefix(observations, rendered, asked, None)
+            return head + rendered + tail
+        shown = rendered[_window_start(rendered, window, AIMessage) :]
+        if observations:
+            # Only the turns shown are kept: the next step shows no earlier ones, so neither
+            # what the decider holds nor the copy above grows with the run.
+            self._remember_prefix(observations, shown, asked, window)
+        left_out = len(observations) - sum(1 for m in shown if type(m) is ToolMessage)
+        if left_out:
+            head.append(HumanMessage(content=_window_notice(left_out)))
+        return head + shown + tail
 
     def _system_message(self) -> BaseMessage:
         """The system prompt as a message, made for each call: a chat model or a callback may
@@ -615,7 +623,7 @@ class ChatModelDecider:
         return _message_types()[2](content=self.system_prompt)
 
     def _rendered_prefix(
-        self, observations: tuple[Observation, ...]
+        self, observations: tuple[Observation, ...], window: int | None
     ) -> tuple[list[BaseMessage], int, BaseMessage | None]:
         """The turns already rendered for a prefix of ``observations`` (the same objects, so the
         same run in this process), how many observations they cover, and the question message
@@ -624,7 +632,9 @@ class ChatModelDecider:
 
         Keyed by the identity of the first observation object and checked against the last one
         it covered: never by a run or call id a caller or model chooses. A prefix that ends
-        inside a step's turn (results of one step recorded in two writes) is not reused.
+        inside a step's turn (results of one step recorded in two writes) is not reused, nor
+        turns kept for a narrower window than ``window`` (the latest turns only: see
+        ``messages``).
         """
         if not observations:
             return [], 0, None
@@ -632,9 +642,10 @@ class ChatModelDecider:
             entry = self._rendered.get(id(observations[0]))
         if entry is None:
             return [], 0, None
-        first, last, count, rendered, asked = entry
+        first, last, count, rendered, asked, kept_for = entry
         if (
-            first() is not observations[0]
+            (kept_for is not None and (window is None or window > kept_for))
+            or first() is not observations[0]
             or count > len(observations)
             or observations[count - 1] is not last()
             or (
@@ -650,7 +661,10 @@ class ChatModelDecider:
         observations: tuple[Observation, ...],
         rendered: list[BaseMessage],
         asked: BaseMessage,
+        kept_for: int | None,
     ) -> None:
+        """Keep ``rendered``, the turns of ``observations`` (only the latest ``kept_for`` of
+        them when that is not ``None``), for the run's next step."""
         first = observations[0]
         key = id(first)
         with self._lock:
@@ -671,6 +685,7 @@ class ChatModelDecider:
                 len(observations),
                 rendered,
                 asked,
+                kept_for,
             )
             self._rendered.move_to_end(key)
             while len(self._rendered) > self._history_size:
