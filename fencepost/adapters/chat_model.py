@@ -470,13 +470,7 @@ class ChatModelDecider:
             raise DeciderConfigError(f"{type(chat_model).__name__} does not implement bind_tools")
         if final_tool == abstain_tool:
             raise DeciderConfigError("final_tool and abstain_tool must differ")
-        if history_window is not None and (type(history_window) is not int or history_window < 1):
-            # Never the value's repr: an int past Python's digit limit, or a str subclass, would
-            # raise something else from inside the message.
-            got = "an integer < 1" if type(history_window) is int else type(history_window).__name__
-            raise DeciderConfigError(f"history_window must be an integer >= 1 or None, got {got}")
         self.history_window = history_window
-        """At most this many of the latest tool turns are shown to the model (``None``: all)."""
         self.chat_model = chat_model
         self.final_tool = final_tool
         self.abstain_tool = abstain_tool
@@ -526,6 +520,22 @@ class ChatModelDecider:
         inside the lock's holder during a collection: so it only appends), purged under the
         lock."""
         self._bound: tuple[str, Runnable[Any, Any]] | None = None
+
+    @property
+    def history_window(self) -> int | None:
+        """At most this many of the latest tool turns are shown to the model (``None``: all).
+        Checked whenever it is set, at construction or after: a decider's fields may be
+        reassigned between runs."""
+        return self._history_window
+
+    @history_window.setter
+    def history_window(self, value: int | None) -> None:
+        if value is not None and (type(value) is not int or value < 1):
+            # Never the value's repr: an int past Python's digit limit, or a str subclass, would
+            # raise something else from inside the message.
+            got = "an integer < 1" if type(value) is int else type(value).__name__
+            raise DeciderConfigError(f"history_window must be an integer >= 1 or None, got {got}")
+        self._history_window = value
 
     # what the model is given ------------------------------------------------------------------
 

@@ -155,3 +155,15 @@ def test_a_windowed_run_completes_and_its_record_keeps_every_observation() -> No
     # The answer cites what the model was shown; every result stays in the record.
     assert state.final_answer is not None
     assert set(state.final_answer.citations) == {"call_0004", "call_0005"}
+
+
+@pytest.mark.parametrize("window", [0, True, 2.5, "4"])
+def test_a_window_set_after_the_decider_was_built_is_checked_as_at_build_time(
+    window: Any,
+) -> None:
+    decider = _windowed(3)
+    with pytest.raises(DeciderConfigError, match="history_window"):
+        decider.history_window = window
+    assert decider.history_window == 3
+    decider.history_window = None
+    assert _left_out(decider.messages(_turns([1] * 5))) is None

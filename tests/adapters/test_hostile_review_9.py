@@ -27,18 +27,25 @@ from tests.adapters.fakes import (
     arun,
     build,
     decider,
+    decision_input,
     final_citing_all,
     idle_decider,
     langchain_registry,
 )
 from tests.adapters.test_decider_window import (
+    _cut,
     _expected_turns,
-    _input,
     _left_out,
     _shown_turns,
     _turns,
     _windowed,
 )
+
+
+def _input(observations: tuple[Observation, ...], proposals: tuple[Any, ...]) -> fp.DecisionInput:
+    """The next step's input with records as a caller may have rewritten them."""
+    return decision_input(observations, {"query": "q"}).model_copy(update={"proposals": proposals})
+
 
 # -- the process: what a long windowed run costs ---------------------------------------------
 
@@ -47,8 +54,8 @@ def test_a_windowed_decider_holds_its_window_not_the_run() -> None:
     # On e0f752d the cache kept every turn ever rendered (about 2 KB an observation: 200 MB at
     # 100k observations, per run) and copied them all at every step, though a window of k
     # needs only the latest k turns: the step cost O(run), the window's promise was O(k).
-    observations, proposals = _turns([1] * 4000)
-    inputs = [_input(observations[:end], proposals[:end]) for end in (3000, 3500, 4000)]
+    run = _turns([1] * 4000)
+    inputs = [_cut(run, end) for end in (3000, 3500, 4000)]
     decider = _windowed(4)
     gc.collect()
     tracemalloc.start()
@@ -71,16 +78,16 @@ def test_a_window_widened_after_use_shows_what_a_fresh_decider_shows() -> None:
     # The decider's fields are reassignable (the system prompt is); a kept window's turns
     # must not stand in for a wider one.
     batches = [1, 2, 1, 3, 1, 2, 1]
-    observations, proposals = _turns(batches)
+    run = _turns(batches)
     decider = _windowed(2)
-    decider.messages(_input(observations[:-1], proposals[:-1]))
+    decider.messages(_cut(run, len(run.observations) - 1))
     decider.history_window = 5
-    warm = decider.messages(_input(observations, proposals))
-    fresh = _windowed(5).messages(_input(observations, proposals))
+    warm = decider.messages(run)
+    fresh = _windowed(5).messages(run)
     assert _shown_turns(warm) == _shown_turns(fresh) == _expected_turns(batches, 5)
     assert _left_out(warm) == _left_out(fresh)
     decider.history_window = None
-    whole = decider.messages(_input(observations, proposals))
+    whole = decider.messages(run)
     assert _shown_turns(whole) == _expected_turns(batches, None)
     assert _left_out(whole) is None
 
@@ -106,9 +113,9 @@ def test_any_unusable_window_is_a_config_error_naming_the_field(window: Any) -> 
 
 
 def test_an_absurdly_large_window_shows_the_whole_run_without_a_notice() -> None:
-    observations, proposals = _turns([1, 2, 3])
+    run = _turns([1, 2, 3])
     for window in (2**63, 10**5000):
-        shown = _windowed(window).messages(_input(observations, proposals))
+        shown = _windowed(window).messages(run)
         assert _left_out(shown) is None
         assert _shown_turns(shown) == _expected_turns([1, 2, 3], None)
 
