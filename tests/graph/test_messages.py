@@ -95,6 +95,21 @@ def test_tool_errors_are_shown_as_their_safe_code_never_their_text() -> None:
     assert messages[-1].content == "Run ended: insufficient_evidence"
 
 
+def test_a_tool_message_says_success_or_error_as_made_and_as_checkpointed() -> None:
+    # The view names a ToolMessage's status only for an error ("success" is LangChain's
+    # default): the run's own output, a dump of it and a reloaded checkpoint still say both.
+    h = harness(
+        [call(n=1), call("explode", n=2), fp.AbstainProposal(reason="insufficient_evidence")],
+        checkpointer=strict_saver(),
+    )
+    config = thread()
+    out = h.graph.invoke(fp.start("why?", budget(6, 4)), config, context=context())
+    for messages in (out["messages"], h.graph.get_state(config).values["messages"]):
+        shown = [m for m in messages if isinstance(m, ToolMessage)]
+        assert [m.status for m in shown] == ["success", "error"]
+        assert [m.model_dump()["status"] for m in shown] == ["success", "error"]
+
+
 def test_a_terminal_reason_is_the_last_message_with_its_code() -> None:
     h = harness([call(n=1)])
     config = thread()
