@@ -141,23 +141,46 @@ def _fields(record: BaseModel, layout: tuple[_Field, ...]) -> dict[str, Any]:
 
 def _nested(value: Any) -> Any:
     """A field's value as a record's fields hold it: a record inside is its fields (as pydantic's
-    ``model_dump`` writes it), compact too."""
-    layout = _LAYOUTS.get(type(value))
+    ``model_dump`` writes it), compact too. Raises :class:`_Foreign` for a model inside that is
+    not exactly a checkpointed record."""
+    kind = type(value)
+    layout = _LAYOUTS.get(kind)
     if layout is not None:
         return _fields(value, layout)
-    if type(value) is tuple or type(value) is list:
-        return [_nested(v) for v in value] if any(type(v) in _LAYOUTS for v in value) else value
-    if type(value) is dict and any(type(v) in _LAYOUTS for v in value.values()):
-        return {k: _nested(v) for k, v in value.items()}
+    if kind is tuple or kind is list:
+        return [_nested(v) for v in value] if any(type(v) not in _PLAIN for v in value) else value
+    if kind is dict:
+        plain = all(type(v) in _PLAIN for v in value.values())
+        return value if plain else {k: _nested(v) for k, v in value.items()}
+    if kind not in _PLAIN and isinstance(value, BaseModel):
+        raise _Foreign
     return value
+
+
+_PLAIN = frozenset((str, int, float, bool, type(None), dict, list, tuple))
+"""Types no model is: a JSON value (a tool's result, a proposal's arguments) is most of what
+:func:`_nested` scans for a model inside, by type alone."""
+
+
+class _Foreign(Exception):
+    """A record holds a model that is not exactly a checkpointed record: a subclass of one (an
+    application's proposal with a field of its own), which strict pydantic lets a field hold.
+    Written as itself, its name is refused by the allowlist on load and its extra fields fail
+    the outer record's validation, so LangGraph would revive the outer record with
+    ``model_construct`` (raw strings where enums belong, a dict where a record belongs). The
+    record is written as LangGraph writes it instead: each field by its declared type."""
 
 
 def _default(obj: Any) -> Any:
     layout = _LAYOUTS.get(type(obj))
     if layout is None:
         return _msgpack_default(obj)
+    try:
+        fields = _fields(obj, layout)
+    except _Foreign:
+        return _msgpack_default(obj)
     cls = type(obj)
-    body = (cls.__module__, cls.__name__, _fields(obj, layout), "model_validate_json")
+    body = (cls.__module__, cls.__name__, fields, "model_validate_json")
     return ormsgpack.Ext(EXT_PYDANTIC_V2, _pack(body))
 
 

@@ -1,0 +1,136 @@
+"""Hostile review of fc333e1 (``_Compact``: fencepost's records written without the fields at
+their default, enum fields as their values) and 8fecd5b (a ToolMessage names ``status`` only
+for an error).
+
+Seats: a caller or a decision model handing over records that hold a subclass of a contract
+record (a proposal with a field of the application's own); another version (LangGraph's
+serializer with the allowlist, as the previous release wrote and read checkpoints).
+
+Run under ``LANGGRAPH_STRICT_MSGPACK=true`` (``make test`` sets it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.types import Command
+
+import fencepost as fp
+from fencepost.graph.serde import fencepost_serializer, serializer_allowlist
+from fencepost.graph.state import StartRequest
+from fencepost.policy import (
+    AnswerPayload,
+    BatchEntry,
+    ReportedCall,
+    RuntimeBudget,
+    StopKind,
+    StopReport,
+    StopRequest,
+    TerminationReason,
+    ToolProposal,
+    Verdict,
+    VerdictCode,
+)
+from tests.graph.kit import budget, context, final_citing_last, harness, thread
+
+
+class ReasonedProposal(ToolProposal):
+    """An application's proposal with a field of its own (its model's stated reason)."""
+
+    why: str = ""
+
+
+class ConfidentAnswer(AnswerPayload):
+    confidence: float = 0.5
+
+
+class TrackedBudget(RuntimeBudget):
+    owner: str = "team-a"
+
+
+class NotedCall(ReportedCall):
+    note: str = ""
+
+
+def _every_field_serializer() -> JsonPlusSerializer:
+    """The previous release's serializer: LangGraph's, with fencepost's allowlist."""
+    return JsonPlusSerializer(allowed_msgpack_modules=tuple(serializer_allowlist()))
+
+
+def _proposal() -> ReasonedProposal:
+    return ReasonedProposal(
+        call_id="call-0001", tool_name="write_note", arguments={"note": "hi"}, why="asked to"
+    )
+
+
+_HOLDING_A_SUBCLASS: list[Any] = [
+    BatchEntry(
+        proposal=_proposal(),
+        verdict=Verdict(
+            call_id="call-0001",
+            tool_name="write_note",
+            fingerprint="f" * 64,
+            code=VerdictCode.APPROVAL_PENDING,
+        ),
+    ),
+    StopRequest(
+        reason=TerminationReason.COMPLETED, answer=ConfidentAnswer(text="done", confidence=0.9)
+    ),
+    StartRequest(
+        run_id="run-1",
+        question="q",
+        budget=TrackedBudget(steps_remaining=3, tool_calls_remaining=2),
+    ),
+    StopReport(
+        kind=StopKind.COMPLETED,
+        reason=TerminationReason.COMPLETED,
+        completed=(NotedCall(call_id="call-0001", tool_name="t", note="n"),),
+    ),
+]
+
+
+def _types(value: Any) -> Any:
+    if hasattr(value, "__dict__") and hasattr(type(value), "model_fields"):
+        return (type(value), {k: _types(v) for k, v in value.__dict__.items()})
+    if isinstance(value, tuple | list):
+        return [_types(v) for v in value]
+    return type(value)
+
+
+@pytest.mark.parametrize("record", _HOLDING_A_SUBCLASS, ids=lambda r: type(r).__name__)
+def test_a_record_holding_a_subclass_reads_back_as_the_previous_serializer_wrote_it(
+    record: Any,
+) -> None:
+    """A contract record may hold an instance of a subclass of the record a field names (strict
+    pydantic accepts one). LangGraph's serializer wrote such a field by the declared type's
+    fields; written as the subclass (its own name and fields), strict msgpack refuses the name,
+    the extra key fails the outer record's validation and LangGraph revives the outer record with
+    ``model_construct``: raw strings where enums belong, a dict where a record belongs."""
+    old = _every_field_serializer()
+    new = fencepost_serializer()
+    expected = old.loads_typed(old.dumps_typed(record))
+    got = new.loads_typed(new.dumps_typed(record))
+    assert got == expected
+    assert _types(got) == _types(expected)
+    # and the previous release reads what this one writes the same way
+    assert _types(old.loads_typed(new.dumps_typed(record))) == _types(expected)
+
+
+def test_a_decision_models_proposal_subclass_survives_an_approval_pause() -> None:
+    """A decision model's own ToolProposal subclass, paused for approval and resumed from the
+    checkpoint: the run ends with a terminal reason (it crashed in the approve node with
+    ``'dict' object has no attribute 'code'`` when the batch entry came back half-read)."""
+    h = harness(
+        [_proposal(), final_citing_last],
+        approval="interrupt",
+        checkpointer=InMemorySaver(serde=fencepost_serializer()),
+    )
+    config, ctx = thread(), context()
+    paused = h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    assert "__interrupt__" in paused
+    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert h.calls.log == [("write_note", {"note": "hi"}, "call-0001")]
