@@ -21,30 +21,38 @@ from pydantic.fields import FieldInfo
 Check = Callable[[Any], bool]
 
 
-def value_check(typ: Any, *, deep: bool = True, records: bool = False) -> Check:
+def value_check(
+    typ: Any, *, deep: bool = True, records: bool = False, within: bool = False
+) -> Check:
     """A check, without pydantic, that a value is exactly of ``typ``: ``type(v) is X`` (a bool is
     no int, a str no enum), a tuple maybe a list (revived); ``deep=False``: items unchecked.
 
     ``records``: a contract record (a pydantic model) is checked field by field too, as
-    :func:`record_check` does; else by its type alone."""
+    :func:`record_check` does, a record's items (a batch's entries) included; else by its type
+    alone. ``within``: the value is a field of a record, where a record may be of a subclass
+    (as pydantic takes it: a decision model's own proposal class in a batch entry)."""
     origin, args = get_origin(typ), get_args(typ)
     if typ is int:  # and one a checkpoint holds, with room to count on
         return lambda v: type(v) is int and -(2**63) <= v < 2**63
     if records and isinstance(typ, type) and issubclass(typ, BaseModel):
-        return record_check(typ)
+        return record_check(typ, subclasses=within)
     if isinstance(typ, type) and origin is None:
         return lambda v: type(v) is typ
     if origin is Annotated:  # a bound inside an optional: ``int | None`` with ``ge=0`` on the int
-        return _bounded(value_check(args[0], deep=deep, records=records), typ.__metadata__)
+        inner = value_check(args[0], deep=deep, records=records, within=within)
+        return _bounded(inner, typ.__metadata__)
     if origin is Literal:
         return lambda v: any(type(v) is type(a) and v == a for a in args)
     if (origin is Union or origin is types.UnionType) and len(args) == 2 and type(None) in args:
         some = value_check(
-            args[0] if args[1] is type(None) else args[1], deep=deep, records=records
+            args[0] if args[1] is type(None) else args[1],
+            deep=deep,
+            records=records,
+            within=within,
         )
         return lambda v: v is None or some(v)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        item = value_check(args[0])
+        item = value_check(args[0], records=records, within=within)
         if not deep:  # a revived list is checked by its first item (a foreign serializer's dicts)
             return lambda v: type(v) is tuple or (type(v) is list and (not v or item(v[0])))
         return lambda v: (type(v) is tuple or type(v) is list) and all(map(item, v))
@@ -176,9 +184,12 @@ _BOUNDS: dict[type[Any], Callable[[Check, Any], Check]] = {  # a field with anot
 }
 
 
-def field_check(info: FieldInfo, *, deep: bool = True, records: bool = False) -> Check:
+def field_check(
+    info: FieldInfo, *, deep: bool = True, records: bool = False, within: bool = False
+) -> Check:
     """:func:`value_check` of a pydantic field's type, with its bounds (``ge``, lengths)."""
-    return _bounded(value_check(info.annotation, deep=deep, records=records), info.metadata)
+    check = value_check(info.annotation, deep=deep, records=records, within=within)
+    return _bounded(check, info.metadata)
 
 
 def _bounded(check: Check, metadata: Sequence[Any]) -> Check:
@@ -191,8 +202,9 @@ def _bounded(check: Check, metadata: Sequence[Any]) -> Check:
 
 
 @cache
-def record_check(cls: type[BaseModel]) -> Check:
-    """A contract record exactly of ``cls`` whose every field holds a value of its own type.
+def record_check(cls: type[BaseModel], *, subclasses: bool = False) -> Check:
+    """A contract record exactly of ``cls`` (``subclasses``: or of a subclass) whose every field
+    of ``cls`` holds a value of its own type.
 
     LangGraph revives a record it cannot validate with ``model_construct``, and a caller can
     write one so made (``update_state``): its type alone says nothing of its fields (a budget
@@ -201,13 +213,13 @@ def record_check(cls: type[BaseModel]) -> Check:
     checks: list[tuple[str, Check]] = []
     for name, info in cls.model_fields.items():
         try:
-            checks.append((name, field_check(info, records=True)))
+            checks.append((name, field_check(info, records=True, within=True)))
         except (TypeError, KeyError):
             continue
     absent = object()
 
     def check(v: Any) -> bool:
-        if type(v) is not cls:
+        if type(v) is not cls and not (subclasses and isinstance(v, cls)):
             return False
         values = v.__dict__
         return all(field(values.get(name, absent)) for name, field in checks)

@@ -259,6 +259,13 @@ def _mended(values: dict[str, Any], data: dict[str, Any], wrong: list[str]) -> M
         invalid = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
         data.update((name, _stand_in(name, request)) for name in invalid)
         state = AgentState.model_validate(data, strict=False)
+    except Exception:
+        # A record's own validator read a half-read record inside it (a batch entry revived
+        # with ``model_construct``: its verdict a dict) and raised something else: no field is
+        # named, so every field that failed its check stands in for its value.
+        invalid = set(wrong)
+        data.update((name, _stand_in(name, request)) for name in invalid)
+        state = AgentState.model_validate(data, strict=False)
     # Converted, exact too (an int a checkpoint holds); terminal only with a termination.
     late = {n for n in wrong if not _CHECKS[n](getattr(state, n))}
     late |= {"phase"} if state.is_terminal and state.termination is None else set()

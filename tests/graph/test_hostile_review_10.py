@@ -136,12 +136,6 @@ def test_a_decision_models_proposal_subclass_survives_an_approval_pause() -> Non
     assert h.calls.log == [("write_note", {"note": "hi"}, "call-0001")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pre-existing, not fixed here: batch entries are checked by type alone, and "
-    "load_state's mending validates a half-read entry's after-validator, which raises "
-    "AttributeError too",
-)
 def test_a_batch_entry_a_checkpoint_half_reads_is_refused_not_acted_on() -> None:
     """Pre-existing, with either serializer: a caller writes a batch entry made with
     ``model_construct`` whose verdict has a field of the wrong type. The batch channel checks
@@ -162,4 +156,42 @@ def test_a_batch_entry_a_checkpoint_half_reads_is_refused_not_acted_on() -> None
     h.graph.update_state(config, {"batch": (forged,)})
     state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
     assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert h.calls.log == []
+
+
+def test_a_decision_models_proposal_subclass_runs_in_the_step_it_was_proposed() -> None:
+    """A batch entry's items are checked field by field when a node loads state; the proposal a
+    field holds may be of a subclass, as pydantic takes it, so a decision model's own proposal
+    class (a read, run without a pause) is not refused as an invalid state."""
+    h = harness(
+        [
+            ReasonedProposal(
+                call_id="call-0001", tool_name="search_logs", arguments={"query": "q"}
+            ),
+            final_citing_last,
+        ],
+        checkpointer=InMemorySaver(serde=fencepost_serializer()),
+    )
+    state = fp.run_output(h.graph.invoke(fp.start("q", budget()), thread(), context=context()))
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert [name for name, _, _ in h.calls.log] == ["search_logs"]
+
+
+def test_a_batch_entry_whose_verdict_holds_a_wrong_code_is_refused_before_it_runs() -> None:
+    """A caller writes a batch entry whose verdict says ``allowed`` as a plain str in a
+    ``model_construct``-made verdict (a type a router would misread): the run ends typed, the
+    call never runs."""
+    h = harness(
+        [call("write_note", 1, note="hi"), final_citing_last],
+        approval="interrupt",
+        checkpointer=InMemorySaver(serde=fencepost_serializer()),
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    entry = fp.run_output(h.graph.get_state(config).values).batch[0]
+    verdict = Verdict.model_construct(**{**entry.verdict.__dict__, "code": "allowed"})
+    forged = BatchEntry.model_construct(proposal=entry.proposal, verdict=verdict)
+    h.graph.update_state(config, {"batch": (forged,)})
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert state.termination is not None and state.termination is not TerminationReason.COMPLETED
     assert h.calls.log == []
