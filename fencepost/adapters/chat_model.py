@@ -612,18 +612,17 @@ class ChatModelDecider:
             )
         notice = run_notice(input)
         tail = [HumanMessage(content=notice)] if notice else []
-        if window is None:
-            if observations:
-                self._remember_prefix(observations, rendered, asked, None)
-            return head + rendered + tail
-        shown = rendered[_window_start(rendered, window, AIMessage) :]
+        shown = (
+            rendered if window is None else rendered[_window_start(rendered, window, AIMessage) :]
+        )
         if observations:
-            # Only the turns shown are kept: the next step shows no earlier ones, so neither
-            # what the decider holds nor the copy above grows with the run.
+            # With a window only the turns shown are kept: the next step shows no earlier ones,
+            # so neither what the decider holds nor the copy above grows with the run.
             self._remember_prefix(observations, shown, asked, window)
-        left_out = len(observations) - sum(1 for m in shown if type(m) is ToolMessage)
-        if left_out:
-            head.append(HumanMessage(content=_window_notice(left_out)))
+        if window is not None:
+            left_out = len(observations) - sum(1 for m in shown if type(m) is ToolMessage)
+            if left_out:
+                head.append(HumanMessage(content=_window_notice(left_out)))
         return head + shown + tail
 
     def _system_message(self) -> BaseMessage:

@@ -201,7 +201,8 @@ _ABSENT = object()
 _INVALID = stop(TerminationReason.POLICY_DENIED, "invalid_state")
 _NO_REQUEST = StartRequest(run_id="run-invalid", question="")
 # Records' items are checked as they are written (``channels.typed``), here by type alone; a
-# field holding one contract record (budget view, stop, report) is checked field by field too.
+# field holding contract records (budget view, stop, report, a batch's entries) is checked field
+# by field too.
 _CHECKS = {
     n: field_check(i, deep=n not in _RECORDS, records=n not in _RECORDS)
     for n, i in AgentState.model_fields.items()
@@ -255,15 +256,12 @@ def _mended(values: dict[str, Any], data: dict[str, Any], wrong: list[str]) -> M
     request, invalid = values.get("request"), set[str]()
     try:
         state = AgentState.model_validate(data, strict=False)
-    except ValidationError as exc:  # field names only: no value reaches state or a message
-        invalid = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
-        data.update((name, _stand_in(name, request)) for name in invalid)
-        state = AgentState.model_validate(data, strict=False)
-    except Exception:
-        # A record's own validator read a half-read record inside it (a batch entry revived
-        # with ``model_construct``: its verdict a dict) and raised something else: no field is
-        # named, so every field that failed its check stands in for its value.
-        invalid = set(wrong)
+    except Exception as exc:  # field names only: no value reaches state or a message
+        # A record's own validator reading a half-read record inside it (a batch entry revived
+        # with ``model_construct``) raises something else: where no field is named, every
+        # field that failed its check stands in.
+        errors = exc.errors() if isinstance(exc, ValidationError) else []
+        invalid = {str(e["loc"][0]) for e in errors if e["loc"]} or set(wrong)
         data.update((name, _stand_in(name, request)) for name in invalid)
         state = AgentState.model_validate(data, strict=False)
     # Converted, exact too (an int a checkpoint holds); terminal only with a termination.
