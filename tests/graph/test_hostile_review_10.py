@@ -143,19 +143,10 @@ def test_a_batch_entry_a_checkpoint_half_reads_is_refused_not_acted_on() -> None
     ``model_construct`` (its proposal and verdict as dicts) and the approve node crashed on
     ``'dict' object has no attribute 'code'``. A half-read entry is an invalid state: the run
     ends typed, and nothing runs."""
-    h = harness(
-        [call("write_note", 1, note="hi"), final_citing_last],
-        approval="interrupt",
-        checkpointer=InMemorySaver(serde=fencepost_serializer()),
-    )
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
-    entry = fp.run_output(h.graph.get_state(config).values).batch[0]
-    verdict = Verdict.model_construct(**{**entry.verdict.__dict__, "problems": 5})
-    forged = BatchEntry.model_construct(proposal=entry.proposal, verdict=verdict)
-    h.graph.update_state(config, {"batch": (forged,)})
+    h, config, ctx = _paused_with_a_forged_verdict(problems=5)
     state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
     assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert state.report is not None and state.report.error_code == "invalid_state"
     assert h.calls.log == []
 
 
@@ -177,10 +168,9 @@ def test_a_decision_models_proposal_subclass_runs_in_the_step_it_was_proposed() 
     assert [name for name, _, _ in h.calls.log] == ["search_logs"]
 
 
-def test_a_batch_entry_whose_verdict_holds_a_wrong_code_is_refused_before_it_runs() -> None:
-    """A caller writes a batch entry whose verdict says ``allowed`` as a plain str in a
-    ``model_construct``-made verdict (a type a router would misread): the run ends typed, the
-    call never runs."""
+def _paused_with_a_forged_verdict(**fields: Any) -> tuple[Any, dict[str, Any], fp.RunContext]:
+    """A run paused for approval of a write, whose batch entry a caller then rewrote with
+    ``update_state``: its verdict made with ``model_construct``, ``fields`` changed."""
     h = harness(
         [call("write_note", 1, note="hi"), final_citing_last],
         approval="interrupt",
@@ -189,9 +179,7 @@ def test_a_batch_entry_whose_verdict_holds_a_wrong_code_is_refused_before_it_run
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     entry = fp.run_output(h.graph.get_state(config).values).batch[0]
-    verdict = Verdict.model_construct(**{**entry.verdict.__dict__, "code": "allowed"})
+    verdict = Verdict.model_construct(**{**entry.verdict.__dict__, **fields})
     forged = BatchEntry.model_construct(proposal=entry.proposal, verdict=verdict)
     h.graph.update_state(config, {"batch": (forged,)})
-    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
-    assert state.termination is not None and state.termination is not TerminationReason.COMPLETED
-    assert h.calls.log == []
+    return h, config, ctx
