@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from fencepost import graph, policy
 from fencepost.graph import (
+    CancelRefused,
     CommandRefused,
     GraphConfigError,
+    NestedRunUnreachable,
     acancel,
     build_agent_graph,
     cancel,
@@ -72,6 +74,7 @@ __all__ = [
     "Accepted",
     "AgentState",
     "AnswerPayload",
+    "CancelRefused",
     "CommandRefused",
     "Completed",
     "Deadline",
@@ -84,6 +87,7 @@ __all__ = [
     "InMemoryLedger",
     "InvalidProposal",
     "Ledger",
+    "NestedRunUnreachable",
     "PostgresLedger",
     "Principal",
     "Receipt",

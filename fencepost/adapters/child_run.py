@@ -15,11 +15,17 @@ call's *result*, with ``completed=False`` and its reason visible: the parent's r
 child ran and reported; whether its work was done is the result's ``termination``. A failure with
 only an error code would drop the child's id and the effects it already made.
 
+A child that did not complete is an incomplete call of its parent: the result is still data the
+parent's model is shown (the child's reason, its receipts), but the parent's receipt for the call
+is ``failed`` (``incomplete``), and the parent's answer cannot cite it as evidence.
+
 Stopping is not undoing. Cancelling the parent closes its account; every account under it is then
-closed too, so a running child is refused its next step or call and ends ``cancelled``, and a child
-not yet started is refused its first reservation (or its call is refused before it starts). The
-ids of children already started stay in the parent's observations, with their receipts: what they
-did is reported, not rolled back.
+closed too, so a running child is refused its next step or call and ends ``cancelled``. No child
+starts under a closed parent, nor one whose parent cannot fund its first step: the call's result
+says so (``started=False``) and no checkpoint thread or ledger account is made for it. Cancelling
+the task that runs a child (the parent's ``ainvoke``) writes the child's durable cancel record
+before ``CancelledError`` goes on. The ids of children already started stay in the parent's
+observations, with their receipts: what they did is reported, not rolled back.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import contextvars
 import hashlib
 import json
 import keyword
-from collections.abc import Coroutine, Iterable
+import logging
+from collections.abc import Callable, Coroutine, Iterable
 from datetime import timedelta
 from typing import Annotated, Any, TypeVar
 
@@ -39,10 +46,12 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.pregel import Pregel
 from pydantic import BaseModel, ConfigDict, Field, Strict, create_model
 
+from fencepost.graph.cancel import acancel, cancel
 from fencepost.graph.loop import LoopConfig, settings_of
 from fencepost.graph.state import run_output, start
 from fencepost.policy import (
     AgentState,
+    Balance,
     Clock,
     Deadline,
     Effect,
@@ -51,17 +60,22 @@ from fencepost.policy import (
     Principal,
     Receipt,
     RuntimeBudget,
+    StopRequest,
     TerminationReason,
     ToolContext,
     ToolError,
     ToolSpec,
+    UnknownAccount,
 )
-from fencepost.policy._model import Frozen
 from fencepost.policy.context import RunContext
+from fencepost.policy.outcome import RunReport
+from fencepost.policy.stopping import child_start_refusal, first_step_amounts
 
 __all__ = ["ChildRunConfigError", "ChildRunResult", "child_run_tool", "child_thread_id"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
 
 _RETURN_MARGIN_SECONDS = 1.0
 """The child's deadline ends this much (at most a tenth of what is left) before the parent call's,
@@ -72,8 +86,12 @@ class ChildRunConfigError(ValueError):
     """``child_run_tool`` was given something it cannot run as a child; the message says why."""
 
 
-class ChildRunResult(Frozen):
-    """What a child run hands back to its parent: the parent call's result, as data."""
+class ChildRunResult(RunReport):
+    """What a child run hands back to its parent: the parent call's result, as data.
+
+    One that did not complete makes the parent's call ``failed`` (``incomplete``), its reason
+    kept here: see :class:`~fencepost.policy.outcome.RunReport`.
+    """
 
     run_id: str
     """The child run's id."""
@@ -83,6 +101,10 @@ class ChildRunResult(Frozen):
     """Why the child ended (``completed`` only when it answered with verified citations)."""
     completed: bool
     """Whether the child completed. ``False`` is still a result: the reason is ``termination``."""
+    started: bool = True
+    """Whether a child run was started. ``False``: the call was refused before one began (its
+    parent was closed, or could not fund the child's first step); ``termination`` and
+    ``error_code`` say why, and ``thread_id`` names a thread with nothing on it."""
     error_code: str | None = None
     """The child's safe stop code (``tool_calls_exhausted``, ``cancelled``, ...)."""
     receipts: Annotated[tuple[Receipt, ...], Strict(False)] = ()
@@ -140,6 +162,26 @@ def _result(state: AgentState, thread_id: str) -> ChildRunResult:
     )
 
 
+def _not_started(
+    run_id: str, thread_id: str, budget: RuntimeBudget, why: StopRequest
+) -> ChildRunResult:
+    return ChildRunResult(
+        run_id=run_id,
+        thread_id=thread_id,
+        termination=why.reason,
+        completed=False,
+        started=False,
+        error_code=why.error_code,
+        budget=budget,
+    )
+
+
+def _outside_the_node(fn: Callable[[], T]) -> T:
+    """``fn()`` with the parent node's LangGraph config cleared (see :func:`_isolated`)."""
+    var_child_runnable_config.set(None)
+    return fn()
+
+
 async def _isolated(work: Coroutine[Any, Any, T]) -> T:
     """Run ``work`` outside the parent node's LangGraph config.
 
@@ -153,23 +195,102 @@ async def _isolated(work: Coroutine[Any, Any, T]) -> T:
     return await task
 
 
+class _Driver:
+    """How a child graph is run: through its checkpointer's async methods, or — a saver with
+    sync methods only (``SqliteSaver``, what ``open_checkpointer("sqlite:///...")`` gives) —
+    through the graph's sync methods on a worker thread. Which one is found on first use: such a
+    saver says so by raising ``NotImplementedError`` from its async methods, before anything ran.
+    """
+
+    def __init__(self, graph: Pregel[Any, Any, Any, Any]) -> None:
+        self.graph = graph
+        self.sync: bool | None = None
+
+    async def values(self, config: RunnableConfig) -> dict[str, Any]:
+        if self.sync is None:
+            try:
+                values = dict((await self.graph.aget_state(config)).values)
+            except NotImplementedError:
+                self.sync = True
+            else:
+                self.sync = False
+                return values
+        if self.sync:
+            snapshot = await asyncio.to_thread(
+                _outside_the_node, lambda: self.graph.get_state(config)
+            )
+            return dict(snapshot.values)
+        return dict((await self.graph.aget_state(config)).values)
+
+    async def invoke(self, value: Any, config: RunnableConfig, ctx: RunContext) -> dict[str, Any]:
+        if self.sync:
+            return dict(
+                await asyncio.to_thread(
+                    _outside_the_node, lambda: self.graph.invoke(value, config, context=ctx)
+                )
+            )
+        return dict(await _isolated(self.graph.ainvoke(value, config, context=ctx)))
+
+    async def cancel(self, config: RunnableConfig, ctx: RunContext) -> None:
+        if self.sync:
+            await asyncio.to_thread(
+                _outside_the_node, lambda: cancel(self.graph, config, context=ctx)
+            )
+        else:
+            await _isolated(acancel(self.graph, config, context=ctx))
+
+
+async def _ended_cancelled(driver: _Driver, config: RunnableConfig, ctx: RunContext) -> None:
+    """Write the durable cancel record of a child whose run was cancelled with its caller.
+
+    Shielded: a second cancel of the caller stops waiting for it, not the record. A failure to
+    write it is logged and never replaces the ``CancelledError`` that goes on.
+    """
+    record = asyncio.ensure_future(driver.cancel(config, ctx))
+    try:
+        await asyncio.shield(record)
+    except asyncio.CancelledError:
+        pass
+    except Exception:  # logged with its traceback; the caller's cancellation goes on regardless
+        _log.exception("a cancelled child run's cancel record could not be written")
+
+
+async def _funding_refusal(
+    ledger: Ledger, parent: str, budget: RuntimeBudget, tokens_per_step: int
+) -> StopRequest | None:
+    """Why no child may start under ``parent`` (closed, or unable to fund its first step)."""
+    chain: list[Balance] = []
+    account: str | None = parent
+    while account is not None and all(b.account != account for b in chain):
+        try:
+            balance = await ledger.abalance(account)
+        except (UnknownAccount, ValueError):
+            return None  # the child's own opening refuses it, typed (unknown_budget_account)
+        chain.append(balance)
+        account = balance.parent
+    return child_start_refusal(budget.limits(), chain, first_step_amounts(tokens_per_step))
+
+
 async def _run_child(
-    graph: Pregel[Any, Any, Any, Any],
+    driver: _Driver,
     config: RunnableConfig,
     ctx: RunContext,
     question: str,
     budget: RuntimeBudget,
     run_id: str,
-) -> AgentState:
-    snapshot = await graph.aget_state(config)
-    if "run_id" not in snapshot.values:
-        out = await graph.ainvoke(start(question, budget, run_id=run_id), config, context=ctx)
-        return run_output(out)
-    state = run_output(snapshot.values)
+    refusal: Callable[[], Coroutine[Any, Any, StopRequest | None]],
+) -> AgentState | StopRequest:
+    values = await driver.values(config)
+    if "run_id" not in values:
+        refused = await refusal()
+        if refused is not None:
+            return refused
+        return run_output(await driver.invoke(start(question, budget, run_id=run_id), config, ctx))
+    state = run_output(values)
     if state.is_terminal:
         return state
     # An earlier attempt of this call started the child and never reported: resume it.
-    return run_output(await graph.ainvoke(None, config, context=ctx))
+    return run_output(await driver.invoke(None, config, ctx))
 
 
 def _checked_graph(
@@ -229,12 +350,17 @@ def child_run_tool(
     - runs on a thread derived from the parent run and the call id (:func:`child_thread_id`), so a
       retried call resumes its child instead of starting a second one (the tool is idempotent).
 
-    The call's result is a :class:`ChildRunResult` (JSON data in the parent's observation). The
-    call fails only when no child could be run: a tool context without the parent's account
-    (``permission_denied``) or a child thread held by another identity (``permission_denied``).
+    The call's result is a :class:`ChildRunResult` (JSON data in the parent's observation); one
+    saying ``completed=False`` makes the parent's receipt ``failed`` (``incomplete``). No child
+    starts under a closed parent account or one that cannot fund the child's first step: the
+    result then says ``started=False`` and why. The call fails only when no child could be run:
+    a tool context without the parent's account (``permission_denied``) or a child thread held by
+    another identity (``permission_denied``). Cancelling the call's task ends a running child
+    ``cancelled``, durably, before ``CancelledError`` goes on.
 
-    ``graph`` must be compiled with a checkpointer and built with ``approval="terminate"`` and the
-    parent's ledger: pass that ledger as ``ledger`` to have it checked here.
+    ``graph`` must be compiled with a checkpointer (one with sync methods only, such as
+    ``SqliteSaver``, runs the child on a worker thread) and built with ``approval="terminate"``
+    and the parent's ledger: pass that ledger as ``ledger`` to have it checked here.
     """
     checked, settings = _checked_graph(graph, ledger)
     if not isinstance(budget, RuntimeBudget):
@@ -262,6 +388,7 @@ def child_run_tool(
         },
     )
     clock = settings.clock
+    driver = _Driver(checked)
 
     async def execute(args: BaseModel, ctx: ToolContext) -> ChildRunResult:
         parent = ctx.budget_account
@@ -279,9 +406,19 @@ def child_run_tool(
         )
         config: RunnableConfig = {"configurable": {"thread_id": thread}}
         question = getattr(args, question_field)
-        state = await _isolated(
-            _run_child(checked, config, child_ctx, question, budget, _child_run_id(thread))
-        )
+        run_id = _child_run_id(thread)
+
+        async def refusal() -> StopRequest | None:
+            return await _funding_refusal(settings.ledger, parent, budget, settings.tokens_per_step)
+
+        try:
+            state = await _run_child(driver, config, child_ctx, question, budget, run_id, refusal)
+        except asyncio.CancelledError:
+            # Stopping is not undoing: the child's run ends typed, on its own thread, first.
+            await _ended_cancelled(driver, config, child_ctx)
+            raise
+        if isinstance(state, StopRequest):
+            return _not_started(run_id, thread, budget, state)
         if state.tenant_id != ctx.tenant_id or state.principal_id != ctx.principal_id:
             raise ToolError(ErrorCode.PERMISSION_DENIED)
         return _result(state, thread)

@@ -2,16 +2,18 @@
 
 from fencepost.graph.bounded import CommandRefused
 from fencepost.graph.builder import GraphConfigError, build_agent_graph
-from fencepost.graph.cancel import acancel, cancel
+from fencepost.graph.cancel import CancelRefused, NestedRunUnreachable, acancel, cancel
 from fencepost.graph.context import RunContext
 from fencepost.graph.serde import fencepost_serializer, serializer_allowlist
 from fencepost.graph.state import GraphState, InputState, StartRequest, run_output, start
 
 __all__ = [
+    "CancelRefused",
     "CommandRefused",
     "GraphConfigError",
     "GraphState",
     "InputState",
+    "NestedRunUnreachable",
     "RunContext",
     "StartRequest",
     "acancel",

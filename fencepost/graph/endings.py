@@ -8,7 +8,10 @@ from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import account_of, pending_work
 from fencepost.policy import AgentState, InMemoryLedger, Phase, TerminationReason, UnknownAccount
 from fencepost.policy.context import RunContext
+from fencepost.policy.keys import started_key
+from fencepost.policy.outcome import receipt_for
 from fencepost.policy.run_check import check_owner, stop
+from fencepost.policy.stopping import started_unreported
 from fencepost.policy.tasks import unfinished
 
 
@@ -64,3 +67,23 @@ async def pending_at_end(
     if not mine:
         return tuple(r.task_id or r.call_id for r in unfinished(state.receipts, ()))
     return await pending_work(io, state)
+
+
+async def receipt_started(io: NodeIO, state: AgentState, account: str) -> AgentState:
+    """``state`` with an ``uncertain`` receipt for each call of its batch the ledger shows
+    started and no receipt reports: a run ending while such a call still runs (a cancel's record
+    made beside it) or after its worker died keeps the call's id and effect, instead of
+    reporting a call that never started (see ``stopping.started_unreported``)."""
+    if not state.batch:
+        return state
+    receipted = {r.call_id for r in state.receipts[-len(state.batch) :]}
+    unreported = [e.call_id for e in state.batch if e.call_id not in receipted]
+    if not unreported:
+        return state
+    started = [c for c in unreported if await io.get(started_key(account, c, 1)) is not None]
+    if not started:
+        return state
+    outcomes = started_unreported(state.batch, receipted, started, io.cfg.registry)
+    return state.model_copy(
+        update={"receipts": state.receipts + tuple(receipt_for(o) for o in outcomes)}
+    )

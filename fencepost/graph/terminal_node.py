@@ -8,7 +8,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from fencepost.graph.decide_node import begin
-from fencepost.graph.endings import owned, pending_at_end, unsealed_end
+from fencepost.graph.endings import owned, pending_at_end, receipt_started, unsealed_end
 from fencepost.graph.loop import Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import account_of, open_run, started_run_id
@@ -81,6 +81,8 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     completed = asked.reason is TerminationReason.COMPLETED and asked.answer is not None
     account = account_of(current)
     mine = await owned(io, account, ctx, current.run_id)
+    if mine:
+        current = await receipt_started(io, current, account)
     pending = await pending_at_end(io, current, mine) if completed else None
     ending = judged_stop(
         current, asked, require_citations=io.cfg.require_citations, pending=pending

@@ -24,6 +24,9 @@ class ErrorCode(StrEnum):
     EXECUTION_UNCERTAIN = "execution_uncertain"
     DEPENDENCY_FAILED = "dependency_failed"
     """A call this one depends on did not produce a verified result: this one never ran."""
+    INCOMPLETE = "incomplete"
+    """The call ran and reported, but the work it was asked for was not done (a child run that
+    ended without completing): its result says why, as data."""
     BUDGET_EXHAUSTED = "budget_exhausted"
     UNSERIALIZABLE_RESULT = "unserializable_result"
     INTERNAL_ERROR = "internal_error"

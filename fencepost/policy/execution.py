@@ -25,7 +25,7 @@ from fencepost.policy.events import (
 )
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied, authorize
-from fencepost.policy.outcome import CallOutcome
+from fencepost.policy.outcome import CallOutcome, result_status
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import Accepted, Completed, ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
@@ -157,7 +157,8 @@ def ran(
 ) -> CallOutcome:
     """The outcome of a call that ran: its result as JSON data, or its safe error code.
 
-    A tool that only accepted the work (``Accepted``) is ``accepted_pending``, not completed.
+    A tool that only accepted the work (``Accepted``) is ``accepted_pending``, not completed; one
+    reporting a run that did not complete (``RunReport``) is ``failed`` (``outcome.result_status``).
     """
     if error is None:
         try:
@@ -165,10 +166,9 @@ def ran(
         except UnserializableResult:
             error = ErrorCode.UNSERIALIZABLE_RESULT
         else:
-            accepted = isinstance(value, Accepted)
             return CallOutcome(
                 event=ToolSucceeded(call_id=entry.call_id, tool_name=spec.name, result=result),
-                status=ReceiptStatus.ACCEPTED_PENDING if accepted else ReceiptStatus.COMPLETED,
+                status=result_status(value),
                 attempts=attempt,
                 effect=spec.effect,
                 task_id=value.task_id if isinstance(value, Accepted) else None,

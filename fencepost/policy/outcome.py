@@ -8,8 +8,33 @@ from pydantic import Field, Strict
 
 from fencepost.policy._model import Frozen
 from fencepost.policy.effect import Effect
+from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.events import ToolFailed, ToolSucceeded
-from fencepost.policy.receipt import Receipt, ReceiptStatus
+from fencepost.policy.receipt import Accepted, Receipt, ReceiptStatus
+
+
+class RunReport(Frozen):
+    """Base of a tool result that reports on a run of its own (a child run's
+    :class:`~fencepost.adapters.child_run.ChildRunResult`).
+
+    ``completed`` is that run's word that it reached its verified end state. A report saying
+    it did not is still the call's result (data the model is shown, with the run's own reason),
+    but the call's receipt is ``failed`` with ``incomplete``: work not done is never a completed
+    call, an answer cannot cite it as evidence, and a call that depends on it does not run.
+    """
+
+    completed: bool
+    """Whether the reported run completed: ``completed`` only with its end state verified."""
+
+
+def result_status(value: object) -> ReceiptStatus:
+    """The receipt status of a call whose tool returned ``value``: work only accepted (a task
+    id) is pending, a run reported not completed failed, anything else completed."""
+    if isinstance(value, Accepted):
+        return ReceiptStatus.ACCEPTED_PENDING
+    if isinstance(value, RunReport) and not value.completed:
+        return ReceiptStatus.FAILED
+    return ReceiptStatus.COMPLETED
 
 
 class CallOutcome(Frozen):
@@ -38,13 +63,20 @@ class CallOutcome(Frozen):
 
 
 def receipt_for(outcome: CallOutcome) -> Receipt:
-    """The receipt ``outcome`` is reported as: status, safe error code, attempts."""
+    """The receipt ``outcome`` is reported as: status, safe error code, attempts.
+
+    A call that returned a result yet failed reported work not done (:class:`RunReport`): its
+    code is ``incomplete``.
+    """
     event = outcome.event
+    code = event.error_code if isinstance(event, ToolFailed) else None
+    if code is None and outcome.status is ReceiptStatus.FAILED:
+        code = ErrorCode.INCOMPLETE
     return Receipt(
         call_id=event.call_id,
         tool_name=event.tool_name,
         status=outcome.status,
-        error_code=event.error_code if isinstance(event, ToolFailed) else None,
+        error_code=code,
         attempts=outcome.attempts,
         effect=outcome.effect,
         task_id=outcome.task_id,

@@ -13,7 +13,7 @@ from fencepost.policy.decision import ToolProposal
 from fencepost.policy.manifest import StepManifest
 from fencepost.policy.observation import AnswerPayload, Observation
 from fencepost.policy.phase import Phase, TerminationReason
-from fencepost.policy.receipt import Receipt
+from fencepost.policy.receipt import Receipt, ReceiptStatus, current_receipts
 from fencepost.policy.stop_report import StopReport
 
 
@@ -87,5 +87,11 @@ class AgentState(Frozen):
         return self.phase is Phase.TERMINAL
 
     def evidence_ids(self) -> frozenset[str]:
-        """Ids a final answer may cite: call ids of successful tool results."""
-        return frozenset(o.evidence_id for o in self.observations if o.is_evidence)
+        """Ids a final answer may cite: call ids of successful tool results whose work was done
+        (a result receipted ``failed``, a child run that did not complete, is not evidence)."""
+        failed = {
+            r.call_id for r in current_receipts(self.receipts) if r.status is ReceiptStatus.FAILED
+        }
+        return frozenset(
+            o.evidence_id for o in self.observations if o.is_evidence and o.call_id not in failed
+        )

@@ -12,7 +12,8 @@ kind                      what the report says
 ========================  ====================================================================
 
 Nothing here reads model text: a report holds codes, call ids and registered tool names only.
-Work accepted is not work done: an ``accepted_pending`` call is reported pending, never done.
+Work accepted is not work done: an ``accepted_pending`` call is reported pending, never done;
+a call reporting a run that did not complete (a child run) is ``failed``, ``incomplete``.
 Stopping is not undoing: effects already made are listed whatever the kind.
 """
 
@@ -71,6 +72,14 @@ _WAITS_FOR_APPROVAL = frozenset({VerdictCode.APPROVAL_REQUIRED, VerdictCode.APPR
 _EFFECT_STARTED = frozenset(
     {ReceiptStatus.COMPLETED, ReceiptStatus.UNCERTAIN, ReceiptStatus.ACCEPTED_PENDING}
 )
+
+
+def _effect_started(receipt: Receipt) -> bool:
+    """Whether the call's write or external effect may have reached the world: a call that ran
+    to its report without completing (a child run stopped half-way) may have made some."""
+    if receipt.effect in (None, Effect.READ):
+        return False
+    return receipt.status in _EFFECT_STARTED or receipt.error_code is ErrorCode.INCOMPLETE
 
 
 def kind_of(reason: TerminationReason) -> StopKind:
@@ -191,7 +200,7 @@ def stop_report(state: Ended, *, unfinished: Sequence[BatchEntry] = ()) -> StopR
     latest = current_receipts(state.receipts)
     for receipt in latest:
         buckets[receipt.status].append(_reported(receipt))
-        if receipt.effect not in (None, Effect.READ) and receipt.status in _EFFECT_STARTED:
+        if _effect_started(receipt):
             effects.append(receipt.call_id)
     receipted = {r.call_id for r in latest}
     left = [e for e in unfinished if e.call_id not in receipted]

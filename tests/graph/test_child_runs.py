@@ -8,7 +8,6 @@ Stopping the parent blocks new children and keeps the ids of those already start
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import threading
 from collections.abc import Iterator
@@ -24,115 +23,18 @@ from fencepost.adapters.child_run import ChildRunConfigError, ChildRunResult, ch
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.policy.keys import run_account, run_tag
 from fencepost.policy.tool_decorator import tool
-from tests.graph.kit import CAPS, thread
-
-DELEGATE = "agents:delegate"
-PARENT_CAPS = CAPS | {DELEGATE, "admin"}
-ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
-
-
-def parent_context(seconds: float = 30) -> fp.RunContext:
-    return fp.RunContext(
-        tenant_id="acme",
-        principal=fp.Principal(id="u-1", capabilities=PARENT_CAPS),
-        deadline=fp.Deadline.after(seconds),
-    )
-
-
-def child_call(n: int) -> fp.ToolProposal:
-    return fp.ToolProposal(
-        call_id=f"child-call-{n}",
-        tool_name="research",
-        arguments={"question": f"what broke checkout, part {n}?"},
-    )
-
-
-class Greedy:
-    """A child model that never stops asking for tools: ``width`` fresh pings per step."""
-
-    def __init__(self, width: int) -> None:
-        self.width = width
-        self._ids = itertools.count()
-
-    async def decide(self, input: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.ToolBatch:
-        calls = []
-        for _ in range(self.width):
-            n = next(self._ids)
-            calls.append(
-                fp.ToolProposal(call_id=f"ping-{n:06d}", tool_name="ping", arguments={"n": n})
-            )
-        return fp.ToolBatch(calls=tuple(calls))
-
-
-@tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
-def ping(n: int, ctx: fp.ToolContext) -> dict[str, int]:
-    """Ping."""
-    return {"n": n}
-
-
-def answer_after(tool_name: str, calls: int) -> Any:
-    """A child model: ``calls`` steps calling ``tool_name``, then an answer citing the last."""
-
-    def decide(inp: fp.DecisionInput) -> Any:
-        if len(inp.observations) >= calls:
-            return fp.FinalProposal(
-                answer=fp.AnswerPayload(
-                    text="deploy 42 broke checkout", citations=(inp.observations[-1].call_id,)
-                )
-            )
-        return fp.ToolProposal(
-            call_id=f"{tool_name}-{len(inp.observations):04d}", tool_name=tool_name, arguments={}
-        )
-
-    return decide
-
-
-class Family:
-    """One ledger; a child graph and a parent graph whose only tool starts the child."""
-
-    def __init__(
-        self,
-        child_registry: fp.ToolRegistry,
-        child_model: Any,
-        parent_script: list[Any],
-        *,
-        child_budget: fp.RuntimeBudget,
-        capabilities: frozenset[str] = frozenset({"logs:read"}),
-        ledger: fp.Ledger | None = None,
-        **parent_kw: Any,
-    ) -> None:
-        self.ledger = ledger if ledger is not None else fp.InMemoryLedger()
-        self.child = fp.build_agent_graph(child_registry, child_model, ledger=self.ledger).compile(
-            checkpointer=InMemorySaver()
-        )
-        self.tool = child_run_tool(
-            self.child,
-            name="research",
-            description="Ask a research sub-agent.",
-            budget=child_budget,
-            capability=DELEGATE,
-            capabilities=capabilities,
-            ledger=self.ledger,
-        )
-        self.parent_model = ScriptedDecisionModel(parent_script)
-        self.parent = fp.build_agent_graph(
-            fp.ToolRegistry([self.tool]), self.parent_model, ledger=self.ledger, **parent_kw
-        ).compile(checkpointer=InMemorySaver())
-
-    def child_results(self, state: fp.AgentState) -> list[ChildRunResult]:
-        return [
-            ChildRunResult.model_validate(o.result)
-            for o in state.observations
-            if o.tool_name == "research" and o.kind == "tool_result"
-        ]
-
-    def child_state(self, thread_id: str) -> dict[str, Any]:
-        return dict(self.child.get_state({"configurable": {"thread_id": thread_id}}).values)
-
-
-def parent_account(config: dict[str, Any], state: fp.AgentState) -> str:
-    return run_account(config["configurable"]["thread_id"], state.run_id)
-
+from tests.graph.child_kit import (
+    ABSTAIN,
+    DELEGATE,
+    Family,
+    Greedy,
+    answer_after,
+    child_call,
+    parent_account,
+    parent_context,
+    ping,
+)
+from tests.graph.kit import thread
 
 # -- the seed: one budget shared by the parent and every child --------------------------------
 
@@ -369,7 +271,9 @@ def test_cancelling_the_parent_blocks_new_children_and_keeps_the_started_ones_id
     ]
     assert family.child_state(started.thread_id)["run_id"] == started.run_id
     receipts = {r.call_id: r for r in state.receipts}
-    assert receipts["child-call-1"].status is fp.ReceiptStatus.COMPLETED
+    # The child ran and reported, cancelled: an incomplete call, not a completed one.
+    assert receipts["child-call-1"].status is fp.ReceiptStatus.FAILED
+    assert receipts["child-call-1"].error_code is fp.ErrorCode.INCOMPLETE
     # No child starts after the cancel: the second call is refused, the third never proposed.
     assert receipts["child-call-2"].status is fp.ReceiptStatus.DENIED
     assert receipts["child-call-2"].error_code is fp.ErrorCode.CANCELLED
@@ -392,10 +296,11 @@ async def test_a_retried_child_call_resumes_the_same_child_instead_of_starting_a
 
     @tool(effect=fp.Effect.READ, capability="logs:read", timeout=10)
     async def fetch(ctx: fp.ToolContext) -> dict[str, bool]:
-        """Fetch, once the gate opens."""
+        """Fetch; the first attempt hangs until the gate opens."""
         attempts.append(ctx.attempt)
         entered.set()
-        await gate.wait()
+        if ctx.attempt == 1:
+            await gate.wait()
         return {"fetched": True}
 
     model = ScriptedDecisionModel([answer_after("fetch", 1)] * 10)
@@ -423,13 +328,10 @@ async def test_a_retried_child_call_resumes_the_same_child_instead_of_starting_a
     )
     args = spec.args_model(question="what broke?")
 
-    # The first attempt dies mid-child (its worker is gone): the child is left half-way.
+    # The first attempt hangs mid-child (its worker is stuck, then gone): the child is left
+    # half-way. (Cancelling it would be a stop: the child would end cancelled, durably.)
     first = asyncio.ensure_future(spec.execute(args, ctx))
     await entered.wait()
-    first.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    gate.set()
 
     retried = await spec.execute(args, ctx.model_copy(update={"attempt": 2}))
     thread_id = child_thread_id("parent-run", "child-call-1", tenant_id="acme", principal_id="u-1")
@@ -445,6 +347,10 @@ async def test_a_retried_child_call_resumes_the_same_child_instead_of_starting_a
     mine = ledger.balance(run_account(thread_id, retried.run_id))
     assert parent.held["steps"] == mine.held["steps"] == retried.budget.steps_used
     assert parent.held["tool_calls"] == mine.held["tool_calls"] == retried.budget.tool_calls_used
+    first.cancel()  # the stuck worker, at last: the child already ended, nothing changes
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert (await spec.execute(args, ctx.model_copy(update={"attempt": 4}))) == retried
 
 
 async def test_a_child_call_without_its_parents_account_never_starts_a_child() -> None:

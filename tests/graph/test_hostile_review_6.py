@@ -195,7 +195,8 @@ def test_another_tenants_cancel_on_its_own_thread_never_closes_this_runs_account
     b.graph.invoke(
         fp.start("upload", budget()), config, context=ctx_b, interrupt_before=["terminal"]
     )
-    fp.cancel(b.graph, config, context=ctx_b)
+    with pytest.raises(fp.CancelRefused):  # refused, and said so: tests/isolation pins it
+        fp.cancel(b.graph, config, context=ctx_b)
     assert ledger.balance(thread_account(config)).closed is None
     state = fp.run_output(a.graph.invoke(None, config, context=ctx_a))
     assert state.termination is TerminationReason.COMPLETED
@@ -360,7 +361,8 @@ def test_cancel_of_a_nested_run_paused_for_approval_returns_and_ends_it_cancelle
 def test_another_tenants_cancel_of_a_nested_run_closes_nothing() -> None:
     saver, ledger = InMemorySaver(), fp.InMemoryLedger()
     parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=True)
-    fp.cancel(nested, _nested_config(parent, config), context=context(tenant="tenant-other"))
+    with pytest.raises(fp.CancelRefused):  # refused, and said so: tests/isolation pins it
+        fp.cancel(nested, _nested_config(parent, config), context=context(tenant="tenant-other"))
     assert approved(parent, config, ctx, calls) == ({"out": "completed:None"}, 1)
 
 

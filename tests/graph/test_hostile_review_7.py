@@ -226,8 +226,10 @@ def test_another_tenant_naming_a_nested_runs_namespace_closes_nothing_without_it
     account = run_account(
         config["configurable"]["thread_id"], "", nested_config["configurable"]["checkpoint_ns"]
     )
-    assert fp.cancel(nested, nested_config, context=context(tenant="tenant-other")) is None
-    assert fp.cancel(nested, nested_config, context=context(principal="u-other")) is None
+    # Refused, and said so: a stranger's cancel changes nothing (tests/isolation pins it).
+    for stranger in (context(tenant="tenant-other"), context(principal="u-other")):
+        with pytest.raises(fp.CancelRefused):
+            fp.cancel(nested, nested_config, context=stranger)
     assert ledger.balance(account).closed is None
     assert approved(parent, config, ctx, calls) == ({"out": "completed:None"}, 1)
 
@@ -287,5 +289,7 @@ def test_cancel_of_a_nested_run_through_its_parent_graph_still_ends_it_cancelled
     saver, ledger = InMemorySaver(), fp.InMemoryLedger()
     parent, _, config, ctx, calls = _nested_paused(ledger, saver, own_saver=own_saver)
     returned = fp.cancel(parent, _nested_config(parent, config), context=ctx)
-    assert returned is not None and returned.termination is TerminationReason.CANCELLED
+    # No node of the parent runs in the cancel: the parent's next invoke ends the nested run.
+    assert returned is not None and not returned.is_terminal
+    assert parent.get_state(config).next == ("agent",)
     assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)

@@ -1,0 +1,121 @@
+"""Stopping is not undoing: who may stop a run, and what a stop keeps of the work it cut short.
+
+Seed 002: a stop blocks new children, follows the work already started to its real end, and
+keeps the id and lookup path of every effect already started. The graph's cancel and the child
+run tool do the ledger and checkpoint I/O; the decisions are these functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+from fencepost.policy.batch import BatchEntry
+from fencepost.policy.budget import BudgetExhausted
+from fencepost.policy.context import RunContext
+from fencepost.policy.error_codes import ErrorCode
+from fencepost.policy.execution import not_run
+from fencepost.policy.ledger import AccountClosed, Balance, check_open, check_room
+from fencepost.policy.outcome import CallOutcome
+from fencepost.policy.receipt import ReceiptStatus
+from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.run_check import check_owner, stop_for_closed, stop_for_exhausted
+from fencepost.policy.state import StopRequest
+from fencepost.policy.usage import step_amounts
+
+
+class CancelRefused(PermissionError):
+    """``cancel``/``acancel`` named a context that is not the run's owner: nothing was changed.
+
+    ``code`` says why: ``context_mismatch`` (another tenant or principal) or ``account_conflict``
+    (the thread's ledger account belongs to another run).
+    """
+
+    def __init__(self, code: str) -> None:
+        super().__init__(
+            f"cancel refused ({code}): the context is not the one this run was started for; "
+            "nothing was changed"
+        )
+        self.code = code
+
+
+def cancel_refusal(
+    owner: Mapping[str, str] | None,
+    ctx: RunContext | None,
+    *,
+    tenant_id: str | None,
+    principal_id: str | None,
+    run_id: str | None,
+) -> str | None:
+    """Why the caller in ``ctx`` may not cancel the run, or ``None`` if it may.
+
+    ``owner`` is what the run's ledger account records (``None``: the ledger has no such account,
+    e.g. a non-durable one lost with its process); the identity in state speaks only then, since
+    the ledger is the truth a state update cannot reach. Without a context it is the operator's
+    cancel, which anyone holding the graph and the thread may make.
+    """
+    if ctx is None:
+        return None
+    if owner is not None:
+        refused = check_owner(owner, ctx, run_id)
+        return None if refused is None else refused.error_code
+    if tenant_id is None and principal_id is None:
+        return None  # nothing ran far enough to bind an identity: nothing of anyone's to end
+    if (tenant_id, principal_id) != (ctx.tenant_id, ctx.principal.id):
+        return "context_mismatch"
+    return None
+
+
+def started_unreported(
+    batch: Sequence[BatchEntry],
+    receipted: Collection[str],
+    started: Collection[str],
+    registry: ToolRegistry,
+) -> tuple[CallOutcome, ...]:
+    """The batch's calls the ledger shows started (``started``: their first attempt's start
+    marker) that have no receipt, as ``uncertain``: a run that ends while (or after) such a call
+    ran — a cancel's record made while the tool still runs, a worker that died mid-call — keeps
+    its id and effect on record, never reported as a call that never started."""
+    outcomes: dict[str, CallOutcome] = {}
+    for entry in batch:
+        if entry.call_id in receipted or entry.call_id not in started:
+            continue
+        name = entry.proposal.tool_name
+        spec = registry.get(name) if name in registry else None
+        outcomes.setdefault(
+            entry.call_id,
+            not_run(
+                entry, spec, ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN, attempts=1
+            ),
+        )
+    return tuple(outcomes.values())
+
+
+def first_step_amounts(tokens_per_step: int) -> dict[str, float]:
+    """What a child run's first model step reserves: one step, and the child graph's token
+    estimate (at least one token: a child always has a parent account that may limit tokens,
+    as ``decide_node.step_estimate`` reserves)."""
+    return step_amounts(max(1, tokens_per_step))
+
+
+def child_start_refusal(
+    limits: Mapping[str, float],
+    parents: Iterable[Balance],
+    amounts: Mapping[str, float],
+) -> StopRequest | None:
+    """Why a child run must not start, or ``None`` if its first step can be funded.
+
+    ``limits`` are the child's own; ``parents`` its parent account and that account's ancestors,
+    nearest first. A closed parent (a cancel) or a chain that cannot hold the first step means
+    no child run starts: no checkpoint thread, no ledger account, only the parent call's result.
+    """
+    chain = list(parents)
+    try:
+        check_open((b.account, b.closed) for b in chain)
+        check_room(
+            [("child", limits, {}), *((b.account, b.limits, b.held) for b in chain)], amounts
+        )
+    except AccountClosed as closed:
+        return stop_for_closed(closed.reason)
+    except BudgetExhausted as exhausted:
+        return stop_for_exhausted(exhausted)
+    return None
