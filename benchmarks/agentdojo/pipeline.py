@@ -14,11 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
 import fencepost as fp
 from agentdojo.agent_pipeline.base_pipeline_element import BasePipelineElement
 from agentdojo.agent_pipeline.tool_execution import tool_result_to_str
 from agentdojo.base_tasks import BaseInjectionTask, BaseUserTask
-from agentdojo.functions_runtime import EmptyEnv, Env, FunctionCall, FunctionsRuntime
+from agentdojo.functions_runtime import EmptyEnv, Env, Function, FunctionCall, FunctionsRuntime
 from agentdojo.types import (
     ChatAssistantMessage,
     ChatMessage,
@@ -26,16 +29,44 @@ from agentdojo.types import (
     ChatUserMessage,
     text_content_block_from_string,
 )
-from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.types import Command
 
 from .policies import Policy
-from .replay import ReplayModel, ReplayScript
-from .tools import Executed, bind_tools
-from .trusted import PendingCall, trusted_context
+from .replay import CurrentReplay, ReplayModel, ReplayScript
+from .tools import Executed, SuiteTools
+from .trusted import PendingCall, TrustedContext, trusted_context
 
 RESUMES_PER_RUN = 64
 """A run pauses once per write at most; more resumes than this is a harness bug, not a run."""
+
+
+@dataclass
+class _Compiled:
+    """A graph compiled once for a suite and a policy; its runs go one at a time."""
+
+    tools: SuiteTools
+    model: CurrentReplay
+    saver: InMemorySaver
+    graph: Any
+    runs: int = 0
+
+
+_COMPILED: dict[tuple[str, str], _Compiled] = {}
+
+
+def _compiled(suite_name: str, policy: Policy, functions: Sequence[Function]) -> _Compiled:
+    key = (suite_name, policy.name)
+    found = _COMPILED.get(key)
+    if found is None:
+        tools = SuiteTools(
+            suite_name, functions, effect_of=lambda name: policy.effect_of(suite_name, name)
+        )
+        model = CurrentReplay()
+        saver = InMemorySaver(serde=fp.fencepost_serializer())
+        graph = fp.build_agent_graph(
+            tools.registry, model, approval="interrupt", **policy.graph_options
+        ).compile(checkpointer=saver)
+        found = _COMPILED[key] = _Compiled(tools, model, saver, graph)
+    return found
 
 
 @dataclass
@@ -134,43 +165,26 @@ class FencepostPipeline(BasePipelineElement):
         trusted = trusted_context(suite_name, query, env.model_copy(deep=True))
         executed = Executed()
         functions = list(runtime.functions.values())
-        registry = bind_tools(
-            suite_name,
-            functions,
-            env,
-            executed,
-            effect_of=lambda name: policy.effect_of(suite_name, name),
-        )
-        graph = fp.build_agent_graph(
-            registry, ReplayModel(script), approval="interrupt", **policy.graph_options
-        ).compile(checkpointer=InMemorySaver(serde=fp.fencepost_serializer()))
+        compiled = _compiled(suite_name, policy, functions)
         context = fp.RunContext(
             tenant_id="agentdojo",
             principal=fp.Principal(
                 id="user", capabilities=policy.grants(suite_name, [f.name for f in functions])
             ),
         )
-        config: dict[str, Any] = {"configurable": {"thread_id": "run"}}
+        compiled.runs += 1
+        thread_id = f"run-{compiled.runs}"
+        config: dict[str, Any] = {"configurable": {"thread_id": thread_id}}
         budget = fp.RuntimeBudget(
             steps_remaining=script.planned + 4, tool_calls_remaining=script.planned + 2
         )
-        out = graph.invoke(fp.start(query, budget), config, context=context)
-        rejected: list[str] = []
-        for _ in range(RESUMES_PER_RUN):
-            if "__interrupt__" not in out:
-                break
-            request = out["__interrupt__"][0].value
-            answers: dict[str, str] = {}
-            for call in request["calls"]:
-                pending = PendingCall(tool_name=call["tool_name"], arguments=call["arguments"])
-                ok = policy.approves(pending, trusted)
-                answers[call["call_id"]] = "approve" if ok else "reject"
-                if not ok:
-                    rejected.append(call["tool_name"])
-            out = graph.invoke(Command(resume=answers), config, context=context)
-        else:
-            raise RuntimeError("the run paused more often than it has writes")
-        state = fp.run_output(out)
+        compiled.model.current = ReplayModel(script)
+        try:
+            with compiled.tools.bound(env, executed):
+                state, rejected = self._drive(compiled, config, context, budget, query, trusted)
+        finally:
+            compiled.model.current = None
+            compiled.saver.delete_thread(thread_id)
         answer = state.final_answer.text if state.final_answer is not None else ""
         self.facts = RunFacts(
             termination=state.termination.value if state.termination else "paused",
@@ -190,6 +204,36 @@ class FencepostPipeline(BasePipelineElement):
             elapsed_ms=(time.perf_counter() - started) * 1000,
         )
         return query, runtime, env, _messages(query, executed, answer, messages), extra_args
+
+    def _drive(
+        self,
+        compiled: _Compiled,
+        config: dict[str, Any],
+        context: fp.RunContext,
+        budget: fp.RuntimeBudget,
+        query: str,
+        trusted: TrustedContext,
+    ) -> tuple[fp.AgentState, list[str]]:
+        """Start the run, and answer each approval request with the policy until it ends:
+        the resume loop a human approver is, today."""
+        graph, policy = compiled.graph, self.policy
+        out = graph.invoke(fp.start(query, budget), config, context=context)
+        rejected: list[str] = []
+        for _ in range(RESUMES_PER_RUN):
+            if "__interrupt__" not in out:
+                break
+            request = out["__interrupt__"][0].value
+            answers: dict[str, str] = {}
+            for call in request["calls"]:
+                pending = PendingCall(tool_name=call["tool_name"], arguments=call["arguments"])
+                ok = policy.approves(pending, trusted)
+                answers[call["call_id"]] = "approve" if ok else "reject"
+                if not ok:
+                    rejected.append(call["tool_name"])
+            out = graph.invoke(Command(resume=answers), config, context=context)
+        else:
+            raise RuntimeError("the run paused more often than it has writes")
+        return fp.run_output(out), rejected
 
 
 class CeilingPipeline(BasePipelineElement):
@@ -235,4 +279,10 @@ class CeilingPipeline(BasePipelineElement):
             user_calls_planned=len(script.user_calls),
             elapsed_ms=(time.perf_counter() - started) * 1000,
         )
-        return query, runtime, env, _messages(query, executed, script.answer(), messages), extra_args
+        return (
+            query,
+            runtime,
+            env,
+            _messages(query, executed, script.answer(), messages),
+            extra_args,
+        )

@@ -68,7 +68,7 @@ class ReplayScript:
     def saw(self, outputs: Sequence[str]) -> None:
         """Tool outputs since the last call: the first that carries the injection turns the
         victim, whose injection calls then come before the user task's remaining ones."""
-        if self.injected or not self.injection_calls and not self._injection_answer:
+        if self.injected or (not self.injection_calls and not self._injection_answer):
             return
         if any(INJECTION_MARKER in text for text in outputs):
             self.injected = True
@@ -104,7 +104,9 @@ class ReplayModel:
         self._seen = 0
         self._count = 0
 
-    async def decide(self, input: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.ToolProposal | fp.FinalProposal:
+    async def decide(
+        self, input: fp.DecisionInput, *, deadline: fp.Deadline
+    ) -> fp.ToolProposal | fp.FinalProposal:
         """Propose the script's next call, or answer."""
         new = input.observations[self._seen :]
         self._seen = len(input.observations)
@@ -116,3 +118,20 @@ class ReplayModel:
         return fp.ToolProposal(
             call_id=f"call-{self._count:04d}", tool_name=call.function, arguments=_arguments(call)
         )
+
+
+class CurrentReplay:
+    """The decision model of a graph compiled once: it plays the replay of the run now going.
+
+    Runs through one compiled graph go one at a time (see :class:`.tools.SuiteTools`)."""
+
+    def __init__(self) -> None:
+        self.current: ReplayModel | None = None
+
+    async def decide(
+        self, input: fp.DecisionInput, *, deadline: fp.Deadline
+    ) -> fp.ToolProposal | fp.FinalProposal:
+        """The current replay's decision."""
+        if self.current is None:
+            raise RuntimeError("no replay is bound to this graph")
+        return await self.current.decide(input, deadline=deadline)

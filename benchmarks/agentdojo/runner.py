@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentdojo.base_tasks import BaseInjectionTask, BaseUserTask
+from agentdojo.functions_runtime import TaskEnvironment
 
 from . import suites
 from .pipeline import CeilingPipeline, FencepostPipeline, RunFacts
@@ -50,11 +51,17 @@ def run_one(
     user_task: BaseUserTask[Any],
     injection_task: BaseInjectionTask[Any] | None,
     policy: Policy | None,
+    environment: TaskEnvironment | None = None,
 ) -> Record:
-    """One run, scored by AgentDojo (``policy=None``: the ceiling, straight on its runtime)."""
+    """One run, scored by AgentDojo (``policy=None``: the ceiling, straight on its runtime).
+
+    ``environment``: the injected environment AgentDojo would load for this pair, loaded once
+    for all its runs (a copy is run); by default AgentDojo loads it."""
     suite = suites.suite(suite_name)
     injections = (
-        suites.injections(suite_name, user_task, injection_task) if injection_task is not None else {}
+        suites.injections(suite_name, user_task, injection_task)
+        if injection_task is not None
+        else {}
     )
     pipeline: FencepostPipeline | CeilingPipeline = (
         CeilingPipeline(suite_name, user_task, injection_task)
@@ -65,7 +72,11 @@ def run_one(
         # AgentDojo warns on each model output of None; the pipelines never return one.
         warnings.simplefilter("error", UserWarning)
         utility, security = suite.run_task_with_pipeline(
-            pipeline, user_task, injection_task, injections
+            pipeline,
+            user_task,
+            injection_task,
+            injections,
+            environment=environment.model_copy(deep=True) if environment is not None else None,
         )
     return Record(
         suite=suite_name,
@@ -98,6 +109,21 @@ class Results:
     seconds: float
 
 
+def _environment(
+    suite_name: str,
+    user_task: BaseUserTask[Any] | None,
+    injection_task: BaseInjectionTask[Any] | None,
+) -> TaskEnvironment:
+    """What AgentDojo's ``run_task_with_pipeline`` loads for the pair: the suite's environment
+    with the attack injected (none for a benign run)."""
+    injections = (
+        suites.injections(suite_name, user_task, injection_task)
+        if user_task is not None and injection_task is not None
+        else {}
+    )
+    return suites.suite(suite_name).load_and_inject_default_environment(injections)
+
+
 def run(selection: Selection, progress: Callable[[str], None] | None = None) -> Results:
     """Run the selection: per suite, the benign runs and every replayable attack pair, each
     under the ceiling and every policy."""
@@ -109,18 +135,24 @@ def run(selection: Selection, progress: Callable[[str], None] | None = None) -> 
         for user_task in suites.user_tasks(suite_name):
             if selection.user_ids is not None and user_task.ID not in selection.user_ids:
                 continue
+            environment = _environment(suite_name, None, None)
             for policy in runners:
-                records.append(run_one(suite_name, user_task, None, policy))
+                records.append(run_one(suite_name, user_task, None, policy, environment))
         for pair in suites.pairs(
             suite_name, user_ids=selection.user_ids, injection_ids=selection.injection_ids
         ):
             if not pair.replayable:
                 skipped.append(pair.key)
                 continue
+            environment = _environment(suite_name, pair.user_task, pair.injection_task)
             for policy in runners:
-                records.append(run_one(suite_name, pair.user_task, pair.injection_task, policy))
+                records.append(
+                    run_one(suite_name, pair.user_task, pair.injection_task, policy, environment)
+                )
         if progress is not None:
-            progress(f"{suite_name}: {len(records)} runs so far, {time.perf_counter() - started:.0f} s")
+            progress(
+                f"{suite_name}: {len(records)} runs so far, {time.perf_counter() - started:.0f} s"
+            )
     return Results(tuple(records), tuple(skipped), time.perf_counter() - started)
 
 

@@ -1,23 +1,26 @@
 """AgentDojo functions as fencepost tools: strict args models, the environment bound in.
 
-:func:`bind_tools` is the one place the AgentDojo environment reaches a tool body. fencepost's
+:class:`SuiteTools` is the one place the AgentDojo environment reaches a tool body. fencepost's
 ``ToolSpec.execute(args, context)`` has no way to be handed an application object the model
-never sees, so each tool is a closure over the run's environment. When ``@fp.tool`` takes
-injected dependencies, :func:`bind_tools` is what it replaces: the environment becomes the
-dependency, given per run, never part of the args model or the catalog.
+never sees, so each tool body reads the environment of the run it is bound to
+(:meth:`SuiteTools.bound`). When ``@fp.tool`` takes injected dependencies, :class:`SuiteTools`
+is what it replaces: the environment becomes the dependency, given per run, never part of the
+args model or the catalog.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 import fencepost as fp
 from agentdojo.agent_pipeline.tool_execution import tool_result_to_str
 from agentdojo.functions_runtime import Function, FunctionCall, FunctionsRuntime, TaskEnvironment
-from pydantic import BaseModel, ConfigDict, Field, create_model
 
 READ_PREFIXES = re.compile(r"^(get_|read_|search_|list_|check_)")
 """AgentDojo's reads by name; every other function changes something (a write)."""
@@ -73,30 +76,69 @@ class Executed:
 EffectChoice = Callable[[str], fp.Effect]
 
 
-def bind_tools(
-    suite_name: str,
-    functions: Sequence[Function],
-    environment: TaskEnvironment,
-    executed: Executed,
-    *,
-    effect_of: EffectChoice = default_effect,
-) -> fp.ToolRegistry:
-    """The suite's functions as a registry whose bodies act on ``environment``.
+@dataclass
+class _Run:
+    environment: TaskEnvironment | None = None
+    executed: Executed | None = None
+
+
+class SuiteTools:
+    """A suite's functions as one fencepost registry; each run binds its own environment.
 
     A body runs the function through AgentDojo's own runtime (its dependency extraction and
-    argument validation), records the call in ``executed``, and returns AgentDojo's own text of
-    the result (the YAML a model is shown). A failing function is a ``tool_error`` with code
-    ``invalid_argument``: its message never reaches the model.
-    """
-    runtime = FunctionsRuntime(list(functions))
+    argument validation) on the environment of the run bound now (:meth:`bound`), records the
+    call, and returns AgentDojo's own text of the result (the YAML a model is shown). A failing
+    function is a ``tool_error`` with code ``invalid_argument``: its message never reaches the
+    model. A call with no run bound is ``internal_error``.
 
-    def body(name: str) -> Callable[[BaseModel, fp.ToolContext], str]:
+    Why a slot and not a closure per run: compiling a fencepost graph costs far more than a
+    replayed run (LangGraph collects the serializer's allowlist from the state's types on every
+    compile), so the graph is compiled once per suite and policy and runs one at a time. With
+    injected dependencies the slot goes: the environment is handed to each call by the run.
+    """
+
+    def __init__(
+        self, suite_name: str, functions: Sequence[Function], *, effect_of: EffectChoice
+    ) -> None:
+        self._runtime = FunctionsRuntime(list(functions))
+        self._run = _Run()
+        self.registry = fp.ToolRegistry(
+            [
+                fp.ToolSpec(
+                    name=function.name,
+                    description=function.description[:4000] or function.name,
+                    args_model=strict_args_model(suite_name, function),
+                    effect=effect_of(function.name),
+                    required_capability=capability(suite_name, function.name),
+                    timeout_seconds=TOOL_TIMEOUT_SECONDS,
+                    execute=self._body(function.name),
+                )
+                for function in functions
+            ]
+        )
+
+    @contextmanager
+    def bound(self, environment: TaskEnvironment, executed: Executed) -> Iterator[None]:
+        """Within the block, the tools act on ``environment`` and record into ``executed``."""
+        if self._run.environment is not None:
+            raise RuntimeError("one run at a time: these tools are already bound to a run")
+        self._run = _Run(environment, executed)
+        try:
+            yield
+        finally:
+            self._run = _Run()
+
+    def _body(self, name: str) -> Callable[[BaseModel, fp.ToolContext], str]:
         def execute(args: BaseModel, ctx: fp.ToolContext) -> str:
+            run = self._run
+            if run.environment is None or run.executed is None:
+                raise fp.ToolError(fp.ErrorCode.INTERNAL_ERROR)
+            executed = run.executed
             # exclude_unset: the call as proposed, defaults left to the function (AgentDojo's
             # trace checks compare arguments as a model gave them).
             kwargs = args.model_dump(mode="json", exclude_unset=True)
             executed.calls.append(FunctionCall(function=name, args=kwargs, id=ctx.idempotency_key))
-            result, error = runtime.run_function(environment, name, kwargs)
+            result, error = self._runtime.run_function(run.environment, name, kwargs)
             executed.errors.append(error)
             if error is not None:
                 executed.results.append("")
@@ -106,18 +148,3 @@ def bind_tools(
             return text
 
         return execute
-
-    specs = []
-    for function in functions:
-        specs.append(
-            fp.ToolSpec(
-                name=function.name,
-                description=function.description[:4000] or function.name,
-                args_model=strict_args_model(suite_name, function),
-                effect=effect_of(function.name),
-                required_capability=capability(suite_name, function.name),
-                timeout_seconds=TOOL_TIMEOUT_SECONDS,
-                execute=body(function.name),
-            )
-        )
-    return fp.ToolRegistry(specs)

@@ -27,9 +27,20 @@ from agentdojo.functions_runtime import TaskEnvironment
 
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 _URL = re.compile(r"(?:https?://)?(?:www\.)?((?:[a-z0-9-]+\.)+[a-z]{2,})(?:/\S*)?", re.IGNORECASE)
-_MONTHS = (
-    "january february march april may june july august september october november december"
-).split()
+_MONTHS = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+]
 _DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
 _MONTH = r"(" + "|".join(_MONTHS) + r")"
 _MONTH_DAY = re.compile(_MONTH + r"\s+" + _DAY + r"\b", re.IGNORECASE)
@@ -83,8 +94,6 @@ class TrustedContext:
     """The workspace's user names."""
     channels: frozenset[str] = frozenset()
     """The workspace's channel names (the external one is named by the attack: see the module)."""
-    domains: frozenset[str] = frozenset()
-    """Web hosts the request names."""
     days: frozenset[tuple[int, int]] = frozenset()
     """(month, day) pairs the request names."""
     secrets: frozenset[str] = frozenset()
@@ -104,9 +113,6 @@ class TrustedContext:
 def _prompt_parts(prompt: str) -> dict[str, Any]:
     return {
         "emails": _lower(_EMAIL.findall(prompt)),
-        "domains": frozenset(
-            d for d in (domain_of(m.group(0)) for m in _URL.finditer(prompt)) if d
-        ),
         "days": mentioned_days(prompt),
     }
 
@@ -117,7 +123,9 @@ def _banking(prompt: str, env: Any) -> TrustedContext:
     for t in [*account.transactions, *account.scheduled_transactions]:
         ibans.update({t.sender, t.recipient})
     ibans.discard("me")
-    return TrustedContext(suite="banking", prompt=prompt, ibans=_lower(ibans), **_prompt_parts(prompt))
+    return TrustedContext(
+        suite="banking", prompt=prompt, ibans=_lower(ibans), **_prompt_parts(prompt)
+    )
 
 
 def _slack(prompt: str, env: Any) -> TrustedContext:
@@ -134,10 +142,19 @@ def _travel(prompt: str, env: Any) -> TrustedContext:
     user = env.user
     parts = _prompt_parts(prompt)
     parts["emails"] = parts["emails"] | _lower([user.email])
-    secrets = [user.passport_number, user.credit_card_number, user.bank_account_number, user.ID_number]
+    secrets = [
+        user.passport_number,
+        user.credit_card_number,
+        user.bank_account_number,
+        user.ID_number,
+    ]
     records = {e.id_: e.title for e in env.calendar.events.values()}
     return TrustedContext(
-        suite="travel", prompt=prompt, secrets=frozenset(s for s in secrets if s), records=records, **parts
+        suite="travel",
+        prompt=prompt,
+        secrets=frozenset(s for s in secrets if s),
+        records=records,
+        **parts,
     )
 
 
@@ -184,9 +201,20 @@ def _addresses(args: Mapping[str, Any], *names: str) -> list[str]:
     return [v.strip().lower() for v in out]
 
 
+def _host_named(url: str, ctx: TrustedContext) -> bool:
+    """Whether the request names the URL's host (as text: "www.x.com." ends a sentence)."""
+    host = domain_of(url)
+    return host is not None and ctx.in_prompt(host)
+
+
 def _links_allowed(text: str, ctx: TrustedContext) -> bool:
     """Every link in a message goes to a host the request named."""
-    return all(m.group(1).lower() in ctx.domains for m in _URL.finditer(text or ""))
+    return all(_host_named(m.group(0), ctx) for m in _URL.finditer(text or ""))
+
+
+def _person_known(name: str, ctx: TrustedContext) -> bool:
+    """A member of the workspace, or someone the request names (to be invited)."""
+    return name.strip().lower() in ctx.members or ctx.in_prompt(name)
 
 
 def approve_banking(call: PendingCall, ctx: TrustedContext) -> bool:
@@ -209,7 +237,7 @@ def approve_slack(call: PendingCall, ctx: TrustedContext) -> bool:
     the request names them; only members are added to channels."""
     args, tool = call.arguments, call.tool_name
     if tool == "send_direct_message":
-        return str(args.get("recipient", "")).lower() in ctx.members and _links_allowed(
+        return _person_known(str(args.get("recipient", "")), ctx) and _links_allowed(
             str(args.get("body", "")), ctx
         )
     if tool == "send_channel_message":
@@ -217,16 +245,16 @@ def approve_slack(call: PendingCall, ctx: TrustedContext) -> bool:
             str(args.get("body", "")), ctx
         )
     if tool == "post_webpage":
-        return domain_of(str(args.get("url", ""))) in ctx.domains
+        return _host_named(str(args.get("url", "")), ctx)
     if tool == "invite_user_to_slack":
         return ctx.in_prompt(str(args.get("user", "")))
     if tool == "remove_user_from_slack":
         return ctx.asks_to_destroy() and ctx.in_prompt(str(args.get("user", "")))
     if tool == "add_user_to_channel":
-        user = str(args.get("user", ""))
-        return (user.lower() in ctx.members or ctx.in_prompt(user)) and str(
-            args.get("channel", "")
-        ).lower() in ctx.channels
+        return (
+            _person_known(str(args.get("user", "")), ctx)
+            and str(args.get("channel", "")).lower() in ctx.channels
+        )
     return False
 
 
