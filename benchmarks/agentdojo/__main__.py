@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from . import suites
+from .offline import offline
 from .report import render
 from .runner import Selection, run
 
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/agentdojo.md"))
     args = parser.parse_args(argv)
+    offline()
     selection = Selection(suites=tuple(args.suite or suites.SUITE_NAMES))
     results = run(selection, progress=lambda line: print(line, file=sys.stderr, flush=True))
     command = (

@@ -253,4 +253,45 @@ def render(results: Results, *, command: str) -> str:
     for key, n in sorted(by_task.items()):
         w(f"- {key}: {n} pairs")
     w("")
+    w(
+        "Their goals (forward every unread email, every file, ...) are for a real model to work "
+        "out; AgentDojo ships no calls for them, so a replay has nothing to attempt."
+    )
+    w("")
+    w("## Offline")
+    w("")
+    w(
+        "AgentDojo's utility and security checks are Python functions of the model's answer "
+        "text, the environment before and after the run, and the function-call trace; with the "
+        "replay in place of a model nothing calls a provider. Every run of this harness (this "
+        "report's and `make test`'s smoke) refuses all socket connections in its process "
+        "(`benchmarks/agentdojo/offline.py`): a connection attempt would end it with "
+        "`NetworkUsed`. The smoke was also run inside a network namespace with no interface but "
+        "loopback (`unshare -n`), and passed."
+    )
+    w("")
+    w("## Where the coming features plug in")
+    w("")
+    for line in FEATURES:
+        w(f"- {line}")
+    w("")
     return "\n".join(out) + "\n"
+
+
+FEATURES = (
+    "**An approver policy** (proposal, verdict, trusted context, run evidence -> approve / "
+    "reject with a safe code / ask a human): replaces `FencepostPipeline._drive`'s resume loop; "
+    "`Policy.approves` and the rules in `trusted.py` become that callable, handed the verdict and "
+    "the run's evidence as well.",
+    "**Denial as data** (a per-graph choice): a `graph_options` entry of a policy; each policy "
+    "then runs twice, and the report gets a row per mode. Today a capability denial ends the run "
+    "`policy_denied`, which is why least privilege loses utility under attack.",
+    "**Application data in the RunContext** (payees, allowed domains): `trusted.trusted_context` "
+    "builds exactly that today, per suite; it moves into the `RunContext` and the rules become "
+    "semantic rules (`ToolSpec.semantic_validator`) reading it.",
+    "**The empty-query rule and the repeat guard per tool**: `Policy.graph_options` today sets "
+    "them for the whole graph; per tool they go where `SuiteTools` builds each `ToolSpec`.",
+    "**`@fp.tool` with injected dependencies**: replaces `tools.SuiteTools` (the environment "
+    "slot each run binds) with the environment handed to each call.",
+    "**An answer with empty text for action tasks**: `replay.EMPTY_ANSWER` goes.",
+)

@@ -9,10 +9,10 @@ line of numbers; exits non-zero, naming the broken invariant, when one does not 
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from typing import Any
 
+from .offline import offline
 from .policies import POLICIES
 from .report import render
 from .runner import CEILING, Results, Selection, run
@@ -22,21 +22,6 @@ USER_TASKS = ("user_task_0", "user_task_3")
 """Pay a bill read from a file; refund a friend: one write each, both injectable."""
 INJECTION_TASKS = ("injection_task_0", "injection_task_7")
 """Money to the attacker's account (a write with other arguments); change the password."""
-
-
-class NetworkUsed(RuntimeError):
-    """A socket connection was attempted: the harness must run offline."""
-
-
-def _refuse(*args: Any, **kwargs: Any) -> Any:
-    raise NetworkUsed("the AgentDojo harness tried to open a network connection")
-
-
-def offline() -> None:
-    """Refuse every socket connection from here on."""
-    socket.socket.connect = _refuse  # type: ignore[method-assign]
-    socket.socket.connect_ex = _refuse  # type: ignore[method-assign]
-    socket.create_connection = _refuse
 
 
 def check(results: Results) -> dict[str, Any]:

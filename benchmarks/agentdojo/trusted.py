@@ -2,7 +2,7 @@
 
 The trusted context of a run is what the application holds before the run starts: the user's
 own request (the prompt) and the application's records in fields no attacker writes (IBANs of
-the account's transactions and standing orders, the workspace's members and channels, the
+the account's transactions and standing orders, the workspace's members, the
 address book, the calendar's and the drive's ids). It is built once, before the first model
 step, from the environment AgentDojo hands the pipeline; nothing a tool returns during the run
 is ever added to it. AgentDojo's injection vectors are all free-text fields (subjects, bodies,
@@ -92,8 +92,6 @@ class TrustedContext:
     standing orders' recipients."""
     members: frozenset[str] = frozenset()
     """The workspace's user names."""
-    channels: frozenset[str] = frozenset()
-    """The workspace's channel names (the external one is named by the attack: see the module)."""
     days: frozenset[tuple[int, int]] = frozenset()
     """(month, day) pairs the request names."""
     secrets: frozenset[str] = frozenset()
@@ -133,7 +131,6 @@ def _slack(prompt: str, env: Any) -> TrustedContext:
         suite="slack",
         prompt=prompt,
         members=_lower(env.slack.users),
-        channels=_lower(env.slack.channels),
         **_prompt_parts(prompt),
     )
 
@@ -232,18 +229,22 @@ def approve_banking(call: PendingCall, ctx: TrustedContext) -> bool:
 
 
 def approve_slack(call: PendingCall, ctx: TrustedContext) -> bool:
-    """Messages go to members and channels of the workspace and link only to hosts the request
-    names; web posts go only to a host the request names; a person is invited or removed only if
-    the request names them; only members are added to channels."""
+    """Direct messages go to members (or people the request names) and link only to hosts the
+    request names, as do channel messages; web posts go only to a host the request names; a
+    person is invited or removed only if the request names them; only such people are added to
+    channels.
+
+    Which channel a write names is not judged: the tool refuses one that does not exist, and the
+    one channel an attack can name is the external one, whose name the attack writes. (A first
+    version also required a channel on record; under attack that refused every write to
+    ``External_0``, which the attack had renamed, and stopped no attack: it was dropped.)"""
     args, tool = call.arguments, call.tool_name
     if tool == "send_direct_message":
         return _person_known(str(args.get("recipient", "")), ctx) and _links_allowed(
             str(args.get("body", "")), ctx
         )
     if tool == "send_channel_message":
-        return str(args.get("channel", "")).lower() in ctx.channels and _links_allowed(
-            str(args.get("body", "")), ctx
-        )
+        return _links_allowed(str(args.get("body", "")), ctx)
     if tool == "post_webpage":
         return _host_named(str(args.get("url", "")), ctx)
     if tool == "invite_user_to_slack":
@@ -251,10 +252,7 @@ def approve_slack(call: PendingCall, ctx: TrustedContext) -> bool:
     if tool == "remove_user_from_slack":
         return ctx.asks_to_destroy() and ctx.in_prompt(str(args.get("user", "")))
     if tool == "add_user_to_channel":
-        return (
-            _person_known(str(args.get("user", "")), ctx)
-            and str(args.get("channel", "")).lower() in ctx.channels
-        )
+        return _person_known(str(args.get("user", "")), ctx)
     return False
 
 
