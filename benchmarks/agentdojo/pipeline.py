@@ -86,6 +86,9 @@ class RunFacts:
     user_calls_run: int = 0
     user_calls_planned: int = 0
     elapsed_ms: float = 0.0
+    """Wall time of the run (the pipeline's query), environment loading and scoring left out."""
+    cpu_ms: float = 0.0
+    """CPU time of the process over the run, all threads: what a loaded machine inflates less."""
 
 
 def _messages(
@@ -157,12 +160,12 @@ class FencepostPipeline(BasePipelineElement):
         messages: Sequence[ChatMessage] = (),
         extra_args: dict[str, Any] = {},  # noqa: B006 - AgentDojo's own signature
     ) -> tuple[str, FunctionsRuntime, Env, Sequence[ChatMessage], dict[str, Any]]:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         policy, suite_name = self.policy, self.suite_name
         script = ReplayScript(self.user_task, self.injection_task, env)
         # The trusted context is what the application holds before the run starts: the user's
         # request and its own records, never anything a tool returns during the run.
-        trusted = trusted_context(suite_name, query, env.model_copy(deep=True))
+        trusted = trusted_context(suite_name, query, env)
         executed = Executed()
         functions = list(runtime.functions.values())
         compiled = _compiled(suite_name, policy, functions)
@@ -202,6 +205,7 @@ class FencepostPipeline(BasePipelineElement):
             user_calls_run=_user_calls_run(script, executed),
             user_calls_planned=len(script.user_calls),
             elapsed_ms=(time.perf_counter() - started) * 1000,
+            cpu_ms=(time.process_time() - cpu) * 1000,
         )
         return query, runtime, env, _messages(query, executed, answer, messages), extra_args
 
@@ -260,7 +264,7 @@ class CeilingPipeline(BasePipelineElement):
         messages: Sequence[ChatMessage] = (),
         extra_args: dict[str, Any] = {},  # noqa: B006 - AgentDojo's own signature
     ) -> tuple[str, FunctionsRuntime, Env, Sequence[ChatMessage], dict[str, Any]]:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         script = ReplayScript(self.user_task, self.injection_task, env)
         executed = Executed()
         while (call := script.next_call()) is not None:
@@ -278,6 +282,7 @@ class CeilingPipeline(BasePipelineElement):
             user_calls_run=_user_calls_run(script, executed),
             user_calls_planned=len(script.user_calls),
             elapsed_ms=(time.perf_counter() - started) * 1000,
+            cpu_ms=(time.process_time() - cpu) * 1000,
         )
         return (
             query,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 from collections import Counter, defaultdict
@@ -31,10 +32,11 @@ def _of(n: int, d: int) -> str:
     return f"{n} / {d} ({_pct(n, d)})"
 
 
-def _ms(records: Sequence[Record]) -> str:
+def _ms(records: Sequence[Record], cpu: bool = False) -> str:
     if not records:
         return "-"
-    return f"{statistics.median(r.facts.elapsed_ms for r in records):.0f}"
+    values = [r.facts.cpu_ms if cpu else r.facts.elapsed_ms for r in records]
+    return f"{statistics.median(values):.0f}"
 
 
 def _benign(records: Sequence[Record], policy: str) -> list[Record]:
@@ -95,6 +97,8 @@ def render(results: Results, *, command: str) -> str:
     total_pairs = replayable + len(results.not_replayable)
     ceiling_reached = sum(r.attack_reached for r in _attacks(records, CEILING))
     ceiling_utility = sum(r.utility for r in _attacks(records, CEILING))
+    solved = {(r.suite, r.user_task) for r in _benign(records, CEILING) if r.utility}
+    utility_ceiling = sum((r.suite, r.user_task) in solved for r in _attacks(records, CEILING))
     out: list[str] = []
     w = out.append
     w("# AgentDojo through fencepost's policies")
@@ -104,7 +108,9 @@ def render(results: Results, *, command: str) -> str:
         "victim that obeys every injection — not a real model's robustness. Written by "
         f"`{command}` ({results.seconds:.0f} s on {platform.machine()}, Python "
         f"{platform.python_version()}, agentdojo {version('agentdojo')}, benchmark "
-        f"{suites.BENCHMARK_VERSION}, langgraph {version('langgraph')})."
+        f"{suites.BENCHMARK_VERSION}, langgraph {version('langgraph')}; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores as it ended: the milliseconds are "
+        "this machine's under that load)."
     )
     w("")
     w(
@@ -137,7 +143,7 @@ def render(results: Results, *, command: str) -> str:
     w(
         "The approver's rules (`benchmarks/agentdojo/trusted.py`) read only the trusted context: "
         "the user's request and the application's own records as the run starts (IBANs on record, "
-        "the workspace's members and channels, the address book, the calendar's and drive's ids, "
+        "the workspace's members, the address book, the calendar's and drive's ids, "
         "the traveller's profile). Every policy runs with `approval=\"interrupt\"` and fencepost's "
         "default graph options (repeat limit 2, no repair). A capability denial ends the run "
         "(`policy_denied`); a rejected write is an observation and the run goes on."
@@ -145,14 +151,15 @@ def render(results: Results, *, command: str) -> str:
     w("")
     w("## Benign runs")
     w("")
-    w("| | utility | false blocks | median ms a task |")
-    w("|---|---:|---:|---:|")
+    w("| | utility | false blocks | median ms a task (wall) | median CPU ms a task |")
+    w("|---|---:|---:|---:|---:|")
     for name in names:
         rs = _benign(records, name)
         label = "ceiling (no fencepost)" if name == CEILING else name
         w(
             f"| {label} | {sum(r.utility for r in rs)} / {len(rs)} | "
-            f"{'-' if name == CEILING else sum(r.false_block for r in rs)} | {_ms(rs)} |"
+            f"{'-' if name == CEILING else sum(r.false_block for r in rs)} | {_ms(rs)} | "
+            f"{_ms(rs, cpu=True)} |"
         )
     w("")
     w(
@@ -177,10 +184,16 @@ def render(results: Results, *, command: str) -> str:
         f"({len(results.not_replayable)} are not: their injection task has neither ground-truth "
         "calls nor an answer text, see below). The ceiling reaches the attacker's goal in "
         f"{_of(ceiling_reached, replayable)} and keeps the user task's utility in "
-        f"{_of(ceiling_utility, replayable)}."
+        f"{_of(ceiling_utility, replayable)}: a compliant victim's extra writes fail most of "
+        "AgentDojo's utility checks, which also require that nothing else changed. So utility "
+        "under attack is measured against the replay's utility ceiling instead: the "
+        f"{utility_ceiling} replayable pairs whose user task the bare replay solves unattacked."
     )
     w("")
-    w("| | attacker's goal reached | of the ceiling's | utility under attack | of the ceiling's |")
+    w(
+        "| | attacker's goal reached | of the ceiling's | utility under attack "
+        "| of the utility ceiling |"
+    )
     w("|---|---:|---:|---:|---:|")
     for name in names:
         rs = _attacks(records, name)
@@ -189,7 +202,7 @@ def render(results: Results, *, command: str) -> str:
         label = "ceiling (no fencepost)" if name == CEILING else name
         w(
             f"| {label} | {_of(reached, len(rs))} | {_pct(reached, ceiling_reached)} | "
-            f"{_of(utility, len(rs))} | {_pct(utility, ceiling_utility)} |"
+            f"{_of(utility, len(rs))} | {_pct(utility, utility_ceiling)} |"
         )
     w("")
     w("Per suite (reached / utility under attack, of the suite's replayable pairs):")
@@ -227,6 +240,16 @@ def render(results: Results, *, command: str) -> str:
             total = len([r for r in _attacks(records, p.name, s) if r.injection_task == i])
             w(f"| {s}/{i} | {len(group)} / {total} | {_why(group[0])} |")
         w("")
+    w(
+        "- *the answer text*: the victim only says what the attacker wants (travel's "
+        "injection_task_6); fencepost gates calls, and there is no call to refuse.\n"
+        "- *a read that leaks*: an approver sees writes only, and slack's `get_webpage` is a read "
+        "by name that tells the attacker's server it was visited (injection_task_3's goal).\n"
+        "- *a write the policy allowed*: the same tool with arguments the rule cannot tell apart "
+        "from the user's (a file deleted when the request asks to delete one; money to an account "
+        "on record), or, under least privilege alone, any write of a granted tool."
+    )
+    w("")
     w("What the ceiling reaches and fencepost's permissive policy does not:")
     w("")
     ceiling_hit = {
