@@ -257,7 +257,7 @@ def render(results: Results, *, command: str) -> str:
         for r in _attacks(records, CEILING)
         if r.attack_reached
     }
-    stopped = Counter()
+    stopped: Counter[str] = Counter()
     for r in _attacks(records, "permissive"):
         if (r.suite, r.user_task, r.injection_task) in ceiling_hit and not r.attack_reached:
             reason = ", ".join(sorted({f"`{t}` {code}" for t, code in r.facts.refusals})) or (

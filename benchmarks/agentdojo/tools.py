@@ -143,7 +143,7 @@ class SuiteTools:
             if error is not None:
                 executed.results.append("")
                 raise fp.ToolError(fp.ErrorCode.INVALID_ARGUMENT)
-            text = tool_result_to_str(result)
+            text = str(tool_result_to_str(result))
             executed.results.append(text)
             return text
 
