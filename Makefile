@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench fuzz demo clean
+.PHONY: test lint bench fuzz demo clean agentdojo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,8 +19,24 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check fencepost tests benchmarks
 	$(BIN)/mypy --strict fencepost
 
-test: lint
+# The AgentDojo harness runs in a virtual environment of its own (agentdojo pins its own
+# dependencies): make test builds it, since its smoke test runs in it; a failed build fails.
+ADJ_VENV := benchmarks/agentdojo/.venv
+ADJ_STAMP := $(ADJ_VENV)/.installed
+
+$(ADJ_STAMP): pyproject.toml benchmarks/agentdojo/requirements.txt
+	rm -rf $(ADJ_VENV)
+	$(PY) -m venv $(ADJ_VENV)
+	$(ADJ_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ADJ_VENV)/bin/python -m pip install --quiet -r benchmarks/agentdojo/requirements.txt -e .
+	touch $(ADJ_STAMP)
+
+test: lint $(ADJ_STAMP)
 	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/pytest -q
+
+# All four AgentDojo suites under every policy, offline; writes benchmarks/agentdojo.md.
+agentdojo: $(ADJ_STAMP)
+	LANGGRAPH_STRICT_MSGPACK=true $(ADJ_VENV)/bin/python -m benchmarks.agentdojo --out benchmarks/agentdojo.md
 
 bench: $(STAMP)
 	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/python benchmarks/bench.py
@@ -34,4 +50,4 @@ demo: $(STAMP)
 	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/fencepost demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ADJ_VENV) .pytest_cache .mypy_cache .ruff_cache
