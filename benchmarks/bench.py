@@ -13,6 +13,8 @@ Parts (each has a flag; no flag runs them all):
                flight at once
     --gate     the gate's µs per proposal, policy functions and in the node, at 0 and 1,000
                prior proposals
+    --fairness how soon tenant B's sync tool starts while tenant A holds 8, 32 or 256 hung
+               bodies (inside their timeout, and left behind), every B call verified
     --profile  cProfile of one 500-iteration fencepost run: self time by package, top 25
     --others   the other benchmark scripts in this directory (ledger_throughput.py, ...), each in
                its own process with a time limit, their output copied into the report
@@ -49,10 +51,10 @@ import common
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.md"
-MINE = {"bench", "common", "loop_overhead", "peers", "scaling", "micro"}
+MINE = {"bench", "common", "fairness", "loop_overhead", "peers", "scaling", "micro"}
 """This harness's modules; every other ``*.py`` here is a script ``--others`` runs."""
 OTHERS_TITLE = "## Other benchmark scripts"
-PARTS = ("loop", "peers", "floor", "growth", "short", "gate", "profile", "others")
+PARTS = ("loop", "peers", "floor", "growth", "short", "gate", "fairness", "profile", "others")
 Target = tuple[str, str, bool | None]
 
 
@@ -310,6 +312,7 @@ LIMITS = {
     "growth": 180,
     "short": 150,
     "gate": 60,
+    "fairness": 90,
     "profile": 60,
 }
 """Seconds each part may take before it is stopped (typical full run: well under half)."""
@@ -432,6 +435,10 @@ def main(argv: list[str] | None = None) -> int:
         import micro
 
         run("gate", lambda: micro.gate_part(lo, fp_error, size["prior"]))
+    if "fairness" in parts:
+        import fairness
+
+        run("fairness", lambda: fairness.fairness_part(lo, fp_error, 10 if args.quick else 50))
     if "profile" in parts:
         import micro
 

@@ -18,7 +18,6 @@ from fencepost.policy import (
     Balance,
     BudgetExhausted,
     Deadline,
-    Effect,
     ErrorCode,
     Phase,
     ReceiptStatus,
@@ -123,11 +122,9 @@ async def run_call(
     else:
         timeout = max(0.0, deadline.remaining_seconds(clock=cfg.clock))
         result = await io.run_tool(spec, args, tool_ctx, timeout_seconds=timeout)
-        if result.abandoned and spec.effect is not Effect.READ:
-            # A write that ignored its deadline may still land: not known, so not guessed.
-            outcome = uncertain(entry, spec, attempt)
-        else:
-            outcome = ran(entry, spec, attempt, value=result.value, error=result.error)
+        outcome = ran(
+            entry, spec, attempt, value=result.value, error=result.error, cut_off=result.cut_off
+        )
     settled = await io.settle(call_key(account, entry.call_id, attempt))
     if settled.balance is not None:
         seen.append(settled.balance)

@@ -3,7 +3,10 @@
 Whatever the model does — return, raise any exception or ``BaseException``, raise its own
 ``CancelledError``, ignore its deadline — comes back as a :class:`ModelRun`; a model past its
 deadline is cancelled and left behind, its late end retrieved and dropped (never logged, never
-recorded). Only the caller's own cancellation or interruption propagates.
+recorded). It runs on a :class:`~fencepost.graph.leash.Leash`: one that is still running
+``GRACE_SECONDS`` after its cancellation (it swallowed it) is closed and never stepped again, so
+it cannot go on slowing the loop it shares with other runs. Only the caller's own cancellation or
+interruption propagates.
 
 - :func:`run_model` (the async graph): a task on the caller's loop.
 - :func:`run_model_blocking` (the sync graph): a task on the process's shared model loop (see
@@ -20,9 +23,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from fencepost.graph.leash import GRACE_SECONDS, Leash
 from fencepost.graph.portal import run_sync, shared_loop
-from fencepost.graph.timed_wait import within
-from fencepost.graph.tool_threads import _wait_seconds
+from fencepost.graph.timed_wait import thread_wait_seconds, within
 
 __all__ = ["ModelRun", "run_model", "run_model_blocking"]
 
@@ -55,11 +58,25 @@ _left_behind: set[asyncio.Future[Any]] = set()
 weakly, and one collected while pending is logged as destroyed."""
 
 
-def _leave_behind(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task`` without waiting; its late end is retrieved and dropped."""
+def _leave_behind(task: asyncio.Future[Any], leash: Leash) -> None:
+    """Cancel ``task`` without waiting; its late end is retrieved and dropped. Given its grace
+    to stop, it is then dropped from its leash."""
     task.cancel()
+    if task.done() or task in _left_behind:
+        return
     _left_behind.add(task)
     task.add_done_callback(_forget)
+    task.get_loop().call_later(GRACE_SECONDS, _drop_if_running, leash, task)
+
+
+def _drop_if_running(leash: Leash, task: asyncio.Future[Any]) -> None:
+    if not task.done():
+        leash.drop(task)
+
+
+async def _leashed(make: ModelCall, leash: Leash) -> Any:
+    # The call is made in the task, so a task cancelled before it starts never makes it.
+    return await leash.hold(make())
 
 
 def _forget(task: asyncio.Future[Any]) -> None:
@@ -70,15 +87,16 @@ def _forget(task: asyncio.Future[Any]) -> None:
 
 async def run_model(make: ModelCall, timeout: float) -> ModelRun:
     """Run ``make()`` as a task on the running loop; wait at most ``timeout`` seconds."""
-    task = asyncio.ensure_future(make())
+    leash = Leash()
+    task = asyncio.ensure_future(_leashed(make, leash))
     try:
         done = await within(task, timeout)
     except asyncio.CancelledError:
-        _leave_behind(task)  # one that ignores the cancel may still fail later
+        _leave_behind(task, leash)  # one that ignores the cancel may still fail later
         raise
     if not done:
         # A model that swallows its cancellation is not waited for; its late end is dropped.
-        _leave_behind(task)
+        _leave_behind(task, leash)
         return ModelRun(finished=False)
     return _ended(task)
 
@@ -89,18 +107,18 @@ class _Watched:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.run = ModelRun(finished=False)
+        self.leash = Leash()
         self._lock = threading.Lock()
         self._task: asyncio.Task[Any] | None = None
         self._cancelled = False
 
-    def start(self, call: Coroutine[Any, Any, Any]) -> None:
+    def start(self, make: ModelCall) -> None:
         """On the loop's thread: start the task, unless the caller already gave up."""
         with self._lock:
             if self._cancelled:
-                call.close()
                 self.done.set()
                 return
-            self._task = task = asyncio.ensure_future(call)
+            self._task = task = asyncio.ensure_future(_leashed(make, self.leash))
         task.add_done_callback(self._ended)
 
     def _ended(self, task: asyncio.Task[Any]) -> None:
@@ -114,7 +132,7 @@ class _Watched:
             task = self._task
         if task is not None:
             with contextlib.suppress(RuntimeError):  # its loop is closed: nothing to cancel
-                task.get_loop().call_soon_threadsafe(_leave_behind, task)
+                task.get_loop().call_soon_threadsafe(_leave_behind, task, self.leash)
 
 
 def run_model_blocking(make: ModelCall, timeout: float) -> ModelRun:
@@ -123,9 +141,9 @@ def run_model_blocking(make: ModelCall, timeout: float) -> ModelRun:
     if threading.current_thread() is thread:  # a sync graph invoked from a model: re-entrancy
         return run_sync(run_model(make, timeout))
     watched = _Watched()
-    loop.call_soon_threadsafe(watched.start, make())
+    loop.call_soon_threadsafe(watched.start, make)
     try:
-        finished = watched.done.wait(_wait_seconds(timeout))
+        finished = watched.done.wait(thread_wait_seconds(timeout))
     except BaseException:
         watched.cancel()  # the caller's own interruption (Ctrl-C while it waits)
         raise

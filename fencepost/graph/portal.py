@@ -28,9 +28,10 @@ How :func:`run_sync` works
   single-threaded caller on one loop for the process's life.
 - Each call runs in a copy of the caller's ``contextvars`` (``asyncio.Runner`` would otherwise
   reuse one context per loop, leaking what one run sets into the next).
-- What an abandoned async tool can still do: a task that ignored its cancellation stays on the
-  loop of the thread that ran it (nothing moves a task between loops); it advances only while
-  later calls from that same thread run, and never on another thread's loop.
+- What an abandoned async tool can still do: nothing moves a task between loops, so a task
+  left behind stays on the loop of the thread that ran it; its body, once it ignored its
+  cancellation, is closed and never stepped again (:mod:`fencepost.graph.leash`). What is left
+  of the task ends the next time that thread's loop runs, and never runs on another thread's.
 
 Both entry points
 -----------------

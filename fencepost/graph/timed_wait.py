@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import threading
 from typing import Any
 
-__all__ = ["within"]
+__all__ = ["thread_wait_seconds", "within"]
 
 
 async def within(future: asyncio.Future[Any], seconds: float) -> bool:
@@ -40,3 +41,9 @@ async def within(future: asyncio.Future[Any], seconds: float) -> bool:
         timer.cancel()
         future.remove_done_callback(wake)
     return future.done()
+
+
+def thread_wait_seconds(timeout: float) -> float:
+    """Seconds to block a thread for (``Event.wait``): a wait past ``threading.TIMEOUT_MAX``
+    (~292 years) raises ``OverflowError``, where ``asyncio.wait`` takes any timeout."""
+    return min(max(0.0, timeout), threading.TIMEOUT_MAX)

@@ -1,20 +1,24 @@
 """Run one tool body so that nothing it does can hurt another run or the process.
 
 The execute node calls :func:`run_tool` for each allowed call and gets back a :class:`ToolRun`:
-the tool's value, or a safe error code, and whether the body had to be left behind.
+the tool's value, or a safe error code, whether the body was cut off after it started, and
+whether it had to be left behind.
 
-- Async bodies run on the caller's loop (where their clients live), as a task of their own, so a
-  body that swallows its cancellation can be left behind at its deadline instead of holding the
-  run: :func:`run_tool` cancels it at the deadline, waits ``_CANCEL_GRACE_SECONDS`` for it to
-  stop, and otherwise returns ``abandoned=True``. The task keeps a strong reference until it ends;
-  its late value is dropped and its late exception retrieved (never logged, never recorded).
-- Sync bodies run off the loop, on a fencepost-owned pool (:class:`_ToolThreads`), never on the
-  loop's default executor: a thread cannot be stopped, so a body past its deadline keeps its
-  thread. The pool grows by one thread for each such abandoned body, so the capacity healthy
-  tools need is never consumed by them, up to a hard cap (``_MAX_THREADS``); at the cap a call
-  fails at once as ``unavailable`` rather than queueing behind threads that may never return.
-  Under ordinary load (every thread busy with healthy calls) a call waits for a thread until its
-  deadline, then fails as ``unavailable`` without having run.
+- Async bodies run on the caller's loop (where their clients live), as a task of their own, on a
+  :class:`~fencepost.graph.leash.Leash`: :func:`run_tool` cancels the task at the deadline and
+  waits ``GRACE_SECONDS`` for it to stop; a body still running then (it swallowed its
+  cancellation) is closed and never stepped again, so it cannot go on slowing the loop other
+  runs share, nor hold that loop's shutdown; the call returns ``abandoned=True``. The task keeps
+  a strong reference until it ends; its late exception is retrieved (never logged or recorded).
+- Sync bodies run off the loop, on a fencepost-owned pool (:class:`~fencepost.graph.tool_threads.
+  ToolThreads`), never on the loop's default executor: a thread cannot be stopped, so a body
+  past its deadline keeps its thread. Each tenant holds a bounded share of the threads and the
+  process a bounded total (the rule and how it is keyed: :mod:`fencepost.graph.tool_threads`),
+  so one tenant's hung bodies never leave another tenant's tool waiting. A call the pool cannot
+  take fails as ``unavailable`` without having run: at once where only bodies left behind stand
+  in its way, at its deadline where healthy ones held every thread it may take.
+- ``cut_off``: the body started and its deadline came before it reported (cut at its await, left
+  behind, or its value too late). Whatever it did may have happened: a write's outcome is unknown.
 - ``BaseException`` from a body (``SystemExit`` from argparse, ``KeyboardInterrupt``,
   ``GeneratorExit``, an application's own) is that call's failure, ``internal_error``. Left to
   asyncio, ``SystemExit`` and ``KeyboardInterrupt`` raised in a task escape the event loop itself.
@@ -36,26 +40,24 @@ from typing import Any
 from pydantic import BaseModel
 
 from fencepost.graph import tool_threads
+from fencepost.graph.leash import GRACE_SECONDS, Leash
 from fencepost.graph.portal import run_sync
-from fencepost.graph.timed_wait import within
-from fencepost.graph.tool_threads import _code_for, _Outcome, _returned, _wait_seconds
+from fencepost.graph.timed_wait import thread_wait_seconds, within
+from fencepost.graph.tool_threads import Job, Outcome, ToolThreads, code_for, returned
 from fencepost.policy import ErrorCode, ToolContext, ToolSpec
 
 __all__ = ["ToolRun", "run_tool", "run_tool_blocking"]
 
 # The pool in use (tests swap it); a forked child gets the fresh pool tool_threads makes for it.
-_threads = tool_threads._threads
+_threads: ToolThreads = tool_threads.pool()
 
 
 def _pool_in_child() -> None:
     global _threads
-    _threads = tool_threads._threads
+    _threads = tool_threads.pool()
 
 
 os.register_at_fork(after_in_child=_pool_in_child)
-
-_CANCEL_GRACE_SECONDS = 0.02
-"""How long a cancelled async body may take to stop before it is left behind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +69,9 @@ class ToolRun:
     error: ErrorCode | None = None
     """A safe code when it failed (never exception text)."""
     abandoned: bool = False
-    """It ignored cancellation or its timeout and was left behind (it may still act)."""
+    """It ignored cancellation or its timeout and was left behind (a sync body may still act)."""
+    cut_off: bool = False
+    """It started, and its deadline came before it reported: what it did may have happened."""
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -77,13 +81,13 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return not inspect.isroutine(fn) and inspect.iscoroutinefunction(call)
 
 
-def _timed_out(outcome: _Outcome, deadline: float) -> bool:
+def _timed_out(outcome: Outcome, deadline: float) -> bool:
     return outcome.finished > deadline
 
 
-def _result(outcome: _Outcome, deadline: float) -> ToolRun:
+def _result(outcome: Outcome, deadline: float) -> ToolRun:
     if _timed_out(outcome, deadline):
-        return ToolRun(error=ErrorCode.TIMEOUT)
+        return ToolRun(error=ErrorCode.TIMEOUT, cut_off=True)
     if outcome.error is not None:
         return ToolRun(error=outcome.error)
     return ToolRun(value=outcome.value)
@@ -108,55 +112,76 @@ def _abandon(task: asyncio.Task[Any]) -> None:
     task.add_done_callback(_forget)
 
 
-async def _contained(fn: Callable[..., Any], args: BaseModel, ctx: ToolContext) -> _Outcome:
-    try:
-        value = fn(args, ctx)
-        if inspect.isawaitable(value):
-            value = await value
-    except (KeyboardInterrupt, SystemExit):
-        # asyncio re-raises these two out of the loop after failing the task; caught here they
-        # are this call's failure. Other BaseExceptions stay on the task (asyncio keeps them
-        # there), and GeneratorExit must propagate when the coroutine is closed.
-        return _Outcome(error=ErrorCode.INTERNAL_ERROR, finished=time.monotonic())
-    return _returned(value)
+def _drop_if_running(leash: Leash, task: asyncio.Task[Any]) -> None:
+    if not task.done():
+        leash.drop(task)
 
 
-def _task_outcome(task: asyncio.Task[Any]) -> _Outcome:
+class _AsyncBody:
+    """One async body's task: whether it started, and the leash it runs on."""
+
+    __slots__ = ("leash", "started")
+
+    def __init__(self) -> None:
+        self.leash = Leash()
+        self.started = False
+
+    async def run(self, fn: Callable[..., Any], args: BaseModel, ctx: ToolContext) -> Outcome:
+        self.started = True
+        try:
+            value = fn(args, ctx)
+            if inspect.iscoroutine(value):
+                value = await self.leash.hold(value)
+            elif inspect.isawaitable(value):
+                value = await value
+        except (KeyboardInterrupt, SystemExit):
+            # asyncio re-raises these two out of the loop after failing the task; caught here
+            # they are this call's failure. Other BaseExceptions stay on the task (asyncio keeps
+            # them there), and GeneratorExit must propagate when the coroutine is closed.
+            return Outcome(error=ErrorCode.INTERNAL_ERROR, finished=time.monotonic())
+        return returned(value)
+
+
+def _task_outcome(task: asyncio.Task[Any]) -> Outcome:
     if task.cancelled():
         # Cancelled from inside the body (nothing here had cancelled it yet).
-        return _Outcome(error=ErrorCode.CANCELLED, finished=time.monotonic())
+        return Outcome(error=ErrorCode.CANCELLED, finished=time.monotonic())
     exc = task.exception()
     if exc is not None:
-        return _Outcome(error=_code_for(exc), finished=time.monotonic())
-    outcome: _Outcome = task.result()
+        return Outcome(error=code_for(exc), finished=time.monotonic())
+    outcome: Outcome = task.result()
     return outcome
 
 
 async def _run_async(spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline: float) -> ToolRun:
-    task = asyncio.ensure_future(_contained(spec.execute, args, ctx))
+    body = _AsyncBody()
+    task = asyncio.ensure_future(body.run(spec.execute, args, ctx))
     try:
         await within(task, deadline - time.monotonic())
         if task.done():
             return _result(_task_outcome(task), deadline)
         task.cancel()
-        await within(task, _CANCEL_GRACE_SECONDS)
+        await within(task, GRACE_SECONDS)
     except asyncio.CancelledError:
-        # The caller's own cancellation: the body is cancelled too and never waited for.
+        # The caller's own cancellation: the body is cancelled too and never waited for; given
+        # its grace to stop, it is then dropped, so it cannot outlive its caller on this loop.
         task.cancel()
         _abandon(task)
+        asyncio.get_running_loop().call_later(GRACE_SECONDS, _drop_if_running, body.leash, task)
         raise
     if not task.done():
+        body.leash.drop(task)  # it swallowed its cancellation: closed, never stepped again
         _abandon(task)
-        return ToolRun(error=ErrorCode.TIMEOUT, abandoned=True)
+        return ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)
     _task_outcome(task)  # it stopped when told to; whatever it ended with is dropped
-    return ToolRun(error=ErrorCode.TIMEOUT)
+    return ToolRun(error=ErrorCode.TIMEOUT, cut_off=body.started)
 
 
 async def _run_sync_body(
     spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline: float
 ) -> ToolRun:
     pool = _threads
-    job = await pool.start(_body(spec, args, ctx), deadline)
+    job = await pool.start(_body(spec, args, ctx), deadline, _tenant_of(ctx))
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE)
     try:
@@ -176,14 +201,18 @@ def _body(spec: ToolSpec, args: BaseModel, ctx: ToolContext) -> Callable[[], Any
     return lambda: context.run(execute, args, ctx)
 
 
-def _past_deadline(
-    pool: tool_threads._ToolThreads, job: tool_threads._Job, deadline: float
-) -> ToolRun:
+def _tenant_of(ctx: ToolContext) -> str:
+    """The share a call's sync body takes threads from: its run's tenant, as an exact ``str``
+    (the trusted context's; a ``str`` subclass could hash or compare as another tenant)."""
+    return str.__str__(ctx.tenant_id)
+
+
+def _past_deadline(pool: ToolThreads, job: Job, deadline: float) -> ToolRun:
     """A sync body not heard from by its deadline: left behind, unless it finished just now
     (its outcome on its way to the caller), when it is judged by when it finished."""
     if pool.abandon(job):
-        return ToolRun(error=ErrorCode.TIMEOUT, abandoned=True)
-    return _result(job.outcome or _Outcome(error=ErrorCode.TIMEOUT), deadline)
+        return ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)
+    return _result(job.outcome or Outcome(error=ErrorCode.TIMEOUT), deadline)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,15 +266,15 @@ def _run_sync_body_blocking(
     spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline: float
 ) -> ToolRun:
     pool = _threads
-    job = pool.start_blocking(_body(spec, args, ctx), deadline)
+    job = pool.start_blocking(_body(spec, args, ctx), deadline, _tenant_of(ctx))
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE)
     try:
-        finished = job.done.wait(_wait_seconds(deadline - time.monotonic()))
+        finished = job.done.wait(thread_wait_seconds(deadline - time.monotonic()))
     except BaseException:
         # The caller's own interruption (Ctrl-C while it waits): the body is left behind.
         pool.abandon(job)
         raise
     if not finished:
         return _past_deadline(pool, job, deadline)
-    return _result(job.outcome or _Outcome(error=ErrorCode.TIMEOUT), deadline)
+    return _result(job.outcome or Outcome(error=ErrorCode.TIMEOUT), deadline)

@@ -1,9 +1,36 @@
-"""The pool sync tool bodies run on: bounded, and never filled by bodies left past their deadline.
+"""The threads sync tool bodies run on: a bounded share for each tenant, a bounded total.
 
-A thread cannot be stopped, so a body past its deadline keeps its thread. The pool grows by one
-thread for each such abandoned body, so the capacity healthy tools need is never consumed by them,
-up to a hard cap; at the cap a call fails at once as ``unavailable``. See
-:mod:`fencepost.graph.tool_runner` for how a call is run and judged.
+A thread cannot be stopped, so a body past its deadline keeps its thread: it is *abandoned*
+(left behind). How many threads bodies may hold:
+
+- **A tenant's share.** A tenant's healthy bodies (not abandoned) run on at most ``base`` (32)
+  threads at once, and its abandoned ones do not count against that, so bodies it left behind
+  do not consume the capacity its healthy tools need; but one tenant never holds more than
+  ``tenant_cap`` (64) threads in all. Past that its next call waits for one of its own threads
+  while some of its bodies are healthy (each returns or is abandoned by its deadline), and fails
+  at once as ``unavailable`` when all of them are abandoned. It never runs.
+- **The process's total.** Never more than ``cap`` (256) threads in all. At the total a call
+  waits while some body is healthy, and fails at once as ``unavailable`` when none is.
+- So tenant A's hung bodies, inside their timeout or left behind, take from A's share only:
+  ``cap - tenant_cap`` threads stay for everyone else, and tenant B's healthy tool starts at
+  once whatever A does. Idle threads are kept up to ``base``; the rest end when their body does.
+
+Which share a body takes from is keyed by the tenant id of the run's trusted ``RunContext`` —
+a name the caller chooses, so the rule for it:
+
+- It is the one name the caller vouches for (invariant 5: from the caller on every invoke, never
+  from the model or the arguments; a caller passing another tenant's id already acts as that
+  tenant). Run, thread and call ids key nothing here: a share per run would let one tenant's
+  many runs take the total (8 runs of 32 hung bodies were the 256 the cap allows).
+- The map holds counts only: nothing is cached or read under a name. An entry exists only while
+  its tenant has a body on a thread or a call waiting for one, so it never outgrows the threads
+  and the waiting calls, however many tenant ids have been seen.
+- A caller minting tenant ids gets a share for each, so a few minted ids whose bodies all hang
+  (``cap // tenant_cap`` = 4) can take the whole total, and then every call fails fast. The
+  total protects the process (its threads); the shares protect tenants from each other where
+  the caller derives tenant ids from who is calling, as invariant 5 asks of it anyway.
+
+See :mod:`fencepost.graph.tool_runner` for how a call is run and judged.
 """
 
 from __future__ import annotations
@@ -20,41 +47,54 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
-from fencepost.graph.timed_wait import within
+from fencepost.graph.timed_wait import thread_wait_seconds, within
 from fencepost.policy import ErrorCode, error_code_for
 
+__all__ = [
+    "BlockingJob",
+    "Job",
+    "LoopJob",
+    "Outcome",
+    "ToolThreads",
+    "code_for",
+    "pool",
+    "returned",
+]
+
 _BASE_THREADS = 32
+"""A tenant's healthy bodies at once; also the idle threads kept."""
+_TENANT_THREADS = 64
+"""A tenant's bodies on threads at once, abandoned ones included."""
 _MAX_THREADS = 256
+"""The process's threads for tool bodies, all tenants together."""
 
 
 @dataclass(frozen=True, slots=True)
-class _Outcome:
+class Outcome:
+    """How a body ended: its value, or a safe code, and when."""
+
     value: Any = None
     error: ErrorCode | None = None
     finished: float = 0.0
     """``time.monotonic()`` when the body returned or failed."""
 
 
-def _code_for(exc: BaseException) -> ErrorCode:
+def code_for(exc: BaseException) -> ErrorCode:
+    """The safe code for what a body raised."""
     # An Exception is a tool reporting a failure; anything else is control flow escaping it.
     return error_code_for(exc) if isinstance(exc, Exception) else ErrorCode.INTERNAL_ERROR
 
 
-def _wait_seconds(timeout: float) -> float:
-    """Seconds to block a thread for: a wait past ``threading.TIMEOUT_MAX`` (~292 years) raises
-    ``OverflowError``, where ``asyncio.wait`` takes any timeout."""
-    return min(max(0.0, timeout), threading.TIMEOUT_MAX)
-
-
-def _returned(value: Any) -> _Outcome:
+def returned(value: Any) -> Outcome:
+    """The outcome of a body that returned ``value``."""
     if inspect.isawaitable(value):
         # A body that hands back an awaitable did not do its work; nothing will ever await it.
         if inspect.iscoroutine(value):
             value.close()
-        return _Outcome(error=ErrorCode.INTERNAL_ERROR, finished=time.monotonic())
-    return _Outcome(value=value, finished=time.monotonic())
+        return Outcome(error=ErrorCode.INTERNAL_ERROR, finished=time.monotonic())
+    return Outcome(value=value, finished=time.monotonic())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,43 +102,59 @@ def _returned(value: Any) -> _Outcome:
 # ---------------------------------------------------------------------------------------------
 
 
-class _Job:
+class _Share:
+    """One tenant's bodies on threads, and its calls waiting for one (per caller)."""
+
+    __slots__ = ("abandoned", "running", "waiters")
+
+    def __init__(self) -> None:
+        self.running = 0
+        """Bodies on threads, abandoned ones included."""
+        self.abandoned = 0
+        self.waiters: dict[object, deque[Callable[[], None]]] = {}
+        """Calls waiting for a thread, queued per caller (an event loop, or a blocked thread)."""
+
+
+class Job:
     """One sync body: run by a worker thread, its outcome handed to the caller by ``notify``
     (onto the caller's loop, or to a blocked caller's event)."""
 
-    def __init__(self, fn: Callable[[], Any], notify: Callable[[_Outcome], None]) -> None:
+    def __init__(
+        self, fn: Callable[[], Any], notify: Callable[[Outcome], None], tenant: str
+    ) -> None:
         self.fn = fn
         self.notify = notify
+        self.tenant = tenant
         self.finished = False
         self.abandoned = False
-        self.outcome: _Outcome | None = None
+        self.outcome: Outcome | None = None
 
     def run(self) -> None:
         try:
-            outcome = _returned(self.fn())
+            outcome = returned(self.fn())
         except BaseException as exc:  # contained: a tool cannot end its worker, or the process
-            outcome = _Outcome(error=_code_for(exc), finished=time.monotonic())
+            outcome = Outcome(error=code_for(exc), finished=time.monotonic())
         del self.fn
         self.outcome = outcome  # read by the caller once `finished` is set under the pool's lock
         self.notify(outcome)
 
 
-class LoopJob(_Job):
+class LoopJob(Job):
     """A job whose caller awaits ``future`` on its event loop."""
 
-    def __init__(self, fn: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> None:
-        self.future: asyncio.Future[_Outcome] = loop.create_future()
-        super().__init__(fn, partial(_on_loop, loop, _deliver, self.future))
+    def __init__(self, fn: Callable[[], Any], loop: asyncio.AbstractEventLoop, tenant: str) -> None:
+        self.future: asyncio.Future[Outcome] = loop.create_future()
+        super().__init__(fn, partial(_on_loop, loop, _deliver, self.future), tenant)
 
 
-class BlockingJob(_Job):
+class BlockingJob(Job):
     """A job whose caller blocks its thread on ``done`` (the sync graph: no event loop)."""
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    def __init__(self, fn: Callable[[], Any], tenant: str) -> None:
         self.done = threading.Event()
-        super().__init__(fn, self._notified)
+        super().__init__(fn, self._notified, tenant)
 
-    def _notified(self, _: _Outcome) -> None:
+    def _notified(self, _: Outcome) -> None:
         self.done.set()
 
 
@@ -108,7 +164,7 @@ def _on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: An
         loop.call_soon_threadsafe(fn, *args)
 
 
-def _deliver(future: asyncio.Future[Any], outcome: _Outcome) -> None:
+def _deliver(future: asyncio.Future[Any], outcome: Outcome) -> None:
     if not future.done():
         future.set_result(outcome)
 
@@ -119,9 +175,9 @@ def _wake(future: asyncio.Future[Any]) -> None:
 
 
 class _Worker:
-    def __init__(self, pool: _ToolThreads) -> None:
+    def __init__(self, pool: ToolThreads) -> None:
         self.pool = pool
-        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         # Daemon: an abandoned body may never return, and must not hold the interpreter's exit.
         self.thread = threading.Thread(target=self._work, name="fencepost-tool", daemon=True)
 
@@ -136,70 +192,122 @@ class _Worker:
 
 class _NoSlot(enum.Enum):
     FULL = "full"
-    """Abandoned bodies fill the pool: fail fast, do not queue."""
+    """Abandoned bodies fill what this call may take: fail fast, do not queue."""
     WAIT = "wait"
-    """Every thread is busy with a healthy body: wait for one until the deadline."""
+    """What this call may take is busy with healthy bodies: wait for a thread until the deadline."""
 
 
-class _ToolThreads:
-    """Threads for sync tool bodies: ``base`` at once, plus one for each abandoned body, never
-    more than ``cap`` in all."""
+class _Slot(NamedTuple):
+    share: _Share
+    worker: _Worker | None
+    """An idle worker, or None for a new thread."""
 
-    def __init__(self, base: int = _BASE_THREADS, cap: int = _MAX_THREADS) -> None:
+
+class ToolThreads:
+    """Threads for sync tool bodies: per tenant, ``base`` healthy bodies at once and never more
+    than ``tenant_cap`` in all; never more than ``cap`` for all tenants together."""
+
+    def __init__(
+        self,
+        base: int = _BASE_THREADS,
+        cap: int = _MAX_THREADS,
+        tenant_cap: int = _TENANT_THREADS,
+    ) -> None:
+        if not 0 < base <= tenant_cap <= cap:
+            raise ValueError("tool threads: need 0 < base <= tenant_cap <= cap")
         self.base = base
         self.cap = cap
+        self.tenant_cap = tenant_cap
         self._lock = threading.Lock()
         self._running = 0
         """Bodies in progress, abandoned ones included."""
         self._abandoned = 0
         self._idle: list[_Worker] = []
-        self._waiters: dict[object, deque[Callable[[], None]]] = {}
-        """Calls waiting for a thread, queued per caller (an event loop, or a blocked thread)."""
-
-    def _capacity(self) -> int:
-        return min(self.base + self._abandoned, self.cap)
+        self._shares: dict[str, _Share] = {}
+        """Per tenant id, only while it has a body on a thread or a call waiting for one."""
+        self._waiting: dict[str, _Share] = {}
+        """The shares with calls waiting: the ones a freed or abandoned thread may wake."""
 
     def stats(self) -> tuple[int, int]:
         """(bodies running, of which abandoned)."""
         with self._lock:
             return self._running, self._abandoned
 
-    def _slot(
-        self, wake: Callable[[], None] | None, caller: object = None
-    ) -> _Worker | _NoSlot | None:
-        """Take a slot: an idle worker, or None for a new thread. Else say why not; when it is
-        worth waiting, ``wake`` (if given) is called once a slot may have freed up."""
+    def tenants(self) -> dict[str, tuple[int, int]]:
+        """Per tenant holding a share now: (bodies running, of which abandoned)."""
         with self._lock:
-            if self._running < self._capacity():
-                self._running += 1
-                return self._idle.pop() if self._idle else None
-            if self.base + self._abandoned >= self.cap:
-                return _NoSlot.FULL
-            if wake is not None:
-                self._waiters.setdefault(caller, deque()).append(wake)
-            return _NoSlot.WAIT
+            return {t: (s.running, s.abandoned) for t, s in self._shares.items()}
 
-    def _stop_waiting(self, wake: Callable[[], None], caller: object, *, woken: bool) -> None:
+    def _room(self, share: _Share) -> _NoSlot | None:
+        """Under the lock: None if a body of ``share``'s tenant may start now, else why not."""
+        own = share.running < min(self.base + share.abandoned, self.tenant_cap)
+        total = self._running < self.cap
+        if own and total:
+            return None
+        # Wait only for a thread that is sure to come back: a healthy body returns, or is
+        # abandoned, by its deadline (which wakes the waiters to judge again).
+        if not own and share.running == share.abandoned:
+            return _NoSlot.FULL
+        if not total and self._running == self._abandoned:
+            return _NoSlot.FULL
+        return _NoSlot.WAIT
+
+    def _slot(
+        self, tenant: str, wake: Callable[[], None] | None = None, caller: object = None
+    ) -> _Slot | _NoSlot:
+        """Take a slot for a body of ``tenant``. Else say why not; when it is worth waiting,
+        ``wake`` (if given) is called once a slot may have freed up."""
+        with self._lock:
+            share = self._shares.get(tenant)
+            if share is None:
+                share = self._shares[tenant] = _Share()
+            why = self._room(share)
+            if why is None:
+                self._running += 1
+                share.running += 1
+                return _Slot(share, self._idle.pop() if self._idle else None)
+            if why is _NoSlot.WAIT and wake is not None:
+                share.waiters.setdefault(caller, deque()).append(wake)
+                self._waiting[tenant] = share
+            else:
+                self._drop_if_idle(tenant, share)
+            return why
+
+    def _drop_if_idle(self, tenant: str, share: _Share) -> None:
+        """Under the lock: forget a tenant with nothing on a thread and nothing waiting."""
+        if share.running == 0 and not share.waiters and self._shares.get(tenant) is share:
+            del self._shares[tenant]
+
+    def _stop_waiting(
+        self, tenant: str, wake: Callable[[], None], caller: object, *, woken: bool
+    ) -> None:
         """A waiter leaves the queue. One that was woken for a slot and gives up anyway (its
         deadline, its cancellation) passes the wake-up on, so a free slot never goes unclaimed."""
         with self._lock:
-            queue = self._waiters.get(caller)
-            if queue is not None and wake in queue:
+            share = self._shares.get(tenant)
+            queue = share.waiters.get(caller) if share is not None else None
+            if share is not None and queue is not None and wake in queue:
                 queue.remove(wake)
                 if not queue:
-                    del self._waiters[caller]
+                    del share.waiters[caller]
+                if not share.waiters:
+                    self._waiting.pop(tenant, None)
+                self._drop_if_idle(tenant, share)
                 return  # never woken
+            if share is not None:
+                self._drop_if_idle(tenant, share)
         if not woken:
             self._wake_callers()
 
-    async def start(self, fn: Callable[[], Any], deadline: float) -> LoopJob | None:
-        """Hand ``fn`` to a thread; None when no thread could take it (it never ran)."""
+    async def start(self, fn: Callable[[], Any], deadline: float, tenant: str) -> LoopJob | None:
+        """Hand ``fn`` to a thread from ``tenant``'s share; None when no thread could take it
+        (it never ran)."""
         loop = asyncio.get_running_loop()
-        slot = self._slot(None)
+        slot = self._slot(tenant)
         while slot is _NoSlot.WAIT:
             waiter: asyncio.Future[None] = loop.create_future()
             wake = partial(_on_loop, loop, _wake, waiter)
-            slot = self._slot(wake, loop)
+            slot = self._slot(tenant, wake, loop)
             if slot is not _NoSlot.WAIT:
                 break
             woken = False
@@ -207,38 +315,41 @@ class _ToolThreads:
                 remaining = deadline - time.monotonic()
                 woken = remaining > 0 and await within(waiter, remaining)
             finally:
-                self._stop_waiting(wake, loop, woken=woken)
+                self._stop_waiting(tenant, wake, loop, woken=woken)
             if not woken:
                 return None
-            slot = self._slot(None)
-        if slot is _NoSlot.FULL:
-            return None
-        job = LoopJob(fn, loop)
+            slot = self._slot(tenant)
+        if not isinstance(slot, _Slot):
+            return None  # full: only bodies left behind stand in its way
+        job = LoopJob(fn, loop, tenant)
         return job if self._hand(job, slot) else None
 
-    def start_blocking(self, fn: Callable[[], Any], deadline: float) -> BlockingJob | None:
+    def start_blocking(
+        self, fn: Callable[[], Any], deadline: float, tenant: str
+    ) -> BlockingJob | None:
         """As :meth:`start`, for a caller with no event loop: waits for a slot by blocking."""
-        slot = self._slot(None)
+        slot = self._slot(tenant)
         while slot is _NoSlot.WAIT:
             freed = threading.Event()
-            slot = self._slot(freed.set, freed)
+            slot = self._slot(tenant, freed.set, freed)
             if slot is not _NoSlot.WAIT:
                 break
             woken = False
             try:
                 remaining = deadline - time.monotonic()
-                woken = remaining > 0 and freed.wait(_wait_seconds(remaining))
+                woken = remaining > 0 and freed.wait(thread_wait_seconds(remaining))
             finally:
-                self._stop_waiting(freed.set, freed, woken=woken)
+                self._stop_waiting(tenant, freed.set, freed, woken=woken)
             if not woken:
                 return None
-            slot = self._slot(None)
-        if slot is _NoSlot.FULL:
+            slot = self._slot(tenant)
+        if not isinstance(slot, _Slot):
             return None
-        job = BlockingJob(fn)
+        job = BlockingJob(fn, tenant)
         return job if self._hand(job, slot) else None
 
-    def _hand(self, job: _Job, worker: _Worker | None) -> bool:
+    def _hand(self, job: Job, slot: _Slot) -> bool:
+        worker = slot.worker
         try:
             if worker is None:
                 worker = _Worker(self)
@@ -249,27 +360,34 @@ class _ToolThreads:
         except BaseException:  # no thread could be started: give the slot back
             with self._lock:
                 self._running -= 1
+                slot.share.running -= 1
+                self._drop_if_idle(job.tenant, slot.share)
             self._wake_callers()
             return False
         return True
 
-    def abandon(self, job: _Job) -> bool:
-        """Leave ``job`` behind: its thread no longer counts against the pool's capacity."""
+    def abandon(self, job: Job) -> bool:
+        """Leave ``job`` behind: its thread no longer counts against its tenant's healthy share."""
         with self._lock:
             if job.finished or job.abandoned:
                 return False
             job.abandoned = True
             self._abandoned += 1
+            self._shares[job.tenant].abandoned += 1
         self._wake_callers()
         return True
 
-    def _finished(self, worker: _Worker, job: _Job) -> bool:
+    def _finished(self, worker: _Worker, job: Job) -> bool:
         """Called by ``worker`` after ``job``: True to park and wait for more work."""
         with self._lock:
             job.finished = True
+            share = self._shares[job.tenant]
             self._running -= 1
+            share.running -= 1
             if job.abandoned:
                 self._abandoned -= 1
+                share.abandoned -= 1
+            self._drop_if_idle(job.tenant, share)
             keep = len(self._idle) < self.base
             if keep:
                 self._idle.append(worker)
@@ -277,23 +395,44 @@ class _ToolThreads:
         return keep
 
     def _wake_callers(self) -> None:
-        # A thread freed: the first waiter of each caller is woken. Waking all cost O(waiters) a
-        # call (1,000 runs on one loop: ~5% of calls missed their deadline waiting); waking one
-        # in all could send the only wake-up to a loop a tenant's tool is blocking.
+        # A thread freed, or one was abandoned: in each tenant's queue that may now take a
+        # thread, the first waiter of each caller is woken; where its calls can only fail, all
+        # are. Waking all cost O(waiters) a call (1,000 runs on one loop: ~5% of calls missed
+        # their deadline waiting); waking one in all could send the only wake-up to a loop a
+        # tenant's tool is blocking, or to a tenant that still has no room.
+        wakes: list[Callable[[], None]] = []
         with self._lock:
-            wakes = [queue.popleft() for queue in self._waiters.values()]
-            self._waiters = {caller: queue for caller, queue in self._waiters.items() if queue}
+            for tenant, share in list(self._waiting.items()):
+                why = self._room(share)
+                if why is _NoSlot.WAIT:
+                    continue
+                for caller, queue in list(share.waiters.items()):
+                    if why is _NoSlot.FULL:
+                        wakes.extend(queue)
+                        queue.clear()
+                    else:
+                        wakes.append(queue.popleft())
+                    if not queue:
+                        del share.waiters[caller]
+                if not share.waiters:
+                    del self._waiting[tenant]
+                    self._drop_if_idle(tenant, share)
         for wake in wakes:
             wake()
 
 
-_threads = _ToolThreads()
+_threads = ToolThreads()
+
+
+def pool() -> ToolThreads:
+    """The process's pool (a forked child's own, in a child)."""
+    return _threads
 
 
 def _new_pool_in_child() -> None:
     # The parent's workers do not exist in a forked child, and its lock may be held forever.
     global _threads
-    _threads = _ToolThreads(_threads.base, _threads.cap)
+    _threads = ToolThreads(_threads.base, _threads.cap, _threads.tenant_cap)
 
 
 os.register_at_fork(after_in_child=_new_pool_in_child)

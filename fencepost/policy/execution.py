@@ -16,6 +16,7 @@ from typing import Any
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry
 from fencepost.policy.budget import BudgetAxis, reason_for_axis
+from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode, is_retryable
 from fencepost.policy.events import (
     ToolFailed,
@@ -25,7 +26,7 @@ from fencepost.policy.events import (
 )
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied, authorize
-from fencepost.policy.outcome import CallOutcome, result_status
+from fencepost.policy.outcome import CallOutcome, MalformedMarker, checked_marker, result_status
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import Accepted, Completed, ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
@@ -154,25 +155,33 @@ def ran(
     *,
     value: Any = None,
     error: ErrorCode | None = None,
+    cut_off: bool = False,
 ) -> CallOutcome:
     """The outcome of a call that ran: its result as JSON data, or its safe error code.
 
     A tool that only accepted the work (``Accepted``) is ``accepted_pending``, not completed; one
-    reporting a run that did not complete (``RunReport``) is ``failed`` (``outcome.result_status``).
+    reporting a run that did not complete (``RunReport``) is ``failed`` (``outcome.result_status``). A
+    write or external call ``cut_off`` (it started, and its deadline came before it reported:
+    cut at its await, left behind on its thread, or too late) may have had its effect, whatever
+    its body's kind: ``uncertain``, never a plain failure. A malformed ``Accepted``/``Completed``
+    is the call's failure, ``unserializable_result``.
     """
+    if cut_off and spec.effect is not Effect.READ:
+        return uncertain(entry, spec, attempt)
     if error is None:
         try:
+            marker = checked_marker(value)
             result = serialize_tool_result(value)
-        except UnserializableResult:
+        except (UnserializableResult, MalformedMarker):
             error = ErrorCode.UNSERIALIZABLE_RESULT
         else:
             return CallOutcome(
                 event=ToolSucceeded(call_id=entry.call_id, tool_name=spec.name, result=result),
-                status=result_status(value),
+                status=result_status(value if marker is None else marker),
                 attempts=attempt,
                 effect=spec.effect,
-                task_id=value.task_id if isinstance(value, Accepted) else None,
-                completes=completed_task(spec, value),
+                task_id=marker.task_id if isinstance(marker, Accepted) else None,
+                completes=completed_task(spec, marker),
             )
     return CallOutcome(
         event=ToolFailed(

@@ -63,10 +63,24 @@ def check_registered(registry: ToolRegistry, proposal: ToolProposal) -> ToolSpec
     return registry.get(proposal.tool_name)
 
 
+class ArgumentsValidatorFailed(Exception):
+    """An arguments model's own code raised what pydantic does not wrap in a ``ValidationError``
+    (a ``KeyError`` from a lookup of the model's value, a ``TypeError``, a ``BaseException``).
+
+    A schema refusal like any other; its text (which may quote the model's arguments) is never
+    kept, and neither is the exception it stands for (``from None``)."""
+
+    code = "args_validator_failed"
+
+    def __init__(self) -> None:
+        super().__init__("the arguments model's validator failed")
+
+
 def check_schema(
     spec: ToolSpec, proposal: ToolProposal, *, canonical_arguments: str | None = None
 ) -> BaseModel:
-    """Gate 2: strict schema, no coercion, no extra keys. Raises pydantic ``ValidationError``.
+    """Gate 2: strict schema, no coercion, no extra keys. Raises pydantic ``ValidationError``,
+    or :class:`ArgumentsValidatorFailed` when the model's own validator broke otherwise.
 
     Validated as the JSON it is (strict JSON mode): ``"5"`` is still not an int, but a date given
     as ISO text, a tuple as a list and an enum as its value are accepted, as JSON has no others.
@@ -75,15 +89,23 @@ def check_schema(
     if canonical_arguments is None:
         canonical_arguments = canonical_json(proposal.arguments)
     model = spec.args_model
-    # getattr: an override need not be a bound method (a staticmethod has no ``__func__``).
-    if getattr(model.model_validate_json, "__func__", None) is _VALIDATE_JSON:
-        # What pydantic's own model_validate_json calls, without its wrapper (a third of the
-        # check); a model that overrides model_validate_json is validated through its own.
-        args: BaseModel = model.__pydantic_validator__.validate_json(
-            canonical_arguments, strict=True
-        )
-        return args
-    return model.model_validate_json(canonical_arguments, strict=True)
+    try:
+        # getattr: an override need not be a bound method (a staticmethod has no ``__func__``).
+        if getattr(model.model_validate_json, "__func__", None) is _VALIDATE_JSON:
+            # What pydantic's own model_validate_json calls, without its wrapper (a third of the
+            # check); a model that overrides model_validate_json is validated through its own.
+            args: BaseModel = model.__pydantic_validator__.validate_json(
+                canonical_arguments, strict=True
+            )
+            return args
+        return model.model_validate_json(canonical_arguments, strict=True)
+    except ValidationError:
+        raise
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except BaseException:
+        # A validator that breaks is a refusal, not a crash (as a semantic validator's is).
+        raise ArgumentsValidatorFailed from None
 
 
 _VALIDATE_JSON = BaseModel.model_validate_json.__func__  # type: ignore[attr-defined]
@@ -318,6 +340,8 @@ def judged(
         args = check_schema(spec, proposal, canonical_arguments=canonical_arguments)
     except ValidationError as exc:
         return verdict(VerdictCode.SCHEMA_VIOLATION, schema_problems(spec, exc)), spec, None
+    except ArgumentsValidatorFailed:
+        return verdict(VerdictCode.SCHEMA_VIOLATION, ("*: validator_failed",)), spec, None
     try:
         check_semantics(spec, args, state)
     except ToolSemanticError as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, Strict
 
@@ -10,7 +10,7 @@ from fencepost.policy._model import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.events import ToolFailed, ToolSucceeded
-from fencepost.policy.receipt import Accepted, Receipt, ReceiptStatus
+from fencepost.policy.receipt import Accepted, Completed, Receipt, ReceiptStatus
 
 
 class RunReport(Frozen):
@@ -81,3 +81,34 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
         effect=outcome.effect,
         task_id=outcome.task_id,
     )
+
+
+class MalformedMarker(ValueError):
+    """A tool returned an ``Accepted`` or ``Completed`` that does not hold what its class
+    declares. Carries no text of the value: it is the tool's, untrusted."""
+
+    def __init__(self) -> None:
+        super().__init__("malformed Accepted/Completed")
+
+
+def checked_marker(value: Any) -> Accepted | Completed | None:
+    """The ``Accepted``/``Completed`` a tool returned, validated; ``None`` if it returned neither.
+
+    Built with ``model_copy(update=...)`` (or by a subclass), a marker skipped validation and may
+    hold anything: a task id that is not text, evidence values that are ints or ``None``. It is
+    rebuilt from the fields its class declares, read from the instance itself (never through a
+    property a subclass may define), and validated strictly; one that does not validate raises
+    :class:`MalformedMarker`, so the call fails with a safe code instead of crashing its node.
+    """
+    kind: type[Accepted] | type[Completed]
+    if isinstance(value, Accepted):
+        kind = Accepted
+    elif isinstance(value, Completed):
+        kind = Completed
+    else:
+        return None
+    try:
+        fields = vars(value)
+        return kind.model_validate({name: fields.get(name) for name in kind.model_fields})
+    except Exception:
+        raise MalformedMarker from None

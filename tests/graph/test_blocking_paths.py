@@ -134,7 +134,7 @@ def _ctrl_c_once(started: threading.Event) -> None:
 def test_a_base_exception_from_a_sync_tool_or_the_model_is_that_steps_internal_error_and_the_next_invoke_runs(
     exc: BaseException,
     source: str,
-    small_pool: tool_threads._ToolThreads,
+    small_pool: tool_threads.ToolThreads,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
@@ -174,7 +174,7 @@ def test_a_base_exception_from_a_sync_tool_or_the_model_is_that_steps_internal_e
 
 
 def test_a_sync_tool_ignoring_its_deadline_is_abandoned_and_its_thread_stops_counting_against_the_pool(
-    small_pool: tool_threads._ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
     ran: list[str] = []
     stuck = _tool("stuck", _stuck(release, ran), timeout=0.05)
@@ -193,7 +193,7 @@ def test_a_sync_tool_ignoring_its_deadline_is_abandoned_and_its_thread_stops_cou
 
 
 def test_a_write_whose_sync_body_ignores_its_deadline_ends_uncertain(
-    small_pool: tool_threads._ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
     ran: list[str] = []
     write = _tool("stuck_write", _stuck(release, ran), timeout=0.05, effect=fp.Effect.WRITE)
@@ -210,7 +210,7 @@ def test_a_write_whose_sync_body_ignores_its_deadline_ends_uncertain(
 
 
 def test_a_pool_full_of_abandoned_threads_fails_a_sync_invoke_fast_as_unavailable(
-    small_pool: tool_threads._ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
     stuck = _tool("stuck", _stuck(release), timeout=0.05)
     for _ in range(4):  # the cap is 4
@@ -232,7 +232,7 @@ def test_a_pool_full_of_abandoned_threads_fails_a_sync_invoke_fast_as_unavailabl
 
 
 def test_a_healthy_sync_invoke_beyond_the_pool_waits_for_a_thread(
-    small_pool: tool_threads._ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
     ran: list[str] = []
 
@@ -256,7 +256,7 @@ def test_a_healthy_sync_invoke_beyond_the_pool_waits_for_a_thread(
     runners = [invoke(key, _tool("busy", busy, timeout=30)) for key in ("a", "b")]
     wait_until(lambda: small_pool.stats() == (2, 0))
     runners.append(invoke("c", _tool("quick", quick, timeout=30)))
-    wait_until(lambda: len(small_pool._waiters) == 1)
+    wait_until(lambda: len(small_pool._waiting) == 1)
     assert ran == [] and small_pool.stats() == (2, 0)  # waiting for a thread, not failed
     release.set()
     for runner in runners:
@@ -349,7 +349,7 @@ def test_a_model_blocking_the_shared_loop_cannot_stop_another_threads_run_from_t
 
 
 def test_a_sync_tool_and_the_model_see_their_runs_context_vars_and_leak_none_into_the_next_run(
-    small_pool: tool_threads._ToolThreads,
+    small_pool: tool_threads.ToolThreads,
 ) -> None:
     seen: list[tuple[str, str, str]] = []
 
@@ -412,7 +412,7 @@ def test_a_sync_invoke_from_inside_an_async_tool_or_a_model_on_the_shared_loop_d
 
 
 def test_ctrl_c_while_invoke_waits_on_a_sync_tool_reaches_the_caller_and_leaves_the_body_behind(
-    small_pool: tool_threads._ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
     _main_thread_with_default_sigint()
     started = threading.Event()
@@ -485,7 +485,7 @@ def test_a_forked_child_runs_sync_invoke_on_a_pool_and_a_model_loop_of_its_own()
 
 
 def test_a_model_timeout_longer_than_a_thread_can_wait_ends_a_sync_invoke_typed(
-    small_pool: tool_threads._ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
     # threading waits raise OverflowError past threading.TIMEOUT_MAX (~292 years), where the
     # event-loop paths took any timeout: the model's wait raised out of invoke.
@@ -577,17 +577,18 @@ def test_a_model_left_behind_is_kept_until_it_ends_never_logged_as_destroyed_pen
 
 
 def test_a_freed_thread_wakes_one_waiter_per_caller_and_one_that_gives_up_passes_it_on(
-    small_pool: tool_threads._ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
     # Waking every waiter for each freed thread cost O(waiters) per call: with 1,000 runs in
     # flight on one loop, calls missed their deadlines waiting (~5% unavailable). The first
     # waiter of each caller (an event loop, a blocked thread) is woken, in arrival order; one
     # that gives up after its wake-up hands it on. So a free thread is never left unclaimed
     # while calls wait, even when one caller's loop is too blocked to take its wake-up.
-    for _ in range(small_pool.base):
+    one = threading.Event()
+    for gate in (release, one):  # the base of 2
         threading.Thread(
             target=run_tool_blocking,
-            args=(spec(lambda _, __: release.wait(10)), NoArgs(), CTX),
+            args=(spec(lambda _, __, gate=gate: gate.wait(10)), NoArgs(), CTX),
             kwargs={"timeout_seconds": 30},
             daemon=True,
         ).start()
@@ -598,13 +599,14 @@ def test_a_freed_thread_wakes_one_waiter_per_caller_and_one_that_gives_up_passes
         lambda n=n: woken.append(n) for n in ("first", "second", "third", "other")
     )
     for wake, caller in ((first, loop_a), (second, loop_a), (third, loop_a), (other, loop_b)):
-        assert small_pool._slot(wake, caller) is tool_threads._NoSlot.WAIT
-    small_pool._wake_callers()  # a thread freed
+        assert small_pool._slot(CTX.tenant_id, wake, caller) is tool_threads._NoSlot.WAIT
+    one.set()  # a thread frees: each caller's first waiter is woken
+    wait_until(lambda: len(woken) == 2)
     assert woken == ["first", "other"]
-    small_pool._stop_waiting(first, loop_a, woken=False)  # it timed out before taking it
+    small_pool._stop_waiting(CTX.tenant_id, first, loop_a, woken=False)  # timed out instead
     assert woken == ["first", "other", "second"]
-    small_pool._stop_waiting(second, loop_a, woken=True)  # it takes the thread
-    small_pool._stop_waiting(other, loop_b, woken=True)
-    small_pool._stop_waiting(third, loop_a, woken=False)  # still queued: it just leaves
+    small_pool._stop_waiting(CTX.tenant_id, second, loop_a, woken=True)  # it takes the thread
+    small_pool._stop_waiting(CTX.tenant_id, other, loop_b, woken=True)
+    small_pool._stop_waiting(CTX.tenant_id, third, loop_a, woken=False)  # still queued: leaves
     assert woken == ["first", "other", "second"]
-    assert small_pool._waiters == {}
+    assert small_pool._waiting == {}

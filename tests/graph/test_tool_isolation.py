@@ -99,9 +99,10 @@ def release() -> Iterator[threading.Event]:
 
 
 @pytest.fixture
-def small_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[tool_threads._ToolThreads]:
-    """A pool of 2 threads that may grow to 4: small enough to fill in a test."""
-    pool = tool_threads._ToolThreads(base=2, cap=4)
+def small_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[tool_threads.ToolThreads]:
+    """A pool of 2 threads that may grow to 4, all of them one tenant's: small enough to fill
+    in a test (a tenant's own share is pinned in ``tests/isolation``)."""
+    pool = tool_threads.ToolThreads(base=2, cap=4, tenant_cap=4)
     monkeypatch.setattr(tool_runner, "_threads", pool)
     yield pool
 
@@ -320,7 +321,7 @@ def test_fifty_timed_out_sync_tools_leave_room_for_a_healthy_tool(
         return runs
 
     runs = finishes(lambda: run_sync(fifty()))
-    assert runs == [ToolRun(error=ErrorCode.TIMEOUT, abandoned=True)] * 50
+    assert runs == [ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)] * 50
     assert tool_runner._threads.stats() == (50, 50)
     healthy = finishes(lambda: run(ok, timeout=5))
     assert healthy == ToolRun(value="ok")
@@ -329,7 +330,7 @@ def test_fifty_timed_out_sync_tools_leave_room_for_a_healthy_tool(
 
 
 def test_at_the_hard_cap_a_call_fails_fast_as_unavailable_and_then_recovers(
-    small_pool: tool_threads._ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
     ran: list[str] = []
 
@@ -345,7 +346,7 @@ def test_at_the_hard_cap_a_call_fails_fast_as_unavailable_and_then_recovers(
 
     for _ in range(2):  # two rounds of two: each round fills the two threads not abandoned
         runs = finishes(lambda: run_sync(two_stuck()))
-        assert runs == [ToolRun(error=ErrorCode.TIMEOUT, abandoned=True)] * 2
+        assert runs == [ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)] * 2
     assert small_pool.stats() == (4, 4)
     # Four abandoned threads are the cap: no waiting for a thread that may never come back.
     assert finishes(lambda: run(healthy, timeout=60), within=3) == ToolRun(
@@ -358,7 +359,7 @@ def test_at_the_hard_cap_a_call_fails_fast_as_unavailable_and_then_recovers(
 
 
 def test_a_healthy_call_beyond_the_pool_waits_for_a_thread(
-    small_pool: tool_threads._ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
     def busy(_: NoArgs, __: ToolContext) -> str:
         release.wait(10)
@@ -379,7 +380,7 @@ def test_a_healthy_call_beyond_the_pool_waits_for_a_thread(
 
 
 def test_a_call_that_finds_no_thread_before_its_deadline_never_runs(
-    small_pool: tool_threads._ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
     ran: list[str] = []
 
@@ -408,7 +409,7 @@ def test_a_call_that_finds_no_thread_before_its_deadline_never_runs(
 
 
 @pytest.mark.parametrize("late", ["returns", "raises"])
-async def test_an_async_tool_that_swallows_cancellation_is_abandoned_at_its_deadline(
+async def test_an_async_tool_that_swallows_cancellation_is_abandoned_at_its_deadline_and_closed(
     late: str,
 ) -> None:
     loop = asyncio.get_running_loop()
@@ -416,30 +417,36 @@ async def test_an_async_tool_that_swallows_cancellation_is_abandoned_at_its_dead
     loop.set_exception_handler(lambda _, context: logged.append(context))
     gate = asyncio.Event()
     finished: list[str] = []
+    closed: list[str] = []
 
     async def stubborn(_: NoArgs, __: ToolContext) -> str:
-        with contextlib.suppress(asyncio.CancelledError):  # swallowed
-            await asyncio.sleep(30)
-        await gate.wait()
-        finished.append(late)
-        if late == "raises":
-            raise RuntimeError(SECRET)
-        return "late value"
+        try:
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed
+                await asyncio.sleep(30)
+            await gate.wait()
+            finished.append(late)
+            if late == "raises":
+                raise RuntimeError(SECRET)
+            return "late value"
+        finally:
+            closed.append("closed")
 
     # Tasks other tests (or the fuzz suite) left behind on loops that no longer run are not
     # this test's: only the one it abandons must end and be dropped.
     earlier = set(tool_runner._abandoned_tasks)
     started = time.monotonic()
     result = await arun_tool(stubborn, timeout=0.05)
-    assert result == ToolRun(error=ErrorCode.TIMEOUT, abandoned=True)
+    assert result == ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)
     assert time.monotonic() - started < 1.0  # the deadline plus a small grace, not the tool
-    gate.set()
     for _ in range(100):
         if not tool_runner._abandoned_tasks - earlier:
             break
         await asyncio.sleep(0.01)
-    assert finished == [late]
     assert not tool_runner._abandoned_tasks - earlier
+    gate.set()
+    await asyncio.sleep(0.05)
+    # Closed at its await once its grace was over: it never got to its late value or failure.
+    assert closed == ["closed"] and finished == []
     gc.collect()
     await asyncio.sleep(0)
     assert logged == []  # no "Task exception was never retrieved", nothing recorded
@@ -454,7 +461,9 @@ def test_an_abandoned_async_tool_in_a_sync_invoke_is_dropped_when_it_ends() -> N
 
     earlier = set(tool_runner._abandoned_tasks)  # other tests' leftovers are not this one's
     # On this thread: the task stays on this thread's loop, the only one it can run on.
-    assert run(stubborn, timeout=0.05) == ToolRun(error=ErrorCode.TIMEOUT, abandoned=True)
+    assert run(stubborn, timeout=0.05) == ToolRun(
+        error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True
+    )
     assert tool_runner._abandoned_tasks - earlier  # it was left behind...
     # It goes on only while this thread's loop runs again; its late failure is retrieved.
     run_sync(asyncio.sleep(0.2))
@@ -471,7 +480,7 @@ async def test_a_tool_that_honours_cancellation_is_cut_without_being_abandoned()
             cancelled.append(True)
             raise
 
-    assert await arun_tool(polite, timeout=0.05) == ToolRun(error=ErrorCode.TIMEOUT)
+    assert await arun_tool(polite, timeout=0.05) == ToolRun(error=ErrorCode.TIMEOUT, cut_off=True)
     assert cancelled == [True]
 
 
@@ -480,7 +489,9 @@ async def test_a_value_that_arrives_after_the_deadline_is_a_timeout() -> None:
         time.sleep(0.15)  # blocks the loop, so the deadline cannot interrupt it
         return "too late"
 
-    assert await arun_tool(blocks_then_returns, timeout=0.05) == ToolRun(error=ErrorCode.TIMEOUT)
+    assert await arun_tool(blocks_then_returns, timeout=0.05) == ToolRun(
+        error=ErrorCode.TIMEOUT, cut_off=True
+    )
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])

@@ -1,0 +1,226 @@
+"""Invariant 1: every path ends in exactly one TerminationReason — here, the paths where a tool's
+own code (its arguments model's validators, its body) does what the runtime did not expect.
+
+Pydantic wraps a validator's ``ValueError`` and ``AssertionError`` in a ``ValidationError``; a
+``KeyError`` or ``TypeError`` it lets through as it is, its text often quoting the very argument
+the model sent. That must end as a typed schema refusal, with none of the text kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from pydantic import BaseModel, ConfigDict, field_validator
+
+import fencepost as fp
+from fencepost.policy import VerdictCode, check_schema, gate_proposal
+from fencepost.policy.gates import ArgumentsValidatorFailed
+from tests.graph.kit import ABSTAIN, call, context, harness, thread
+from tests.graph.test_hostile_review import _saver_bytes
+from tests.graph.test_tool_isolation import NoArgs, finishes
+from tests.policy.factories import make_state, reader
+
+SECRET = "password=hunter2"
+"""In what the validators raise, never in what the model sent: it must be nowhere."""
+KNOWN = {"checkout": "svc-1"}
+
+
+class Keyring(dict[str, str]):
+    """A lookup whose miss says more than it should, as a config or secrets table's may."""
+
+    def __missing__(self, key: str) -> str:
+        raise KeyError(f"{key} not in vault ({SECRET})")
+
+
+class ByKey(BaseModel):
+    """Arguments whose validator looks the model's value up, raising ``KeyError``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    service: str
+
+    @field_validator("service")
+    @classmethod
+    def known(cls, value: str) -> str:
+        return Keyring(KNOWN)[value]
+
+
+class ByType(BaseModel):
+    """Arguments whose validator raises ``TypeError`` quoting the model's value."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    service: str
+
+    @field_validator("service")
+    @classmethod
+    def typed(cls, value: str) -> str:
+        if value not in KNOWN:
+            raise TypeError(f"no service {value!r} for {SECRET}")
+        return value
+
+
+class ByEscape(BaseModel):
+    """Arguments whose validator raises a ``BaseException`` of the application's own."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    service: str
+
+    @field_validator("service")
+    @classmethod
+    def escapes(cls, value: str) -> str:
+        raise SystemExit(f"bad {value}: {SECRET}")
+
+
+def _registry(args_model: type[BaseModel], ran: list[str]) -> fp.ToolRegistry:
+    def lookup(args: Any, ctx: fp.ToolContext) -> dict[str, str]:
+        ran.append(args.service)
+        return {"service": args.service}
+
+    return fp.ToolRegistry(
+        [
+            fp.ToolSpec(
+                name="lookup_service",
+                description="Look a service up.",
+                args_model=args_model,
+                effect=fp.Effect.READ,
+                required_capability="logs:read",
+                timeout_seconds=5,
+                execute=lookup,
+            )
+        ]
+    )
+
+
+PROPOSAL = fp.ToolProposal(
+    call_id="call-0001", tool_name="lookup_service", arguments={"service": "billing"}
+)
+
+
+@pytest.mark.parametrize("args_model", [ByKey, ByType, ByEscape], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_an_args_validator_raising_what_pydantic_does_not_wrap_ends_as_a_schema_refusal(
+    args_model: type[BaseModel], mode: str
+) -> None:
+    saver, ran = InMemorySaver(), []
+    h = harness([PROPOSAL, ABSTAIN], registry=_registry(args_model, ran), checkpointer=saver)
+    request = fp.start(
+        "which service?", fp.RuntimeBudget(steps_remaining=4, tool_calls_remaining=2)
+    )
+    config, ctx = thread(), context()
+    if mode == "invoke":
+        out = h.graph.invoke(request, config, context=ctx)
+    else:
+        out = await h.graph.ainvoke(request, config, context=ctx)
+    state = fp.run_output(out)
+    assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
+    assert [e.verdict.code for e in state.batch] in ([VerdictCode.SCHEMA_VIOLATION], [])
+    assert ran == []
+    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET not in repr(out)
+
+
+@pytest.mark.parametrize("args_model", [ByKey, ByType, ByEscape], ids=lambda m: m.__name__)
+def test_the_schema_gate_refuses_a_broken_validator_with_no_text(
+    args_model: type[BaseModel],
+) -> None:
+    registry = _registry(args_model, [])
+    spec = registry.get("lookup_service")
+    with pytest.raises(ArgumentsValidatorFailed) as raised:
+        check_schema(spec, PROPOSAL)
+    assert SECRET not in str(raised.value) and raised.value.__cause__ is None
+    verdict = gate_proposal(registry, PROPOSAL, make_state(), reader())
+    assert verdict.code is VerdictCode.SCHEMA_VIOLATION
+    assert verdict.problems == ("*: validator_failed",)
+
+
+# -- A body that breaks the process's rules: each is contained, and its run ends typed -----------
+
+
+class Escape(BaseException):
+    """An application's own BaseException."""
+
+
+def _hostile(kind: str, behaviour: str, gate: threading.Event) -> Callable[..., Any]:
+    def raises() -> None:
+        raise {
+            "SystemExit": SystemExit(SECRET),
+            "KeyboardInterrupt": KeyboardInterrupt(SECRET),
+            "GeneratorExit": GeneratorExit(SECRET),
+            "Escape": Escape(SECRET),
+        }[behaviour]
+
+    def sync_body(_: NoArgs, __: fp.ToolContext) -> str:
+        if behaviour == "never returns":
+            gate.wait(30)
+        elif behaviour == "blocks its caller":
+            time.sleep(0.3)
+        else:
+            raises()
+        return "late"
+
+    async def async_body(_: NoArgs, __: fp.ToolContext) -> str:
+        if behaviour == "never returns":
+            while not gate.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0.01)
+        elif behaviour == "blocks its caller":
+            time.sleep(0.3)  # holds the event loop: nothing can interrupt it
+        else:
+            raises()
+        return "late"
+
+    return sync_body if kind == "sync" else async_body
+
+
+BEHAVIOURS = [
+    "SystemExit",
+    "KeyboardInterrupt",
+    "GeneratorExit",
+    "Escape",
+    "never returns",
+    "blocks its caller",
+]
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_a_tool_body_that_breaks_out_is_contained_and_its_run_ends_typed(
+    behaviour: str, kind: str, mode: str, gate: threading.Event
+) -> None:
+    tool = fp.ToolSpec(
+        name="hostile",
+        description="A hostile tool.",
+        args_model=NoArgs,
+        effect=fp.Effect.READ,
+        required_capability="logs:read",
+        timeout_seconds=0.1,
+        execute=_hostile(kind, behaviour, gate),
+    )
+    saver = InMemorySaver()
+    h = harness([call("hostile"), ABSTAIN], registry=fp.ToolRegistry([tool]), checkpointer=saver)
+    request = fp.start("q", fp.RuntimeBudget(steps_remaining=4, tool_calls_remaining=2))
+    if mode == "invoke":
+        out = finishes(lambda: h.graph.invoke(request, thread(), context=context()), within=20)
+    else:
+        out = await asyncio.wait_for(
+            h.graph.ainvoke(request, thread(), context=context()), timeout=20
+        )
+    state = fp.run_output(out)
+    assert state.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
+    code = fp.ErrorCode.TIMEOUT if behaviour in BEHAVIOURS[4:] else fp.ErrorCode.INTERNAL_ERROR
+    assert [(r.status, r.error_code) for r in state.receipts] == [(fp.ReceiptStatus.FAILED, code)]
+    assert SECRET.encode() not in _saver_bytes(saver)
