@@ -180,10 +180,16 @@ def test_messages_input_runs_with_the_default_budget(client: Any, assistant: str
 
 
 @pytest.mark.parametrize(
-    "context", [None, {}, {"tenant_id": "acme"}, {"tenant_id": "acme", "principal": "oncall-ana"}]
+    ("context", "code"),
+    [
+        (None, "missing_context"),
+        ({}, "missing_context"),
+        ({"tenant_id": "acme"}, "invalid_context"),
+        ({"tenant_id": "acme", "principal": "oncall-ana"}, "invalid_context"),
+    ],
 )
 def test_a_run_with_a_missing_or_malformed_context_ends_policy_denied(
-    client: Any, assistant: str, context: Any
+    client: Any, assistant: str, context: Any, code: str
 ) -> None:
     thread = client.threads.create()
     out = client.runs.wait(
@@ -193,7 +199,7 @@ def test_a_run_with_a_missing_or_malformed_context_ends_policy_denied(
         context=context,
     )
     assert out["termination"] == "policy_denied"
-    assert out["last_error_code"] == "missing_context"
+    assert out["last_error_code"] == code
     assert out["observations"] == []
 
 
