@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fencepost import graph, policy
 from fencepost.adapters import ScriptedDecisionModel, create_agent, tool
 from fencepost.adapters.chat_model import ChatModelDecider
 from fencepost.adapters.checkpointers import aopen_checkpointer, open_checkpointer
@@ -121,8 +120,6 @@ __all__ = [
     "create_agent",
     "current_receipts",
     "fencepost_serializer",
-    "graph",
-    "policy",
     "open_checkpointer",
     "run_output",
     "start",

@@ -245,14 +245,14 @@ def test_an_approval_interrupt_is_resumed_through_the_sdk(client: Any, assistant
     assert client.threads.get_state(thread_id)["next"] == []
 
 
-def test_the_readme_server_block_runs_as_shown(
+def test_the_docs_server_block_runs_as_shown(
     server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    [block] = re.findall(r"```python sdk\n(.*?)```", readme, flags=re.S)
+    readme = (ROOT / "docs" / "server.md").read_text(encoding="utf-8")
+    [block] = re.findall(r'```python title="sdk"\n(.*?)```', readme, flags=re.S)
     assert 'url="http://127.0.0.1:2024"' in block
     source = block.replace('url="http://127.0.0.1:2024"', f'url="{server}"')
-    exec(compile(source, "README.md (python sdk)", "exec"), {"__name__": "readme_sdk"})
+    exec(compile(source, "docs/server.md (python sdk)", "exec"), {"__name__": "docs_sdk"})
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "completed ['call-0001', 'call-0002']"
     assert printed[-2:] == ["restart_service", "completed ['completed']"]
