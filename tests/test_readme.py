@@ -80,3 +80,25 @@ def test_the_real_model_block_is_the_quickstart_with_one_line_changed(
 def test_readme_shows_the_two_commands() -> None:
     text = README.read_text(encoding="utf-8")
     assert "make test" in text and "make demo" in text
+
+
+def test_the_speed_section_lives_in_results_md_and_make_bench_keeps_it() -> None:
+    import importlib.util
+
+    results = README.parent / "benchmarks" / "results.md"
+    assert "(benchmarks/results.md)" in README.read_text(encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(
+        "bench", README.parent / "benchmarks" / "bench.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.path.insert(0, str(results.parent))
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(results.parent))
+    kept = bench.kept_notes(results)
+    assert kept.lstrip().startswith(bench.NOTES_MARK)
+    assert "Where the gap to the floor goes" in kept or "3.45x" in kept
