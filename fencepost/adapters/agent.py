@@ -35,6 +35,7 @@ from fencepost.policy.tool import (
     ProgressPredicate,
     SemanticValidator,
 )
+from fencepost.policy.tool_decorator import ToolDefinitionError
 from fencepost.policy.tool_decorator import tool as tool_from_function
 
 if TYPE_CHECKING:
@@ -124,10 +125,9 @@ def tool(
         missing = [k for k, v in (("effect", effect), ("capability", capability)) if v is None]
         if missing:
             needs = " and ".join(f"{m}=" for m in missing)
-            raise GraphConfigError(
-                "tools",
+            raise ToolDefinitionError(
                 f"LangChain tool {label!r} needs {needs}, which have no safe default: write "
-                f"fp.tool({label}, effect='read', capability='...') with your own values",
+                f"fp.tool({label}, effect='read', capability='...') with your own values"
             )
         if timeout is not None:
             warnings.warn(

@@ -150,3 +150,10 @@ def test_the_registry_error_for_a_plain_function_names_the_decorator() -> None:
 
     with pytest.raises(TypeError, match=r"@fp\.tool\(effect="):
         fp.ToolRegistry([lookup])  # type: ignore[list-item]
+
+
+def test_a_langchain_tool_given_no_capability_says_in_one_sentence_what_is_missing() -> None:
+    with pytest.raises(TypeError) as raised:
+        fp.tool(search_deploys, effect="read")
+    message = str(raised.value)
+    assert "search_deploys" in message and "capability=" in message and "\n" not in message
