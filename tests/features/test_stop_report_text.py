@@ -163,3 +163,29 @@ def test_paused_report_is_derived_from_the_waiting_calls_of_the_batch_alone() ->
         batch = (entry("call-0001", VerdictCode.ALLOWED, "search_logs"),)
 
     assert paused_report(Going()) is None
+
+
+def test_fencepost_show_reads_a_paused_runs_report_as_run_output_gives_it() -> None:
+    from fencepost.reporting import RunRecord
+
+    agent = fp.create_agent(
+        fp.ScriptedDecisionModel(
+            [fp.ToolProposal(call_id="call-0001", tool_name="write_note", arguments={"note": "x"})]
+        ),
+        [write_note],
+        checkpointer=InMemorySaver(),
+        approval="interrupt",
+    )
+    config = {"configurable": {"thread_id": "paused-2"}}
+    agent.invoke(fp.start("note it"), config, context=USER)
+    state = fp.run_output(agent.get_state(config).values)
+    record = RunRecord(
+        thread_id="paused-2",
+        state=state,
+        status="paused",
+        scenario=None,
+        started_at=None,
+        updated_at=None,
+    )
+    assert record.report is not None and record.report.waiting_for is not None
+    assert record.report.waiting_for.calls == ("call-0001",)
