@@ -66,6 +66,7 @@ _KIND: dict[TerminationReason, StopKind] = {
 
 SAFE_CODE = r"^[a-z][a-z0-9_]{0,63}$"
 _SAFE_CODE = re.compile(SAFE_CODE)
+_MARKUP_TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
 _UNREADABLE_CODE = "unreadable_code"
 _WAITS_FOR_APPROVAL = frozenset({VerdictCode.APPROVAL_REQUIRED, VerdictCode.APPROVAL_PENDING})
 # Effects that may have reached the world: done, possibly done, or accepted and under way.
@@ -159,8 +160,7 @@ class StopReport(Frozen):
         return render_text(self)
 
     def __rich__(self) -> str:
-        """The same text for rich (``rich.print(report)``), in rich markup: every value here is
-        an id, a tool name or a safe code, none of which can hold markup."""
+        """The same text for rich (``rich.print(report)``), in rich markup (values escaped)."""
         return render_text(self, markup=True)
 
     @property
@@ -328,7 +328,12 @@ def render_text(report: StopReport, *, markup: bool = False) -> str:
     """The report as lines of text (with ``markup``: rich markup for the same text)."""
 
     def span(text: str, style: str) -> str:
-        return f"[{style}]{text}[/{style}]" if markup and style else text
+        if not markup:
+            return text
+        # A call id is the model's (8 to 128 characters of anything): escaped as rich.markup
+        # escapes, so no id can read as a tag.
+        text = _MARKUP_TAG.sub(r"\1\1\\\2", text)
+        return f"[{style}]{text}[/{style}]" if style else text
 
     head = "".join(span(t, s) for t, s in report_head(report))
     rows = report_rows(report)

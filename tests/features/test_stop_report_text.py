@@ -6,11 +6,14 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
 import fencepost as fp
+from fencepost.policy.stop_report import ReportedCall
 
 USER = fp.RunContext(
     tenant_id="acme",
@@ -189,3 +192,22 @@ def test_fencepost_show_reads_a_paused_runs_report_as_run_output_gives_it() -> N
     )
     assert record.report is not None and record.report.waiting_for is not None
     assert record.report.waiting_for.calls == ("call-0001",)
+
+
+@settings(max_examples=200, deadline=None)
+@example(call_id="call-[bold red]0001[/]")
+@example(call_id="call-\\[link=x]0001")
+@given(
+    call_id=st.text(
+        st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp", "Zs", "Cf", "Mn", "Me")),
+        min_size=8,
+        max_size=40,
+    )
+)
+def test_any_call_id_prints_the_same_through_rich_as_through_str(call_id: str) -> None:
+    report = fp.StopReport(
+        kind=fp.StopKind.FAILED,
+        reason=fp.TerminationReason.FAILED,
+        failed=(ReportedCall(call_id=call_id, tool_name="search_logs"),),
+    )
+    assert _rich(report).split() == str(report).split()
