@@ -102,15 +102,16 @@ class Waiting(Frozen):
     condition: Literal["approval", "clarification"]
     """What is needed: a human's approval of calls, or the user's clarification of the question."""
     calls: Annotated[tuple[str, ...], Strict(False)] = ()
-    """With ``approval``: the call ids waiting for it."""
-    tools: Annotated[tuple[str, ...], Strict(False)] = ()
-    """With ``approval``: the tool each of ``calls`` names, in the same order."""
+    """With ``approval``: the call ids waiting for it (their tools are in ``never_started``)."""
 
     def __str__(self) -> str:
+        return self.described({})
+
+    def described(self, tools: dict[str, str]) -> str:
+        """The condition in words, each call followed by its tool where ``tools`` names it."""
         if self.condition == "clarification":
             return "clarification"
-        named = [f"{c} ({t})" for c, t in zip(self.calls, self.tools, strict=False)]
-        named += list(self.calls[len(named) :])
+        named = [f"{c} ({tools[c]})" if c in tools else c for c in self.calls]
         return "approval of " + (", ".join(named) or "a call")
 
 
@@ -252,8 +253,7 @@ def _waiting(reason: TerminationReason, left: Sequence[BatchEntry]) -> Waiting |
         calls = tuple(
             dict.fromkeys(e.call_id for e in left if e.verdict.code in _WAITS_FOR_APPROVAL)
         )
-        tools = {e.call_id: e.proposal.tool_name for e in left}
-        return Waiting(condition="approval", calls=calls, tools=tuple(tools[c] for c in calls))
+        return Waiting(condition="approval", calls=calls)
     return None
 
 
@@ -309,7 +309,8 @@ def note_rows(report: StopReport) -> list[Row]:
     if report.cited:
         rows.append(("cited", ((", ".join(report.cited), ""),)))
     if report.waiting_for is not None:
-        rows.append(("waiting for", ((str(report.waiting_for), "cyan"),)))
+        tools = {c.call_id: c.tool_name for c in report.never_started}
+        rows.append(("waiting for", ((report.waiting_for.described(tools), "cyan"),)))
     if report.kind is not StopKind.COMPLETED or report.effects_made:
         # Stopping is not undoing: say which effects are out there, or that none are.
         rows.append(("effects made", ((", ".join(report.effects_made) or "none", ""),)))
@@ -356,7 +357,7 @@ class Paused(Protocol):
 
 def paused_report(state: Paused) -> StopReport | None:
     """The report of a run paused for a human's approval: ``waiting_for_input``, with no reason
-    (it has not ended), ``waiting_for`` naming the calls that wait and their tools, those calls
+    (it has not ended), ``waiting_for`` naming the calls that wait, those calls
     never started, and what the run's receipts already say. ``None`` when nothing in the batch
     waits for approval (a run still going, or one that has ended)."""
     waiting = [e for e in state.batch if e.verdict.code in _WAITS_FOR_APPROVAL]
@@ -385,9 +386,5 @@ def paused_report(state: Paused) -> StopReport | None:
         uncertain=tuple(buckets[ReceiptStatus.UNCERTAIN]),
         pending=tuple(buckets[ReceiptStatus.ACCEPTED_PENDING]),
         effects_made=tuple(effects),
-        waiting_for=Waiting(
-            condition="approval",
-            calls=tuple(e.call_id for e in unique),
-            tools=tuple(e.proposal.tool_name for e in unique),
-        ),
+        waiting_for=Waiting(condition="approval", calls=tuple(e.call_id for e in unique)),
     )

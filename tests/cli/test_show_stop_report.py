@@ -84,11 +84,7 @@ def test_show_names_the_one_condition_a_waiting_run_needs(
 ) -> None:
     text, data = show(demo_db, "write-needs-approval")
     assert "waiting for approval of call-0001" in report_block(text)
-    assert data["report"]["waiting_for"] == {
-        "condition": "approval",
-        "calls": ["call-0001"],
-        "tools": ["restart_service"],
-    }
+    assert data["report"]["waiting_for"] == {"condition": "approval", "calls": ["call-0001"]}
     text, data = show(demo_db, "needs-clarification")
     assert "waiting for clarification" in report_block(text)
 

@@ -78,9 +78,7 @@ def test_a_run_waiting_for_approval_names_the_call_it_waits_for(
 ) -> None:
     report = demo_runs["write-needs-approval"][0].state.report
     assert report is not None and report.kind is StopKind.WAITING_FOR_INPUT
-    assert report.waiting_for == Waiting(
-        condition="approval", calls=("call-0001",), tools=("restart_service",)
-    )
+    assert report.waiting_for == Waiting(condition="approval", calls=("call-0001",))
     assert [(c.tool_name, c.verdict) for c in report.never_started] == [
         ("restart_service", VerdictCode.APPROVAL_REQUIRED)
     ]
