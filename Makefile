@@ -1,10 +1,10 @@
-# Two commands do everything: `make test` and (with the command-line issue) `make demo`.
+# Two commands do everything: `make test` and `make demo` (`make docs` builds the documentation).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench fuzz demo clean agentdojo
+.PHONY: test lint docs bench fuzz demo clean agentdojo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,7 +31,12 @@ $(ADJ_STAMP): pyproject.toml benchmarks/agentdojo/requirements.txt
 	$(ADJ_VENV)/bin/python -m pip install --quiet -r benchmarks/agentdojo/requirements.txt -e .
 	touch $(ADJ_STAMP)
 
-test: lint $(ADJ_STAMP)
+# The documentation and the API reference from the docstrings; --strict fails on any warning
+# (a broken link, a reference to a name that is gone).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint docs $(ADJ_STAMP)
 	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/pytest -q
 
 # All four AgentDojo suites under every policy, offline; writes benchmarks/agentdojo.md.
@@ -50,4 +55,4 @@ demo: $(STAMP)
 	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/fencepost demo
 
 clean:
-	rm -rf $(VENV) $(ADJ_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ADJ_VENV) .pytest_cache .mypy_cache .ruff_cache build/site

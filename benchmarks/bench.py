@@ -51,6 +51,20 @@ import common
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.md"
+NOTES_MARK = "<!-- reading the results: written by hand, kept by make bench -->"
+"""Where the hand-written reading of the numbers starts in results.md: a full run rewrites what
+is above it and keeps it, so the prose the README links to survives a new measurement."""
+
+
+def kept_notes(path: Path) -> str:
+    """The hand-written section of ``path`` (from :data:`NOTES_MARK` on), or ``""``."""
+    if not path.exists():
+        return ""
+    text = path.read_text(encoding="utf-8")
+    start = text.find(NOTES_MARK)
+    return "" if start < 0 else "\n" + text[start:]
+
+
 MINE = {"bench", "common", "fairness", "loop_overhead", "peers", "scaling", "micro"}
 """This harness's modules; every other ``*.py`` here is a script ``--others`` runs."""
 OTHERS_TITLE = "## Other benchmark scripts"
@@ -367,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         failures.append(f"stopped by the hard time limit ({hard_limit} s): later parts missing")
         report = _header(hard_limit, parts, command, targets, "", failures)
         if out_path is not None:
-            out_path.write_text(report + "\n" + "\n".join(sections))
+            out_path.write_text(report + "\n" + "\n".join(sections) + kept_notes(out_path))
         os._exit(3)
 
     watchdog = threading.Timer(hard_limit, hard_stop)
@@ -457,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(report)
     if out_path is not None:
-        out_path.write_text(report)
+        out_path.write_text(report + kept_notes(out_path))
         print(f"bench: written to {out_path}", file=sys.stderr)
     print(f"bench: {elapsed:.0f}s", file=sys.stderr)
     return 1 if (failures or errors) else 0

@@ -196,7 +196,7 @@ def _spec(name: str, execute: Callable[..., Any]) -> Any:
         description=f"The {name} tool.",
         args_model=_NoArgs,
         effect=Effect.READ,
-        required_capability="bench",
+        capability="bench",
         timeout_seconds=60,
         execute=execute,
     )

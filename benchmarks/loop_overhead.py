@@ -92,7 +92,7 @@ REGISTRY = fp.ToolRegistry(
             description="Search the logs.",
             args_model=SearchArgs,
             effect=fp.Effect.READ,
-            required_capability="logs:read",
+            capability="logs:read",
             timeout_seconds=30,
             execute=_fp_search,
         )

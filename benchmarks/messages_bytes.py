@@ -56,7 +56,7 @@ from fencepost.graph import builder, node_io, state  # noqa: E402
 from fencepost.policy.tool_decorator import tool  # noqa: E402
 
 
-@tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+@tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
 def search_logs(query: str) -> dict[str, Any]:
     """Search logs."""
     return {"query": query, "hits": [{"id": "log-1", "line": "500 /checkout after deploy 42"}]}

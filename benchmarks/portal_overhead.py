@@ -74,7 +74,7 @@ def _spec(execute: Callable[..., Any]) -> ToolSpec:
         description="A probe.",
         args_model=NoArgs,
         effect=Effect.READ,
-        required_capability="probe",
+        capability="probe",
         timeout_seconds=60,
         execute=execute,
     )

@@ -1,6 +1,7 @@
 """fencepost: tool-calling agents on LangGraph as a bounded loop that ends with a typed reason.
 
-The root holds what a user writes; everything else stays importable from its submodule
+The root holds what a user writes (what the README and the docs use, pinned by
+``tests/test_public_api.py``); everything else stays importable from its submodule
 (``fencepost.policy`` for the contract, ``fencepost.graph`` for the binding,
 ``fencepost.adapters`` for the edges).
 
@@ -8,18 +9,25 @@ Example::
 
     import fencepost as fp
 
-    graph = fp.build_agent_graph(fp.ToolRegistry([search_logs]), model).compile(
-        checkpointer=InMemorySaver()
-    )
-    out = graph.invoke(fp.start("why is checkout slow?"), config, context=fp.RunContext(...))
-    fp.run_output(out).termination
+    @fp.tool(effect="read", capability="logs:read")
+    def search_logs(query: str) -> dict:
+        \"\"\"Search the service logs.\"\"\"
+        return {"hits": []}
+
+    agent = fp.create_agent(model, [search_logs], checkpointer=InMemorySaver())
+    out = agent.invoke(fp.start("why is checkout slow?"), config, context=fp.RunContext(...))
+    print(fp.run_output(out).report)
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fencepost import graph, policy
+from fencepost.adapters import ScriptedDecisionModel, create_agent, tool
+from fencepost.adapters.chat_model import ChatModelDecider
+from fencepost.adapters.checkpointers import aopen_checkpointer, open_checkpointer
+from fencepost.adapters.child_run import ChildRunResult, child_run_tool
+from fencepost.adapters.tools import tool_spec
 from fencepost.graph import (
     CancelRefused,
     CommandRefused,
@@ -63,7 +71,7 @@ from fencepost.policy import (
     ToolRegistry,
     ToolSpec,
 )
-from fencepost.policy.tool_decorator import tool
+from fencepost.policy.receipt import current_receipts
 
 if TYPE_CHECKING:
     from fencepost.adapters.ledger_postgres import PostgresLedger
@@ -75,6 +83,8 @@ __all__ = [
     "AgentState",
     "AnswerPayload",
     "CancelRefused",
+    "ChatModelDecider",
+    "ChildRunResult",
     "CommandRefused",
     "Completed",
     "Deadline",
@@ -94,6 +104,7 @@ __all__ = [
     "ReceiptStatus",
     "RunContext",
     "RuntimeBudget",
+    "ScriptedDecisionModel",
     "SqliteLedger",
     "StepManifest",
     "StopKind",
@@ -106,14 +117,18 @@ __all__ = [
     "ToolRegistry",
     "ToolSpec",
     "acancel",
+    "aopen_checkpointer",
     "build_agent_graph",
     "cancel",
+    "child_run_tool",
+    "create_agent",
+    "current_receipts",
     "fencepost_serializer",
-    "graph",
-    "policy",
+    "open_checkpointer",
     "run_output",
     "start",
     "tool",
+    "tool_spec",
 ]
 
 # The durable ledgers load their database drivers on first use, so `import fencepost` works
@@ -128,8 +143,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
+    from fencepost.adapters import load_lazily
 
-    value = getattr(importlib.import_module(module), name)
+    value = load_lazily("fp", name, module)
     globals()[name] = value
     return value

@@ -32,12 +32,11 @@ from fencepost.adapters.checkpointers import CheckpointerError, mask_url
 from fencepost.policy import (
     AgentState,
     BudgetAxis,
-    ReportedCall,
     StepManifest,
-    StopKind,
     StopReport,
     error_code_for,
 )
+from fencepost.policy.stop_report import call_rows, note_rows, report_head
 from fencepost.reporting import (
     DEFAULT_DB,
     PAUSED,
@@ -453,61 +452,33 @@ def _manifest_outcome(m: StepManifest) -> Text:
     return outcome
 
 
-_REPORT_ROWS = (
-    ("completed", "completed"),
-    ("failed", "failed"),
-    ("uncertain", "uncertain"),
-    ("pending", "pending"),
-    ("never_started", "never started"),
-)
-
-
-def _reported_code(call: ReportedCall) -> Text:
-    parts: list[tuple[str, str]] = []
-    if call.error_code is not None:
-        parts.append((call.error_code.value, "red"))
-    if call.verdict is not None:
-        allowed = call.verdict.value == "allowed"
-        parts.append(("allowed, not run", "dim") if allowed else (call.verdict.value, "yellow"))
-    if call.effect is not None and call.effect.value != "read":
-        parts.append((call.effect.value, "yellow"))
-    code = Text()
+def _spans(parts: tuple[tuple[str, str], ...], sep: str = " ") -> Text:
+    text = Text()
     for n, (part, style) in enumerate(parts):
-        code.append((" · " if n else "") + part, style=style)
-    return code
+        text.append((sep if n else "") + part, style=style)
+    return text
 
 
 def _print_stop_report(console: Console, report: StopReport) -> None:
-    """The report of the contract's table: ids, tools and codes only, every call in one row."""
-    head = Text.assemble(("stop report ", "bold"), (report.kind.value, _style(report.reason.value)))
-    for part in dict.fromkeys((report.reason.value, report.error_code or "")):
-        if part and part != report.kind.value:
-            head.append(f" · {part}", style="dim")
+    """The report of the contract's table: ids, tools and codes only, every call in one row.
+    The rows are the report's own (``str(report)`` prints the same), the calls in a table."""
+    head = Text.assemble(*report_head(report))
+    if report.reason is not None:
+        start = len("stop report ")
+        head.stylize(_style(report.reason.value), start, start + len(report.kind.value))
     console.print(head)
-    calls = _table()
-    calls.add_column("", no_wrap=True)
-    calls.add_column("call id", no_wrap=True)
-    calls.add_column("tool", min_width=12, overflow="fold")
-    calls.add_column("code", min_width=12, overflow="fold")
-    for field, label in _REPORT_ROWS:
-        for n, call in enumerate(getattr(report, field)):
-            calls.add_row(
-                label if n == 0 else "", call.call_id, call.tool_name, _reported_code(call)
-            )
-    if report.calls:
+    rows = call_rows(report)
+    if rows:
+        calls = _table()
+        calls.add_column("", no_wrap=True)
+        calls.add_column("call id", no_wrap=True)
+        calls.add_column("tool", min_width=12, overflow="fold")
+        calls.add_column("code", min_width=12, overflow="fold")
+        for label, ((call_id, _), (tool, _), *code) in rows:
+            calls.add_row(label, call_id, tool, _spans(tuple(code)))
         console.print(calls)
-    lines: list[tuple[str, str]] = []
-    if report.cited:
-        lines.append(("cited", ", ".join(report.cited)))
-    if report.waiting_for is not None:
-        wait = report.waiting_for
-        needed = "approval of " + (", ".join(wait.calls) or "a call")
-        lines.append(("waiting for", needed if wait.condition == "approval" else "clarification"))
-    if report.kind is not StopKind.COMPLETED or report.effects_made:
-        # Stopping is not undoing: say which effects are out there, or that none are.
-        lines.append(("effects made", ", ".join(report.effects_made) or "none"))
-    for label, value in lines:
-        console.print(Text.assemble((f"  {label} ", "dim"), value))
+    for label, parts in note_rows(report):
+        console.print(Text.assemble((f"  {label} ", "dim"), _spans(parts)))
 
 
 @app.command()

@@ -156,7 +156,7 @@ _ORDERS: dict[str, tuple[str, date, str]] = {
 # --- tools: each signature is its strict args model (see fencepost.policy.tool_decorator) ------
 
 
-@tool(effect=Effect.READ, capability="logs:read", timeout=5)
+@tool(effect=Effect.READ, capability="logs:read", timeout_seconds=5)
 def search_logs(
     service: Service, window_minutes: Annotated[int, Field(ge=5, le=240)] = 60
 ) -> dict[str, Any]:
@@ -165,7 +165,7 @@ def search_logs(
     return {"service": service, "window_minutes": window_minutes, **found}
 
 
-@tool(effect=Effect.READ, capability="deploys:read", timeout=5)
+@tool(effect=Effect.READ, capability="deploys:read", timeout_seconds=5)
 def deployment_history(
     service: Service, limit: Annotated[int, Field(ge=1, le=20)] = 3
 ) -> dict[str, Any]:
@@ -173,7 +173,7 @@ def deployment_history(
     return {"service": service, "deploys": _DEPLOYS[service][:limit]}
 
 
-@tool(effect=Effect.READ, capability="db:read", timeout=5)
+@tool(effect=Effect.READ, capability="db:read", timeout_seconds=5)
 def db_metrics(
     cluster: Literal["orders-db", "checkout-db"],
     metric: Literal["connections", "p99_latency_ms", "cpu"] = "connections",
@@ -211,7 +211,7 @@ def _order_belongs_to_tenant(args: Any, state: AgentState) -> None:
 @tool(
     effect=Effect.READ,
     capability="orders:read",
-    timeout=5,
+    timeout_seconds=5,
     semantic_validator=_order_belongs_to_tenant,
 )
 def refund_eligibility(order_id: Annotated[str, Field(pattern=r"^[A-Z]-\d{4}$")]) -> dict[str, Any]:
@@ -224,14 +224,14 @@ class UpstreamUnavailable(ConnectionError):
     """What the status-page client raises; its message holds text that must never leak."""
 
 
-@tool(effect=Effect.READ, capability="status:read", timeout=5)
+@tool(effect=Effect.READ, capability="status:read", timeout_seconds=5)
 def status_page(provider: Literal["cardpay", "shipfast"]) -> dict[str, Any]:
     """A third-party provider's status page."""
     # The message carries a fake secret on purpose: the run must only ever show "unavailable".
     raise UpstreamUnavailable(f"GET https://status.{provider}.example 503 token=sk-demo-7f3a")
 
 
-@tool(effect=Effect.WRITE, capability="ops:write", timeout=10)
+@tool(effect=Effect.WRITE, capability="ops:write", timeout_seconds=10)
 def restart_service(
     service: Service,
     reason: Annotated[str, Field(min_length=3, max_length=200)],
@@ -241,7 +241,7 @@ def restart_service(
     return {"service": service, "restarted": True, "idempotency_key": ctx.idempotency_key}
 
 
-@tool(effect=Effect.READ, capability="pii:export", timeout=10)
+@tool(effect=Effect.READ, capability="pii:export", timeout_seconds=10)
 def export_customer_emails(segment: Literal["all", "churned", "vip"]) -> dict[str, Any]:
     """Export customer e-mail addresses for a segment."""
     return {"segment": segment, "rows": 0}  # never runs in the demo: the principal lacks pii:export
@@ -273,7 +273,7 @@ UPLOADED_DOCUMENT = {
 """Where the upload's document ends up: what the status check returns as completion evidence."""
 
 
-@tool(effect=Effect.WRITE, capability="docs:write", timeout=10)
+@tool(effect=Effect.WRITE, capability="docs:write", timeout_seconds=10)
 def upload_postmortem(
     incident: Annotated[str, Field(min_length=3, max_length=120)], ctx: ToolContext
 ) -> Accepted:
@@ -300,7 +300,7 @@ upload_status = ToolSpec(
     description="The status of an upload task; once done, the document id, version and path.",
     args_model=UploadStatusArgs,
     effect=Effect.READ,
-    required_capability="docs:write",
+    capability="docs:write",
     timeout_seconds=5,
     execute=_upload_status,
     # Only a result carrying all three completes the upload's receipt ("done!" alone does not).

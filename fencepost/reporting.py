@@ -207,14 +207,16 @@ class RunRecord:
 
     @property
     def report(self) -> StopReport | None:
-        """The run's stop report (``None`` while it has not ended).
+        """The run's stop report: for a run paused for approval, the one naming the calls it
+        waits for (as :func:`~fencepost.graph.run_output` derives it); ``None`` while a run is
+        still going.
 
-        The one its terminal node wrote; a run ended by a fencepost without stop reports gets one
-        derived from its receipts now (the batch it stopped in is gone, so a proposal left
-        without a receipt is not listed).
+        For an ended run, the one its terminal node wrote; a run ended by a fencepost without
+        stop reports gets one derived from its receipts now (the batch it stopped in is gone, so
+        a proposal left without a receipt is not listed).
         """
         if self.state.termination is None:
-            return None
+            return self.state.report
         return self.state.report or stop_report(self.state)
 
     @property

@@ -109,7 +109,7 @@ class SuiteTools:
                     description=function.description[:4000] or function.name,
                     args_model=strict_args_model(suite_name, function),
                     effect=effect_of(function.name),
-                    required_capability=capability(suite_name, function.name),
+                    capability=capability(suite_name, function.name),
                     timeout_seconds=TOOL_TIMEOUT_SECONDS,
                     execute=self._body(function.name),
                 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fencepost.adapters.agent import create_agent, tool
 from fencepost.adapters.scripted import ScriptedDecisionModel
 
 if TYPE_CHECKING:
@@ -22,13 +23,16 @@ __all__ = [
     "ChatModelDecider",
     "CheckpointerError",
     "ChildRunResult",
+    "MissingExtra",
     "PostgresLedger",
     "ScriptedDecisionModel",
     "SqliteLedger",
     "ToolAdapterError",
     "aopen_checkpointer",
     "child_run_tool",
+    "create_agent",
     "open_checkpointer",
+    "tool",
     "tool_spec",
 ]
 
@@ -47,12 +51,41 @@ _LAZY = {
 }
 
 
+# The extra that brings each optional driver, for the one sentence a missing one gets.
+_EXTRAS = {
+    "psycopg": "postgres",
+    "psycopg_pool": "postgres",
+    "langgraph.checkpoint.postgres": "postgres",
+}
+
+
+class MissingExtra(ImportError):
+    """A name was used whose optional dependencies are not installed; the message names the
+    extra that brings them and the command that installs it."""
+
+
+def load_lazily(owner: str, name: str, module: str) -> Any:
+    """``name`` from ``module``, imported now; a driver that is not installed raises
+    :class:`MissingExtra` naming the extra instead of a bare ``ModuleNotFoundError``."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        extra = _EXTRAS.get(exc.name or "") or _EXTRAS.get(missing)
+        if extra is None:
+            raise
+        raise MissingExtra(
+            f"{owner}.{name} needs the {extra!r} extra ({missing} is not installed): run "
+            f"pip install -e '.[{extra}]' in your fencepost clone"
+        ) from None
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
+    value = load_lazily("fencepost.adapters", name, module)
     globals()[name] = value
     return value

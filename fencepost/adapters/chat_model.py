@@ -350,7 +350,7 @@ def _ending_tools(final_tool: str, abstain_tool: str) -> list[dict[str, Any]]:
     ]
 
 
-def _run_config() -> RunnableConfig | None:
+def _run_config(*, stream_tokens: bool = True) -> RunnableConfig | None:
     """The config of the graph node this decision is made in, if any.
 
     LangGraph sets it (with the node's callbacks) while the node runs, and the loop's model call
@@ -358,10 +358,20 @@ def _run_config() -> RunnableConfig | None:
     the shared model loop from a sync ``invoke`` (a task there starts in a copy of the caller's
     context). Handing it to the chat model puts the model's run under the node, which is how
     ``stream_mode="messages"`` streams its tokens and tracing nests it.
+
+    Without ``stream_tokens`` the call is tagged ``nostream`` (LangGraph's public
+    ``TAG_NOSTREAM``): it still runs, and is traced, under the node, but LangGraph's messages
+    stream leaves it out, so that stream carries only the conversation the policy kept (see
+    :mod:`fencepost.graph.messages`): each turn once, under the id it keeps in the state.
     """
     from langchain_core.runnables.config import var_child_runnable_config
 
-    return var_child_runnable_config.get()
+    config = var_child_runnable_config.get()
+    if stream_tokens or config is None:
+        return config
+    from langgraph.constants import TAG_NOSTREAM
+
+    return {**config, "tags": [*config.get("tags", ()), TAG_NOSTREAM]}
 
 
 def run_notice(input: DecisionInput) -> str | None:
@@ -435,6 +445,10 @@ class ChatModelDecider:
     that tool output is data) is always appended. ``tool_choice`` and ``bind_kwargs`` are
     passed to ``bind_tools``.
 
+    ``stream_tokens=True`` adds the chat model's raw token stream to ``stream_mode="messages"``
+    (by default that stream carries each turn once, as the state keeps it: see
+    :attr:`stream_tokens`).
+
     ``history_window`` bounds what a long run shows the model: the latest ``history_window``
     tool turns (an assistant turn and its results, never split), after one data notice saying
     how many earlier results are left out. Every step then costs the same however long the
@@ -459,6 +473,7 @@ class ChatModelDecider:
         history_size: int = 4096,
         token_estimate: int | None = None,
         history_window: int | None = None,
+        stream_tokens: bool = False,
     ) -> None:
         from langchain_core.language_models import BaseChatModel
 
@@ -471,6 +486,11 @@ class ChatModelDecider:
         if final_tool == abstain_tool:
             raise DeciderConfigError("final_tool and abstain_tool must differ")
         self.history_window = history_window
+        self.stream_tokens = stream_tokens
+        """Whether ``stream_mode="messages"`` also carries the chat model's raw token stream.
+        Off by default: that stream is the provider's reply as it arrives, under the provider's
+        message id, with fencepost's internal ``final_answer`` / ``abstain`` calls in it, so a
+        chat UI would show each turn twice (the raw reply, then the turn the policy kept)."""
         self.chat_model = chat_model
         self.final_tool = final_tool
         self.abstain_tool = abstain_tool
@@ -718,7 +738,9 @@ class ChatModelDecider:
     async def decide(self, input: DecisionInput, *, deadline: Deadline) -> Decided:
         """Ask the chat model once and parse its reply (the loop bounds the call by ``deadline``)."""
         runnable = self._runnable(input.catalog)
-        reply = await runnable.ainvoke(self.messages(input), config=_run_config())
+        reply = await runnable.ainvoke(
+            self.messages(input), config=_run_config(stream_tokens=self.stream_tokens)
+        )
         decided = parse_ai_message(
             reply,
             run_id=input.run_id,

@@ -428,7 +428,7 @@ def child_run_tool(
         description=description,
         args_model=args_model,
         effect=effect,
-        required_capability=capability,
+        capability=capability,
         timeout_seconds=timeout_seconds,
         execute=execute,
         idempotent=True,

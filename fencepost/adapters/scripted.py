@@ -18,6 +18,9 @@ from fencepost.policy import (
     parse_decision,
 )
 
+SCRIPT_EXHAUSTED = "script_exhausted"
+"""The code a run ends with when its script has no entry left for the step it is asked."""
+
 Decision = ToolProposal | FinalProposal | AbstainProposal | ToolBatch | Decided
 ScriptEntry = Decision | dict[str, Any] | str | Callable[[DecisionInput], Any]
 
@@ -27,7 +30,10 @@ class ScriptedDecisionModel:
 
     Entries are decisions, raw dicts/JSON (parsed as untrusted model output, so a malformed one
     becomes an invalid proposal), exceptions to raise, or callables of the :class:`DecisionInput`
-    returning any of those. Past the end of the script it abstains.
+    returning any of those. Asked past the end of the script, it has no decision to give: the
+    run ends ``invalid_proposal`` with code ``script_exhausted`` (its stop report says to add
+    entries or end the script with a FinalProposal or an AbstainProposal), never as if the model
+    had abstained.
 
     Example::
 
@@ -52,7 +58,7 @@ class ScriptedDecisionModel:
             self.calls += 1
             self.inputs.append(input)
         if index >= len(self._script):
-            return AbstainProposal(reason="insufficient_evidence")
+            raise InvalidProposal(SCRIPT_EXHAUSTED)
         entry: Any = self._script[index]
         if callable(entry) and not isinstance(entry, BaseException):
             entry = entry(input)

@@ -40,7 +40,7 @@ from fencepost.policy import (
     error_code_for,
 )
 from fencepost.policy.decision import TOOL_NAME_PATTERN
-from fencepost.policy.tool import ProgressPredicate, SemanticValidator
+from fencepost.policy.tool import DEFAULT_TOOL_TIMEOUT_SECONDS, ProgressPredicate, SemanticValidator
 
 if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
@@ -669,7 +669,7 @@ def tool_spec(
     *,
     effect: Effect | str,
     capability: str,
-    timeout_seconds: float,
+    timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS,
     name: str | None = None,
     description: str | None = None,
     inject: Mapping[str, Injector] | None = None,
@@ -681,7 +681,9 @@ def tool_spec(
     """Wrap a LangChain ``BaseTool`` (``@tool``, ``StructuredTool``, an MCP tool) as a ToolSpec.
 
     ``effect`` and ``capability`` are required: nothing about a tool says it is safe to run, so
-    the caller must say what it does and who may call it.
+    the caller must say what it does and who may call it. The keywords are the ones
+    ``@fp.tool`` and ``ToolSpec`` take; ``fp.tool(langchain_tool, effect=..., capability=...)``
+    is the same call.
 
     - The args model is the tool's model-facing schema made strict: extra keys are refused at
       every level, ``"5"`` is not an int. Schema keywords it cannot enforce raise
@@ -782,7 +784,7 @@ def tool_spec(
         description=text,
         args_model=args_model,
         effect=effect,
-        required_capability=capability,
+        capability=capability,
         timeout_seconds=timeout_seconds,
         # A bound ``async def`` for a tool with an async body (the loop awaits it), a plain method
         # for a sync-only tool (the runtime runs it on its own bounded thread pool).

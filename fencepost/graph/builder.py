@@ -64,32 +64,45 @@ def build_agent_graph(
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
-    ``approval="terminate"`` ends a run that proposes a write/external effect as
-    ``approval_required``; ``"interrupt"`` pauses it with LangGraph ``interrupt()`` until the
-    caller resumes with ``Command(resume="approve" | "reject" | {"decision": "edit", ...})``.
-    A retryable model error (``rate_limited``, ``unavailable``, ``timeout``) is asked again at the
-    next step, up to ``model_retries`` times in a row; each retry spends its own step. A batch
-    of tool calls runs concurrently, at most ``max_concurrent_tools`` at a time.
-    With a ``verdict_key`` (a secret the caller keeps, the same for every process serving the
-    graph), the gate seals each allowed verdict and the executor runs only sealed ones: a verdict
-    written into the checkpoint by anyone else (``update_state``, a database edit) never runs.
-    The ``ledger`` is the one budget truth: every step, tool call, token, cost unit and mutation
-    is reserved there before it is spent, and the state's ``budget`` is its view. Without one, the
-    graph keeps an :class:`InMemoryLedger` of its own. A durable ledger (SQLite/Postgres) makes
-    reservations survive a crash mid-call, so a retried step or call is charged once per attempt
-    and an uncertain write is reported as such, and it enforces limits across processes.
-    ``tokens_per_step`` is what a model step reserves before the model is called (settled to the
-    usage it reports); by default the model's own ``token_estimate`` (``ChatModelDecider`` takes
-    it from the chat model's ``max_tokens``), else nothing beyond one token when the run limits
-    tokens.
-    ``answer_margin`` keeps the run's last steps (default one) for answering: exploration stops
-    before them, the model is told it is its final turn (``DecisionInput.final_turn``) and tool
-    calls are refused; the run ends ``step_budget_exhausted`` only if it does not answer or
-    abstain then. ``0`` turns the margin off.
-    ``repair_attempts`` (default 0) gives an unknown tool or a schema or semantic violation back
-    to the model as data (``DecisionInput.repair``: call ids, field paths, rule names — never
-    values) up to that many times, each try spending a step; then the run ends
-    ``invalid_proposal``.
+    :func:`fencepost.create_agent` builds and compiles it in one call; this is for compiling your
+    own (your ``compile`` arguments, or the loop as a node of a graph of yours). Every setting is
+    keyword-only, and :class:`GraphConfigError` names the one given a bad value.
+
+    - ``approval`` (``"terminate"``): ``"terminate"`` ends a run that proposes a write/external
+      effect as ``approval_required``; ``"interrupt"`` pauses it with LangGraph ``interrupt()``
+      until the caller resumes with ``Command(resume="approve" | "reject" | {"decision":
+      "edit", ...})``.
+    - ``repeat_limit`` (2): how many times the same call (same tool, same canonical arguments,
+      same result) may repeat before the run ends ``no_progress``, before anything is spent.
+    - ``ledger`` (an :class:`InMemoryLedger` of the graph's own): the one budget truth. Every
+      step, tool call, token, cost unit and mutation is reserved there before it is spent, and
+      the state's ``budget`` is its view. A durable ledger (SQLite/Postgres) makes reservations
+      survive a crash mid-call, so a retried step or call is charged once per attempt and an
+      uncertain write is reported as such, and it enforces limits across processes.
+    - ``clock`` (the system clock): what deadlines are measured with (a fake one in tests).
+    - ``model_timeout_seconds`` (120): the longest one model step may take, inside the run's
+      deadline; a step past it is a ``timeout`` model error.
+    - ``require_citations`` (``False``): refuse a final answer that cites no evidence (a
+      chat model's plain-text reply, or ``citations=[]``); by default it completes.
+    - ``model_retries`` (2): a retryable model error (``rate_limited``, ``unavailable``,
+      ``timeout``) is asked again at the next step, up to this many times in a row; each retry
+      spends its own step.
+    - ``max_concurrent_tools`` (8): a batch of tool calls runs concurrently, at most this many at
+      a time.
+    - ``verdict_key`` (``None``): a secret the caller keeps, the same for every process serving
+      the graph. The gate seals each allowed verdict with it and the executor runs only sealed
+      ones: a verdict written into the checkpoint by anyone else (``update_state``, a database
+      edit) never runs.
+    - ``tokens_per_step`` (the model's own ``token_estimate``; ``ChatModelDecider`` takes it from
+      the chat model's ``max_tokens``): what a model step reserves before the model is called,
+      settled to the usage it reports; else nothing beyond one token when the run limits tokens.
+    - ``answer_margin`` (1): the run's last steps kept for answering. Exploration stops before
+      them, the model is told it is its final turn (``DecisionInput.final_turn``) and tool calls
+      are refused; the run ends ``step_budget_exhausted`` (code ``answer_margin``) only if it
+      does not answer or abstain then. ``0`` turns the margin off.
+    - ``repair_attempts`` (0): give an unknown tool or a schema or semantic violation back to the
+      model as data (``DecisionInput.repair``: call ids, field paths, rule names — never values)
+      up to that many times, each try spending a step; then the run ends ``invalid_proposal``.
 
     Example::
 
@@ -97,7 +110,7 @@ def build_agent_graph(
             checkpointer=InMemorySaver()
         )
         out = graph.invoke(start("question", budget), config, context=RunContext(...))
-        AgentState.model_validate(out).termination
+        run_output(out).termination
     """
     if not isinstance(registry, ToolRegistry):
         raise GraphConfigError("registry", "must be a ToolRegistry")

@@ -19,7 +19,7 @@ class ContextInput(TypedDict, total=False):
 
     A ``RunContext`` passed to ``invoke`` reaches the nodes as it is; a mapping (what LangGraph
     Server passes) is validated by the nodes with :func:`coerce_context`, and a missing or
-    malformed one ends the run ``policy_denied`` (``missing_context``). Declared as a
+    malformed one ends the run ``policy_denied`` (``missing_context``, ``invalid_context``). Declared as a
     ``TypedDict`` rather than the pydantic model because LangGraph builds a pydantic context
     schema from a mapping before any node runs, so a bad context would fail the whole run with
     a ``ValidationError`` instead of ending it with a reason. The published JSON schema is still

@@ -181,7 +181,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         return changed(before, await unsealed_end(io, state) or state)
     if state.stop is not None:
         return changed(before, state)
-    refused = check_run(state, ctx, clock=cfg.clock)
+    refused = check_run(state, ctx, clock=cfg.clock, given=runtime.context)
     if refused is None and out_of_supersteps(values.get("remaining_steps"), NEEDS_DECIDE):
         refused = stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
     if refused is not None or ctx is None:

@@ -210,7 +210,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     cfg = io.cfg
     ctx = coerce_context(runtime.context)
     before = require_state(values)
-    refused = check_run(before, ctx, clock=cfg.clock)
+    refused = check_run(before, ctx, clock=cfg.clock, given=runtime.context)
     if refused is None and out_of_supersteps(values.get("remaining_steps"), NEEDS_EXECUTE):
         refused = stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
     if refused is not None or ctx is None:

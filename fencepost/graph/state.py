@@ -32,6 +32,7 @@ from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.budget import DEFAULT_STEPS, DEFAULT_TOOL_CALLS, default_budget
 from fencepost.policy.run_check import stop
+from fencepost.policy.stop_report import paused_report
 
 
 def new_run_id() -> str:
@@ -295,6 +296,17 @@ def require_state(values: dict[str, Any]) -> AgentState:
 
 
 def run_output(values: dict[str, Any]) -> AgentState:
-    """A run's output (``invoke``'s return value or ``get_state(...).values``) as AgentState."""
+    """A run's output (``invoke``'s return value or ``get_state(...).values``) as AgentState.
+
+    Its ``report`` is the stop report of a run that ended, or, for a run paused for approval,
+    the one policy derives from the calls that wait (``waiting_for`` names them); ``None`` while
+    a run is still going."""
     data = {name: values[name] for name in _FIELDS if name in values}
-    return AgentState.model_validate(data, strict=False)
+    state = AgentState.model_validate(data, strict=False)
+    if state.report is None and not state.is_terminal:
+        # Derived on the way out, never written: the checkpoint keeps the terminal node's
+        # report as the only stored one.
+        paused = paused_report(state)
+        if paused is not None:
+            state = state.model_copy(update={"report": paused})
+    return state

@@ -32,7 +32,13 @@ from fencepost.policy.run_check import NEEDS_DECIDE, out_of_supersteps, stop
 # Stops that mean the account on this thread is not (or not provably) this caller's: closing
 # it would let a stranger end somebody else's run.
 _NOT_THIS_RUNS_ACCOUNT = frozenset(
-    {"account_conflict", "unknown_budget_account", "context_mismatch", "missing_context"}
+    {
+        "account_conflict",
+        "unknown_budget_account",
+        "context_mismatch",
+        "missing_context",
+        "invalid_context",
+    }
 )
 
 

@@ -87,3 +87,21 @@ def assemble(cls: type[M], values: dict[str, Any], given: AbstractSet[str] | Non
 @cache
 def _every_field(cls: type[BaseModel]) -> set[str]:
     return _shared(cls.model_fields.keys())
+
+
+def no_unknown_keys(cls: type[BaseModel], data: Any) -> Any:
+    """``data`` as given, or a ``ValueError`` naming a key ``cls`` has no field for and the
+    field it was probably meant to be (a typo otherwise shows as the required field it left
+    missing first, and the unknown key last). For a ``mode="before"`` validator."""
+    if not isinstance(data, Mapping):
+        return data
+    fields = cls.model_fields
+    unknown = [k for k in data if isinstance(k, str) and k not in fields]
+    if not unknown:
+        return data
+    import difflib
+
+    key = unknown[0]
+    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+    fix = f"did you mean {close[0]}=?" if close else f"its fields are {', '.join(fields)}"
+    raise ValueError(f"{cls.__name__} has no field {key[:64]!r}: {fix}")

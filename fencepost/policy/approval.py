@@ -114,7 +114,7 @@ def approval_request(
                 "tool_name": name,
                 "arguments": entry.proposal.arguments,
                 "effect": spec.effect.value if spec else None,
-                "capability": spec.required_capability if spec else None,
+                "capability": spec.capability if spec else None,
             }
         )
     payload: dict[str, Any] = {"fencepost": "approval", "calls": calls}

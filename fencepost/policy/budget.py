@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, Strict, model_validator
 
-from fencepost.policy._model import Frozen
+from fencepost.policy._model import Frozen, no_unknown_keys
 from fencepost.policy.phase import TerminationReason
 
 
@@ -99,6 +99,11 @@ class RuntimeBudget(Frozen):
     """Cost units spent so far."""
     mutations_used: NonNegativeInt = 0
     """Write or external effects reserved so far."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        return no_unknown_keys(cls, data)
 
     @model_validator(mode="after")
     def _no_nan_cost(self) -> RuntimeBudget:

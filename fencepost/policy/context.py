@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fencepost.policy._model import Frozen
+from pydantic import model_validator
+
+from fencepost.policy._model import Frozen, no_unknown_keys
 from fencepost.policy.deadline import Deadline
 from fencepost.policy.tool import Principal
 
@@ -33,6 +35,11 @@ class RunContext(Frozen):
     """The run's deadline (an absolute UTC instant); ``None`` means only per-stage timeouts."""
     budget_account: str | None = None
     """A ledger account the run's own account is opened under (its spending is capped by it)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        return no_unknown_keys(cls, data)
 
     def owner(self) -> dict[str, str]:
         """The identity a run's ledger account records: tenant and principal."""

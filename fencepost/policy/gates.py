@@ -232,7 +232,7 @@ def authorize(spec: ToolSpec, principal: Principal, *, approved: bool = False) -
 
     Raises :class:`ToolPolicyDenied` or :class:`HumanApprovalRequired`.
     """
-    if not principal.has(spec.required_capability):
+    if not principal.has(spec.capability):
         raise ToolPolicyDenied(spec.name)
     if spec.effect is not Effect.READ and not approved:
         raise HumanApprovalRequired(spec.name)

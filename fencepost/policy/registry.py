@@ -19,6 +19,27 @@ class UnknownTool(Exception):
         self.name = name[:64]
 
 
+def not_a_tool_spec(entry: object) -> str:
+    """What to do with a registry entry that is not a :class:`ToolSpec`, in one sentence: a
+    LangChain tool (recognised by its shape: this layer does not import LangChain) needs its
+    effect and capability given, a plain function needs the decorator."""
+    kind = type(entry).__name__
+    name = getattr(entry, "name", None) or getattr(entry, "__name__", None)
+    label = name if isinstance(name, str) and name.isidentifier() else "tool"
+    if hasattr(entry, "tool_call_schema") and callable(getattr(entry, "invoke", None)):
+        return (
+            f"registry entry {label!r} is a LangChain tool ({kind}): wrap it as "
+            f"tool_spec({label}, effect='read', capability='...') (or fp.tool(...) with the "
+            "same keywords) to say what it does and who may call it"
+        )
+    if callable(entry):
+        return (
+            f"registry entry {label!r} is a plain {kind}: decorate it with "
+            "@fp.tool(effect='read', capability='...') to make it a ToolSpec"
+        )
+    return f"registry entries must be ToolSpec (from @fp.tool, ToolSpec or tool_spec), got {kind}"
+
+
 class ToolRegistry:
     """An immutable allowlist of :class:`ToolSpec`, looked up by exact name.
 
@@ -35,7 +56,7 @@ class ToolRegistry:
         by_name: dict[str, ToolSpec] = {}
         for spec in specs:
             if not isinstance(spec, ToolSpec):
-                raise TypeError(f"registry entries must be ToolSpec, got {type(spec).__name__}")
+                raise TypeError(not_a_tool_spec(spec))
             if spec.name in by_name:
                 raise ValueError(f"duplicate tool name {spec.name!r}")
             by_name[spec.name] = spec

@@ -33,10 +33,23 @@ def out_of_supersteps(remaining: object, needs: int) -> bool:
     return isinstance(remaining, int) and remaining < needs
 
 
-def check_run(state: AgentState, ctx: RunContext | None, *, clock: Clock) -> StopRequest | None:
-    """Trusted context present and naming the identity in state, and time left."""
+def context_refusal(given: object) -> str:
+    """The code for a run given no usable context: ``missing_context`` when none was given (or
+    an empty one), ``invalid_context`` when something was given that is not a RunContext nor
+    its JSON form (``context="acme"``, a principal given as a string): the fix differs."""
+    if given is None or (isinstance(given, Mapping) and not given):
+        return "missing_context"
+    return "invalid_context"
+
+
+def check_run(
+    state: AgentState, ctx: RunContext | None, *, clock: Clock, given: object = None
+) -> StopRequest | None:
+    """Trusted context present and naming the identity in state, and time left. ``given`` is
+    the context as the caller passed it (``ctx`` is ``None`` when it was not usable), so a
+    refusal says whether it was missing or malformed."""
     if ctx is None:
-        return stop(TerminationReason.POLICY_DENIED, "missing_context")
+        return stop(TerminationReason.POLICY_DENIED, context_refusal(given))
     if state.tenant_id != ctx.tenant_id or state.principal_id != ctx.principal.id:
         return stop(TerminationReason.POLICY_DENIED, "context_mismatch")
     if ctx.deadline is not None and ctx.deadline.expired(clock=clock):

@@ -30,6 +30,7 @@ from fencepost.policy._model import Frozen
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
+from fencepost.policy.hints import what_to_do
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import Receipt, ReceiptStatus, current_receipts
@@ -66,6 +67,7 @@ _KIND: dict[TerminationReason, StopKind] = {
 
 SAFE_CODE = r"^[a-z][a-z0-9_]{0,63}$"
 _SAFE_CODE = re.compile(SAFE_CODE)
+_MARKUP_TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
 _UNREADABLE_CODE = "unreadable_code"
 _WAITS_FOR_APPROVAL = frozenset({VerdictCode.APPROVAL_REQUIRED, VerdictCode.APPROVAL_PENDING})
 # Effects that may have reached the world: done, possibly done, or accepted and under way.
@@ -109,7 +111,17 @@ class Waiting(Frozen):
     condition: Literal["approval", "clarification"]
     """What is needed: a human's approval of calls, or the user's clarification of the question."""
     calls: Annotated[tuple[str, ...], Strict(False)] = ()
-    """With ``approval``: the call ids waiting for it (see ``never_started`` for their tools)."""
+    """With ``approval``: the call ids waiting for it (their tools are in ``never_started``)."""
+
+    def __str__(self) -> str:
+        return self.described({})
+
+    def described(self, tools: dict[str, str]) -> str:
+        """The condition in words, each call followed by its tool where ``tools`` names it."""
+        if self.condition == "clarification":
+            return "clarification"
+        named = [f"{c} ({tools[c]})" if c in tools else c for c in self.calls]
+        return "approval of " + (", ".join(named) or "a call")
 
 
 class StopReport(Frozen):
@@ -122,8 +134,8 @@ class StopReport(Frozen):
 
     kind: Annotated[StopKind, Strict(False)]
     """The row of the contract's table: completed, failed, waiting for input, or stopped."""
-    reason: Annotated[TerminationReason, Strict(False)]
-    """The run's terminal reason."""
+    reason: Annotated[TerminationReason | None, Strict(False)] = None
+    """The run's terminal reason; ``None`` for a run paused for approval (it has not ended)."""
     error_code: Annotated[str | None, Field(pattern=SAFE_CODE)] = None
     """The stop's safe code: the cause of a failure, the limit that stopped a run."""
     completed: Annotated[tuple[ReportedCall, ...], Strict(False)] = ()
@@ -143,6 +155,23 @@ class StopReport(Frozen):
     """Call ids of completed calls the final answer cites as its evidence."""
     waiting_for: Waiting | None = None
     """With ``waiting_for_input``: the one condition needed."""
+
+    @property
+    def what_to_do(self) -> str | None:
+        """One sentence on what to do about this stop's code, where it has one."""
+        return what_to_do(self.error_code)
+
+    def rows(self) -> list[Row]:
+        """The report as ``fencepost show`` lays it out: ``(label, ((text, style), ...))`` rows,
+        the label empty under the first call of a list. Styles are rich style names."""
+        return report_rows(self)
+
+    def __str__(self) -> str:
+        return render_text(self)
+
+    def __rich__(self) -> str:
+        """The same text for rich (``rich.print(report)``), in rich markup (values escaped)."""
+        return render_text(self, markup=True)
 
     @property
     def calls(self) -> int:
@@ -235,3 +264,136 @@ def _waiting(reason: TerminationReason, left: Sequence[BatchEntry]) -> Waiting |
         )
         return Waiting(condition="approval", calls=calls)
     return None
+
+
+_ROWS = (
+    ("completed", "completed"),
+    ("failed", "failed"),
+    ("uncertain", "uncertain"),
+    ("pending", "pending"),
+    ("never_started", "never started"),
+)
+
+
+def _call_code(call: ReportedCall) -> tuple[tuple[str, str], ...]:
+    parts: list[tuple[str, str]] = []
+    if call.error_code is not None:
+        parts.append((call.error_code.value, "red"))
+    if call.verdict is not None:
+        allowed = call.verdict is VerdictCode.ALLOWED
+        parts.append(("allowed, not run", "dim") if allowed else (call.verdict.value, "yellow"))
+    if call.effect is not None and call.effect is not Effect.READ:
+        parts.append((call.effect.value, "yellow"))
+    return tuple(parts)
+
+
+def report_head(report: StopReport) -> tuple[tuple[str, str], ...]:
+    """The first line: the kind, then the reason and the code where they say more."""
+    reason = report.reason.value if report.reason is not None else "not ended"
+    head: list[tuple[str, str]] = [("stop report ", "bold"), (report.kind.value, "")]
+    head += [(f" · {p}", "dim") for p in dict.fromkeys((reason, report.error_code or "")) if p]
+    return tuple(h for h in head if h[0] != f" · {report.kind.value}")
+
+
+Row = tuple[str, tuple[tuple[str, str], ...]]
+"""A row of the report as text: its label and its ``(text, rich style)`` parts."""
+
+
+def call_rows(report: StopReport) -> list[Row]:
+    """Each call in its list (the label only on a list's first call): id, tool, codes."""
+    rows: list[Row] = []
+    for field, label in _ROWS:
+        for n, call in enumerate(getattr(report, field)):
+            code = _call_code(call)
+            joined = tuple(
+                (("· " if i else "") + text, style) for i, (text, style) in enumerate(code)
+            )
+            rows.append(("" if n else label, ((call.call_id, ""), (call.tool_name, ""), *joined)))
+    return rows
+
+
+def note_rows(report: StopReport) -> list[Row]:
+    """What was cited, what the run waits for, the effects made and what to do."""
+    rows: list[Row] = []
+    if report.cited:
+        rows.append(("cited", ((", ".join(report.cited), ""),)))
+    if report.waiting_for is not None:
+        tools = {c.call_id: c.tool_name for c in report.never_started}
+        rows.append(("waiting for", ((report.waiting_for.described(tools), "cyan"),)))
+    if report.kind is not StopKind.COMPLETED or report.effects_made:
+        # Stopping is not undoing: say which effects are out there, or that none are.
+        rows.append(("effects made", ((", ".join(report.effects_made) or "none", ""),)))
+    hint = report.what_to_do
+    if hint:
+        rows.append(("what to do", ((hint, ""),)))
+    return rows
+
+
+def report_rows(report: StopReport) -> list[Row]:
+    """The rows ``fencepost show`` prints under the head: the calls, then the notes."""
+    return call_rows(report) + note_rows(report)
+
+
+def render_text(report: StopReport, *, markup: bool = False) -> str:
+    """The report as lines of text (with ``markup``: rich markup for the same text)."""
+
+    def span(text: str, style: str) -> str:
+        if not markup:
+            return text
+        # A call id is the model's (8 to 128 characters of anything): escaped as rich.markup
+        # escapes, so no id can read as a tag.
+        text = _MARKUP_TAG.sub(r"\1\1\\\2", text)
+        return f"[{style}]{text}[/{style}]" if style else text
+
+    head = "".join(span(t, s) for t, s in report_head(report))
+    rows = report_rows(report)
+    width = max((len(label) for label, _ in rows), default=0)
+    lines = [head]
+    for label, parts in rows:
+        cells = "  ".join(span(t, s) for t, s in parts)
+        lines.append(f"  {span(label.ljust(width), 'dim')}  {cells}".rstrip())
+    return "\n".join(lines)
+
+
+class Paused(Protocol):
+    """What a paused run's report is derived from: its receipts and its current batch."""
+
+    @property
+    def receipts(self) -> Sequence[Receipt]: ...
+    @property
+    def batch(self) -> Sequence[BatchEntry]: ...
+
+
+def paused_report(state: Paused) -> StopReport | None:
+    """The report of a run paused for a human's approval: ``waiting_for_input``, with no reason
+    (it has not ended), ``waiting_for`` naming the calls that wait, those calls
+    never started, and what the run's receipts already say. ``None`` when nothing in the batch
+    waits for approval (a run still going, or one that has ended)."""
+    waiting = [e for e in state.batch if e.verdict.code in _WAITS_FOR_APPROVAL]
+    if not waiting:
+        return None
+    unique = list(dict((e.call_id, e) for e in waiting).values())
+    buckets: dict[ReceiptStatus, list[ReportedCall]] = {status: [] for status in ReceiptStatus}
+    effects: list[str] = []
+    for receipt in current_receipts(state.receipts):
+        buckets[receipt.status].append(_reported(receipt))
+        if receipt.effect not in (None, Effect.READ) and receipt.status in _EFFECT_STARTED:
+            effects.append(receipt.call_id)
+    receipted = {c.call_id for calls in buckets.values() for c in calls}
+    left = [e for e in state.batch if e.call_id not in receipted]
+    never_started = buckets[ReceiptStatus.DENIED] + [
+        ReportedCall(call_id=e.call_id, tool_name=e.proposal.tool_name, verdict=e.verdict.code)
+        for e in dict((e.call_id, e) for e in left).values()
+    ]
+    return StopReport(
+        kind=StopKind.WAITING_FOR_INPUT,
+        reason=None,
+        error_code=_safe(VerdictCode.APPROVAL_PENDING.value),
+        completed=tuple(buckets[ReceiptStatus.COMPLETED]),
+        failed=tuple(buckets[ReceiptStatus.FAILED]),
+        never_started=tuple(never_started),
+        uncertain=tuple(buckets[ReceiptStatus.UNCERTAIN]),
+        pending=tuple(buckets[ReceiptStatus.ACCEPTED_PENDING]),
+        effects_made=tuple(effects),
+        waiting_for=Waiting(condition="approval", calls=tuple(e.call_id for e in unique)),
+    )

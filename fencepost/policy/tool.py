@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin
 
@@ -45,6 +46,10 @@ class ToolContext(Frozen):
     """The calling run's ledger account: a child run started by this tool is opened under it."""
 
 
+DEFAULT_TOOL_TIMEOUT_SECONDS = 30.0
+"""A tool's own time limit when its definition names none (``@tool``, ``ToolSpec``,
+``tool_spec`` alike): a call still running then is abandoned and observed as ``timeout``."""
+
 ToolExecute = Callable[[Any, ToolContext], Any]
 """``execute(args, context)``: sync or async; returns a JSON-able value or a pydantic model."""
 SemanticValidator = Callable[[Any, "AgentState"], None]
@@ -76,8 +81,10 @@ def _forbids_extra(model: type[BaseModel], seen: set[type[BaseModel]]) -> str | 
 class ToolSpec(BaseModel):
     """A registered tool: its schema, effect, required capability, timeout and body.
 
-    ``effect`` and ``required_capability`` come from trusted configuration; the description only
-    helps the model choose. The args model must forbid extra keys all the way down.
+    ``effect`` and ``capability`` come from trusted configuration; the description only helps
+    the model choose. The args model must forbid extra keys all the way down. The keyword names
+    are the ones ``@fp.tool`` and ``tool_spec`` take (``required_capability=`` is the old name of
+    ``capability=``: accepted, with a DeprecationWarning, until the next release).
 
     Example::
 
@@ -87,7 +94,7 @@ class ToolSpec(BaseModel):
 
         search = ToolSpec(
             name="search_logs", description="Search logs.", args_model=SearchArgs,
-            effect=Effect.READ, required_capability="logs:read", timeout_seconds=5,
+            effect=Effect.READ, capability="logs:read", timeout_seconds=5,
             execute=lambda args, ctx: {"hits": []},
         )
     """
@@ -100,8 +107,12 @@ class ToolSpec(BaseModel):
     description: Annotated[str, Field(min_length=1, max_length=4_000)]
     args_model: type[BaseModel]
     effect: Annotated[Effect, Strict(False)]
-    required_capability: Annotated[str, Field(min_length=1)]
-    timeout_seconds: Annotated[float, Field(gt=0, le=86_400), Strict(False)]
+    capability: Annotated[str, Field(min_length=1)]
+    """What a principal must hold to call the tool (trusted configuration)."""
+    timeout_seconds: Annotated[float, Field(gt=0, le=86_400), Strict(False)] = (
+        DEFAULT_TOOL_TIMEOUT_SECONDS
+    )
+    """The tool's own time limit per call, in seconds (the run's deadline may cut it shorter)."""
     execute: ToolExecute
     semantic_validator: SemanticValidator | None = None
     progress_predicate: ProgressPredicate | None = None
@@ -116,6 +127,16 @@ class ToolSpec(BaseModel):
     idempotent: bool | None = None
     """Whether a retry after a crash is safe. Defaults to True for reads, False otherwise; a write
     that honours ``ToolContext.idempotency_key`` may set True."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keywords(data, "ToolSpec", {"required_capability": "capability"})
+
+    @property
+    def required_capability(self) -> str:
+        """The old name of :attr:`capability` (still readable; give ``capability=``)."""
+        return self.capability
 
     @field_validator("args_model")
     @classmethod
@@ -135,3 +156,24 @@ class ToolSpec(BaseModel):
     def retry_safe(self) -> bool:
         """Whether a call of this tool may be run again after an attempt of unknown outcome."""
         return bool(self.idempotent)
+
+
+def renamed_keywords(data: Any, where: str, renamed: dict[str, str]) -> Any:
+    """``data`` with each old keyword name in ``renamed`` moved to its new one, warning that the
+    old one is deprecated. Both names given at once is an error naming them."""
+    if not isinstance(data, dict) or not any(old in data for old in renamed):
+        return data
+    data = dict(data)
+    for old, new in renamed.items():
+        if old not in data:
+            continue
+        if new in data:
+            raise ValueError(f"{where}: give {new}= only ({old}= is its old name)")
+        warnings.warn(
+            f"{where}({old}=...) is deprecated: write {new}= (the same name @fp.tool, ToolSpec "
+            "and tool_spec take)",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        data[new] = data.pop(old)
+    return data

@@ -3,11 +3,12 @@
 The function's signature becomes the strict args model (no coercion, no extra keys; a parameter
 without a default is required), its docstring the description the model reads, and its name the
 tool name. What the tool does to the world and who may call it are not in the function: ``effect``
-and ``capability`` are required keyword arguments, with no default that allows.
+and ``capability`` are required keyword arguments, with no default that allows (a bare
+``@tool`` says so in one sentence).
 
 Example::
 
-    @tool(effect=Effect.READ, capability="logs:read", timeout=5)
+    @tool(effect=Effect.READ, capability="logs:read", timeout_seconds=5)
     def search_logs(service: str, window_minutes: int = 60) -> dict[str, Any]:
         \"\"\"Search a service's error logs for the last N minutes.\"\"\"
         return {"hits": []}
@@ -23,8 +24,9 @@ from __future__ import annotations
 import inspect
 import re
 import typing
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 from pydantic import BaseModel, ConfigDict, PydanticUserError, create_model
 from pydantic.fields import FieldInfo
@@ -32,6 +34,7 @@ from pydantic_core import PydanticUndefined
 
 from fencepost.policy.decision import TOOL_NAME_PATTERN
 from fencepost.policy.tool import (
+    DEFAULT_TOOL_TIMEOUT_SECONDS,
     Effect,
     ProgressPredicate,
     SemanticValidator,
@@ -53,29 +56,81 @@ _ARG_LINE = re.compile(r"^(?P<name>\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(?P<text>.*)
 _NAME = re.compile(TOOL_NAME_PATTERN)
 
 
+@overload
 def tool(
+    fn: Callable[..., Any],
+    /,
     *,
-    effect: Effect | str,
-    capability: str,
-    timeout: float,
+    effect: Effect | str | None = None,
+    capability: str | None = None,
+    timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS,
     name: str | None = None,
     description: str | None = None,
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
-) -> Callable[[Callable[..., Any]], ToolSpec]:
+    timeout: float | None = None,
+) -> ToolSpec: ...
+
+
+@overload
+def tool(
+    fn: None = None,
+    /,
+    *,
+    effect: Effect | str | None = None,
+    capability: str | None = None,
+    timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool | None = None,
+    semantic_validator: SemanticValidator | None = None,
+    progress_predicate: ProgressPredicate | None = None,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], ToolSpec]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    effect: Effect | str | None = None,
+    capability: str | None = None,
+    timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool | None = None,
+    semantic_validator: SemanticValidator | None = None,
+    progress_predicate: ProgressPredicate | None = None,
+    timeout: float | None = None,
+) -> Any:
     """Turn the decorated function into a :class:`ToolSpec`.
 
     ``effect`` (read / write / external) and ``capability`` (what the principal must hold) are
-    trusted configuration and required; ``timeout`` is the tool's own time limit in seconds.
-    ``name`` defaults to the function's name and ``description`` to its docstring (without its
-    ``Args:`` section, whose lines become the fields' descriptions). ``idempotent``,
-    ``semantic_validator`` and ``progress_predicate`` are passed to the ToolSpec as they are.
+    trusted configuration and required: nothing about a function says it is safe to run, so a
+    bare ``@tool`` says in one sentence what it lacks. ``timeout_seconds`` is the tool's own time
+    limit (default :data:`DEFAULT_TOOL_TIMEOUT_SECONDS`; ``timeout=`` is its old name, accepted
+    with a DeprecationWarning until the next release). ``name`` defaults to the function's name
+    and ``description`` to its docstring (without its ``Args:`` section, whose lines become the
+    fields' descriptions). ``idempotent``, ``semantic_validator`` and ``progress_predicate`` are
+    passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
+    ``tool_spec`` take.
 
-    Raises :class:`ToolDefinitionError` for a parameter without a type annotation (or annotated
-    ``Any``), ``*args`` / ``**kwargs``, a parameter starting with ``_``, a missing description
-    or an invalid name.
+    ``tool(fn, effect=..., capability=...)`` (the function given directly) is the same as the
+    decorator.
+
+    Raises :class:`ToolDefinitionError` for a missing ``effect`` or ``capability``, a parameter
+    without a type annotation (or annotated ``Any``), ``*args`` / ``**kwargs``, a parameter
+    starting with ``_``, a missing description or an invalid name.
     """
+    if timeout is not None:
+        warnings.warn(
+            "@tool(timeout=...) is deprecated: write timeout_seconds= (the same name ToolSpec "
+            "and tool_spec take)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        timeout_seconds = timeout
 
     def decorate(fn: Callable[..., Any]) -> ToolSpec:
         tool_name = name if name is not None else getattr(fn, "__name__", "")
@@ -83,6 +138,9 @@ def tool(
             raise ToolDefinitionError(
                 f"tool name {tool_name!r} must match {TOOL_NAME_PATTERN}: pass name=..."
             )
+        if effect is None or capability is None:
+            missing = [k for k, v in (("effect", effect), ("capability", capability)) if v is None]
+            raise ToolDefinitionError(_missing(tool_name, missing))
         summary, arg_docs = _split_docstring(inspect.getdoc(fn) or "")
         text = description if description is not None else summary
         if not text.strip():
@@ -103,15 +161,30 @@ def tool(
             description=text.strip(),
             args_model=args_model,
             effect=tool_effect,
-            required_capability=capability,
-            timeout_seconds=timeout,
+            capability=capability,
+            timeout_seconds=timeout_seconds,
             execute=_executor(fn, call),
             semantic_validator=semantic_validator,
             progress_predicate=progress_predicate,
             idempotent=idempotent,
         )
 
+    if fn is not None:
+        return decorate(fn)
     return decorate
+
+
+def _missing(tool_name: str, missing: list[str]) -> str:
+    """The one sentence a tool definition without an effect or a capability gets."""
+    what = {
+        "effect": "effect= (what it does: read, write or external)",
+        "capability": "capability= (what a caller must hold to run it)",
+    }
+    needs = " and ".join(what[m] for m in missing)
+    return (
+        f"tool {tool_name!r} needs {needs}, which have no safe default: write "
+        "@fp.tool(effect='read', capability='logs:read') with your own values"
+    )
 
 
 class _Call(typing.NamedTuple):

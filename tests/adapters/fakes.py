@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -13,8 +14,8 @@ from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.tools import ToolException, tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -64,6 +65,41 @@ class FakeToolChatModel(GenericFakeChatModel):
             raise item
         message = AIMessage(content=item) if isinstance(item, str) else item
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        """As a provider streams: the text word by word, then the tool calls in the last chunk
+        (``GenericFakeChatModel`` streams text only)."""
+        message = self._generate(messages, stop, run_manager, **kwargs).generations[0].message
+        assert isinstance(message, AIMessage)
+        text = message.content if isinstance(message.content, str) else ""
+        words = [w for w in re.split(r"(\s)", text) if w]
+        calls = [
+            {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i}
+            for i, c in enumerate(message.tool_calls)
+        ]
+        for n, word in enumerate(words):
+            chunk = AIMessageChunk(content=word, id=message.id)
+            if run_manager is not None:
+                run_manager.on_llm_new_token(word, chunk=ChatGenerationChunk(message=chunk))
+            yield ChatGenerationChunk(message=chunk)
+            if n == len(words) - 1 and not calls:
+                return
+        last = AIMessageChunk(
+            content="",
+            id=message.id,
+            tool_call_chunks=calls,  # type: ignore[arg-type]
+            response_metadata=message.response_metadata,
+            chunk_position="last",
+        )
+        if run_manager is not None:
+            run_manager.on_llm_new_token("", chunk=ChatGenerationChunk(message=last))
+        yield ChatGenerationChunk(message=last)
 
 
 def fake_model(steps: Sequence[Step]) -> FakeToolChatModel:

@@ -32,7 +32,7 @@ REGISTRY = fp.ToolRegistry(
             description="Look up the caller's account note.",
             args_model=NoArgs,
             effect=fp.Effect.READ,
-            required_capability="accounts:read",
+            capability="accounts:read",
             timeout_seconds=5,
             execute=lookup,
         )

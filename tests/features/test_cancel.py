@@ -52,7 +52,7 @@ def test_a_cancel_while_a_write_runs_keeps_the_writes_id_and_result() -> None:
         description="Send a message.",
         args_model=MessageArgs,
         effect=fp.Effect.WRITE,
-        required_capability="notes:write",
+        capability="notes:write",
         timeout_seconds=30,
         execute=send_message,
     )

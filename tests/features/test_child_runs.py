@@ -47,7 +47,7 @@ def _citing_the_child(inp: fp.DecisionInput) -> fp.FinalProposal:
 async def test_a_child_whose_parents_task_is_cancelled_ends_cancelled_on_its_own_thread() -> None:
     entered = asyncio.Event()
 
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=30)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=30)
     async def slow(ctx: fp.ToolContext) -> dict[str, bool]:
         """Takes a long time."""
         entered.set()
@@ -97,7 +97,7 @@ async def test_a_child_graph_on_a_sync_only_sqlite_saver_runs_its_child(
 ) -> None:
     searched: list[str] = []
 
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
     def search(ctx: fp.ToolContext) -> dict[str, str]:
         """Search."""
         searched.append(ctx.run_id)
@@ -199,7 +199,7 @@ def test_a_child_that_completed_is_still_a_completed_call_its_parent_can_cite() 
 # -- no child starts that its parent cannot fund -------------------------------------------------
 
 
-@tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+@tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
 def lookup(ctx: fp.ToolContext) -> dict[str, str]:
     """Look something up."""
     return {"hit": "log-1"}

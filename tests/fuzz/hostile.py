@@ -368,7 +368,7 @@ def _spec(
         description=f"The fuzz suite's {name}.",
         args_model=args,
         effect=effect,
-        required_capability=capability,
+        capability=capability,
         timeout_seconds=timeout,
         execute=_sync_body(name) if sync else _async_body(name),
         **extra,

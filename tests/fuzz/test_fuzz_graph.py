@@ -557,7 +557,7 @@ def check_ran(store: Store, graph: Any, plan: Plan, out: Outcome, state: fp.Agen
     receipts = {r.call_id: r for r in state.receipts}
     for r in ran:
         spec = BY_NAME[r.tool]
-        assert spec.required_capability in CAPABILITIES, f"{r.tool} ran without its capability"
+        assert spec.capability in CAPABILITIES, f"{r.tool} ran without its capability"
         if plan.build.approval == "terminate":
             assert spec.effect is fp.Effect.READ, f"{r.tool} ({spec.effect}) ran in terminate mode"
         proposal = proposals.get(r.call_id)

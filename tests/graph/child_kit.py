@@ -54,7 +54,7 @@ class Greedy:
         return fp.ToolBatch(calls=tuple(calls))
 
 
-@tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+@tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
 def ping(n: int, ctx: fp.ToolContext) -> dict[str, int]:
     """Ping."""
     return {"n": n}

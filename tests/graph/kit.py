@@ -51,7 +51,7 @@ DOCS = frozenset({"docs:write"})
 def make_registry(
     calls: Calls, *, search_result: Any = None, extra: Sequence[fp.ToolSpec] = ()
 ) -> fp.ToolRegistry:
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
     def search_logs(query: str, ctx: fp.ToolContext) -> Any:
         """Search logs."""
         calls.log.append(("search_logs", {"query": query}, ctx.idempotency_key))
@@ -61,26 +61,26 @@ def make_registry(
             else {"hits": [{"id": "log-1", "line": "500 /checkout"}]}
         )
 
-    @tool(effect=fp.Effect.WRITE, capability="notes:write", timeout=5)
+    @tool(effect=fp.Effect.WRITE, capability="notes:write", timeout_seconds=5)
     async def write_note(note: str, ctx: fp.ToolContext) -> Any:
         """Write a note."""
         calls.log.append(("write_note", {"note": note}, ctx.idempotency_key))
         return {"written": True}
 
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
     def explode(ctx: fp.ToolContext) -> Any:
         """Always fails."""
         calls.log.append(("explode", {}, ctx.idempotency_key))
         raise RuntimeError("password=hunter2 at db.internal:5432")
 
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=0.3)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=0.3)
     async def hang(ctx: fp.ToolContext) -> Any:
         """Never returns."""
         calls.log.append(("hang", {}, ctx.idempotency_key))
         await asyncio.sleep(30)
         return {"never": True}
 
-    @tool(effect=fp.Effect.READ, capability="admin", timeout=5)
+    @tool(effect=fp.Effect.READ, capability="admin", timeout_seconds=5)
     def admin_reset(ctx: fp.ToolContext) -> Any:
         """Admin only."""
         calls.log.append(("admin_reset", {}, ctx.idempotency_key))
@@ -233,7 +233,7 @@ def upload_registry(status_result: Any = UPLOAD_DONE) -> fp.ToolRegistry:
                 description="Upload a document; returns a task id.",
                 args_model=UploadArgs,
                 effect=fp.Effect.READ,
-                required_capability="docs:write",
+                capability="docs:write",
                 timeout_seconds=5,
                 execute=upload,
             ),
@@ -242,7 +242,7 @@ def upload_registry(status_result: Any = UPLOAD_DONE) -> fp.ToolRegistry:
                 description="The status of an upload task.",
                 args_model=StatusArgs,
                 effect=fp.Effect.READ,
-                required_capability="docs:write",
+                capability="docs:write",
                 timeout_seconds=5,
                 execute=status,
                 completion_evidence=("document_id", "version", "access_path"),

@@ -21,7 +21,7 @@ def _slow_first_registry(calls: Calls) -> fp.ToolRegistry:
         description="l",
         args_model=SearchArgs,
         effect="read",
-        required_capability="logs:read",
+        capability="logs:read",
         timeout_seconds=5,
         execute=lookup,
     )
@@ -115,7 +115,7 @@ def test_accepted_work_is_receipted_as_pending_not_completed() -> None:
         description="u",
         args_model=SearchArgs,
         effect="read",
-        required_capability="logs:read",
+        capability="logs:read",
         timeout_seconds=5,
         execute=upload,
     )
@@ -146,7 +146,7 @@ def test_a_batch_never_has_more_calls_in_flight_than_the_concurrency_limit() -> 
         description="s",
         args_model=SearchArgs,
         effect="read",
-        required_capability="logs:read",
+        capability="logs:read",
         timeout_seconds=5,
         execute=slow,
     )

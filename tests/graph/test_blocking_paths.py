@@ -71,7 +71,7 @@ def _tool(
         description=f"The {name} tool.",
         args_model=NoArgs,
         effect=effect,
-        required_capability="logs:read" if effect is fp.Effect.READ else "notes:write",
+        capability="logs:read" if effect is fp.Effect.READ else "notes:write",
         timeout_seconds=timeout,
         execute=execute,
     )

@@ -48,7 +48,8 @@ def test_a_step_of_a_run_no_caller_wrote_to_reads_its_state_without_validating()
     values = h.graph.get_state(config).values
     state = load_state(values)
     assert type(state) is fp.AgentState
-    assert state == fp.run_output(values)
+    # run_output adds the paused run's report (derived on the way out, never stored).
+    assert state == fp.run_output(values).model_copy(update={"report": None})
 
 
 def test_an_exact_check_takes_no_lookalike_of_its_type() -> None:

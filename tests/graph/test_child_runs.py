@@ -98,7 +98,7 @@ def test_three_children_asking_60_never_spend_more_than_the_parents_100(
 def test_a_child_whose_first_step_the_parent_cannot_fund_ends_naming_the_steps_axis() -> None:
     search_calls: list[str] = []
 
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
     def search(ctx: fp.ToolContext) -> dict[str, str]:
         """Search."""
         search_calls.append(ctx.run_id)
@@ -139,7 +139,7 @@ async def test_a_childs_reason_and_receipts_come_back_as_typed_data_not_its_text
 ) -> None:
     seen: list[fp.ToolContext] = []
 
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
     def search(ctx: fp.ToolContext) -> dict[str, str]:
         """Search."""
         seen.append(ctx)
@@ -194,7 +194,7 @@ async def test_a_childs_reason_and_receipts_come_back_as_typed_data_not_its_text
 def test_a_child_holds_only_the_capabilities_its_tool_grants() -> None:
     ran: list[str] = []
 
-    @tool(effect=fp.Effect.READ, capability="admin", timeout=5)
+    @tool(effect=fp.Effect.READ, capability="admin", timeout_seconds=5)
     def reset(ctx: fp.ToolContext) -> dict[str, bool]:
         """Admin only."""
         ran.append(ctx.run_id)
@@ -224,7 +224,7 @@ def test_a_child_holds_only_the_capabilities_its_tool_grants() -> None:
 def test_cancelling_the_parent_blocks_new_children_and_keeps_the_started_ones_id() -> None:
     entered, release = threading.Event(), threading.Event()
 
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=10)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=10)
     def slow(ctx: fp.ToolContext) -> dict[str, bool]:
         """Waits to be released."""
         entered.set()
@@ -294,7 +294,7 @@ async def test_a_retried_child_call_resumes_the_same_child_instead_of_starting_a
     entered, gate = asyncio.Event(), asyncio.Event()
     attempts: list[int] = []
 
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=10)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=10)
     async def fetch(ctx: fp.ToolContext) -> dict[str, bool]:
         """Fetch; the first attempt hangs until the gate opens."""
         attempts.append(ctx.attempt)

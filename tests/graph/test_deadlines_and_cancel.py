@@ -68,7 +68,7 @@ def test_a_tool_gets_the_smaller_of_run_deadline_and_its_timeout() -> None:
         description="p",
         args_model=SearchArgs,
         effect="read",
-        required_capability="logs:read",
+        capability="logs:read",
         timeout_seconds=2,
         execute=probe,
     )

@@ -33,7 +33,7 @@ def _registry(log: list[str], *, fail: set[str] = frozenset()) -> fp.ToolRegistr
             description=f"{name} lookup",
             args_model=Args,
             effect=fp.Effect.READ,
-            required_capability="orders:read",
+            capability="orders:read",
             timeout_seconds=5,
             execute=body,
         )

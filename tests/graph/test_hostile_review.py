@@ -296,7 +296,7 @@ def _spec(name: str, execute: Any, **extra: Any) -> fp.ToolSpec:
         description="A hostile tool.",
         args_model=NoteArgs,
         effect=fp.Effect.READ,
-        required_capability="logs:read",
+        capability="logs:read",
         timeout_seconds=extra.pop("timeout_seconds", 2),
         execute=execute,
         **extra,

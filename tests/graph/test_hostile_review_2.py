@@ -182,7 +182,7 @@ def test_rewriting_evidence_in_state_never_spends_past_the_tool_budget() -> None
 def test_a_tool_whose_results_alternate_is_still_bounded_by_the_step_budget() -> None:
     flip = iter(range(100))
 
-    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
     def flapping(ctx: fp.ToolContext) -> Any:
         """A status that flaps between two values."""
         return {"state": "up" if next(flip) % 2 else "down"}
@@ -319,7 +319,7 @@ class EnumArgs(BaseModel):
 
 
 def test_repair_notes_never_echo_a_value_key_or_tool_name_the_model_sent() -> None:
-    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
     def tagged(level: int, tags: dict[str, int], ctx: fp.ToolContext) -> Any:
         """Tagged lookup."""
         return {"ok": True}

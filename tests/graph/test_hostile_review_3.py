@@ -328,7 +328,7 @@ def _never(inp: fp.DecisionInput) -> Any:
 def test_a_hung_model_and_a_system_exit_tool_end_typed_and_a_new_graph_reads_every_field_back(
     tmp_path: Path,
 ) -> None:
-    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
     def exits(ctx: fp.ToolContext) -> Any:
         """Ends the process, if it can."""
         raise SystemExit(3)

@@ -327,7 +327,7 @@ def test_tool_context_identity_comes_from_the_run_context_even_when_args_name_on
         description="Look up a customer record.",
         args_model=CustomerArgs,
         effect=fp.Effect.READ,
-        required_capability="logs:read",
+        capability="logs:read",
         timeout_seconds=5,
         execute=lookup,
     )

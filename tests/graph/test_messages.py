@@ -242,7 +242,7 @@ def _tokens(chunks: list[Any]) -> list[str]:
 
 
 def test_stream_mode_messages_streams_the_models_tokens_from_a_sync_graph() -> None:
-    decider, _ = fakes.decider(["checkout broke after deploy 42"])
+    decider, _ = fakes.decider(["checkout broke after deploy 42"], stream_tokens=True)
     graph = fakes.build(fakes.langchain_registry(fakes.ToolLog()), decider)
     chunks = list(
         graph.stream(fp.start("why?"), fakes.thread(), context=fakes.ctx(), stream_mode="messages")
@@ -254,7 +254,7 @@ def test_stream_mode_messages_streams_the_models_tokens_from_a_sync_graph() -> N
 
 
 async def test_stream_mode_messages_streams_the_models_tokens_from_an_async_graph() -> None:
-    decider, _ = fakes.decider(["checkout broke after deploy 42"])
+    decider, _ = fakes.decider(["checkout broke after deploy 42"], stream_tokens=True)
     graph = fakes.build(fakes.langchain_registry(fakes.ToolLog()), decider)
     chunks = [
         c

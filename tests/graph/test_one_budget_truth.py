@@ -49,7 +49,7 @@ AXES = tuple(BudgetAxis)
 def priced_tool(calls: Calls, cost: float) -> fp.ToolSpec:
     """A read tool that declares a cost per call."""
 
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout=5)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
     def priced_lookup(key: str, ctx: fp.ToolContext) -> Any:
         """Look something up, at a price."""
         calls.log.append(("priced_lookup", {"key": key}, ctx.idempotency_key))

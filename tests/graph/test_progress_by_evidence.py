@@ -45,7 +45,7 @@ def _status_tool(
                 description="The status of a durable task.",
                 args_model=TaskArgs,
                 effect=fp.Effect.READ,
-                required_capability="tasks:read",
+                capability="tasks:read",
                 timeout_seconds=5,
                 execute=status,
                 poll_interval_seconds=poll,

@@ -154,6 +154,8 @@ _DEFAULTS_IN_THE_FORMAT: dict[str, dict[str, Any]] = {
     },
     "StopRequest": {"answer": None, "error_code": None},
     "StopReport": {
+        # Optional for a paused run's report, which run_output derives and nothing stores.
+        "reason": None,
         "error_code": None,
         "completed": (),
         "failed": (),

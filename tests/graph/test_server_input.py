@@ -83,7 +83,8 @@ def test_a_missing_or_malformed_context_ends_policy_denied_not_a_validation_erro
     h = harness([call(n=1), final_citing_last])
     state = fp.run_output(h.graph.invoke({"request": {"question": "why?"}}, thread(), context=ctx))
     assert state.termination is fp.TerminationReason.POLICY_DENIED
-    assert state.last_error_code == "missing_context"
+    # None or an empty one is missing; anything else given is malformed, and says so.
+    assert state.last_error_code == ("missing_context" if ctx == {} else "invalid_context")
     assert h.calls.log == []
 
 
@@ -93,5 +94,5 @@ async def test_a_malformed_context_ends_policy_denied_on_the_async_graph_too(ctx
     out = await h.graph.ainvoke({"messages": [("user", "why?")]}, thread(), context=ctx)
     state = fp.run_output(out)
     assert state.termination is fp.TerminationReason.POLICY_DENIED
-    assert state.last_error_code == "missing_context"
+    assert state.last_error_code == ("missing_context" if ctx == {} else "invalid_context")
     assert h.calls.log == []

@@ -89,7 +89,7 @@ def test_two_simultaneous_approvals_run_a_paused_write_once() -> None:
         description="Save a note, slowly.",
         args_model=NoteArgs,
         effect=fp.Effect.WRITE,
-        required_capability="notes:write",
+        capability="notes:write",
         timeout_seconds=10,
         execute=slow_write,
     )
@@ -135,7 +135,7 @@ def test_cancel_from_another_thread_stops_the_run_before_its_next_tool() -> None
         description="Search logs, slowly.",
         args_model=QueryArgs,
         effect=fp.Effect.READ,
-        required_capability="logs:read",
+        capability="logs:read",
         timeout_seconds=5,
         execute=slow_search,
     )

@@ -114,7 +114,7 @@ def test_a_failure_reports_its_cause_code(
     assert [c.verdict for c in denied.never_started] == [VerdictCode.CAPABILITY_DENIED]
 
 
-def test_a_paused_run_has_no_report_until_it_ends() -> None:
+def test_a_paused_run_reports_what_it_waits_for_until_it_ends() -> None:
     write = fp.ToolProposal(
         call_id="call-0001",
         tool_name="restart_service",
@@ -125,8 +125,13 @@ def test_a_paused_run_has_no_report_until_it_ends() -> None:
     )
     config = {"configurable": {"thread_id": "t-paused"}}
     graph.invoke(fp.start("restart", run_id="run-paused"), config, context=demo_context())
-    state = fp.run_output(graph.get_state(config).values)
-    assert state.termination is None and state.report is None
+    values = graph.get_state(config).values
+    assert values.get("report") is None  # derived by run_output, never stored
+    state = fp.run_output(values)
+    assert state.termination is None and state.report is not None
+    assert state.report.kind is StopKind.WAITING_FOR_INPUT and state.report.reason is None
+    assert state.report.waiting_for is not None
+    assert state.report.waiting_for.calls == ("call-0001",)
     ended = fp.cancel(graph, config, context=demo_context())
     assert ended is not None and ended.report is not None
     assert ended.report.kind is StopKind.STOPPED

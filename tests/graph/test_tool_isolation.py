@@ -49,7 +49,7 @@ def spec(execute: Callable[..., Any]) -> ToolSpec:
         description="A probe.",
         args_model=NoArgs,
         effect=Effect.READ,
-        required_capability="probe",
+        capability="probe",
         timeout_seconds=60,
         execute=execute,
     )

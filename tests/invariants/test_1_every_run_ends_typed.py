@@ -89,7 +89,7 @@ def _registry(args_model: type[BaseModel], ran: list[str]) -> fp.ToolRegistry:
                 description="Look a service up.",
                 args_model=args_model,
                 effect=fp.Effect.READ,
-                required_capability="logs:read",
+                capability="logs:read",
                 timeout_seconds=5,
                 execute=lookup,
             )
@@ -206,7 +206,7 @@ async def test_a_tool_body_that_breaks_out_is_contained_and_its_run_ends_typed(
         description="A hostile tool.",
         args_model=NoArgs,
         effect=fp.Effect.READ,
-        required_capability="logs:read",
+        capability="logs:read",
         timeout_seconds=0.1,
         execute=_hostile(kind, behaviour, gate),
     )

@@ -48,7 +48,7 @@ def _write(kind: str, effect: fp.Effect, started: list[str], gate: threading.Eve
         description="Restart a service.",
         args_model=NoArgs,
         effect=effect,
-        required_capability="notes:write",
+        capability="notes:write",
         timeout_seconds=0.05,
         execute=sync_body if kind == "sync" else async_body,
     )

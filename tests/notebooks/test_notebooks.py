@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -47,3 +48,26 @@ def test_notebook_is_committed_with_the_outputs_of_a_clean_run(name: str) -> Non
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
     # Something to read on a code host: most cells show an output.
     assert sum(bool(c.outputs) for c in code) >= len(code) // 2
+
+
+def _cell(name: str, marker: str) -> nbformat.NotebookNode:
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    [cell] = [c for c in nb.cells if c.cell_type == "code" and marker in c.source]
+    return cell
+
+
+def test_the_quickstart_draws_the_graph_as_an_image_any_reader_sees() -> None:
+    cell = _cell("01_quickstart.ipynb", "draw_mermaid")
+    shown = [o for o in cell.outputs if o.output_type in ("display_data", "execute_result")]
+    assert any("image/png" in o.data for o in shown)
+    plain = " ".join(str(o.data.get("text/plain", "")) for o in shown)
+    assert "IPython.core.display" not in plain
+
+
+def test_the_budget_plot_shows_every_run_as_its_own_dot() -> None:
+    cell = _cell("03_evaluating_runs.ipynb", "Budget use per run")
+    [printed] = [o.text for o in cell.outputs if o.output_type == "stream"]
+    match = re.search(r"(\d+) runs; distinct dots: (\d+) \(steps\), (\d+) \(tool calls\)", printed)
+    assert match is not None
+    runs, steps, tool_calls = map(int, match.groups())
+    assert runs > 1 and runs == steps == tool_calls

@@ -56,7 +56,7 @@ def make_spec(
         description=f"The {name} tool.",
         args_model=args_model,
         effect=effect,
-        required_capability=capability,
+        capability=capability,
         timeout_seconds=5,
         execute=execute,
         **extra,

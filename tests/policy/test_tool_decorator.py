@@ -29,7 +29,7 @@ CTX = ToolContext(
 )
 
 
-@tool(effect=Effect.READ, capability="logs:read", timeout=5)
+@tool(effect=Effect.READ, capability="logs:read", timeout_seconds=5)
 def search_logs(
     service: Literal["checkout", "payments"],
     ctx: ToolContext,
@@ -45,7 +45,9 @@ def search_logs(
     return {"service": service, "window": window_minutes, "key": ctx.idempotency_key}
 
 
-@tool(effect="write", capability="notes:write", timeout=2, name="write_note", idempotent=True)
+@tool(
+    effect="write", capability="notes:write", timeout_seconds=2, name="write_note", idempotent=True
+)
 async def save(note: str, tags: list[str] | None = None) -> dict[str, Any]:
     """Save a note."""
     await asyncio.sleep(0)
@@ -109,7 +111,7 @@ def test_an_async_function_stays_async_and_gets_its_arguments() -> None:
 
 
 def test_positional_only_parameters_and_a_positional_context_are_passed_in_order() -> None:
-    @tool(effect="read", capability="c:read", timeout=1)
+    @tool(effect="read", capability="c:read", timeout_seconds=1)
     def lookup(ctx: ToolContext, key: str, /, *, limit: int = 3) -> tuple[str, str, int]:
         """Look a key up."""
         return ctx.run_id, key, limit
@@ -119,20 +121,20 @@ def test_positional_only_parameters_and_a_positional_context_are_passed_in_order
 
 
 def test_effect_and_capability_have_no_default() -> None:
-    params = inspect.signature(tool).parameters
-    for required in ("effect", "capability", "timeout"):
-        assert params[required].default is inspect.Parameter.empty
-        assert params[required].kind is inspect.Parameter.KEYWORD_ONLY
-    with pytest.raises(TypeError, match="effect"):
-        tool(capability="logs:read", timeout=5)  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="capability"):
-        tool(effect=Effect.READ, timeout=5)  # type: ignore[call-arg]
+    def search(query: str) -> dict[str, str]:
+        """Search."""
+        return {}
+
+    with pytest.raises(ToolDefinitionError, match="effect="):
+        tool(capability="logs:read", timeout_seconds=5)(search)
+    with pytest.raises(ToolDefinitionError, match="capability="):
+        tool(effect=Effect.READ, timeout_seconds=5)(search)
 
 
 def test_an_unknown_effect_is_refused_at_decoration() -> None:
     with pytest.raises(ToolDefinitionError, match="'delete' is not one of read, write, external"):
 
-        @tool(effect="delete", capability="c", timeout=1)
+        @tool(effect="delete", capability="c", timeout_seconds=1)
         def wipe(x: int) -> None:
             """Wipe."""
 
@@ -146,7 +148,7 @@ def _untyped(service, window: int = 5):  # type: ignore[no-untyped-def]
 
 def test_a_parameter_without_annotation_is_refused_naming_the_parameter() -> None:
     with pytest.raises(ToolDefinitionError, match="parameter 'service' has no type annotation"):
-        tool(effect="read", capability="c", timeout=1, name="untyped")(_untyped)
+        tool(effect="read", capability="c", timeout_seconds=1, name="untyped")(_untyped)
 
 
 @pytest.mark.parametrize(
@@ -173,7 +175,7 @@ def test_a_function_that_cannot_be_a_strict_tool_is_refused_with_a_clear_error(
     exec("from __future__ import annotations\n" + source, namespace)  # a test's own code
     fn = next(v for k, v in namespace.items() if k.lower() == "fn")
     with pytest.raises(ToolDefinitionError, match=message):
-        tool(effect="read", capability="c", timeout=1)(fn)
+        tool(effect="read", capability="c", timeout_seconds=1)(fn)
 
 
 class Loose(BaseModel):
@@ -183,7 +185,7 @@ class Loose(BaseModel):
 def test_a_nested_model_that_allows_extra_keys_is_refused() -> None:
     with pytest.raises(ValidationError, match="must forbid extra keys"):
 
-        @tool(effect="read", capability="c", timeout=1)
+        @tool(effect="read", capability="c", timeout_seconds=1)
         def nested(inner: Loose) -> None:
             """Nested."""
 
@@ -251,7 +253,7 @@ def _spec(params: dict[str, tuple[str, bool]]) -> ToolSpec:
         for name, (kind, optional) in params.items()
     }
     body.__doc__ = "Generated."
-    return tool(effect="read", capability="c", timeout=1, name="generated")(body)
+    return tool(effect="read", capability="c", timeout_seconds=1, name="generated")(body)
 
 
 @st.composite

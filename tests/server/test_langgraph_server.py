@@ -4,13 +4,15 @@
 One server per module: started from the repository's own ``langgraph.json`` on a free loopback
 port (``--no-reload``, so edits elsewhere in the tree never restart it mid-test), with a bounded
 wait for it to answer, and always stopped — its whole process group — at teardown. It runs in a
-scratch directory (the server keeps its dev state in ``./.langgraph_api``), which holds a
-verbatim copy of ``langgraph.json`` and a link to the package.
+scratch directory (the server keeps its dev state in ``./.langgraph_api``), which holds the
+repository's ``langgraph.json`` with one graph added (``fencepost_chat``, an agent over a streaming
+chat model: ``chat_graph.py``, copied beside it) and a link to the package.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -33,6 +35,7 @@ from fencepost.demo import DEMO_CAPABILITIES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAPH = "fencepost_demo"
+CHAT_GRAPH = "fencepost_chat"
 STARTUP_SECONDS = 90.0
 CONTEXT = {
     "tenant_id": "acme",
@@ -68,7 +71,10 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("langgraph-dev")
-    shutil.copyfile(ROOT / "langgraph.json", workdir / "langgraph.json")
+    config = json.loads((ROOT / "langgraph.json").read_text(encoding="utf-8"))
+    config["graphs"][CHAT_GRAPH] = "./chat_graph.py:graph"
+    (workdir / "langgraph.json").write_text(json.dumps(config), encoding="utf-8")
+    shutil.copyfile(Path(__file__).with_name("chat_graph.py"), workdir / "chat_graph.py")
     (workdir / "fencepost").symlink_to(ROOT / "fencepost", target_is_directory=True)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -174,10 +180,16 @@ def test_messages_input_runs_with_the_default_budget(client: Any, assistant: str
 
 
 @pytest.mark.parametrize(
-    "context", [None, {}, {"tenant_id": "acme"}, {"tenant_id": "acme", "principal": "oncall-ana"}]
+    ("context", "code"),
+    [
+        (None, "missing_context"),
+        ({}, "missing_context"),
+        ({"tenant_id": "acme"}, "invalid_context"),
+        ({"tenant_id": "acme", "principal": "oncall-ana"}, "invalid_context"),
+    ],
 )
 def test_a_run_with_a_missing_or_malformed_context_ends_policy_denied(
-    client: Any, assistant: str, context: Any
+    client: Any, assistant: str, context: Any, code: str
 ) -> None:
     thread = client.threads.create()
     out = client.runs.wait(
@@ -187,7 +199,7 @@ def test_a_run_with_a_missing_or_malformed_context_ends_policy_denied(
         context=context,
     )
     assert out["termination"] == "policy_denied"
-    assert out["last_error_code"] == "missing_context"
+    assert out["last_error_code"] == code
     assert out["observations"] == []
 
 
@@ -233,15 +245,59 @@ def test_an_approval_interrupt_is_resumed_through_the_sdk(client: Any, assistant
     assert client.threads.get_state(thread_id)["next"] == []
 
 
-def test_the_readme_server_block_runs_as_shown(
+def test_the_docs_server_block_runs_as_shown(
     server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    [block] = re.findall(r"```python sdk\n(.*?)```", readme, flags=re.S)
+    readme = (ROOT / "docs" / "server.md").read_text(encoding="utf-8")
+    [block] = re.findall(r'```python title="sdk"\n(.*?)```', readme, flags=re.S)
     assert 'url="http://127.0.0.1:2024"' in block
     source = block.replace('url="http://127.0.0.1:2024"', f'url="{server}"')
-    exec(compile(source, "README.md (python sdk)", "exec"), {"__name__": "readme_sdk"})
+    exec(compile(source, "docs/server.md (python sdk)", "exec"), {"__name__": "docs_sdk"})
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "completed ['call-0001', 'call-0002']"
     assert printed[-2:] == ["restart_service", "completed ['completed']"]
     assert printed[1:-2] == ["validate approval_pending"]
+
+
+def _streamed_messages(parts: list[Any]) -> list[dict[str, Any]]:
+    """The messages a chat UI gets from ``messages-tuple`` events: ``[message, metadata]``."""
+    return [p.data[0] for p in parts if p.event == "messages"]
+
+
+def _internal_calls(message: dict[str, Any]) -> set[str]:
+    calls = (message.get("tool_calls") or []) + (message.get("tool_call_chunks") or [])
+    return {str(c.get("name")) for c in calls} & {"final_answer", "abstain"}
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"messages": [{"role": "user", "content": "Why is checkout returning 500s?"}]},
+        {"request": {"question": "Why is checkout returning 500s?"}},
+    ],
+)
+def test_agent_chat_ui_gets_each_model_turn_once_with_the_ids_the_thread_keeps(
+    client: Any, given: dict[str, Any]
+) -> None:
+    thread_id = client.threads.create()["thread_id"]
+    parts = list(
+        client.runs.stream(
+            thread_id,
+            CHAT_GRAPH,
+            input=given,
+            context=CONTEXT,
+            stream_mode=["messages-tuple", "values"],
+        )
+    )
+    streamed = _streamed_messages(parts)
+    stored = _values(client, thread_id)["messages"]
+    assert _values(client, thread_id)["termination"] == "completed"
+    assert [m["type"] for m in stored] == ["human", "ai", "tool", "ai"]
+    ids = [m["id"] for m in streamed]
+    assert ids == list(dict.fromkeys(ids)), f"a message streamed twice: {ids}"
+    stored_ids = [m["id"] for m in stored]
+    assert ids == [i for i in stored_ids if i in ids], "streamed out of the thread's order"
+    assert [m["id"] for m in streamed if m["type"] != "human"] == stored_ids[1:]
+    assert all(m["type"] != "human" for m in streamed[1:]), "the question comes first"
+    assert not any(_internal_calls(m) for m in streamed)
+    assert streamed[-1]["content"] == stored[-1]["content"]

@@ -1,0 +1,266 @@
+"""``create_agent``: the bounded loop in one call, the way LangGraph users already build an agent.
+
+``create_agent(model, tools, checkpointer=...)`` is LangChain's ``create_agent`` shape: a chat
+model (or any fencepost :class:`~fencepost.policy.DecisionModel`), a list of tools, and the
+settings of the loop; it returns the compiled graph. :func:`~fencepost.graph.build_agent_graph`
+stays for those who compile the graph themselves (their own ``compile`` arguments, or a node of
+a graph of their own).
+
+``tool`` here is the one way to say what a tool does and who may call it, whatever the tool is: a
+plain function (as the ``@tool`` decorator), or a LangChain tool (``@langchain_core.tools.tool``,
+``StructuredTool``, an MCP tool: wrapped by :func:`~fencepost.adapters.tools.tool_spec`), with
+the same keywords either way.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, overload
+
+from fencepost.graph.builder import GraphConfigError, build_agent_graph
+from fencepost.policy import (
+    DEFAULT_REPEAT_LIMIT,
+    Clock,
+    DecisionModel,
+    Effect,
+    Ledger,
+    ToolRegistry,
+    ToolSpec,
+)
+from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.registry import not_a_tool_spec
+from fencepost.policy.tool import (
+    DEFAULT_TOOL_TIMEOUT_SECONDS,
+    ProgressPredicate,
+    SemanticValidator,
+)
+from fencepost.policy.tool_decorator import ToolDefinitionError
+from fencepost.policy.tool_decorator import tool as tool_from_function
+
+if TYPE_CHECKING:
+    from langgraph.graph.state import CompiledStateGraph
+
+__all__ = ["create_agent", "tool"]
+
+
+def _is_langchain_tool(value: object) -> bool:
+    from langchain_core.tools import BaseTool
+
+    return isinstance(value, BaseTool)
+
+
+@overload
+def tool(
+    fn: Any,
+    /,
+    *,
+    effect: Effect | str | None = None,
+    capability: str | None = None,
+    timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool | None = None,
+    semantic_validator: SemanticValidator | None = None,
+    progress_predicate: ProgressPredicate | None = None,
+    timeout: float | None = None,
+) -> ToolSpec: ...
+
+
+@overload
+def tool(
+    fn: None = None,
+    /,
+    *,
+    effect: Effect | str | None = None,
+    capability: str | None = None,
+    timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool | None = None,
+    semantic_validator: SemanticValidator | None = None,
+    progress_predicate: ProgressPredicate | None = None,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], ToolSpec]: ...
+
+
+def tool(
+    fn: Any = None,
+    /,
+    *,
+    effect: Effect | str | None = None,
+    capability: str | None = None,
+    timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool | None = None,
+    semantic_validator: SemanticValidator | None = None,
+    progress_predicate: ProgressPredicate | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """A :class:`ToolSpec`: what a tool does (``effect``), who may call it (``capability``), how
+    long a call may take (``timeout_seconds``).
+
+    - ``@fp.tool(effect="read", capability="logs:read")`` over a function: its signature becomes
+      the strict args model, its docstring the description (see
+      :func:`fencepost.policy.tool_decorator.tool`).
+    - ``fp.tool(langchain_tool, effect="read", capability="logs:read")``: a LangChain tool
+      (``@tool``, ``StructuredTool``, an MCP tool), wrapped by
+      :func:`~fencepost.adapters.tools.tool_spec`.
+
+    ``effect`` and ``capability`` have no safe default: without them a one-sentence error says
+    what is missing. ``timeout=`` is the old name of ``timeout_seconds=`` (a DeprecationWarning).
+
+    Example::
+
+        @fp.tool(effect="read", capability="logs:read")
+        def search_logs(query: str) -> dict:
+            \"\"\"Search the service logs.\"\"\"
+            return {"hits": []}
+    """
+    if fn is not None and _is_langchain_tool(fn):
+        from fencepost.adapters.tools import tool_spec
+
+        label = str(getattr(fn, "name", "tool"))
+        missing = [k for k, v in (("effect", effect), ("capability", capability)) if v is None]
+        if missing:
+            needs = " and ".join(f"{m}=" for m in missing)
+            raise ToolDefinitionError(
+                f"LangChain tool {label!r} needs {needs}, which have no safe default: write "
+                f"fp.tool({label}, effect='read', capability='...') with your own values"
+            )
+        if timeout is not None:
+            warnings.warn(
+                "fp.tool(timeout=...) is deprecated: write timeout_seconds= (the same name "
+                "ToolSpec and tool_spec take)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            timeout_seconds = timeout
+        assert effect is not None and capability is not None
+        return tool_spec(
+            fn,
+            effect=effect,
+            capability=capability,
+            timeout_seconds=timeout_seconds,
+            name=name,
+            description=description,
+            semantic_validator=semantic_validator,
+            progress_predicate=progress_predicate,
+            idempotent=idempotent,
+        )
+    return tool_from_function(
+        fn,
+        effect=effect,
+        capability=capability,
+        timeout_seconds=timeout_seconds,
+        name=name,
+        description=description,
+        idempotent=idempotent,
+        semantic_validator=semantic_validator,
+        progress_predicate=progress_predicate,
+        timeout=timeout,
+    )
+
+
+def _registry(tools: ToolRegistry | Iterable[Any]) -> ToolRegistry:
+    if isinstance(tools, ToolRegistry):
+        return tools
+    if isinstance(tools, str | bytes) or not isinstance(tools, Iterable):
+        raise GraphConfigError("tools", "must be a list of tools (or a ToolRegistry)")
+    specs: list[ToolSpec] = []
+    for entry in tools:
+        if not isinstance(entry, ToolSpec):
+            raise GraphConfigError("tools", not_a_tool_spec(entry))
+        specs.append(entry)
+    return ToolRegistry(specs)
+
+
+def _decision_model(model: Any, system_prompt: str | None, **decider: Any) -> DecisionModel:
+    if callable(getattr(model, "decide", None)):
+        if system_prompt is not None or decider:
+            raise GraphConfigError(
+                "system_prompt",
+                "applies to a chat model only: a DecisionModel decides what it is shown itself",
+            )
+        return model  # type: ignore[no-any-return]
+    from langchain_core.language_models import BaseChatModel
+
+    if isinstance(model, BaseChatModel):
+        from fencepost.adapters.chat_model import ChatModelDecider
+
+        return ChatModelDecider(model, system_prompt=system_prompt, **decider)
+    raise GraphConfigError(
+        "model",
+        f"must be a LangChain chat model (ChatOpenAI(...), init_chat_model(...)) or a fencepost "
+        f"DecisionModel such as fp.ScriptedDecisionModel([...]), got {type(model).__name__}",
+    )
+
+
+def create_agent(
+    model: Any,
+    tools: ToolRegistry | Iterable[Any] = (),
+    *,
+    checkpointer: Any = None,
+    store: Any = None,
+    system_prompt: str | None = None,
+    history_window: int | None = None,
+    approval: ApprovalMode = "terminate",
+    ledger: Ledger | None = None,
+    require_citations: bool = False,
+    answer_margin: int = 1,
+    repair_attempts: int = 0,
+    repeat_limit: int = DEFAULT_REPEAT_LIMIT,
+    model_timeout_seconds: float = 120.0,
+    model_retries: int = 2,
+    max_concurrent_tools: int = 8,
+    tokens_per_step: int | None = None,
+    verdict_key: bytes | None = None,
+    clock: Clock | None = None,
+    name: str | None = None,
+    debug: bool = False,
+) -> CompiledStateGraph[Any, Any, Any, Any]:
+    """The bounded agent, compiled: ``create_agent(model, tools, checkpointer=...)``.
+
+    ``model`` is a LangChain chat model that supports ``bind_tools`` (wrapped in a
+    :class:`~fencepost.adapters.chat_model.ChatModelDecider` with ``system_prompt`` and
+    ``history_window``) or any fencepost ``DecisionModel`` (``ScriptedDecisionModel``, your own).
+    ``tools`` are :class:`ToolSpec` s: ``@fp.tool`` functions, LangChain tools given their
+    effect and capability with ``fp.tool(lc_tool, effect=..., capability=...)``, ``ToolSpec(...)``;
+    or a ready :class:`ToolRegistry`.
+
+    ``checkpointer`` and ``store`` are passed to ``compile`` (leave ``checkpointer`` out to let
+    LangGraph Server supply its own). The other settings are :func:`build_agent_graph`'s, with
+    its defaults: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
+    ``require_citations``, ``answer_margin``, ``repair_attempts``, ``repeat_limit``,
+    ``model_timeout_seconds``, ``model_retries``, ``max_concurrent_tools``, ``tokens_per_step``,
+    ``verdict_key``, ``clock``. A run's budget is given with its question:
+    ``fp.start(question, fp.RuntimeBudget(...))``.
+
+    Example::
+
+        agent = fp.create_agent(ChatOpenAI(model="gpt-4.1-mini"), [search_logs],
+                                checkpointer=InMemorySaver())
+        out = agent.invoke(fp.start("Why is checkout failing?"), config, context=user)
+    """
+    options: dict[str, Any] = {}
+    if history_window is not None:
+        options["history_window"] = history_window
+    decider = _decision_model(model, system_prompt, **options)
+    graph = build_agent_graph(
+        _registry(tools),
+        decider,
+        approval=approval,
+        repeat_limit=repeat_limit,
+        ledger=ledger,
+        clock=clock,
+        model_timeout_seconds=model_timeout_seconds,
+        require_citations=require_citations,
+        model_retries=model_retries,
+        max_concurrent_tools=max_concurrent_tools,
+        verdict_key=verdict_key,
+        tokens_per_step=tokens_per_step,
+        answer_margin=answer_margin,
+        repair_attempts=repair_attempts,
+    )
+    return graph.compile(checkpointer=checkpointer, store=store, name=name, debug=debug)

@@ -1,0 +1,159 @@
+"""One tool vocabulary: ``@fp.tool``, ``fp.ToolSpec`` and ``fp.tool_spec`` take the same keyword
+names (``effect``, ``capability``, ``timeout_seconds``); the old names still work for one release,
+with a DeprecationWarning; what cannot be defaulted safely is named in one sentence."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+from langchain_core.tools import tool as langchain_tool
+from pydantic import BaseModel, ConfigDict
+
+import fencepost as fp
+
+
+class Query(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    query: str
+
+
+def _body(args: Any, ctx: fp.ToolContext) -> dict[str, Any]:
+    return {"hits": []}
+
+
+@langchain_tool
+def search_deploys(service: str) -> dict[str, Any]:
+    """Recent deployments of a service."""
+    return {"deploys": [service]}
+
+
+def test_the_three_ways_take_the_same_keyword_names() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+
+        @fp.tool(effect="read", capability="logs:read", timeout_seconds=5)
+        def search_logs(query: str) -> dict[str, Any]:
+            """Search the logs."""
+            return {"hits": []}
+
+        spec = fp.ToolSpec(
+            name="search_logs",
+            description="Search the logs.",
+            args_model=Query,
+            effect="read",
+            capability="logs:read",
+            timeout_seconds=5,
+            execute=_body,
+        )
+        wrapped = fp.tool_spec(
+            search_deploys, effect="read", capability="deploys:read", timeout_seconds=5
+        )
+    for made in (search_logs, spec, wrapped):
+        assert isinstance(made, fp.ToolSpec)
+        assert made.timeout_seconds == 5
+        assert made.capability in ("logs:read", "deploys:read")
+
+
+def test_the_old_keyword_names_still_work_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="timeout_seconds"):
+
+        @fp.tool(effect="read", capability="logs:read", timeout=5)
+        def search_logs(query: str) -> dict[str, Any]:
+            """Search the logs."""
+            return {"hits": []}
+
+    assert search_logs.timeout_seconds == 5
+    with pytest.warns(DeprecationWarning, match="capability="):
+        spec = fp.ToolSpec(
+            name="search_logs",
+            description="Search the logs.",
+            args_model=Query,
+            effect="read",
+            required_capability="logs:read",
+            timeout_seconds=5,
+            execute=_body,
+        )
+    assert spec.capability == spec.required_capability == "logs:read"
+
+
+def test_a_tool_timeout_has_one_default_in_every_way() -> None:
+    from fencepost.policy.tool import DEFAULT_TOOL_TIMEOUT_SECONDS
+
+    @fp.tool(effect="read", capability="logs:read")
+    def search_logs(query: str) -> dict[str, Any]:
+        """Search the logs."""
+        return {"hits": []}
+
+    spec = fp.ToolSpec(
+        name="s_logs",
+        description="d",
+        args_model=Query,
+        effect="read",
+        capability="logs:read",
+        execute=_body,
+    )
+    wrapped = fp.tool_spec(search_deploys, effect="read", capability="deploys:read")
+    assert (
+        search_logs.timeout_seconds
+        == spec.timeout_seconds
+        == wrapped.timeout_seconds
+        == DEFAULT_TOOL_TIMEOUT_SECONDS
+    )
+
+
+def test_a_bare_decorator_says_in_one_sentence_what_is_missing() -> None:
+    with pytest.raises(TypeError) as raised:
+
+        @fp.tool
+        def search_logs(query: str) -> dict[str, Any]:
+            """Search the logs."""
+            return {"hits": []}
+
+    message = str(raised.value)
+    assert "search_logs" in message and "effect=" in message and "capability=" in message
+    assert "@fp.tool(effect=" in message
+    assert message.count(". ") == 0 and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("given", "missing"), [({"effect": "read"}, "capability="), ({"capability": "x:y"}, "effect=")]
+)
+def test_a_decorator_without_effect_or_capability_names_the_missing_one(
+    given: dict[str, Any], missing: str
+) -> None:
+    with pytest.raises(TypeError, match=missing):
+
+        @fp.tool(**given)
+        def search_logs(query: str) -> dict[str, Any]:
+            """Search the logs."""
+            return {"hits": []}
+
+
+def test_fp_tool_gives_a_langchain_tool_its_capability() -> None:
+    spec = fp.tool(search_deploys, effect="read", capability="deploys:read")
+    assert isinstance(spec, fp.ToolSpec)
+    assert spec.name == "search_deploys" and spec.capability == "deploys:read"
+
+
+def test_the_registry_error_for_a_langchain_tool_names_tool_spec() -> None:
+    with pytest.raises(TypeError) as raised:
+        fp.ToolRegistry([search_deploys])  # type: ignore[list-item]
+    message = str(raised.value)
+    assert "search_deploys" in message and "tool_spec(" in message and "capability=" in message
+
+
+def test_the_registry_error_for_a_plain_function_names_the_decorator() -> None:
+    def lookup(query: str) -> dict[str, Any]:
+        return {}
+
+    with pytest.raises(TypeError, match=r"@fp\.tool\(effect="):
+        fp.ToolRegistry([lookup])  # type: ignore[list-item]
+
+
+def test_a_langchain_tool_given_no_capability_says_in_one_sentence_what_is_missing() -> None:
+    with pytest.raises(TypeError) as raised:
+        fp.tool(search_deploys, effect="read")
+    message = str(raised.value)
+    assert "search_deploys" in message and "capability=" in message and "\n" not in message
