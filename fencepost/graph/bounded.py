@@ -13,10 +13,17 @@ update that names one field twice would have two writers of one field: LangGraph
 Command's writes before applying them and then raises ``InvalidUpdateError`` at every later
 invoke of the thread. It is refused before anything is saved (:class:`CommandRefused`), and so
 is an update of LangGraph's own channels (a goto by another name) and any ``Send``.
+
+A resume value no checkpoint could hold (nested past what the serializer writes, an integer
+past 64 bits) is replaced, before LangGraph stores it, by a marker the approval reads as an
+answer to ask again (``approval.UNREPRESENTABLE_ANSWER``): stored as given, the serializer's
+error would escape ``invoke`` and leave the answer half-written.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -28,6 +35,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, Send
 
 from fencepost.policy import Phase
+from fencepost.policy.approval import UNREPRESENTABLE_ANSWER, storable_answer
 
 
 class CommandRefused(ValueError):
@@ -96,6 +104,30 @@ def _refusal(
     return _update_refusal(command, fields)
 
 
+_INTERRUPT_ID = re.compile(r"[0-9a-f]{32}")
+"""How LangGraph names an interrupt (an xxh3-128 hex digest): the keys of a resume map."""
+
+
+def _storable(command: Command[Any]) -> Command[Any]:
+    """``command`` with each resume value no checkpoint could hold replaced by the marker."""
+    resume = command.resume
+    if resume is None:
+        return command
+    if (
+        isinstance(resume, dict)
+        and resume
+        and all(isinstance(k, str) and _INTERRUPT_ID.fullmatch(k) for k in resume)
+    ):
+        # A map of interrupt ids to answers: each answer judged on its own.
+        kept = {k: v if storable_answer(v) else UNREPRESENTABLE_ANSWER for k, v in resume.items()}
+        if all(kept[k] is resume[k] for k in resume):
+            return command
+        return dataclasses.replace(command, resume=kept)
+    if storable_answer(resume):
+        return command
+    return dataclasses.replace(command, resume=UNREPRESENTABLE_ANSWER)
+
+
 class BoundedStateGraph(StateGraph[Any, Any, Any, Any]):
     """A ``StateGraph`` whose ``compile()`` returns a :class:`BoundedCompiledGraph`."""
 
@@ -143,6 +175,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             why = _refusal(input, self._waiting(input, config), self.builder.channels)
             if why is not None:
                 raise CommandRefused(why)
+            input = _storable(input)
         try:
             yield from super().stream(input, config, **kwargs)
         except GraphRecursionError:
@@ -156,6 +189,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             why = _refusal(input, await self._awaiting(input, config), self.builder.channels)
             if why is not None:
                 raise CommandRefused(why)
+            input = _storable(input)
         try:
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk

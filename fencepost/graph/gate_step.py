@@ -184,7 +184,7 @@ async def reserve_batch(
             continue
         latest = held.balance
     batch, stopped = after_reservations(
-        current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key
+        current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key, only=only
     )
     if batch is not state.batch:
         update["batch"] = batch
