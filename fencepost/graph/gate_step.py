@@ -33,7 +33,7 @@ from fencepost.policy.gating import (
 from fencepost.policy.keys import call_key
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.receipt import ReceiptStatus, current_receipts
-from fencepost.policy.repair import may_repair
+from fencepost.policy.repair import given_back, may_repair
 from fencepost.policy.run_check import stop
 from fencepost.policy.usage import budget_view
 
@@ -122,14 +122,13 @@ async def gate(
         "fingerprints": gated.fingerprints,
     }
     if gated.stop is not None:
-        state = state.model_copy(update=gated_update)
         # One denial stops the whole batch: nothing in it runs, nothing is reserved. A repairable
-        # one may be given back to the model instead (repair_attempts).
+        # one may be given back to the model instead (repair_attempts); then none of its calls
+        # ran, so none counts as repeated (the counts it raised are not written).
         notes = may_repair(state, gated.batch, attempts=cfg.repair_attempts)
         if notes is not None:
-            repaired = {"batch": (), "repairs": state.repairs + 1, "repair_notes": notes}
-            return state.model_copy(update=repaired), manifests
-        return state.model_copy(update={"stop": gated.stop}), manifests
+            return given_back(state, notes), manifests
+        return state.model_copy(update={**gated_update, "stop": gated.stop}), manifests
     if state.repair_notes:
         gated_update["repair_notes"] = ()  # a batch that passes clears them
     # Written with the reservations' result: one copy of state for both.
