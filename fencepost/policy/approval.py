@@ -212,11 +212,14 @@ def waiting(
 ) -> list[BatchEntry]:
     """The calls of ``batch`` that wait for a human: pending approval by a verdict made for
     these very arguments, and with ``verdict_key`` (and the run's ``run_id``) sealed by the gate.
-    Any other pending entry was written by somebody else: nobody is asked about it."""
+    Any other pending entry was written by somebody else (so is one whose call id the batch
+    holds twice, which the gate never lets through): nobody is asked about it."""
+    ids = [e.call_id for e in batch]
+    twice = {i for i in ids if ids.count(i) > 1} if len(set(ids)) != len(ids) else set()
     out = []
     for entry in batch:
         verdict = entry.verdict
-        if verdict.code is not VerdictCode.APPROVAL_PENDING:
+        if verdict.code is not VerdictCode.APPROVAL_PENDING or entry.call_id in twice:
             continue
         proposal = entry.proposal
         if verdict.tool_name != proposal.tool_name or verdict.fingerprint != _fingerprint(proposal):

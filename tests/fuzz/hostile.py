@@ -390,6 +390,18 @@ SPECS = (
         "logs:read",
         sync=False,
         completion_evidence=("document_id",),
+        # Any tool of the world may accept a task (the "accepted" behaviour).
+        evidence_for=(
+            "lookup",
+            "fetch",
+            "write_note",
+            "notify",
+            "admin_reset",
+            "slow_probe",
+            "slow_async",
+            "task_status",
+            "guarded",
+        ),
     ),
     _spec(
         "guarded",

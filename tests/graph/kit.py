@@ -246,6 +246,7 @@ def upload_registry(status_result: Any = UPLOAD_DONE) -> fp.ToolRegistry:
                 timeout_seconds=5,
                 execute=status,
                 completion_evidence=("document_id", "version", "access_path"),
+                evidence_for=("upload_document",),
             ),
         ]
     )

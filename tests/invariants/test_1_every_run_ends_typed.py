@@ -12,6 +12,8 @@ import fencepost as fp
 from tests.graph.kit import (
     LEDGERS,
     VERDICT_KEY,
+    allowed_entry,
+    call,
     each_ledger,
     interrupt_payload,
     paused_for_approval,
@@ -75,3 +77,37 @@ def test_a_resume_value_no_checkpoint_holds_is_asked_again_and_nothing_escapes_i
     assert ledger.balance(thread_account(config)).closed is None
     state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
     assert state.termination is fp.TerminationReason.COMPLETED
+
+
+@pytest.mark.parametrize("twin", ["same", "other-arguments"])
+def test_a_batch_written_with_one_call_id_twice_ends_typed_and_runs_nothing(
+    twin: str, ledger: fp.Ledger
+) -> None:
+    h, config, ctx = paused_for_approval(ledger=ledger)
+    entry = allowed_entry(call(n=5))
+    other = entry if twin == "same" else allowed_entry(call(n=5, query="other"))
+    h.graph.update_state(config, {"batch": (entry, other)}, as_node="approve")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert h.calls.log == []
+    assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "executor_refused"
+    assert [r.call_id for r in state.receipts] == ["call-0005"]
+
+
+@pytest.mark.parametrize("key", [None, VERDICT_KEY], ids=["no-key", "key"])
+def test_a_waiting_call_written_twice_is_never_asked_about_nor_run(
+    key: bytes | None, ledger: fp.Ledger
+) -> None:
+    h, config, ctx = paused_for_approval(ledger=ledger, verdict_key=key)
+    genuine = state_of(h, config).batch[0]
+    twin = fp.policy.BatchEntry(
+        proposal=genuine.proposal.model_copy(update={"arguments": {"note": "other"}}),
+        verdict=genuine.verdict.model_copy(
+            update={"fingerprint": fp.policy.proposal_fingerprint("write_note", {"note": "other"})}
+        ),
+    )
+    out = h.graph.invoke(
+        Command(update={"batch": (genuine, twin)}, resume="approve"), config, context=ctx
+    )
+    assert "__interrupt__" not in out
+    assert h.calls.log == []

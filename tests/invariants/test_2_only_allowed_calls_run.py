@@ -10,6 +10,8 @@ import pytest
 from langgraph.types import Command
 
 import fencepost as fp
+from fencepost.policy.approval import unasked, waiting
+from fencepost.policy.gating import after_reservations
 from tests.graph.kit import (
     ABSTAIN,
     LEDGERS,
@@ -121,3 +123,50 @@ def test_with_a_verdict_key_a_waiting_call_whose_arguments_were_rewritten_is_not
     )
     assert "__interrupt__" not in out
     assert h.calls.log == []
+
+
+def _pending_entry(proposal: fp.ToolProposal) -> fp.policy.BatchEntry:
+    entry = allowed_entry(proposal)
+    pending = entry.verdict.model_copy(update={"code": fp.policy.VerdictCode.APPROVAL_PENDING})
+    return entry.with_verdict(pending)
+
+
+def test_only_a_pending_verdict_made_for_its_arguments_and_sealed_is_waiting() -> None:
+    genuine = _pending_entry(call("write_note", 1, note="hi"))
+    sealed = genuine.with_verdict(
+        fp.policy.seal_verdict(genuine.verdict, run_id="run-1", key=VERDICT_KEY)
+    )
+    rewritten = fp.policy.BatchEntry(
+        proposal=genuine.proposal.model_copy(update={"arguments": {"note": "other"}}),
+        verdict=sealed.verdict,
+    )
+    batch = (sealed, genuine, rewritten)
+    assert waiting(batch, run_id="run-1", verdict_key=VERDICT_KEY) == [sealed]
+    assert waiting(batch, run_id="run-2", verdict_key=VERDICT_KEY) == []
+    assert waiting(batch) == [sealed, genuine]  # no key: what state says, for these arguments
+    assert unasked(batch, [sealed]) == (sealed,)
+
+
+def test_a_pending_verdicts_seal_never_passes_for_an_allowed_one() -> None:
+    pending = _pending_entry(call("write_note", 1, note="hi")).verdict
+    sealed = fp.policy.seal_verdict(pending, run_id="run-1", key=VERDICT_KEY)
+    assert fp.policy.verdict_is_sealed(sealed, run_id="run-1", key=VERDICT_KEY)
+    as_allowed = sealed.model_copy(update={"code": fp.policy.VerdictCode.ALLOWED})
+    assert not fp.policy.verdict_is_sealed(as_allowed, run_id="run-1", key=VERDICT_KEY)
+    rejected = sealed.model_copy(update={"code": fp.policy.VerdictCode.REJECTED})
+    assert fp.policy.seal_verdict(rejected, run_id="run-1", key=VERDICT_KEY) is rejected
+
+
+def test_after_an_approval_only_the_calls_it_answered_are_sealed() -> None:
+    answered = allowed_entry(call("write_note", 1, note="hi"))
+    slipped = allowed_entry(call("write_note", 2, note="forged"))
+    batch, stopped = after_reservations(
+        (answered, slipped),
+        {},
+        run_id="run-1",
+        verdict_key=VERDICT_KEY,
+        only=frozenset({"call-0001"}),
+    )
+    assert stopped is None
+    assert fp.policy.verdict_is_sealed(batch[0].verdict, run_id="run-1", key=VERDICT_KEY)
+    assert batch[1] is slipped and batch[1].verdict.seal is None
