@@ -242,9 +242,10 @@ def _fingerprint(proposal: ToolProposal) -> str | None:
 def unasked(batch: Batch, asked: Sequence[BatchEntry]) -> Batch:
     """``batch`` without the pending entries that are not ``asked`` (:func:`waiting`): they
     never run and are never asked about, so the run cannot wait on them."""
-    ids = {e.call_id for e in asked}
+    # By identity: an entry written beside a waiting one under its call id is not the same one.
+    kept = {id(e) for e in asked}
     return tuple(
-        e for e in batch if e.verdict.code is not VerdictCode.APPROVAL_PENDING or e.call_id in ids
+        e for e in batch if e.verdict.code is not VerdictCode.APPROVAL_PENDING or id(e) in kept
     )
 
 

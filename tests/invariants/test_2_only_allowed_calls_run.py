@@ -140,11 +140,17 @@ def test_only_a_pending_verdict_made_for_its_arguments_and_sealed_is_waiting() -
         proposal=genuine.proposal.model_copy(update={"arguments": {"note": "other"}}),
         verdict=sealed.verdict,
     )
-    batch = (sealed, genuine, rewritten)
-    assert waiting(batch, run_id="run-1", verdict_key=VERDICT_KEY) == [sealed]
-    assert waiting(batch, run_id="run-2", verdict_key=VERDICT_KEY) == []
-    assert waiting(batch) == [sealed, genuine]  # no key: what state says, for these arguments
-    assert unasked(batch, [sealed]) == (sealed,)
+    for entry, with_key, without in [
+        (sealed, [sealed], [sealed]),
+        (genuine, [], [genuine]),  # no key: what state says, for these arguments
+        (rewritten, [], []),
+    ]:
+        assert waiting((entry,), run_id="run-1", verdict_key=VERDICT_KEY) == with_key
+        assert waiting((entry,)) == without
+    assert waiting((sealed,), run_id="run-2", verdict_key=VERDICT_KEY) == []
+    # One call id twice: neither is what the gate left waiting.
+    assert waiting((sealed, genuine)) == []
+    assert unasked((sealed, genuine), [sealed]) == (sealed,)
 
 
 def test_a_pending_verdicts_seal_never_passes_for_an_allowed_one() -> None:
