@@ -3,6 +3,7 @@ Here: a human's answer no checkpoint can hold is refused as data before anything
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -111,3 +112,25 @@ def test_a_waiting_call_written_twice_is_never_asked_about_nor_run(
     )
     assert "__interrupt__" not in out
     assert h.calls.log == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_second_update_of_a_field_beside_an_answer_asked_again_is_refused_unsaved(
+    mode: str,
+) -> None:
+    # The first update is still pending at the pause (its answer was asked again): a second
+    # write of the same field in the next step would have two writers.
+    h, config, ctx = paused_for_approval()
+    batch = state_of(h, config).batch
+    first = h.graph.invoke(Command(update={"batch": batch}, resume="yes"), config, context=ctx)
+    assert interrupt_payload(first)["error"]["code"] == "unrecognized_answer"
+    second = Command(update={"batch": batch}, resume="approve")
+    with pytest.raises(fp.CommandRefused):
+        if mode == "sync":
+            h.graph.invoke(second, config, context=ctx)
+        else:
+            asyncio.run(h.graph.ainvoke(second, config, context=ctx))
+    assert h.calls.log == []
+    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
