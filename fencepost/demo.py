@@ -305,6 +305,7 @@ upload_status = ToolSpec(
     execute=_upload_status,
     # Only a result carrying all three completes the upload's receipt ("done!" alone does not).
     completion_evidence=("document_id", "version", "access_path"),
+    evidence_for=("upload_postmortem",),
     poll_interval_seconds=60,
 )
 

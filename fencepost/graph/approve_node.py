@@ -14,10 +14,11 @@ from fencepost.graph.state import require_state
 from fencepost.graph.writes import changed
 from fencepost.policy import Phase, reduce_tool_events
 from fencepost.policy.approval import (
+    ApprovalAnswer,
     ApprovalProblem,
     apply_approvals,
     approval_request,
-    parse_approval,
+    read_answer,
     waiting,
 )
 from fencepost.policy.context import coerce_context
@@ -26,18 +27,25 @@ from fencepost.policy.run_check import check_run
 
 
 async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-    """Ask for approval of the waiting calls; an answer that is none of the accepted forms asks
-    again, with a typed error naming them (a call never runs on a guess)."""
+    """Ask for approval of the waiting calls; an answer that is not exactly one of the accepted
+    forms, or an edit its tool's schema refuses, asks again with a typed error (a call never
+    runs on a guess, and a typo in an edit does not end the run).
+
+    Only the calls the gate left waiting are asked about (``approval.waiting``): a pending entry
+    written into the batch by anyone else is dropped, never asked about, never run.
+    """
     cfg = io.cfg
     before = require_state(values)
-    call_ids = [e.call_id for e in waiting(before.batch)]
+    asked = waiting(before.batch, run_id=before.run_id, verdict_key=cfg.verdict_key)
     problem: ApprovalProblem | None = None
-    while True:
-        response = interrupt(approval_request(before.batch, cfg.registry, problem))
-        answers = parse_approval(response, call_ids)
-        if not isinstance(answers, ApprovalProblem):
+    answers: dict[str, ApprovalAnswer] = {}
+    while asked:
+        response = interrupt(approval_request(asked, cfg.registry, problem))
+        read = read_answer(response, asked, cfg.registry)
+        if not isinstance(read, ApprovalProblem):
+            answers = read
             break
-        problem = answers
+        problem = read
     # Everything below runs only on resume, with the context passed on resume.
     ctx = coerce_context(runtime.context)
     refused = check_run(before, ctx, clock=cfg.clock)
@@ -50,10 +58,11 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         ctx.principal,
         repeat_limit=cfg.repeat_limit,
         now=cfg.clock.now(),
+        asked=asked,
     )
     state = before.model_copy(update={"batch": result.batch, "fingerprints": result.fingerprints})
     manifests = []
-    for entry in waiting(before.batch):
+    for entry in asked:
         now = next(e for e in result.batch if e.call_id == entry.call_id)
         name = now.proposal.tool_name
         spec = cfg.registry.get(name) if name in cfg.registry else None
@@ -72,8 +81,9 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         )
     stopped = result.stop
     if stopped is None:
-        # Reserve only what was just approved; calls allowed at the gate were reserved there.
-        approved = frozenset(e.call_id for e in waiting(before.batch))
+        # Reserve (and seal) only what was just approved; calls allowed at the gate were
+        # reserved and sealed there, and anything else in the batch was judged by nobody.
+        approved = frozenset(e.call_id for e in asked)
         state, stopped = await reserve_batch(io, state, ctx, only=approved)
     state = state.model_copy(update={"stop": stopped})
     if result.rejected:

@@ -8,26 +8,37 @@ to run" check. The run has ended as data by then, so the error is dropped and th
 returned; any other ``GraphRecursionError`` is raised as before.
 
 The loop runs one node per step. A caller's ``goto`` beside a node the thread is already waiting
-on (the approval, or the node after an ``interrupt_after``), a ``goto`` of several nodes, or an
-update that names one field twice would have two writers of one field: LangGraph saves such a
-Command's writes before applying them and then raises ``InvalidUpdateError`` at every later
-invoke of the thread. It is refused before anything is saved (:class:`CommandRefused`), and so
+on (the approval, or the node after an ``interrupt_after``), a ``goto`` of several nodes, an
+update that names one field twice, or one of a field an earlier command's update to the same
+pause wrote (still pending: its answer was asked again) would have two writers of one field:
+LangGraph saves such a Command's writes before applying them and then raises
+``InvalidUpdateError`` (at every later invoke of the thread, for the first three). It is refused before anything is saved (:class:`CommandRefused`), and so
 is an update of LangGraph's own channels (a goto by another name) and any ``Send``.
+
+A resume value no checkpoint could hold (nested past what the serializer writes, an integer
+past 64 bits) is replaced, before LangGraph stores it, by a marker the approval reads as an
+answer to ask again (``approval.UNREPRESENTABLE_ANSWER``): stored as given, the serializer's
+error would escape ``invoke`` and leave the answer half-written.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.channels.last_value import LastValue
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, Send
 
 from fencepost.policy import Phase
+from fencepost.policy.approval import UNREPRESENTABLE_ANSWER, storable_answer
 
 
 class CommandRefused(ValueError):
@@ -61,11 +72,14 @@ def _keys(update: Any) -> list[Any] | None:
     return None
 
 
-def _update_refusal(command: Command[Any], fields: Mapping[str, Any]) -> str | None:
+def _update_refusal(
+    command: Command[Any], fields: Mapping[str, Any], written: AbstractSet[str] = frozenset()
+) -> str | None:
     """A state update may write the state's own fields, each last-value one once (a list of
-    pairs can name one twice; a record or the conversation takes several writes a step).
-    LangGraph's own channels (``branch:to:<node>``, ``__start__``, ``__pregel_tasks``) are a
-    goto by another name: never."""
+    pairs can name one twice; a record or the conversation takes several writes a step), and
+    none an earlier ``Command`` to the same pause already wrote (``written``: its update is
+    still pending, applied again with this one's). LangGraph's own channels
+    (``branch:to:<node>``, ``__start__``, ``__pregel_tasks``) are a goto by another name: never."""
     keys = _keys(command.update)
     if keys is None:
         return None
@@ -76,12 +90,17 @@ def _update_refusal(command: Command[Any], fields: Mapping[str, Any]) -> str | N
         if isinstance(fields[key], LastValue):
             if key in seen:
                 return f"the update writes {key!r} twice"
+            if key in written:
+                return f"the update writes {key!r}, which an earlier command to this pause wrote"
             seen.add(key)
     return None
 
 
 def _refusal(
-    command: Command[Any], waiting: tuple[str, ...], fields: Mapping[str, Any]
+    command: Command[Any],
+    waiting: tuple[str, ...],
+    fields: Mapping[str, Any],
+    written: AbstractSet[str] = frozenset(),
 ) -> str | None:
     """Why ``command`` cannot be taken on a thread ``waiting`` on these nodes, if it cannot."""
     targets = _targets(command)
@@ -93,7 +112,31 @@ def _refusal(
     # A goto of the very node the thread waits on is that one task.
     if targets and any(node != targets[0] for node in waiting):
         return f"goto beside {', '.join(waiting)}, which the thread is waiting on"
-    return _update_refusal(command, fields)
+    return _update_refusal(command, fields, written)
+
+
+_INTERRUPT_ID = re.compile(r"[0-9a-f]{32}")
+"""How LangGraph names an interrupt (an xxh3-128 hex digest): the keys of a resume map."""
+
+
+def _storable(command: Command[Any]) -> Command[Any]:
+    """``command`` with each resume value no checkpoint could hold replaced by the marker."""
+    resume = command.resume
+    if resume is None:
+        return command
+    if (
+        isinstance(resume, dict)
+        and resume
+        and all(isinstance(k, str) and _INTERRUPT_ID.fullmatch(k) for k in resume)
+    ):
+        # A map of interrupt ids to answers: each answer judged on its own.
+        kept = {k: v if storable_answer(v) else UNREPRESENTABLE_ANSWER for k, v in resume.items()}
+        if all(kept[k] is resume[k] for k in resume):
+            return command
+        return dataclasses.replace(command, resume=kept)
+    if storable_answer(resume):
+        return command
+    return dataclasses.replace(command, resume=UNREPRESENTABLE_ANSWER)
 
 
 class BoundedStateGraph(StateGraph[Any, Any, Any, Any]):
@@ -129,6 +172,38 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             return ()
         return tuple(self.get_state(config).next)
 
+    def _written(self, command: Command[Any], config: RunnableConfig | None) -> frozenset[str]:
+        """The channels an earlier command's update wrote to the checkpoint the thread waits at:
+        pending writes of no task of it (a task's own writes name the task)."""
+        saver = self.checkpointer
+        if (
+            not _keys(command.update)
+            or config is None
+            or not isinstance(saver, BaseCheckpointSaver)
+        ):
+            return frozenset()  # a nested graph's (its parent's saver) is its parent's to check
+        saved = saver.get_tuple(config)
+        if saved is None or not saved.pending_writes:
+            return frozenset()
+        tasks = {t.id for t in self.get_state(config).tasks}
+        return frozenset(ch for task, ch, _ in saved.pending_writes if task not in tasks)
+
+    async def _awritten(
+        self, command: Command[Any], config: RunnableConfig | None
+    ) -> frozenset[str]:
+        saver = self.checkpointer
+        if (
+            not _keys(command.update)
+            or config is None
+            or not isinstance(saver, BaseCheckpointSaver)
+        ):
+            return frozenset()
+        saved = await saver.aget_tuple(config)
+        if saved is None or not saved.pending_writes:
+            return frozenset()
+        tasks = {t.id for t in (await self.aget_state(config)).tasks}
+        return frozenset(ch for task, ch, _ in saved.pending_writes if task not in tasks)
+
     async def _awaiting(
         self, command: Command[Any], config: RunnableConfig | None
     ) -> tuple[str, ...]:
@@ -140,9 +215,15 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
         if isinstance(input, Command):
-            why = _refusal(input, self._waiting(input, config), self.builder.channels)
+            why = _refusal(
+                input,
+                self._waiting(input, config),
+                self.builder.channels,
+                self._written(input, config),
+            )
             if why is not None:
                 raise CommandRefused(why)
+            input = _storable(input)
         try:
             yield from super().stream(input, config, **kwargs)
         except GraphRecursionError:
@@ -153,9 +234,15 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         if isinstance(input, Command):
-            why = _refusal(input, await self._awaiting(input, config), self.builder.channels)
+            why = _refusal(
+                input,
+                await self._awaiting(input, config),
+                self.builder.channels,
+                await self._awritten(input, config),
+            )
             if why is not None:
                 raise CommandRefused(why)
+            input = _storable(input)
         try:
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk

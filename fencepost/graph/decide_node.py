@@ -14,6 +14,7 @@ from fencepost.graph.run_account import (
     account_of,
     open_run,
     pending_work,
+    produced,
     reserve,
     started_run_id,
     viewed,
@@ -242,6 +243,9 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         # saying "completed", never a marker).
         pending_tasks=await _pending_if_final(io, state, outcome),
         final_turn=final_turn(cfg, asked),
+        # A citation names a call the ledger marks as having had its tool return a result: an
+        # observation in state can be a caller's.
+        produced=await _produced_if_final(io, state, outcome),
     )
     if isinstance(conclusion, FinalRefused):
         # Work accepted is not work done: the model is asked again, shown the pending tasks.
@@ -281,6 +285,12 @@ async def _pending_if_final(io: NodeIO, state: AgentState, outcome: Any) -> tupl
     if isinstance(outcome, Decided) and isinstance(outcome.decision, FinalProposal):
         return await pending_work(io, state)
     return state.open_tasks
+
+
+async def _produced_if_final(io: NodeIO, state: AgentState, outcome: Any) -> frozenset[str]:
+    if isinstance(outcome, Decided) and isinstance(outcome.decision, FinalProposal):
+        return await produced(io, account_of(state), outcome.decision.answer.citations)
+    return frozenset()
 
 
 def _kind_of(outcome: Decided | InvalidProposal, conclusion: StopRequest) -> tuple[str, str]:

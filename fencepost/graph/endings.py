@@ -5,7 +5,7 @@ only when the account is the caller's."""
 from __future__ import annotations
 
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, pending_work
+from fencepost.graph.run_account import account_of, pending_work, produced
 from fencepost.policy import AgentState, InMemoryLedger, Phase, TerminationReason, UnknownAccount
 from fencepost.policy.context import RunContext
 from fencepost.policy.keys import started_key
@@ -87,3 +87,17 @@ async def receipt_started(io: NodeIO, state: AgentState, account: str) -> AgentS
     return state.model_copy(
         update={"receipts": state.receipts + tuple(receipt_for(o) for o in outcomes)}
     )
+
+
+async def produced_at_end(
+    io: NodeIO, state: AgentState, mine: bool | None, citations: tuple[str, ...]
+) -> frozenset[str] | None:
+    """Which of a completed stop's ``citations`` the ledger marks as produced by a tool of the
+    run (``keys.result_key``), judged as :func:`pending_at_end` judges tasks: none when the
+    account is not provably the caller's; None when a non-durable ledger lost the account (the
+    observations are all that is left to judge by, as ``reopen_lost`` carries them)."""
+    if mine is None and isinstance(io.ledger, InMemoryLedger):
+        return None
+    if not mine:
+        return frozenset()
+    return await produced(io, account_of(state), citations)

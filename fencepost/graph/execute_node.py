@@ -7,10 +7,19 @@ import contextlib
 from typing import Any
 
 from langgraph.runtime import Runtime
+from pydantic import JsonValue
 
 from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
 from fencepost.graph.node_io import AsyncIO, NodeIO
-from fencepost.graph.run_account import account_of, certify, reserve, reserve_or_exhausted, viewed
+from fencepost.graph.run_account import (
+    account_of,
+    certify,
+    mark_result,
+    produced_earlier,
+    reserve,
+    reserve_or_exhausted,
+    viewed,
+)
 from fencepost.graph.state import require_state
 from fencepost.graph.writes import changed
 from fencepost.policy import (
@@ -35,19 +44,24 @@ from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.execution import (
     Claim,
     admit_batch,
+    answered_before,
     batch_stop,
     budget_refusals,
     claim,
+    dependencies_met,
+    dependency_inputs,
+    earlier_outputs,
+    finished_before,
     not_run,
     ordered,
     ran,
     uncertain,
 )
 from fencepost.policy.gating import invalid_dependencies, reservation_amounts
-from fencepost.policy.keys import call_key, started_key
+from fencepost.policy.keys import call_key, started_key, step_key
+from fencepost.policy.ledger import ReservationStatus
 from fencepost.policy.outcome import CallOutcome, receipt_for
 from fencepost.policy.progress import recorded_evidence
-from fencepost.policy.receipt import current_receipts
 from fencepost.policy.run_check import (
     NEEDS_ANOTHER_DECIDE,
     NEEDS_EXECUTE,
@@ -66,14 +80,21 @@ async def run_call(
     entry: BatchEntry,
     spec: ToolSpec,
     seen: list[Balance],
+    dependencies: dict[str, JsonValue] | None = None,
 ) -> CallOutcome | StopRequest:
     """Claim an attempt of one call in the ledger, run it, settle it.
 
     The start marker is durable before the tool starts: finding it on a re-run means an earlier
     attempt started and never reported (a crash), which is retried only when that is safe and
-    otherwise reported ``uncertain``. A closed account (a cancel from anywhere) refuses the claim,
-    so a cancelled run starts no further tool. ``seen`` collects the run account's balance as
-    each settlement leaves it (the last one is the state's new budget view).
+    otherwise reported ``uncertain``. An attempt the ledger shows given back, or settled while
+    the run went on past this step, means the call id was answered already: it never runs
+    again, whatever the batch says (``execution.answered_before``). A closed
+    account (a cancel from anywhere) refuses the claim, so a cancelled run starts no further
+    tool. A result the tool returned is marked in the ledger (``keys.result_key``) before the
+    attempt is settled: that mark, not the observation in state, is what a citation may name.
+    ``seen`` collects the run account's balance as each settlement leaves it (the last one is
+    the state's new budget view). ``dependencies``: what the call may read of the calls it
+    depends on (``ToolContext.dependencies``).
     """
     cfg = io.cfg
     attempt = 1
@@ -93,6 +114,12 @@ async def run_call(
                     entry, spec, ErrorCode.BUDGET_EXHAUSTED, ReceiptStatus.DENIED, attempts=0
                 )
             return uncertain(entry, spec, attempt - 1)
+        if more.existing and more.status is not ReservationStatus.RESERVED:
+            went_on = await io.get(step_key(account, state.step + 1)) is not None
+            if answered_before(more.status, run_went_on=went_on):
+                return finished_before(
+                    entry, spec, attempt, started=more.status is ReservationStatus.SETTLED
+                )
         marker = await reserve(
             io, state, ctx, started_key(account, entry.call_id, attempt), {}, account=account
         )
@@ -112,6 +139,7 @@ async def run_call(
         principal_id=ctx.principal.id,
         deadline=deadline,
         idempotency_key=entry.call_id,
+        dependencies=dependencies or {},
         attempt=attempt,
         budget_account=account,
     )
@@ -125,6 +153,8 @@ async def run_call(
         outcome = ran(
             entry, spec, attempt, value=result.value, error=result.error, cut_off=result.cut_off
         )
+    if outcome.succeeded:
+        await mark_result(io, state, ctx, account, entry.call_id)
     settled = await io.settle(call_key(account, entry.call_id, attempt))
     if settled.balance is not None:
         seen.append(settled.balance)
@@ -138,12 +168,14 @@ async def run_batch(
     account: str,
     runnable: tuple[tuple[BatchEntry, ToolSpec], ...],
     seen: list[Balance],
+    earlier: dict[str, JsonValue],
 ) -> list[CallOutcome | StopRequest]:
     """Run a batch's calls concurrently, at most ``max_concurrent_tools`` in flight.
 
     A call that depends on others of the batch waits for their outcomes (holding no slot while
     it waits) and runs only if each produced a verified result; otherwise it never starts and
-    its receipt says ``dependency_failed``.
+    its receipt says ``dependency_failed``. ``earlier``: the results of the earlier calls this
+    batch depends on that the ledger marks as produced (the only ones it may depend on).
     """
     io = AsyncIO(cfg)
     gate = asyncio.Semaphore(cfg.max_concurrent_tools)
@@ -151,7 +183,7 @@ async def run_batch(
     # The gate refused impossible dependencies; a batch edited since then is checked again, so a
     # forged cycle can never leave a call waiting on itself.
     broken = any(e.proposal.depends_on for e, _ in runnable) and invalid_dependencies(
-        [e.proposal for e, _ in runnable], _completed(state)
+        [e.proposal for e, _ in runnable], earlier
     )
     results: dict[str, asyncio.Future[CallOutcome | StopRequest]] = {
         e.call_id: loop.create_future() for e, _ in runnable
@@ -166,7 +198,7 @@ async def run_batch(
             missing = [d for d in entry.proposal.depends_on if d not in known]
             outcomes = [await f for f in needs]
             if (broken and entry.proposal.depends_on) or not dependencies_met(
-                outcomes, missing, state
+                outcomes, missing, earlier
             ):
                 result: CallOutcome | StopRequest = not_run(
                     entry, spec, ErrorCode.DEPENDENCY_FAILED, ReceiptStatus.DENIED, attempts=0
@@ -177,8 +209,9 @@ async def run_batch(
                     if freed.balance is not None:
                         seen.append(freed.balance)
             else:
+                inputs = dependency_inputs(entry, outcomes, earlier)
                 async with gate:
-                    result = await run_call(io, state, ctx, account, entry, spec, seen)
+                    result = await run_call(io, state, ctx, account, entry, spec, seen, inputs)
         except BaseException:
             results[entry.call_id].cancel()
             raise
@@ -186,23 +219,6 @@ async def run_batch(
         return result
 
     return list(await asyncio.gather(*(bounded(e, s) for e, s in runnable)))
-
-
-def _completed(state: AgentState) -> set[str]:
-    return {
-        r.call_id for r in current_receipts(state.receipts) if r.status is ReceiptStatus.COMPLETED
-    }
-
-
-def dependencies_met(
-    outcomes: list[CallOutcome | StopRequest], outside: list[str], state: AgentState
-) -> bool:
-    """Whether every dependency produced a verified result: a completed call of this batch, or
-    a call the run completed earlier (the gate allowed no other names)."""
-    earlier = _completed(state)
-    return all(
-        isinstance(o, CallOutcome) and o.status is ReceiptStatus.COMPLETED for o in outcomes
-    ) and all(d in earlier for d in outside)
 
 
 async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
@@ -221,9 +237,10 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         state.batch,
         cfg.registry,
         ctx.principal,
-        # Only calls of this batch can already hold a receipt (rejected at approval): they are
-        # the most recent ones, so the tail is enough (a forged one can only skip a call).
-        {r.call_id for r in state.receipts[-len(state.batch) :]} if state.batch else set(),
+        # A call already answered (rejected at approval, or run in an earlier step and written
+        # back into the batch) is skipped; answered only grows, so a forged entry can only skip
+        # a call. One whose earlier run state does not show is stopped by the ledger (run_call).
+        state.answered,
         approval=cfg.approval,
         verdict_key=cfg.verdict_key,
         run_id=state.run_id,
@@ -239,7 +256,15 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
             entry, spec = runnable[0]
             results = [await run_call(io, state, ctx, account, entry, spec, seen)]
         else:
-            results = await io.call(lambda: run_batch(cfg, state, ctx, account, runnable, seen))
+            inside = {e.call_id for e, _ in runnable}
+            outside = {d for e, _ in runnable for d in e.proposal.depends_on if d not in inside}
+            made = (
+                await produced_earlier(io, state, ctx, account, outside) if outside else frozenset()
+            )
+            earlier = earlier_outputs(state.observations, made)
+            results = await io.call(
+                lambda: run_batch(cfg, state, ctx, account, runnable, seen, earlier)
+            )
         for (entry, spec), result in zip(admission.runnable, results, strict=True):
             if isinstance(result, StopRequest):
                 claim_stop = claim_stop or result

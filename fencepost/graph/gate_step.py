@@ -7,7 +7,7 @@ from typing import Any
 
 from fencepost.graph.loop import checked_manifest
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, reserve_or_exhausted, viewed
+from fencepost.graph.run_account import account_of, produced, reserve_or_exhausted, viewed
 from fencepost.policy import (
     AgentState,
     Balance,
@@ -32,8 +32,7 @@ from fencepost.policy.gating import (
 )
 from fencepost.policy.keys import call_key
 from fencepost.policy.outcome import receipt_for
-from fencepost.policy.receipt import ReceiptStatus, current_receipts
-from fencepost.policy.repair import may_repair
+from fencepost.policy.repair import given_back, may_repair
 from fencepost.policy.run_check import stop
 from fencepost.policy.usage import budget_view
 
@@ -62,14 +61,10 @@ async def gate(
         )
         duplicate = stop(TerminationReason.INVALID_PROPOSAL, "duplicate_call_id")
         return state.model_copy(update={"phase": Phase.VALIDATE, "stop": duplicate}), [m]
-    # Only a batch that names dependencies needs them checked, against the run's completed calls.
+    # Only a batch that names dependencies needs them checked: each one outside the batch must
+    # be an earlier call whose tool returned a result, as the ledger (never a receipt) says.
     if any(c.depends_on for c in calls) and invalid_dependencies(
-        calls,
-        {
-            r.call_id
-            for r in current_receipts(state.receipts)
-            if r.status is ReceiptStatus.COMPLETED
-        },
+        calls, await _produced_outside(io, state, calls)
     ):
         m = checked_manifest(
             state,
@@ -122,14 +117,13 @@ async def gate(
         "fingerprints": gated.fingerprints,
     }
     if gated.stop is not None:
-        state = state.model_copy(update=gated_update)
         # One denial stops the whole batch: nothing in it runs, nothing is reserved. A repairable
-        # one may be given back to the model instead (repair_attempts).
+        # one may be given back to the model instead (repair_attempts); then none of its calls
+        # ran, so none counts as repeated (the counts it raised are not written).
         notes = may_repair(state, gated.batch, attempts=cfg.repair_attempts)
         if notes is not None:
-            repaired = {"batch": (), "repairs": state.repairs + 1, "repair_notes": notes}
-            return state.model_copy(update=repaired), manifests
-        return state.model_copy(update={"stop": gated.stop}), manifests
+            return given_back(state, notes), manifests
+        return state.model_copy(update={**gated_update, "stop": gated.stop}), manifests
     if state.repair_notes:
         gated_update["repair_notes"] = ()  # a batch that passes clears them
     # Written with the reservations' result: one copy of state for both.
@@ -141,6 +135,14 @@ async def gate(
     return state.model_copy(
         update={"receipts": state.receipts + refused, "stop": stopped}
     ), manifests
+
+
+async def _produced_outside(
+    io: NodeIO, state: AgentState, calls: Sequence[ToolProposal]
+) -> frozenset[str]:
+    inside = {c.call_id for c in calls}
+    outside = {d for c in calls for d in c.depends_on if d not in inside}
+    return await produced(io, account_of(state), outside) if outside else frozenset()
 
 
 async def reserve_batch(
@@ -184,7 +186,7 @@ async def reserve_batch(
             continue
         latest = held.balance
     batch, stopped = after_reservations(
-        current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key
+        current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key, only=only
     )
     if batch is not state.batch:
         update["batch"] = batch

@@ -30,6 +30,7 @@ from fencepost.policy.context import RunContext
 from fencepost.policy.keys import (
     carried_key,
     completed_key,
+    result_key,
     run_account,
     started_key,
     task_run_id,
@@ -44,7 +45,7 @@ from fencepost.policy.run_check import (
     stop_for_exhausted,
     stop_for_unknown_account,
 )
-from fencepost.policy.tasks import accepting, completions, recorded_done, unfinished
+from fencepost.policy.tasks import accepting, completions, recorded_done, unfinished, waited_for
 from fencepost.policy.usage import budget_view
 
 
@@ -126,9 +127,10 @@ async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: s
     durable ledger's missing account is never re-created: that run is refused.
 
     Limit: with the ledger lost, the checkpoint is the only record left, so it is trusted as
-    it is for spent budget: a completion receipt a caller forged *before* the loss is carried
-    (one forged after the re-opening is not). A run that needs that cannot be forged keeps a
-    durable ledger (SQLite/Postgres), whose completion markers outlive the process.
+    it is for spent budget: a completion receipt or a result observation a caller forged
+    *before* the loss is carried (one forged after the re-opening is not). A run that needs
+    that cannot be forged keeps a durable ledger (SQLite/Postgres), whose markers outlive the
+    process.
     """
     if not isinstance(io.ledger, InMemoryLedger) or await check_parent(io, ctx) is not None:
         return False
@@ -145,9 +147,40 @@ async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: s
             await io.reserve(account, _started(account, receipt), {})
         for call_id in recorded_done(state.receipts):
             await io.reserve(account, completed_key(account, call_id), {})
+        for call_id in dict.fromkeys(o.call_id for o in state.observations if o.is_evidence):
+            await io.reserve(account, result_key(account, call_id), {})
     except (UnknownAccount, LedgerConflict, BudgetExhausted, AccountClosed, ValueError):
         return False
     return True
+
+
+async def produced(io: NodeIO, account: str, calls: Iterable[str]) -> frozenset[str]:
+    """Which of ``calls`` the ledger marks as having had their tool return a result
+    (``result_key``): the only calls a citation may name or a dependency may wait on."""
+    return frozenset([c for c in calls if await io.get(result_key(account, c)) is not None])
+
+
+async def produced_earlier(
+    io: NodeIO, state: AgentState, ctx: RunContext, account: str, calls: Iterable[str]
+) -> frozenset[str]:
+    """:func:`produced`, for a node whose first ledger read it is (the executor re-run after a
+    restart): an account a non-durable ledger lost is re-opened first, carrying the markers the
+    checkpoint holds (:func:`reopen_lost`), as a reservation would."""
+    try:
+        await io.balance(account)
+    except UnknownAccount:
+        await reopen_lost(io, state, ctx, account)
+    return await produced(io, account, calls)
+
+
+async def mark_result(
+    io: NodeIO, state: AgentState, ctx: RunContext, account: str, call_id: str
+) -> None:
+    """Mark in the ledger that ``call_id``'s tool returned a result, before its attempt is
+    settled. A refused marker (a cancel closed the account meanwhile) leaves the result
+    unmarked, so never citable, and is no stop of its own: the call did run, and its outcome
+    stands (the closed account refuses the run's next step)."""
+    await reserve(io, state, ctx, result_key(account, call_id), {}, account=account)
 
 
 async def marked_done(io: NodeIO, account: str, calls: Iterable[str]) -> frozenset[str]:
@@ -189,7 +222,12 @@ async def certify(
     if not any(o.completes is not None for o in outcomes):
         return (), None
     account = account_of(state)
-    done = completions(receipts, outcomes, await marked_done(io, account, recorded_done(receipts)))
+    done = completions(
+        receipts,
+        outcomes,
+        await marked_done(io, account, recorded_done(receipts)),
+        waited=waited_for(state.pending),
+    )
     for receipt in done:
         key = completed_key(account, receipt.call_id)
         held = await reserve(io, state, ctx, key, {}, account=account)

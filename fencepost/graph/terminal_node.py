@@ -8,7 +8,13 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from fencepost.graph.decide_node import begin
-from fencepost.graph.endings import owned, pending_at_end, receipt_started, unsealed_end
+from fencepost.graph.endings import (
+    owned,
+    pending_at_end,
+    produced_at_end,
+    receipt_started,
+    unsealed_end,
+)
 from fencepost.graph.loop import Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import account_of, open_run, started_run_id
@@ -90,8 +96,17 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     if mine:
         current = await receipt_started(io, current, account)
     pending = await pending_at_end(io, current, mine) if completed else None
+    cited = (
+        await produced_at_end(io, current, mine, asked.answer.citations)
+        if completed and asked.answer is not None
+        else None
+    )
     ending = judged_stop(
-        current, asked, require_citations=io.cfg.require_citations, pending=pending
+        current,
+        asked,
+        require_citations=io.cfg.require_citations,
+        pending=pending,
+        produced=cited,
     )
     state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
     # The report needs the batch the run stopped in: terminate() clears it.

@@ -1,15 +1,22 @@
 """Human approval of write and external effects: what is asked, what answers mean.
 
 A call that needs approval waits (``approval="interrupt"``) until the caller resumes with an
-answer. Accepted answers, for every waiting call at once or per call id:
+answer. An answer is exactly one of these forms, for every waiting call at once or per call id:
 
 - ``"approve"`` / ``"reject"``
-- ``{"decision": "approve" | "reject"}`` (``"type"`` is accepted for ``"decision"``)
+- ``{"decision": "approve" | "reject"}`` (``"type"`` is accepted for ``"decision"``, never both)
 - ``{"decision": "edit", "arguments": {...}}``: run with these arguments instead, which pass
   every gate again
 - ``{"<call id>": <one of the above>, ...}``: per call; a waiting call left out is rejected
 
-Anything else is not guessed at: the run asks again, with a typed error naming these forms.
+Anything else is not guessed at: a mapping with a key no form has (a per-call answer beside a
+global one, ``"decision"`` beside ``"type"``, ``"arguments"`` on an approval), an answer naming
+a call that is not waiting, or an edit whose arguments fail the tool's schema (or that no
+checkpoint could hold) is asked again, with a typed error naming the forms (and, for an edit,
+the failed fields as paths and error codes, never the values given).
+
+Which calls wait is what the gate judged: an entry pending approval whose verdict was not made
+for its very arguments (and, with a ``verdict_key``, sealed by the gate) is not asked about.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from fencepost.policy.decision import ToolProposal
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.events import ToolFailed
-from fencepost.policy.gates import gate_proposal
+from fencepost.policy.fingerprint import MAX_NESTING, fits_checkpoint, proposal_fingerprint
+from fencepost.policy.gates import check_schema, gate_proposal, schema_problems
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import ReceiptStatus
@@ -35,7 +43,7 @@ from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.run_check import stop
 from fencepost.policy.state import AgentState, StopRequest
 from fencepost.policy.tool import Principal
-from fencepost.policy.verdict import VerdictCode
+from fencepost.policy.verdict import VerdictCode, verdict_is_sealed
 
 ApprovalMode = Literal["terminate", "interrupt"]
 """``"terminate"`` ends a run that proposes a write as ``approval_required``; ``"interrupt"``
@@ -50,62 +58,203 @@ ACCEPTED_FORMS = (
     '{"<call_id>": <any of the above>, ...} (a call left out is rejected)',
 )
 
+_DECISION_KEYS = ("decision", "type")
+"""The key an answer's decision is under (``"type"``, LangChain's HITL name, or ours)."""
+
 
 class ApprovalAnswer(Frozen):
     """One waiting call's answer."""
 
     decision: Literal["approve", "reject", "edit"]
     arguments: dict[str, JsonValue] | None = None
+    """With ``edit``: the arguments to run with; ``None`` when those given are no JSON object a
+    checkpoint can hold (the edit is then asked again)."""
+
+
+class InvalidEdit(Frozen):
+    """Why one call's edited arguments were refused: field paths and error codes, never the
+    values given (``"note: string_type"``)."""
+
+    call_id: str
+    problems: tuple[str, ...]
+
+
+UNREPRESENTABLE_ANSWER = "fencepost:unrepresentable_answer"
+"""What the graph hands the approval in place of a resume value no checkpoint could hold
+(:func:`storable_answer`): LangGraph stores a resume value before any node reads it, and its
+serializer would raise out of ``invoke``. The approval asks again, ``unrepresentable_answer``."""
+
+
+def storable_answer(response: Any) -> bool:
+    """Whether a resume value is one a checkpoint can hold, with room for an answer's own
+    levels (a per-call map, an answer mapping) around edited arguments that fit one."""
+    return fits_checkpoint(response, max_depth=MAX_NESTING + 2)
 
 
 class ApprovalProblem(Frozen):
-    """An answer fencepost does not recognise; sent back with the next approval request."""
+    """An answer fencepost does not take; sent back with the next approval request."""
 
-    code: Literal["unrecognized_answer"] = "unrecognized_answer"
+    code: Literal["unrecognized_answer", "invalid_arguments", "unrepresentable_answer"] = (
+        "unrecognized_answer"
+    )
     accepted_forms: tuple[str, ...] = ACCEPTED_FORMS
+    invalid: tuple[InvalidEdit, ...] = ()
+    """With ``invalid_arguments``: each edited call whose arguments failed, and why."""
+
+
+_REJECT = ApprovalAnswer(decision="reject")
+_PLAIN = {"approve": ApprovalAnswer(decision="approve"), "reject": _REJECT}
+"""The two answers that are a plain word (or a mapping of the decision alone)."""
 
 
 def _one(value: Any) -> ApprovalAnswer | None:
-    if value in ("approve", "reject"):
-        return ApprovalAnswer(decision=value)
-    if isinstance(value, Mapping):
-        decision = value.get("decision", value.get("type"))
-        if decision in ("approve", "reject"):
-            return ApprovalAnswer(decision=decision)
-        if decision == "edit" and isinstance(value.get("arguments"), Mapping):
-            try:
-                return ApprovalAnswer(decision="edit", arguments=dict(value["arguments"]))
-            except ValidationError:
-                return ApprovalAnswer(decision="edit", arguments={"__invalid__": True})
+    """``value`` as one call's answer, if it is exactly one accepted form."""
+    if isinstance(value, str):
+        return _PLAIN.get(str(value))
+    if not isinstance(value, Mapping):
+        return None
+    keys = [k for k in value if k in _DECISION_KEYS]
+    if len(keys) != 1:
+        return None  # no decision, or both spellings of it
+    decision = value[keys[0]]
+    if not isinstance(decision, str):
+        return None
+    if len(value) == 1:
+        return _PLAIN.get(str(decision))
+    if len(value) == 2 and str(decision) == "edit" and "arguments" in value:
+        arguments = value["arguments"]
+        if not isinstance(arguments, Mapping):
+            return None
+        return ApprovalAnswer(decision="edit", arguments=_json_object(arguments))
     return None
+
+
+def _json_object(arguments: Mapping[Any, Any]) -> dict[str, JsonValue] | None:
+    # Depth and integer range first (iteratively): a value nested past what a checkpoint holds
+    # must be refused before anything tries to validate, store or fingerprint it.
+    if not fits_checkpoint(arguments):
+        return None
+    try:
+        return ApprovalAnswer(decision="edit", arguments=dict(arguments)).arguments
+    except (ValidationError, RecursionError):
+        return None
 
 
 def parse_approval(
     response: Any, call_ids: Sequence[str]
 ) -> dict[str, ApprovalAnswer] | ApprovalProblem:
-    """Each waiting call's answer, or the problem with an answer that is not one of the forms."""
-    if isinstance(response, Mapping) and response and all(k in call_ids for k in response):
+    """Each waiting call's answer, or the problem with an answer that is not exactly one of the
+    accepted forms. A per-call answer never mixes with a global one."""
+    whole = _one(response)
+    per_call: dict[str, ApprovalAnswer] | None = None
+    if (
+        isinstance(response, Mapping)
+        and response
+        and all(isinstance(k, str) and k in call_ids for k in response)
+    ):
         # A call the answer leaves out is rejected: it never runs by default.
-        answers = {cid: _one(response.get(cid, "reject")) for cid in call_ids}
-    else:
-        answer = _one(response)
-        answers = {cid: answer for cid in call_ids}
-    if any(a is None for a in answers.values()):
-        return ApprovalProblem()
-    return {cid: a for cid, a in answers.items() if a is not None}
+        read = {cid: _one(response[cid]) if cid in response else _REJECT for cid in call_ids}
+        if all(a is not None for a in read.values()):
+            per_call = {cid: a for cid, a in read.items() if a is not None}
+    if whole is not None:
+        answers = {cid: whole for cid in call_ids}
+        # Read both ways (a call id may be spelt like a key of a form), they must agree.
+        return answers if per_call is None or per_call == answers else ApprovalProblem()
+    return per_call if per_call is not None else ApprovalProblem()
 
 
-def waiting(batch: Batch) -> list[BatchEntry]:
-    """The calls of ``batch`` that wait for a human."""
-    return [e for e in batch if e.verdict.code is VerdictCode.APPROVAL_PENDING]
+def edit_problems(
+    answers: Mapping[str, ApprovalAnswer], entries: Sequence[BatchEntry], registry: ToolRegistry
+) -> ApprovalProblem | None:
+    """The problem with the answers' edits, if any edit's arguments are not what its tool takes:
+    not a JSON object a checkpoint can hold, or failing the tool's strict schema. Such an edit
+    is asked again, never gated into the run's end (semantic rules and the rest of the gates
+    judge it once its arguments are well-formed)."""
+    invalid: list[InvalidEdit] = []
+    for entry in entries:
+        answer = answers.get(entry.call_id)
+        if answer is None or answer.decision != "edit":
+            continue
+        if answer.arguments is None:
+            invalid.append(InvalidEdit(call_id=entry.call_id, problems=("*: not_representable",)))
+            continue
+        name = entry.proposal.tool_name
+        if name not in registry:
+            continue  # an unknown tool is the gate's to refuse
+        spec = registry.get(name)
+        try:
+            proposal = entry.proposal.model_copy(update={"arguments": answer.arguments})
+            check_schema(spec, proposal)
+        except ValidationError as exc:
+            invalid.append(InvalidEdit(call_id=entry.call_id, problems=schema_problems(spec, exc)))
+        except ValueError:  # NaN or an infinity: no JSON
+            invalid.append(InvalidEdit(call_id=entry.call_id, problems=("*: not_representable",)))
+    if not invalid:
+        return None
+    return ApprovalProblem(code="invalid_arguments", invalid=tuple(invalid))
+
+
+def read_answer(
+    response: Any, entries: Sequence[BatchEntry], registry: ToolRegistry
+) -> dict[str, ApprovalAnswer] | ApprovalProblem:
+    """A human's answer to the waiting ``entries``: each call's answer, or the problem that has
+    the answer asked again (:func:`parse_approval`, then :func:`edit_problems`)."""
+    if isinstance(response, str) and response == UNREPRESENTABLE_ANSWER:
+        return ApprovalProblem(code="unrepresentable_answer")
+    answers = parse_approval(response, [e.call_id for e in entries])
+    if isinstance(answers, ApprovalProblem):
+        return answers
+    return edit_problems(answers, entries, registry) or answers
+
+
+def waiting(
+    batch: Batch, *, run_id: str | None = None, verdict_key: bytes | None = None
+) -> list[BatchEntry]:
+    """The calls of ``batch`` that wait for a human: pending approval by a verdict made for
+    these very arguments, and with ``verdict_key`` (and the run's ``run_id``) sealed by the gate.
+    Any other pending entry was written by somebody else (so is one whose call id the batch
+    holds twice, which the gate never lets through): nobody is asked about it."""
+    ids = [e.call_id for e in batch]
+    twice = {i for i in ids if ids.count(i) > 1} if len(set(ids)) != len(ids) else set()
+    out = []
+    for entry in batch:
+        verdict = entry.verdict
+        if verdict.code is not VerdictCode.APPROVAL_PENDING or entry.call_id in twice:
+            continue
+        proposal = entry.proposal
+        if verdict.tool_name != proposal.tool_name or verdict.fingerprint != _fingerprint(proposal):
+            continue
+        if verdict_key is not None and not verdict_is_sealed(
+            verdict, run_id=run_id or "", key=verdict_key
+        ):
+            continue
+        out.append(entry)
+    return out
+
+
+def _fingerprint(proposal: ToolProposal) -> str | None:
+    try:
+        return proposal_fingerprint(proposal.tool_name, proposal.arguments)
+    except (ValueError, TypeError, RecursionError):
+        return None  # arguments no gate could have fingerprinted
+
+
+def unasked(batch: Batch, asked: Sequence[BatchEntry]) -> Batch:
+    """``batch`` without the pending entries that are not ``asked`` (:func:`waiting`): they
+    never run and are never asked about, so the run cannot wait on them."""
+    # By identity: an entry written beside a waiting one under its call id is not the same one.
+    kept = {id(e) for e in asked}
+    return tuple(
+        e for e in batch if e.verdict.code is not VerdictCode.APPROVAL_PENDING or id(e) in kept
+    )
 
 
 def approval_request(
-    batch: Batch, registry: ToolRegistry, problem: ApprovalProblem | None = None
+    entries: Sequence[BatchEntry], registry: ToolRegistry, problem: ApprovalProblem | None = None
 ) -> dict[str, Any]:
     """The interrupt payload a human sees: each waiting call's tool, arguments and effect."""
     calls = []
-    for entry in waiting(batch):
+    for entry in entries:
         name = entry.proposal.tool_name
         spec = registry.get(name) if name in registry else None
         calls.append(
@@ -141,15 +290,19 @@ def apply_approvals(
     *,
     repeat_limit: int,
     now: datetime | None = None,
+    asked: Sequence[BatchEntry] | None = None,
 ) -> ApprovalResult:
-    """Apply the answers to the waiting calls: a rejected call is receipted ``denied`` and never
-    runs; an approved or edited one passes every gate again (capability included, with the
-    principal that answered)."""
+    """Apply the answers to the waiting calls (``asked``; :func:`waiting` of the state's batch
+    when not given): a rejected call is receipted ``denied`` and never runs; an approved or
+    edited one passes every gate again (capability included, with the principal that answered).
+    A pending entry that was not asked about leaves the batch (:func:`unasked`)."""
     counts = dict(state.fingerprints)
     changed: list[BatchEntry] = []
     rejected: list[CallOutcome] = []
     first_stop: StopRequest | None = None
-    for entry in waiting(state.batch):
+    if asked is None:
+        asked = waiting(state.batch)
+    for entry in asked:
         answer = answers[entry.call_id]
         name = entry.proposal.tool_name
         if answer.decision == "reject":
@@ -186,7 +339,7 @@ def apply_approvals(
             first_stop = stop(verdict.termination, verdict.code.value)
         changed.append(assemble(BatchEntry, {"proposal": proposal, "verdict": verdict}))
     return ApprovalResult(
-        batch=replace_entries(state.batch, changed),
+        batch=replace_entries(unasked(state.batch, asked), changed),
         fingerprints=counts,
         rejected=tuple(rejected),
         stop=first_stop,

@@ -86,10 +86,12 @@ def conclude(
     require_citations: bool,
     pending_tasks: Sequence[str] = (),
     final_turn: bool = False,
+    produced: Collection[str] | None = None,
 ) -> StopRequest | FinalRefused | Sequence[ToolProposal]:
     """A decision's consequence: the tool calls to gate, or the stop it asks for.
 
-    A final answer must cite evidence that is in the observations (server-verified); an invalid
+    A final answer must cite evidence that is in the observations and that a tool of this run
+    produced (``produced``: the cited calls the ledger marks so; server-verified); an invalid
     proposal or an unsupported citation ends the run ``invalid_proposal``, never ``completed``.
     While accepted work is pending, a final answer is refused (work accepted is not work done).
     In the final turn kept for answering, tool calls end the run ``step_budget_exhausted``.
@@ -102,7 +104,9 @@ def conclude(
     if isinstance(decision, ToolProposal | ToolBatch) and final_turn:
         return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "answer_margin")
     if isinstance(decision, FinalProposal):
-        return _completed(decision.answer, state, require_citations=require_citations)
+        return _completed(
+            decision.answer, state, require_citations=require_citations, produced=produced
+        )
     if isinstance(decision, AbstainProposal):
         return StopRequest(reason=TerminationReason(decision.reason))
     return calls_of(decided)
@@ -114,6 +118,7 @@ def judged_stop(
     *,
     require_citations: bool,
     pending: Collection[str] | None = None,
+    produced: Collection[str] | None = None,
 ) -> StopRequest:
     """The stop a run ends with, judged again against the state it ends in.
 
@@ -123,8 +128,10 @@ def judged_stop(
     run ends ``invalid_proposal``, never ``completed``. Any other stop is returned as it is.
 
     ``pending``: the tasks accepted work still waits on as the ledger's completion markers tell
-    it (``tasks.unfinished``); a receipt saying ``completed`` can be a caller's. ``None``: only
-    the receipts are left to judge by (a non-durable ledger lost with its process).
+    it (``tasks.unfinished``); a receipt saying ``completed`` can be a caller's. ``produced``:
+    the cited calls the ledger marks as having had their tool return a result; an observation
+    can be a caller's. ``None`` for either: only state is left to judge by (a non-durable
+    ledger lost with its process).
     """
     if ending.reason is not TerminationReason.COMPLETED:
         return ending
@@ -132,15 +139,25 @@ def judged_stop(
         return stop(TerminationReason.INVALID_PROPOSAL, InvalidProposal().code)
     if pending if pending is not None else pending_tasks(state.receipts):
         return stop(TerminationReason.INVALID_PROPOSAL, FinalRefused().code)
-    judged = _completed(ending.answer, state, require_citations=require_citations)
+    judged = _completed(
+        ending.answer, state, require_citations=require_citations, produced=produced
+    )
     return ending if judged.reason is TerminationReason.COMPLETED else judged
 
 
-def _completed(answer: AnswerPayload, state: AgentState, *, require_citations: bool) -> StopRequest:
+def _completed(
+    answer: AnswerPayload,
+    state: AgentState,
+    *,
+    require_citations: bool,
+    produced: Collection[str] | None,
+) -> StopRequest:
     """``completed`` with ``answer`` if its citations are server-verified, else the stop the
     failed check means (``invalid_proposal``, never ``completed``)."""
     try:
-        answer = validate_final_answer(answer, state, require_citations=require_citations)
+        answer = validate_final_answer(
+            answer, state, require_citations=require_citations, produced=produced
+        )
     except (UnsupportedCitation, MissingCitation) as exc:
         return stop(TerminationReason.INVALID_PROPOSAL, exc.code)
     return StopRequest(reason=TerminationReason.COMPLETED, answer=answer)

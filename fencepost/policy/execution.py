@@ -8,10 +8,12 @@ its capability now, and a write could have been approved at all.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from pydantic import JsonValue
 
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry
@@ -26,6 +28,8 @@ from fencepost.policy.events import (
 )
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied, authorize
+from fencepost.policy.ledger import ReservationStatus
+from fencepost.policy.observation import Observation
 from fencepost.policy.outcome import CallOutcome, MalformedMarker, checked_marker, result_status
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import Accepted, Completed, ReceiptStatus
@@ -81,9 +85,18 @@ def admit_batch(
     run_id: str,
 ) -> Admission:
     """Split a batch's allowed, not yet receipted calls into runnable ones; one refusal stops the
-    whole batch, as one denial does at the gate (every allowed call is receipted denied)."""
+    whole batch, as one denial does at the gate (every allowed call is receipted denied, once).
+
+    A call id the batch holds twice is refused too: the gate never lets one through
+    (``gating.duplicate_call_ids``), so such a batch was written by somebody else, and its
+    results could not be joined to its proposals by call id."""
     checked: list[tuple[BatchEntry, ToolSpec | None, bool]] = []
+    ids: set[str] = set()
+    repeated = False
     for entry in batch:
+        if entry.call_id in ids:
+            repeated = True
+        ids.add(entry.call_id)
         if entry.call_id in done or not entry.verdict.allowed:
             continue
         name = entry.proposal.tool_name
@@ -92,13 +105,15 @@ def admit_batch(
             entry, spec, principal, approval=approval, verdict_key=verdict_key, run_id=run_id
         )
         checked.append((entry, spec, ok))
-    if all(ok for _, _, ok in checked):
+    if not repeated and all(ok for _, _, ok in checked):
         return Admission(tuple((e, s) for e, s, _ in checked if s is not None), ())
-    refused = tuple(
-        not_run(e, s, ErrorCode.PERMISSION_DENIED, ReceiptStatus.DENIED, attempts=0)
-        for e, s, _ in checked
-    )
-    return Admission((), refused)
+    refused: dict[str, CallOutcome] = {}
+    for e, s, _ in checked:
+        if e.call_id not in refused:
+            refused[e.call_id] = not_run(
+                e, s, ErrorCode.PERMISSION_DENIED, ReceiptStatus.DENIED, attempts=0
+            )
+    return Admission((), tuple(refused.values()))
 
 
 def not_run(
@@ -139,6 +154,86 @@ def claim(spec: ToolSpec, *, started_before: bool) -> Claim:
     if not started_before:
         return Claim.RUN
     return Claim.RETRY if spec.retry_safe else Claim.UNCERTAIN
+
+
+def answered_before(status: ReservationStatus, *, run_went_on: bool) -> bool:
+    """Whether an attempt the ledger already holds with ``status`` means the call id was
+    answered, so that it never runs again whatever the batch says (:func:`finished_before`).
+
+    Given back (``released``): it never started and was receipted as not run. Settled: when the
+    run went on past the call's step (``run_went_on``: the ledger holds a later step), the batch
+    was written back into state or replayed from an earlier checkpoint. A settled attempt of the
+    run's latest step is a crash between the settlement and the checkpoint: its result was lost
+    with it, and the claim goes on as for any attempt that started (retried when safe, else
+    ``uncertain``)."""
+    if status is ReservationStatus.RELEASED:
+        return True
+    return status is ReservationStatus.SETTLED and run_went_on
+
+
+def finished_before(
+    entry: BatchEntry, spec: ToolSpec, attempt: int, *, started: bool
+) -> CallOutcome:
+    """A call whose attempt ``attempt`` the ledger shows answered (:func:`answered_before`):
+    settled after it ran (``started``), or given back having never started. It never runs
+    again; its outcome is not known here (state does not show it), so it is not guessed:
+    ``uncertain`` if it ran, ``denied`` (``conflict``) if it never did."""
+    if started:
+        return uncertain(entry, spec, attempt)
+    return not_run(entry, spec, ErrorCode.CONFLICT, ReceiptStatus.DENIED, attempts=attempt - 1)
+
+
+def dependencies_met(
+    outcomes: Sequence[CallOutcome | StopRequest],
+    outside: Collection[str],
+    produced: Collection[str],
+) -> bool:
+    """Whether every dependency of a call produced a verified result: each call of its batch it
+    waited for returned one (completed, or accepted with a task id: an output a dependent may
+    read), and each one ``outside`` the batch is among the earlier calls the ledger marks as
+    having ``produced`` one (``keys.result_key``; a receipt in state is no proof)."""
+    return all(isinstance(o, CallOutcome) and o.status in _OUTPUTS for o in outcomes) and all(
+        d in produced for d in outside
+    )
+
+
+_OUTPUTS = frozenset({ReceiptStatus.COMPLETED, ReceiptStatus.ACCEPTED_PENDING})
+"""The receipts of a call whose tool returned a result: what a dependent may wait on."""
+
+
+def earlier_outputs(
+    observations: Sequence[Observation], produced: Collection[str]
+) -> dict[str, JsonValue]:
+    """The results of the earlier calls in ``produced`` (those the ledger marks as having had
+    their tool return one), as the checkpoint holds them: each call's first result."""
+    out: dict[str, JsonValue] = {}
+    if not produced:
+        return out
+    for observation in observations:
+        call_id = observation.call_id
+        if observation.is_evidence and call_id in produced and call_id not in out:
+            out[call_id] = observation.result
+    return out
+
+
+def dependency_inputs(
+    entry: BatchEntry,
+    outcomes: Sequence[CallOutcome | StopRequest],
+    earlier: Mapping[str, JsonValue],
+) -> dict[str, JsonValue]:
+    """What a dependent call may read of each call it depends on (``ToolContext.dependencies``):
+    its result as its tool returned it in this batch (``outcomes``), or as the checkpoint holds
+    it for an earlier one (``earlier``). For a call that only accepted work, that is its
+    ``Accepted``: the task id, and the detail its tool gave."""
+    inputs: dict[str, JsonValue] = {
+        o.call_id: o.event.result
+        for o in outcomes
+        if isinstance(o, CallOutcome) and isinstance(o.event, ToolSucceeded)
+    }
+    for dep in entry.proposal.depends_on:
+        if dep not in inputs and dep in earlier:
+            inputs[dep] = earlier[dep]
+    return inputs
 
 
 def uncertain(entry: BatchEntry, spec: ToolSpec, attempts: int) -> CallOutcome:
@@ -182,6 +277,7 @@ def ran(
                 effect=spec.effect,
                 task_id=marker.task_id if isinstance(marker, Accepted) else None,
                 completes=completed_task(spec, marker),
+                evidence_for=spec.evidence_for,
             )
     return CallOutcome(
         event=ToolFailed(
@@ -198,9 +294,9 @@ def ran(
 
 def completed_task(spec: ToolSpec, value: Any) -> str | None:
     """The task a tool's result completes: a ``Completed`` from a tool that declares completion
-    evidence, carrying every declared field non-empty. Anything less (a status that says "done",
-    an HTTP 200) completes nothing."""
-    if not isinstance(value, Completed) or not spec.completion_evidence:
+    evidence (and the accepting tools it is evidence for), carrying every declared field
+    non-empty. Anything less (a status that says "done", an HTTP 200) completes nothing."""
+    if not isinstance(value, Completed) or not spec.completion_evidence or not spec.evidence_for:
         return None
     if all(value.evidence.get(name, "").strip() for name in spec.completion_evidence):
         return value.task_id
@@ -265,4 +361,5 @@ def ordered(batch: Batch, outcomes: Sequence[CallOutcome]) -> list[CallOutcome]:
     """Outcomes joined to the batch by call id, in the order the model proposed the calls —
     never in the order they arrived."""
     by_id = {o.call_id: o for o in outcomes}
-    return [by_id[e.call_id] for e in batch if e.call_id in by_id]
+    # A call id the batch holds twice (refused: admit_batch) is reported once.
+    return [by_id.pop(e.call_id) for e in batch if e.call_id in by_id]

@@ -56,9 +56,9 @@ msgpack serializer refuses deep structures at checkpoint time; refusing them her
 crash into a typed outcome."""
 
 
-def fits_checkpoint(value: Any) -> bool:
+def fits_checkpoint(value: Any, *, max_depth: int = MAX_NESTING) -> bool:
     """Whether a JSON value can be written to a checkpoint: every integer in the 64-bit range
-    msgpack stores, and no deeper than :data:`MAX_NESTING` levels.
+    msgpack stores, and no deeper than ``max_depth`` (:data:`MAX_NESTING`) levels.
 
     JSON itself has neither limit, so a model or a tool can produce a value that validates and
     fingerprints fine but that LangGraph's serializer cannot write.
@@ -72,7 +72,7 @@ def fits_checkpoint(value: Any) -> bool:
             if not _INT_MIN <= item <= _INT_MAX:
                 return False
         elif isinstance(item, dict | list | tuple):
-            if depth >= MAX_NESTING:
+            if depth >= max_depth:
                 return False
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)

@@ -157,10 +157,14 @@ def after_reservations(
     *,
     run_id: str,
     verdict_key: bytes | None,
+    only: Collection[str] | None = None,
 ) -> tuple[Batch, StopRequest | None]:
     """The batch once its allowed calls were reserved in order: refused ones are marked
-    ``budget_exhausted`` (receipted as not run), the rest sealed when there is a key.
+    ``budget_exhausted`` (receipted as not run), the rest sealed when there is a key — with the
+    calls left waiting for a human, whose pending verdicts the approval checks the seal of.
 
+    ``only``: the calls judged just now (the approval's); every other entry is left as it is,
+    sealed or not: only the gate seals, and only what it judged.
     A batch none of which can run ends the run now, with the axis that ran out named.
     """
     if not refused and verdict_key is None:
@@ -168,6 +172,9 @@ def after_reservations(
     out: list[BatchEntry] = []
     for entry in batch:
         verdict: Verdict = entry.verdict
+        if only is not None and entry.call_id not in only:
+            out.append(entry)
+            continue
         if entry.call_id in refused:
             axis = refused[entry.call_id].axis
             verdict = verdict.model_copy(
@@ -176,7 +183,7 @@ def after_reservations(
                     "exhausted_axis": axis.value if axis is not None else None,
                 }
             )
-        elif verdict.allowed and verdict_key is not None:
+        elif verdict_key is not None:
             verdict = seal_verdict(verdict, run_id=run_id, key=verdict_key)
         out.append(entry.with_verdict(verdict) if verdict is not entry.verdict else entry)
     result = tuple(out)

@@ -96,3 +96,14 @@ def completed_key(account: str, call_id: str) -> str:
     accepted work done only when the ledger holds this marker.
     """
     return f"{account}:done:{_digest(call_id)}"
+
+
+def result_key(account: str, call_id: str) -> str:
+    """The durable marker (zero amounts) that the tool of call ``call_id`` returned a result
+    (completed, or accepted with a task id).
+
+    Written by the execute node before the call's attempt is settled, only for a result the
+    tool itself returned: an observation in state is a caller's ``update_state`` away from
+    forged, so a citation names, and a dependency waits on, only a call the ledger marks so.
+    """
+    return f"{account}:result:{_digest(call_id)}"

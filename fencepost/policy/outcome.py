@@ -50,6 +50,9 @@ class CallOutcome(Frozen):
     """With ``accepted_pending``: the task the tool accepted."""
     completes: str | None = None
     """The accepted task this call's result completes, its evidence having been verified."""
+    evidence_for: Annotated[tuple[str, ...], Strict(False)] = ()
+    """With ``completes``: the accepting tools whose tasks this call's tool is evidence for
+    (``ToolSpec.evidence_for``)."""
 
     @property
     def call_id(self) -> str:

@@ -40,11 +40,39 @@ def not_a_tool_spec(entry: object) -> str:
     return f"registry entries must be ToolSpec (from @fp.tool, ToolSpec or tool_spec), got {kind}"
 
 
+class InvalidCompletionDeclaration(ValueError):
+    """A status tool's completion declaration (``completion_evidence``, ``evidence_for``) that
+    cannot be honoured: raised when the registry is built, naming the tool and the problem."""
+
+
+def check_completion_declarations(by_name: dict[str, ToolSpec]) -> None:
+    """Every status tool names the accepting tools it is evidence for, each one registered, and
+    a tool that names some declares the evidence it must carry. Raises
+    :class:`InvalidCompletionDeclaration`."""
+    for spec in by_name.values():
+        if spec.completion_evidence and not spec.evidence_for:
+            raise InvalidCompletionDeclaration(
+                f"{spec.name!r} declares completion_evidence but names no accepting tool "
+                "in evidence_for: which tool's tasks can its Completed finish?"
+            )
+        if spec.evidence_for and not spec.completion_evidence:
+            raise InvalidCompletionDeclaration(
+                f"{spec.name!r} names evidence_for but declares no completion_evidence: "
+                "the fields a Completed must carry"
+            )
+        for name in spec.evidence_for:
+            if name not in by_name:
+                raise InvalidCompletionDeclaration(
+                    f"{spec.name!r} names {name!r}, which is not registered, in evidence_for"
+                )
+
+
 class ToolRegistry:
     """An immutable allowlist of :class:`ToolSpec`, looked up by exact name.
 
     Names from the model are only ever dictionary keys here: never imported, ``getattr``-ed or
-    evaluated. Duplicate names are rejected at construction.
+    evaluated. Duplicate names, and completion declarations naming no registered accepting tool,
+    are rejected at construction.
 
     >>> ToolRegistry([]).names()
     ()
@@ -60,6 +88,7 @@ class ToolRegistry:
             if spec.name in by_name:
                 raise ValueError(f"duplicate tool name {spec.name!r}")
             by_name[spec.name] = spec
+        check_completion_declarations(by_name)
         self._by_name = by_name
         self._catalog = tuple(
             {

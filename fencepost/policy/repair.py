@@ -9,6 +9,7 @@ attempt spends a step; when attempts run out the run ends ``invalid_proposal``.
 from __future__ import annotations
 
 from fencepost.policy.batch import Batch
+from fencepost.policy.phase import Phase
 from fencepost.policy.state import AgentState
 from fencepost.policy.verdict import VerdictCode
 
@@ -43,3 +44,17 @@ def may_repair(state: AgentState, batch: Batch, *, attempts: int) -> tuple[str, 
     ):
         return None
     return repair_notes(batch)
+
+
+def given_back(state: AgentState, notes: tuple[str, ...]) -> AgentState:
+    """``state`` (as it was before the batch was gated) once its refused batch is given back
+    for repair: no batch, one more repair, the notes. The repeat counts stay as they were: none
+    of the batch's calls ran, so a valid one held back with it has not been repeated."""
+    return state.model_copy(
+        update={
+            "phase": Phase.VALIDATE,
+            "batch": (),
+            "repairs": state.repairs + 1,
+            "repair_notes": notes,
+        }
+    )

@@ -9,8 +9,9 @@ ledger marks (``marked``); the graph's nodes do the ledger I/O.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
+from fencepost.policy.decision import ToolProposal
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.receipt import Receipt, ReceiptStatus, current_receipts
 
@@ -66,9 +67,17 @@ def completions(
     receipts: tuple[Receipt, ...],
     outcomes: Sequence[CallOutcome],
     marked: Collection[str] | None = None,
+    *,
+    waited: Mapping[str, Collection[str]] | None = None,
 ) -> tuple[Receipt, ...]:
     """New receipts for accepted tasks that ``outcomes`` carry verified completion evidence for:
     the accepting call's receipt, now ``completed``, naming the call that showed it done.
+
+    A completion counts only from a status tool declared as evidence for the tool that accepted
+    the task (``CallOutcome.evidence_for``), and only from a check made after the acceptance:
+    ``waited`` maps each call of the batch ``outcomes`` come from to the calls of that batch it
+    waited for (:func:`waited_for`); a task accepted in this batch is completed only by a call
+    that waited for its accepting call (one accepted in an earlier step, by any later call).
 
     With ``marked`` (the accepting calls the ledger marks done), a call still waits unless it is
     both marked and receipted ``completed``: a forged ``completed`` receipt does not stop the
@@ -86,19 +95,51 @@ def completions(
     for pending in queued:
         if pending.task_id is not None:
             waiting.setdefault(pending.task_id, []).append(pending)
+    order = waited or {}
     done: list[Receipt] = []
     for outcome in outcomes:
         task = outcome.completes
-        # One completion completes one accepted call: the earliest still waiting on the task.
         queue = waiting.get(task) if task is not None else None
-        receipt = queue.pop(0) if queue else None
+        if not queue:
+            continue
+        before = order.get(outcome.call_id, ())
+        # One completion completes one accepted call: the earliest still waiting on the task
+        # that this call's tool is evidence for and that was accepted before this call began.
+        receipt = next(
+            (
+                r
+                for r in queue
+                if r.tool_name in outcome.evidence_for
+                and (r.call_id not in order or r.call_id in before)
+            ),
+            None,
+        )
         if receipt is not None:
+            queue.remove(receipt)
             done.append(
                 receipt.model_copy(
                     update={"status": ReceiptStatus.COMPLETED, "completed_by": outcome.call_id}
                 )
             )
     return tuple(done)
+
+
+def waited_for(calls: Sequence[ToolProposal]) -> dict[str, frozenset[str]]:
+    """For each call of a batch, the calls of the same batch it waited for: those it
+    ``depends_on``, and the ones they waited for in turn (a call runs only after all of them)."""
+    ids = {c.call_id for c in calls}
+    direct = {c.call_id: [d for d in c.depends_on if d in ids] for c in calls}
+    out: dict[str, frozenset[str]] = {}
+    for call_id in direct:
+        seen: set[str] = set()
+        stack = list(direct[call_id])
+        while stack:
+            dep = stack.pop()
+            if dep not in seen and dep != call_id:
+                seen.add(dep)
+                stack.extend(direct.get(dep, ()))
+        out[call_id] = frozenset(seen)
+    return out
 
 
 def open_tasks_after(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import Phase, TerminationReason
 from fencepost.policy.state import AgentState
@@ -48,15 +50,25 @@ def terminate(
 
 
 def validate_final_answer(
-    answer: AnswerPayload, state: AgentState, *, require_citations: bool = False
+    answer: AnswerPayload,
+    state: AgentState,
+    *,
+    require_citations: bool = False,
+    produced: Collection[str] | None = None,
 ) -> AnswerPayload:
-    """Server-side citation check: each citation must name a successful observation.
+    """Server-side citation check: each citation must name a successful observation, and (given
+    ``produced``: the calls the ledger marks as having had their tool return a result) one a
+    tool of this run produced — an observation in state is a caller's ``update_state`` away
+    from forged, the ledger's mark is not.
 
     Raises :class:`UnsupportedCitation` or (with ``require_citations``) :class:`MissingCitation`.
     """
     if require_citations and not answer.citations:
         raise MissingCitation("answer has no citations")
     known = state.evidence_ids()
-    if any(citation not in known for citation in answer.citations):
+    if any(
+        citation not in known or (produced is not None and citation not in produced)
+        for citation in answer.citations
+    ):
         raise UnsupportedCitation("answer cites evidence that was not observed")
     return answer

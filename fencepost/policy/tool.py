@@ -7,7 +7,15 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    Strict,
+    field_validator,
+    model_validator,
+)
 
 from fencepost.policy._model import Frozen
 from fencepost.policy.deadline import Deadline
@@ -40,6 +48,11 @@ class ToolContext(Frozen):
     """This call's stage deadline: the smaller of the run's remainder and the tool's timeout."""
     idempotency_key: str = ""
     """The call id: the same on every retry and resume of this call, so a write happens once."""
+    dependencies: dict[str, JsonValue] = Field(default_factory=dict)
+    """What this call may read of the calls it ``depends_on``: by call id, each one's result as
+    JSON — for a call that only accepted work, its ``Accepted`` (``{"task_id": ..., "detail":
+    {...}}``). Untrusted data, as any tool output. A dependency of the same batch is read as
+    its tool returned it; one from an earlier step as the checkpoint holds its observation."""
     attempt: Annotated[int, Field(ge=1)] = 1
     """1 for the first attempt; higher when a crash forced a retry of the same call id."""
     budget_account: str | None = None
@@ -121,6 +134,12 @@ class ToolSpec(BaseModel):
     completion_evidence: Annotated[tuple[str, ...], Strict(False)] = ()
     """For a status tool: the evidence fields a returned ``Completed`` must carry (non-empty) to
     turn the accepted task it names ``completed``. Empty: this tool completes no task."""
+    evidence_for: Annotated[tuple[str, ...], Strict(False)] = ()
+    """For a status tool: the accepting tools whose tasks its ``Completed`` is evidence for
+    (``("upload_document",)``). A task is completed only by a status tool declared for the tool
+    that accepted it, and only by a check made after the acceptance (a later step, or a call of
+    the same batch that ``depends_on`` the accepting one). Required with
+    ``completion_evidence``, and checked when the registry is built: every name registered."""
     poll_interval_seconds: Annotated[float | None, Field(gt=0), Strict(False)] = None
     """For a polling tool: the same call repeated this long after the last one is progress
     whatever it returns; sooner is no progress."""

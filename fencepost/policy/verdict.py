@@ -57,8 +57,9 @@ class Verdict(Frozen):
     exhausted_axis: str | None = None
     """With ``budget_exhausted``: the budget axis that could not cover this call."""
     seal: str | None = None
-    """HMAC over run, call id and fingerprint of an allowed verdict, when the runtime has a key:
-    lets the executor tell a verdict the gate wrote from one written into state by anyone else."""
+    """HMAC over run, call id and fingerprint of an allowed (or pending) verdict, when the
+    runtime has a key: lets the executor (and the approval) tell a verdict the gate wrote from
+    one written into state by anyone else."""
 
     @property
     def allowed(self) -> bool:
@@ -72,19 +73,29 @@ class Verdict(Frozen):
 
 
 def _mac(key: bytes, run_id: str, verdict: Verdict) -> str:
-    message = "\x00".join((run_id, verdict.call_id, verdict.tool_name, verdict.fingerprint))
+    parts = [run_id, verdict.call_id, verdict.tool_name, verdict.fingerprint]
+    if verdict.code is VerdictCode.APPROVAL_PENDING:
+        # Its own message: a pending verdict's seal never passes for an allowed one's.
+        parts.append(VerdictCode.APPROVAL_PENDING.value)
+    message = "\x00".join(parts)
     return hmac.new(key, message.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
+_SEALED = frozenset({VerdictCode.ALLOWED, VerdictCode.APPROVAL_PENDING})
+
+
 def seal_verdict(verdict: Verdict, *, run_id: str, key: bytes) -> Verdict:
-    """The verdict with its seal set (only allowed verdicts are sealed)."""
-    if not verdict.allowed:
+    """The verdict with its seal set. Only the gate's allowed verdicts are sealed (the executor
+    runs only those) and its pending ones (a human is asked only about those)."""
+    if verdict.code not in _SEALED:
         return verdict
     return verdict.model_copy(update={"seal": _mac(key, run_id, verdict)})
 
 
 def verdict_is_sealed(verdict: Verdict, *, run_id: str, key: bytes) -> bool:
-    """Whether ``verdict`` carries a valid seal made with ``key`` for ``run_id``."""
-    return verdict.seal is not None and hmac.compare_digest(
-        verdict.seal, _mac(key, run_id, verdict)
+    """Whether ``verdict`` carries a valid seal made with ``key`` for ``run_id``, for its code."""
+    return (
+        verdict.code in _SEALED
+        and verdict.seal is not None
+        and hmac.compare_digest(verdict.seal, _mac(key, run_id, verdict))
     )

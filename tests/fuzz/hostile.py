@@ -390,6 +390,18 @@ SPECS = (
         "logs:read",
         sync=False,
         completion_evidence=("document_id",),
+        # Any tool of the world may accept a task (the "accepted" behaviour).
+        evidence_for=(
+            "lookup",
+            "fetch",
+            "write_note",
+            "notify",
+            "admin_reset",
+            "slow_probe",
+            "slow_async",
+            "task_status",
+            "guarded",
+        ),
     ),
     _spec(
         "guarded",
@@ -664,13 +676,8 @@ def turns(draw: st.DrawFn, *, sync: bool = True) -> Any:
 
 
 def answers(call_ids: list[str]) -> st.SearchStrategy[Any]:
-    """An answer to a paused approval: every accepted form, edits, per-call maps and garbage.
-
-    Never nested past the checkpoint serializer's limits or holding integers msgpack cannot
-    store: LangGraph writes a resume value to the checkpointer before any fencepost node sees
-    it, the known limitation pinned by ``tests/graph/test_hostile_review.py::
-    test_a_resume_answer_nested_past_the_serializer_limit_does_not_escape_invoke`` (strict xfail).
-    """
+    """An answer to a paused approval: every accepted form, edits, per-call maps, answers that
+    mix forms or carry a key no form has, and garbage."""
     one = st.one_of(
         st.sampled_from(["approve", "reject", "approve", "yes", ""]),
         st.sampled_from([{"decision": "approve"}, {"decision": "reject"}, {"type": "approve"}]),
@@ -688,7 +695,35 @@ def answers(call_ids: list[str]) -> st.SearchStrategy[Any]:
         if call_ids
         else st.just({})
     )
+    # Not exactly one form: a global answer beside a per-call one, both spellings of the
+    # decision, a key no form has. Each must be asked again, never read as its "decision".
+    mixed = st.one_of(
+        st.builds(
+            lambda word, cid, other: {"decision": word, cid: other},
+            st.sampled_from(["approve", "reject"]),
+            st.sampled_from(call_ids or ["call-0001"]),
+            st.sampled_from(["approve", "reject"]),
+        ),
+        st.sampled_from(
+            [
+                {"decision": "approve", "type": "reject"},
+                {"decision": "approve", "arguments": {"note": "smuggled"}},
+                {"decision": "reject", "why": "no"},
+            ]
+        ),
+    )
+    # Past what a checkpoint holds (deep, or an integer msgpack cannot store): asked again.
+    deep = st.integers(min_value=60, max_value=400).map(_deep_edit) | st.just(
+        {"decision": "edit", "arguments": {"note": 2**70}}
+    )
     # Never a bare ``None``: ``Command(resume=None)`` is LangGraph's own UnboundLocalError, before
     # any fencepost code runs (``test_fuzz_regressions.py``, strict xfail).
     garbage = json_values.filter(lambda v: v is not None)
-    return st.one_of(one, one, per_call, garbage, st.just({"call-9999": "approve"}))
+    return st.one_of(one, one, per_call, mixed, deep, garbage, st.just({"call-9999": "approve"}))
+
+
+def _deep_edit(depth: int) -> dict[str, Any]:
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return {"decision": "edit", "arguments": {"note": value}}

@@ -246,6 +246,7 @@ def upload_registry(status_result: Any = UPLOAD_DONE) -> fp.ToolRegistry:
                 timeout_seconds=5,
                 execute=status,
                 completion_evidence=("document_id", "version", "access_path"),
+                evidence_for=("upload_document",),
             ),
         ]
     )
@@ -393,3 +394,42 @@ def mid_run_state(step: int = 2, **budget: Any) -> fp.AgentState:
             **({"steps_remaining": 5, "tool_calls_remaining": 4, "tokens_used": 7} | budget)
         ),
     )
+
+
+LEDGERS = ("memory", "sqlite")
+"""The ledgers a rule is pinned with: the graph's own kind (in memory) and a durable one."""
+
+
+def each_ledger(request: Any, tmp_path: Path) -> Iterator[fp.Ledger]:
+    """A fixture body (``pytest.fixture(params=LEDGERS, name="ledger")(each_ledger)``): an
+    ``InMemoryLedger``, or a ``SqliteLedger`` on a file."""
+    if request.param == "memory":
+        yield fp.InMemoryLedger()
+        return
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
+VERDICT_KEY = b"a-secret-the-operator-keeps-0123"
+"""A ``verdict_key`` for graphs that seal their verdicts."""
+
+
+def allowed_entry(proposal: fp.ToolProposal) -> fp.policy.BatchEntry:
+    """A caller's forged batch entry: ``proposal`` with an unsealed ``allowed`` verdict."""
+    verdict = fp.policy.Verdict(
+        call_id=proposal.call_id,
+        tool_name=proposal.tool_name,
+        fingerprint=fp.policy.proposal_fingerprint(proposal.tool_name, proposal.arguments),
+        code=fp.policy.VerdictCode.ALLOWED,
+    )
+    return fp.policy.BatchEntry(proposal=proposal, verdict=verdict)
+
+
+def interrupt_payload(out: dict[str, Any]) -> dict[str, Any]:
+    """The approval request an invoke paused on (exactly one)."""
+    (interrupt,) = out["__interrupt__"]
+    payload: dict[str, Any] = interrupt.value
+    return payload

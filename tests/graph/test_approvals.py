@@ -7,7 +7,18 @@ from typing import Any
 from langgraph.types import Command
 
 import fencepost as fp
-from tests.graph.kit import budget, call, context, final_citing_last, forge_batch, harness, thread
+from fencepost.policy.tool_decorator import tool
+from tests.graph.kit import (
+    Calls,
+    budget,
+    call,
+    context,
+    final_citing_last,
+    forge_batch,
+    harness,
+    make_registry,
+    thread,
+)
 
 
 def _paused(h: Any, config: dict[str, Any], ctx: fp.RunContext) -> dict[str, Any]:
@@ -65,13 +76,31 @@ def test_rejected_call_never_runs_and_the_model_sees_a_safe_code() -> None:
 
 
 def test_edited_arguments_pass_every_gate_again() -> None:
-    h = harness([call("write_note", 1, note="hi")], approval="interrupt")
+    calls = Calls()
+
+    @tool(effect=fp.Effect.WRITE, capability="notes:write", timeout_seconds=5)
+    def post_query(query: str, ctx: fp.ToolContext) -> Any:
+        """Post a saved query."""
+        calls.log.append(("post_query", {"query": query}, ctx.idempotency_key))
+        return {"posted": True}
+
+    proposal = fp.ToolProposal(
+        call_id="call-0001", tool_name="post_query", arguments={"query": "errors"}
+    )
+    h = harness(
+        [proposal],
+        registry=make_registry(calls, extra=[post_query]),
+        calls=calls,
+        approval="interrupt",
+    )
     config, ctx = thread(), context()
     _paused(h, config, ctx)
-    bad_edit = {"decision": "edit", "arguments": {"note": 5}}
+    # Well-formed, so not asked again (tests/features/test_approvals.py): an empty-like query is
+    # a semantic violation, judged as the model's own would be.
+    bad_edit = {"decision": "edit", "arguments": {"query": "*"}}
     state = fp.run_output(h.graph.invoke(Command(resume=bad_edit), config, context=ctx))
     assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
-    assert state.last_error_code == "schema_violation"
+    assert state.last_error_code == "semantic_violation"
     assert h.calls.log == []
 
 

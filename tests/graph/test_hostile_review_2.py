@@ -100,7 +100,9 @@ def test_clearing_open_tasks_in_state_does_not_let_a_final_answer_pass() -> None
 
 def test_a_completed_from_a_tool_declaring_no_completion_evidence_completes_nothing() -> None:
     reg = upload_registry()
-    plain = reg.get("upload_status").model_copy(update={"completion_evidence": ()})
+    plain = reg.get("upload_status").model_copy(
+        update={"completion_evidence": (), "evidence_for": ()}
+    )
     registry = fp.ToolRegistry([reg.get("upload_document"), plain])
     h = harness(
         [

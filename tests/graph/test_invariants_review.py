@@ -177,15 +177,16 @@ def test_a_per_call_resume_that_leaves_a_call_out_rejects_it() -> None:
 
 
 def test_an_edit_that_is_not_a_valid_proposal_never_runs_the_original_arguments() -> None:
-    # NaN is not JSON: the edited proposal cannot even be built. That must deny the call, not
-    # fall back to the arguments the human was editing away from.
+    # NaN is not JSON: the edited proposal cannot even be built. That must never fall back to
+    # the arguments the human was editing away from: the edit is asked again.
     h = harness([call("write_note", 1, note="hi"), ABSTAIN], approval="interrupt")
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     edit = {"decision": "edit", "arguments": {"note": float("nan")}}
-    state = fp.run_output(h.graph.invoke(Command(resume=edit), config, context=ctx))
+    out = h.graph.invoke(Command(resume=edit), config, context=ctx)
     assert h.calls.log == []
-    assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
+    (asked,) = out["__interrupt__"]
+    assert asked.value["error"]["code"] == "invalid_arguments"
 
 
 @pytest.mark.parametrize("how", ["update_state", "command"])

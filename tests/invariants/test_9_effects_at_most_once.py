@@ -1,9 +1,8 @@
-"""Invariant 9: a write/external effect runs at most once per call id, and when it is unknown
-whether the effect happened the receipt says ``uncertain`` instead of guessing.
+"""Invariant 9: an effect runs at most once per call id, and an unknown outcome is ``uncertain``.
 
-A write cut off after its body started — at its timeout, whether the body is a ``def`` left
-behind on its thread or an ``async def`` cancelled at its await — may have had its effect: the
-outcome is unknown whatever the body's kind, so it is never reported as a plain failure.
+A write cut off after it started has an unknown outcome whatever its body's kind. A call id that
+already has a receipt never runs again, whatever the batch says: judged by the ledger (which
+``update_state`` cannot reach), not only by the receipts in state.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from langgraph.types import Command
@@ -18,9 +18,26 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.policy import ErrorCode, ReceiptStatus
 from fencepost.policy.batch import BatchEntry
-from fencepost.policy.execution import ran
+from fencepost.policy.execution import answered_before, finished_before, ran
+from fencepost.policy.keys import call_key
+from fencepost.policy.ledger import ReservationStatus
 from fencepost.policy.verdict import Verdict, VerdictCode
-from tests.graph.kit import ABSTAIN, call, context, harness, thread
+from tests.graph.kit import (
+    ABSTAIN,
+    LEDGERS,
+    VERDICT_KEY,
+    Calls,
+    allowed_entry,
+    budget,
+    call,
+    context,
+    each_ledger,
+    harness,
+    make_registry,
+    state_of,
+    thread,
+    thread_account,
+)
 from tests.graph.test_tool_isolation import NoArgs
 from tests.policy.factories import make_spec
 
@@ -125,3 +142,96 @@ def _entry(name: str) -> BatchEntry:
         call_id="call-0001", tool_name=name, fingerprint="f", code=VerdictCode.ALLOWED
     )
     return BatchEntry(proposal=proposal, verdict=verdict)
+
+
+ledger = pytest.fixture(params=LEDGERS, name="ledger")(each_ledger)
+
+
+def _ran_then_paused(
+    ledger: fp.Ledger, key: bytes | None, **build: Any
+) -> tuple[Any, dict[str, Any], fp.RunContext]:
+    """A run whose searches (call-0001 to 3) ran, now paused for approval of a write."""
+    h = harness(
+        [call(n=1), call(n=2), call(n=3), call("write_note", 4, note="a"), ABSTAIN, ABSTAIN],
+        approval="interrupt",
+        verdict_key=key,
+        ledger=ledger,
+        **build,
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget(steps=8, tools=6)), config, context=ctx)
+    assert h.graph.get_state(config).next == ("approve",)
+    assert h.calls.count("search_logs") == 3
+    return h, config, ctx
+
+
+def _first_entry(h: Any, config: dict[str, Any]) -> fp.policy.BatchEntry:
+    """The gate's own (sealed, with a key) entry of call-0001, from the thread's history."""
+    for snapshot in h.graph.get_state_history(config):
+        values = snapshot.values
+        for entry in values.get("batch") or ():
+            if entry.call_id == "call-0001":
+                return entry  # type: ignore[no-any-return]
+    raise AssertionError("no batch held call-0001")
+
+
+@pytest.mark.parametrize("key", [None, VERDICT_KEY], ids=["no-key", "key"])
+@pytest.mark.parametrize("how", ["command-update-beside-resume", "update_state-as-approve"])
+def test_a_sealed_entry_written_back_mid_run_never_runs_its_call_again(
+    how: str, key: bytes | None, ledger: fp.Ledger
+) -> None:
+    h, config, ctx = _ran_then_paused(ledger, key)
+    replayed = _first_entry(h, config)
+    if how == "command-update-beside-resume":
+        batch = (replayed, *state_of(h, config).batch)
+        h.graph.invoke(Command(update={"batch": batch}, resume="approve"), config, context=ctx)
+    else:
+        h.graph.update_state(config, {"batch": (replayed,)}, as_node="approve")
+        h.graph.invoke(None, config, context=ctx)
+    assert h.calls.count("search_logs") == 3
+    state = state_of(h, config)
+    assert [(r.status, r.attempts) for r in state.receipts if r.call_id == "call-0001"] == [
+        (fp.ReceiptStatus.COMPLETED, 1)
+    ]
+    assert ledger.get(call_key(thread_account(config), "call-0001", 2)) is None
+
+
+@pytest.mark.parametrize("key", [None, VERDICT_KEY], ids=["no-key", "key"])
+def test_a_call_run_again_from_an_earlier_checkpoint_never_runs_twice(
+    key: bytes | None, ledger: fp.Ledger
+) -> None:
+    # Replayed from the checkpoint before its execute step, the state holds no receipt for the
+    # call: the ledger alone says attempt 1 ran and settled.
+    h, config, ctx = _ran_then_paused(ledger, key)
+    before = next(
+        s
+        for s in h.graph.get_state_history(config)
+        if s.next == ("execute",) and any(e.call_id == "call-0001" for e in s.values["batch"])
+    )
+    settled = ledger.get(call_key(thread_account(config), "call-0001", 1))
+    assert settled is not None and settled.status is ReservationStatus.SETTLED
+    out = fp.run_output(h.graph.invoke(None, before.config, context=ctx))
+    assert h.calls.count("search_logs") == 3
+    (receipt,) = [r for r in out.receipts if r.call_id == "call-0001"]
+    assert receipt.status is fp.ReceiptStatus.UNCERTAIN
+    assert receipt.error_code is fp.ErrorCode.EXECUTION_UNCERTAIN
+    assert ledger.get(call_key(thread_account(config), "call-0001", 2)) is None
+
+
+def test_a_call_whose_attempt_finished_is_never_run_again_and_not_guessed() -> None:
+    spec = make_registry(Calls()).get("search_logs")
+    entry = allowed_entry(call(n=1))
+    ran = finished_before(entry, spec, 1, started=True)
+    assert (ran.status, ran.attempts) == (fp.ReceiptStatus.UNCERTAIN, 1)
+    assert ran.event.error_code is fp.ErrorCode.EXECUTION_UNCERTAIN  # type: ignore[union-attr]
+    never = finished_before(entry, spec, 1, started=False)
+    assert (never.status, never.attempts) == (fp.ReceiptStatus.DENIED, 0)
+
+
+def test_an_attempt_the_ledger_holds_answers_its_call_unless_a_crash_lost_the_result() -> None:
+    released, settled = ReservationStatus.RELEASED, ReservationStatus.SETTLED
+    assert answered_before(released, run_went_on=False)
+    assert answered_before(settled, run_went_on=True)
+    # Settled in the run's latest step: a crash between the settlement and the checkpoint.
+    assert not answered_before(settled, run_went_on=False)
+    assert not answered_before(ReservationStatus.RESERVED, run_went_on=True)
