@@ -257,6 +257,45 @@ async def reserve_or_exhausted(
     return stop_for_unknown_account()
 
 
+async def charge(
+    io: NodeIO, key: str, amounts: Mapping[str, float], *, account: str
+) -> Reservation | StopRequest:
+    """Charge usage already spent on the run's ``account`` (``Ledger.charge``: past any limit,
+    even closed), or the stop a refusal means. Called after a reservation on the same account
+    checked its owner in the same node."""
+    try:
+        return await io.charge(account, key, amounts)
+    except UnknownAccount:
+        return stop_for_unknown_account()
+    except (LedgerConflict, ValueError):
+        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+
+
+_MAX_CHAIN = 1000
+"""How far up a parent chain :func:`tokens_left` reads, as the ledgers walk it."""
+
+
+async def tokens_left(io: NodeIO, state: AgentState, ctx: RunContext) -> float | None:
+    """The fewest tokens any account of the run's chain has left; ``None`` when none limits
+    tokens. The run's own from its budget view (the ledger's, as last written), its parents'
+    read from the ledger. Only sizes a step's hold: the reservation is what the ledger checks,
+    so a parent that cannot be read is left to it to refuse."""
+    least: float | None = state.budget.tokens_remaining
+    name = ctx.budget_account
+    for _ in range(_MAX_CHAIN):
+        if name is None:
+            break
+        try:
+            balance = await io.balance(name)
+        except (UnknownAccount, ValueError):
+            break
+        left = balance.remaining(BudgetAxis.TOKENS.value)
+        if left is not None:
+            least = left if least is None else min(least, left)
+        name = balance.parent
+    return least
+
+
 def viewed(state: AgentState, balance: Balance | None) -> AgentState:
     """``state`` with its budget view rewritten from the ledger's balance of the run account."""
     if balance is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fencepost.policy.budget import BudgetExhausted
+from fencepost.policy.budget import BudgetAxis, BudgetExhausted, reason_for_axis
 from fencepost.policy.context import RunContext
 from fencepost.policy.deadline import Clock
 from fencepost.policy.keys import run_tag
@@ -76,6 +76,16 @@ def stop_for_exhausted(exc: BudgetExhausted) -> StopRequest:
     """The stop for a reservation the ledger refused; the code names the axis that ran out."""
     axis = exc.axis.value if exc.axis is not None else "budget"
     return stop(exc.reason, f"{axis}_exhausted")
+
+
+def stop_for_exceeded(axis: str) -> StopRequest:
+    """The stop for usage charged past a limit (``Reservation.exceeded``): the run ends as if the
+    axis had been refused, its code naming it."""
+    try:
+        known = BudgetAxis(axis)
+    except ValueError:
+        known = BudgetAxis.TOKENS
+    return stop(reason_for_axis(known), f"{known.value}_exhausted")
 
 
 def stop_for_closed(reason: str) -> StopRequest:

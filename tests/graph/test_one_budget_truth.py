@@ -128,8 +128,8 @@ def test_a_parent_account_of_one_tool_call_runs_one_and_state_shows_what_the_led
 
 
 def test_a_tenant_token_limit_stops_the_run_at_the_first_step_past_it_naming_the_axis() -> None:
-    # No estimate configured: the first step reserves none, reports 3,000 tokens, and the
-    # overage does not fit the tenant's 10: the run stops there, with the axis named.
+    # No estimate configured: the first step holds the tenant's 10 and reports 3,000. All of
+    # it is charged (the tenant is left past its limit) and the run stops there, axis named.
     ledger = fp.InMemoryLedger()
     ledger.open_account("tenant", {"tokens": 10})
     calls = Calls()
@@ -154,7 +154,7 @@ def test_a_tenant_token_limit_stops_the_run_at_the_first_step_past_it_naming_the
     assert state.last_error_code == "tokens_exhausted"
     assert model.calls == 1  # no second step was asked for
     assert calls.log == []  # the step that crossed the limit proposes nothing that runs
-    assert held(ledger, "tenant").get("tokens", 0.0) <= 10
+    assert held(ledger, "tenant").get("tokens", 0.0) == 3_000
     assert_state_is_the_ledgers_view(state, ledger, account_of(config, state))
 
 
@@ -182,7 +182,8 @@ def test_a_tenant_token_limit_never_lets_a_run_complete_past_it(tokens_per_step:
     assert state.last_error_code == "tokens_exhausted"
     if tokens_per_step > 10:
         assert model.calls == 0  # the estimate alone does not fit: the model is never asked
-    assert held(ledger, "tenant").get("tokens", 0.0) <= 10
+    # What the one step that went out reported is charged in full, nothing more after it.
+    assert held(ledger, "tenant").get("tokens", 0.0) == 3_000 * model.calls
     assert_state_is_the_ledgers_view(state, ledger, account_of(config, state))
 
 
@@ -510,7 +511,13 @@ def check_superstep(
     accounts = [balance] + ([ledger.balance(parent)] if parent else [])
     for each in accounts:
         for axis, limit in each.limits.items():
-            assert each.held.get(axis, 0.0) <= limit + 1e-9, f"{each.account} over on {axis}"
+            if each.held.get(axis, 0.0) <= limit + 1e-9:
+                continue
+            # Only tokens a model reported past its step's hold are charged past a limit, and
+            # the run stops at that step.
+            assert axis == "tokens", f"{each.account} over on {axis}"
+            stopping = state.stop.error_code if state.stop is not None else None
+            assert "tokens_exhausted" in (stopping, state.last_error_code), state
     # Every tool body that started was charged (an attempt is never refunded).
     assert len(run.calls.log) <= balance.held.get("tool_calls", 0.0)
     return state
