@@ -37,6 +37,7 @@ from fencepost.policy.keys import (
 from fencepost.policy.ledger import AccountClosed
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.run_check import (
+    check_funding,
     check_owner,
     run_owner,
     stop,
@@ -84,8 +85,8 @@ def account_of(state: AgentState) -> str:
 async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopRequest | AgentState:
     """Open a new run's ledger account under the caller's parent account, owned by the caller.
 
-    A parent account that records an owner funds only runs of that tenant: naming another
-    tenant's pool in a context spends nothing of it.
+    A parent account that records an owner funds only what it owns or grants: naming another
+    tenant's pool, or another principal's account or run account, spends nothing of it.
     """
     refused = await check_parent(io, ctx)
     if refused is not None:
@@ -105,7 +106,8 @@ async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopReques
 
 
 async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
-    """Whether the caller may open a run under the parent account its context names."""
+    """Whether the caller may open a run under the parent account its context names: one its
+    principal owns or was granted (``run_check.check_funding``), never another's run account."""
     if ctx.budget_account is None:
         return None
     try:
@@ -114,10 +116,7 @@ async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
         return stop_for_unknown_account()
     except ValueError:
         return stop(TerminationReason.POLICY_DENIED, "account_conflict")
-    tenant = parent.owner.get("tenant")
-    if tenant is not None and tenant != ctx.tenant_id:
-        return stop(TerminationReason.POLICY_DENIED, "budget_account_denied")
-    return None
+    return check_funding(parent.owner, ctx)
 
 
 async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: str) -> bool:

@@ -53,6 +53,34 @@ def run_owner(ctx: RunContext, run_id: str) -> dict[str, str]:
     return {**ctx.owner(), RUN: run_tag(run_id)}
 
 
+GRANT = "grant:"
+"""An owner key ``grant:<principal id>`` lets that principal's runs be funded from an account
+that records another principal (its value is not read). A run account grants nothing."""
+
+
+def check_funding(parent: Mapping[str, str], ctx: RunContext) -> StopRequest | None:
+    """Whether an account whose owner is ``parent`` may fund a run of the caller in ``ctx``
+    (be its ``budget_account``): a run spends only what its principal owns or was granted.
+
+    An account of another tenant funds nothing; a run account (its owner names a run) funds only
+    runs of its own principal, its child runs; an account that records a principal funds that
+    principal's runs and those it grants; one that records only a tenant is the tenant's pool,
+    and one that records no owner is open to all.
+    """
+    tenant, principal = parent.get("tenant"), parent.get("principal")
+    if tenant is not None and tenant != ctx.tenant_id:
+        return _funding_denied()
+    if RUN in parent:
+        return None if principal == ctx.principal.id else _funding_denied()
+    if principal is None or principal == ctx.principal.id or GRANT + ctx.principal.id in parent:
+        return None
+    return _funding_denied()
+
+
+def _funding_denied() -> StopRequest:
+    return stop(TerminationReason.POLICY_DENIED, "budget_account_denied")
+
+
 def check_owner(
     owner: Mapping[str, str], ctx: RunContext, run_id: str | None = None
 ) -> StopRequest | None:
