@@ -8,7 +8,7 @@ caller's trusted context.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from langgraph.config import get_config
 
@@ -26,8 +26,11 @@ from fencepost.policy import (
     TerminationReason,
     UnknownAccount,
 )
+from fencepost.policy.carried import carried_over
 from fencepost.policy.context import RunContext
+from fencepost.policy.gating import reservation_amounts
 from fencepost.policy.keys import (
+    call_key,
     carried_key,
     completed_key,
     run_account,
@@ -131,15 +134,19 @@ async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: s
     """
     if not isinstance(io.ledger, InMemoryLedger) or await check_parent(io, ctx) is not None:
         return False
-    budget = state.budget
-    used = {axis: budget.used(axis) for axis in BudgetAxis}
+    carried = carried_over(state, _amounts_of(io))
     try:
         await io.open_account(
-            account, budget.limits(), parent=ctx.budget_account, owner=run_owner(ctx, state.run_id)
+            account,
+            state.budget.limits(),
+            parent=ctx.budget_account,
+            owner=run_owner(ctx, state.run_id),
         )
-        carried = {a.value: float(v) for a, v in used.items() if v}
-        if carried:
-            await io.reserve(account, carried_key(account), carried)
+        if carried.spent:
+            await io.reserve(account, carried_key(account), carried.spent)
+        for call_id, amounts in carried.open_calls:
+            # Under the key the executor looks up: found held, never reserved again.
+            await io.reserve(account, call_key(account, call_id, 1), amounts)
         for receipt in accepting(state.receipts):  # a restart keeps what the checkpoint says
             await io.reserve(account, _started(account, receipt), {})
         for call_id in recorded_done(state.receipts):
@@ -147,6 +154,15 @@ async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: s
     except (UnknownAccount, LedgerConflict, BudgetExhausted, AccountClosed, ValueError):
         return False
     return True
+
+
+def _amounts_of(io: NodeIO) -> Callable[[str], dict[str, float] | None]:
+    registry = io.cfg.registry
+
+    def amounts(name: str) -> dict[str, float] | None:
+        return reservation_amounts(registry.get(name)) if name in registry else None
+
+    return amounts
 
 
 async def marked_done(io: NodeIO, account: str, calls: Iterable[str]) -> frozenset[str]:
