@@ -17,7 +17,7 @@ is an update of LangGraph's own channels (a goto by another name) and any ``Send
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -99,8 +99,18 @@ def _refusal(
 class BoundedStateGraph(StateGraph[Any, Any, Any, Any]):
     """A ``StateGraph`` whose ``compile()`` returns a :class:`BoundedCompiledGraph`."""
 
-    def compile(self, *args: Any, **kwargs: Any) -> CompiledStateGraph[Any, Any, Any, Any]:
-        compiled = super().compile(*args, **kwargs)
+    durable_twin: Callable[[Any], StateGraph[Any, Any, Any, Any] | None] | None = None
+    """Given the checkpointer ``compile`` is called with, the graph to compile instead (the same
+    loop over a ledger as durable as that checkpointer), or ``None`` to compile this one; set by
+    the builder on a graph built with no ledger. It may raise to refuse the checkpointer."""
+
+    def compile(
+        self, checkpointer: Any = None, **kwargs: Any
+    ) -> CompiledStateGraph[Any, Any, Any, Any]:
+        twin = self.durable_twin(checkpointer) if self.durable_twin is not None else None
+        if twin is not None:
+            return twin.compile(checkpointer, **kwargs)
+        compiled = super().compile(checkpointer, **kwargs)
         compiled.__class__ = BoundedCompiledGraph
         return compiled
 

@@ -122,7 +122,13 @@ async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
     return check_funding(parent.owner, ctx)
 
 
-async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: str) -> bool:
+async def reopen_lost(
+    io: NodeIO,
+    state: AgentState,
+    ctx: RunContext,
+    account: str,
+    fresh: frozenset[str] = frozenset(),
+) -> bool:
     """Re-open the account of a run whose non-durable ledger was lost (a new process), carrying
     over what the checkpoint says was spent and which accepted tasks it says were shown done. A
     durable ledger's missing account is never re-created: that run is refused.
@@ -134,7 +140,7 @@ async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: s
     """
     if not isinstance(io.ledger, InMemoryLedger) or await check_parent(io, ctx) is not None:
         return False
-    carried = carried_over(state, _amounts_of(io))
+    carried = carried_over(state, _amounts_of(io), fresh=fresh)
     try:
         await io.open_account(
             account,
@@ -235,6 +241,7 @@ async def reserve_or_exhausted(
     amounts: Mapping[str, float],
     *,
     account: str | None = None,
+    fresh: frozenset[str] = frozenset(),
 ) -> Reservation | StopRequest | BudgetExhausted:
     """As :func:`reserve`, but a budget that cannot cover ``amounts`` comes back as data (a batch
     reserves call by call and marks the ones that do not fit).
@@ -242,7 +249,8 @@ async def reserve_or_exhausted(
     Checks the account's recorded owner against the caller: a state update that rewrote the
     run's identity lands here, on an account opened for somebody else, and is refused.
     ``account`` is the run's account when the caller already knows it (off the node's thread,
-    where LangGraph's config is not in context).
+    where LangGraph's config is not in context). ``fresh``: the batch's calls being reserved
+    for the first time now, which a lost account re-opened here does not carry as reserved.
     """
     if account is None:
         account = account_of(state)
@@ -254,7 +262,7 @@ async def reserve_or_exhausted(
         except AccountClosed as exc:
             return stop_for_closed(exc.reason)
         except UnknownAccount:
-            if await reopen_lost(io, state, ctx, account):
+            if await reopen_lost(io, state, ctx, account, fresh):
                 continue
             return stop_for_unknown_account()
         except (LedgerConflict, ValueError):

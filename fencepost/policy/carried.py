@@ -11,6 +11,7 @@ executor finds them held instead of charging them a second time.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 
 from fencepost.policy._model import Frozen
 from fencepost.policy.budget import BudgetAxis
@@ -29,16 +30,23 @@ class Carried(Frozen):
 
 
 def carried_over(
-    state: AgentState, amounts_of: Callable[[str], Mapping[str, float] | None]
+    state: AgentState,
+    amounts_of: Callable[[str], Mapping[str, float] | None],
+    *,
+    fresh: AbstractSet[str] = frozenset(),
 ) -> Carried:
     """What the account of the run in ``state`` re-opens with. ``amounts_of`` gives what one
     attempt of a registered tool reserves (``gating.reservation_amounts``), ``None`` for a name
-    the registry does not hold (such a call is not carried on its own: it never runs)."""
+    the registry does not hold (such a call is not carried on its own: it never runs).
+
+    ``fresh`` names the calls being reserved for the first time right now (just allowed by the
+    gate, or just approved): allowed in ``state`` already, but not yet part of what it spent.
+    """
     used = {axis.value: float(state.budget.used(axis)) for axis in BudgetAxis}
     receipted = {receipt.call_id for receipt in state.receipts}
     open_calls: list[tuple[str, dict[str, float]]] = []
     for entry in to_reserve(state.batch):
-        if entry.call_id in receipted:
+        if entry.call_id in receipted or entry.call_id in fresh:
             continue
         amounts = amounts_of(entry.proposal.tool_name)
         if amounts is None:

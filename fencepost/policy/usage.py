@@ -1,9 +1,10 @@
 """Usage known only after a call (model tokens): judged, then settled against its estimate.
 
 A step holds an estimate before the model is called (:func:`step_hold`); what the model then
-reports is a typed :class:`UsageReport`, never an exception. A report that is missing, not a
-number, negative, absurdly large or smaller than the reply's length allows is charged the
-estimate (or what the reply's length must have cost, if more): usage is never trusted blindly.
+reports is a typed :class:`UsageReport`, never an exception. A missing report is charged the
+estimate; one that is not a number, negative, absurdly large or smaller than the reply's length
+allows is charged the estimate, or what the reply's length must have cost if more: usage is
+never trusted blindly.
 Whatever is charged is charged in full, past the limit too (``Ledger.charge``).
 """
 
@@ -122,8 +123,8 @@ def usage_report(
     was ``reply_chars`` characters long (:func:`reply_size`).
 
     A report is trusted only when both counts it gives are plausible integers and the output
-    covers the reply's length; anything else is charged the estimate, or the least the reply's
-    length can have cost when that is more.
+    covers the reply's length. No report is charged the estimate; one that cannot be right is
+    charged the estimate, or the least the reply's length can have cost when that is more.
 
     >>> usage_report(-5, 10, estimate=100).charged
     100
@@ -133,7 +134,7 @@ def usage_report(
     if any(c is False for c in counts) or sum(c or 0 for c in counts) > MAX_PLAUSIBLE_TOKENS:
         return UsageReport(kind=UsageKind.IMPLAUSIBLE, charged=max(estimate, floor))
     if all(c is None for c in counts):
-        return UsageReport(kind=UsageKind.UNREPORTED, charged=max(estimate, floor))
+        return UsageReport(kind=UsageKind.UNREPORTED, charged=estimate)
     tokens_in = counts[0] if isinstance(counts[0], int) else None
     tokens_out = counts[1] if isinstance(counts[1], int) else None
     if (tokens_out or 0) < floor:

@@ -250,6 +250,9 @@ def test_any_usage_report_is_judged_never_raises_and_an_untrusted_one_costs_the_
         assert report.input_tokens is not None or report.output_tokens is not None
         assert (report.output_tokens or 0) >= floor
         assert report.charged == (report.input_tokens or 0) + (report.output_tokens or 0)
+    elif report.kind is UsageKind.UNREPORTED:
+        assert tokens_in is None and tokens_out is None
+        assert report.charged == estimate
     else:
         assert report.charged == max(estimate, floor)
         assert report.input_tokens is None and report.output_tokens is None
