@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fencepost import graph, policy
 from fencepost.graph import (
     CommandRefused,
+    ForkRefused,
     GraphConfigError,
     acancel,
     build_agent_graph,
@@ -80,6 +81,7 @@ __all__ = [
     "Effect",
     "ErrorCode",
     "FinalProposal",
+    "ForkRefused",
     "GraphConfigError",
     "InMemoryLedger",
     "InvalidProposal",
