@@ -79,13 +79,19 @@ def build_agent_graph(
     written into the checkpoint by anyone else (``update_state``, a database edit) never runs.
     The ``ledger`` is the one budget truth: every step, tool call, token, cost unit and mutation
     is reserved there before it is spent, and the state's ``budget`` is its view. Without one, the
-    graph keeps an :class:`InMemoryLedger` of its own. A durable ledger (SQLite/Postgres) makes
-    reservations survive a crash mid-call, so a retried step or call is charged once per attempt
-    and an uncertain write is reported as such, and it enforces limits across processes.
-    ``tokens_per_step`` is what a model step reserves before the model is called (settled to the
-    usage it reports); by default the model's own ``token_estimate`` (``ChatModelDecider`` takes
-    it from the chat model's ``max_tokens``), else nothing beyond one token when the run limits
-    tokens.
+    graph keeps a ledger as durable as the checkpointer it is compiled with
+    (:mod:`fencepost.graph.default_ledger`): in memory beside an ``InMemorySaver``, in the same
+    SQLite file beside a ``SqliteSaver``, in the same store beside one ``open_checkpointer``
+    opened; any other checkpointer is refused at compile (``GraphConfigError`` naming the ledger
+    to pass). A durable ledger (SQLite/Postgres) makes reservations survive a crash mid-call, so
+    a retried step or call is charged once per attempt and an uncertain write is reported as
+    such, and it enforces limits across processes.
+    ``tokens_per_step`` is what a model step holds before the model is called; by default the
+    model's own ``token_estimate`` (``ChatModelDecider`` takes it from the chat model's
+    ``max_tokens``), else every token the run and its parent accounts have left, so runs sharing
+    a token limit take their model steps one at a time. The step is then charged what the model
+    reports (past the limit too: the run then ends ``tokens_exhausted``), or the estimate when it
+    reports nothing plausible.
     ``answer_margin`` keeps the run's last steps (default one) for answering: exploration stops
     before them, the model is told it is its final turn (``DecisionInput.final_turn``) and tool
     calls are refused; the run ends ``step_budget_exhausted`` only if it does not answer or
