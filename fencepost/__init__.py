@@ -31,6 +31,7 @@ from fencepost.adapters.tools import tool_spec
 from fencepost.graph import (
     CancelRefused,
     CommandRefused,
+    ForkRefused,
     GraphConfigError,
     NestedRunUnreachable,
     acancel,
@@ -93,6 +94,7 @@ __all__ = [
     "Effect",
     "ErrorCode",
     "FinalProposal",
+    "ForkRefused",
     "GraphConfigError",
     "InMemoryLedger",
     "InvalidProposal",

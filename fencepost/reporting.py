@@ -295,9 +295,12 @@ def _reader(saver: BaseCheckpointSaver[Any]) -> Any:
     keeps the report on LangGraph's API instead of re-implementing that.
     """
     from fencepost.graph.builder import build_agent_graph
-    from fencepost.policy import ToolRegistry
+    from fencepost.policy import InMemoryLedger, ToolRegistry
 
-    return build_agent_graph(ToolRegistry([]), _NoModel()).compile(checkpointer=saver)
+    # A ledger of its own, never one derived from the store: the reader spends nothing, and a
+    # store opened read-only must not get ledger tables.
+    graph = build_agent_graph(ToolRegistry([]), _NoModel(), ledger=InMemoryLedger())
+    return graph.compile(checkpointer=saver)
 
 
 def _record(latest: CheckpointTuple, started_at: datetime | None, reader: Any) -> RunRecord | None:

@@ -41,6 +41,7 @@ PUBLIC = {
     "acancel",
     "CancelRefused",
     "NestedRunUnreachable",
+    "ForkRefused",
     "CommandRefused",
     # decisions
     "ToolProposal",

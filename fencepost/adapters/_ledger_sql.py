@@ -33,6 +33,7 @@ from fencepost.policy.ledger import (
     check_same_terms,
     existing_outcome,
     existing_reservation,
+    over_limit,
     settlement,
     validate_amounts,
     validate_name,
@@ -426,6 +427,44 @@ class SqlLedger(Ledger):
                 owner=decode_owner(owner),
             )
             return Reservation(account=account, key=key, amounts=clean, balance=balance)
+
+        return self._run(work)
+
+    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        validate_name(account, "account")
+        validate_name(key)
+        clean = validate_amounts(amounts)
+
+        def work(tx: Transaction) -> Reservation:
+            chain = [link[0] for link in self._chain(tx, account)]  # raises UnknownAccount
+            self._lock_chain(tx, chain)
+            prior = self._reservation(tx, key)
+            if prior is not None:
+                found = existing_reservation(prior, account)  # raises LedgerConflict
+            else:
+                # Neither a closed account nor a limit refuses it: the usage already happened.
+                inserted = tx.execute(
+                    "INSERT INTO fencepost_ledger_reservations (key, account, status)"
+                    " VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
+                    (key, account, ReservationStatus.SETTLED.value),
+                ).rowcount
+                if inserted == 0:
+                    raise KeyRace  # committed by another transaction since the first look
+                self._add_held(tx, chain, clean)
+                tx.executemany(
+                    "INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)"
+                    " VALUES (?, ?, ?, ?)",
+                    [(key, axis, i, value) for i, (axis, value) in enumerate(clean.items())],
+                )
+                found = Reservation(
+                    account=account, key=key, amounts=clean, status=ReservationStatus.SETTLED
+                )
+            return found.model_copy(
+                update={
+                    "balance": self._balance(tx, account),
+                    "exceeded": over_limit(self._holdings(tx, chain), clean),
+                }
+            )
 
         return self._run(work)
 

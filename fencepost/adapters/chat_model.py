@@ -209,8 +209,7 @@ def _parse(
     usage: Mapping[str, Any] = message.usage_metadata or {}
     input_tokens = usage.get("input_tokens")
     output_tokens = usage.get("output_tokens")
-    tokens_in = input_tokens if isinstance(input_tokens, int) else None
-    tokens_out = output_tokens if isinstance(output_tokens, int) else None
+    tokens_in, tokens_out = _counts(input_tokens, output_tokens)
     for call in calls:
         if not isinstance(call.get("args"), dict):
             raise InvalidProposal("non_object_arguments")
@@ -284,6 +283,16 @@ def _parse(
         input_tokens=tokens_in,
         output_tokens=tokens_out,
     )
+
+
+def _counts(input_tokens: Any, output_tokens: Any) -> tuple[int | None, int | None]:
+    """The two counts as a :class:`Decided` holds them. A report with a count that is no int
+    (a bool, text) is not usage: neither count is kept, and the step is charged its estimate
+    (``usage.usage_report``) instead of the reply being refused as malformed."""
+    counts = (input_tokens, output_tokens)
+    if any(c is not None and (isinstance(c, bool) or not isinstance(c, int)) for c in counts):
+        return None, None
+    return input_tokens, output_tokens
 
 
 @cache

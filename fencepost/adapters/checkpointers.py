@@ -24,9 +24,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +46,8 @@ __all__ = [
     "NotACheckpointStore",
     "UnsupportedCheckpointerURL",
     "aopen_checkpointer",
+    "checkpoint_store",
+    "close_with",
     "checkpointer_errors",
     "mask_url",
     "open_checkpointer",
@@ -173,6 +177,62 @@ def sqlite_file(url: str) -> Path | None:
         return None
     path = _sqlite_path(url)
     return None if path == ":memory:" else Path(path)
+
+
+class _Opened:
+    """What an opener here knows of a saver it opened for writing: where it writes, and what
+    to close with it (the ledger a graph built with no ledger keeps beside it)."""
+
+    def __init__(self, kind: str, where: str) -> None:
+        self.kind = kind
+        self.where = where
+        self.closers: list[Callable[[], object]] = []
+
+    def close(self) -> None:
+        while self.closers:
+            with contextlib.suppress(Exception):
+                self.closers.pop()()
+
+
+# Found again from the saver object (never from a name a caller chooses): an AsyncSqliteSaver's
+# aiosqlite connection does not say which file it writes, and no saver keeps its password.
+_OPENED: weakref.WeakKeyDictionary[Any, _Opened] = weakref.WeakKeyDictionary()
+
+
+def checkpoint_store(saver: object) -> tuple[str, str] | None:
+    """Where a checkpointer :func:`open_checkpointer` or :func:`aopen_checkpointer` opened
+    keeps its checkpoints: ``("sqlite", file)`` (``""`` for ``:memory:``), ``("postgres",
+    conninfo)``, or ``("read_only", "")`` for a store opened ``read_only``; ``None`` for any
+    other saver. A graph built with no ledger keeps its budget in that same store
+    (``fencepost.graph.default_ledger``), or in memory for a read-only one."""
+    try:
+        opened = _OPENED.get(saver)
+    except TypeError:  # not weakly referenceable: not one opened here
+        return None
+    return None if opened is None else (opened.kind, opened.where)
+
+
+def close_with(saver: object, close: Callable[[], object]) -> bool:
+    """Have ``close`` called when the opener that opened ``saver`` closes it (its ``with``
+    block ends); ``False`` when ``saver`` was not opened here."""
+    try:
+        opened = _OPENED.get(saver)
+    except TypeError:
+        return False
+    if opened is None:
+        return False
+    opened.closers.append(close)
+    return True
+
+
+def _remember(saver: object, kind: str, where: str, *, read_only: bool) -> _Opened:
+    # A store opened read-only runs nothing that spends: its graphs keep an in-memory ledger.
+    opened = _OPENED[saver] = _Opened("read_only", "") if read_only else _Opened(kind, where)
+    return opened
+
+
+def _file_of(target: str) -> str:
+    return "" if target == ":memory:" else str(Path(target).resolve())
 
 
 def _sqlite_read_only_target(url: str) -> str:
@@ -347,8 +407,10 @@ def open_checkpointer(url: str, *, read_only: bool = False) -> Iterator[BaseChec
             conn = sqlite3.connect(target, uri=read_only, check_same_thread=False)
         except sqlite3.Error as exc:
             raise _open_failed(url, exc) from None
+        opened: _Opened | None = None
         try:
             saver = SqliteSaver(conn, serde=serde)
+            opened = _remember(saver, "sqlite", _file_of(target), read_only=read_only)
             if read_only:
                 with checkpointer_errors(url):
                     tables = {row[0] for row in conn.execute(_SQLITE_TABLES)}
@@ -360,6 +422,8 @@ def open_checkpointer(url: str, *, read_only: bool = False) -> Iterator[BaseChec
                 raise _setup_failed(url, exc) from None
             yield saver
         finally:
+            if opened is not None:
+                opened.close()
             conn.close()
         return
     try:
@@ -373,8 +437,10 @@ def open_checkpointer(url: str, *, read_only: bool = False) -> Iterator[BaseChec
     except psycopg.Error as exc:
         # psycopg's text may quote the DSN: it is only classified, and not chained.
         raise _postgres_connect_error(url, exc) from None
+    pg_opened: _Opened | None = None
     try:
         pg_saver = PostgresSaver(pg, serde=serde)
+        pg_opened = _remember(pg_saver, "postgres", conninfo, read_only=read_only)
         if read_only:
             with checkpointer_errors(url):
                 present = pg.execute(_POSTGRES_TABLES).fetchone()
@@ -387,6 +453,8 @@ def open_checkpointer(url: str, *, read_only: bool = False) -> Iterator[BaseChec
                 raise _setup_failed(url, exc) from None
         yield pg_saver
     finally:
+        if pg_opened is not None:
+            pg_opened.close()
         pg.close()
 
 
@@ -416,8 +484,10 @@ async def aopen_checkpointer(
             conn = await aiosqlite.connect(target, uri=read_only)
         except sqlite3.Error as exc:
             raise _open_failed(url, exc) from None
+        opened: _Opened | None = None
         try:
             saver = AsyncSqliteSaver(conn, serde=serde)
+            opened = _remember(saver, "sqlite", _file_of(target), read_only=read_only)
             if read_only:
                 with checkpointer_errors(url):
                     async with conn.execute(_SQLITE_TABLES) as cursor:
@@ -430,6 +500,8 @@ async def aopen_checkpointer(
                 raise _setup_failed(url, exc) from None
             yield saver
         finally:
+            if opened is not None:
+                opened.close()
             await conn.close()
         return
     try:
@@ -442,8 +514,10 @@ async def aopen_checkpointer(
         pg = await psycopg.AsyncConnection.connect(conninfo, **_connect_kwargs(url))
     except psycopg.Error as exc:
         raise _postgres_connect_error(url, exc) from None
+    pg_opened: _Opened | None = None
     try:
         pg_saver = AsyncPostgresSaver(pg, serde=serde)
+        pg_opened = _remember(pg_saver, "postgres", conninfo, read_only=read_only)
         if read_only:
             with checkpointer_errors(url):
                 rows = await pg.execute(_POSTGRES_TABLES)
@@ -457,4 +531,6 @@ async def aopen_checkpointer(
                 raise _setup_failed(url, exc) from None
         yield pg_saver
     finally:
+        if pg_opened is not None:
+            pg_opened.close()
         await pg.close()

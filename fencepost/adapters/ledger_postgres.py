@@ -84,7 +84,7 @@ _AConn = AsyncConnection[TupleRow]
 # Serialises concurrent ``setup`` calls: CREATE TABLE IF NOT EXISTS is not safe under a race.
 _SETUP_LOCK = 0x6665_6E63_6570_6F73  # "fencepos"
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """Bumped whenever the functions change; ``setup`` (re)creates them when the database is older."""
 
 _RESULT = """
@@ -385,6 +385,88 @@ _FUNCTIONS = (
     END $$
     """,
     """
+    CREATE FUNCTION fencepost_ledger_charge(
+        p_account text, p_key text, p_axes text[], p_amounts double precision[]
+    ) RETURNS fencepost_ledger_result LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan AS $$
+    -- Usage already spent: held on the account and every ancestor whatever their limits and
+    -- closes say. Reports the nearest account (then axis, in the request's order) left past a
+    -- limit on a charged axis, in the e_ fields of an 'ok' or 'existing' outcome.
+    DECLARE
+        r fencepost_ledger_result;
+        v_parent text;
+        v_chain text[];
+        v_name text;
+        v_top text;
+        v_holder text;
+        v_hit record;
+    BEGIN
+        SELECT a.parent INTO v_parent FROM fencepost_ledger_accounts a WHERE a.name = p_account;
+        IF NOT FOUND THEN
+            r.outcome := 'unknown_account';
+            r.e_account := p_account;
+            RETURN r;
+        END IF;
+        v_chain := ARRAY[p_account];
+        v_name := v_parent;
+        WHILE v_name IS NOT NULL LOOP
+            SELECT a.parent INTO v_top FROM fencepost_ledger_accounts a WHERE a.name = v_name;
+            IF NOT FOUND OR cardinality(v_chain) > 1000 THEN
+                r.outcome := 'unknown_account';
+                r.e_account := v_name;
+                RETURN r;
+            END IF;
+            v_chain := v_chain || v_name;
+            v_name := v_top;
+        END LOOP;
+        -- The lock order reserve takes: a charge and a reservation on one chain serialise.
+        PERFORM 1 FROM fencepost_ledger_accounts a
+          WHERE a.name = ANY (v_chain) ORDER BY a.name FOR NO KEY UPDATE;
+        SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s WHERE s.key = p_key;
+        IF FOUND THEN
+            IF v_holder <> p_account THEN
+                r.outcome := 'conflict';
+                RETURN r;
+            END IF;
+            r := fencepost_ledger_with_reservation(r, p_key);
+            r.outcome := 'existing';
+        ELSE
+            INSERT INTO fencepost_ledger_reservations (key, account, status)
+            VALUES (p_key, p_account, 'settled') ON CONFLICT (key) DO NOTHING;
+            IF NOT FOUND THEN  -- committed by another transaction since the first look
+                RETURN fencepost_ledger_reserved_before(p_key, p_account);
+            END IF;
+            IF cardinality(p_axes) > 0 THEN
+                INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)
+                SELECT p_key, unnest(p_axes), generate_series(0, cardinality(p_axes) - 1),
+                       unnest(p_amounts);
+                INSERT INTO fencepost_ledger_held AS h (account, axis, amount)
+                SELECT c.name, unnest(p_axes), unnest(p_amounts) FROM unnest(v_chain) AS c (name)
+                ON CONFLICT (account, axis) DO UPDATE SET amount = h.amount + excluded.amount;
+            END IF;
+            r.outcome := 'ok';
+            r.r_account := p_account;
+            r.r_status := 'settled';
+            r.r_axes := p_axes;
+            r.r_amounts := p_amounts;
+        END IF;
+        SELECT c.name, x.axis, l.amount AS lim, h.amount AS held INTO v_hit
+          FROM unnest(v_chain) WITH ORDINALITY AS c (name, n)
+          CROSS JOIN unnest(p_axes) WITH ORDINALITY AS x (axis, m)
+          JOIN fencepost_ledger_limits l ON l.account = c.name AND l.axis = x.axis
+          JOIN fencepost_ledger_held h ON h.account = c.name AND h.axis = x.axis
+         WHERE h.amount > l.amount
+         ORDER BY c.n, x.m LIMIT 1;
+        IF FOUND THEN
+            r.e_account := v_hit.name;
+            r.e_axis := v_hit.axis;
+            r.e_limit := v_hit.lim;
+            r.e_requested := v_hit.held;
+        END IF;
+        RETURN fencepost_ledger_with_balance(r, p_account);
+    END $$
+    """,
+    """
     CREATE FUNCTION fencepost_ledger_finish(
         p_key text, p_settle boolean, p_invalid boolean,
         p_axes text[], p_amounts double precision[]
@@ -481,6 +563,7 @@ _FUNCTIONS = (
 _OPEN = "SELECT * FROM fencepost_ledger_open(%s, %s, %s, %s::text[], %s::float8[])"
 _CLOSE = "SELECT * FROM fencepost_ledger_close(%s, %s)"
 _RESERVE = "SELECT * FROM fencepost_ledger_reserve(%s, %s, %s::text[], %s::float8[])"
+_CHARGE = "SELECT * FROM fencepost_ledger_charge(%s, %s, %s::text[], %s::float8[])"
 _FINISH = "SELECT * FROM fencepost_ledger_finish(%s, %s, %s, %s::text[], %s::float8[])"
 _GET = "SELECT * FROM fencepost_ledger_get(%s)"
 _BALANCE = "SELECT * FROM fencepost_ledger_balance(%s)"
@@ -530,6 +613,15 @@ def _reservation(row: Sequence[Any], key: str) -> Reservation:
         existing=row[0] == "existing",
         balance=_balance(row) if row[5] is not None else None,
     )
+
+
+def _charged(row: Sequence[Any], key: str) -> Reservation:
+    """A charge's reservation, with the account its e_ fields name as past a limit."""
+    _raise_for(row, key)
+    reservation = _reservation(row, key)
+    if row[13] is None or row[14] is None:
+        return reservation
+    return reservation.model_copy(update={"exceeded": (row[13], row[14])})
 
 
 def _raise_for(row: Sequence[Any], key: str | None = None) -> None:
@@ -778,6 +870,13 @@ class PostgresLedger(Ledger):
         return _RESERVE, (account, key, _text_array(clean), _float_array(clean.values()))
 
     @staticmethod
+    def _charge_call(account: str, key: str, amounts: Mapping[str, float]) -> _Call:
+        validate_name(account, "account")
+        validate_name(key)
+        clean = validate_amounts(amounts)
+        return _CHARGE, (account, key, _text_array(clean), _float_array(clean.values()))
+
+    @staticmethod
     def _finished(row: Sequence[Any], key: str, invalid: ValueError | None) -> Reservation:
         if row[0] == "invalid_actual" and invalid is not None:
             raise invalid  # as the in-memory ledger: only a reservation still open checks it
@@ -831,6 +930,9 @@ class PostgresLedger(Ledger):
         call, invalid = self._settle_call(key, actual)
         return self._finished(self._call(call), key, invalid)
 
+    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        return _charged(self._call(self._charge_call(account, key, amounts)), key)
+
     def release(self, key: str) -> Reservation:
         return self._finished(self._call(self._release_call(key)), key, None)
 
@@ -867,6 +969,9 @@ class PostgresLedger(Ledger):
     async def asettle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         call, invalid = self._settle_call(key, actual)
         return self._finished(await self._acall(call), key, invalid)
+
+    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        return _charged(await self._acall(self._charge_call(account, key, amounts)), key)
 
     async def arelease(self, key: str) -> Reservation:
         return self._finished(await self._acall(self._release_call(key)), key, None)

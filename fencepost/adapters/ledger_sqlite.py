@@ -340,6 +340,9 @@ class SqliteLedger(SqlLedger):
     async def arelease(self, key: str) -> Reservation:
         return await self._in_thread(partial(self.release, key))
 
+    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        return await self._in_thread(partial(self.charge, account, key, amounts))
+
     async def aget(self, key: str) -> Reservation | None:
         return await self._in_thread(partial(self.get, key))
 

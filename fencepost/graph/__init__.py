@@ -1,6 +1,6 @@
 """The LangGraph binding: state schema, nodes, routing, builder, run context, serializer."""
 
-from fencepost.graph.bounded import CommandRefused
+from fencepost.graph.bounded import CommandRefused, ForkRefused
 from fencepost.graph.builder import GraphConfigError, build_agent_graph
 from fencepost.graph.cancel import CancelRefused, NestedRunUnreachable, acancel, cancel
 from fencepost.graph.context import RunContext
@@ -10,6 +10,7 @@ from fencepost.graph.state import GraphState, InputState, StartRequest, run_outp
 __all__ = [
     "CancelRefused",
     "CommandRefused",
+    "ForkRefused",
     "GraphConfigError",
     "GraphState",
     "InputState",

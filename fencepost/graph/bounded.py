@@ -19,13 +19,18 @@ A resume value no checkpoint could hold (nested past what the serializer writes,
 past 64 bits) is replaced, before LangGraph stores it, by a marker the approval reads as an
 answer to ask again (``approval.UNREPRESENTABLE_ANSWER``): stored as given, the serializer's
 error would escape ``invoke`` and leave the answer half-written.
+
+Time travel is refused too (:class:`ForkRefused`): an invoke, stream or state update whose
+config names a checkpoint other than its thread's latest would fork the thread there, and a
+fork of a fencepost run is no run at all (its ledger account is closed, or still the
+original's), so nothing of it is written and the thread keeps the ending it has.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -52,6 +57,24 @@ class CommandRefused(ValueError):
     def __init__(self, why: str) -> None:
         super().__init__(f"command refused: {why}")
         self.why = why
+
+
+class ForkRefused(ValueError):
+    """An invoke, stream or state update named a checkpoint that is not its thread's latest:
+    LangGraph would fork the thread there (time travel). A fencepost run's budget is its ledger
+    account, closed when the run ended, so a fork is never that run, nor a new one: it is
+    refused before anything is written, and the thread keeps the ending it has.
+
+    >>> str(ForkRefused("ck-1"))
+    "fork refused: checkpoint 'ck-1' is not the thread's latest; invoke the thread's config (without a checkpoint_id) or start a new thread"
+    """
+
+    def __init__(self, checkpoint_id: str) -> None:
+        super().__init__(
+            f"fork refused: checkpoint {checkpoint_id!r} is not the thread's latest; invoke "
+            "the thread's config (without a checkpoint_id) or start a new thread"
+        )
+        self.checkpoint_id = checkpoint_id
 
 
 def _targets(command: Command[Any]) -> list[Any]:
@@ -139,11 +162,44 @@ def _storable(command: Command[Any]) -> Command[Any]:
     return dataclasses.replace(command, resume=UNREPRESENTABLE_ANSWER)
 
 
+def _named_checkpoint(config: RunnableConfig | None, checkpointer: Any) -> str | None:
+    """The checkpoint id a top-level call's ``config`` names, if it names one and the graph has
+    a checkpointer of its own. A graph run inside a parent graph's node (a checkpoint namespace)
+    is the parent's to judge."""
+    if config is None or checkpointer is None or isinstance(checkpointer, bool):
+        return None
+    configurable = config.get("configurable") or {}
+    named = configurable.get("checkpoint_id")
+    if not named or configurable.get("checkpoint_ns") or configurable.get("thread_id") is None:
+        return None
+    return str(named)
+
+
+def _thread_head(config: RunnableConfig | None) -> RunnableConfig:
+    configurable = (config or {}).get("configurable") or {}
+    return {"configurable": {"thread_id": configurable["thread_id"], "checkpoint_ns": ""}}
+
+
+def _id_of(config: RunnableConfig) -> str | None:
+    value = (config.get("configurable") or {}).get("checkpoint_id")
+    return None if value is None else str(value)
+
+
 class BoundedStateGraph(StateGraph[Any, Any, Any, Any]):
     """A ``StateGraph`` whose ``compile()`` returns a :class:`BoundedCompiledGraph`."""
 
-    def compile(self, *args: Any, **kwargs: Any) -> CompiledStateGraph[Any, Any, Any, Any]:
-        compiled = super().compile(*args, **kwargs)
+    durable_twin: Callable[[Any], StateGraph[Any, Any, Any, Any] | None] | None = None
+    """Given the checkpointer ``compile`` is called with, the graph to compile instead (the same
+    loop over a ledger as durable as that checkpointer), or ``None`` to compile this one; set by
+    the builder on a graph built with no ledger. It may raise to refuse the checkpointer."""
+
+    def compile(
+        self, checkpointer: Any = None, **kwargs: Any
+    ) -> CompiledStateGraph[Any, Any, Any, Any]:
+        twin = self.durable_twin(checkpointer) if self.durable_twin is not None else None
+        if twin is not None:
+            return twin.compile(checkpointer, **kwargs)
+        compiled = super().compile(checkpointer, **kwargs)
         compiled.__class__ = BoundedCompiledGraph
         return compiled
 
@@ -211,9 +267,39 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             return ()
         return tuple((await self.aget_state(config)).next)
 
+    def _fork_of(self, config: RunnableConfig | None) -> str | None:
+        """The checkpoint ``config`` names when that is not its thread's latest (a fork)."""
+        named = _named_checkpoint(config, self.checkpointer)
+        if named is None:
+            return None
+        latest = self.checkpointer.get_tuple(_thread_head(config))  # type: ignore[union-attr]
+        return named if latest is None or _id_of(latest.config) != named else None
+
+    async def _afork_of(self, config: RunnableConfig | None) -> str | None:
+        named = _named_checkpoint(config, self.checkpointer)
+        if named is None:
+            return None
+        latest = await self.checkpointer.aget_tuple(_thread_head(config))  # type: ignore[union-attr]
+        return named if latest is None or _id_of(latest.config) != named else None
+
+    def bulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
+        fork = self._fork_of(config)
+        if fork is not None:
+            raise ForkRefused(fork)
+        return super().bulk_update_state(config, supersteps)
+
+    async def abulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
+        fork = await self._afork_of(config)
+        if fork is not None:
+            raise ForkRefused(fork)
+        return await super().abulk_update_state(config, supersteps)
+
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
+        fork = self._fork_of(config)
+        if fork is not None:
+            raise ForkRefused(fork)
         if isinstance(input, Command):
             why = _refusal(
                 input,
@@ -233,6 +319,9 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
+        fork = await self._afork_of(config)
+        if fork is not None:
+            raise ForkRefused(fork)
         if isinstance(input, Command):
             why = _refusal(
                 input,

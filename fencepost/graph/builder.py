@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import weakref
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from langgraph._internal._runnable import RunnableCallable
@@ -12,6 +15,7 @@ from fencepost.graph.approve_node import approve
 from fencepost.graph.bounded import BoundedStateGraph
 from fencepost.graph.context import ContextInput
 from fencepost.graph.decide_node import decide
+from fencepost.graph.default_ledger import LedgerNeeded, durable_ledger
 from fencepost.graph.execute_node import execute
 from fencepost.graph.loop import LoopConfig, remember
 from fencepost.graph.node_io import twins
@@ -74,11 +78,15 @@ def build_agent_graph(
       "edit", ...})``.
     - ``repeat_limit`` (2): how many times the same call (same tool, same canonical arguments,
       same result) may repeat before the run ends ``no_progress``, before anything is spent.
-    - ``ledger`` (an :class:`InMemoryLedger` of the graph's own): the one budget truth. Every
-      step, tool call, token, cost unit and mutation is reserved there before it is spent, and
-      the state's ``budget`` is its view. A durable ledger (SQLite/Postgres) makes reservations
-      survive a crash mid-call, so a retried step or call is charged once per attempt and an
-      uncertain write is reported as such, and it enforces limits across processes.
+    - ``ledger`` (one as durable as the checkpointer, :mod:`fencepost.graph.default_ledger`):
+      the one budget truth. Every step, tool call, token, cost unit and mutation is reserved
+      there before it is spent, and the state's ``budget`` is its view. Without one, the graph
+      keeps its ledger in memory beside an ``InMemorySaver``, in the same SQLite file beside a
+      ``SqliteSaver``, in the same store beside one ``open_checkpointer`` opened; any other
+      checkpointer is refused at compile (``GraphConfigError`` naming the ledger to pass). A
+      durable ledger (SQLite/Postgres) makes reservations survive a crash mid-call, so a retried
+      step or call is charged once per attempt and an uncertain write is reported as such, and
+      it enforces limits across processes.
     - ``clock`` (the system clock): what deadlines are measured with (a fake one in tests).
     - ``model_timeout_seconds`` (120): the longest one model step may take, inside the run's
       deadline; a step past it is a ``timeout`` model error.
@@ -94,8 +102,11 @@ def build_agent_graph(
       ones: a verdict written into the checkpoint by anyone else (``update_state``, a database
       edit) never runs.
     - ``tokens_per_step`` (the model's own ``token_estimate``; ``ChatModelDecider`` takes it from
-      the chat model's ``max_tokens``): what a model step reserves before the model is called,
-      settled to the usage it reports; else nothing beyond one token when the run limits tokens.
+      the chat model's ``max_tokens``): what a model step holds before the model is called; with
+      neither, every token the run and its parent accounts have left, so runs sharing a token
+      limit take their model steps one at a time. The step is then charged what the model
+      reports (past the limit too: the run then ends ``tokens_exhausted``), or the estimate when
+      it reports nothing plausible.
     - ``answer_margin`` (1): the run's last steps kept for answering. Exploration stops before
       them, the model is told it is its final turn (``DecisionInput.final_turn``) and tool calls
       are refused; the run ends ``step_budget_exhausted`` (code ``answer_margin``) only if it
@@ -152,27 +163,32 @@ def build_agent_graph(
         or tokens_per_step < 0
     ):
         raise GraphConfigError("tokens_per_step", "must be an integer >= 0")
-    cfg = LoopConfig(
-        registry=registry,
-        model=model,
-        approval=approval,
-        repeat_limit=repeat_limit,
-        ledger=ledger if ledger is not None else InMemoryLedger(),
-        clock=clock or SystemClock(),
-        model_timeout_seconds=model_timeout_seconds,
-        require_citations=require_citations,
-        model_retries=model_retries,
-        max_concurrent_tools=max_concurrent_tools,
-        verdict_key=verdict_key,
-        tokens_per_step=tokens_per_step,
-        answer_margin=answer_margin,
-        repair_attempts=repair_attempts,
-        owns_ledger=ledger is None,
+    return _assemble(
+        LoopConfig(
+            registry=registry,
+            model=model,
+            approval=approval,
+            repeat_limit=repeat_limit,
+            ledger=ledger if ledger is not None else InMemoryLedger(),
+            clock=clock or SystemClock(),
+            model_timeout_seconds=model_timeout_seconds,
+            require_citations=require_citations,
+            model_retries=model_retries,
+            max_concurrent_tools=max_concurrent_tools,
+            verdict_key=verdict_key,
+            tokens_per_step=tokens_per_step,
+            answer_margin=answer_margin,
+            repair_attempts=repair_attempts,
+            owns_ledger=ledger is None,
+        )
     )
+
+
+def _assemble(cfg: LoopConfig) -> StateGraph[Any, RunContext, Any, Any]:
+    """The loop's ``StateGraph`` over ``cfg``: its nodes, its edges, and (for a graph that keeps
+    a ledger of its own) the graph it compiles into instead with a durable checkpointer."""
     # A mapping context is validated by the nodes, not by LangGraph (see ContextInput).
-    graph: StateGraph[Any, Any, Any, Any] = BoundedStateGraph(
-        GraphState, context_schema=ContextInput, input_schema=InputState
-    )
+    graph = BoundedStateGraph(GraphState, context_schema=ContextInput, input_schema=InputState)
     # One body per node, run by the sync or the async path (see fencepost.graph.loop). LangGraph
     # has no public way to give a node both a sync and an async function, hence RunnableCallable.
     for name, body in (
@@ -194,5 +210,26 @@ def build_agent_graph(
     graph.add_conditional_edges("execute", route_after_execute, ["decide", "terminal"])
     # "terminal" too: a state update made as the terminal node is not an ended run.
     graph.add_conditional_edges("terminal", route_after_terminal, ["terminal", END])
+    if cfg.owns_ledger:
+        graph.durable_twin = partial(_durable_twin, cfg)
     remember(graph, cfg)
     return graph
+
+
+def _durable_twin(cfg: LoopConfig, checkpointer: Any) -> StateGraph[Any, Any, Any, Any] | None:
+    """The graph a graph built with no ledger compiles into with ``checkpointer``: the same
+    loop over a ledger as durable as the checkpoints (``default_ledger``), or ``None`` when its
+    own in-memory ledger already is. ``GraphConfigError`` when no such ledger can be made."""
+    try:
+        ledger = durable_ledger(checkpointer)
+    except LedgerNeeded as needed:
+        raise GraphConfigError("ledger", str(needed)) from None
+    if ledger is None:
+        return None
+    twin = _assemble(replace(cfg, ledger=ledger, owns_ledger=False))
+    close = getattr(ledger, "close", None)
+    if callable(close):
+        # Made for this graph alone: its connection goes with the graph, if not before (with
+        # the opener of the checkpointer; closing twice is harmless).
+        weakref.finalize(twin, close)
+    return twin

@@ -12,11 +12,13 @@ from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import (
     account_of,
+    charge,
     open_run,
     pending_work,
     produced,
     reserve,
     started_run_id,
+    tokens_left,
     viewed,
 )
 from fencepost.graph.state import StartRequest, load_state, request_from
@@ -50,11 +52,14 @@ from fencepost.policy.run_check import (
     check_run,
     out_of_supersteps,
     stop,
+    stop_for_exceeded,
 )
 from fencepost.policy.usage import (
     UsageKind,
     UsageReport,
+    reply_size,
     step_amounts,
+    step_hold,
     step_settlement,
     usage_report,
 )
@@ -73,14 +78,13 @@ def begin(request: Any, ctx: RunContext | None) -> AgentState:
     )
 
 
-def step_estimate(cfg: LoopConfig, state: AgentState, ctx: RunContext) -> int:
-    """Tokens a step reserves: the configured estimate, and at least one when the run or a
-    parent account may limit tokens (so a run or tenant with none left stops before the model
-    is asked)."""
-    if cfg.tokens_per_step > 0:
-        return cfg.tokens_per_step
-    limited = state.budget.tokens_remaining is not None or ctx.budget_account is not None
-    return 1 if limited else 0
+async def step_estimate(io: NodeIO, state: AgentState, ctx: RunContext) -> int:
+    """Tokens a step holds before the model is asked (``usage.step_hold``): the configured
+    estimate, else every token the run's chain has left (read from the ledger only then)."""
+    configured = io.cfg.tokens_per_step
+    if configured > 0:
+        return configured
+    return step_hold(0, await tokens_left(io, state, ctx))
 
 
 def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
@@ -187,7 +191,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         refused = stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
     if refused is not None or ctx is None:
         return changed(before, state.model_copy(update={"stop": refused}))
-    estimate = step_estimate(cfg, state, ctx)
+    estimate = await step_estimate(io, state, ctx)
     account = account_of(state)
     while True:
         # A step key the ledger already holds means an earlier attempt at that step started and
@@ -203,7 +207,12 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     asked = state
     outcome = await ask_model(io, asked, ctx)
     report = (
-        usage_report(outcome.input_tokens, outcome.output_tokens, estimate=estimate)
+        usage_report(
+            outcome.input_tokens,
+            outcome.output_tokens,
+            estimate=estimate,
+            reply_chars=reply_size(outcome.decision),
+        )
         if isinstance(outcome, Decided)
         else UsageReport(kind=UsageKind.UNREPORTED, charged=estimate)
     )
@@ -211,11 +220,14 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     state = viewed(state, (await io.settle(step_key(account, state.step), actual)).balance)
     over_stop: StopRequest | None = None
     if overage:
-        extra = await reserve(io, state, ctx, overage_key(account, state.step), overage)
+        # Spent already: charged whatever the limits say, and a limit it crosses ends the run.
+        extra = await charge(io, overage_key(account, state.step), overage, account=account)
         if isinstance(extra, StopRequest):
             over_stop = extra
         else:
             state = viewed(state, extra.balance)
+            if extra.exceeded is not None:
+                over_stop = stop_for_exceeded(extra.exceeded[1])
     usage = {"input_tokens": report.input_tokens, "output_tokens": report.output_tokens}
     if isinstance(outcome, StopRequest):
         m = manifest(state, cfg, ctx, phase=Phase.DECIDE, outcome="error", code=outcome.error_code)

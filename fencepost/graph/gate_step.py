@@ -169,15 +169,16 @@ async def reserve_batch(
     # the next reservation (which may re-open the account from state's budget) or with the
     # batch at the end, so a batch of one copies the state once, not twice.
     latest: Balance | None = None
-    for entry in to_reserve(current):
-        if only is not None and entry.call_id not in only:
-            continue
+    entries = [e for e in to_reserve(current) if only is None or e.call_id in only]
+    # Reserved for the first time here: a lost account re-opened meanwhile must not carry them.
+    fresh = frozenset(e.call_id for e in entries)
+    for entry in entries:
         if latest is not None:
             state, latest = viewed(state, latest), None
         spec = cfg.registry.get(entry.proposal.tool_name)
         key = call_key(account, entry.call_id, 1)
         held = await reserve_or_exhausted(
-            io, state, ctx, key, reservation_amounts(spec), account=account
+            io, state, ctx, key, reservation_amounts(spec), account=account, fresh=fresh
         )
         if isinstance(held, StopRequest):
             return (state.model_copy(update=update) if update else state), held

@@ -53,6 +53,10 @@ class NodeIO:
     async def release(self, key: str) -> Reservation:
         raise NotImplementedError
 
+    async def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        """Usage already spent, held past any limit (``Ledger.charge``)."""
+        raise NotImplementedError
+
     async def close_account(self, account: str, reason: str) -> Balance:
         raise NotImplementedError
 
@@ -99,6 +103,9 @@ class SyncIO(NodeIO):
 
     async def release(self, key: str) -> Reservation:
         return self.ledger.release(key)
+
+    async def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        return self.ledger.charge(account, key, amounts)
 
     async def close_account(self, account: str, reason: str) -> Balance:
         return self.ledger.close_account(account, reason)
@@ -147,6 +154,9 @@ class AsyncIO(NodeIO):
 
     async def release(self, key: str) -> Reservation:
         return await self.ledger.arelease(key)
+
+    async def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        return await self.ledger.acharge(account, key, amounts)
 
     async def close_account(self, account: str, reason: str) -> Balance:
         return await self.ledger.aclose_account(account, reason)

@@ -8,7 +8,7 @@ caller's trusted context.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from langgraph.config import get_config
 
@@ -26,8 +26,11 @@ from fencepost.policy import (
     TerminationReason,
     UnknownAccount,
 )
+from fencepost.policy.carried import carried_over
 from fencepost.policy.context import RunContext
+from fencepost.policy.gating import reservation_amounts
 from fencepost.policy.keys import (
+    call_key,
     carried_key,
     completed_key,
     result_key,
@@ -38,6 +41,7 @@ from fencepost.policy.keys import (
 from fencepost.policy.ledger import AccountClosed
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.run_check import (
+    check_funding,
     check_owner,
     run_owner,
     stop,
@@ -85,8 +89,8 @@ def account_of(state: AgentState) -> str:
 async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopRequest | AgentState:
     """Open a new run's ledger account under the caller's parent account, owned by the caller.
 
-    A parent account that records an owner funds only runs of that tenant: naming another
-    tenant's pool in a context spends nothing of it.
+    A parent account that records an owner funds only what it owns or grants: naming another
+    tenant's pool, or another principal's account or run account, spends nothing of it.
     """
     refused = await check_parent(io, ctx)
     if refused is not None:
@@ -106,7 +110,8 @@ async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopReques
 
 
 async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
-    """Whether the caller may open a run under the parent account its context names."""
+    """Whether the caller may open a run under the parent account its context names: one its
+    principal owns or was granted (``run_check.check_funding``), never another's run account."""
     if ctx.budget_account is None:
         return None
     try:
@@ -115,13 +120,16 @@ async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
         return stop_for_unknown_account()
     except ValueError:
         return stop(TerminationReason.POLICY_DENIED, "account_conflict")
-    tenant = parent.owner.get("tenant")
-    if tenant is not None and tenant != ctx.tenant_id:
-        return stop(TerminationReason.POLICY_DENIED, "budget_account_denied")
-    return None
+    return check_funding(parent.owner, ctx)
 
 
-async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: str) -> bool:
+async def reopen_lost(
+    io: NodeIO,
+    state: AgentState,
+    ctx: RunContext,
+    account: str,
+    fresh: frozenset[str] = frozenset(),
+) -> bool:
     """Re-open the account of a run whose non-durable ledger was lost (a new process), carrying
     over what the checkpoint says was spent and which accepted tasks it says were shown done. A
     durable ledger's missing account is never re-created: that run is refused.
@@ -134,15 +142,19 @@ async def reopen_lost(io: NodeIO, state: AgentState, ctx: RunContext, account: s
     """
     if not isinstance(io.ledger, InMemoryLedger) or await check_parent(io, ctx) is not None:
         return False
-    budget = state.budget
-    used = {axis: budget.used(axis) for axis in BudgetAxis}
+    carried = carried_over(state, _amounts_of(io), fresh=fresh)
     try:
         await io.open_account(
-            account, budget.limits(), parent=ctx.budget_account, owner=run_owner(ctx, state.run_id)
+            account,
+            state.budget.limits(),
+            parent=ctx.budget_account,
+            owner=run_owner(ctx, state.run_id),
         )
-        carried = {a.value: float(v) for a, v in used.items() if v}
-        if carried:
-            await io.reserve(account, carried_key(account), carried)
+        if carried.spent:
+            await io.reserve(account, carried_key(account), carried.spent)
+        for call_id, amounts in carried.open_calls:
+            # Under the key the executor looks up: found held, never reserved again.
+            await io.reserve(account, call_key(account, call_id, 1), amounts)
         for receipt in accepting(state.receipts):  # a restart keeps what the checkpoint says
             await io.reserve(account, _started(account, receipt), {})
         for call_id in recorded_done(state.receipts):
@@ -181,6 +193,15 @@ async def mark_result(
     unmarked, so never citable, and is no stop of its own: the call did run, and its outcome
     stands (the closed account refuses the run's next step)."""
     await reserve(io, state, ctx, result_key(account, call_id), {}, account=account)
+
+
+def _amounts_of(io: NodeIO) -> Callable[[str], dict[str, float] | None]:
+    registry = io.cfg.registry
+
+    def amounts(name: str) -> dict[str, float] | None:
+        return reservation_amounts(registry.get(name)) if name in registry else None
+
+    return amounts
 
 
 async def marked_done(io: NodeIO, account: str, calls: Iterable[str]) -> frozenset[str]:
@@ -258,6 +279,7 @@ async def reserve_or_exhausted(
     amounts: Mapping[str, float],
     *,
     account: str | None = None,
+    fresh: frozenset[str] = frozenset(),
 ) -> Reservation | StopRequest | BudgetExhausted:
     """As :func:`reserve`, but a budget that cannot cover ``amounts`` comes back as data (a batch
     reserves call by call and marks the ones that do not fit).
@@ -265,7 +287,8 @@ async def reserve_or_exhausted(
     Checks the account's recorded owner against the caller: a state update that rewrote the
     run's identity lands here, on an account opened for somebody else, and is refused.
     ``account`` is the run's account when the caller already knows it (off the node's thread,
-    where LangGraph's config is not in context).
+    where LangGraph's config is not in context). ``fresh``: the batch's calls being reserved
+    for the first time now, which a lost account re-opened here does not carry as reserved.
     """
     if account is None:
         account = account_of(state)
@@ -277,7 +300,7 @@ async def reserve_or_exhausted(
         except AccountClosed as exc:
             return stop_for_closed(exc.reason)
         except UnknownAccount:
-            if await reopen_lost(io, state, ctx, account):
+            if await reopen_lost(io, state, ctx, account, fresh):
                 continue
             return stop_for_unknown_account()
         except (LedgerConflict, ValueError):
@@ -293,6 +316,45 @@ async def reserve_or_exhausted(
                 return refused
         return held
     return stop_for_unknown_account()
+
+
+async def charge(
+    io: NodeIO, key: str, amounts: Mapping[str, float], *, account: str
+) -> Reservation | StopRequest:
+    """Charge usage already spent on the run's ``account`` (``Ledger.charge``: past any limit,
+    even closed), or the stop a refusal means. Called after a reservation on the same account
+    checked its owner in the same node."""
+    try:
+        return await io.charge(account, key, amounts)
+    except UnknownAccount:
+        return stop_for_unknown_account()
+    except (LedgerConflict, ValueError):
+        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+
+
+_MAX_CHAIN = 1000
+"""How far up a parent chain :func:`tokens_left` reads, as the ledgers walk it."""
+
+
+async def tokens_left(io: NodeIO, state: AgentState, ctx: RunContext) -> float | None:
+    """The fewest tokens any account of the run's chain has left; ``None`` when none limits
+    tokens. The run's own from its budget view (the ledger's, as last written), its parents'
+    read from the ledger. Only sizes a step's hold: the reservation is what the ledger checks,
+    so a parent that cannot be read is left to it to refuse."""
+    least: float | None = state.budget.tokens_remaining
+    name = ctx.budget_account
+    for _ in range(_MAX_CHAIN):
+        if name is None:
+            break
+        try:
+            balance = await io.balance(name)
+        except (UnknownAccount, ValueError):
+            break
+        left = balance.remaining(BudgetAxis.TOKENS.value)
+        if left is not None:
+            least = left if least is None else min(least, left)
+        name = balance.parent
+    return least
 
 
 def viewed(state: AgentState, balance: Balance | None) -> AgentState:

@@ -34,7 +34,12 @@ class RunContext(Frozen):
     deadline: Deadline | None = None
     """The run's deadline (an absolute UTC instant); ``None`` means only per-stage timeouts."""
     budget_account: str | None = None
-    """A ledger account the run's own account is opened under (its spending is capped by it)."""
+    """A ledger account the run's own account is opened under (its spending is capped by it).
+
+    It must be one the principal may spend from (``run_check.check_funding``): an account that
+    records only this tenant (a pool), one that records this principal or grants it
+    (``grant:<principal id>`` in its owner), or the principal's own run account (a child run);
+    anything else ends the run ``policy_denied`` (``budget_account_denied``) before it spends."""
 
     @model_validator(mode="before")
     @classmethod

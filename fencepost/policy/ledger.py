@@ -62,7 +62,11 @@ class Reservation(Frozen):
     """True when this key had been reserved before: an earlier attempt already started."""
     balance: Annotated[Balance | None, Strict(False)] = None
     """The reserving account's balance right after the operation that returned this reservation
-    (``reserve``, ``settle``, ``release``); ``None`` on what ``get`` returns."""
+    (``reserve``, ``settle``, ``release``, ``charge``); ``None`` on what ``get`` returns."""
+    exceeded: Annotated[tuple[str, str] | None, Strict(False)] = None
+    """``(account, axis)``: the nearest account of the chain that a :meth:`Ledger.charge` left
+    holding more than its limit on a charged axis; ``None`` when every limit still holds (and
+    on what any other operation returns)."""
 
 
 class UnknownAccount(LookupError):
@@ -208,6 +212,25 @@ def check_room(
                 raise exhausted(account, axis, limit, amount)
 
 
+def over_limit(
+    chain: Iterable[tuple[str, Mapping[str, float], Mapping[str, float]]],
+    axes: Iterable[str],
+) -> tuple[str, str] | None:
+    """The first ``(account, axis)`` of ``chain`` (``(account, limits, held)``, nearest first)
+    holding more than its limit on one of ``axes``, in their order; ``None`` if none does.
+
+    What a charge reports: such an account refuses every later reservation of that axis on it
+    and its descendants (:func:`check_room`), until refunds bring it back within its limit.
+    """
+    names = list(axes)
+    for account, limits, held in chain:
+        for axis in names:
+            limit = limits.get(axis)
+            if limit is not None and held.get(axis, 0.0) > limit:
+                return account, axis
+    return None
+
+
 def existing_reservation(
     prior: Reservation, account: str, balance: Balance | None = None
 ) -> Reservation:
@@ -258,10 +281,13 @@ class Ledger(ABC):
     ``reserve`` is atomic across the whole parent chain (a parent of 100 cannot fund three
     children of 60) and idempotent by key (a second reserve of the same key returns the first,
     marked ``existing``). ``settle`` records the actual amounts and refunds any excess.
-    ``release`` refunds in full and is only for a call that never started. ``close_account``
-    stops new reservations on an account and everything under it; reservations already made can
-    still be settled or released. Every reservation that ``reserve``, ``settle`` or ``release``
-    returns carries the reserving account's :class:`Balance` right after the operation.
+    ``release`` refunds in full and is only for a call that never started. ``charge`` records
+    usage already spent (a model step's tokens beyond its reservation) whatever the limits say:
+    an account it leaves past a limit refuses that axis to every later reservation on it and its
+    descendants. ``close_account`` stops new reservations on an account and everything under it;
+    reservations already made can still be settled or released, and usage still charged. Every
+    reservation that ``reserve``, ``settle``, ``release`` or ``charge`` returns carries the
+    reserving account's :class:`Balance` right after the operation.
 
     Keys, account names, axes and owner fields are checked by :func:`validate_name`
     (``InvalidLedgerKey``) before a backend sees them. A reservation of ``{}`` is legal: a durable
@@ -313,6 +339,18 @@ class Ledger(ABC):
         """Record the outcome; refund what was held beyond ``actual`` (default: keep it all)."""
 
     @abstractmethod
+    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        """Record ``amounts`` already spent on ``account`` and every ancestor, past any limit and
+        on a closed account alike: usage that happened is never charged nowhere.
+
+        Returns the charge as a settled reservation (idempotent by key like ``reserve``: a key
+        reserved or charged before returns that one, marked ``existing``; ``LedgerConflict`` if
+        another account holds it), with ``exceeded`` naming the nearest account of the chain now
+        holding more than its limit on a charged axis. ``UnknownAccount`` for an account never
+        opened.
+        """
+
+    @abstractmethod
     def release(self, key: str) -> Reservation:
         """Refund a reservation whose call never started."""
 
@@ -353,6 +391,10 @@ class Ledger(ABC):
         """Async twin of :meth:`release`."""
         return await asyncio.to_thread(self.release, key)
 
+    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        """Async twin of :meth:`charge`."""
+        return await asyncio.to_thread(self.charge, account, key, amounts)
+
     async def aget(self, key: str) -> Reservation | None:
         """Async twin of :meth:`get`."""
         return await asyncio.to_thread(self.get, key)
@@ -370,6 +412,7 @@ def _reservation(
     *,
     existing: bool = False,
     balance: Balance | None = None,
+    exceeded: tuple[str, str] | None = None,
 ) -> Reservation:
     """A fresh Reservation (its own ``amounts`` dict) of checked values: names validated, amounts
     cleaned by :func:`validate_amounts`, so it is assembled without validating again."""
@@ -382,6 +425,7 @@ def _reservation(
             "status": status,
             "existing": existing,
             "balance": balance,
+            "exceeded": exceeded,
         },
     )
 
@@ -512,7 +556,37 @@ class InMemoryLedger(Ledger):
                 keys.append(key)
             return self._out(key, stored)
 
-    def _out(self, key: str, stored: _Record, *, existing: bool = False) -> Reservation:
+    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        validate_name(account, "account")
+        validate_name(key)
+        clean = validate_amounts(amounts)
+        with self._lock:
+            chain = walk_chain(account, self._parents)
+            prior = self._reservations.get(key)
+            if prior is None:
+                # Neither closed accounts nor limits refuse it: the usage already happened.
+                self._add_held(chain, clean)
+                prior = _new_record(_Record, (account, clean, ReservationStatus.SETTLED))
+                self._reservations[key] = prior
+                self._keys.setdefault(account, []).append(key)
+                existing = False
+            elif prior.account != account:
+                return existing_reservation(self._model(key, prior), account)  # LedgerConflict
+            else:
+                existing = True
+            over = over_limit(
+                ((name, self._limits[name], self._held[name]) for name in chain), clean
+            )
+            return self._out(key, prior, existing=existing, exceeded=over)
+
+    def _out(
+        self,
+        key: str,
+        stored: _Record,
+        *,
+        existing: bool = False,
+        exceeded: tuple[str, str] | None = None,
+    ) -> Reservation:
         """A copy of ``stored`` to hand out, with its account's balance now."""
         return _reservation(
             stored.account,
@@ -521,6 +595,7 @@ class InMemoryLedger(Ledger):
             stored.status,
             existing=existing,
             balance=self._balance(stored.account),
+            exceeded=exceeded,
         )
 
     @staticmethod
@@ -618,6 +693,9 @@ class InMemoryLedger(Ledger):
 
     async def arelease(self, key: str) -> Reservation:
         return self.release(key)
+
+    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        return self.charge(account, key, amounts)
 
     async def aget(self, key: str) -> Reservation | None:
         return self.get(key)

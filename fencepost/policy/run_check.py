@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fencepost.policy.budget import BudgetExhausted
+from fencepost.policy.budget import BudgetAxis, BudgetExhausted, reason_for_axis
 from fencepost.policy.context import RunContext
 from fencepost.policy.deadline import Clock
 from fencepost.policy.keys import run_tag
@@ -66,6 +66,34 @@ def run_owner(ctx: RunContext, run_id: str) -> dict[str, str]:
     return {**ctx.owner(), RUN: run_tag(run_id)}
 
 
+GRANT = "grant:"
+"""An owner key ``grant:<principal id>`` lets that principal's runs be funded from an account
+that records another principal (its value is not read). A run account grants nothing."""
+
+
+def check_funding(parent: Mapping[str, str], ctx: RunContext) -> StopRequest | None:
+    """Whether an account whose owner is ``parent`` may fund a run of the caller in ``ctx``
+    (be its ``budget_account``): a run spends only what its principal owns or was granted.
+
+    An account of another tenant funds nothing; a run account (its owner names a run) funds only
+    runs of its own principal, its child runs; an account that records a principal funds that
+    principal's runs and those it grants; one that records only a tenant is the tenant's pool,
+    and one that records no owner is open to all.
+    """
+    tenant, principal = parent.get("tenant"), parent.get("principal")
+    if tenant is not None and tenant != ctx.tenant_id:
+        return _funding_denied()
+    if RUN in parent:
+        return None if principal == ctx.principal.id else _funding_denied()
+    if principal is None or principal == ctx.principal.id or GRANT + ctx.principal.id in parent:
+        return None
+    return _funding_denied()
+
+
+def _funding_denied() -> StopRequest:
+    return stop(TerminationReason.POLICY_DENIED, "budget_account_denied")
+
+
 def check_owner(
     owner: Mapping[str, str], ctx: RunContext, run_id: str | None = None
 ) -> StopRequest | None:
@@ -89,6 +117,16 @@ def stop_for_exhausted(exc: BudgetExhausted) -> StopRequest:
     """The stop for a reservation the ledger refused; the code names the axis that ran out."""
     axis = exc.axis.value if exc.axis is not None else "budget"
     return stop(exc.reason, f"{axis}_exhausted")
+
+
+def stop_for_exceeded(axis: str) -> StopRequest:
+    """The stop for usage charged past a limit (``Reservation.exceeded``): the run ends as if the
+    axis had been refused, its code naming it."""
+    try:
+        known = BudgetAxis(axis)
+    except ValueError:
+        known = BudgetAxis.TOKENS
+    return stop(reason_for_axis(known), f"{known.value}_exhausted")
 
 
 def stop_for_closed(reason: str) -> StopRequest:

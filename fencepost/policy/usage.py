@@ -1,12 +1,16 @@
 """Usage known only after a call (model tokens): judged, then settled against its estimate.
 
-A step reserves an estimate before the model is called; what the model then reports is a typed
-:class:`UsageReport`, never an exception. A report that is missing, not a number, negative or
-absurdly large is charged the estimate: usage is never trusted blindly.
+A step holds an estimate before the model is called (:func:`step_hold`); what the model then
+reports is a typed :class:`UsageReport`, never an exception. A missing report is charged the
+estimate; one that is not a number, negative, absurdly large or smaller than the reply's length
+allows is charged the estimate, or what the reply's length must have cost if more: usage is
+never trusted blindly.
+Whatever is charged is charged in full, past the limit too (``Ledger.charge``).
 """
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -14,9 +18,15 @@ from pydantic import Field, Strict
 
 from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.budget import BudgetAxis, RuntimeBudget
+from fencepost.policy.decision import AbstainProposal, FinalProposal, ToolProposal
+from fencepost.policy.decision_model import ToolBatch
 
 MAX_PLAUSIBLE_TOKENS = 10_000_000
 """More tokens than any model call can use: a report above it is a provider bug, not usage."""
+
+MOST_CHARACTERS_PER_TOKEN = 256
+"""More characters than any tokenizer packs into one token: a reply of ``n`` characters cost at
+least ``n / 256`` output tokens, so a report of fewer (0 tokens for a megabyte) is not usage."""
 
 
 class UsageKind(StrEnum):
@@ -50,19 +60,85 @@ def _count(value: Any) -> int | bool | None:
     return value
 
 
-def usage_report(input_tokens: Any, output_tokens: Any, *, estimate: int) -> UsageReport:
-    """Judge a provider's usage report for one step reserved at ``estimate`` tokens.
+def reply_size(decision: object) -> int:
+    """Characters the model must have written to give ``decision``: the text of its answer and
+    citations, or each call's tool name and arguments (every key and string, a character for
+    any other value). A lower bound, cheap to take: nothing is serialised."""
+    if isinstance(decision, FinalProposal):
+        answer = decision.answer
+        return len(answer.text) + sum(len(c) for c in answer.citations)
+    if isinstance(decision, AbstainProposal):
+        return 1
+    calls: tuple[ToolProposal, ...]
+    if isinstance(decision, ToolBatch):
+        calls = decision.calls
+    elif isinstance(decision, ToolProposal):
+        calls = (decision,)
+    else:
+        return 0
+    size = 0
+    stack: list[Any] = []
+    for proposal in calls:
+        size += len(proposal.tool_name)
+        stack.append(proposal.arguments)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            size += len(item)
+        elif isinstance(item, dict):
+            size += sum(len(k) if isinstance(k, str) else 1 for k in item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            size += 1
+            stack.extend(item)
+        else:
+            size += 1
+    return size
+
+
+def step_hold(estimate: int, headroom: float | None) -> int:
+    """Tokens a model step holds before the model is asked.
+
+    ``estimate`` is the configured one (``tokens_per_step``, or the model's ``token_estimate``:
+    a chat model's ``max_tokens``); ``headroom`` the fewest tokens any account of the run's chain
+    has left (``None``: none limits tokens). With no estimate the step holds every token left:
+    two steps sharing a limit are then never out at once (the second finds none and stops
+    ``tokens_exhausted``), so concurrent runs cannot multiply it. At least one token while a
+    limit applies: a chain with none left stops before the model is asked.
+
+    >>> step_hold(0, 75.0), step_hold(40, 75.0), step_hold(0, None)
+    (75, 40, 0)
+    """
+    if estimate > 0:
+        return estimate
+    if headroom is None:
+        return 0
+    return max(1, math.floor(headroom)) if headroom < math.inf else 1
+
+
+def usage_report(
+    input_tokens: Any, output_tokens: Any, *, estimate: int, reply_chars: int = 0
+) -> UsageReport:
+    """Judge a provider's usage report for one step reserved at ``estimate`` tokens, whose reply
+    was ``reply_chars`` characters long (:func:`reply_size`).
+
+    A report is trusted only when both counts it gives are plausible integers and the output
+    covers the reply's length. No report is charged the estimate; one that cannot be right is
+    charged the estimate, or the least the reply's length can have cost when that is more.
 
     >>> usage_report(-5, 10, estimate=100).charged
     100
     """
+    floor = -(-max(0, reply_chars) // MOST_CHARACTERS_PER_TOKEN)
     counts = (_count(input_tokens), _count(output_tokens))
     if any(c is False for c in counts) or sum(c or 0 for c in counts) > MAX_PLAUSIBLE_TOKENS:
-        return UsageReport(kind=UsageKind.IMPLAUSIBLE, charged=estimate)
+        return UsageReport(kind=UsageKind.IMPLAUSIBLE, charged=max(estimate, floor))
     if all(c is None for c in counts):
         return UsageReport(kind=UsageKind.UNREPORTED, charged=estimate)
     tokens_in = counts[0] if isinstance(counts[0], int) else None
     tokens_out = counts[1] if isinstance(counts[1], int) else None
+    if (tokens_out or 0) < floor:
+        return UsageReport(kind=UsageKind.IMPLAUSIBLE, charged=max(estimate, floor))
     return UsageReport(
         kind=UsageKind.REPORTED,
         charged=(tokens_in or 0) + (tokens_out or 0),

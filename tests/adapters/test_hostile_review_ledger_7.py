@@ -421,6 +421,14 @@ def _version_4() -> ModuleType:
     sys.modules["_ledger_postgres_v4"] = module
     exec(compile(source, "ledger_postgres_v4.py", "exec"), module.__dict__)
     assert module.SCHEMA_VERSION == 4
+
+    class PostgresLedgerV4(module.PostgresLedger):  # type: ignore[misc,name-defined]
+        """The old class under today's port, which has since grown ``charge``."""
+
+        def charge(self, account: str, key: str, amounts: Any) -> Any:
+            raise NotImplementedError("version 4 had no charge")
+
+    module.PostgresLedger = PostgresLedgerV4
     return module
 
 

@@ -236,6 +236,10 @@ class _ThreadRecordingLedger(Ledger):
         self._seen()
         return self.inner.release(key)
 
+    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+        self._seen()
+        return self.inner.charge(account, key, amounts)
+
     def get(self, key: str) -> Reservation | None:
         self._seen()
         return self.inner.get(key)

@@ -43,8 +43,9 @@ LANES = 4
 
 
 def stored(reservation: Reservation) -> Reservation:
-    """``reservation`` as ``get`` returns it: without the balance snapshot."""
-    return reservation.model_copy(update={"balance": None})
+    """``reservation`` as ``get`` returns it: without the balance snapshot (or a charge's
+    ``exceeded``)."""
+    return reservation.model_copy(update={"balance": None, "exceeded": None})
 
 
 # -- racing contenders (module level so spawned processes can import them) -----------------------
@@ -55,6 +56,8 @@ def _attempt(ledger: Ledger, job: Job) -> str:
     try:
         if op == "reserve":
             result = ledger.reserve(account, key, amounts or {})
+        elif op == "charge":
+            result = ledger.charge(account, key, amounts or {})
         elif op == "settle":
             result = ledger.settle(key, amounts)
         else:
@@ -465,6 +468,16 @@ def _script(ledger: Ledger) -> list[Any]:
         ("release", ("k5",)),
         ("close", ("ghost", "cancelled")),
         ("reserve", ("a", "", {})),
+        ("charge", ("a", "k10", {"cost": 0.9, "tool_calls": 1})),
+        ("reserve", ("a", "k11", {"cost": 0.1})),
+        ("reserve", ("a", "k11", {"tool_calls": 0})),
+        ("charge", ("a", "k10", {"cost": 0.9, "tool_calls": 1})),
+        ("charge", ("b", "k10", {})),
+        ("charge", ("a", "k6", {"cost": 1.0})),
+        ("charge", ("ghost", "k12", {})),
+        ("charge", ("c", "k13", {"tool_calls": 2})),
+        ("charge", ("a", "k12", {"cost": -1.0})),
+        ("release", ("k10",)),
     ]
     out: list[Any] = []
     for op, args in ops:
@@ -478,6 +491,8 @@ def _script(ledger: Ledger) -> list[Any]:
                 result = ledger.settle(*args)
             elif op == "close":
                 result = ledger.close_account(*args)
+            elif op == "charge":
+                result = ledger.charge(*args)
             else:
                 result = ledger.release(*args)
             out.append(result)
@@ -488,12 +503,144 @@ def _script(ledger: Ledger) -> list[Any]:
         except (LookupError, ValueError) as error:
             out.append((type(error).__name__, str(error)))
     out += [ledger.balance(name) for name in ("root", "a", "b", "c")]
-    out += [ledger.get(f"k{i}") for i in range(1, 10)]
+    out += [ledger.get(f"k{i}") for i in range(1, 14)]
     return out
 
 
 def test_every_backend_matches_the_in_memory_reference_on_a_mixed_run(ledger: Ledger) -> None:
     assert _script(ledger) == _script(InMemoryLedger())
+
+
+# -- charging usage already spent --------------------------------------------------------------
+
+
+def test_charge_records_usage_past_a_limit_on_the_account_and_every_ancestor(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("tenant", {"tokens": 100})
+    ledger.open_account("run", {"tokens": 1_000}, parent="tenant")
+    ledger.reserve("run", "step-1", {"tokens": 60})
+    charged = ledger.charge("run", "step-1:over", {"tokens": 90})
+    assert charged.status is ReservationStatus.SETTLED
+    assert not charged.existing
+    assert charged.amounts == {"tokens": 90.0}
+    assert charged.exceeded == ("tenant", "tokens")
+    assert charged.balance is not None and charged.balance.held == {"tokens": 150.0}
+    assert ledger.balance("tenant").held == {"tokens": 150.0}
+    assert ledger.get("step-1:over") == stored(charged)
+
+
+def test_a_charge_within_every_limit_names_no_account_exceeded(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"tokens": 100, "cost": 1.0})
+    ledger.open_account("run", {"tokens": 50}, parent="tenant")
+    assert ledger.charge("run", "c1", {"tokens": 30, "cost": 0.5}).exceeded is None
+    # Exactly at the limit is within it; the next token is refused all the same.
+    assert ledger.charge("run", "c2", {"tokens": 20}).exceeded is None
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run", "k", {"tokens": 1})
+    assert caught.value.account == "run"
+    assert ledger.charge("run", "c3", {}).exceeded is None  # a charge of nothing is a marker
+
+
+def test_an_axis_a_charge_took_past_its_limit_is_refused_to_every_later_reservation_below_it(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("tenant", {"tokens": 100, "tool_calls": 10})
+    ledger.open_account("a", {}, parent="tenant")
+    ledger.open_account("b", {"tokens": 1_000}, parent="tenant")
+    assert ledger.charge("a", "over", {"tokens": 150}).exceeded == ("tenant", "tokens")
+    for account in ("a", "b"):
+        with pytest.raises(BudgetExhausted) as caught:
+            ledger.reserve(account, f"{account}-step", {"tokens": 1})
+        assert (caught.value.account, caught.value.axis) == ("tenant", BudgetAxis.TOKENS)
+    ledger.open_account("c", {}, parent="tenant")  # opened after: refused all the same
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("c", "c-step", {"tokens": 1})
+    # Axes are separate: what the tenant still has of another axis is still there.
+    assert ledger.reserve("b", "b-call", {"tool_calls": 1}).status is ReservationStatus.RESERVED
+    assert ledger.balance("tenant").held == {"tokens": 150.0, "tool_calls": 1.0}
+
+
+def test_charge_is_idempotent_by_key_and_records_the_usage_once(ledger: Ledger) -> None:
+    ledger.open_account("run", {"tokens": 10})
+    first = ledger.charge("run", "over", {"tokens": 25})
+    again = ledger.charge("run", "over", {"tokens": 25})
+    assert again.existing
+    assert stored(again.model_copy(update={"existing": False})) == stored(first)
+    assert again.exceeded == first.exceeded == ("run", "tokens")
+    assert ledger.balance("run").held == {"tokens": 25.0}
+    # A key reserved before is that reservation, never charged on top of it.
+    ledger.open_account("other", {})
+    ledger.reserve("other", "held", {"tokens": 3})
+    assert ledger.charge("other", "held", {"tokens": 30}).status is ReservationStatus.RESERVED
+    assert ledger.balance("other").held == {"tokens": 3.0}
+
+
+def test_charge_records_usage_on_a_closed_account_and_under_a_closed_parent(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("tenant", {"tokens": 100})
+    ledger.open_account("run", {}, parent="tenant")
+    ledger.close_account("tenant", "cancelled")
+    charged = ledger.charge("run", "over", {"tokens": 40})
+    assert charged.status is ReservationStatus.SETTLED
+    assert ledger.balance("tenant").held == {"tokens": 40.0}
+    assert ledger.balance("tenant").closed == "cancelled"
+
+
+def test_charge_refuses_an_unknown_account_another_accounts_key_and_bad_amounts(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("a", {})
+    ledger.open_account("b", {})
+    ledger.reserve("a", "k", {})
+    with pytest.raises(UnknownAccount):
+        ledger.charge("nobody", "k2", {"tokens": 1})
+    with pytest.raises(LedgerConflict):
+        ledger.charge("b", "k", {"tokens": 1})
+    with pytest.raises(ValueError):
+        ledger.charge("a", "k3", {"tokens": -1})
+    with pytest.raises(InvalidLedgerKey):
+        ledger.charge("a", "", {"tokens": 1})
+    assert ledger.get("k2") is None and ledger.get("k3") is None
+    assert ledger.balance("b").held == {}
+
+
+def test_concurrent_charges_are_each_recorded_once_past_the_limit(
+    backend: Backend, ledger: Ledger
+) -> None:
+    ledger.open_account("tenant", {"tokens": 10})
+    ledger.open_account("run", {}, parent="tenant")
+    lanes: list[list[Job]] = [
+        [("charge", "run", f"over-{i}", {"tokens": 3}) for i in range(5)]
+        + [("reserve", "run", f"step-{lane}", {"tokens": 1})]
+        for lane in range(LANES)
+    ]
+    results = backend.race(lanes)
+    for i in range(5):
+        # Each key is charged once, whichever lane got it first; none is refused.
+        column = [lane[i] for lane in results]
+        assert column.count("settled") == 1
+        assert column.count("existing") == LANES - 1
+    assert ledger.balance("tenant").held["tokens"] == 15.0 + sum(
+        lane[-1] == "reserved" for lane in results
+    )
+    assert all(lane[-1] in ("reserved", "exhausted:tenant:tokens") for lane in results)
+
+
+def test_a_charge_survives_reopening_the_ledger(backend: Backend) -> None:
+    if backend.durable is None:
+        pytest.skip("the in-memory ledger is not durable")
+    with backend.durable() as first:
+        first.open_account("tenant", {"tokens": 10})
+        first.open_account("run", {}, parent="tenant")
+        first.charge("run", "over", {"tokens": 12})
+    with backend.durable() as second:
+        again = second.charge("run", "over", {"tokens": 12})
+        assert again.existing and again.exceeded == ("tenant", "tokens")
+        assert second.balance("tenant").held == {"tokens": 12.0}
+        with pytest.raises(BudgetExhausted):
+            second.reserve("run", "step", {"tokens": 1})
 
 
 # -- owners and closed accounts ----------------------------------------------------------------
@@ -949,6 +1096,12 @@ async def test_async_twins_follow_the_same_rules(ledger: Ledger) -> None:
     with pytest.raises(UnknownAccount):
         await ledger.areserve("nobody", "k3", {})
     assert ledger.balance("tenant").held == {"cost": 1.0}
+    charged = await ledger.acharge("run", "k4", {"cost": 12})
+    assert charged.exceeded == ("run", "cost")
+    assert (await ledger.acharge("run", "k4", {"cost": 12})).existing
+    with pytest.raises(UnknownAccount):
+        await ledger.acharge("nobody", "k5", {})
+    assert ledger.balance("tenant").held == {"cost": 13.0}
 
 
 async def test_async_reserves_gathered_against_a_limit_of_n_let_exactly_n_through(

@@ -13,6 +13,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
 import fencepost as fp
+from fencepost.adapters import aopen_checkpointer, open_checkpointer
 from fencepost.graph.serde import fencepost_serializer
 from tests.graph.kit import budget, call, context, final_citing_last, harness, thread
 
@@ -26,12 +27,9 @@ def saver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         yield SqliteSaver(conn, serde=fencepost_serializer())
         conn.close()
     else:
-        from langgraph.checkpoint.postgres import PostgresSaver
-
-        dsn = request.getfixturevalue("postgres_schema")
-        with PostgresSaver.from_conn_string(dsn) as pg:
-            pg.serde = fencepost_serializer()
-            pg.setup()
+        # fencepost's opener: a graph built with no ledger keeps its budget in the same database
+        # (a PostgresSaver built by hand needs ledger=PostgresLedger(dsn)).
+        with open_checkpointer(request.getfixturevalue("postgres_schema")) as pg:
             yield pg
 
 
@@ -112,17 +110,9 @@ def test_no_progress_and_denials_end_the_same_way(saver: Any) -> None:
 async def test_async_savers_run_pause_and_resume(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    if kind == "sqlite":
-        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-
-        cm: Any = AsyncSqliteSaver.from_conn_string(str(tmp_path / "runs.db"))
-    else:
-        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-
-        cm = AsyncPostgresSaver.from_conn_string(request.getfixturevalue("postgres_schema"))
-    async with cm as saver:
-        saver.serde = fencepost_serializer()
-        await saver.setup()
+    # fencepost's opener, so a graph built with no ledger keeps its budget in the same store.
+    url = f"sqlite:///{tmp_path / 'runs.db'}" if kind == "sqlite" else None
+    async with aopen_checkpointer(url or request.getfixturevalue("postgres_schema")) as saver:
         h = harness(
             [call(n=1), call("write_note", 2, note="x"), final_citing_last],
             checkpointer=saver,

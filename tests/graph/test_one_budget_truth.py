@@ -36,6 +36,7 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.adapters import PostgresLedger, SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.loop import settings_of
 from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import BudgetAxis, Reservation, UnknownAccount
 from fencepost.policy.keys import run_account
@@ -128,8 +129,8 @@ def test_a_parent_account_of_one_tool_call_runs_one_and_state_shows_what_the_led
 
 
 def test_a_tenant_token_limit_stops_the_run_at_the_first_step_past_it_naming_the_axis() -> None:
-    # No estimate configured: the first step reserves none, reports 3,000 tokens, and the
-    # overage does not fit the tenant's 10: the run stops there, with the axis named.
+    # No estimate configured: the first step holds the tenant's 10 and reports 3,000. All of
+    # it is charged (the tenant is left past its limit) and the run stops there, axis named.
     ledger = fp.InMemoryLedger()
     ledger.open_account("tenant", {"tokens": 10})
     calls = Calls()
@@ -154,7 +155,7 @@ def test_a_tenant_token_limit_stops_the_run_at_the_first_step_past_it_naming_the
     assert state.last_error_code == "tokens_exhausted"
     assert model.calls == 1  # no second step was asked for
     assert calls.log == []  # the step that crossed the limit proposes nothing that runs
-    assert held(ledger, "tenant").get("tokens", 0.0) <= 10
+    assert held(ledger, "tenant").get("tokens", 0.0) == 3_000
     assert_state_is_the_ledgers_view(state, ledger, account_of(config, state))
 
 
@@ -182,7 +183,8 @@ def test_a_tenant_token_limit_never_lets_a_run_complete_past_it(tokens_per_step:
     assert state.last_error_code == "tokens_exhausted"
     if tokens_per_step > 10:
         assert model.calls == 0  # the estimate alone does not fit: the model is never asked
-    assert held(ledger, "tenant").get("tokens", 0.0) <= 10
+    # What the one step that went out reported is charged in full, nothing more after it.
+    assert held(ledger, "tenant").get("tokens", 0.0) == 3_000 * model.calls
     assert_state_is_the_ledgers_view(state, ledger, account_of(config, state))
 
 
@@ -358,8 +360,10 @@ class Plan:
 
 
 @st.composite
-def plans(draw: st.DrawFn, *, crash: bool = False) -> Plan:
-    """A random run. ``crash``: always on the SQLite files, always dying at some ledger write."""
+def plans(draw: st.DrawFn, *, crash: bool = False, restart: bool = False) -> Plan:
+    """A random run. ``crash``: always on the SQLite files, always dying at some ledger write.
+    ``restart``: paused for approval of a batch with a write in it, and every resume (approval
+    or crash) taken by a new graph object, on a backend whose ledger outlives it or is lost."""
     budget = fp.RuntimeBudget(
         steps_remaining=draw(st.integers(2 if crash else 0, 7)),
         tool_calls_remaining=draw(st.integers(0, 6)),
@@ -389,16 +393,32 @@ def plans(draw: st.DrawFn, *, crash: bool = False) -> Plan:
         st.builds(Turn, kind=st.sampled_from(["final", "abstain"]), usage=usage),
     )
     crash_at = st.integers(1, 6)
+    turns = tuple(draw(st.lists(turn, min_size=1, max_size=6)))
+    if restart:
+        # A read beside a write first: the write waits for a human, the read is reserved.
+        first = tuple(draw(st.permutations(["search_logs", "write_note"])))
+        turns = (Turn(kind="calls", tools=first), *turns)
+        backend = draw(st.sampled_from(["sqlite", "sqlite-default", "memory-lost"]))
+    else:
+        backend = (
+            "sqlite"
+            if crash
+            else draw(st.sampled_from(["memory", "sqlite", "sqlite-default", "memory-lost"]))
+        )
     return Plan(
         budget=budget,
         parent=parent,
-        turns=tuple(draw(st.lists(turn, min_size=1, max_size=6))),
-        approval=draw(st.sampled_from(["terminate", "interrupt", "interrupt"])),
+        turns=turns,
+        approval="interrupt"
+        if restart
+        else draw(st.sampled_from(["terminate", "interrupt", "interrupt"])),
         answers=tuple(draw(st.lists(st.sampled_from(["approve", "reject"]), max_size=6))),
-        backend="sqlite" if crash else draw(st.sampled_from(["memory", "sqlite"])),
+        # "sqlite-default": no ledger passed, the graph keeps its budget in the checkpoint
+        # file; "memory-lost": the graph's own in-memory ledger, lost by every new graph.
+        backend=backend,
         tokens_per_step=draw(st.sampled_from([0, 0, 5, 30])),
-        crash_at=draw(crash_at if crash else st.none() | crash_at),
-        fresh_graph_on_resume=draw(st.booleans()),
+        crash_at=draw(crash_at if crash else st.none() | crash_at),  # see Run.open
+        fresh_graph_on_resume=restart or draw(st.booleans()),
     )
 
 
@@ -453,32 +473,64 @@ class Run:
     ledger: Any = None
     saver: Any = None
     graph: Any = None
+    crashed: bool = False
+    lost: bool = False
+    """The ledger is a new in-memory one that has not re-opened the run's account yet."""
 
     def open(self, *, crash_at: int | None) -> None:
-        """Open the ledger and checkpointer (the same files again, for a sqlite backend)."""
-        if self.plan.backend == "sqlite":
-            ledger = CrashingSqliteLedger(self.root / "ledger.db")
-            self.stack.callback(ledger.close)
+        """Open the ledger and checkpointer (the same files again, for a sqlite backend). A
+        backend whose ledger the graph makes itself never crashes (nothing to make crash)."""
+        backend = self.plan.backend
+        passed: Any
+        if backend in ("sqlite", "sqlite-default"):
             conn = sqlite3.connect(self.root / "checkpoints.db", check_same_thread=False)
             self.stack.callback(conn.close)
             self.saver = SqliteSaver(conn, serde=fencepost_serializer())
-        else:
-            ledger = self.ledger if self.ledger is not None else CrashingMemoryLedger()
+            passed = CrashingSqliteLedger(self.root / "ledger.db") if backend == "sqlite" else None
+            if passed is not None:
+                self.stack.callback(passed.close)
+        elif backend == "memory-lost":
             self.saver = self.saver or InMemorySaver()
-        ledger.crash_at = crash_at
-        ledger.writes = 0
-        self.ledger = ledger
+            passed = CrashingMemoryLedger()  # a new one with every graph: the last one is lost
+            self.lost = True
+            crash_at = None  # a crash the lost ledger never saw is not known (documented)
+        else:
+            passed = self.ledger if self.ledger is not None else CrashingMemoryLedger()
+            self.saver = self.saver or InMemorySaver()
+        if passed is not None:
+            passed.crash_at = crash_at
+            passed.writes = 0
         if self.model is None:
             self.model = ScriptedDecisionModel(script_of(self.plan.turns))
         registry = make_registry(self.calls, extra=(priced_tool(self.calls, 1.5),))
         self.graph = fp.build_agent_graph(
             registry,
             self.model,
-            ledger=ledger,
+            ledger=passed,
             approval=self.plan.approval,  # type: ignore[arg-type]
             tokens_per_step=self.plan.tokens_per_step,
             max_concurrent_tools=2,
         ).compile(checkpointer=self.saver)
+        built = settings_of(self.graph)
+        assert built is not None
+        self.ledger = built.ledger
+        if backend == "sqlite-default":
+            assert isinstance(self.ledger, SqliteLedger)  # derived from the checkpoint file
+        if self.plan.parent is not None:
+            # The application's pool, opened at every start (idempotent on a durable ledger;
+            # a lost in-memory one loses it too, and it is opened again, empty).
+            self.ledger.open_account("parent", self.plan.parent)
+
+    def reopen(self) -> None:
+        """A new graph object over the same checkpoints, as a restarted worker builds it."""
+        self.stack.close()
+        self.stack = ExitStack()
+        self.open(crash_at=None)
+
+    @property
+    def restarts(self) -> bool:
+        """Whether a new graph object is built on every resume (after a crash or an approval)."""
+        return self.plan.fresh_graph_on_resume and self.plan.backend != "memory"
 
 
 def check_superstep(
@@ -500,9 +552,11 @@ def check_superstep(
     try:
         balance = ledger.balance(account)
     except UnknownAccount:
-        # Only a run refused at its very first step (its parent could not be found) has none.
-        assert state.budget.used(BudgetAxis.STEPS) == 0
+        # Only a run refused at its very first step (its parent could not be found) has none,
+        # or one whose in-memory ledger was lost with its graph, until a node re-opens it.
+        assert run.lost or state.budget.used(BudgetAxis.STEPS) == 0
         return state
+    run.lost = False
     for axis in AXES:
         assert state.budget.used(axis) == pytest.approx(balance.held.get(axis.value, 0.0)), (
             f"after a superstep, {axis.value}: state {state.budget} vs ledger {balance.held}"
@@ -510,7 +564,13 @@ def check_superstep(
     accounts = [balance] + ([ledger.balance(parent)] if parent else [])
     for each in accounts:
         for axis, limit in each.limits.items():
-            assert each.held.get(axis, 0.0) <= limit + 1e-9, f"{each.account} over on {axis}"
+            if each.held.get(axis, 0.0) <= limit + 1e-9:
+                continue
+            # Only tokens a model reported past its step's hold are charged past a limit, and
+            # the run stops at that step.
+            assert axis == "tokens", f"{each.account} over on {axis}"
+            stopping = state.stop.error_code if state.stop is not None else None
+            assert "tokens_exhausted" in (stopping, state.last_error_code), state
     # Every tool body that started was charged (an attempt is never refunded).
     assert len(run.calls.log) <= balance.held.get("tool_calls", 0.0)
     return state
@@ -530,21 +590,13 @@ def drive(run: Run, config: dict[str, Any], ctx: fp.RunContext) -> fp.AgentState
             ):
                 check_superstep(run, config, parent, stale=stale)
         except Crash:
-            event(
-                "crashed and resumed"
-                + (
-                    " in a new graph"
-                    if run.plan.fresh_graph_on_resume and run.plan.backend == "sqlite"
-                    else ""
-                )
-            )
+            event("crashed and resumed" + (" in a new graph" if run.restarts else ""))
+            run.crashed = True
             # The process died mid-superstep: that superstep's checkpoint was never written, so
             # the ledger may be ahead of state until the re-run writes the view again. Resume,
             # in a new graph over the same files when the plan says so.
-            if run.plan.backend == "sqlite" and run.plan.fresh_graph_on_resume:
-                run.stack.close()
-                run.stack = ExitStack()
-                run.open(crash_at=None)
+            if run.restarts:
+                run.reopen()
             snapshot = run.graph.get_state(config)
             stale = snapshot.config["configurable"].get("checkpoint_id")
             started = "request" in snapshot.values
@@ -556,7 +608,11 @@ def drive(run: Run, config: dict[str, Any], ctx: fp.RunContext) -> fp.AgentState
             assert state is not None and state.termination is not None
             return state
         if any(t.interrupts for t in snapshot.tasks):
-            event("answered an approval")
+            if run.restarts:
+                run.reopen()  # the approval is answered by a worker that started since
+            event(
+                f"answered an approval ({run.plan.backend}{', new graph' if run.restarts else ''})"
+            )
             pending = Command(resume=answers.pop(0) if answers else "reject")
         else:
             pending = None
@@ -568,12 +624,15 @@ def check_random_run(plan: Plan) -> None:
         run = Run(plan=plan, root=Path(root))
         try:
             run.open(crash_at=plan.crash_at)
-            ctx = context()
-            if plan.parent is not None:
-                run.ledger.open_account("parent", plan.parent)
-                ctx = with_parent("parent")
-            state = drive(run, thread(), ctx)
+            ctx = context() if plan.parent is None else with_parent("parent")
+            config = thread()
+            state = drive(run, config, ctx)
             assert state.is_terminal
+            if not run.crashed:
+                # With no crash every call reservation was a start: a call the ledger holds
+                # that never ran was charged twice somewhere (a resume counting it again).
+                held_calls = run.ledger.balance(account_of(config, state)).held
+                assert held_calls.get("tool_calls", 0.0) == len(run.calls.log), state.receipts
             event(f"ended {state.termination} ({state.last_error_code})")
             if any(r.error_code is fp.ErrorCode.BUDGET_EXHAUSTED for r in state.receipts):
                 event("a batch was cut by a budget")
@@ -591,6 +650,14 @@ PROPERTY = settings(
 @PROPERTY
 @given(plan=plans())
 def test_after_every_superstep_state_budget_is_what_the_ledger_holds(plan: Plan) -> None:
+    check_random_run(plan)
+
+
+@PROPERTY
+@given(plan=plans(restart=True))
+def test_a_run_resumed_by_a_new_graph_object_is_charged_once_per_call_it_started(
+    plan: Plan,
+) -> None:
     check_random_run(plan)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 import fencepost as fp
@@ -197,20 +198,34 @@ def test_a_sealed_entry_written_back_mid_run_never_runs_its_call_again(
 
 
 @pytest.mark.parametrize("key", [None, VERDICT_KEY], ids=["no-key", "key"])
-def test_a_call_run_again_from_an_earlier_checkpoint_never_runs_twice(
+def test_a_call_run_again_from_a_rolled_back_checkpoint_never_runs_twice(
     key: bytes | None, ledger: fp.Ledger
 ) -> None:
-    # Replayed from the checkpoint before its execute step, the state holds no receipt for the
-    # call: the ledger alone says attempt 1 ran and settled.
+    # Time travel through the graph is refused (``fp.ForkRefused``); whoever can write the
+    # checkpoint store can still roll the thread back to the checkpoint before its execute step.
+    # There the state holds no receipt for the call: the ledger alone says attempt 1 ran.
     h, config, ctx = _ran_then_paused(ledger, key)
+    history = list(h.graph.get_state_history(config))
     before = next(
         s
-        for s in h.graph.get_state_history(config)
+        for s in history
         if s.next == ("execute",) and any(e.call_id == "call-0001" for e in s.values["batch"])
     )
+    with pytest.raises(fp.ForkRefused):
+        h.graph.invoke(None, before.config, context=ctx)
+    saver = h.graph.checkpointer
+    assert isinstance(saver, InMemorySaver)
+    thread_id, kept = config["configurable"]["thread_id"], before.config["configurable"]
+    for snapshot in history:  # the rollback: every checkpoint after ``before``, and its writes
+        later = snapshot.config["configurable"]["checkpoint_id"]
+        if later > kept["checkpoint_id"]:
+            del saver.storage[thread_id][""][later]
+    for write_key in [k for k in saver.writes if k[:3] == (thread_id, "", kept["checkpoint_id"])]:
+        del saver.writes[write_key]
+    assert h.graph.get_state(config).next == ("execute",)
     settled = ledger.get(call_key(thread_account(config), "call-0001", 1))
     assert settled is not None and settled.status is ReservationStatus.SETTLED
-    out = fp.run_output(h.graph.invoke(None, before.config, context=ctx))
+    out = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert h.calls.count("search_logs") == 3
     (receipt,) = [r for r in out.receipts if r.call_id == "call-0001"]
     assert receipt.status is fp.ReceiptStatus.UNCERTAIN

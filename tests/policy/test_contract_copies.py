@@ -69,6 +69,7 @@ def test_an_assembled_ledger_record_is_what_validation_makes(
         "status": ReservationStatus.RESERVED,
         "existing": False,
         "balance": balance,
+        "exceeded": None,
     }
     assert_same_record(assemble(Reservation, dict(record)), Reservation.model_validate(record))
 

@@ -1,0 +1,251 @@
+"""Invariant 4: budgets survive resume — in the same graph, in a new graph object on the same
+files (a restarted worker, a second process), and with the ledger lost.
+
+A graph built with no ledger keeps one as durable as the checkpointer it is compiled with: a
+SQLite file's own ledger tables, so a new graph on the same file finds the run's account; a
+checkpointer it cannot derive one from is refused at compile, saying what to pass. A ledger that
+was lost (an in-memory one, in a new process) is re-opened from the checkpoint, each call the
+checkpoint shows reserved carried under its own key, so none is charged twice.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.types import Command
+
+import fencepost as fp
+from fencepost.adapters import SqliteLedger
+from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.loop import settings_of
+from fencepost.graph.serde import fencepost_serializer
+from fencepost.policy.keys import run_account
+from tests.graph.kit import Calls, call, context, final_citing_last, make_registry, thread
+
+BATCH = fp.ToolBatch(calls=(call(n=1), call("write_note", 2, note="restart api")))
+TWO_CALLS = fp.RuntimeBudget(steps_remaining=4, tool_calls_remaining=2)
+
+
+@contextmanager
+def saver_on(path: Path) -> Iterator[SqliteSaver]:
+    """A SqliteSaver on ``path`` over a connection of its own, as a new process opens it."""
+    conn = sqlite3.connect(path, check_same_thread=False)
+    try:
+        yield SqliteSaver(conn, serde=fencepost_serializer())
+    finally:
+        conn.close()
+
+
+def new_graph(checkpointer: Any, calls: Calls, *, resumed: bool = False, **kw: Any) -> Any:
+    """A graph object of its own; a ``resumed`` one's model picks up where the run is (its
+    batch proposed, it answers next)."""
+    model = ScriptedDecisionModel([final_citing_last] if resumed else [BATCH, final_citing_last])
+    return fp.build_agent_graph(make_registry(calls), model, approval="interrupt", **kw).compile(
+        checkpointer=checkpointer
+    )
+
+
+def held(graph: Any, config: dict[str, Any], state: fp.AgentState) -> dict[str, float]:
+    cfg = settings_of(graph)
+    assert cfg is not None
+    account = run_account(config["configurable"]["thread_id"], state.run_id)
+    return dict(cfg.ledger.balance(account).held)
+
+
+@pytest.mark.parametrize("resumed_by", ["the same graph", "a new graph object"])
+def test_a_batch_paused_for_approval_on_a_sqlite_file_is_charged_each_call_once_on_resume(
+    tmp_path: Path, resumed_by: str
+) -> None:
+    calls = Calls()
+    config, ctx = thread(), context()
+    with saver_on(tmp_path / "runs.db") as saver:
+        first = new_graph(saver, calls)  # no ledger passed
+        first.invoke(fp.start("q", TWO_CALLS), config, context=ctx)
+        assert first.get_state(config).next == ("approve",)
+        assert calls.log == []
+        if resumed_by == "the same graph":
+            out = first.invoke(Command(resume="approve"), config, context=ctx)
+            graph = first
+        else:
+            with saver_on(tmp_path / "runs.db") as again:
+                graph = new_graph(again, calls, resumed=True)
+                out = graph.invoke(Command(resume="approve"), config, context=ctx)
+                state = fp.run_output(out)
+                ledger_held = held(graph, config, state)
+        state = fp.run_output(out)
+        if resumed_by == "the same graph":
+            ledger_held = held(graph, config, state)
+    assert state.termination is fp.TerminationReason.COMPLETED, state.last_error_code
+    assert sorted(name for name, _, _ in calls.log) == ["search_logs", "write_note"]
+    assert state.budget.tool_calls_used == 2
+    assert ledger_held["tool_calls"] == 2.0
+
+
+def test_a_lost_ledger_reopened_from_the_checkpoint_carries_each_reserved_call_under_its_key(
+    tmp_path: Path,
+) -> None:
+    # An in-memory ledger passed explicitly, lost with its graph: the new graph's ledger holds
+    # nothing of the run, and re-opens its account from what the checkpoint says.
+    calls = Calls()
+    config, ctx = thread(), context()
+    with saver_on(tmp_path / "runs.db") as saver:
+        new_graph(saver, calls, ledger=fp.InMemoryLedger()).invoke(
+            fp.start("q", TWO_CALLS), config, context=ctx
+        )
+    with saver_on(tmp_path / "runs.db") as saver:
+        fresh = fp.InMemoryLedger()
+        graph = new_graph(saver, calls, resumed=True, ledger=fresh)
+        state = fp.run_output(graph.invoke(Command(resume="approve"), config, context=ctx))
+        assert state.termination is fp.TerminationReason.COMPLETED, state.last_error_code
+        assert sorted(name for name, _, _ in calls.log) == ["search_logs", "write_note"]
+        account = run_account(config["configurable"]["thread_id"], state.run_id)
+        assert fresh.balance(account).held["tool_calls"] == 2.0
+        assert state.budget.tool_calls_used == 2
+
+
+def test_a_graph_with_no_ledger_keeps_its_budget_in_the_sqlite_file_it_checkpoints_to(
+    tmp_path: Path,
+) -> None:
+    with saver_on(tmp_path / "runs.db") as saver:
+        graph = new_graph(saver, Calls())
+        cfg = settings_of(graph)
+        assert cfg is not None and isinstance(cfg.ledger, SqliteLedger)
+        config = thread()
+        graph.invoke(fp.start("q", TWO_CALLS), config, context=context())
+    with sqlite3.connect(tmp_path / "runs.db") as conn:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        accounts = conn.execute("SELECT count(*) FROM fencepost_ledger_accounts").fetchone()
+    assert {"checkpoints", "fencepost_ledger_accounts"} <= tables
+    assert accounts == (1,)
+
+
+def test_an_in_memory_checkpointer_keeps_an_in_memory_ledger() -> None:
+    graph = new_graph(InMemorySaver(), Calls())
+    cfg = settings_of(graph)
+    assert cfg is not None and type(cfg.ledger) is fp.InMemoryLedger
+
+
+def test_a_checkpointer_no_ledger_can_be_derived_from_is_refused_at_compile_saying_what_to_pass(
+    tmp_path: Path,
+) -> None:
+    class ElsewhereSaver(InMemorySaver):
+        """Stands for a durable checkpointer fencepost knows no ledger for (Redis, a custom
+        store): not an InMemorySaver as far as the rule is concerned."""
+
+    # An InMemorySaver subclass is still in memory; a saver of another kind is not known to be.
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+
+    class Unknown(BaseCheckpointSaver[str]):
+        pass
+
+    new_graph(ElsewhereSaver(), Calls())  # fine: in memory
+    with pytest.raises(fp.GraphConfigError) as refused:
+        new_graph(Unknown(), Calls())
+    assert refused.value.field == "ledger"
+    assert "ledger=" in str(refused.value)
+    # Passing one is the way out.
+    new_graph(Unknown(), Calls(), ledger=SqliteLedger(tmp_path / "ledger.db"))
+
+
+def test_a_postgres_checkpointer_without_a_ledger_is_refused_saying_to_pass_a_postgres_ledger(
+    postgres_schema: str,
+) -> None:
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    from fencepost.adapters import PostgresLedger
+
+    with PostgresSaver.from_conn_string(postgres_schema) as saver:
+        with pytest.raises(fp.GraphConfigError) as refused:
+            new_graph(saver, Calls())
+        assert "PostgresLedger" in str(refused.value)
+        with PostgresLedger(postgres_schema) as ledger:
+            new_graph(saver, Calls(), ledger=ledger)
+
+
+def test_a_run_on_a_postgres_store_opened_by_fencepost_resumes_in_a_new_graph_charged_once(
+    postgres_schema: str,
+) -> None:
+    from fencepost.adapters import PostgresLedger, open_checkpointer
+
+    calls = Calls()
+    config, ctx = thread(), context()
+    with open_checkpointer(postgres_schema) as saver:
+        new_graph(saver, calls).invoke(fp.start("q", TWO_CALLS), config, context=ctx)
+    with open_checkpointer(postgres_schema) as saver:  # a worker that started since
+        graph = new_graph(saver, calls, resumed=True)
+        cfg = settings_of(graph)
+        assert cfg is not None and isinstance(cfg.ledger, PostgresLedger)
+        state = fp.run_output(graph.invoke(Command(resume="approve"), config, context=ctx))
+        assert held(graph, config, state)["tool_calls"] == 2.0
+    assert state.termination is fp.TerminationReason.COMPLETED, state.last_error_code
+    assert sorted(name for name, _, _ in calls.log) == ["search_logs", "write_note"]
+
+
+def test_a_call_approved_in_a_new_graph_after_the_ledger_was_lost_is_charged_not_carried() -> None:
+    # Two tool calls: the batch's read and write use them. The run's next write, approved by
+    # yet another new graph (the ledger lost again), finds none left and never runs.
+    calls, saver = Calls(), InMemorySaver()
+    model = ScriptedDecisionModel(
+        [
+            BATCH,
+            call("write_note", 3, note="again"),
+            fp.AbstainProposal(reason="needs_clarification"),
+        ]
+    )
+
+    def restarted() -> Any:
+        return fp.build_agent_graph(
+            make_registry(calls), model, approval="interrupt", ledger=fp.InMemoryLedger()
+        ).compile(checkpointer=saver)
+
+    config, ctx = thread(), context()
+    restarted().invoke(fp.start("q", TWO_CALLS), config, context=ctx)
+    restarted().invoke(Command(resume="approve"), config, context=ctx)
+    assert sorted(name for name, _, _ in calls.log) == ["search_logs", "write_note"]
+    state = fp.run_output(restarted().invoke(Command(resume="approve"), config, context=ctx))
+    assert [name for name, _, _ in calls.log].count("write_note") == 1
+    assert state.termination is fp.TerminationReason.TOOL_BUDGET_EXHAUSTED
+    assert state.budget.tool_calls_used == 2
+
+
+def test_a_reopened_account_carries_open_calls_under_their_keys_and_never_more_than_was_spent() -> (
+    None
+):
+    from fencepost.policy.batch import BatchEntry
+    from fencepost.policy.carried import carried_over
+    from fencepost.policy.verdict import Verdict, VerdictCode
+
+    def entry(n: int, code: VerdictCode) -> BatchEntry:
+        proposal = call(n=n)
+        verdict = Verdict(
+            call_id=proposal.call_id, tool_name="search_logs", fingerprint="f", code=code
+        )
+        return BatchEntry(proposal=proposal, verdict=verdict)
+
+    batch = (
+        entry(1, VerdictCode.ALLOWED),
+        entry(2, VerdictCode.ALLOWED),
+        entry(3, VerdictCode.APPROVAL_PENDING),
+    )
+    state = fp.AgentState(
+        run_id="r",
+        question="q",
+        budget=fp.RuntimeBudget(
+            steps_remaining=3, tool_calls_remaining=3, steps_used=2, tool_calls_used=1
+        ),
+        batch=batch,
+    )
+    carried = carried_over(state, lambda name: {"tool_calls": 1.0})
+    # One call's worth was spent: the first open call is carried under its key, and the second
+    # (which the view does not account for) is not; the steps are the lump.
+    assert carried.open_calls == (("call-0001", {"tool_calls": 1.0}),)
+    assert carried.spent == {"steps": 2.0}
+    fresh = carried_over(state, lambda name: {"tool_calls": 1.0}, fresh=frozenset({"call-0001"}))
+    assert fresh.open_calls == (("call-0002", {"tool_calls": 1.0}),)
