@@ -6,12 +6,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test lint docs bench fuzz demo clean agentdojo
 
+# uv installs the dependencies (about ten times faster than pip: a clean `make test` spends
+# seconds, not minutes, setting up its two environments); pip only installs uv itself.
+UV := $(BIN)/uv
+
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --upgrade pip uv
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[dev,sqlite,postgres]'
+	$(UV) pip install --quiet --python $(BIN)/python -e '.[dev,sqlite,postgres]'
 	touch $(STAMP)
 
 lint: $(STAMP)
@@ -24,11 +28,10 @@ lint: $(STAMP)
 ADJ_VENV := benchmarks/agentdojo/.venv
 ADJ_STAMP := $(ADJ_VENV)/.installed
 
-$(ADJ_STAMP): pyproject.toml benchmarks/agentdojo/requirements.txt
+$(ADJ_STAMP): $(BIN)/python pyproject.toml benchmarks/agentdojo/requirements.txt
 	rm -rf $(ADJ_VENV)
 	$(PY) -m venv $(ADJ_VENV)
-	$(ADJ_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(ADJ_VENV)/bin/python -m pip install --quiet -r benchmarks/agentdojo/requirements.txt -e .
+	$(UV) pip install --quiet --python $(ADJ_VENV)/bin/python -r benchmarks/agentdojo/requirements.txt -e .
 	touch $(ADJ_STAMP)
 
 # The documentation and the API reference from the docstrings; --strict fails on any warning
