@@ -61,7 +61,7 @@ def _compiled(suite_name: str, policy: Policy, functions: Sequence[Function]) ->
             suite_name, functions, effect_of=lambda name: policy.effect_of(suite_name, name)
         )
         model = CurrentReplay()
-        saver = InMemorySaver(serde=fp.fencepost_serializer())
+        saver = InMemorySaver()
         graph = fp.build_agent_graph(
             tools.registry, model, approval="interrupt", **policy.graph_options
         ).compile(checkpointer=saver)

@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, create_model
 
 from fencepost.graph.cancel import acancel, cancel
 from fencepost.graph.loop import LoopConfig, settings_of
-from fencepost.graph.state import run_output, start
+from fencepost.graph.state import has_run, run_output, start
 from fencepost.policy import (
     AgentState,
     Balance,
@@ -281,7 +281,7 @@ async def _run_child(
     refusal: Callable[[], Coroutine[Any, Any, StopRequest | None]],
 ) -> AgentState | StopRequest:
     values = await driver.values(config)
-    if "run_id" not in values:
+    if not has_run(values):
         refused = await refusal()
         if refused is not None:
             return refused

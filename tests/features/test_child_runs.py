@@ -19,7 +19,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 import fencepost as fp
 from fencepost.adapters.child_run import ChildRunResult, child_thread_id
 from fencepost.adapters.scripted import ScriptedDecisionModel
-from fencepost.graph.serde import fencepost_serializer
+from fencepost.graph.state import has_run
 from fencepost.policy.stop_report import StopKind
 from fencepost.policy.tool_decorator import tool
 from tests.graph.child_kit import (
@@ -106,7 +106,7 @@ async def test_a_child_graph_on_a_sync_only_sqlite_saver_runs_its_child(
     conn = sqlite3.connect(tmp_path / "children.db", check_same_thread=False)
     try:
         # What open_checkpointer("sqlite:///...") returns: a SqliteSaver, sync methods only.
-        saver = SqliteSaver(conn, serde=fencepost_serializer())
+        saver = SqliteSaver(conn)
         family = Family(
             fp.ToolRegistry([search]),
             ScriptedDecisionModel([answer_after("search", 1)] * 3),
@@ -125,7 +125,7 @@ async def test_a_child_graph_on_a_sync_only_sqlite_saver_runs_its_child(
         assert child.completed and child.termination is fp.TerminationReason.COMPLETED
         assert len(searched) == 1
         # The child's run is on the SqliteSaver, where its thread id says.
-        assert family.child_state(child.thread_id)["run_id"] == child.run_id
+        assert fp.run_output(family.child_state(child.thread_id)).run_id == child.run_id
         assert state.termination is fp.TerminationReason.COMPLETED
     finally:
         conn.close()
@@ -227,7 +227,7 @@ def test_no_child_run_starts_when_the_parent_cannot_fund_its_first_step() -> Non
     assert not second.started and not second.completed
     assert second.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
     assert second.error_code == "steps_exhausted"
-    assert "run_id" not in family.child_state(second.thread_id)
+    assert not has_run(family.child_state(second.thread_id))
     with pytest.raises(fp.policy.UnknownAccount):
         family.ledger.balance(fp.policy.keys.run_account(second.thread_id, second.run_id))
     receipts = {r.call_id: r for r in state.receipts}
@@ -259,4 +259,4 @@ async def test_no_child_run_starts_under_a_cancelled_parent() -> None:
     result = await family.tool.execute(family.tool.args_model(question="what broke?"), ctx)
     assert isinstance(result, ChildRunResult)
     assert not result.started and result.termination is fp.TerminationReason.CANCELLED
-    assert "run_id" not in family.child_state(result.thread_id)
+    assert not has_run(family.child_state(result.thread_id))
