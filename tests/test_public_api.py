@@ -42,6 +42,7 @@ PUBLIC = {
     "CancelRefused",
     "NestedRunUnreachable",
     "ForkRefused",
+    "LayoutRefused",
     "CommandRefused",
     # decisions
     "ToolProposal",

@@ -287,6 +287,25 @@ def _apply(out: RunRecord, changes: Mapping[str, Any]) -> None:
             out[key] = value
 
 
+def _defaults() -> dict[str, Any]:
+    """Every field of a run at its default, plain (fresh containers each time)."""
+    out: dict[str, Any] = {}
+    for name, info in AgentState.model_fields.items():
+        if not info.is_required():
+            out[name] = plain(info.get_default(call_default_factory=True))
+    return out
+
+
+def _completed(out: RunRecord) -> RunRecord:
+    """``out`` with every field it leaves out at its default: a step writes only what changed,
+    and a run's first write leaves its defaults out, but a reader (a server client, Studio, a
+    node) sees every field."""
+    if "run_id" in out and len(out) < len(FIELDS):
+        for name, value in _defaults().items():
+            out.setdefault(name, value)
+    return out
+
+
 def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
     """The record after ``writes`` (a step's, or a checkpoint's history replayed) in order."""
     base = current if isinstance(current, dict) else {}
@@ -299,12 +318,12 @@ def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
             write.before is None and not base
         ):
             out.view = write.after
-        return out
+        return _completed(out)
     for write in writes:
         changes = write if own(write) else _taken(write)
         if changes:
             _apply(out, changes)
-    return out
+    return _completed(out)
 
 
 class RunChannel(DeltaChannel[Any]):

@@ -53,6 +53,7 @@ from hypothesis import strategies as st
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.types import Command
+from pydantic import ValidationError
 
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
@@ -599,7 +600,12 @@ def _allowed_verdicts(
     states = list(out.values)
     states += [s.values for s in graph.get_state_history(out.config)]
     for values in states:
-        for entry in values.get("batch") or ():
+        record = values.get("run") if isinstance(values, dict) else None
+        for held in (record or {}).get("batch") or ():
+            try:
+                entry = fp.policy.BatchEntry.model_validate(held)
+            except ValidationError:
+                continue  # no entry at all: nothing the executor could run
             verdict = entry.verdict
             if verdict.code is VerdictCode.ALLOWED and (
                 key is None or fp.policy.verdict_is_sealed(verdict, run_id=run_id, key=key)

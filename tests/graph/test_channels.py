@@ -81,7 +81,8 @@ def test_the_record_reads_empty_before_a_run_and_an_unwritten_field_as_its_defau
     record = _channels()["run"].copy()
     assert record.get() == {} and record.is_available()
     record.update([{"run_id": "run-1", "question": "q", "budget": {"steps_remaining": 1}}])
-    assert "stop" not in record.get()
+    assert set(record.get()) == set(AgentState.model_fields)
+    assert record.get()["stop"] is None and record.get()["observations"] == []
     assert record.get()["budget"] == {"steps_remaining": 1}
 
 
