@@ -27,8 +27,20 @@ class _Switch(Sampler):
     def __init__(self) -> None:
         self.on = False
 
-    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
-        return SamplingResult(Decision.RECORD_AND_SAMPLE if self.on else Decision.DROP)
+    def should_sample(
+        self,
+        parent_context: Any,
+        trace_id: int,
+        name: str,
+        kind: Any = None,
+        attributes: Any = None,
+        links: Any = None,
+        trace_state: Any = None,
+    ) -> SamplingResult:
+        # A sampled span starts with the attributes the sampler hands back: all of them.
+        if self.on:
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+        return SamplingResult(Decision.DROP)
 
     def get_description(self) -> str:
         return "fencepost-tests-switch"
