@@ -61,6 +61,7 @@ from fencepost.policy import (
 )
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.developer_log import APPROVAL, GATE, MODEL, RUN, TOOLS
+from fencepost.policy.events import ToolFailed
 from fencepost.policy.outcome import CallOutcome
 
 __all__ = [
@@ -564,11 +565,17 @@ class ToolCall:
         if self._run is None:
             return
         span = self._span
-        span.set_attribute("fencepost.receipt_status", outcome.status.value)
-        error = getattr(outcome.event, "error_code", None)
-        if error is not None:
-            span.set_attribute("error.type", error.value)
+        event = outcome.event
+        if isinstance(event, ToolFailed):
+            span.set_attributes(
+                {
+                    "fencepost.receipt_status": outcome.status.value,
+                    "error.type": event.error_code.value,
+                }
+            )
             span.set_status(self._run.otel.error_status)
+        else:
+            span.set_attribute("fencepost.receipt_status", outcome.status.value)
 
 
 _NOT_TRACED = ToolCall(None, None)
@@ -606,9 +613,11 @@ def calls_ended(run_id: str, batch: Sequence[BatchEntry], done: Sequence[CallOut
     run = _CURRENT.get()
     verdicts = {e.call_id: e for e in batch}
     for outcome in done:
-        error = getattr(outcome.event, "error_code", None)
+        # isinstance, not getattr: a model's missing attribute costs an AttributeError.
+        event = outcome.event
+        error = event.error_code if isinstance(event, ToolFailed) else None
         status = outcome.status
-        tool = outcome.event.tool_name if outcome.effect is not None else None
+        tool = event.tool_name if outcome.effect is not None else None
         if error is None:
             if TOOLS.isEnabledFor(logging.DEBUG):
                 TOOLS.debug(
