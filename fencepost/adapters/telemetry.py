@@ -362,14 +362,15 @@ def recorded(state: AgentState, manifests: Sequence[StepManifest]) -> None:
         run.saw(state, manifests)
     for m in manifests:
         if m.phase is Phase.TERMINAL:
+            code = state.last_error_code
             _info(
                 RUN,
-                "run %s ended %s (code %s)",
+                "run %s ended %s" + (" (%s)" if code else ""),
                 state.run_id,
                 m.code,
-                state.last_error_code or "-",
+                *((code,) if code else ()),
                 run_id=state.run_id,
-                code=state.last_error_code or m.code,
+                code=code or m.code,
             )
         elif m.phase is Phase.DECIDE and m.outcome == "error":
             _info(

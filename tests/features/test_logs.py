@@ -253,7 +253,7 @@ def test_refusals_and_how_a_run_ended_are_logged_at_info_and_a_clean_run_warns_o
     assert _info(caplog, "fencepost.gate") == [("call-0002", "capability_denied")]
     assert _info(caplog, "fencepost.run") == [(None, "capability_denied")]
     (ended,) = [r for r in caplog.records if r.name == "fencepost.run"]
-    assert ended.getMessage() == f"run {state.run_id} ended policy_denied (code capability_denied)"
+    assert ended.getMessage() == f"run {state.run_id} ended policy_denied (capability_denied)"
 
 
 def test_a_call_the_budget_cannot_cover_is_logged_as_refused(
