@@ -196,7 +196,8 @@ class AgentRun:
             if m.output_tokens is not None:
                 self.output_tokens = (self.output_tokens or 0) + m.output_tokens
         if state.termination is not None:
-            self.termination = state.termination.value
+            # str(): the reason's value (a StrEnum), whatever a caller's state edit left there.
+            self.termination = str(state.termination)
             self.error_code = state.last_error_code
 
     def event(self, name: str, attributes: dict[str, Any]) -> None:

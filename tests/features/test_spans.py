@@ -310,6 +310,35 @@ def test_a_call_the_budget_cannot_cover_is_a_refusal_event(spans: InMemorySpanEx
     assert agent.attributes["fencepost.budget.remaining.tool_calls"] == 0
 
 
+def test_a_call_the_executor_refused_is_a_refusal_event_with_the_executors_code(
+    spans: InMemorySpanExporter,
+) -> None:
+    after = fp.ToolProposal(
+        call_id="call-0002",
+        tool_name="search_logs",
+        arguments={"query": "after the failure"},
+        depends_on=("call-0001",),
+    )
+    batch = fp.ToolBatch(calls=(call("explode", 1), after))
+    state = harness([batch, fp.AbstainProposal(reason="insufficient_evidence")]).run()
+    assert [(r.call_id, r.error_code) for r in state.receipts] == [
+        ("call-0001", fp.ErrorCode.INTERNAL_ERROR),
+        ("call-0002", fp.ErrorCode.DEPENDENCY_FAILED),
+    ]
+    found = _finished(spans)
+    (tool,) = by_name(found, "execute_tool")
+    assert (tool.attributes or {})["gen_ai.tool.call.id"] == "call-0001"
+    assert events(_one_agent(found)) == [
+        {
+            "name": "fencepost.tool_call.refused",
+            "gen_ai.tool.name": "search_logs",
+            "gen_ai.tool.call.id": "call-0002",
+            "fencepost.verdict": "allowed",
+            "error.type": "dependency_failed",
+        }
+    ]
+
+
 @pytest.mark.parametrize("answer", ["approve", "reject"])
 def test_an_approval_pause_and_its_resume_are_two_agent_spans_of_one_conversation(
     spans: InMemorySpanExporter, answer: str
@@ -454,6 +483,12 @@ def test_a_crash_and_its_resume_in_another_process_are_separate_traces_of_one_co
     assert tool["attributes"]["fencepost.attempt"] == 2  # the idempotent write, retried
     assert tool["attributes"]["fencepost.receipt_status"] == "completed"
     assert agent["attributes"]["fencepost.termination_reason"] == "completed"
+    # The resuming process's developer log says why there was a second attempt.
+    logged = Path(f"{exported}.resume.log").read_text()
+    assert (
+        f"INFO fencepost.run run {o.run_id} call call-0001 (record_note): attempt 1 started and "
+        "never reported; retrying as attempt 2"
+    ) in logged
 
 
 # -- without OpenTelemetry: nothing imported, nothing done -----------------------------------------

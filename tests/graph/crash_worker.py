@@ -421,6 +421,12 @@ def main(argv: list[str]) -> int:
     spec = Spec.model_validate_json(argv[1])
     if os.environ.get("FENCEPOST_TEST_SPANS"):
         export_spans(os.environ["FENCEPOST_TEST_SPANS"])
+        # The developer logs beside them, one file per process.
+        logging.basicConfig(
+            filename=f"{os.environ['FENCEPOST_TEST_SPANS']}.{spec.phase}.log",
+            level=logging.INFO,
+            format="%(levelname)s %(name)s %(message)s",
+        )
     return {"crash": crash, "resume": resume, "read": read}[spec.phase](spec)
 
 
