@@ -68,6 +68,7 @@ def test_the_docs_have_the_promised_pages_and_the_nav_lists_them_all() -> None:
         "streaming.md",
         "model-protocol.md",
         "cli.md",
+        "observability.md",
         "reference.md",
     }
     assert promised <= set(PAGES)
