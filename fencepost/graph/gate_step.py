@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fencepost.adapters import telemetry
 from fencepost.graph.loop import checked_manifest
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import account_of, produced, reserve_or_exhausted, viewed
@@ -60,6 +61,7 @@ async def gate(
             **usage,
         )
         duplicate = stop(TerminationReason.INVALID_PROPOSAL, "duplicate_call_id")
+        telemetry.batch_refused(state.run_id, calls, cfg.registry, "duplicate_call_id")
         return state.model_copy(update={"phase": Phase.VALIDATE, "stop": duplicate}), [m]
     # Only a batch that names dependencies needs them checked: each one outside the batch must
     # be an earlier call whose tool returned a result, as the ledger (never a receipt) says.
@@ -77,6 +79,7 @@ async def gate(
             **usage,
         )
         invalid = stop(TerminationReason.INVALID_PROPOSAL, "invalid_dependency")
+        telemetry.batch_refused(state.run_id, calls, cfg.registry, "invalid_dependency")
         return state.model_copy(update={"phase": Phase.VALIDATE, "stop": invalid}), [m]
     gated = gate_batch(
         cfg.registry,
@@ -87,6 +90,7 @@ async def gate(
         approval=cfg.approval,
         now=cfg.clock.now(),
     )
+    telemetry.gated(state.run_id, gated.batch, gated.specs)
     manifests = []
     for entry, spec in zip(gated.batch, gated.specs, strict=True):
         verdict = entry.verdict
@@ -189,6 +193,7 @@ async def reserve_batch(
     batch, stopped = after_reservations(
         current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key, only=only
     )
+    telemetry.budget_refused(state.run_id, current, refused, cfg.registry)
     if batch is not state.batch:
         update["batch"] = batch
     if latest is not None:
