@@ -247,12 +247,16 @@ async def _run_async(spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline
         task.cancel()
         await within(task, GRACE_SECONDS)
     except asyncio.CancelledError:
-        # The caller's own cancellation: the body is cancelled too and never waited for; given
-        # its grace to stop, it is then dropped, so it cannot outlive its caller on this loop.
+        # The caller's own cancellation: the body is cancelled too and given its grace to stop
+        # (through further cancels of the caller); still running then, it is dropped, so it
+        # cannot outlive its caller on this loop. What it asked to finish first (its durable
+        # record of the stop) is waited for, briefly, before the cancellation goes on.
         body.late = True
         task.cancel()
         _abandon(task)
-        asyncio.get_running_loop().call_later(GRACE_SECONDS, _drop_if_running, body.leash, task)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([task], timeout=GRACE_SECONDS)
+        _drop_if_running(body.leash, task)
         if body.closing:
             await _closed(body.closing)
         raise

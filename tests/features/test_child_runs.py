@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import fencepost as fp
@@ -86,6 +87,59 @@ async def test_a_child_whose_parents_task_is_cancelled_ends_cancelled_on_its_own
     # The parent's record keeps the child call as started: its id, not a call never run.
     assert parent.report is not None
     assert [c.call_id for c in parent.report.uncertain] == ["child-call-1"]
+
+
+class _SlowSaver(InMemorySaver):
+    """An in-memory saver whose async writes take longer than a cancelled body's grace: a
+    child's cancel record (a stop, then the terminal node's ending) outlasts the grace."""
+
+    async def aput(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.05)
+        return await super().aput(*args, **kwargs)
+
+    async def aput_writes(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.05)
+        return await super().aput_writes(*args, **kwargs)
+
+
+async def test_a_childs_cancel_record_is_whole_before_its_callers_cancellation_goes_on() -> None:
+    entered = asyncio.Event()
+
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=30)
+    async def slow(ctx: fp.ToolContext) -> dict[str, bool]:
+        """Takes a long time."""
+        entered.set()
+        await asyncio.sleep(30)
+        return {"done": True}
+
+    family = Family(
+        fp.ToolRegistry([slow]),
+        ScriptedDecisionModel([answer_after("slow", 1)] * 3),
+        [child_call(1), ABSTAIN],
+        child_budget=fp.RuntimeBudget(steps_remaining=5, tool_calls_remaining=5),
+        child_checkpointer=_SlowSaver(),
+    )
+    config, ctx = thread(), parent_context()
+    task = asyncio.create_task(
+        family.parent.ainvoke(
+            fp.start("q", fp.RuntimeBudget(steps_remaining=10, tool_calls_remaining=5)),
+            config,
+            context=ctx,
+        )
+    )
+    await asyncio.wait_for(entered.wait(), 20)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    parent = await fp.acancel(family.parent, config, context=ctx)
+    assert parent is not None
+    child_thread = child_thread_id(
+        parent_account(config, parent), "child-call-1", tenant_id="acme", principal_id="u-1"
+    )
+    # Read at once: the record was finished before the caller's CancelledError, not after.
+    child = fp.run_output(family.child_state(child_thread))
+    assert child.termination is fp.TerminationReason.CANCELLED
+    assert child.report is not None and child.report.kind is StopKind.STOPPED
 
 
 # -- a child graph on a sync-only checkpointer --------------------------------------------------
