@@ -63,6 +63,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> ToolSpec: ...
 
@@ -80,6 +82,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
@@ -96,6 +100,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> Any:
     """A :class:`ToolSpec`: what a tool does (``effect``), who may call it (``capability``), how
@@ -148,6 +154,8 @@ def tool(
             semantic_validator=semantic_validator,
             progress_predicate=progress_predicate,
             idempotent=idempotent,
+            allow_empty_query=allow_empty_query,
+            repeat_limit=repeat_limit,
         )
     return tool_from_function(
         fn,
@@ -159,6 +167,8 @@ def tool(
         idempotent=idempotent,
         semantic_validator=semantic_validator,
         progress_predicate=progress_predicate,
+        allow_empty_query=allow_empty_query,
+        repeat_limit=repeat_limit,
         timeout=timeout,
     )
 

@@ -150,11 +150,14 @@ def check_semantics(spec: ToolSpec, args: BaseModel, state: AgentState) -> None:
     """Gate 3: rules a schema cannot say. Raises :class:`ToolSemanticError`.
 
     Built in: a query-like field (``query``, ``q``, ``search``...) must not be empty-like
-    (``""``, ``"*"``, ``"null"``...), and a date/time range (``start``/``end``, ``since``/``until``
-    ...) must not be reversed. Then the tool's own ``semantic_validator``, if any.
+    (``""``, ``"*"``, ``"null"``...) unless the tool allows it (``allow_empty_query``), and a
+    date/time range (``start``/``end``, ``since``/``until``...) must not be reversed. Then the
+    tool's own ``semantic_validator``, if any.
     """
     values: Mapping[str, Any] = args.__dict__
     query_fields, range_pairs = _semantic_plan(type(args))
+    if spec.allow_empty_query:
+        query_fields = ()
     for name in query_fields:
         value = values.get(name)
         if isinstance(value, str) and _is_empty_like(value):
@@ -207,8 +210,9 @@ def check_progress(
     """Gate 4: refuse a repeat that brings no new evidence. Returns the key the repeat counts
     under. Raises :class:`NoProgressDetected`.
 
-    The same call with the same last result counts towards ``repeat_limit`` (a new result starts
-    a new count: the status changed); a polling tool (``poll_interval_seconds``) is judged by time
+    The same call with the same last result counts towards the tool's own ``repeat_limit`` when
+    it declares one, else ``repeat_limit`` (a new result starts a new count: the status
+    changed); a polling tool (``poll_interval_seconds``) is judged by time
     instead — sooner than its interval is no progress, on time always is. O(1): counts and result
     hashes are kept in state (or ``counts`` while a batch is gated), never re-scanned.
     """
@@ -222,6 +226,8 @@ def check_progress(
             return repeat_key(fingerprint, state) + ":poll:" + now.isoformat()
     key = repeat_key(fingerprint, state)
     seen = (state.fingerprints if counts is None else counts).get(key, 0)
+    if spec.repeat_limit is not None:
+        repeat_limit = spec.repeat_limit
     if seen >= repeat_limit and not _declared_progress(spec, proposal, state):
         raise NoProgressDetected(fingerprint)
     return key

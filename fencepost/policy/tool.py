@@ -146,6 +146,14 @@ class ToolSpec(BaseModel):
     idempotent: bool | None = None
     """Whether a retry after a crash is safe. Defaults to True for reads, False otherwise; a write
     that honours ``ToolContext.idempotency_key`` may set True."""
+    allow_empty_query: bool = False
+    """Turn the built-in empty-query rule off for this tool: its query-like field (``query``,
+    ``q``, ``search``...) may be ``""`` or ``"*"``, as for a search that filters by another
+    argument (a sender, a date). The reversed-range rule and ``semantic_validator`` still apply."""
+    repeat_limit: Annotated[int | None, Field(ge=1)] = None
+    """This tool's own repeat limit: how often the same call (same arguments, same last
+    result) may be allowed before the run ends ``no_progress``. ``None``: the graph's
+    ``repeat_limit``. Three equal transfers may be legitimate (``repeat_limit=3``)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -69,6 +69,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> ToolSpec: ...
 
@@ -86,6 +88,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
@@ -102,6 +106,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> Any:
     """Turn the decorated function into a :class:`ToolSpec`.
@@ -112,8 +118,8 @@ def tool(
     limit (default :data:`DEFAULT_TOOL_TIMEOUT_SECONDS`; ``timeout=`` is its old name, accepted
     with a DeprecationWarning until the next release). ``name`` defaults to the function's name
     and ``description`` to its docstring (without its ``Args:`` section, whose lines become the
-    fields' descriptions). ``idempotent``, ``semantic_validator`` and ``progress_predicate`` are
-    passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
+    fields' descriptions). ``idempotent``, ``semantic_validator``, ``progress_predicate``,
+    ``allow_empty_query`` and ``repeat_limit`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
     ``tool_spec`` take.
 
     ``tool(fn, effect=..., capability=...)`` (the function given directly) is the same as the
@@ -167,6 +173,8 @@ def tool(
             semantic_validator=semantic_validator,
             progress_predicate=progress_predicate,
             idempotent=idempotent,
+            allow_empty_query=allow_empty_query,
+            repeat_limit=repeat_limit,
         )
 
     if fn is not None:
