@@ -59,6 +59,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         repeat_limit=cfg.repeat_limit,
         now=cfg.clock.now(),
         asked=asked,
+        context=ctx,
     )
     state = before.model_copy(update={"batch": result.batch, "fingerprints": result.fingerprints})
     manifests = []

@@ -4,6 +4,8 @@ declares the shape a caller sends it in (LangGraph's ``context_schema``)."""
 # No `from __future__ import annotations`: TypedDict reads Required[...] from real annotations.
 from typing import Required
 
+from pydantic import JsonValue
+
 # pydantic builds the published JSON schema from it, and on Python < 3.12 it accepts only
 # typing_extensions' TypedDict.
 from typing_extensions import TypedDict
@@ -35,3 +37,5 @@ class ContextInput(TypedDict, total=False):
     """The run's deadline (an absolute UTC instant); absent: only per-stage timeouts."""
     budget_account: str | None
     """A ledger account the run's own account is opened under."""
+    app_data: dict[str, JsonValue]
+    """The application's own trusted data for the run (known payees, allowed domains)."""

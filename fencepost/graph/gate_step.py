@@ -86,6 +86,7 @@ async def gate(
         repeat_limit=cfg.repeat_limit,
         approval=cfg.approval,
         now=cfg.clock.now(),
+        context=ctx,
     )
     manifests = []
     for entry, spec in zip(gated.batch, gated.specs, strict=True):

@@ -30,6 +30,7 @@ from pydantic import JsonValue, ValidationError
 
 from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.batch import Batch, BatchEntry, replace_entries
+from fencepost.policy.context import RunContext
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
@@ -291,6 +292,7 @@ def apply_approvals(
     repeat_limit: int,
     now: datetime | None = None,
     asked: Sequence[BatchEntry] | None = None,
+    context: RunContext | None = None,
 ) -> ApprovalResult:
     """Apply the answers to the waiting calls (``asked``; :func:`waiting` of the state's batch
     when not given): a rejected call is receipted ``denied`` and never runs; an approved or
@@ -331,6 +333,7 @@ def apply_approvals(
             approved=True,
             counts=counts,
             now=now,
+            context=context,
         )
         if verdict.allowed:
             key = repeat_key(verdict.fingerprint, state)

@@ -7,14 +7,17 @@ Budget reservation comes last and lives in :mod:`fencepost.policy.budget`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import date, datetime
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from fencepost.policy._model import assemble
+from fencepost.policy.context import RunContext
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.fingerprint import canonical_json, fingerprint_of, proposal_fingerprint
 from fencepost.policy.progress import last_run_at, repeat_key
@@ -146,13 +149,39 @@ def _semantic_plan(model: type[BaseModel]) -> _Plan:
     return plan
 
 
-def check_semantics(spec: ToolSpec, args: BaseModel, state: AgentState) -> None:
+def takes_context(rule: Callable[..., Any]) -> bool:
+    """Whether a rule (a semantic validator) takes a third positional argument: the trusted
+    :class:`RunContext`. Read from its signature once per rule; one whose signature cannot be
+    read is given the two arguments every rule takes."""
+    try:
+        return _TAKES_CONTEXT[rule]
+    except (KeyError, TypeError):
+        pass
+    try:
+        inspect.signature(rule).bind(None, None, None)
+        found = True
+    except (TypeError, ValueError):
+        found = False
+    # A callable no weak reference can name is read again next time.
+    with contextlib.suppress(TypeError):
+        _TAKES_CONTEXT[rule] = found
+    return found
+
+
+# Weak keys: a rule made per request (a closure over a request's data) goes with its spec.
+_TAKES_CONTEXT: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
+
+
+def check_semantics(
+    spec: ToolSpec, args: BaseModel, state: AgentState, context: RunContext | None = None
+) -> None:
     """Gate 3: rules a schema cannot say. Raises :class:`ToolSemanticError`.
 
     Built in: a query-like field (``query``, ``q``, ``search``...) must not be empty-like
     (``""``, ``"*"``, ``"null"``...) unless the tool allows it (``allow_empty_query``), and a
     date/time range (``start``/``end``, ``since``/``until``...) must not be reversed. Then the
-    tool's own ``semantic_validator``, if any.
+    tool's own ``semantic_validator``, if any: given ``context`` (the run's trusted
+    :class:`RunContext`) too when it takes a third argument.
     """
     values: Mapping[str, Any] = args.__dict__
     query_fields, range_pairs = _semantic_plan(type(args))
@@ -173,8 +202,12 @@ def check_semantics(spec: ToolSpec, args: BaseModel, state: AgentState) -> None:
         if comparable and a > b:  # type: ignore[operator]
             raise ToolSemanticError(f"reversed_range_{low}_{high}")
     if spec.semantic_validator is not None:
+        rule: Callable[..., None] = spec.semantic_validator
         try:
-            spec.semantic_validator(args, state)
+            if takes_context(rule):
+                rule(args, state, context)
+            else:
+                rule(args, state)
         except ToolSemanticError:
             raise
         except (asyncio.CancelledError, GeneratorExit):
@@ -287,10 +320,12 @@ def gate_proposal(
     approved: bool = False,
     counts: Mapping[str, int] | None = None,
     now: datetime | None = None,
+    context: RunContext | None = None,
 ) -> Verdict:
     """Run gates 1-5 in order and return the verdict as data (budget is reserved separately).
 
     ``counts`` overrides ``state.fingerprints`` for the repeat check (a batch gated call by call).
+    ``context``: the run's trusted context, for the semantic rules that take it.
     """
     return judged(
         registry,
@@ -301,6 +336,7 @@ def gate_proposal(
         approved=approved,
         counts=counts,
         now=now,
+        context=context,
     )[0]
 
 
@@ -314,6 +350,7 @@ def judged(
     approved: bool = False,
     counts: Mapping[str, int] | None = None,
     now: datetime | None = None,
+    context: RunContext | None = None,
 ) -> tuple[Verdict, ToolSpec | None, str | None]:
     """:func:`gate_proposal`, with what it found on the way, so a batch does not work either
     out again: the registered spec (``None`` for an unknown tool), and the key the call's
@@ -349,7 +386,7 @@ def judged(
     except ArgumentsValidatorFailed:
         return verdict(VerdictCode.SCHEMA_VIOLATION, ("*: validator_failed",)), spec, None
     try:
-        check_semantics(spec, args, state)
+        check_semantics(spec, args, state, context)
     except ToolSemanticError as exc:
         return verdict(VerdictCode.SEMANTIC_VIOLATION, (f"rule: {exc.rule}",)), spec, None
     try:

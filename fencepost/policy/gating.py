@@ -15,6 +15,7 @@ from fencepost.policy._model import assemble
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted
+from fencepost.policy.context import RunContext
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.effect import Effect
 from fencepost.policy.gates import judged
@@ -87,6 +88,7 @@ def gate_batch(
     approval: ApprovalMode,
     approved: bool = False,
     now: datetime | None = None,
+    context: RunContext | None = None,
 ) -> GatedBatch:
     """Gate every call of a batch in order; the first denial that ends a run stops it all.
 
@@ -111,6 +113,7 @@ def gate_batch(
             approved=approved,
             counts=counts,
             now=now,
+            context=context,
         )
         if verdict.code is VerdictCode.APPROVAL_REQUIRED and approval == "interrupt":
             verdict = verdict.model_copy(update={"code": VerdictCode.APPROVAL_PENDING})

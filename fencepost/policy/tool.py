@@ -23,6 +23,7 @@ from fencepost.policy.decision import TOOL_NAME_PATTERN
 from fencepost.policy.effect import Effect as Effect
 
 if TYPE_CHECKING:
+    from fencepost.policy.context import RunContext
     from fencepost.policy.decision import ToolProposal
     from fencepost.policy.state import AgentState
 
@@ -65,8 +66,15 @@ DEFAULT_TOOL_TIMEOUT_SECONDS = 30.0
 
 ToolExecute = Callable[[Any, ToolContext], Any]
 """``execute(args, context)``: sync or async; returns a JSON-able value or a pydantic model."""
-SemanticValidator = Callable[[Any, "AgentState"], None]
-"""Raises :class:`~fencepost.policy.gates.ToolSemanticError` when valid-looking args make no sense."""
+SemanticValidator = (
+    Callable[[Any, "AgentState"], None] | Callable[[Any, "AgentState", "RunContext | None"], None]
+)
+"""Raises :class:`~fencepost.policy.gates.ToolSemanticError` when valid-looking args make no sense.
+
+``validator(args, state)``, or ``validator(args, state, context)`` to be given the run's trusted
+:class:`~fencepost.policy.context.RunContext` too (its ``app_data``: known payees, allowed
+domains); ``context`` is ``None`` only when a proposal is gated outside a run. Which form is
+read from the signature: one that takes a third positional argument gets the context."""
 ProgressPredicate = Callable[["ToolProposal", "AgentState"], bool]
 """True when repeating this exact call is still progress (polling a durable task, say)."""
 
