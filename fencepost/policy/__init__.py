@@ -89,15 +89,8 @@ from fencepost.policy.tool import Effect, Principal, ToolContext, ToolSpec
 from fencepost.policy.usage import UsageKind, UsageReport, budget_view, usage_report
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict, verdict_is_sealed
 
-# ToolSpec's callable fields name AgentState, ToolProposal and RunContext; resolve them once
-# they all exist.
-ToolSpec.model_rebuild(
-    _types_namespace={
-        "AgentState": AgentState,
-        "ToolProposal": ToolProposal,
-        "RunContext": RunContext,
-    }
-)
+# ToolSpec's callable fields name AgentState and ToolProposal; resolve them once both exist.
+ToolSpec.model_rebuild(_types_namespace={"AgentState": AgentState, "ToolProposal": ToolProposal})
 
 __all__ = [
     "DEFAULT_REPEAT_LIMIT",

@@ -23,7 +23,6 @@ from fencepost.policy.decision import TOOL_NAME_PATTERN
 from fencepost.policy.effect import Effect as Effect
 
 if TYPE_CHECKING:
-    from fencepost.policy.context import RunContext
     from fencepost.policy.decision import ToolProposal
     from fencepost.policy.state import AgentState
 
@@ -66,9 +65,8 @@ DEFAULT_TOOL_TIMEOUT_SECONDS = 30.0
 
 ToolExecute = Callable[[Any, ToolContext], Any]
 """``execute(args, context)``: sync or async; returns a JSON-able value or a pydantic model."""
-SemanticValidator = (
-    Callable[[Any, "AgentState"], None] | Callable[[Any, "AgentState", "RunContext | None"], None]
-)
+# The third argument is a ``RunContext | None`` (policy.context imports this module: not named).
+SemanticValidator = Callable[[Any, "AgentState"], None] | Callable[[Any, "AgentState", Any], None]
 """Raises :class:`~fencepost.policy.gates.ToolSemanticError` when valid-looking args make no sense.
 
 ``validator(args, state)``, or ``validator(args, state, context)`` to be given the run's trusted
