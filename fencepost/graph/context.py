@@ -2,7 +2,7 @@
 declares the shape a caller sends it in (LangGraph's ``context_schema``)."""
 
 # No `from __future__ import annotations`: TypedDict reads Required[...] from real annotations.
-from typing import Required
+from typing import Any, Required
 
 from pydantic import JsonValue
 
@@ -39,3 +39,5 @@ class ContextInput(TypedDict, total=False):
     """A ledger account the run's own account is opened under."""
     app_data: dict[str, JsonValue]
     """The application's own trusted data for the run (known payees, allowed domains)."""
+    injected: dict[str, Any]
+    """The run's injected dependencies (in-process only: JSON carries no application object)."""

@@ -142,6 +142,7 @@ async def run_call(
         dependencies=dependencies or {},
         attempt=attempt,
         budget_account=account,
+        injected=ctx.injected,
     )
     try:
         args = check_schema(spec, entry.proposal)

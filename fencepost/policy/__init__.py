@@ -85,7 +85,7 @@ from fencepost.policy.terminate import (
     terminate,
     validate_final_answer,
 )
-from fencepost.policy.tool import Effect, Principal, ToolContext, ToolSpec
+from fencepost.policy.tool import Effect, Injected, Principal, ToolContext, ToolSpec
 from fencepost.policy.usage import UsageKind, UsageReport, budget_view, usage_report
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict, verdict_is_sealed
 
@@ -126,6 +126,7 @@ __all__ = [
     "FinalProposal",
     "HumanApprovalRequired",
     "InMemoryLedger",
+    "Injected",
     "InvalidLedgerKey",
     "InvalidProposal",
     "Ledger",

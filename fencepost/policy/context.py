@@ -51,6 +51,13 @@ class RunContext(Frozen):
     approver read it; the model never sees it. Validated as JSON (tuples and sets are not JSON:
     give lists)."""
 
+    injected: dict[str, Any] = Field(default_factory=dict, repr=False, exclude=True)
+    """The run's injected dependencies: application objects its tools take (a database handle,
+    a client, the environment a tool acts on), by the name a tool parameter's
+    ``Annotated[T, Injected("name")]`` gives. Supplied by the caller on every invoke, as the
+    rest of the context is; never a schema field, never shown to the model, never checkpointed
+    or dumped (a server's JSON context can carry none: inject in-process)."""
+
     @model_validator(mode="before")
     @classmethod
     def _known_keys(cls, data: Any) -> Any:
