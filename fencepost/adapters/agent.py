@@ -29,6 +29,8 @@ from fencepost.policy import (
     ToolSpec,
 )
 from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.approver import Approver
+from fencepost.policy.denial import DenialMode
 from fencepost.policy.registry import not_a_tool_spec
 from fencepost.policy.tool import (
     DEFAULT_TOOL_TIMEOUT_SECONDS,
@@ -229,6 +231,8 @@ def create_agent(
     clock: Clock | None = None,
     name: str | None = None,
     debug: bool = False,
+    denial: DenialMode = "end_run",
+    approver: Approver | None = None,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The bounded agent, compiled: ``create_agent(model, tools, checkpointer=...)``.
 
@@ -244,7 +248,7 @@ def create_agent(
     its defaults: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
     ``require_citations``, ``answer_margin``, ``repair_attempts``, ``repeat_limit``,
     ``model_timeout_seconds``, ``model_retries``, ``max_concurrent_tools``, ``tokens_per_step``,
-    ``verdict_key``, ``clock``. A run's budget is given with its question:
+    ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``approver``. A run's budget is given with its question:
     ``fp.start(question, fp.RuntimeBudget(...))``.
 
     Example::
@@ -272,5 +276,7 @@ def create_agent(
         tokens_per_step=tokens_per_step,
         answer_margin=answer_margin,
         repair_attempts=repair_attempts,
+        denial=denial,
+        approver=approver,
     )
     return graph.compile(checkpointer=checkpointer, store=store, name=name, debug=debug)

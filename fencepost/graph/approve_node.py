@@ -78,6 +78,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
                 tool_name=name if spec else None,
                 effect=spec.effect if spec else None,
                 verdict=now.verdict.code,
+                approval="human",
             )
         )
     stopped = result.stop

@@ -1,6 +1,7 @@
 """The application contract. Imports pydantic and the standard library only — never LangGraph."""
 
 from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.approver import Approver, ApproverDecision, ApproverInput
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.budget import (
     BudgetAxis,
@@ -100,6 +101,9 @@ __all__ = [
     "AgentDecision",
     "AgentState",
     "AnswerPayload",
+    "Approver",
+    "ApproverDecision",
+    "ApproverInput",
     "Completed",
     "current_receipts",
     "ApprovalMode",

@@ -308,7 +308,9 @@ def apply_approvals(
         answer = answers[entry.call_id]
         name = entry.proposal.tool_name
         if answer.decision == "reject":
-            verdict = entry.verdict.model_copy(update={"code": VerdictCode.REJECTED})
+            verdict = entry.verdict.model_copy(
+                update={"code": VerdictCode.REJECTED, "approval": "human"}
+            )
             changed.append(entry.with_verdict(verdict))
             effect = registry.get(name).effect if name in registry else None
             rejected.append(_rejection(entry, effect))
@@ -334,7 +336,7 @@ def apply_approvals(
             counts=counts,
             now=now,
             context=context,
-        )
+        ).model_copy(update={"approval": "human"})
         if verdict.allowed:
             key = repeat_key(verdict.fingerprint, state)
             counts[key] = counts.get(key, 0) + 1
@@ -359,4 +361,6 @@ def _rejection(entry: BatchEntry, effect: Effect | None) -> CallOutcome:
         status=ReceiptStatus.DENIED,
         attempts=0,
         effect=effect,
+        approval="human",
+        rule=VerdictCode.REJECTED.value,
     )

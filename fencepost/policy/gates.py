@@ -230,6 +230,11 @@ def _declared_progress(spec: ToolSpec, proposal: ToolProposal, state: AgentState
         return False
 
 
+def repeat_limit_of(spec: ToolSpec, repeat_limit: int) -> int:
+    """The repeat limit a call of ``spec`` is held to: the tool's own, else the graph's."""
+    return spec.repeat_limit if spec.repeat_limit is not None else repeat_limit
+
+
 def check_progress(
     spec: ToolSpec,
     proposal: ToolProposal,
@@ -259,9 +264,9 @@ def check_progress(
             return repeat_key(fingerprint, state) + ":poll:" + now.isoformat()
     key = repeat_key(fingerprint, state)
     seen = (state.fingerprints if counts is None else counts).get(key, 0)
-    if spec.repeat_limit is not None:
-        repeat_limit = spec.repeat_limit
-    if seen >= repeat_limit and not _declared_progress(spec, proposal, state):
+    if seen >= repeat_limit_of(spec, repeat_limit) and not _declared_progress(
+        spec, proposal, state
+    ):
         raise NoProgressDetected(fingerprint)
     return key
 
@@ -372,6 +377,7 @@ def judged(
                 "problems": problems,
                 "exhausted_axis": None,
                 "seal": None,
+                "approval": None,
             },
         )
 
