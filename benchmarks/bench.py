@@ -15,6 +15,8 @@ Parts (each has a flag; no flag runs them all):
                prior proposals
     --fairness how soon tenant B's sync tool starts while tenant A holds 8, 32 or 256 hung
                bodies (inside their timeout, and left behind), every B call verified
+    --tracing  the loop with OpenTelemetry off, installed but sampling nothing, and recording
+               every span (InMemorySaver, invoke and ainvoke)
     --profile  cProfile of one 500-iteration fencepost run: self time by package, top 25
     --others   the other benchmark scripts in this directory (ledger_throughput.py, ...), each in
                its own process with a time limit, their output copied into the report
@@ -65,10 +67,23 @@ def kept_notes(path: Path) -> str:
     return "" if start < 0 else "\n" + text[start:]
 
 
-MINE = {"bench", "common", "fairness", "loop_overhead", "peers", "scaling", "micro"}
+MINE = {"bench", "common", "fairness", "loop_overhead", "peers", "scaling", "micro", "tracing"}
 """This harness's modules; every other ``*.py`` here is a script ``--others`` runs."""
 OTHERS_TITLE = "## Other benchmark scripts"
-PARTS = ("loop", "peers", "floor", "growth", "short", "gate", "fairness", "profile", "others")
+# tracing sets the process's global tracer provider (once per process): it runs after the
+# parts whose numbers it could touch, sampling nothing once it is done.
+PARTS = (
+    "loop",
+    "peers",
+    "floor",
+    "growth",
+    "short",
+    "gate",
+    "fairness",
+    "profile",
+    "tracing",
+    "others",
+)
 Target = tuple[str, str, bool | None]
 
 
@@ -328,9 +343,10 @@ LIMITS = {
     "gate": 60,
     "fairness": 90,
     "profile": 60,
+    "tracing": 150,
 }
 """Seconds each part may take before it is stopped (typical full run: well under half)."""
-SOFT = {"loop": 120, "peers": 75, "floor": 40, "growth": 60, "short": 40}
+SOFT = {"loop": 120, "peers": 75, "floor": 40, "growth": 60, "short": 40, "tracing": 90}
 """Seconds after which a part starts no new round (on an idle machine they finish sooner)."""
 
 
@@ -457,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
         import micro
 
         run("profile", lambda: micro.profile_part(lo, fp_error, size["profile"]))
+    if "tracing" in parts:
+        import tracing
+
+        run("tracing", lambda: tracing.tracing_part(lo, fp_error, n, rounds))
     if "others" in parts:
         left = size["budget"] - (time.perf_counter() - started)
         run("others", lambda: others_part(left, args.quick))

@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from fencepost.adapters import ScriptedDecisionModel, create_agent, tool
@@ -138,6 +139,10 @@ __all__ = [
     "tool",
     "tool_spec",
 ]
+
+# The developer logs (tracebacks of what tools, models and validators raised:
+# fencepost.policy.developer_log) stay silent until the application configures logging.
+logging.getLogger("fencepost").addHandler(logging.NullHandler())
 
 # The durable ledgers load their database drivers on first use, so `import fencepost` works
 # without the postgres extra.

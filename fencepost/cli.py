@@ -433,6 +433,26 @@ def _show_data(record: RunRecord) -> dict[str, Any]:
             for c in (answer.citations if answer else ())
         ],
         "report": record.report.model_dump(mode="json") if record.report else None,
+        "telemetry": _telemetry(record),
+    }
+
+
+LOGS_WHERE = (
+    "the `fencepost` loggers (logging.basicConfig(level=logging.INFO)): tracebacks of what "
+    "raised, refusals, approvals, endings"
+)
+
+
+def _telemetry(record: RunRecord) -> dict[str, Any]:
+    """Where this run's logs and traces are: its state holds no exception text, and no span
+    holds a payload (docs/observability.md)."""
+    return {
+        "logs": LOGS_WHERE,
+        "traces": {
+            "span": "invoke_agent",
+            "gen_ai.conversation.id": record.thread_id,
+            "fencepost.run_id": record.run_id,
+        },
     }
 
 
@@ -488,7 +508,8 @@ def show(
     db: Db = DEFAULT_DB,
     as_json: AsJson = False,
 ) -> None:
-    """One run: its step manifests as a timeline, receipts, answer, citations and end."""
+    """One run: its step manifests as a timeline, receipts, answer, citations and end, and where
+    its logs and traces are."""
     with open_store(db) as saver:
         record = load_run(saver, run_id, source=db)
     data = _show_data(record)
@@ -581,6 +602,18 @@ def show(
     if record.report is not None:
         console.print()
         _print_stop_report(console, record.report)
+    # Exception text is in none of the above (only its code): the developer's log has it.
+    console.print()
+    console.print(Text.assemble(("logs ", "dim"), LOGS_WHERE))
+    console.print(
+        Text.assemble(
+            ("traces ", "dim"),
+            "OpenTelemetry invoke_agent spans with gen_ai.conversation.id ",
+            (record.thread_id, "bold"),
+            " and fencepost.run_id ",
+            (record.run_id, "bold"),
+        )
+    )
 
 
 # --- report ---------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -35,3 +36,13 @@ def postgres_schema(postgres_dsn: str) -> Iterator[str]:
     yield f"{postgres_dsn}{sep}options=-csearch_path%3D{schema}"
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """Every span started during the test, in an ``InMemorySpanExporter``
+    (``tests.telemetry_kit``: the process's test tracer provider, set on first use)."""
+    from tests.telemetry_kit import span_recorder
+
+    with span_recorder().recording() as exporter:
+        yield exporter

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,6 +30,32 @@ def test_a_docs_pages_python_blocks_run(page: str, capsys: pytest.CaptureFixture
         exec(compile(block, str(DOCS / page), "exec"), namespace)
 
 
+def test_the_quickstart_pages_real_model_block_runs_with_a_stand_in_for_the_chat_model() -> None:
+    # As tests/test_readme.py runs the README's: the titled block is skipped above (it needs a
+    # key), so it runs here after the page's first block, the chat model a local stand-in.
+    from tests.adapters import fakes
+
+    text = (DOCS / "quickstart.md").read_text(encoding="utf-8")
+    [block] = re.findall(r'```python title="openai"\n(.*?)```', text, flags=re.S)
+    namespace: dict[str, Any] = {"__name__": "docs_quickstart"}
+    exec(compile(python_blocks("quickstart.md")[0], str(DOCS / "quickstart.md"), "exec"), namespace)
+
+    def stand_in(**_: Any) -> Any:
+        return fakes.fake_model(
+            [
+                fakes.ai_call("search_logs", {"query": "checkout 500"}, "call-model-01"),
+                fakes.final_citing_all,
+            ]
+        )
+
+    import_line = "from langchain_openai import ChatOpenAI"
+    assert block.startswith(import_line)
+    source = block.replace(import_line, "ChatOpenAI = stand_in", 1)
+    ran: dict[str, Any] = {**namespace, "stand_in": stand_in}
+    exec(compile(source, str(DOCS / "quickstart.md"), "exec"), ran)
+    assert ran["state"].termination.value == "completed"
+
+
 def test_the_docs_have_the_promised_pages_and_the_nav_lists_them_all() -> None:
     promised = {
         "quickstart.md",
@@ -41,6 +68,7 @@ def test_the_docs_have_the_promised_pages_and_the_nav_lists_them_all() -> None:
         "streaming.md",
         "model-protocol.md",
         "cli.md",
+        "observability.md",
         "reference.md",
     }
     assert promised <= set(PAGES)

@@ -37,6 +37,7 @@ from fencepost.policy import (
     ToolProposal,
 )
 from fencepost.policy.decision import CALL_ID_MAX, CALL_ID_MIN
+from fencepost.policy.developer_log import MODEL, raised
 
 # What the model is shown for an observation is the one rendering the graph's `messages` view
 # uses too (re-exported here, where it has always been importable from).
@@ -174,9 +175,21 @@ def parse_ai_message(
         )
     except InvalidProposal:
         raise
-    except Exception:
+    except Exception as exc:
         # Deliberately broad: the contract is "a decision or InvalidProposal" for any reply.
-        raise InvalidProposal("malformed_decision") from None
+        # What broke is the developer's to see, in the log only.
+        raised(
+            MODEL,
+            "reading the chat model's reply",
+            exc,
+            run_id=run_id,
+            call_id=None,
+            code=_MALFORMED,
+        )
+    raise InvalidProposal(_MALFORMED)
+
+
+_MALFORMED = "malformed_decision"
 
 
 def _parse(

@@ -40,6 +40,7 @@ from fencepost.policy import (
     error_code_for,
 )
 from fencepost.policy.decision import TOOL_NAME_PATTERN
+from fencepost.policy.developer_log import TOOLS, current_call, raised
 from fencepost.policy.tool import DEFAULT_TOOL_TIMEOUT_SECONDS, ProgressPredicate, SemanticValidator
 
 if TYPE_CHECKING:
@@ -536,6 +537,7 @@ def _sanitize_failures(tool: BaseTool, tool_exception_code: ErrorCode) -> None:
                 return method(*args, **kwargs)
             except BaseException as exc:
                 code = _safe_code(exc, tool_exception_code)
+                _log_raised(tool, exc, code)
             raise ToolError(code)
 
         return guarded
@@ -549,6 +551,7 @@ def _sanitize_failures(tool: BaseTool, tool_exception_code: ErrorCode) -> None:
                 raise  # the run's own cancellation, not a tool failure
             except BaseException as exc:
                 code = _safe_code(exc, tool_exception_code)
+                _log_raised(tool, exc, code)
             raise ToolError(code)
 
         return guarded
@@ -558,6 +561,22 @@ def _sanitize_failures(tool: BaseTool, tool_exception_code: ErrorCode) -> None:
     object.__setattr__(tool, "_run", sync_guard(tool._run))
     object.__setattr__(tool, "_arun", async_guard(tool._arun))
     object.__setattr__(tool, "_to_args_and_kwargs", sync_guard(tool._to_args_and_kwargs))
+
+
+def _log_raised(tool: BaseTool, exc: BaseException, code: ErrorCode) -> None:
+    """What a LangChain tool raised, logged once with its traceback (the ``ToolError`` that
+    replaces it is the runtime's to handle, and is not logged again)."""
+    if isinstance(exc, ToolError):
+        return  # the tool's own typed report
+    scope = current_call.get()
+    raised(
+        TOOLS,
+        f"tool {scope.tool if scope else tool.name!r}",
+        exc,
+        run_id=scope.run_id if scope else None,
+        call_id=scope.call_id if scope else None,
+        code=code.value,
+    )
 
 
 def _runs_async(tool: BaseTool) -> bool:
@@ -619,7 +638,9 @@ class _LangChainExecute:
         # from LangChain itself or a callback, and is mapped the same way.
         if isinstance(exc, ToolError):
             return ToolError(exc.code, retryable=exc.retryable)
-        return ToolError(_safe_code(exc, self.tool_exception_code))
+        code = _safe_code(exc, self.tool_exception_code)
+        _log_raised(self.tool, exc, code)
+        return ToolError(code)
 
     def _output(self, output: Any) -> Any:
         from langchain_core.messages import ToolMessage

@@ -7,6 +7,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
+from fencepost.adapters import telemetry
 from fencepost.graph.gate_step import reserve_batch
 from fencepost.graph.loop import Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
@@ -62,6 +63,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         context=ctx,
     )
     state = before.model_copy(update={"batch": result.batch, "fingerprints": result.fingerprints})
+    telemetry.approvals_answered(state.run_id, asked, result.batch, cfg.registry)
     manifests = []
     for entry in asked:
         now = next(e for e in result.batch if e.call_id == entry.call_id)

@@ -24,6 +24,10 @@ Time travel is refused too (:class:`ForkRefused`): an invoke, stream or state up
 config names a checkpoint other than its thread's latest would fork the thread there, and a
 fork of a fencepost run is no run at all (its ledger account is closed, or still the
 original's), so nothing of it is written and the thread keeps the ending it has.
+
+Every invoke, stream or resume is one ``invoke_agent`` span when OpenTelemetry is installed
+(:mod:`fencepost.adapters.telemetry`); ``invoke`` and ``ainvoke`` run through ``stream`` and
+``astream``, so those two carry it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from langgraph.graph import StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, Send
 
+from fencepost.adapters import telemetry
 from fencepost.policy import Phase
 from fencepost.policy.approval import UNREPRESENTABLE_ANSWER, storable_answer
 
@@ -297,6 +302,11 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
+        return telemetry.traced(self._bounded_stream(input, config, **kwargs), self, config)
+
+    def _bounded_stream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[Any]:
         fork = self._fork_of(config)
         if fork is not None:
             raise ForkRefused(fork)
@@ -316,7 +326,12 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             if not self._ended(config):
                 raise
 
-    async def astream(
+    def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        return telemetry.atraced(self._bounded_astream(input, config, **kwargs), self, config)
+
+    async def _bounded_astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         fork = await self._afork_of(config)

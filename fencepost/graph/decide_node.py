@@ -46,6 +46,7 @@ from fencepost.policy.decide import (
     conclude,
     model_error_stop,
 )
+from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.keys import overage_key, step_key
 from fencepost.policy.run_check import (
     NEEDS_DECIDE,
@@ -120,10 +121,15 @@ class _ModelRaised(Exception):
 async def _contained(cfg: LoopConfig, inp: DecisionInput, deadline: Deadline) -> object:
     try:
         return await cfg.model.decide(inp, deadline=deadline)
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit) as exc:
         # asyncio re-raises these two out of the event loop after failing the task: caught
         # here they are this step's failure, as they are for a tool.
-        raise _ModelRaised(ErrorCode.INTERNAL_ERROR) from None
+        _model_raised(exc, inp.run_id, ErrorCode.INTERNAL_ERROR)
+    raise _ModelRaised(ErrorCode.INTERNAL_ERROR)
+
+
+def _model_raised(exc: BaseException, run_id: str, code: ErrorCode) -> None:
+    raised(MODEL, "the decision model", exc, run_id=run_id, call_id=None, code=code.value)
 
 
 async def ask_model(
@@ -158,6 +164,7 @@ async def ask_model(
         return model_error_stop(exc.code, run_deadline_passed=False)
     if exc is not None:
         code = error_code_for(exc) if isinstance(exc, Exception) else ErrorCode.INTERNAL_ERROR
+        _model_raised(exc, state.run_id, code)
         passed = (
             code is ErrorCode.TIMEOUT
             and ctx.deadline is not None

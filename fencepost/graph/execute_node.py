@@ -9,6 +9,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 from pydantic import JsonValue
 
+from fencepost.adapters import telemetry
 from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
 from fencepost.graph.node_io import AsyncIO, NodeIO
 from fencepost.graph.run_account import (
@@ -130,6 +131,7 @@ async def run_call(
             return uncertain(entry, spec, attempt)
         if step is Claim.RUN:
             break
+        telemetry.retrying(state.run_id, entry, spec, attempt)
         attempt += 1
     run_deadline = ctx.deadline or Deadline.after(spec.timeout_seconds, clock=cfg.clock)
     deadline = stage_deadline(run_deadline, max_stage_seconds=spec.timeout_seconds, clock=cfg.clock)
@@ -144,16 +146,20 @@ async def run_call(
         budget_account=account,
         injected=ctx.injected,
     )
-    try:
-        args = check_schema(spec, entry.proposal)
-    except Exception:
-        outcome = ran(entry, spec, attempt, error=ErrorCode.INVALID_ARGUMENT)
-    else:
-        timeout = max(0.0, deadline.remaining_seconds(clock=cfg.clock))
-        result = await io.run_tool(spec, args, tool_ctx, timeout_seconds=timeout)
-        outcome = ran(
-            entry, spec, attempt, value=result.value, error=result.error, cut_off=result.cut_off
-        )
+    # The call's execute_tool span is current while it runs: what the tool does is traced
+    # under it (a child run's span too).
+    with telemetry.tool_call(entry, spec, attempt) as traced:
+        try:
+            args = check_schema(spec, entry.proposal, run_id=state.run_id)
+        except Exception:
+            outcome = ran(entry, spec, attempt, error=ErrorCode.INVALID_ARGUMENT)
+        else:
+            timeout = max(0.0, deadline.remaining_seconds(clock=cfg.clock))
+            result = await io.run_tool(spec, args, tool_ctx, timeout_seconds=timeout)
+            outcome = ran(
+                entry, spec, attempt, value=result.value, error=result.error, cut_off=result.cut_off
+            )
+        traced.ended(outcome)
     if outcome.succeeded:
         await mark_result(io, state, ctx, account, entry.call_id)
     settled = await io.settle(call_key(account, entry.call_id, attempt))
@@ -279,6 +285,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
             outcomes.append(result)
         state = viewed(state, seen[-1] if seen else await io.balance(account))
     done = approved_as_judged(ordered(state.batch, outcomes), state.batch)
+    telemetry.calls_ended(state.run_id, state.batch, done)
     # What each call returned, as a hash, for the no-progress gate (before the batch is cleared).
     state = state.model_copy(update={"evidence": recorded_evidence(state, done, now=started)})
     state = reduce_tool_events(state, tuple(o.event for o in done))

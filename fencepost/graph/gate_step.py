@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 from collections.abc import Sequence
 from typing import Any
 
+from fencepost.adapters import telemetry
 from fencepost.graph.loop import checked_manifest
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.run_account import account_of, produced, reserve_or_exhausted, viewed
@@ -39,6 +39,7 @@ from fencepost.policy.approver import (
 from fencepost.policy.batch import Batch
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import gate_record, settled_calls
+from fencepost.policy.developer_log import APPROVAL, raised
 from fencepost.policy.execution import budget_refusals
 from fencepost.policy.gating import (
     after_reservations,
@@ -78,6 +79,7 @@ async def gate(
             **usage,
         )
         duplicate = stop(TerminationReason.INVALID_PROPOSAL, "duplicate_call_id")
+        telemetry.batch_refused(state.run_id, calls, cfg.registry, "duplicate_call_id")
         return state.model_copy(update={"phase": Phase.VALIDATE, "stop": duplicate}), [m]
     # Only a batch that names dependencies needs them checked: each one outside the batch must
     # be an earlier call whose tool returned a result, as the ledger (never a receipt) says.
@@ -95,6 +97,7 @@ async def gate(
             **usage,
         )
         invalid = stop(TerminationReason.INVALID_PROPOSAL, "invalid_dependency")
+        telemetry.batch_refused(state.run_id, calls, cfg.registry, "invalid_dependency")
         return state.model_copy(update={"phase": Phase.VALIDATE, "stop": invalid}), [m]
     now = cfg.clock.now()
     gated = gate_batch(
@@ -136,6 +139,8 @@ async def gate(
             fingerprints=answered.fingerprints,
             stop=answered.stop,
         )
+        telemetry.approver_answered(state.run_id, asked, gated.batch, cfg.registry)
+    telemetry.gated(state.run_id, gated.batch, gated.specs)
     manifests = []
     for entry, spec in zip(gated.batch, gated.specs, strict=True):
         verdict = entry.verdict
@@ -220,17 +225,18 @@ async def ask_approver(io: NodeIO, request: ApproverInput) -> ApproverDecision:
         raise
     except TimeoutError:
         return ApproverDecision.reject(APPROVER_TIMEOUT)
-    except BaseException:
-        _log.exception(
-            "approver raised for call %s (%s): the call is rejected",
-            request.proposal.call_id,
-            request.tool.name,
+    except BaseException as exc:
+        # Fail closed: the call is rejected; the traceback is the developer's, in the log only.
+        raised(
+            APPROVAL,
+            f"the approver, for {request.tool.name!r},",
+            exc,
+            run_id=request.run_id,
+            call_id=request.proposal.call_id,
+            code=APPROVER_FAILED,
         )
         return ApproverDecision.reject(APPROVER_FAILED)
     return read_decision(answer)
-
-
-_log = logging.getLogger(__name__)
 
 
 async def _produced_outside(
@@ -285,6 +291,7 @@ async def reserve_batch(
     batch, stopped = after_reservations(
         current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key, only=only
     )
+    telemetry.budget_refused(state.run_id, current, refused, cfg.registry)
     if batch is not state.batch:
         update["batch"] = batch
     if latest is not None:

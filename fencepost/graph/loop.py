@@ -14,6 +14,7 @@ from typing import Any, TypeVar, get_args
 from langgraph.graph import StateGraph
 from langgraph.runtime import Runtime
 
+from fencepost.adapters import telemetry
 from fencepost.policy import (
     AgentState,
     Clock,
@@ -182,8 +183,10 @@ sites name a handful): validation records the names given, defaults aside."""
 def recorded(
     state: AgentState, runtime: Runtime[Any], manifests: Sequence[StepManifest]
 ) -> AgentState:
-    """Stream ``manifests`` (custom stream mode) and keep them in state."""
+    """Stream ``manifests`` (custom stream mode) and keep them in state; the telemetry
+    (:mod:`fencepost.adapters.telemetry`: the agent span, the run's log lines) sees them too."""
     writer = runtime.stream_writer
     for m in manifests:
         writer({"fencepost": "manifest", **m.model_dump(mode="json")})
+    telemetry.recorded(state, manifests)
     return state.model_copy(update={"manifests": state.manifests + tuple(manifests)})

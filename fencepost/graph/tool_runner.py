@@ -23,6 +23,10 @@ whether it had to be left behind.
   ``GeneratorExit``, an application's own) is that call's failure, ``internal_error``. Left to
   asyncio, ``SystemExit`` and ``KeyboardInterrupt`` raised in a task escape the event loop itself.
 - Nothing here reads an exception's text: codes come from :func:`fencepost.policy.error_code_for`.
+  What a body raised is logged once, with its traceback, on ``fencepost.tools``
+  (:mod:`fencepost.policy.developer_log`): the developer's, and nobody else's. A ``ToolError`` is
+  the tool's own typed report (DEBUG). A failure after the call's deadline is not logged: the
+  call had ended (``timeout``) and its caller stopped listening.
 - A value that arrives after the deadline is a timeout, even if the body did return it.
 """
 
@@ -44,7 +48,8 @@ from fencepost.graph.leash import GRACE_SECONDS, Leash
 from fencepost.graph.portal import run_sync
 from fencepost.graph.timed_wait import thread_wait_seconds, within
 from fencepost.graph.tool_threads import Job, Outcome, ToolThreads, code_for, returned
-from fencepost.policy import ErrorCode, ToolContext, ToolSpec
+from fencepost.policy import ErrorCode, ToolContext, ToolError, ToolSpec
+from fencepost.policy.developer_log import TOOLS, CallScope, current_call, raised
 
 __all__ = ["ToolRun", "run_tool", "run_tool_blocking"]
 
@@ -118,28 +123,67 @@ def _drop_if_running(leash: Leash, task: asyncio.Task[Any]) -> None:
 
 
 class _AsyncBody:
-    """One async body's task: whether it started, and the leash it runs on."""
+    """One async body's task: whether it started, the leash it runs on, and whether its caller
+    stopped waiting for it (what it does after that is not its call's, and is not logged)."""
 
-    __slots__ = ("leash", "started")
+    __slots__ = ("late", "leash", "started")
 
     def __init__(self) -> None:
         self.leash = Leash()
         self.started = False
+        self.late = False
 
-    async def run(self, fn: Callable[..., Any], args: BaseModel, ctx: ToolContext) -> Outcome:
+    async def run(
+        self, fn: Callable[..., Any], args: BaseModel, ctx: ToolContext, tool: str
+    ) -> Outcome:
         self.started = True
+        current_call.set(_scope(ctx, tool))  # this task's own context: nothing leaks out
         try:
             value = fn(args, ctx)
             if inspect.iscoroutine(value):
                 value = await self.leash.hold(value)
             elif inspect.isawaitable(value):
                 value = await value
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit) as exc:
             # asyncio re-raises these two out of the loop after failing the task; caught here
             # they are this call's failure. Other BaseExceptions stay on the task (asyncio keeps
             # them there), and GeneratorExit must propagate when the coroutine is closed.
+            _log_failure(exc, ctx, tool, ErrorCode.INTERNAL_ERROR)
             return Outcome(error=ErrorCode.INTERNAL_ERROR, finished=time.monotonic())
+        except (asyncio.CancelledError, GeneratorExit):
+            raise  # cancelled or closed: the runtime's doing, not the body's failure
+        except BaseException as exc:
+            if not self.late:
+                _log_failure(exc, ctx, tool, code_for(exc))
+            raise
         return returned(value)
+
+
+def _scope(ctx: ToolContext, tool: str) -> CallScope:
+    return CallScope(run_id=ctx.run_id, call_id=ctx.idempotency_key, tool=tool)
+
+
+def _log_failure(exc: BaseException, ctx: ToolContext, tool: str, code: ErrorCode) -> None:
+    """Log what a body raised: with its traceback (WARNING), or a ``ToolError`` (the tool's
+    own typed report) at DEBUG."""
+    if isinstance(exc, ToolError):
+        TOOLS.debug(
+            "tool %r reported %s (run %s, call %s)",
+            tool,
+            code.value,
+            ctx.run_id,
+            ctx.idempotency_key or "-",
+            extra={"run_id": ctx.run_id, "call_id": ctx.idempotency_key, "code": code.value},
+        )
+        return
+    raised(
+        TOOLS,
+        f"tool {tool!r}",
+        exc,
+        run_id=ctx.run_id,
+        call_id=ctx.idempotency_key,
+        code=code.value,
+    )
 
 
 def _task_outcome(task: asyncio.Task[Any]) -> Outcome:
@@ -155,16 +199,18 @@ def _task_outcome(task: asyncio.Task[Any]) -> Outcome:
 
 async def _run_async(spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline: float) -> ToolRun:
     body = _AsyncBody()
-    task = asyncio.ensure_future(body.run(spec.execute, args, ctx))
+    task = asyncio.ensure_future(body.run(spec.execute, args, ctx, spec.name))
     try:
         await within(task, deadline - time.monotonic())
         if task.done():
             return _result(_task_outcome(task), deadline)
+        body.late = True
         task.cancel()
         await within(task, GRACE_SECONDS)
     except asyncio.CancelledError:
         # The caller's own cancellation: the body is cancelled too and never waited for; given
         # its grace to stop, it is then dropped, so it cannot outlive its caller on this loop.
+        body.late = True
         task.cancel()
         _abandon(task)
         asyncio.get_running_loop().call_later(GRACE_SECONDS, _drop_if_running, body.leash, task)
@@ -181,7 +227,7 @@ async def _run_sync_body(
     spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline: float
 ) -> ToolRun:
     pool = _threads
-    job = await pool.start(_body(spec, args, ctx), deadline, _tenant_of(ctx))
+    job = await pool.start(_body(spec, args, ctx, deadline), deadline, _tenant_of(ctx))
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE)
     try:
@@ -195,10 +241,24 @@ async def _run_sync_body(
     return _past_deadline(pool, job, deadline)
 
 
-def _body(spec: ToolSpec, args: BaseModel, ctx: ToolContext) -> Callable[[], Any]:
+def _body(spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline: float) -> Callable[[], Any]:
     context = contextvars.copy_context()  # the tool sees its run's context vars, as to_thread does
-    execute = spec.execute
-    return lambda: context.run(execute, args, ctx)
+    execute, tool = spec.execute, spec.name
+    return lambda: context.run(_run_logged, execute, args, ctx, tool, deadline)
+
+
+def _run_logged(
+    execute: Callable[..., Any], args: BaseModel, ctx: ToolContext, tool: str, deadline: float
+) -> Any:
+    """A sync body, on its worker thread: what it raises in time is logged there, with its
+    traceback, and raised on to the pool, which turns it into the call's code."""
+    current_call.set(_scope(ctx, tool))  # the body's own copy of the context
+    try:
+        return execute(args, ctx)
+    except BaseException as exc:
+        if time.monotonic() <= deadline:
+            _log_failure(exc, ctx, tool, code_for(exc))
+        raise
 
 
 def _tenant_of(ctx: ToolContext) -> str:
@@ -237,9 +297,21 @@ async def run_tool(
         return await _run_sync_body(spec, args, ctx, deadline)
     except asyncio.CancelledError:
         raise
-    except Exception:
+    except Exception as exc:
         # Only the runtime's own failure can land here (a body's is contained above).
+        _runtime_failed(exc, spec, ctx)
         return ToolRun(error=ErrorCode.INTERNAL_ERROR)
+
+
+def _runtime_failed(exc: BaseException, spec: ToolSpec, ctx: ToolContext) -> None:
+    raised(
+        TOOLS,
+        f"fencepost's runtime, running tool {spec.name!r},",
+        exc,
+        run_id=ctx.run_id,
+        call_id=ctx.idempotency_key,
+        code=ErrorCode.INTERNAL_ERROR.value,
+    )
 
 
 def run_tool_blocking(
@@ -258,7 +330,8 @@ def run_tool_blocking(
     deadline = time.monotonic() + timeout_seconds
     try:
         return _run_sync_body_blocking(spec, args, ctx, deadline)
-    except Exception:
+    except Exception as exc:
+        _runtime_failed(exc, spec, ctx)
         return ToolRun(error=ErrorCode.INTERNAL_ERROR)
 
 
@@ -266,7 +339,7 @@ def _run_sync_body_blocking(
     spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline: float
 ) -> ToolRun:
     pool = _threads
-    job = pool.start_blocking(_body(spec, args, ctx), deadline, _tenant_of(ctx))
+    job = pool.start_blocking(_body(spec, args, ctx, deadline), deadline, _tenant_of(ctx))
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE)
     try:

@@ -36,7 +36,12 @@ from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.events import ToolFailed
 from fencepost.policy.fingerprint import MAX_NESTING, fits_checkpoint, proposal_fingerprint
-from fencepost.policy.gates import check_schema, gate_proposal, schema_problems
+from fencepost.policy.gates import (
+    ArgumentsValidatorFailed,
+    check_schema,
+    gate_proposal,
+    schema_problems,
+)
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import ReceiptStatus
@@ -188,6 +193,8 @@ def edit_problems(
             check_schema(spec, proposal)
         except ValidationError as exc:
             invalid.append(InvalidEdit(call_id=entry.call_id, problems=schema_problems(spec, exc)))
+        except ArgumentsValidatorFailed:  # as the gate refuses it: no text kept
+            invalid.append(InvalidEdit(call_id=entry.call_id, problems=("*: validator_failed",)))
         except ValueError:  # NaN or an infinity: no JSON
             invalid.append(InvalidEdit(call_id=entry.call_id, problems=("*: not_representable",)))
     if not invalid:

@@ -131,6 +131,8 @@ class ApproverInput:
     """What happened to each earlier call (completed, denied, who approved it)."""
     step: int
     """The model step that proposed the call."""
+    run_id: str
+    """The run the call belongs to."""
 
 
 Approver = Callable[[ApproverInput], "ApproverDecision | Awaitable[ApproverDecision]"]
@@ -149,6 +151,7 @@ def approver_input(
         observations=state.observations,
         receipts=state.receipts,
         step=state.step,
+        run_id=state.run_id,
     )
 
 

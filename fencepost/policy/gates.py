@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from fencepost.policy._model import assemble
 from fencepost.policy.context import RunContext
 from fencepost.policy.decision import ToolProposal
+from fencepost.policy.developer_log import GATE, raised
 from fencepost.policy.fingerprint import canonical_json, fingerprint_of, proposal_fingerprint
 from fencepost.policy.progress import last_run_at, repeat_key
 from fencepost.policy.registry import ToolRegistry, UnknownTool
@@ -71,7 +72,8 @@ class ArgumentsValidatorFailed(Exception):
     (a ``KeyError`` from a lookup of the model's value, a ``TypeError``, a ``BaseException``).
 
     A schema refusal like any other; its text (which may quote the model's arguments) is never
-    kept, and neither is the exception it stands for (``from None``)."""
+    kept, and neither is the exception it stands for (raised outside its handler, so not even
+    as a ``__context__``): that one is logged, with its traceback, on ``fencepost.gate``."""
 
     code = "args_validator_failed"
 
@@ -80,10 +82,15 @@ class ArgumentsValidatorFailed(Exception):
 
 
 def check_schema(
-    spec: ToolSpec, proposal: ToolProposal, *, canonical_arguments: str | None = None
+    spec: ToolSpec,
+    proposal: ToolProposal,
+    *,
+    canonical_arguments: str | None = None,
+    run_id: str | None = None,
 ) -> BaseModel:
     """Gate 2: strict schema, no coercion, no extra keys. Raises pydantic ``ValidationError``,
-    or :class:`ArgumentsValidatorFailed` when the model's own validator broke otherwise.
+    or :class:`ArgumentsValidatorFailed` when the model's own validator broke otherwise (what it
+    raised is logged with its traceback on ``fencepost.gate``, under ``run_id``).
 
     Validated as the JSON it is (strict JSON mode): ``"5"`` is still not an int, but a date given
     as ISO text, a tuple as a list and an enum as its value are accepted, as JSON has no others.
@@ -106,9 +113,18 @@ def check_schema(
         raise
     except (asyncio.CancelledError, GeneratorExit):
         raise
-    except BaseException:
-        # A validator that breaks is a refusal, not a crash (as a semantic validator's is).
-        raise ArgumentsValidatorFailed from None
+    except BaseException as exc:
+        # A validator that breaks is a refusal, not a crash (as a semantic validator's is); its
+        # traceback is the developer's, in the log only.
+        raised(
+            GATE,
+            f"the arguments validator of {spec.name!r}",
+            exc,
+            run_id=run_id,
+            call_id=proposal.call_id,
+            code=ArgumentsValidatorFailed.code,
+        )
+    raise ArgumentsValidatorFailed
 
 
 _VALIDATE_JSON = BaseModel.model_validate_json.__func__  # type: ignore[attr-defined]
@@ -173,7 +189,12 @@ _TAKES_CONTEXT: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.We
 
 
 def check_semantics(
-    spec: ToolSpec, args: BaseModel, state: AgentState, context: RunContext | None = None
+    spec: ToolSpec,
+    args: BaseModel,
+    state: AgentState,
+    context: RunContext | None = None,
+    *,
+    call_id: str | None = None,
 ) -> None:
     """Gate 3: rules a schema cannot say. Raises :class:`ToolSemanticError`.
 
@@ -181,7 +202,9 @@ def check_semantics(
     (``""``, ``"*"``, ``"null"``...) unless the tool allows it (``allow_empty_query``), and a
     date/time range (``start``/``end``, ``since``/``until``...) must not be reversed. Then the
     tool's own ``semantic_validator``, if any: given ``context`` (the run's trusted
-    :class:`RunContext`) too when it takes a third argument.
+    :class:`RunContext`) too when it takes a third argument; one that raises anything else is
+    the rule ``validator_failed``, and what it raised is logged with its traceback on
+    ``fencepost.gate`` (under the state's run and ``call_id``).
     """
     values: Mapping[str, Any] = args.__dict__
     query_fields, range_pairs = _semantic_plan(type(args))
@@ -212,10 +235,20 @@ def check_semantics(
             raise
         except (asyncio.CancelledError, GeneratorExit):
             raise
-        except BaseException:
+        except BaseException as exc:
             # A validator that breaks is a denial, not a crash; its message (which may quote the
-            # model's arguments) is never kept.
-            raise ToolSemanticError("validator_failed") from None
+            # model's arguments) is never kept, only logged for the developer.
+            raised(
+                GATE,
+                f"the semantic validator of {spec.name!r}",
+                exc,
+                run_id=state.run_id,
+                call_id=call_id,
+                code="validator_failed",
+            )
+        else:
+            return
+        raise ToolSemanticError("validator_failed")
 
 
 def _declared_progress(spec: ToolSpec, proposal: ToolProposal, state: AgentState) -> bool:
@@ -225,8 +258,16 @@ def _declared_progress(spec: ToolSpec, proposal: ToolProposal, state: AgentState
         return spec.progress_predicate(proposal, state) is True
     except (asyncio.CancelledError, GeneratorExit):
         raise
-    except BaseException:
-        # A predicate that breaks has not shown progress.
+    except BaseException as exc:
+        # A predicate that breaks has not shown progress; its traceback is the developer's.
+        raised(
+            GATE,
+            f"the progress predicate of {spec.name!r}",
+            exc,
+            run_id=state.run_id,
+            call_id=proposal.call_id,
+            code="no_progress",
+        )
         return False
 
 
@@ -386,13 +427,15 @@ def judged(
     except UnknownTool:
         return verdict(VerdictCode.UNKNOWN_TOOL), None, None
     try:
-        args = check_schema(spec, proposal, canonical_arguments=canonical_arguments)
+        args = check_schema(
+            spec, proposal, canonical_arguments=canonical_arguments, run_id=state.run_id
+        )
     except ValidationError as exc:
         return verdict(VerdictCode.SCHEMA_VIOLATION, schema_problems(spec, exc)), spec, None
     except ArgumentsValidatorFailed:
         return verdict(VerdictCode.SCHEMA_VIOLATION, ("*: validator_failed",)), spec, None
     try:
-        check_semantics(spec, args, state, context)
+        check_semantics(spec, args, state, context, call_id=proposal.call_id)
     except ToolSemanticError as exc:
         return verdict(VerdictCode.SEMANTIC_VIOLATION, (f"rule: {exc.rule}",)), spec, None
     try:

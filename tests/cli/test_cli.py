@@ -259,6 +259,25 @@ def test_show_gives_the_timeline_receipts_answer_citations_and_end(
         assert part in text.stdout
 
 
+def test_show_says_where_the_runs_logs_and_traces_are(
+    demo_db: tuple[str, dict[str, Any]],
+) -> None:
+    url, result = demo_db
+    run_id = next(r["run_id"] for r in result["runs"] if r["scenario"] == "incident-release")
+    shown = cli_json("show", run_id, "--db", url)
+    thread_id = shown["run"]["thread_id"]
+    assert shown["telemetry"]["traces"] == {
+        "span": "invoke_agent",
+        "gen_ai.conversation.id": thread_id,
+        "fencepost.run_id": run_id,
+    }
+    assert "fencepost" in shown["telemetry"]["logs"]
+    text = cli("show", run_id, "--db", url).stdout
+    assert "logs the `fencepost` loggers" in text
+    assert "traces OpenTelemetry invoke_agent spans" in " ".join(text.split())
+    assert thread_id in text and run_id in text
+
+
 def test_show_reports_the_error_code_of_a_denied_run(demo_db: tuple[str, dict[str, Any]]) -> None:
     url, result = demo_db
     run_id = next(r["run_id"] for r in result["runs"] if r["scenario"] == "capability-denied")

@@ -8,6 +8,7 @@ node that may still be running.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -96,6 +97,61 @@ def test_a_cancel_while_a_write_runs_keeps_the_writes_id_and_result() -> None:
     assert state.termination is fp.TerminationReason.CANCELLED
     (observation,) = state.observations
     assert observation.call_id == "call-0001"
+    assert observation.result == {"message_id": "msg-42", "lookup": "/messages/msg-42"}
+    receipts = {r.call_id: r for r in state.receipts}
+    assert receipts["call-0001"].status is fp.ReceiptStatus.COMPLETED
+    assert state.report is not None and state.report.effects_made == ("call-0001",)
+
+
+async def test_an_async_cancel_while_an_async_write_runs_keeps_the_writes_id_and_result() -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+    sent: list[str] = []
+
+    async def send_message(args: MessageArgs, ctx: fp.ToolContext) -> dict[str, str]:
+        entered.set()
+        await asyncio.wait_for(release.wait(), 20)
+        sent.append(ctx.idempotency_key)
+        return {"message_id": "msg-42", "lookup": "/messages/msg-42"}
+
+    spec = fp.ToolSpec(
+        name="send_message",
+        description="Send a message.",
+        args_model=MessageArgs,
+        effect=fp.Effect.WRITE,
+        capability="notes:write",
+        timeout_seconds=30,
+        execute=send_message,
+    )
+    model = ScriptedDecisionModel(
+        [
+            fp.ToolProposal(
+                call_id="call-0001", tool_name="send_message", arguments={"text": "hi"}
+            ),
+            ABSTAIN,
+        ]
+    )
+    graph = fp.build_agent_graph(fp.ToolRegistry([spec]), model, approval="interrupt").compile(
+        checkpointer=InMemorySaver()
+    )
+    config, ctx = thread(), context()
+    await graph.ainvoke(fp.start("q", budget()), config, context=ctx)
+    runner = asyncio.create_task(
+        graph.ainvoke(Command(resume="approve"), config, context=ctx, durability="sync")
+    )
+    try:
+        await asyncio.wait_for(entered.wait(), 20)
+        returned = await fp.acancel(graph, config, context=ctx)
+    finally:
+        release.set()
+        await asyncio.wait_for(runner, 30)
+    assert returned is not None and returned.termination is fp.TerminationReason.CANCELLED
+    assert returned.report is not None
+    assert [c.call_id for c in returned.report.uncertain] == ["call-0001"]
+
+    state = fp.run_output((await graph.aget_state(config)).values)
+    assert sent == ["call-0001"]
+    assert state.termination is fp.TerminationReason.CANCELLED
+    (observation,) = state.observations
     assert observation.result == {"message_id": "msg-42", "lookup": "/messages/msg-42"}
     receipts = {r.call_id: r for r in state.receipts}
     assert receipts["call-0001"].status is fp.ReceiptStatus.COMPLETED

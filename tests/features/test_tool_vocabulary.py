@@ -78,6 +78,12 @@ def test_the_old_keyword_names_still_work_with_a_deprecation_warning() -> None:
     assert spec.capability == spec.required_capability == "logs:read"
 
 
+def test_the_old_timeout_name_on_a_langchain_tool_warns_too() -> None:
+    with pytest.warns(DeprecationWarning, match="timeout_seconds"):
+        spec = fp.tool(search_deploys, effect="read", capability="deploys:read", timeout=5)
+    assert spec.timeout_seconds == 5
+
+
 def test_a_tool_timeout_has_one_default_in_every_way() -> None:
     from fencepost.policy.tool import DEFAULT_TOOL_TIMEOUT_SECONDS
 

@@ -381,8 +381,52 @@ def read(spec: Spec) -> int:
     return 0
 
 
+def export_spans(path: str) -> None:
+    """Export every span this process ends to ``path`` as a JSON line, appended and fsynced
+    (``FENCEPOST_TEST_SPANS``: the span tests read what a killed process exported)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        SimpleSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Appended(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            for span in spans:
+                assert isinstance(span, ReadableSpan)
+                _append(Path(path), _span_record(span))
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(Appended()))
+    trace.set_tracer_provider(provider)
+
+
+def _span_record(span: Any) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "name": span.name,
+        "trace": span.context.trace_id,
+        "span": span.context.span_id,
+        "parent": span.parent.span_id if span.parent is not None else None,
+        "end": span.end_time,
+        "attributes": dict(span.attributes or {}),
+        "events": [{"name": e.name, **dict(e.attributes or {})} for e in span.events],
+    }
+
+
 def main(argv: list[str]) -> int:
     spec = Spec.model_validate_json(argv[1])
+    if os.environ.get("FENCEPOST_TEST_SPANS"):
+        export_spans(os.environ["FENCEPOST_TEST_SPANS"])
+        # The developer logs beside them, one file per process.
+        logging.basicConfig(
+            filename=f"{os.environ['FENCEPOST_TEST_SPANS']}.{spec.phase}.log",
+            level=logging.INFO,
+            format="%(levelname)s %(name)s %(message)s",
+        )
     return {"crash": crash, "resume": resume, "read": read}[spec.phase](spec)
 
 

@@ -156,6 +156,77 @@ def test_the_schema_gate_refuses_a_broken_validator_with_no_text(
     assert verdict.problems == ("*: validator_failed",)
 
 
+class ByEscapeOnUnknown(BaseModel):
+    """Arguments whose validator raises a ``BaseException`` for a value it does not know."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    service: str
+
+    @field_validator("service")
+    @classmethod
+    def escapes(cls, value: str) -> str:
+        if value not in KNOWN:
+            raise SystemExit(f"bad {value}: {SECRET}")
+        return value
+
+
+def _write_registry(args_model: type[BaseModel], ran: list[str]) -> fp.ToolRegistry:
+    def restart(args: Any, ctx: fp.ToolContext) -> dict[str, str]:
+        ran.append(args.service)
+        return {"restarted": args.service}
+
+    return fp.ToolRegistry(
+        [
+            fp.ToolSpec(
+                name="restart_service",
+                description="Restart a service.",
+                args_model=args_model,
+                effect=fp.Effect.WRITE,
+                capability="notes:write",
+                timeout_seconds=5,
+                execute=restart,
+            )
+        ]
+    )
+
+
+@pytest.mark.parametrize("args_model", [ByKey, ByType, ByEscapeOnUnknown], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("form", ["global", "per-call"])
+def test_an_edit_its_args_validator_breaks_on_is_asked_again_with_no_text(
+    args_model: type[BaseModel], form: str
+) -> None:
+    # The gate passed the model's arguments (``checkout`` is known); the human's edit is
+    # checked against the same schema before any gate, and a validator that breaks on it is a
+    # refusal there too: asked again, never an exception out of ``invoke``.
+    saver, ran = InMemorySaver(), []
+    proposal = fp.ToolProposal(
+        call_id="call-0001", tool_name="restart_service", arguments={"service": "checkout"}
+    )
+    h = harness(
+        [proposal, ABSTAIN, ABSTAIN],
+        registry=_write_registry(args_model, ran),
+        checkpointer=saver,
+        approval="interrupt",
+    )
+    config, ctx = thread(), context()
+    request = fp.start("restart it", fp.RuntimeBudget(steps_remaining=4, tool_calls_remaining=2))
+    interrupt_payload(h.graph.invoke(request, config, context=ctx))
+    edit: dict[str, Any] = {"decision": "edit", "arguments": {"service": "billing"}}
+    answer = {"call-0001": edit} if form == "per-call" else edit
+    out = h.graph.invoke(Command(resume=answer), config, context=ctx)
+    error = interrupt_payload(out)["error"]
+    assert error["code"] == "invalid_arguments"
+    assert error["invalid"] == [{"call_id": "call-0001", "problems": ["*: validator_failed"]}]
+    assert ran == []
+    assert not state_of(h, config).is_terminal
+    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET not in repr(out)
+    # Asked again, a clear answer still counts.
+    state = fp.run_output(h.graph.invoke(Command(resume="reject"), config, context=ctx))
+    assert ran == []
+    assert state.receipts[-1].status is fp.ReceiptStatus.DENIED
+
+
 # -- A body that breaks the process's rules: each is contained, and its run ends typed -----------
 
 

@@ -188,6 +188,34 @@ def test_a_run_on_a_postgres_store_opened_by_fencepost_resumes_in_a_new_graph_ch
     assert sorted(name for name, _, _ in calls.log) == ["search_logs", "write_note"]
 
 
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+async def test_a_run_on_an_async_store_fencepost_opened_resumes_in_a_new_graph_charged_once(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # The async twin of the rule: aopen_checkpointer's store (an AsyncSqliteSaver, an
+    # AsyncPostgresSaver), no ledger passed, resumed by a new graph object as an async worker
+    # that started since builds it.
+    url = (
+        f"sqlite:///{tmp_path / 'runs.db'}"
+        if store == "sqlite"
+        else request.getfixturevalue("postgres_schema")
+    )
+    calls = Calls()
+    config, ctx = thread(), context()
+    async with fp.aopen_checkpointer(url) as saver:
+        await new_graph(saver, calls).ainvoke(fp.start("q", TWO_CALLS), config, context=ctx)
+    async with fp.aopen_checkpointer(url) as saver:
+        graph = new_graph(saver, calls, resumed=True)
+        cfg = settings_of(graph)
+        assert cfg is not None and not isinstance(cfg.ledger, fp.InMemoryLedger)
+        out = await graph.ainvoke(Command(resume="approve"), config, context=ctx)
+        state = fp.run_output(out)
+        assert held(graph, config, state)["tool_calls"] == 2.0
+    assert state.termination is fp.TerminationReason.COMPLETED, state.last_error_code
+    assert sorted(name for name, _, _ in calls.log) == ["search_logs", "write_note"]
+    assert state.budget.tool_calls_used == 2
+
+
 def test_a_call_approved_in_a_new_graph_after_the_ledger_was_lost_is_charged_not_carried() -> None:
     # Two tool calls: the batch's read and write use them. The run's next write, approved by
     # yet another new graph (the ledger lost again), finds none left and never runs.
