@@ -144,13 +144,15 @@ _DEFAULTS_IN_THE_FORMAT: dict[str, dict[str, Any]] = {
     "AnswerPayload": {"citations": ()},
     "ToolProposal": {"depends_on": ()},
     "ToolBatch": {"kind": "batch"},
-    "Verdict": {"problems": (), "exhausted_axis": None, "seal": None},
+    "Verdict": {"problems": (), "exhausted_axis": None, "seal": None, "approval": None},
     "Receipt": {
         "error_code": None,
         "attempts": 1,
         "effect": None,
         "task_id": None,
         "completed_by": None,
+        "approval": None,
+        "rule": None,
     },
     "StopRequest": {"answer": None, "error_code": None},
     "StopReport": {
@@ -178,6 +180,7 @@ _DEFAULTS_IN_THE_FORMAT: dict[str, dict[str, Any]] = {
         "code": None,
         "input_tokens": None,
         "output_tokens": None,
+        "approval": None,
     },
 }
 
