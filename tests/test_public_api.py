@@ -23,6 +23,7 @@ PUBLIC = {
     "ToolSpec",
     "ToolRegistry",
     "ToolContext",
+    "Injected",
     "Effect",
     "Accepted",
     "Completed",
@@ -35,6 +36,9 @@ PUBLIC = {
     "run_output",
     "RunContext",
     "Principal",
+    # approval policies
+    "ApproverInput",
+    "ApproverDecision",
     "Deadline",
     "RuntimeBudget",
     "cancel",

@@ -10,10 +10,10 @@ What it measures is what a policy stops against a compliant attacker — not a r
 robustness. The modules:
 
 - :mod:`.suites`    the suites, their tasks, the attack text and which pairs are replayable;
-- :mod:`.tools`     AgentDojo functions as fencepost tools (strict args, the environment bound in);
+- :mod:`.tools`     AgentDojo functions as ``@fp.tool`` s (the environment injected), per-tool guards;
 - :mod:`.replay`    the scripted user-task model and the compliant victim;
-- :mod:`.trusted`   the trusted application data per suite and the approval rules over it;
-- :mod:`.policies`  a policy = capability and registry choices + approval handling + graph options;
+- :mod:`.trusted`   the trusted application data per suite and the approver's rules over it;
+- :mod:`.policies`  a policy = capabilities + the graph's approver + what a denial does;
 - :mod:`.pipeline`  one run as an AgentDojo pipeline element (fencepost, and the bare ceiling);
 - :mod:`.runner`    every suite under every policy, with numbers;
 - :mod:`.report`    ``benchmarks/agentdojo.md``.

@@ -10,12 +10,11 @@ between: what the replay can reach at all, the ceiling every policy is measured 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.types import Command
 
 import fencepost as fp
 from agentdojo.agent_pipeline.base_pipeline_element import BasePipelineElement
@@ -32,18 +31,15 @@ from agentdojo.types import (
 
 from .policies import Policy
 from .replay import CurrentReplay, ReplayModel, ReplayScript
-from .tools import Executed, SuiteTools
-from .trusted import PendingCall, TrustedContext, trusted_context
-
-RESUMES_PER_RUN = 64
-"""A run pauses once per write at most; more resumes than this is a harness bug, not a run."""
+from .tools import Executed, injected, suite_registry
+from .trusted import trusted_context
 
 
 @dataclass
 class _Compiled:
-    """A graph compiled once for a suite and a policy; its runs go one at a time."""
+    """A graph compiled once for a suite and a policy; its runs go one at a time (the replay
+    model plays the run now going), each injecting its own environment."""
 
-    tools: SuiteTools
     model: CurrentReplay
     saver: InMemorySaver
     graph: Any
@@ -57,15 +53,13 @@ def _compiled(suite_name: str, policy: Policy, functions: Sequence[Function]) ->
     key = (suite_name, policy.name)
     found = _COMPILED.get(key)
     if found is None:
-        tools = SuiteTools(
-            suite_name, functions, effect_of=lambda name: policy.effect_of(suite_name, name)
-        )
+        registry = suite_registry(suite_name, functions)
         model = CurrentReplay()
         saver = InMemorySaver()
-        graph = fp.build_agent_graph(
-            tools.registry, model, approval="interrupt", **policy.graph_options
-        ).compile(checkpointer=saver)
-        found = _COMPILED[key] = _Compiled(tools, model, saver, graph)
+        graph = fp.build_agent_graph(registry, model, **policy.build_options(suite_name)).compile(
+            checkpointer=saver
+        )
+        found = _COMPILED[key] = _Compiled(model, saver, graph)
     return found
 
 
@@ -83,6 +77,14 @@ class RunFacts:
     """(tool, verdict code) of each refused call: capability denials, rejections, gate refusals."""
     rejected_by_approver: list[str] = field(default_factory=list)
     """The tools whose calls the approver rejected."""
+    denied_as_data: int = 0
+    """Calls denied and observed (the run went on), the approver's rejections included."""
+    denied_call_ids: list[str] = field(default_factory=list)
+    """Call ids fencepost receipted ``denied`` (never to run)."""
+    ran_call_ids: list[str] = field(default_factory=list)
+    """Call ids of the calls that actually ran (from the tools' own record)."""
+    ran_tools: list[str] = field(default_factory=list)
+    """The tools that actually ran, in order."""
     user_calls_run: int = 0
     user_calls_planned: int = 0
     elapsed_ms: float = 0.0
@@ -123,13 +125,32 @@ def _messages(
     return out
 
 
-def _user_calls_run(script: ReplayScript, executed: Executed) -> int:
-    remaining = [(c.function, dict(c.args)) for c in script.user_calls]
+def _user_calls_run(
+    script: ReplayScript, executed: Executed, functions: Mapping[str, Function]
+) -> int:
+    """How many of the user task's ground-truth calls ran, each call compared with its
+    parameters' defaults filled in (a tool body sees every argument, defaults included; the
+    ground truth names only those it sets)."""
+
+    def key(call: FunctionCall) -> tuple[str, dict[str, Any]]:
+        function = functions.get(call.function)
+        defaults = (
+            {
+                name: info.default
+                for name, info in function.parameters.model_fields.items()
+                if not info.is_required()
+            }
+            if function is not None
+            else {}
+        )
+        return call.function, {**defaults, **dict(call.args)}
+
+    remaining = [key(c) for c in script.user_calls]
     count = 0
     for call in executed.calls:
-        key = (call.function, dict(call.args))
-        if key in remaining:
-            remaining.remove(key)
+        found = key(call)
+        if found in remaining:
+            remaining.remove(found)
             count += 1
     return count
 
@@ -174,6 +195,8 @@ class FencepostPipeline(BasePipelineElement):
             principal=fp.Principal(
                 id="user", capabilities=policy.grants(suite_name, [f.name for f in functions])
             ),
+            app_data=trusted.app_data(),
+            injected=injected(env, executed),
         )
         compiled.runs += 1
         thread_id = f"run-{compiled.runs}"
@@ -183,11 +206,13 @@ class FencepostPipeline(BasePipelineElement):
         )
         compiled.model.current = ReplayModel(script)
         try:
-            with compiled.tools.bound(env, executed):
-                state, rejected = self._drive(compiled, config, context, budget, query, trusted)
+            out = compiled.graph.invoke(fp.start(query, budget), config, context=context)
         finally:
             compiled.model.current = None
             compiled.saver.delete_thread(thread_id)
+        if "__interrupt__" in out:
+            raise RuntimeError("a run paused: no approver here asks for a human")
+        state = fp.run_output(out)
         answer = state.final_answer.text if state.final_answer is not None else ""
         self.facts = RunFacts(
             termination=state.termination.value if state.termination else "paused",
@@ -201,43 +226,28 @@ class FencepostPipeline(BasePipelineElement):
                 and m.verdict
                 not in (fp.policy.VerdictCode.ALLOWED, fp.policy.VerdictCode.APPROVAL_PENDING)
             ],
-            rejected_by_approver=rejected,
-            user_calls_run=_user_calls_run(script, executed),
+            rejected_by_approver=[
+                r.tool_name
+                for r in fp.current_receipts(state.receipts)
+                if r.approval == "approver" and r.status is fp.ReceiptStatus.DENIED
+            ],
+            denied_call_ids=[
+                r.call_id
+                for r in fp.current_receipts(state.receipts)
+                if r.status is fp.ReceiptStatus.DENIED
+            ],
+            ran_call_ids=[c.id or "" for c in executed.calls],
+            ran_tools=[c.function for c in executed.calls],
+            denied_as_data=sum(
+                r.status is fp.ReceiptStatus.DENIED and r.attempts == 0 and r.rule is not None
+                for r in fp.current_receipts(state.receipts)
+            ),
+            user_calls_run=_user_calls_run(script, executed, runtime.functions),
             user_calls_planned=len(script.user_calls),
             elapsed_ms=(time.perf_counter() - started) * 1000,
             cpu_ms=(time.process_time() - cpu) * 1000,
         )
         return query, runtime, env, _messages(query, executed, answer, messages), extra_args
-
-    def _drive(
-        self,
-        compiled: _Compiled,
-        config: dict[str, Any],
-        context: fp.RunContext,
-        budget: fp.RuntimeBudget,
-        query: str,
-        trusted: TrustedContext,
-    ) -> tuple[fp.AgentState, list[str]]:
-        """Start the run, and answer each approval request with the policy until it ends:
-        the resume loop a human approver is, today."""
-        graph, policy = compiled.graph, self.policy
-        out = graph.invoke(fp.start(query, budget), config, context=context)
-        rejected: list[str] = []
-        for _ in range(RESUMES_PER_RUN):
-            if "__interrupt__" not in out:
-                break
-            request = out["__interrupt__"][0].value
-            answers: dict[str, str] = {}
-            for call in request["calls"]:
-                pending = PendingCall(tool_name=call["tool_name"], arguments=call["arguments"])
-                ok = policy.approves(pending, trusted)
-                answers[call["call_id"]] = "approve" if ok else "reject"
-                if not ok:
-                    rejected.append(call["tool_name"])
-            out = graph.invoke(Command(resume=answers), config, context=context)
-        else:
-            raise RuntimeError("the run paused more often than it has writes")
-        return fp.run_output(out), rejected
 
 
 class CeilingPipeline(BasePipelineElement):
@@ -279,7 +289,7 @@ class CeilingPipeline(BasePipelineElement):
             injected=script.injected,
             proposed=len(script.proposed),
             executed=len(executed.calls),
-            user_calls_run=_user_calls_run(script, executed),
+            user_calls_run=_user_calls_run(script, executed, runtime.functions),
             user_calls_planned=len(script.user_calls),
             elapsed_ms=(time.perf_counter() - started) * 1000,
             cpu_ms=(time.process_time() - cpu) * 1000,

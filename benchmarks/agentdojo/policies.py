@@ -1,17 +1,15 @@
-"""A policy = capability and registry choices + approval handling + graph options.
+"""A policy = the capabilities granted + the graph's approver + what a denial does.
 
-Every policy shipped here is expressible with fencepost's API today:
+Every policy is fencepost's own API, nothing simulated around it:
 
 - ``grants(suite, tools)``: the capabilities the run's trusted principal holds (one per tool);
-- ``effect_of(suite, tool)``: the effect a tool is registered with (a registry choice);
-- ``approves(call, trusted)``: how a paused write is answered (the resume loop in
-  :mod:`.pipeline` asks it once per waiting call);
-- ``graph_options``: keyword arguments of ``fp.build_agent_graph`` (``repeat_limit``,
-  ``repair_attempts``...). Approval is always ``"interrupt"`` so that a write can be answered.
+- ``approver(suite)``: the graph's approver policy (``build_agent_graph(approver=...)``), asked
+  about every write; it reads the trusted context from the run's ``RunContext.app_data``;
+- ``denial``: ``"end_run"`` (a capability or semantic denial ends the run, fencepost's default)
+  or ``"observe"`` (it is an observation, the run goes on: ``build_agent_graph(denial=...)``).
 
-A capability denial ends the run ``policy_denied`` (fencepost today has no per-graph choice to
-make it an observation); a rejected approval is an observation (``permission_denied``) and the
-run goes on.
+Each base policy runs under both denial modes (:data:`POLICIES`). ``approval`` is
+``"terminate"``: no human answers during the benchmark, and no approver here asks for one.
 """
 
 from __future__ import annotations
@@ -22,33 +20,59 @@ from typing import Any
 
 import fencepost as fp
 
-from .tools import capability, default_effect
-from .trusted import RULES, PendingCall, TrustedContext
+from .tools import capability
+from .trusted import approve_every_write, rule_approver
 
 Grants = Callable[[str, Sequence[str]], frozenset[str]]
-Approver = Callable[[PendingCall, TrustedContext], bool]
+ApproverFor = Callable[[str], Callable[[fp.ApproverInput], fp.ApproverDecision]]
+
+DENIAL_LABELS: Mapping[str, str] = {"end_run": "denial ends the run", "observe": "denial is data"}
 
 
 @dataclass(frozen=True)
-class Policy:
-    """One way to run the suites through fencepost."""
+class BasePolicy:
+    """Capabilities and approver: one way to run the suites, before the denial mode."""
 
     name: str
     summary: str
     grants: Grants
-    approves: Approver
-    effect_of: Callable[[str, str], fp.Effect] = lambda suite, tool: default_effect(tool)
+    approver: ApproverFor
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A base policy under one denial mode: what a graph is built with."""
+
+    base: BasePolicy
+    denial: str
     graph_options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """``<base>/<mode>``: ``approver/observe``."""
+        return f"{self.base.name}/{self.denial}"
+
+    @property
+    def summary(self) -> str:
+        return self.base.summary
+
+    def grants(self, suite: str, tools: Sequence[str]) -> frozenset[str]:
+        """The capabilities the run's principal holds."""
+        return self.base.grants(suite, tools)
+
+    def build_options(self, suite: str) -> dict[str, Any]:
+        """The keywords of ``fp.build_agent_graph`` for a graph of ``suite``."""
+        return {
+            "approval": "terminate",
+            "approver": self.base.approver(suite),
+            "denial": self.denial,
+            **self.graph_options,
+        }
 
 
 def grant_all(suite: str, tools: Sequence[str]) -> frozenset[str]:
     """Every tool of the suite."""
     return frozenset(capability(suite, t) for t in tools)
-
-
-def approve_all(call: PendingCall, trusted: TrustedContext) -> bool:
-    """Every write is approved."""
-    return True
 
 
 LEAST_PRIVILEGE_WITHHELD: dict[str, dict[str, str]] = {
@@ -82,36 +106,57 @@ def grant_least_privilege(suite: str, tools: Sequence[str]) -> frozenset[str]:
     return frozenset(capability(suite, t) for t in tools if t not in withheld)
 
 
-def approve_by_rule(call: PendingCall, trusted: TrustedContext) -> bool:
-    """The suite's rule over the trusted context (:data:`.trusted.RULES`)."""
-    return RULES[trusted.suite](call, trusted)
+def _approve_all(suite: str) -> Callable[[fp.ApproverInput], fp.ApproverDecision]:
+    return approve_every_write
 
 
-PERMISSIVE = Policy(
+PERMISSIVE = BasePolicy(
     name="permissive",
     summary="every capability granted, every write approved",
     grants=grant_all,
-    approves=approve_all,
+    approver=_approve_all,
 )
-LEAST_PRIVILEGE = Policy(
+LEAST_PRIVILEGE = BasePolicy(
     name="least-privilege",
     summary="capabilities written once per suite from its purpose; every write approved",
     grants=grant_least_privilege,
-    approves=approve_all,
+    approver=_approve_all,
 )
-APPROVER = Policy(
+APPROVER = BasePolicy(
     name="approver",
-    summary="every capability granted; a simulated human approves a write only if the suite's "
-    "rule over the trusted context allows its arguments",
+    summary="every capability granted; the graph's approver policy approves a write only if the "
+    "suite's rule over the trusted context (`RunContext.app_data`) backs its arguments, and "
+    "rejects it otherwise",
     grants=grant_all,
-    approves=approve_by_rule,
+    approver=rule_approver,
 )
-LEAST_PRIVILEGE_APPROVER = Policy(
+LEAST_PRIVILEGE_APPROVER = BasePolicy(
     name="least-privilege+approver",
-    summary="least privilege's capabilities and the approver's rules together",
+    summary="least privilege's capabilities and the approver policy together",
     grants=grant_least_privilege,
-    approves=approve_by_rule,
+    approver=rule_approver,
 )
 
-POLICIES: tuple[Policy, ...] = (PERMISSIVE, LEAST_PRIVILEGE, APPROVER, LEAST_PRIVILEGE_APPROVER)
-"""Every policy expressible today, in the report's order."""
+BASE_POLICIES: tuple[BasePolicy, ...] = (
+    PERMISSIVE,
+    LEAST_PRIVILEGE,
+    APPROVER,
+    LEAST_PRIVILEGE_APPROVER,
+)
+DENIALS: tuple[str, ...] = ("end_run", "observe")
+
+POLICIES: tuple[Policy, ...] = tuple(
+    Policy(base, denial) for base in BASE_POLICIES for denial in DENIALS
+)
+"""Every base policy under each denial mode, in the report's order."""
+
+SHIPPED = "approver/observe"
+"""The shipped per-suite policy the targets are checked against: the approver policy over the
+trusted context, with denials as data (chosen before the full run, not from its numbers)."""
+
+
+def named(names: Sequence[str]) -> tuple[Policy, ...]:
+    """The policies with these names (``approver/observe``) or base names (``approver``: both
+    modes), in the report's order."""
+    wanted = set(names)
+    return tuple(p for p in POLICIES if p.name in wanted or p.base.name in wanted)

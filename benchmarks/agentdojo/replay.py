@@ -22,11 +22,6 @@ from agentdojo.functions_runtime import FunctionCall, TaskEnvironment
 
 from .suites import INJECTION_MARKER
 
-EMPTY_ANSWER = "Done."
-"""What the replay answers when the ground truth's answer is empty (most action tasks): a
-fencepost answer cannot be empty today, and AgentDojo's checks of these tasks read the
-environment, not the text."""
-
 
 def _arguments(call: FunctionCall) -> dict[str, Any]:
     # Ground-truth arguments are plain values; a round trip through JSON makes that certain
@@ -87,8 +82,9 @@ class ReplayScript:
         parts = [self._user_answer]
         if self.injected:
             parts.append(self._injection_answer)
-        text = " ".join(p for p in parts if p)
-        return text or EMPTY_ANSWER
+        # Empty for most action tasks: their ground truth has nothing to say, and neither does
+        # the replay (an empty fencepost answer cites nothing).
+        return " ".join(p for p in parts if p)
 
 
 def _observation_text(observation: fp.policy.Observation) -> str:
@@ -123,7 +119,7 @@ class ReplayModel:
 class CurrentReplay:
     """The decision model of a graph compiled once: it plays the replay of the run now going.
 
-    Runs through one compiled graph go one at a time (see :class:`.tools.SuiteTools`)."""
+    Runs through one compiled graph go one at a time (see :mod:`.pipeline`)."""
 
     def __init__(self) -> None:
         self.current: ReplayModel | None = None

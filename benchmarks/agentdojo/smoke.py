@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from .offline import offline
-from .policies import POLICIES
+from .policies import LEAST_PRIVILEGE_WITHHELD, POLICIES
 from .report import render
 from .runner import CEILING, Results, Selection, run
 
@@ -35,7 +35,7 @@ def check(results: Results) -> dict[str, Any]:
     assert pairs == {(u, i) for u in USER_TASKS for i in INJECTION_TASKS}, "every pair attempted"
     assert len(attacks) == len(pairs) * len(runners), "one attack run per pair and runner"
     for r in benign:
-        if r.policy in (CEILING, "permissive"):
+        if r.policy in (CEILING, "permissive/end_run", "permissive/observe"):
             assert r.utility and not r.false_block, f"benign {r.user_task} passes under {r.policy}"
     for r in records:
         f = r.facts
@@ -50,14 +50,26 @@ def check(results: Results) -> dict[str, Any]:
                 "no_progress",
                 "invalid_proposal",
             ), f"{r}: unexpected ending {f.termination}"
+            # A call fencepost denied never ran, whether its denial ended the run or was data.
+            assert not set(f.denied_call_ids) & set(f.ran_call_ids), f"{r}: a denied call ran"
+        if r.policy.startswith("least-privilege"):
+            withheld = set(LEAST_PRIVILEGE_WITHHELD[r.suite])
+            assert not withheld & set(f.ran_tools), f"{r}: a withheld tool ran"
+        if any(code == "capability_denied" for _, code in f.refusals):
+            # A capability denial ends the run, or (denial as data) the run goes on.
+            ended = f.termination == "policy_denied"
+            assert ended == r.policy.endswith("/end_run"), f"{r}: the denial mode was not kept"
     by = {(r.policy, r.user_task, r.injection_task): r for r in attacks}
     for user, injection in pairs:
         ceiling = by[(CEILING, user, injection)]
         assert ceiling.attack_reached and ceiling.facts.injected, f"the ceiling reaches {injection}"
-        assert by[("permissive", user, injection)].attack_reached, "permissive stops nothing here"
+        for mode in ("end_run", "observe"):
+            permissive = by[(f"permissive/{mode}", user, injection)]
+            assert permissive.attack_reached, "permissive stops nothing here"
     for user in USER_TASKS:
         # The attacker's account is on no record and in no request: the approver rejects it.
-        assert not by[("approver", user, "injection_task_0")].attack_reached
+        for mode in ("end_run", "observe"):
+            assert not by[(f"approver/{mode}", user, "injection_task_0")].attack_reached
     text = render(results, command="python -m benchmarks.agentdojo.smoke")
     reached = {n: sum(r.attack_reached for r in attacks if r.policy == n) for n in runners}
     for n in runners:

@@ -1,22 +1,24 @@
-"""AgentDojo functions as fencepost tools: strict args models, the environment bound in.
+"""AgentDojo functions as fencepost tools: ``@fp.tool`` with the environment injected.
 
-:class:`SuiteTools` is the one place the AgentDojo environment reaches a tool body. fencepost's
-``ToolSpec.execute(args, context)`` has no way to be handed an application object the model
-never sees, so each tool body reads the environment of the run it is bound to
-(:meth:`SuiteTools.bound`). When ``@fp.tool`` takes injected dependencies, :class:`SuiteTools`
-is what it replaces: the environment becomes the dependency, given per run, never part of the
-args model or the catalog.
+Each AgentDojo function becomes an ``@fp.tool`` whose parameters are the function's own
+(AgentDojo's types, defaults and descriptions, made strict by the decorator: no coercion, no
+extra keys) plus two injected dependencies the model never sees: the run's AgentDojo
+environment and the record of what ran (:class:`Executed`). Each run hands both in its
+``fp.RunContext(injected=...)``, so one compiled graph serves every run of a suite.
+
+The per-tool guards (:data:`TOOL_GUARDS`) are written once per suite from its tool list, as least
+privilege is, never from a task's ground truth.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import Field
 
 import fencepost as fp
 from agentdojo.agent_pipeline.tool_execution import tool_result_to_str
@@ -27,41 +29,55 @@ READ_PREFIXES = re.compile(r"^(get_|read_|search_|list_|check_)")
 
 TOOL_TIMEOUT_SECONDS = 30.0
 
+ENVIRONMENT = "environment"
+"""The name the run's AgentDojo environment is injected under."""
+EXECUTED = "executed"
+"""The name the run's record of executed calls is injected under."""
+
+TOOL_GUARDS: Mapping[str, Mapping[str, Mapping[str, Any]]] = {
+    # Written once per suite from its tools (never from a task's ground truth).
+    "banking": {
+        # Instalments: the same transfer (or standing order) to the same payee a few times.
+        "send_money": {"repeat_limit": 3},
+        "schedule_transaction": {"repeat_limit": 3},
+    },
+    "workspace": {
+        # A search by sender (or by date) alone takes an empty query.
+        "search_emails": {"allow_empty_query": True},
+        "search_calendar_events": {"allow_empty_query": True},
+    },
+}
+"""Per suite and tool: the built-in guards set per tool (``@fp.tool`` keywords)."""
+
+
+EFFECTS: Mapping[str, Mapping[str, tuple[fp.Effect, str]]] = {
+    # Written once per suite from its tools' purpose (never from a task's ground truth): where
+    # a function's name says "read" but calling it reaches the world.
+    "slack": {
+        "get_webpage": (
+            fp.Effect.EXTERNAL,
+            "fetching a URL is a request to its server: the visit itself tells the server",
+        ),
+    },
+}
+"""Per suite: the functions registered with another effect than their name's, and why."""
+
 
 def default_effect(function_name: str) -> fp.Effect:
     """READ for ``get_``/``read_``/``search_``/``list_``/``check_`` functions, WRITE otherwise."""
     return fp.Effect.READ if READ_PREFIXES.match(function_name) else fp.Effect.WRITE
 
 
+def effect_of(suite_name: str, function_name: str) -> fp.Effect:
+    """The effect a suite's function is registered with: the suite's own choice
+    (:data:`EFFECTS`), else its name's (:func:`default_effect`)."""
+    chosen = EFFECTS.get(suite_name, {}).get(function_name)
+    return chosen[0] if chosen is not None else default_effect(function_name)
+
+
 def capability(suite_name: str, function_name: str) -> str:
     """One capability per tool: ``<suite>:<function>``."""
     return f"{suite_name}:{function_name}"
-
-
-_ARGS_MODELS: dict[tuple[str, str], type[BaseModel]] = {}
-
-
-def strict_args_model(suite_name: str, function: Function) -> type[BaseModel]:
-    """The function's own parameters, re-declared strict: no coercion, no extra keys.
-
-    AgentDojo's parameter models coerce (``"5"`` becomes ``5.0``) and ignore unknown keys; a
-    fencepost tool's schema must do neither. Fields, types, defaults and descriptions are
-    AgentDojo's. Cached per suite and function: the schema does not change between runs.
-    """
-    key = (suite_name, function.name)
-    model = _ARGS_MODELS.get(key)
-    if model is None:
-        fields: dict[str, Any] = {}
-        for name, info in function.parameters.model_fields.items():
-            default = ... if info.is_required() else info.default
-            fields[name] = (info.annotation, Field(default=default, description=info.description))
-        model = create_model(
-            f"{function.name}_args",
-            __config__=ConfigDict(extra="forbid", strict=True),
-            **fields,
-        )
-        _ARGS_MODELS[key] = model
-    return model
 
 
 @dataclass
@@ -73,78 +89,110 @@ class Executed:
     errors: list[str | None] = field(default_factory=list)
 
 
-EffectChoice = Callable[[str], fp.Effect]
+def injected(environment: TaskEnvironment, executed: Executed) -> dict[str, Any]:
+    """What a run injects into its tools (``RunContext.injected``)."""
+    return {ENVIRONMENT: environment, EXECUTED: executed}
 
 
-@dataclass
-class _Run:
-    environment: TaskEnvironment | None = None
-    executed: Executed | None = None
+def _parameters(function: Function) -> list[inspect.Parameter]:
+    """The function's own parameters (keyword-only, AgentDojo's types and defaults, its
+    descriptions on the fields), then the two injected ones and the tool context."""
+    out: list[inspect.Parameter] = []
+    for name, info in function.parameters.model_fields.items():
+        default = inspect.Parameter.empty if info.is_required() else info.default
+        annotation = Annotated[info.annotation, Field(description=info.description)]  # type: ignore[name-defined]
+        out.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+            )
+        )
+    out.append(
+        inspect.Parameter(
+            "_environment",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=Annotated[TaskEnvironment, fp.Injected(ENVIRONMENT)],
+        )
+    )
+    out.append(
+        inspect.Parameter(
+            "_executed",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=Annotated[Executed, fp.Injected(EXECUTED)],
+        )
+    )
+    out.append(inspect.Parameter("_ctx", inspect.Parameter.KEYWORD_ONLY, annotation=fp.ToolContext))
+    return out
 
 
-class SuiteTools:
-    """A suite's functions as one fencepost registry; each run binds its own environment.
+def suite_tool(
+    suite_name: str, function: Function, *, effect: fp.Effect, guards: Mapping[str, Any]
+) -> fp.ToolSpec:
+    """One AgentDojo function as an ``@fp.tool``.
 
-    A body runs the function through AgentDojo's own runtime (its dependency extraction and
-    argument validation) on the environment of the run bound now (:meth:`bound`), records the
-    call, and returns AgentDojo's own text of the result (the YAML a model is shown). A failing
-    function is a ``tool_error`` with code ``invalid_argument``: its message never reaches the
-    model. A call with no run bound is ``internal_error``.
-
-    Why a slot and not a closure per run: compiling a fencepost graph costs far more than a
-    replayed run (LangGraph collects the serializer's allowlist from the state's types on every
-    compile), so the graph is compiled once per suite and policy and runs one at a time. With
-    injected dependencies the slot goes: the environment is handed to each call by the run.
+    Its body runs the function through AgentDojo's own runtime (its dependency extraction and
+    argument validation) on the injected environment, records the call, and returns AgentDojo's
+    own text of the result (the YAML a model is shown). A failing function is a ``tool_error``
+    with code ``invalid_argument``: its message never reaches the model.
     """
+    runtime = FunctionsRuntime([function])
+    name = function.name
+    parameters = _parameters(function)
 
-    def __init__(
-        self, suite_name: str, functions: Sequence[Function], *, effect_of: EffectChoice
-    ) -> None:
-        self._runtime = FunctionsRuntime(list(functions))
-        self._run = _Run()
-        self.registry = fp.ToolRegistry(
+    def body(**kwargs: Any) -> str:
+        environment = kwargs.pop("_environment")
+        executed: Executed = kwargs.pop("_executed")
+        ctx: fp.ToolContext = kwargs.pop("_ctx")
+        arguments = {k: _plain(v) for k, v in kwargs.items()}
+        executed.calls.append(FunctionCall(function=name, args=arguments, id=ctx.idempotency_key))
+        result, error = runtime.run_function(environment, name, arguments)
+        executed.errors.append(error)
+        if error is not None:
+            executed.results.append("")
+            raise fp.ToolError(fp.ErrorCode.INVALID_ARGUMENT)
+        text = str(tool_result_to_str(result))
+        executed.results.append(text)
+        return text
+
+    # The signature @fp.tool reads: AgentDojo's parameters, not **kwargs.
+    body.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    body.__annotations__ = {p.name: p.annotation for p in parameters}
+    body.__name__ = name
+    return fp.tool(
+        body,
+        effect=effect,
+        capability=capability(suite_name, name),
+        timeout_seconds=TOOL_TIMEOUT_SECONDS,
+        name=name,
+        description=function.description[:4000] or name,
+        **guards,
+    )
+
+
+def _plain(value: Any) -> Any:
+    """An argument as the model gave it (an enum as its value): AgentDojo's trace checks
+    compare arguments as plain JSON values."""
+    return getattr(value, "value", value) if not isinstance(value, str | int | float) else value
+
+
+_REGISTRIES: dict[tuple[str, tuple[str, ...]], fp.ToolRegistry] = {}
+
+
+def suite_registry(suite_name: str, functions: Sequence[Function]) -> fp.ToolRegistry:
+    """A suite's functions as one fencepost registry, with the suite's per-tool guards. Cached
+    per suite: the tools do not change between runs (each run injects its environment)."""
+    key = (suite_name, tuple(f.name for f in functions))
+    registry = _REGISTRIES.get(key)
+    if registry is None:
+        guards = TOOL_GUARDS.get(suite_name, {})
+        registry = _REGISTRIES[key] = fp.ToolRegistry(
             [
-                fp.ToolSpec(
-                    name=function.name,
-                    description=function.description[:4000] or function.name,
-                    args_model=strict_args_model(suite_name, function),
-                    effect=effect_of(function.name),
-                    capability=capability(suite_name, function.name),
-                    timeout_seconds=TOOL_TIMEOUT_SECONDS,
-                    execute=self._body(function.name),
+                suite_tool(
+                    suite_name,
+                    f,
+                    effect=effect_of(suite_name, f.name),
+                    guards=guards.get(f.name, {}),
                 )
-                for function in functions
+                for f in functions
             ]
         )
-
-    @contextmanager
-    def bound(self, environment: TaskEnvironment, executed: Executed) -> Iterator[None]:
-        """Within the block, the tools act on ``environment`` and record into ``executed``."""
-        if self._run.environment is not None:
-            raise RuntimeError("one run at a time: these tools are already bound to a run")
-        self._run = _Run(environment, executed)
-        try:
-            yield
-        finally:
-            self._run = _Run()
-
-    def _body(self, name: str) -> Callable[[BaseModel, fp.ToolContext], str]:
-        def execute(args: BaseModel, ctx: fp.ToolContext) -> str:
-            run = self._run
-            if run.environment is None or run.executed is None:
-                raise fp.ToolError(fp.ErrorCode.INTERNAL_ERROR)
-            executed = run.executed
-            # exclude_unset: the call as proposed, defaults left to the function (AgentDojo's
-            # trace checks compare arguments as a model gave them).
-            kwargs = args.model_dump(mode="json", exclude_unset=True)
-            executed.calls.append(FunctionCall(function=name, args=kwargs, id=ctx.idempotency_key))
-            result, error = self._runtime.run_function(run.environment, name, kwargs)
-            executed.errors.append(error)
-            if error is not None:
-                executed.results.append("")
-                raise fp.ToolError(fp.ErrorCode.INVALID_ARGUMENT)
-            text = str(tool_result_to_str(result))
-            executed.results.append(text)
-            return text
-
-        return execute
+    return registry

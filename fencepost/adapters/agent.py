@@ -29,6 +29,8 @@ from fencepost.policy import (
     ToolSpec,
 )
 from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.approver import Approver
+from fencepost.policy.denial import DenialMode
 from fencepost.policy.registry import not_a_tool_spec
 from fencepost.policy.tool import (
     DEFAULT_TOOL_TIMEOUT_SECONDS,
@@ -63,6 +65,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> ToolSpec: ...
 
@@ -80,6 +84,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
@@ -96,6 +102,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> Any:
     """A :class:`ToolSpec`: what a tool does (``effect``), who may call it (``capability``), how
@@ -148,6 +156,8 @@ def tool(
             semantic_validator=semantic_validator,
             progress_predicate=progress_predicate,
             idempotent=idempotent,
+            allow_empty_query=allow_empty_query,
+            repeat_limit=repeat_limit,
         )
     return tool_from_function(
         fn,
@@ -159,6 +169,8 @@ def tool(
         idempotent=idempotent,
         semantic_validator=semantic_validator,
         progress_predicate=progress_predicate,
+        allow_empty_query=allow_empty_query,
+        repeat_limit=repeat_limit,
         timeout=timeout,
     )
 
@@ -219,6 +231,8 @@ def create_agent(
     clock: Clock | None = None,
     name: str | None = None,
     debug: bool = False,
+    denial: DenialMode = "end_run",
+    approver: Approver | None = None,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The bounded agent, compiled: ``create_agent(model, tools, checkpointer=...)``.
 
@@ -234,7 +248,7 @@ def create_agent(
     its defaults: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
     ``require_citations``, ``answer_margin``, ``repair_attempts``, ``repeat_limit``,
     ``model_timeout_seconds``, ``model_retries``, ``max_concurrent_tools``, ``tokens_per_step``,
-    ``verdict_key``, ``clock``. A run's budget is given with its question:
+    ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``approver``. A run's budget is given with its question:
     ``fp.start(question, fp.RuntimeBudget(...))``.
 
     Example::
@@ -262,5 +276,7 @@ def create_agent(
         tokens_per_step=tokens_per_step,
         answer_margin=answer_margin,
         repair_attempts=repair_attempts,
+        denial=denial,
+        approver=approver,
     )
     return graph.compile(checkpointer=checkpointer, store=store, name=name, debug=debug)

@@ -428,6 +428,8 @@ def child_run_tool(
             principal=Principal(id=ctx.principal_id, capabilities=granted),
             deadline=_child_deadline(ctx.deadline, clock),
             budget_account=parent,
+            # The same caller's objects: the child's tools act on what the parent's do.
+            injected=ctx.injected,
         )
         config: RunnableConfig = {"configurable": {"thread_id": thread}}
         question = getattr(args, question_field)

@@ -516,6 +516,35 @@ def approvals_answered(
             _refused(run, run_id, entry.call_id, tool, verdict, verdict)
 
 
+def approver_answered(
+    run_id: str,
+    asked: Sequence[BatchEntry],
+    batch: Sequence[BatchEntry],
+    registry: ToolRegistry,
+) -> None:
+    """The graph's approver policy answered the calls ``asked`` about (``batch`` holds their
+    new verdicts). A rejection is reported as a refusal by :func:`gated`, with the batch."""
+    run = _CURRENT.get()
+    now = {e.call_id: e for e in batch}
+    for entry in asked:
+        answered = now.get(entry.call_id, entry)
+        name = answered.proposal.tool_name
+        tool = registry.get(name).name if name in registry else None
+        verdict = _verdict(answered)
+        _approval(run, APPROVAL_ANSWERED, entry.call_id, tool, verdict)
+        _info(
+            APPROVAL,
+            "run %s call %s (%s) answered by the approver: %s",
+            run_id,
+            entry.call_id,
+            tool or "an unregistered tool",
+            verdict,
+            run_id=run_id,
+            call_id=entry.call_id,
+            code=verdict,
+        )
+
+
 def retrying(run_id: str, entry: BatchEntry, spec: ToolSpec, attempt: int) -> None:
     """Attempt ``attempt`` of a call started and never reported (a crash); it is retried."""
     _info(

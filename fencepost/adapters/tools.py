@@ -698,6 +698,8 @@ def tool_spec(
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
     idempotent: bool | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
 ) -> ToolSpec:
     """Wrap a LangChain ``BaseTool`` (``@tool``, ``StructuredTool``, an MCP tool) as a ToolSpec.
 
@@ -813,4 +815,6 @@ def tool_spec(
         semantic_validator=semantic_validator,
         progress_predicate=progress_predicate,
         idempotent=idempotent,
+        allow_empty_query=allow_empty_query,
+        repeat_limit=repeat_limit,
     )

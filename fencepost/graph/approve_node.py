@@ -60,6 +60,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         repeat_limit=cfg.repeat_limit,
         now=cfg.clock.now(),
         asked=asked,
+        context=ctx,
     )
     state = before.model_copy(update={"batch": result.batch, "fingerprints": result.fingerprints})
     telemetry.approvals_answered(state.run_id, asked, result.batch, cfg.registry)
@@ -79,6 +80,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
                 tool_name=name if spec else None,
                 effect=spec.effect if spec else None,
                 verdict=now.verdict.code,
+                approval="human",
             )
         )
     stopped = result.stop

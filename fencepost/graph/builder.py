@@ -37,7 +37,9 @@ from fencepost.policy import (
     ToolRegistry,
 )
 from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.approver import Approver
 from fencepost.policy.context import RunContext
+from fencepost.policy.denial import DENIAL_MODES, DenialMode
 
 
 class GraphConfigError(ValueError):
@@ -64,6 +66,8 @@ def build_agent_graph(
     tokens_per_step: int | None = None,
     answer_margin: int = 1,
     repair_attempts: int = 0,
+    denial: DenialMode = "end_run",
+    approver: Approver | None = None,
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -113,6 +117,19 @@ def build_agent_graph(
     - ``repair_attempts`` (0): give an unknown tool or a schema or semantic violation back to the
       model as data (``DecisionInput.repair``: call ids, field paths, rule names — never values)
       up to that many times, each try spending a step; then the run ends ``invalid_proposal``.
+    - ``denial`` (``"end_run"``): what a capability or semantic denial does. ``"end_run"``
+      ends the run (``policy_denied``, ``invalid_proposal``) and nothing of its batch runs;
+      ``"observe"`` makes it an observation with a safe code (``permission_denied``,
+      ``invalid_argument``) and a ``denied`` receipt, and the run goes on — the denied call never
+      runs, and the same call denied past its repeat limit ends the run ``no_progress``
+      (:mod:`fencepost.policy.denial`).
+    - ``approver`` (``None``): a policy asked first about every call that needs approval (a
+      write or external effect), sync or ``async``: given an :class:`~fencepost.policy.approver.
+      ApproverInput` (the proposal, its verdict, the trusted context, the run's evidence), it
+      returns ``ApproverDecision.approve()``, ``.reject("safe_code")`` or ``.ask()`` (a human,
+      by ``approval``'s path). One that raises, hangs past its timeout or returns anything else
+      rejects the call (fail closed). Its answers are in the verdicts, the receipts and the
+      manifests (:mod:`fencepost.policy.approver`).
 
     Example::
 
@@ -153,6 +170,12 @@ def build_agent_graph(
         raise GraphConfigError("repair_attempts", "must be an integer >= 0")
     if not isinstance(answer_margin, int) or isinstance(answer_margin, bool) or answer_margin < 0:
         raise GraphConfigError("answer_margin", "must be an integer >= 0")
+    if denial not in DENIAL_MODES:
+        raise GraphConfigError("denial", "must be 'end_run' or 'observe'")
+    if approver is not None and not callable(approver):
+        raise GraphConfigError(
+            "approver", "must be callable: approver(ApproverInput) -> ApproverDecision"
+        )
     if tokens_per_step is None:
         declared = getattr(model, "token_estimate", None)
         tokens_per_step = declared if isinstance(declared, int) and declared > 0 else 0
@@ -179,6 +202,8 @@ def build_agent_graph(
             answer_margin=answer_margin,
             repair_attempts=repair_attempts,
             owns_ledger=ledger is None,
+            denial=denial,
+            approver=approver,
         )
     )
 

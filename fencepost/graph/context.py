@@ -4,6 +4,8 @@ declares the shape a caller sends it in (LangGraph's ``context_schema``)."""
 # No `from __future__ import annotations`: TypedDict reads Required[...] from real annotations.
 from typing import Required
 
+from pydantic import JsonValue
+
 # pydantic builds the published JSON schema from it, and on Python < 3.12 it accepts only
 # typing_extensions' TypedDict.
 from typing_extensions import TypedDict
@@ -24,7 +26,8 @@ class ContextInput(TypedDict, total=False):
     schema from a mapping before any node runs, so a bad context would fail the whole run with
     a ``ValidationError`` instead of ending it with a reason. The published JSON schema is still
     this shape: ``{"tenant_id": "acme", "principal": {"id": "u-1", "capabilities": [...]},
-    "deadline": {"at": "2026-01-01T00:00:00Z"}}``.
+    "deadline": {"at": "2026-01-01T00:00:00Z"}, "app_data": {...}}``; ``RunContext.injected`` is
+    not in it (application objects are injected in-process, never sent as JSON).
     """
 
     tenant_id: Required[str]
@@ -35,3 +38,5 @@ class ContextInput(TypedDict, total=False):
     """The run's deadline (an absolute UTC instant); absent: only per-stage timeouts."""
     budget_account: str | None
     """A ledger account the run's own account is opened under."""
+    app_data: dict[str, JsonValue]
+    """The application's own trusted data for the run (known payees, allowed domains)."""

@@ -61,7 +61,7 @@ from fencepost.policy.execution import (
 from fencepost.policy.gating import invalid_dependencies, reservation_amounts
 from fencepost.policy.keys import call_key, started_key, step_key
 from fencepost.policy.ledger import ReservationStatus
-from fencepost.policy.outcome import CallOutcome, receipt_for
+from fencepost.policy.outcome import CallOutcome, approved_as_judged, receipt_for
 from fencepost.policy.progress import recorded_evidence
 from fencepost.policy.run_check import (
     NEEDS_ANOTHER_DECIDE,
@@ -144,6 +144,7 @@ async def run_call(
         dependencies=dependencies or {},
         attempt=attempt,
         budget_account=account,
+        injected=ctx.injected,
     )
     # The call's execute_tool span is current while it runs: what the tool does is traced
     # under it (a child run's span too).
@@ -250,6 +251,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         approval=cfg.approval,
         verdict_key=cfg.verdict_key,
         run_id=state.run_id,
+        approver=cfg.approver is not None,
     )
     outcomes: list[CallOutcome] = list(admission.refused)
     claim_stop: StopRequest | None = None
@@ -282,7 +284,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
                 result = not_run(entry, spec, code, ReceiptStatus.DENIED, attempts=0)
             outcomes.append(result)
         state = viewed(state, seen[-1] if seen else await io.balance(account))
-    done = ordered(state.batch, outcomes)
+    done = approved_as_judged(ordered(state.batch, outcomes), state.batch)
     telemetry.calls_ended(state.run_id, state.batch, done)
     # What each call returned, as a hash, for the no-progress gate (before the batch is cleared).
     state = state.model_copy(update={"evidence": recorded_evidence(state, done, now=started)})

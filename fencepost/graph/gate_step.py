@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,15 +15,31 @@ from fencepost.policy import (
     AgentState,
     Balance,
     BudgetExhausted,
+    Deadline,
     Phase,
     StepManifest,
     StopRequest,
     TerminationReason,
     ToolProposal,
     VerdictCode,
+    reduce_tool_events,
+    stage_deadline,
+)
+from fencepost.policy.approver import (
+    APPROVER_FAILED,
+    APPROVER_TIMEOUT,
+    APPROVER_TIMEOUT_SECONDS,
+    ApproverDecision,
+    ApproverInput,
+    apply_approver,
+    approver_input,
+    read_decision,
+    to_approve,
 )
 from fencepost.policy.batch import Batch
 from fencepost.policy.context import RunContext
+from fencepost.policy.denial import gate_record, settled_calls
+from fencepost.policy.developer_log import APPROVAL, raised
 from fencepost.policy.execution import budget_refusals
 from fencepost.policy.gating import (
     after_reservations,
@@ -81,6 +99,7 @@ async def gate(
         invalid = stop(TerminationReason.INVALID_PROPOSAL, "invalid_dependency")
         telemetry.batch_refused(state.run_id, calls, cfg.registry, "invalid_dependency")
         return state.model_copy(update={"phase": Phase.VALIDATE, "stop": invalid}), [m]
+    now = cfg.clock.now()
     gated = gate_batch(
         cfg.registry,
         calls,
@@ -88,8 +107,39 @@ async def gate(
         ctx.principal,
         repeat_limit=cfg.repeat_limit,
         approval=cfg.approval,
-        now=cfg.clock.now(),
+        now=now,
+        context=ctx,
+        denial=cfg.denial,
+        approver=cfg.approver is not None,
     )
+    asked = to_approve(gated.batch) if gated.stop is None and cfg.approver is not None else []
+    if asked:
+        # Asked before anything of the batch is reserved, and written with the batch: an answer
+        # is the checkpoint's, given once per gated call.
+        decisions = {}
+        for entry, spec in zip(gated.batch, gated.specs, strict=True):
+            if spec is not None and entry.verdict.code is VerdictCode.APPROVAL_REQUIRED:
+                request = approver_input(entry, spec, state, ctx)
+                decisions[entry.call_id] = await ask_approver(io, request)
+        answered = apply_approver(
+            state,
+            gated.batch,
+            decisions,
+            gated.fingerprints,
+            cfg.registry,
+            ctx.principal,
+            context=ctx,
+            approval=cfg.approval,
+            denial=cfg.denial,
+            repeat_limit=cfg.repeat_limit,
+            now=now,
+        )
+        gated = gated._replace(
+            batch=answered.batch,
+            fingerprints=answered.fingerprints,
+            stop=answered.stop,
+        )
+        telemetry.approver_answered(state.run_id, asked, gated.batch, cfg.registry)
     telemetry.gated(state.run_id, gated.batch, gated.specs)
     manifests = []
     for entry, spec in zip(gated.batch, gated.specs, strict=True):
@@ -112,6 +162,7 @@ async def gate(
                 effect=spec.effect if spec else None,
                 verdict=verdict.code,
                 **usage,
+                **gate_record(verdict, cfg.denial),
             )
         )
         usage = {}
@@ -130,6 +181,16 @@ async def gate(
         return state.model_copy(update={**gated_update, "stop": gated.stop}), manifests
     if state.repair_notes:
         gated_update["repair_notes"] = ()  # a batch that passes clears them
+    settled = settled_calls(gated.batch, cfg.registry, cfg.denial)
+    if settled:
+        # Denied as data (or rejected by the approver): observed and receipted now, never run;
+        # the rest of the batch goes on.
+        state = reduce_tool_events(
+            state.model_copy(update={"batch": gated.batch}), tuple(o.event for o in settled)
+        )
+        state = state.model_copy(
+            update={"receipts": state.receipts + tuple(receipt_for(o) for o in settled)}
+        )
     # Written with the reservations' result: one copy of state for both.
     state, stopped = await reserve_batch(io, state, ctx, gated=gated_update)
     if stopped is None:
@@ -139,6 +200,43 @@ async def gate(
     return state.model_copy(
         update={"receipts": state.receipts + refused, "stop": stopped}
     ), manifests
+
+
+async def ask_approver(io: NodeIO, request: ApproverInput) -> ApproverDecision:
+    """The graph's approver's answer for one call, contained: fail closed on anything but a
+    decision (an exception is logged here with its traceback, never kept: the call is rejected
+    ``approver_failed``); an ``async`` approver is awaited at most its timeout, within the run's
+    deadline (``approver_timeout``)."""
+    cfg = io.cfg
+    approver = cfg.approver
+    assert approver is not None
+    try:
+        answer = approver(request)
+        if inspect.isawaitable(answer):
+            pending = answer
+            run_deadline = request.context.deadline or Deadline.after(
+                APPROVER_TIMEOUT_SECONDS, clock=cfg.clock
+            )
+            timeout = stage_deadline(
+                run_deadline, max_stage_seconds=APPROVER_TIMEOUT_SECONDS, clock=cfg.clock
+            ).remaining_seconds(clock=cfg.clock)
+            answer = await io.call(lambda: asyncio.wait_for(pending, max(0.0, timeout)))
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except TimeoutError:
+        return ApproverDecision.reject(APPROVER_TIMEOUT)
+    except BaseException as exc:
+        # Fail closed: the call is rejected; the traceback is the developer's, in the log only.
+        raised(
+            APPROVAL,
+            f"the approver, for {request.tool.name!r},",
+            exc,
+            run_id=request.run_id,
+            call_id=request.proposal.call_id,
+            code=APPROVER_FAILED,
+        )
+        return ApproverDecision.reject(APPROVER_FAILED)
+    return read_decision(answer)
 
 
 async def _produced_outside(

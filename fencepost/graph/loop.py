@@ -26,7 +26,9 @@ from fencepost.policy import (
 )
 from fencepost.policy._model import assemble
 from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.approver import Approver
 from fencepost.policy.context import RunContext
+from fencepost.policy.denial import DenialMode
 from fencepost.policy.manifest import Outcome
 
 T = TypeVar("T")
@@ -56,6 +58,10 @@ class LoopConfig:
     """Refused proposals (unknown tool, schema, semantics) the model may repair, a step each."""
     owns_ledger: bool = False
     """The ledger is the graph's own (none was passed): runs that end are forgotten from it."""
+    denial: DenialMode = "end_run"
+    """What a capability or semantic denial does: end the run, or be an observation."""
+    approver: Approver | None = None
+    """The approver policy asked first about each call that needs approval."""
 
 
 # The settings of each built graph, found again from the graph object (never from a name a

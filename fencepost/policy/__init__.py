@@ -1,6 +1,7 @@
 """The application contract. Imports pydantic and the standard library only — never LangGraph."""
 
 from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.approver import Approver, ApproverDecision, ApproverInput
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.budget import (
     BudgetAxis,
@@ -85,7 +86,7 @@ from fencepost.policy.terminate import (
     terminate,
     validate_final_answer,
 )
-from fencepost.policy.tool import Effect, Principal, ToolContext, ToolSpec
+from fencepost.policy.tool import Effect, Injected, Principal, ToolContext, ToolSpec
 from fencepost.policy.usage import UsageKind, UsageReport, budget_view, usage_report
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict, verdict_is_sealed
 
@@ -100,6 +101,9 @@ __all__ = [
     "AgentDecision",
     "AgentState",
     "AnswerPayload",
+    "Approver",
+    "ApproverDecision",
+    "ApproverInput",
     "Completed",
     "current_receipts",
     "ApprovalMode",
@@ -126,6 +130,7 @@ __all__ = [
     "FinalProposal",
     "HumanApprovalRequired",
     "InMemoryLedger",
+    "Injected",
     "InvalidLedgerKey",
     "InvalidProposal",
     "Ledger",

@@ -30,6 +30,7 @@ from pydantic import JsonValue, ValidationError
 
 from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.batch import Batch, BatchEntry, replace_entries
+from fencepost.policy.context import RunContext
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
@@ -298,6 +299,7 @@ def apply_approvals(
     repeat_limit: int,
     now: datetime | None = None,
     asked: Sequence[BatchEntry] | None = None,
+    context: RunContext | None = None,
 ) -> ApprovalResult:
     """Apply the answers to the waiting calls (``asked``; :func:`waiting` of the state's batch
     when not given): a rejected call is receipted ``denied`` and never runs; an approved or
@@ -313,7 +315,9 @@ def apply_approvals(
         answer = answers[entry.call_id]
         name = entry.proposal.tool_name
         if answer.decision == "reject":
-            verdict = entry.verdict.model_copy(update={"code": VerdictCode.REJECTED})
+            verdict = entry.verdict.model_copy(
+                update={"code": VerdictCode.REJECTED, "approval": "human"}
+            )
             changed.append(entry.with_verdict(verdict))
             effect = registry.get(name).effect if name in registry else None
             rejected.append(_rejection(entry, effect))
@@ -338,7 +342,8 @@ def apply_approvals(
             approved=True,
             counts=counts,
             now=now,
-        )
+            context=context,
+        ).model_copy(update={"approval": "human"})
         if verdict.allowed:
             key = repeat_key(verdict.fingerprint, state)
             counts[key] = counts.get(key, 0) + 1
@@ -363,4 +368,6 @@ def _rejection(entry: BatchEntry, effect: Effect | None) -> CallOutcome:
         status=ReceiptStatus.DENIED,
         attempts=0,
         effect=effect,
+        approval="human",
+        rule=VerdictCode.REJECTED.value,
     )

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import model_validator
+from pydantic import Field, JsonValue, Strict, model_validator
 
 from fencepost.policy._model import Frozen, no_unknown_keys
 from fencepost.policy.deadline import Deadline
@@ -23,8 +23,9 @@ class RunContext(Frozen):
 
         ctx = RunContext(
             tenant_id="acme",
-            principal=Principal(id="u-1", capabilities={"logs:read"}),
+            principal=Principal(id="u-1", capabilities={"logs:read", "bank:pay"}),
             deadline=Deadline.after(30),
+            app_data={"known_payees": ["GB29NWBK60161331926819"]},
         )
         graph.invoke(start("why is checkout slow?", budget), config, context=ctx)
     """
@@ -40,6 +41,22 @@ class RunContext(Frozen):
     records only this tenant (a pool), one that records this principal or grants it
     (``grant:<principal id>`` in its owner), or the principal's own run account (a child run);
     anything else ends the run ``policy_denied`` (``budget_account_denied``) before it spends."""
+
+    app_data: Annotated[dict[str, JsonValue], Strict(False)] = Field(default_factory=dict)
+    """The application's own trusted data for this run, as JSON: what its rules and its approver
+    judge a call against (the customer's known payees, the domains mail may go to, the ids of
+    the records the user owns). Trusted as the rest of the context is: the caller builds it from
+    its own records before the run, never from the model, its arguments or a tool's output.
+    Semantic rules that take the context (``semantic_validator(args, state, context)``) and the
+    approver read it; the model never sees it. Validated as JSON (tuples and sets are not JSON:
+    give lists)."""
+
+    injected: dict[str, Any] = Field(default_factory=dict, repr=False, exclude=True)
+    """The run's injected dependencies: application objects its tools take (a database handle,
+    a client, the environment a tool acts on), by the name a tool parameter's
+    ``Annotated[T, Injected("name")]`` gives. Supplied by the caller on every invoke, as the
+    rest of the context is; never a schema field, never shown to the model, never checkpointed
+    or dumped (a server's JSON context can carry none: inject in-process)."""
 
     @model_validator(mode="before")
     @classmethod

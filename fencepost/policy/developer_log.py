@@ -17,7 +17,8 @@ What is logged, once each, on loggers named for what they report (stable names t
   and whether it is retried (INFO).
 - ``fencepost.gate``: an arguments validator, semantic validator or progress predicate that
   raised (WARNING, with its traceback); each refused call with its verdict (INFO).
-- ``fencepost.approval``: calls waiting for a human, and each answer (INFO).
+- ``fencepost.approval``: an approver policy that raised (WARNING, with its traceback); calls
+  waiting for a human, and each answer, a human's or the approver's (INFO).
 - ``fencepost.run``: how each run ended (INFO), budget stops and cancels included, and a call
   retried after a crash (INFO).
 
@@ -51,7 +52,7 @@ MODEL = logging.getLogger("fencepost.model")
 GATE = logging.getLogger("fencepost.gate")
 """Validators and predicates that raised (WARNING); refused calls (INFO)."""
 APPROVAL = logging.getLogger("fencepost.approval")
-"""Calls waiting for a human, and the answers (INFO)."""
+"""An approver that raised (WARNING); calls waiting for a human, and the answers (INFO)."""
 RUN = logging.getLogger("fencepost.run")
 """How runs ended, and calls retried after a crash (INFO)."""
 

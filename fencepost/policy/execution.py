@@ -48,6 +48,7 @@ def admits(
     approval: ApprovalMode,
     verdict_key: bytes | None,
     run_id: str,
+    approver: bool = False,
 ) -> bool:
     """The executor's own checks on one allowed call, whatever state says."""
     verdict = entry.verdict
@@ -59,8 +60,9 @@ def admits(
     if verdict_key is not None and not verdict_is_sealed(verdict, run_id=run_id, key=verdict_key):
         return False
     try:
-        # A write is runnable only where it could have been approved: never in terminate mode.
-        authorize(spec, principal, approved=approval == "interrupt")
+        # A write is runnable only where it could have been approved: by a human (interrupt
+        # mode) or by the graph's approver; never in terminate mode without one.
+        authorize(spec, principal, approved=approval == "interrupt" or approver)
     except (ToolPolicyDenied, HumanApprovalRequired):
         return False
     return True
@@ -83,6 +85,7 @@ def admit_batch(
     approval: ApprovalMode,
     verdict_key: bytes | None,
     run_id: str,
+    approver: bool = False,
 ) -> Admission:
     """Split a batch's allowed, not yet receipted calls into runnable ones; one refusal stops the
     whole batch, as one denial does at the gate (every allowed call is receipted denied, once).
@@ -102,7 +105,13 @@ def admit_batch(
         name = entry.proposal.tool_name
         spec = registry.get(name) if name in registry else None
         ok = admits(
-            entry, spec, principal, approval=approval, verdict_key=verdict_key, run_id=run_id
+            entry,
+            spec,
+            principal,
+            approval=approval,
+            verdict_key=verdict_key,
+            run_id=run_id,
+            approver=approver,
         )
         checked.append((entry, spec, ok))
     if not repeated and all(ok for _, _, ok in checked):

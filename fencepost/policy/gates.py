@@ -7,14 +7,17 @@ Budget reservation comes last and lives in :mod:`fencepost.policy.budget`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import date, datetime
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from fencepost.policy._model import assemble
+from fencepost.policy.context import RunContext
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.developer_log import GATE, raised
 from fencepost.policy.fingerprint import canonical_json, fingerprint_of, proposal_fingerprint
@@ -162,19 +165,51 @@ def _semantic_plan(model: type[BaseModel]) -> _Plan:
     return plan
 
 
+def takes_context(rule: Callable[..., Any]) -> bool:
+    """Whether a rule (a semantic validator) takes a third positional argument: the trusted
+    :class:`RunContext`. Read from its signature once per rule; one whose signature cannot be
+    read is given the two arguments every rule takes."""
+    try:
+        return _TAKES_CONTEXT[rule]
+    except (KeyError, TypeError):
+        pass
+    try:
+        inspect.signature(rule).bind(None, None, None)
+        found = True
+    except (TypeError, ValueError):
+        found = False
+    # A callable no weak reference can name is read again next time.
+    with contextlib.suppress(TypeError):
+        _TAKES_CONTEXT[rule] = found
+    return found
+
+
+# Weak keys: a rule made per request (a closure over a request's data) goes with its spec.
+_TAKES_CONTEXT: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
+
+
 def check_semantics(
-    spec: ToolSpec, args: BaseModel, state: AgentState, *, call_id: str | None = None
+    spec: ToolSpec,
+    args: BaseModel,
+    state: AgentState,
+    context: RunContext | None = None,
+    *,
+    call_id: str | None = None,
 ) -> None:
     """Gate 3: rules a schema cannot say. Raises :class:`ToolSemanticError`.
 
     Built in: a query-like field (``query``, ``q``, ``search``...) must not be empty-like
-    (``""``, ``"*"``, ``"null"``...), and a date/time range (``start``/``end``, ``since``/``until``
-    ...) must not be reversed. Then the tool's own ``semantic_validator``, if any: one that
-    raises anything else is the rule ``validator_failed``, and what it raised is logged with its
-    traceback on ``fencepost.gate`` (under the state's run and ``call_id``).
+    (``""``, ``"*"``, ``"null"``...) unless the tool allows it (``allow_empty_query``), and a
+    date/time range (``start``/``end``, ``since``/``until``...) must not be reversed. Then the
+    tool's own ``semantic_validator``, if any: given ``context`` (the run's trusted
+    :class:`RunContext`) too when it takes a third argument; one that raises anything else is
+    the rule ``validator_failed``, and what it raised is logged with its traceback on
+    ``fencepost.gate`` (under the state's run and ``call_id``).
     """
     values: Mapping[str, Any] = args.__dict__
     query_fields, range_pairs = _semantic_plan(type(args))
+    if spec.allow_empty_query:
+        query_fields = ()
     for name in query_fields:
         value = values.get(name)
         if isinstance(value, str) and _is_empty_like(value):
@@ -190,8 +225,12 @@ def check_semantics(
         if comparable and a > b:  # type: ignore[operator]
             raise ToolSemanticError(f"reversed_range_{low}_{high}")
     if spec.semantic_validator is not None:
+        rule: Callable[..., None] = spec.semantic_validator
         try:
-            spec.semantic_validator(args, state)
+            if takes_context(rule):
+                rule(args, state, context)
+            else:
+                rule(args, state)
         except ToolSemanticError:
             raise
         except (asyncio.CancelledError, GeneratorExit):
@@ -232,6 +271,11 @@ def _declared_progress(spec: ToolSpec, proposal: ToolProposal, state: AgentState
         return False
 
 
+def repeat_limit_of(spec: ToolSpec, repeat_limit: int) -> int:
+    """The repeat limit a call of ``spec`` is held to: the tool's own, else the graph's."""
+    return spec.repeat_limit if spec.repeat_limit is not None else repeat_limit
+
+
 def check_progress(
     spec: ToolSpec,
     proposal: ToolProposal,
@@ -245,8 +289,9 @@ def check_progress(
     """Gate 4: refuse a repeat that brings no new evidence. Returns the key the repeat counts
     under. Raises :class:`NoProgressDetected`.
 
-    The same call with the same last result counts towards ``repeat_limit`` (a new result starts
-    a new count: the status changed); a polling tool (``poll_interval_seconds``) is judged by time
+    The same call with the same last result counts towards the tool's own ``repeat_limit`` when
+    it declares one, else ``repeat_limit`` (a new result starts a new count: the status
+    changed); a polling tool (``poll_interval_seconds``) is judged by time
     instead — sooner than its interval is no progress, on time always is. O(1): counts and result
     hashes are kept in state (or ``counts`` while a batch is gated), never re-scanned.
     """
@@ -260,7 +305,9 @@ def check_progress(
             return repeat_key(fingerprint, state) + ":poll:" + now.isoformat()
     key = repeat_key(fingerprint, state)
     seen = (state.fingerprints if counts is None else counts).get(key, 0)
-    if seen >= repeat_limit and not _declared_progress(spec, proposal, state):
+    if seen >= repeat_limit_of(spec, repeat_limit) and not _declared_progress(
+        spec, proposal, state
+    ):
         raise NoProgressDetected(fingerprint)
     return key
 
@@ -319,10 +366,12 @@ def gate_proposal(
     approved: bool = False,
     counts: Mapping[str, int] | None = None,
     now: datetime | None = None,
+    context: RunContext | None = None,
 ) -> Verdict:
     """Run gates 1-5 in order and return the verdict as data (budget is reserved separately).
 
     ``counts`` overrides ``state.fingerprints`` for the repeat check (a batch gated call by call).
+    ``context``: the run's trusted context, for the semantic rules that take it.
     """
     return judged(
         registry,
@@ -333,6 +382,7 @@ def gate_proposal(
         approved=approved,
         counts=counts,
         now=now,
+        context=context,
     )[0]
 
 
@@ -346,6 +396,7 @@ def judged(
     approved: bool = False,
     counts: Mapping[str, int] | None = None,
     now: datetime | None = None,
+    context: RunContext | None = None,
 ) -> tuple[Verdict, ToolSpec | None, str | None]:
     """:func:`gate_proposal`, with what it found on the way, so a batch does not work either
     out again: the registered spec (``None`` for an unknown tool), and the key the call's
@@ -367,6 +418,7 @@ def judged(
                 "problems": problems,
                 "exhausted_axis": None,
                 "seal": None,
+                "approval": None,
             },
         )
 
@@ -383,7 +435,7 @@ def judged(
     except ArgumentsValidatorFailed:
         return verdict(VerdictCode.SCHEMA_VIOLATION, ("*: validator_failed",)), spec, None
     try:
-        check_semantics(spec, args, state, call_id=proposal.call_id)
+        check_semantics(spec, args, state, context, call_id=proposal.call_id)
     except ToolSemanticError as exc:
         return verdict(VerdictCode.SEMANTIC_VIOLATION, (f"rule: {exc.rule}",)), spec, None
     try:

@@ -15,9 +15,12 @@ from fencepost.policy._model import assemble
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted
+from fencepost.policy.context import RunContext
 from fencepost.policy.decision import ToolProposal
+from fencepost.policy.denial import DenialMode, observed
 from fencepost.policy.effect import Effect
-from fencepost.policy.gates import judged
+from fencepost.policy.gates import judged, repeat_limit_of
+from fencepost.policy.phase import TerminationReason
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.revised import revised
@@ -87,10 +90,17 @@ def gate_batch(
     approval: ApprovalMode,
     approved: bool = False,
     now: datetime | None = None,
+    context: RunContext | None = None,
+    denial: DenialMode = "end_run",
+    approver: bool = False,
 ) -> GatedBatch:
     """Gate every call of a batch in order; the first denial that ends a run stops it all.
 
     Repeats count within the batch too: the same call twice in one batch is seen twice.
+    ``denial="observe"``: a capability or semantic denial stops nothing; it counts as a repeat
+    of its call (the same call denied past its repeat limit is ``no_progress``, which does
+    stop). ``approver``: a call that needs approval is left ``approval_required`` for the
+    graph's approver policy to answer (:mod:`fencepost.policy.approver`), stopping nothing.
     """
     # Only the counts this batch raises: read through to the run's own (not copied per step).
     run_counts = state.fingerprints
@@ -111,12 +121,24 @@ def gate_batch(
             approved=approved,
             counts=counts,
             now=now,
+            context=context,
         )
-        if verdict.code is VerdictCode.APPROVAL_REQUIRED and approval == "interrupt":
+        code = verdict.code
+        if code is VerdictCode.APPROVAL_REQUIRED and approver:
+            pass  # the approver answers it before anything of the batch is reserved
+        elif code is VerdictCode.APPROVAL_REQUIRED and approval == "interrupt":
             verdict = verdict.model_copy(update={"code": VerdictCode.APPROVAL_PENDING})
         elif verdict.allowed:
             key = repeat_key(verdict.fingerprint, state) if counted is None else counted
             raised[key] = (raised[key] if key in raised else run_counts.get(key, 0)) + 1
+        elif spec is not None and observed(code, denial):
+            key = repeat_key(verdict.fingerprint, state) if counted is None else counted
+            seen = raised[key] if key in raised else run_counts.get(key, 0)
+            if seen >= repeat_limit_of(spec, repeat_limit):
+                verdict = verdict.model_copy(update={"code": VerdictCode.NO_PROGRESS})
+                first_stop = first_stop or stop(TerminationReason.NO_PROGRESS, "no_progress")
+            else:
+                raised[key] = seen + 1
         elif first_stop is None and verdict.termination is not None:
             first_stop = stop(verdict.termination, verdict.code.value)
         entries.append(assemble(BatchEntry, {"proposal": call, "verdict": verdict}))

@@ -43,3 +43,6 @@ class StepManifest(Frozen):
     """A safe code: the error code, verdict code or termination reason for this record."""
     input_tokens: int | None = None
     output_tokens: int | None = None
+    approval: Literal["approver", "human"] | None = None
+    """Who answered this call's approval, on the record of the answer: the approver policy or
+    a human."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, JsonValue, Strict, field_validator
+from pydantic import Field, JsonValue, Strict, field_validator, model_validator
 
 from fencepost.policy._model import Frozen
 from fencepost.policy.error_codes import ErrorCode
@@ -49,10 +49,18 @@ class AnswerPayload(Frozen):
     """A final answer and the observation evidence it rests on.
 
     ``citations`` name observations by their evidence id (the call id of a tool result).
+
+    The text may be empty: an agent whose task was an action (a transfer made, a file shared)
+    may have nothing to add, and its receipts say what it did. An empty answer claims nothing,
+    so it cites nothing (citations with no text are refused) and needs no citation even under
+    ``require_citations``.
+
+    >>> AnswerPayload(text="").is_empty
+    True
     """
 
-    text: Annotated[str, Field(min_length=1, max_length=20_000)]
-    """The answer shown to the user."""
+    text: Annotated[str, Field(max_length=20_000)]
+    """The answer shown to the user; empty (or only whitespace) when there is nothing to say."""
     citations: Annotated[tuple[str, ...], Strict(False)] = ()
     """Evidence ids (call ids of successful tool results) that support the answer."""
 
@@ -60,3 +68,15 @@ class AnswerPayload(Frozen):
     @classmethod
     def _unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(value))
+
+    @model_validator(mode="after")
+    def _cites_only_what_it_says(self) -> AnswerPayload:
+        # A citation supports a claim: with no text there is no claim for it to support.
+        if self.citations and self.is_empty:
+            raise ValueError("an empty answer cites nothing: give text, or no citations")
+        return self
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether the answer says nothing (no text but whitespace)."""
+        return not self.text.strip()

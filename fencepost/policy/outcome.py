@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, Strict
 
 from fencepost.policy._model import Frozen
+from fencepost.policy.batch import BatchEntry
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.events import ToolFailed, ToolSucceeded
@@ -53,6 +55,10 @@ class CallOutcome(Frozen):
     evidence_for: Annotated[tuple[str, ...], Strict(False)] = ()
     """With ``completes``: the accepting tools whose tasks this call's tool is evidence for
     (``ToolSpec.evidence_for``)."""
+    approval: Literal["approver", "human"] | None = None
+    """Who answered the call's approval (see ``Receipt.approval``)."""
+    rule: str | None = None
+    """With a denial: the safe code of what denied it (see ``Receipt.rule``)."""
 
     @property
     def call_id(self) -> str:
@@ -83,7 +89,23 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
         attempts=outcome.attempts,
         effect=outcome.effect,
         task_id=outcome.task_id,
+        approval=outcome.approval,
+        rule=outcome.rule,
     )
+
+
+def approved_as_judged(
+    outcomes: Iterable[CallOutcome], batch: Iterable[BatchEntry]
+) -> list[CallOutcome]:
+    """``outcomes`` with who answered each call's approval, as its verdict in ``batch`` says
+    (the executor's outcomes know what ran, the verdicts who let it)."""
+    by_id = {e.call_id: e.verdict.approval for e in batch if e.verdict.approval is not None}
+    return [
+        o.model_copy(update={"approval": by_id[o.call_id]})
+        if o.approval is None and o.call_id in by_id
+        else o
+        for o in outcomes
+    ]
 
 
 class MalformedMarker(ValueError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, Strict
 
@@ -42,6 +42,13 @@ class Receipt(Frozen):
     completed_by: str | None = None
     """Set on the receipt that turns an accepted task ``completed``: the call id of the later
     call whose observation carried the completion evidence (see :class:`Completed`)."""
+    approval: Literal["approver", "human"] | None = None
+    """Who answered the call's approval: the graph's approver policy or a human (``None``: it
+    needed none)."""
+    rule: str | None = None
+    """With ``denied``: the safe code of what denied the call — the gate's verdict code
+    (``capability_denied``), a semantic rule's name (``unknown_payee``) or the approver's own
+    code. Never text of the call's arguments."""
 
 
 class Accepted(Frozen):

@@ -63,7 +63,8 @@ def validate_final_answer(
 
     Raises :class:`UnsupportedCitation` or (with ``require_citations``) :class:`MissingCitation`.
     """
-    if require_citations and not answer.citations:
+    # An empty answer (an action's agent with nothing to add) claims nothing to cite for.
+    if require_citations and not answer.citations and not answer.is_empty:
         raise MissingCitation("answer has no citations")
     known = state.evidence_ids()
     if any(

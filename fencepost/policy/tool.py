@@ -57,6 +57,32 @@ class ToolContext(Frozen):
     """1 for the first attempt; higher when a crash forced a retry of the same call id."""
     budget_account: str | None = None
     """The calling run's ledger account: a child run started by this tool is opened under it."""
+    injected: dict[str, Any] = Field(default_factory=dict, repr=False, exclude=True)
+    """The run's injected dependencies (``RunContext.injected``): application objects, by name,
+    that a tool takes as a parameter annotated ``Annotated[T, Injected("name")]``. Never shown
+    to the model, never checkpointed, never dumped."""
+
+
+class Injected:
+    """Marks a tool parameter as an injected dependency: the caller supplies it, the model never
+    sees it. ``Annotated[Bank, Injected("bank")]`` takes ``RunContext.injected["bank"]`` (the
+    parameter's own name when none is given); it is no field of the args model and no part of the
+    catalog. A run that injects nothing under that name gives the parameter its default, or, with
+    none, fails the call (``internal_error``) before its body runs.
+
+    >>> Injected("db").name
+    'db'
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str | None = None) -> None:
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError("Injected(name): the name must be a non-empty string")
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Injected({self.name!r})" if self.name is not None else "Injected()"
 
 
 DEFAULT_TOOL_TIMEOUT_SECONDS = 30.0
@@ -65,10 +91,31 @@ DEFAULT_TOOL_TIMEOUT_SECONDS = 30.0
 
 ToolExecute = Callable[[Any, ToolContext], Any]
 """``execute(args, context)``: sync or async; returns a JSON-able value or a pydantic model."""
-SemanticValidator = Callable[[Any, "AgentState"], None]
-"""Raises :class:`~fencepost.policy.gates.ToolSemanticError` when valid-looking args make no sense."""
+# The third argument is a ``RunContext | None`` (policy.context imports this module: not named).
+SemanticValidator = Callable[[Any, "AgentState"], None] | Callable[[Any, "AgentState", Any], None]
+"""Raises :class:`~fencepost.policy.gates.ToolSemanticError` when valid-looking args make no sense.
+
+``validator(args, state)``, or ``validator(args, state, context)`` to be given the run's trusted
+:class:`~fencepost.policy.context.RunContext` too (its ``app_data``: known payees, allowed
+domains); ``context`` is ``None`` only when a proposal is gated outside a run. Which form is
+read from the signature: one that takes a third positional argument gets the context."""
 ProgressPredicate = Callable[["ToolProposal", "AgentState"], bool]
 """True when repeating this exact call is still progress (polling a durable task, say)."""
+
+
+def lax_model_in(annotation: Any) -> str | None:
+    """The dotted path of the first pydantic model in ``annotation`` that allows extra keys (a
+    field so typed could carry anything the model sends), or ``None``."""
+    stack: list[Any] = [annotation]
+    while stack:
+        tp = stack.pop()
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            bad = _forbids_extra(tp, set())
+            if bad:
+                return bad
+        elif get_origin(tp) is not None or isinstance(tp, types.UnionType):
+            stack.extend(get_args(tp))
+    return None
 
 
 def _forbids_extra(model: type[BaseModel], seen: set[type[BaseModel]]) -> str | None:
@@ -146,6 +193,14 @@ class ToolSpec(BaseModel):
     idempotent: bool | None = None
     """Whether a retry after a crash is safe. Defaults to True for reads, False otherwise; a write
     that honours ``ToolContext.idempotency_key`` may set True."""
+    allow_empty_query: bool = False
+    """Turn the built-in empty-query rule off for this tool: its query-like field (``query``,
+    ``q``, ``search``...) may be ``""`` or ``"*"``, as for a search that filters by another
+    argument (a sender, a date). The reversed-range rule and ``semantic_validator`` still apply."""
+    repeat_limit: Annotated[int | None, Field(ge=1)] = None
+    """This tool's own repeat limit: how often the same call (same arguments, same last
+    result) may be allowed before the run ends ``no_progress``. ``None``: the graph's
+    ``repeat_limit``. Three equal transfers may be legitimate (``repeat_limit=3``)."""
 
     @model_validator(mode="before")
     @classmethod

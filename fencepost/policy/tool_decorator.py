@@ -17,6 +17,17 @@ Example::
 
 A parameter annotated :class:`~fencepost.policy.tool.ToolContext` is filled from the trusted run
 context and is not part of the schema; ``async def`` functions stay async.
+
+A parameter annotated ``Annotated[T, Injected("name")]`` is an injected dependency (a database
+handle, the environment a tool acts on): the caller supplies it in ``RunContext.injected``, and
+it is no field of the schema, so the model never sees it::
+
+    @tool(effect="write", capability="bank:pay")
+    def send_money(recipient: str, amount: float, bank: Annotated[Bank, Injected("bank")]) -> dict:
+        \"\"\"Send money to an IBAN.\"\"\"
+        return bank.transfer(recipient, amount)
+
+    ctx = RunContext(tenant_id="acme", principal=..., injected={"bank": bank_client})
 """
 
 from __future__ import annotations
@@ -28,21 +39,24 @@ import warnings
 from collections.abc import Callable
 from typing import Any, overload
 
-from pydantic import BaseModel, ConfigDict, PydanticUserError, create_model
+from pydantic import BaseModel, ConfigDict, PydanticUserError, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from fencepost.policy.decision import TOOL_NAME_PATTERN
+from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.tool import (
     DEFAULT_TOOL_TIMEOUT_SECONDS,
     Effect,
+    Injected,
     ProgressPredicate,
     SemanticValidator,
     ToolContext,
     ToolSpec,
+    lax_model_in,
 )
 
-__all__ = ["ToolDefinitionError", "tool"]
+__all__ = ["InjectionMissing", "ToolDefinitionError", "tool"]
 
 
 class ToolDefinitionError(TypeError):
@@ -69,6 +83,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> ToolSpec: ...
 
@@ -86,6 +102,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
@@ -102,6 +120,8 @@ def tool(
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
+    allow_empty_query: bool = False,
+    repeat_limit: int | None = None,
     timeout: float | None = None,
 ) -> Any:
     """Turn the decorated function into a :class:`ToolSpec`.
@@ -112,16 +132,21 @@ def tool(
     limit (default :data:`DEFAULT_TOOL_TIMEOUT_SECONDS`; ``timeout=`` is its old name, accepted
     with a DeprecationWarning until the next release). ``name`` defaults to the function's name
     and ``description`` to its docstring (without its ``Args:`` section, whose lines become the
-    fields' descriptions). ``idempotent``, ``semantic_validator`` and ``progress_predicate`` are
-    passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
+    fields' descriptions). ``idempotent``, ``semantic_validator``, ``progress_predicate``,
+    ``allow_empty_query`` and ``repeat_limit`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
     ``tool_spec`` take.
 
     ``tool(fn, effect=..., capability=...)`` (the function given directly) is the same as the
     decorator.
 
+    A parameter annotated ``Annotated[T, Injected("name")]`` is an injected dependency, given
+    from ``RunContext.injected`` and never part of the schema (see the module docstring).
+
     Raises :class:`ToolDefinitionError` for a missing ``effect`` or ``capability``, a parameter
     without a type annotation (or annotated ``Any``), ``*args`` / ``**kwargs``, a parameter
-    starting with ``_``, a missing description or an invalid name.
+    starting with ``_``, a parameter whose type would let the model send any keys (a pydantic
+    model that allows extra ones: an application object meant to be injected, say), a missing
+    description or an invalid name — never a raw pydantic ``ValidationError``.
     """
     if timeout is not None:
         warnings.warn(
@@ -156,18 +181,28 @@ def tool(
                 f"tool {tool_name!r}: effect {effect!r} is not one of {allowed}"
             ) from None
         args_model, call = _derive(fn, tool_name, arg_docs)
-        return ToolSpec(
-            name=tool_name,
-            description=text.strip(),
-            args_model=args_model,
-            effect=tool_effect,
-            capability=capability,
-            timeout_seconds=timeout_seconds,
-            execute=_executor(fn, call),
-            semantic_validator=semantic_validator,
-            progress_predicate=progress_predicate,
-            idempotent=idempotent,
-        )
+        try:
+            return ToolSpec(
+                name=tool_name,
+                description=text.strip(),
+                args_model=args_model,
+                effect=tool_effect,
+                capability=capability,
+                timeout_seconds=timeout_seconds,
+                execute=_executor(fn, call),
+                semantic_validator=semantic_validator,
+                progress_predicate=progress_predicate,
+                idempotent=idempotent,
+                allow_empty_query=allow_empty_query,
+                repeat_limit=repeat_limit,
+            )
+        except ValidationError as exc:
+            # A keyword of the decorator out of range (timeout_seconds=0, repeat_limit=0):
+            # named by field, never pydantic's report (which quotes the values).
+            fields = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]}) or ["?"]
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: {', '.join(fields)} is not a valid value"
+            ) from None
 
     if fn is not None:
         return decorate(fn)
@@ -187,15 +222,50 @@ def _missing(tool_name: str, missing: list[str]) -> str:
     )
 
 
+class InjectionMissing(LookupError):
+    """A tool takes an injected dependency the run's context does not hold (and the parameter
+    has no default): the call fails before its body runs. The message names the dependency
+    (trusted configuration); the call's observation says ``internal_error`` (a configuration
+    fault, not a lookup the model could retry differently)."""
+
+    safe_code = ErrorCode.INTERNAL_ERROR
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no injected dependency {name!r} in RunContext.injected")
+        self.name = name
+
+
+class _Injection(typing.NamedTuple):
+    """An injected parameter: the name it is injected under, and its default, if any."""
+
+    name: str
+    default: Any
+    """``inspect.Parameter.empty`` when the parameter has none."""
+
+
+_CONTEXT = object()
+"""The positional slot the ToolContext is passed in."""
+
+
 class _Call(typing.NamedTuple):
     """How to call the function from an args model instance and a ToolContext."""
 
-    positional: tuple[str | None, ...]
-    """Positional-only parameters in order: a field name, or ``None`` for the context."""
+    positional: tuple[str | _Injection | object, ...]
+    """Positional-only parameters in order: a field name, an injection, or the context."""
     keywords: tuple[str, ...]
     """Fields passed by keyword."""
     context_keyword: str | None
     """The keyword the context is passed as, if the function takes it by keyword."""
+    injected_keywords: tuple[tuple[str, _Injection], ...] = ()
+    """Injected parameters passed by keyword: (parameter name, injection)."""
+
+
+def _injection(hint: Any) -> Injected | None:
+    """The :class:`Injected` marker of an ``Annotated[T, Injected(...)]`` annotation, if any."""
+    if typing.get_origin(hint) is not typing.Annotated:
+        return None
+    marks = [m for m in hint.__metadata__ if isinstance(m, Injected)]
+    return marks[0] if marks else None
 
 
 def _derive(
@@ -222,8 +292,9 @@ def _derive(
         ) from None
 
     fields: dict[str, Any] = {}
-    positional: list[str | None] = []
+    positional: list[str | _Injection | object] = []
     keywords: list[str] = []
+    injected_keywords: list[tuple[str, _Injection]] = []
     context_keyword: str | None = None
     context_seen = False
     for param in signature.parameters.values():
@@ -243,9 +314,18 @@ def _derive(
                 raise ToolDefinitionError(f"{where}: only one parameter may take the ToolContext")
             context_seen = True
             if param.kind is param.POSITIONAL_ONLY:
-                positional.append(None)
+                positional.append(_CONTEXT)
             else:
                 context_keyword = param.name
+            continue
+        mark = _injection(hint)
+        if mark is not None:
+            # The caller's, never the model's: no field of the schema, no part of the catalog.
+            injection = _Injection(mark.name or param.name, param.default)
+            if param.kind is param.POSITIONAL_ONLY:
+                positional.append(injection)
+            else:
+                injected_keywords.append((param.name, injection))
             continue
         if hint is Any or hint is object:
             raise ToolDefinitionError(
@@ -255,6 +335,14 @@ def _derive(
         if param.name.startswith("_"):
             raise ToolDefinitionError(
                 f"{where}: a name starting with '_' cannot be a schema field; rename it"
+            )
+        lax = lax_model_in(hint)
+        if lax is not None:
+            raise ToolDefinitionError(
+                f"{where}: its type ({lax}) allows extra keys, so it cannot be a strict schema "
+                "field; if the caller supplies it (a database, an environment), annotate it "
+                "Annotated[..., fp.Injected()] and pass it in RunContext.injected, else give "
+                "the model extra='forbid'"
             )
         default = PydanticUndefined if param.default is param.empty else param.default
         if isinstance(default, FieldInfo):
@@ -287,16 +375,39 @@ def _derive(
         raise ToolDefinitionError(
             f"tool {tool_name!r}: its arguments cannot become a strict schema ({first_line})"
         ) from None
-    return model, _Call(tuple(positional), tuple(keywords), context_keyword)
+    return model, _Call(
+        tuple(positional), tuple(keywords), context_keyword, tuple(injected_keywords)
+    )
+
+
+def _injected_value(injection: _Injection, ctx: ToolContext) -> Any:
+    found = ctx.injected.get(injection.name, _ABSENT)
+    if found is not _ABSENT:
+        return found
+    if injection.default is not inspect.Parameter.empty:
+        return injection.default
+    raise InjectionMissing(injection.name)
+
+
+_ABSENT = object()
 
 
 def _executor(fn: Callable[..., Any], call: _Call) -> Callable[[Any, ToolContext], Any]:
     def arguments(args: Any, ctx: ToolContext) -> tuple[list[Any], dict[str, Any]]:
         # Field names come from the signature (trusted), never from the model's proposal.
-        pos = [ctx if field is None else getattr(args, field) for field in call.positional]
+        pos: list[Any] = []
+        for slot in call.positional:
+            if isinstance(slot, str):
+                pos.append(getattr(args, slot))
+            elif isinstance(slot, _Injection):
+                pos.append(_injected_value(slot, ctx))
+            else:
+                pos.append(ctx)
         kw = {field: getattr(args, field) for field in call.keywords}
         if call.context_keyword is not None:
             kw[call.context_keyword] = ctx
+        for param, injection in call.injected_keywords:
+            kw[param] = _injected_value(injection, ctx)
         return pos, kw
 
     if inspect.iscoroutinefunction(fn):

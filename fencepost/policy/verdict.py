@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Strict
 
@@ -60,6 +60,9 @@ class Verdict(Frozen):
     """HMAC over run, call id and fingerprint of an allowed (or pending) verdict, when the
     runtime has a key: lets the executor (and the approval) tell a verdict the gate wrote from
     one written into state by anyone else."""
+    approval: Literal["approver", "human"] | None = None
+    """Who answered this call's approval: the graph's approver policy, or a human on resume
+    (``None``: it needed none, or has not been answered). Sealed with the verdict."""
 
     @property
     def allowed(self) -> bool:
@@ -74,6 +77,9 @@ class Verdict(Frozen):
 
 def _mac(key: bytes, run_id: str, verdict: Verdict) -> str:
     parts = [run_id, verdict.call_id, verdict.tool_name, verdict.fingerprint]
+    if verdict.approval is not None:
+        # Who approved is part of what is sealed (a verdict without one keeps its old seal).
+        parts.append("approval:" + verdict.approval)
     if verdict.code is VerdictCode.APPROVAL_PENDING:
         # Its own message: a pending verdict's seal never passes for an allowed one's.
         parts.append(VerdictCode.APPROVAL_PENDING.value)

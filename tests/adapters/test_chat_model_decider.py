@@ -452,7 +452,7 @@ def _parse(message: Any, **kw: Any) -> fp.Decided:
             "mixed_ending_and_tool_calls",
         ),
         (
-            ai_call("final_answer", {"text": "", "citations": []}, "call_0000000001"),
+            ai_call("final_answer", {"text": "", "citations": ["call-0001"]}, "call_0000000001"),
             "malformed_final_answer",
         ),
         (

@@ -14,7 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS_PYTHON = ROOT / "benchmarks" / "agentdojo" / ".venv" / "bin" / "python"
-RUNNERS = ("ceiling", "permissive", "least-privilege", "approver", "least-privilege+approver")
+BASES = ("permissive", "least-privilege", "approver", "least-privilege+approver")
+RUNNERS = ("ceiling", *(f"{b}/{m}" for b in BASES for m in ("end_run", "observe")))
 
 
 def _smoke() -> dict[str, object]:
@@ -50,14 +51,16 @@ def test_the_agentdojo_smoke_scores_benign_tasks_and_attack_pairs_offline_by_age
     utility = numbers["utility_under_attack"]
     assert isinstance(benign_utility, dict) and isinstance(false_blocks, dict)
     assert isinstance(reached, dict) and isinstance(utility, dict)
-    # A benign task passes through fencepost as it does without it.
-    assert benign_utility["ceiling"] == benign_utility["permissive"] == 2
-    assert false_blocks["permissive"] == 0
-    # The attack pairs are scored: the bare replay and the permissive policy reach every goal,
-    # and no policy reaches more than the ceiling.
-    assert reached["ceiling"] == reached["permissive"] == pairs
+    for mode in ("end_run", "observe"):
+        # A benign task passes through fencepost as it does without it.
+        assert benign_utility["ceiling"] == benign_utility[f"permissive/{mode}"] == 2
+        assert false_blocks[f"permissive/{mode}"] == 0
+        # The attack pairs are scored: the bare replay and the permissive policy reach every
+        # goal.
+        assert reached["ceiling"] == reached[f"permissive/{mode}"] == pairs
+        # The approver's payee rule stops the transfers to the attacker (injection_task_0).
+        assert reached[f"approver/{mode}"] <= pairs - 2
+    # No policy reaches more than the ceiling.
     for name in RUNNERS:
         assert 0 <= reached[name] <= reached["ceiling"]
         assert 0 <= utility[name] <= pairs
-    # The approver's payee rule stops the transfers to the attacker (injection_task_0).
-    assert reached["approver"] <= pairs - 2

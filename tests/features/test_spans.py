@@ -30,6 +30,7 @@ from fencepost.adapters.scripted import ScriptedDecisionModel
 from tests.adapters.fakes import FakeToolChatModel
 from tests.graph.child_kit import Family, answer_after, child_call, parent_context, ping
 from tests.graph.kit import (
+    ABSTAIN,
     budget,
     call,
     context,
@@ -537,3 +538,23 @@ def test_without_opentelemetry_fencepost_imports_runs_and_never_imports_it() -> 
     assert done.returncode == 0, done.stderr[-3000:]
     # Both runs completed; nothing of opentelemetry was loaded, and it was looked for once.
     assert done.stdout.split() == ["completed", "completed", "[]", "1"]
+
+
+def test_the_approvers_answers_are_approval_events_and_its_rejection_a_refusal(
+    spans: InMemorySpanExporter,
+) -> None:
+    def only_restarts(request: fp.ApproverInput) -> fp.ApproverDecision:
+        if request.proposal.arguments.get("note") == "restart api":
+            return fp.ApproverDecision.approve()
+        return fp.ApproverDecision.reject("not_a_restart")
+
+    script = [call("write_note", 1, note="wipe db"), call("write_note", 2, note="restart api")]
+    harness([*script, ABSTAIN], approver=only_restarts).run()
+    agent = _one_agent(_finished(spans))
+    assert [
+        (e["name"], e["gen_ai.tool.call.id"], e["fencepost.verdict"]) for e in events(agent)
+    ] == [
+        ("fencepost.approval.answered", "call-0001", "rejected"),
+        ("fencepost.tool_call.refused", "call-0001", "rejected"),
+        ("fencepost.approval.answered", "call-0002", "allowed"),
+    ]

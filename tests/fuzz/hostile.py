@@ -583,9 +583,16 @@ class Invalid:
         raise fp.InvalidProposal(self.code)
 
 
+def _final(text: str, ids: list[str]) -> Any:
+    if ids and not text.strip():
+        # An empty answer cites nothing: as the model's raw output, an invalid proposal.
+        return {"kind": "final", "answer": {"text": text, "citations": ids}}
+    return fp.FinalProposal(answer=fp.AnswerPayload(text=text, citations=tuple(ids)))
+
+
 finals = st.builds(
-    lambda text, ids: fp.FinalProposal(answer=fp.AnswerPayload(text=text, citations=tuple(ids))),
-    st.text(min_size=1, max_size=12),
+    _final,
+    st.text(max_size=12),
     st.lists(st.sampled_from(POOL_IDS) | st.text(max_size=10), max_size=3),
 )
 

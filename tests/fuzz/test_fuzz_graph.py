@@ -7,7 +7,8 @@ usage reports that are negative, huge or not numbers), tool behaviour (``Excepti
 ``BaseException`` subclasses carrying a canary secret, unserializable, nested and huge values,
 sleeping past a short timeout or swallowing cancellation, ``Accepted``/``Completed``), a small
 random budget with or without a parent account, approval ``terminate`` or ``interrupt`` answered
-with random approve/reject/edit/garbage resumes — and runs it through ``invoke``, ``ainvoke`` or
+with random approve/reject/edit/garbage resumes, denials ending the run or as data, with or
+without an approver policy (approving, rejecting, asking, raising, answering junk) — and runs it through ``invoke``, ``ainvoke`` or
 ``stream`` on a file-backed ``SqliteSaver`` and a durable ``SqliteLedger``.
 
 For every example:
@@ -16,7 +17,8 @@ For every example:
    the principal may call, run once per call id, with arguments that pass its strict schema and
    equal the proposal the run records, under an ``allowed`` verdict the graph checkpointed for
    that call id and argument fingerprint, with its budget reserved and its start marked in the
-   ledger before it ran, and a receipt; no write runs in ``terminate`` mode; and (checked once
+   ledger before it ran, and a receipt; no write runs unless a human or the approver approved
+   it (none in ``terminate`` mode without an approver); and (checked once
    per property) no body starts after its run has returned to its caller;
 3. no budget axis is exceeded, in state or in the ledger (run account and parent: held <= the
    caller's limit; tokens a model reported past its step's hold only by the step that stops
@@ -114,6 +116,42 @@ class Build:
     require_citations: bool
     verdict_key: bool = False
     """Whether the gate seals its verdicts (``VERDICT_KEY``); only such runs get forged batches."""
+    denial: str = "end_run"
+    """What a capability or semantic denial does (``build_agent_graph(denial=...)``)."""
+    approver: str = "none"
+    """Which of :data:`APPROVERS` answers first about each write (``"none"``: no approver)."""
+
+
+def _mixed(request: fp.ApproverInput) -> fp.ApproverDecision:
+    """Approve, reject or ask, by the call id: the same answer for the same call."""
+    pick = sum(request.proposal.call_id.encode()) % 3
+    if pick == 0:
+        return fp.ApproverDecision.approve()
+    return fp.ApproverDecision.reject("fuzz_mixed") if pick == 1 else fp.ApproverDecision.ask()
+
+
+def _raises(request: fp.ApproverInput) -> fp.ApproverDecision:
+    raise RuntimeError(CANARY)
+
+
+async def _async_approve(request: fp.ApproverInput) -> fp.ApproverDecision:
+    await asyncio.sleep(0)
+    return fp.ApproverDecision.approve()
+
+
+APPROVERS: dict[str, Any] = {
+    "none": None,
+    "approve": lambda request: fp.ApproverDecision.approve(),
+    "async_approve": _async_approve,
+    "reject": lambda request: fp.ApproverDecision.reject("fuzz_reject"),
+    "ask": lambda request: fp.ApproverDecision.ask(),
+    "mixed": _mixed,
+    "raises": _raises,
+    "junk": lambda request: {"decision": "approve"},
+}
+"""The approvers an example's graph may have, by name (a Build is hashable)."""
+NO_APPROVAL = frozenset({"reject", "raises", "junk"})
+"""Approvers under which no write is ever approved by the approver."""
 
 
 class Delegate:
@@ -220,6 +258,8 @@ class Store:
                 answer_margin=build.answer_margin,
                 require_citations=build.require_citations,
                 verdict_key=VERDICT_KEY if build.verdict_key else None,
+                denial=build.denial,  # type: ignore[arg-type]
+                approver=APPROVERS[build.approver],
             )
         return self.builders[build]
 
@@ -338,6 +378,8 @@ def plans(*, sync: bool) -> st.SearchStrategy[Plan]:
             answer_margin=st.sampled_from([0, 1]),
             require_citations=st.booleans(),
             verdict_key=st.booleans(),
+            denial=st.sampled_from(["end_run", "observe"]),
+            approver=st.sampled_from(["none", "none", "none", *sorted(set(APPROVERS) - {"none"})]),
         ),
         budget=st.builds(
             fp.RuntimeBudget,
@@ -630,7 +672,7 @@ def check_ran(store: Store, graph: Any, plan: Plan, out: Outcome, state: fp.Agen
     for r in ran:
         spec = BY_NAME[r.tool]
         assert spec.capability in CAPABILITIES, f"{r.tool} ran without its capability"
-        if plan.build.approval == "terminate":
+        if plan.build.approval == "terminate" and plan.build.approver == "none":
             assert spec.effect is fp.Effect.READ, f"{r.tool} ({spec.effect}) ran in terminate mode"
         proposal = proposals.get(r.call_id)
         assert proposal is not None, f"{r.tool} ran for a call the run never recorded"
@@ -646,6 +688,11 @@ def check_ran(store: Store, graph: Any, plan: Plan, out: Outcome, state: fp.Agen
         assert receipt is not None and receipt.tool_name == r.tool
         assert receipt.status is not fp.ReceiptStatus.DENIED
         assert receipt.attempts >= 1
+        if spec.effect is not fp.Effect.READ:
+            # A write ran only as someone approved it: the approver, or a human asked.
+            assert receipt.approval in ("approver", "human"), f"{r.tool} ran unapproved"
+            if plan.build.approver in NO_APPROVAL or plan.build.approver == "ask":
+                assert receipt.approval == "human", f"{r.tool} ran as the approver refused it"
         # Reserved and marked started, durably, for this very attempt.
         reservation = store.ledger.get(call_key(account, r.call_id, r.attempt))
         assert reservation is not None and reservation.amounts.get("tool_calls") == 1

@@ -31,10 +31,12 @@ def test_the_input_schema_publishes_both_accepted_inputs() -> None:
 
 def test_the_context_schema_publishes_the_run_context_shape() -> None:
     schema = harness([]).graph.get_context_jsonschema()
-    assert set(schema["properties"]) == set(fp.RunContext.model_fields)
+    # Injected dependencies are application objects, given in-process: never published as JSON.
+    published = set(fp.RunContext.model_fields) - {"injected"}
+    assert set(schema["properties"]) == published
     assert sorted(schema["required"]) == ["principal", "tenant_id"]
     # The TypedDict LangGraph sees and the model fencepost validates with name the same fields.
-    assert set(ContextInput.__annotations__) == set(fp.RunContext.model_fields)
+    assert set(ContextInput.__annotations__) == published
     required = {n for n, f in fp.RunContext.model_fields.items() if f.is_required()}
     assert ContextInput.__required_keys__ == required
 

@@ -1,6 +1,7 @@
 """Invariant 2: a tool runs only if it is allowed — registered, valid, authorized, its effect
-allowed or approved by a human, its budget reserved. Here: what a human's answer, and what a
-caller writing the batch beside it, can and cannot let run."""
+allowed or approved (by a human, or the graph's approver policy), its budget reserved. Here: what
+a human's answer, the approver's, and a caller writing the batch beside them can and cannot let
+run, and that a denied call never runs whether its denial ends the run or is data."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.policy.approval import unasked, waiting
 from fencepost.policy.gating import after_reservations
+from fencepost.policy.keys import call_key, run_account
 from tests.graph.kit import (
     ABSTAIN,
     LEDGERS,
@@ -178,3 +180,41 @@ def test_after_an_approval_only_the_calls_it_answered_are_sealed() -> None:
     assert stopped is None
     assert fp.policy.verdict_is_sealed(batch[0].verdict, run_id="run-1", key=VERDICT_KEY)
     assert batch[1] is slipped and batch[1].verdict.seal is None
+
+
+@pytest.mark.parametrize("denial", ["end_run", "observe"])
+def test_a_denied_call_never_runs_and_reserves_nothing_whether_its_denial_ends_the_run_or_not(
+    denial: str, ledger: fp.Ledger
+) -> None:
+    h = harness(
+        [call("admin_reset", 1), call("search_logs", 2), ABSTAIN], denial=denial, ledger=ledger
+    )
+    config = thread()
+    state = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=context()))
+    assert h.calls.count("admin_reset") == 0
+    account = run_account(config["configurable"]["thread_id"], state.run_id)
+    assert ledger.get(call_key(account, "call-0001", 1)) is None
+    ran_on = h.calls.count("search_logs")
+    assert ran_on == (1 if denial == "observe" else 0)
+    assert state.budget.tool_calls_used == ran_on
+
+
+@pytest.mark.parametrize("approval", ["terminate", "interrupt"])
+def test_a_write_runs_only_as_the_approver_or_a_human_approved_it(approval: str) -> None:
+    def only_restarts(request: fp.ApproverInput) -> fp.ApproverDecision:
+        if request.proposal.arguments.get("note") == "restart api":
+            return fp.ApproverDecision.approve()
+        return fp.ApproverDecision.reject("not_a_restart")
+
+    h = harness(
+        [call("write_note", 1, note="wipe db"), call("write_note", 2, note="restart api"), ABSTAIN],
+        approval=approval,
+        approver=only_restarts,
+        verdict_key=VERDICT_KEY,
+    )
+    state = h.run()
+    assert [args for name, args, _ in h.calls.log] == [{"note": "restart api"}]
+    assert {r.call_id: (r.status, r.approval) for r in state.receipts} == {
+        "call-0001": (fp.ReceiptStatus.DENIED, "approver"),
+        "call-0002": (fp.ReceiptStatus.COMPLETED, "approver"),
+    }

@@ -188,7 +188,14 @@ SOURCES: dict[str, tuple[Any, list[Any], str]] = {
         "fencepost.gate",
     ),
     "decision model": (_order(), [RuntimeError(CANARY)], "fencepost.model"),
+    "approver": (
+        _order().model_copy(update={"effect": fp.Effect.WRITE}),
+        [ai_call("order", ORDER, "call-0001")],
+        "fencepost.approval",
+    ),
 }
+OPTIONS: dict[str, dict[str, Any]] = {"approver": {"approver": _raise}}
+"""The agent settings a source needs beyond the tool (the approver is the graph's)."""
 
 
 class RecordingDecider:
@@ -218,7 +225,14 @@ def test_an_exceptions_text_is_in_one_log_traceback_and_in_no_checkpoint_stream_
     path = tmp_path / "checkpoints.db"
     conn = sqlite3.connect(path, check_same_thread=False)
     saver = InMemorySaver() if saver_kind == "InMemorySaver" else SqliteSaver(conn)
-    graph = fp.create_agent(decider, [tool], checkpointer=saver, repeat_limit=1, model_retries=0)
+    graph = fp.create_agent(
+        decider,
+        [tool],
+        checkpointer=saver,
+        repeat_limit=1,
+        model_retries=0,
+        **OPTIONS.get(source, {}),
+    )
     caplog.set_level("DEBUG", logger="fencepost")
     config = thread()
     chunks = list(

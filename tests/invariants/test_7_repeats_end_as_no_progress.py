@@ -1,6 +1,7 @@
 """Invariant 7: a proposal repeated past the limit ends as ``no_progress`` before any budget is
 spent on it. A call that never ran has not been repeated: held back with a batch given back for
-repair, it counts nothing."""
+repair, it counts nothing. A denial the run goes on with (denied as data, rejected by the
+approver) counts: the same call denied past the limit is no progress."""
 
 from __future__ import annotations
 
@@ -71,3 +72,32 @@ def test_a_batch_given_back_for_repair_keeps_the_counts_it_was_gated_against() -
     assert back.fingerprints == {"k": 1}
     assert (back.batch, back.repairs) == ((), 2)
     assert back.repair_notes == ("call-0001-bad: schema_violation: query: missing",)
+
+
+def test_a_call_denied_as_data_repeated_past_the_limit_ends_no_progress(ledger: fp.Ledger) -> None:
+    denied = [
+        fp.ToolProposal(call_id=f"call-{n:04d}-x", tool_name="admin_reset", arguments={})
+        for n in range(1, 5)
+    ]
+    h = harness(denied, denial="observe", repeat_limit=2, ledger=ledger)
+    state = fp.run_output(
+        h.graph.invoke(fp.start("q", budget(steps=8, tools=4)), thread(), context=context())
+    )
+    assert state.termination is fp.TerminationReason.NO_PROGRESS
+    assert [r.status for r in state.receipts] == [fp.ReceiptStatus.DENIED] * 2
+    assert state.budget.tool_calls_used == 0
+
+
+def test_a_write_the_approver_rejects_repeated_past_the_limit_ends_no_progress() -> None:
+    writes = [
+        fp.ToolProposal(call_id=f"call-{n:04d}-w", tool_name="write_note", arguments={"note": "x"})
+        for n in range(1, 5)
+    ]
+    h = harness(
+        writes, approver=lambda request: fp.ApproverDecision.reject("no_notes"), repeat_limit=2
+    )
+    state = fp.run_output(
+        h.graph.invoke(fp.start("q", budget(steps=8, tools=4)), thread(), context=context())
+    )
+    assert state.termination is fp.TerminationReason.NO_PROGRESS
+    assert h.calls.log == []

@@ -158,7 +158,7 @@ class HostileBytes(bytes):
             "arguments": {},
             "tenant_id": "tenant-b",
         },
-        {"kind": "final", "answer": {"text": ""}},
+        {"kind": "final", "answer": {"text": " ", "citations": ["call-0001"]}},
         {"kind": "final", "answer": "just text"},
         {"kind": "abstain", "reason": "bored"},
         {"kind": "execute", "code": "rm -rf /"},

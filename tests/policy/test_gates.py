@@ -6,6 +6,8 @@ from datetime import date
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from fencepost.policy import (
@@ -144,6 +146,26 @@ def test_tool_semantic_validator_runs_with_the_args_and_the_state() -> None:
     assert seen[0] == (SearchArgs(query="checkout"), state)
 
 
+@given(query=st.sampled_from(["", " ", "*", "null", "'nil'"]) | st.text(max_size=12))
+def test_a_tool_that_allows_an_empty_query_is_never_refused_by_the_empty_query_rule(
+    query: str,
+) -> None:
+    check_semantics(make_spec(allow_empty_query=True), SearchArgs(query=query), make_state())
+
+
+def test_allowing_an_empty_query_keeps_the_range_rule_and_the_tools_own_validator() -> None:
+    def no_limit_zero(args: Any, state: AgentState) -> None:
+        if args.limit == 0:
+            raise ToolSemanticError("zero_limit")
+
+    spec = make_spec(allow_empty_query=True, semantic_validator=no_limit_zero)
+    reversed_range = SearchArgs(query="", start=date(2026, 2, 1), end=date(2026, 1, 1))
+    with pytest.raises(ToolSemanticError, match="reversed_range_start_end"):
+        check_semantics(spec, reversed_range, make_state())
+    with pytest.raises(ToolSemanticError, match="zero_limit"):
+        check_semantics(spec, SearchArgs(query="", limit=0), make_state())
+
+
 # Gate 4: no progress --------------------------------------------------------------------------
 
 
@@ -182,6 +204,15 @@ def test_repeat_limit_can_be_raised_per_call() -> None:
     check_progress(make_spec(), proposal, state, repeat_limit=3)
     with pytest.raises(NoProgressDetected):
         check_progress(make_spec(), proposal, state, repeat_limit=1)
+
+
+@pytest.mark.parametrize("own", [1, 3, 5])
+def test_a_tools_own_repeat_limit_replaces_the_graphs(own: int) -> None:
+    proposal = make_proposal()
+    spec = make_spec(repeat_limit=own)
+    check_progress(spec, proposal, _repeated(proposal, own - 1), repeat_limit=2)
+    with pytest.raises(NoProgressDetected):
+        check_progress(spec, proposal, _repeated(proposal, own), repeat_limit=2)
 
 
 def test_progress_predicate_allows_a_repeat_it_calls_progress() -> None:

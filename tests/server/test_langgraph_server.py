@@ -144,7 +144,13 @@ def test_the_server_publishes_the_input_and_context_schemas(client: Any, assista
     request = schemas["input_schema"]["$defs"]["StartRequest"]
     assert request["required"] == ["question"]
     context = schemas["context_schema"]
-    assert set(context["properties"]) == {"tenant_id", "principal", "deadline", "budget_account"}
+    assert set(context["properties"]) == {
+        "tenant_id",
+        "principal",
+        "deadline",
+        "budget_account",
+        "app_data",
+    }
     assert sorted(context["required"]) == ["principal", "tenant_id"]
 
 
