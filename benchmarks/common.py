@@ -203,17 +203,10 @@ LC_TOOL = StructuredTool.from_function(search_logs, name=TOOL_NAME)
 
 
 def _make_serializer() -> tuple[Callable[[], Any], str]:
-    try:
-        from fencepost.graph.serde import fencepost_serializer
-    except Exception as exc:  # fencepost mid-rewrite: keep the baselines running
-        from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+    # A checkpoint holds plain data: every system runs on LangGraph's own default serializer.
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
-        return (
-            JsonPlusSerializer,
-            f"LangGraph's JsonPlusSerializer (fencepost did not import: {reason})",
-        )
-    return fencepost_serializer, "fencepost's allowlist serializer"
+    return JsonPlusSerializer, "LangGraph's default serializer (JsonPlusSerializer)"
 
 
 SERIALIZER, SERIALIZER_NOTE = _make_serializer()

@@ -128,7 +128,6 @@ def step_bytes(db: Path) -> dict[int, int]:
 def measure(name: str, n: int, workdir: Path) -> tuple[int, float, float, int, float]:
     db = workdir / f"{name.replace(' ', '-')}.db"
     with variant(name), SqliteSaver.from_conn_string(str(db)) as saver:
-        saver.serde = fp.fencepost_serializer()
         graph = fp.build_agent_graph(
             fp.ToolRegistry([search_logs]), ScriptedDecisionModel(script(n)), repeat_limit=n + 1
         ).compile(checkpointer=saver)

@@ -38,7 +38,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from fencepost.adapters.child_run import child_run_tool
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph import RunContext, build_agent_graph, cancel, run_output, start
-from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import (
     AbstainProposal,
     Accepted,
@@ -333,7 +332,7 @@ def child_run_registry(ledger: Ledger | None = None) -> ToolRegistry:
     # The child's own checkpointer: its thread (derived from the parent run and the call id) is
     # resumed by a retried call instead of starting a second child.
     child = build_agent_graph(reads, IncidentTriageModel(), ledger=shared).compile(
-        checkpointer=InMemorySaver(serde=fencepost_serializer())
+        checkpointer=InMemorySaver()
     )
     investigate = child_run_tool(
         child,

@@ -48,7 +48,7 @@ from fencepost.adapters.checkpointers import (
     sqlite_file,
 )
 from fencepost.graph import run_output
-from fencepost.graph.state import StartRequest
+from fencepost.graph.state import LayoutRefused, StartRequest, has_run
 from fencepost.policy import AgentState, BudgetAxis, StopReport, stop_report
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "EvalReport",
     "NoSuchBatch",
     "NoSuchRun",
+    "OlderLayoutStore",
     "RunRecord",
     "build_report",
     "demo_run_id",
@@ -99,6 +100,13 @@ class NoSuchBatch(CheckpointerError):
     """No demo batch with that id in the database."""
 
     code = "no_such_batch"
+
+
+class OlderLayoutStore(CheckpointerError):
+    """The database holds fencepost runs only of an earlier state layout, which this version
+    refuses to read (:class:`~fencepost.graph.LayoutRefused`), never half-reads."""
+
+    code = "older_state_layout"
 
 
 # --- opening a store by URL ----------------------------------------------------------------------
@@ -261,14 +269,14 @@ def _ts(tup: CheckpointTuple) -> datetime | None:
 def _state_of(values: dict[str, Any]) -> AgentState | None:
     """The run's AgentState, or ``None`` if the thread is not a fencepost run."""
     try:
-        if "run_id" in values:
+        if has_run(values):
             return run_output(values)
         request = values.get("request")
         if request is not None:
             # Started but not yet through its first step (or crashed there).
             req = StartRequest.model_validate(request, strict=False)
             return AgentState(run_id=req.run_id, question=req.question, budget=req.budget)
-    except ValidationError:
+    except (ValidationError, LayoutRefused):
         return None
     return None
 
@@ -290,8 +298,8 @@ class _NoModel:
 def _reader(saver: BaseCheckpointSaver[Any]) -> Any:
     """A compiled fencepost graph over ``saver``, used only for ``get_state``.
 
-    Observations, receipts and manifests are delta channels: a checkpoint's own blob does not
-    hold them, LangGraph reassembles them from the thread's writes. Reading through the graph
+    The run record is a delta channel: a checkpoint's own blob does not hold it, LangGraph
+    reassembles it from the thread's writes. Reading through the graph
     keeps the report on LangGraph's API instead of re-implementing that.
     """
     from fencepost.graph.builder import build_agent_graph
@@ -303,9 +311,16 @@ def _reader(saver: BaseCheckpointSaver[Any]) -> Any:
     return graph.compile(checkpointer=saver)
 
 
+def _older_layout(latest: CheckpointTuple) -> bool:
+    """Whether a thread's latest checkpoint is of fencepost's first layout (a channel per field)."""
+    versions = latest.checkpoint.get("channel_versions") or {}
+    return "run_id" in versions and "run" not in versions
+
+
 def _record(latest: CheckpointTuple, started_at: datetime | None, reader: Any) -> RunRecord | None:
     values = latest.checkpoint.get("channel_values") or {}
-    if "run_id" in values:
+    if "run" in (latest.checkpoint.get("channel_versions") or {}):
+        # The run record is a delta channel: LangGraph rebuilds it from the thread's writes.
         values = reader.get_state(latest.config).values
     state = _state_of(values)
     if state is None:
@@ -360,6 +375,13 @@ def load_runs(
         records = [r for t, tup in latest.items() if (r := _record(tup, first_ts.get(t), reader))]
     if latest and not records:
         shown = mask_url(source)
+        older = sum(1 for tup in latest.values() if _older_layout(tup))
+        if older:
+            raise OlderLayoutStore(
+                shown,
+                f"{shown} holds {older} fencepost run(s) written by state layout 1, which this "
+                "version refuses to read: read them with the version that wrote them",
+            )
         raise NotACheckpointStore(
             shown, f"{shown} holds LangGraph checkpoints, but none of them is a fencepost run"
         )

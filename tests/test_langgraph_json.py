@@ -91,7 +91,7 @@ def test_the_named_graph_without_a_context_denies_instead_of_running_tools() -> 
 def test_the_named_graph_persists_runs_under_a_server_checkpointer() -> None:
     graph = load_graph(config()["graphs"]["fencepost_demo"])
     # What the server does: attach its own persistence to the loaded graph.
-    served = graph.copy(update={"checkpointer": InMemorySaver(serde=fp.fencepost_serializer())})
+    served = graph.copy(update={"checkpointer": InMemorySaver()})
     thread = {"configurable": {"thread_id": "t-1"}}
     served.invoke(fp.start("Why are order lookups timing out?"), thread, context=server_context())
     stored = fp.run_output(served.get_state(thread).values)

@@ -46,6 +46,7 @@ PUBLIC = {
     "CancelRefused",
     "NestedRunUnreachable",
     "ForkRefused",
+    "LayoutRefused",
     "CommandRefused",
     # decisions
     "ToolProposal",

@@ -55,7 +55,7 @@ def _compiled(suite_name: str, policy: Policy, functions: Sequence[Function]) ->
     if found is None:
         registry = suite_registry(suite_name, functions)
         model = CurrentReplay()
-        saver = InMemorySaver(serde=fp.fencepost_serializer())
+        saver = InMemorySaver()
         graph = fp.build_agent_graph(registry, model, **policy.build_options(suite_name)).compile(
             checkpointer=saver
         )

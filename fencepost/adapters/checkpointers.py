@@ -1,10 +1,10 @@
-"""LangGraph checkpointers by URL, with fencepost's serializer allowlist applied.
+"""LangGraph checkpointers by URL.
 
 ``memory://``, ``sqlite:///runs.db`` (relative), ``sqlite:////var/lib/runs.db`` (absolute: the
 SQLAlchemy convention, four slashes), ``sqlite:///:memory:``, ``postgresql://user:pw@host/db``
-(also ``postgres://``). Each opener is a context manager: it builds the saver with
-:func:`~fencepost.graph.fencepost_serializer` as its serde (so strict msgpack revives fencepost's
-types instead of plain dicts), runs ``setup()``, and closes its connection on exit.
+(also ``postgres://``). Each opener is a context manager: it builds the saver with LangGraph's
+default serializer (a checkpoint holds plain data and LangChain messages only), runs ``setup()``,
+and closes its connection on exit.
 
 ``read_only=True`` opens an existing store for reading and never changes the database: the SQLite
 file is opened read-only and must exist, a Postgres session is read-only, and a database without
@@ -32,8 +32,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from fencepost.graph.serde import fencepost_serializer
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -392,11 +390,10 @@ def open_checkpointer(url: str, *, read_only: bool = False) -> Iterator[BaseChec
     with its password masked.
     """
     kind = _kind(url)
-    serde = fencepost_serializer()
     if kind == "memory":
         from langgraph.checkpoint.memory import InMemorySaver
 
-        yield InMemorySaver(serde=serde)
+        yield InMemorySaver()
         return
     if kind == "sqlite":
         from langgraph.checkpoint.sqlite import SqliteSaver
@@ -409,7 +406,7 @@ def open_checkpointer(url: str, *, read_only: bool = False) -> Iterator[BaseChec
             raise _open_failed(url, exc) from None
         opened: _Opened | None = None
         try:
-            saver = SqliteSaver(conn, serde=serde)
+            saver = SqliteSaver(conn)
             opened = _remember(saver, "sqlite", _file_of(target), read_only=read_only)
             if read_only:
                 with checkpointer_errors(url):
@@ -439,7 +436,7 @@ def open_checkpointer(url: str, *, read_only: bool = False) -> Iterator[BaseChec
         raise _postgres_connect_error(url, exc) from None
     pg_opened: _Opened | None = None
     try:
-        pg_saver = PostgresSaver(pg, serde=serde)
+        pg_saver = PostgresSaver(pg)
         pg_opened = _remember(pg_saver, "postgres", conninfo, read_only=read_only)
         if read_only:
             with checkpointer_errors(url):
@@ -469,11 +466,10 @@ async def aopen_checkpointer(
     ``read_only`` and the errors are those of :func:`open_checkpointer`.
     """
     kind = _kind(url)
-    serde = fencepost_serializer()
     if kind == "memory":
         from langgraph.checkpoint.memory import InMemorySaver
 
-        yield InMemorySaver(serde=serde)
+        yield InMemorySaver()
         return
     if kind == "sqlite":
         import aiosqlite
@@ -486,7 +482,7 @@ async def aopen_checkpointer(
             raise _open_failed(url, exc) from None
         opened: _Opened | None = None
         try:
-            saver = AsyncSqliteSaver(conn, serde=serde)
+            saver = AsyncSqliteSaver(conn)
             opened = _remember(saver, "sqlite", _file_of(target), read_only=read_only)
             if read_only:
                 with checkpointer_errors(url):
@@ -516,7 +512,7 @@ async def aopen_checkpointer(
         raise _postgres_connect_error(url, exc) from None
     pg_opened: _Opened | None = None
     try:
-        pg_saver = AsyncPostgresSaver(pg, serde=serde)
+        pg_saver = AsyncPostgresSaver(pg)
         pg_opened = _remember(pg_saver, "postgres", conninfo, read_only=read_only)
         if read_only:
             with checkpointer_errors(url):

@@ -48,7 +48,8 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, create_model
 
 from fencepost.graph.cancel import acancel, cancel
 from fencepost.graph.loop import LoopConfig, settings_of
-from fencepost.graph.state import run_output, start
+from fencepost.graph.state import has_run, run_output, start
+from fencepost.graph.tool_runner import finish_before_cancel
 from fencepost.policy import (
     AgentState,
     Balance,
@@ -223,13 +224,19 @@ class _Driver:
         return dict((await self.graph.aget_state(config)).values)
 
     async def invoke(self, value: Any, config: RunnableConfig, ctx: RunContext) -> dict[str, Any]:
+        # Each step's checkpoint is written before the next begins: a child cancelled with its
+        # caller finds its run on its thread, however soon after it started, and ends it typed
+        # (with LangGraph's default, the latest checkpoint may still be on its way).
         if self.sync:
             return dict(
                 await asyncio.to_thread(
-                    _outside_the_node, lambda: self.graph.invoke(value, config, context=ctx)
+                    _outside_the_node,
+                    lambda: self.graph.invoke(value, config, context=ctx, durability="sync"),
                 )
             )
-        return dict(await _isolated(self.graph.ainvoke(value, config, context=ctx)))
+        return dict(
+            await _isolated(self.graph.ainvoke(value, config, context=ctx, durability="sync"))
+        )
 
     async def cancel(self, config: RunnableConfig, ctx: RunContext) -> None:
         if self.sync:
@@ -240,19 +247,37 @@ class _Driver:
             await _isolated(acancel(self.graph, config, context=ctx))
 
 
+_RECORD_GRACE_SECONDS = 10.0
+"""How long a child's cancel record is waited for once its caller is cancelled again: the
+record is two local writes (the stop, then the terminal node's ending), milliseconds."""
+
+
 async def _ended_cancelled(driver: _Driver, config: RunnableConfig, ctx: RunContext) -> None:
     """Write the durable cancel record of a child whose run was cancelled with its caller.
 
-    Shielded: a second cancel of the caller stops waiting for it, not the record. A failure to
-    write it is logged and never replaces the ``CancelledError`` that goes on.
+    Shielded, and waited for through further cancels of the caller (LangGraph's runner cancels
+    the tasks of a step it stops), within :data:`_RECORD_GRACE_SECONDS`: the child's thread has
+    its ending before ``CancelledError`` goes on, so a caller that cancels and then reads the
+    child never finds it half-ended. A failure to write it is logged and never replaces the
+    ``CancelledError`` that goes on.
     """
-    record = asyncio.ensure_future(driver.cancel(config, ctx))
-    try:
-        await asyncio.shield(record)
-    except asyncio.CancelledError:
-        pass
-    except Exception:  # logged with its traceback; the caller's cancellation goes on regardless
-        _log.exception("a cancelled child run's cancel record could not be written")
+    loop = asyncio.get_running_loop()
+    record = finish_before_cancel(driver.cancel(config, ctx))
+    until = loop.time() + _RECORD_GRACE_SECONDS
+    while not record.done() and loop.time() < until:
+        try:
+            await asyncio.wait_for(asyncio.shield(record), until - loop.time())
+        except asyncio.CancelledError:
+            continue  # cancelled again: the record is still on its way
+        except TimeoutError:
+            break
+        except Exception:  # logged below, from the record itself
+            break
+    if record.done() and not record.cancelled() and record.exception() is not None:
+        _log.error(
+            "a cancelled child run's cancel record could not be written",
+            exc_info=record.exception(),
+        )
 
 
 async def _funding_refusal(
@@ -281,7 +306,7 @@ async def _run_child(
     refusal: Callable[[], Coroutine[Any, Any, StopRequest | None]],
 ) -> AgentState | StopRequest:
     values = await driver.values(config)
-    if "run_id" not in values:
+    if not has_run(values):
         refused = await refusal()
         if refused is not None:
             return refused

@@ -4,8 +4,16 @@ from fencepost.graph.bounded import CommandRefused, ForkRefused
 from fencepost.graph.builder import GraphConfigError, build_agent_graph
 from fencepost.graph.cancel import CancelRefused, NestedRunUnreachable, acancel, cancel
 from fencepost.graph.context import RunContext
-from fencepost.graph.serde import fencepost_serializer, serializer_allowlist
-from fencepost.graph.state import GraphState, InputState, StartRequest, run_output, start
+from fencepost.graph.serde import fencepost_serializer
+from fencepost.graph.state import (
+    GraphState,
+    InputState,
+    LayoutRefused,
+    NoRun,
+    StartRequest,
+    run_output,
+    start,
+)
 
 __all__ = [
     "CancelRefused",
@@ -14,7 +22,9 @@ __all__ = [
     "GraphConfigError",
     "GraphState",
     "InputState",
+    "LayoutRefused",
     "NestedRunUnreachable",
+    "NoRun",
     "RunContext",
     "StartRequest",
     "acancel",
@@ -22,6 +32,5 @@ __all__ = [
     "cancel",
     "fencepost_serializer",
     "run_output",
-    "serializer_allowlist",
     "start",
 ]

@@ -47,13 +47,16 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, Send
 
 from fencepost.adapters import telemetry
+from fencepost.graph.record import FIELDS, record_of
+from fencepost.graph.state import RetiredChannel
 from fencepost.policy import Phase
 from fencepost.policy.approval import UNREPRESENTABLE_ANSWER, storable_answer
 
 
 class CommandRefused(ValueError):
-    """A ``Command`` the loop cannot take: it would make two nodes write one field in one step
-    (see the module docstring). Nothing of it was saved; the thread is as it was.
+    """A ``Command`` or state update the loop cannot take: it would make two nodes write one field
+    in one step, or writes no channel of the state (see the module docstring). Nothing of it was
+    saved; the thread is as it was.
 
     >>> str(CommandRefused("goto names 2 nodes"))
     'command refused: goto names 2 nodes'
@@ -80,6 +83,11 @@ class ForkRefused(ValueError):
             "the thread's config (without a checkpoint_id) or start a new thread"
         )
         self.checkpoint_id = checkpoint_id
+
+
+def ended(values: Mapping[str, Any]) -> bool:
+    """Whether the run in these channel values has ended."""
+    return record_of(values).get("phase") == Phase.TERMINAL.value
 
 
 def _targets(command: Command[Any]) -> list[Any]:
@@ -111,10 +119,11 @@ def _update_refusal(
     keys = _keys(command.update)
     if keys is None:
         return None
+    unknown = _unknown_key(keys, fields)
+    if unknown is not None:
+        return unknown
     seen: set[str] = set()
     for key in keys:
-        if not isinstance(key, str) or key not in fields:
-            return "the update writes a channel that is no field of the state"
         if isinstance(fields[key], LastValue):
             if key in seen:
                 return f"the update writes {key!r} twice"
@@ -141,6 +150,36 @@ def _refusal(
     if targets and any(node != targets[0] for node in waiting):
         return f"goto beside {', '.join(waiting)}, which the thread is waiting on"
     return _update_refusal(command, fields, written)
+
+
+def _unknown_key(keys: list[Any], fields: Mapping[str, Any]) -> str | None:
+    """Why an update naming ``keys`` writes no channel of the state, if one does not."""
+    for key in keys:
+        if isinstance(key, str) and key in fields and not isinstance(fields[key], RetiredChannel):
+            continue
+        if isinstance(key, str) and key in FIELDS:
+            return (
+                f"the update writes {key!r}, a field of the run record: write "
+                f'{{"run": {{"{key}": ...}}}}'
+            )
+        return "the update writes a channel that is no field of the state"
+    return None
+
+
+def _state_update_refusal(supersteps: Any, fields: Mapping[str, Any]) -> str | None:
+    """Why a state update (``update_state``, ``bulk_update_state``) names a key that is no
+    channel of the state (LangGraph would drop it without a word), if one does."""
+    try:
+        updates = [u for step in supersteps for u in step]
+    except TypeError:
+        return None
+    for update in updates:
+        keys = _keys(getattr(update, "values", None))
+        if keys:
+            why = _unknown_key(keys, fields)
+            if why is not None:
+                return why
+    return None
 
 
 _INTERRUPT_ID = re.compile(r"[0-9a-f]{32}")
@@ -216,7 +255,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         if config is None or self.checkpointer is None:
             return False
         try:
-            return self.get_state(config).values.get("phase") is Phase.TERMINAL
+            return ended(self.get_state(config).values)
         except Exception:
             return False
 
@@ -224,7 +263,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         if config is None or self.checkpointer is None:
             return False
         try:
-            return (await self.aget_state(config)).values.get("phase") is Phase.TERMINAL
+            return ended((await self.aget_state(config)).values)
         except Exception:
             return False
 
@@ -291,12 +330,20 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         fork = self._fork_of(config)
         if fork is not None:
             raise ForkRefused(fork)
+        supersteps = list(supersteps)
+        why = _state_update_refusal(supersteps, self.builder.channels)
+        if why is not None:
+            raise CommandRefused(why)
         return super().bulk_update_state(config, supersteps)
 
     async def abulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
         fork = await self._afork_of(config)
         if fork is not None:
             raise ForkRefused(fork)
+        supersteps = list(supersteps)
+        why = _state_update_refusal(supersteps, self.builder.channels)
+        if why is not None:
+            raise CommandRefused(why)
         return await super().abulk_update_state(config, supersteps)
 
     def stream(

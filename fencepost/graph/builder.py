@@ -8,7 +8,6 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import END, START, StateGraph
 
 from fencepost.graph.approve_node import approve
@@ -18,7 +17,7 @@ from fencepost.graph.decide_node import decide
 from fencepost.graph.default_ledger import LedgerNeeded, durable_ledger
 from fencepost.graph.execute_node import execute
 from fencepost.graph.loop import LoopConfig, remember
-from fencepost.graph.node_io import twins
+from fencepost.graph.node_io import loop_node
 from fencepost.graph.routing import (
     route_after_approve,
     route_after_decide,
@@ -214,16 +213,14 @@ def _assemble(cfg: LoopConfig) -> StateGraph[Any, RunContext, Any, Any]:
     a ledger of its own) the graph it compiles into instead with a durable checkpointer."""
     # A mapping context is validated by the nodes, not by LangGraph (see ContextInput).
     graph = BoundedStateGraph(GraphState, context_schema=ContextInput, input_schema=InputState)
-    # One body per node, run by the sync or the async path (see fencepost.graph.loop). LangGraph
-    # has no public way to give a node both a sync and an async function, hence RunnableCallable.
+    # One body per node, run by the sync or the async path (see fencepost.graph.node_io).
     for name, body in (
         ("decide", decide),
         ("execute", execute),
         ("approve", approve),
         ("terminal", terminal),
     ):
-        run, arun = twins(cfg, body)
-        graph.add_node(name, RunnableCallable(run, arun, name=name))
+        graph.add_node(name, loop_node(cfg, name, body))
     graph.add_conditional_edges(START, route_start, ["decide", "approve", "execute", "terminal"])
     graph.add_conditional_edges(
         "decide", route_after_decide, ["approve", "execute", "decide", "terminal"]

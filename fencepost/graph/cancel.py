@@ -12,7 +12,8 @@ from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot
 
 from fencepost.graph.loop import LoopConfig, settings_of
-from fencepost.graph.state import run_output
+from fencepost.graph.record import plain
+from fencepost.graph.state import has_run, run_output
 from fencepost.policy import (
     AgentState,
     LedgerConflict,
@@ -144,7 +145,7 @@ def _nested_runs(snapshot: StateSnapshot) -> Iterator[StateSnapshot]:
     for task in snapshot.tasks:
         sub = task.state
         if isinstance(sub, StateSnapshot):
-            if "run_id" in sub.values:
+            if has_run(sub.values):
                 yield sub
             else:
                 yield from _nested_runs(sub)
@@ -187,6 +188,14 @@ def _unlisted(config: RunnableConfig, parent: StateSnapshot) -> list[tuple[str, 
     ]
 
 
+def _holds_run(checkpoint: Mapping[str, Any]) -> bool:
+    """Whether a stored checkpoint holds a fencepost run: its run record channel was written (a
+    delta channel's value is stored as writes, so its version is what the checkpoint shows), or
+    it is of the first layout (refused when read)."""
+    versions = checkpoint.get("channel_versions") or {}
+    return "run" in versions or "run_id" in versions
+
+
 def _refuse_unlisted(saver: Any, tasks: list[tuple[str, RunnableConfig]]) -> None:
     """Raise :class:`NestedRunUnreachable` for an unlisted task whose namespace holds a
     fencepost run on the parent's checkpointer: a cancel could not reach it, and saying nothing
@@ -195,7 +204,7 @@ def _refuse_unlisted(saver: Any, tasks: list[tuple[str, RunnableConfig]]) -> Non
         return
     for node, nested in tasks:
         saved = saver.get_tuple(nested)
-        if saved is not None and "run_id" in saved.checkpoint["channel_values"]:
+        if saved is not None and _holds_run(saved.checkpoint):
             raise NestedRunUnreachable(node, nested)
 
 
@@ -205,7 +214,7 @@ async def _arefuse_unlisted(saver: Any, tasks: list[tuple[str, RunnableConfig]])
         return
     for node, nested in tasks:
         saved = await saver.aget_tuple(nested)
-        if saved is not None and "run_id" in saved.checkpoint["channel_values"]:
+        if saved is not None and _holds_run(saved.checkpoint):
             raise NestedRunUnreachable(node, nested)
 
 
@@ -247,7 +256,7 @@ def cancel(
     if _namespace(config):
         return _cancel_nested(graph, config, context)
     snapshot = graph.get_state(config)
-    if "run_id" not in snapshot.values:
+    if not has_run(snapshot.values):
         if settings_of(graph) is not None:
             return None
         parent = graph.get_state(config, subgraphs=True)
@@ -263,7 +272,7 @@ def cancel(
     _check(None if settings is None else _owner(settings.ledger, account), context, state)
     if settings is not None:
         _close(settings.ledger, account)
-    graph.update_state(config, {"stop": _CANCEL}, as_node=_writer(snapshot.next))
+    graph.update_state(config, {"run": {"stop": plain(_CANCEL)}}, as_node=_writer(snapshot.next))
     graph.invoke(None, config, context=context)
     return run_output(graph.get_state(config).values)
 
@@ -276,7 +285,7 @@ async def acancel(
     if _namespace(config):
         return await _acancel_nested(graph, config, context)
     snapshot = await graph.aget_state(config)
-    if "run_id" not in snapshot.values:
+    if not has_run(snapshot.values):
         if settings_of(graph) is not None:
             return None
         parent = await graph.aget_state(config, subgraphs=True)
@@ -292,7 +301,9 @@ async def acancel(
     _check(None if settings is None else await _aowner(settings.ledger, account), context, state)
     if settings is not None:
         await _aclose(settings.ledger, account)
-    await graph.aupdate_state(config, {"stop": _CANCEL}, as_node=_writer(snapshot.next))
+    await graph.aupdate_state(
+        config, {"run": {"stop": plain(_CANCEL)}}, as_node=_writer(snapshot.next)
+    )
     await graph.ainvoke(None, config, context=context)
     return run_output((await graph.aget_state(config)).values)
 
@@ -335,7 +346,7 @@ def _nested_state(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> 
         values = graph.get_state(config).values
     except ValueError:  # "No checkpointer set": nothing to read, the account is still named
         return None
-    return run_output(values) if "run_id" in values else None
+    return run_output(values) if has_run(values) else None
 
 
 async def _anested_state(
@@ -346,7 +357,7 @@ async def _anested_state(
         values = (await graph.aget_state(config)).values
     except ValueError:
         return None
-    return run_output(values) if "run_id" in values else None
+    return run_output(values) if has_run(values) else None
 
 
 def _close(ledger: Ledger, account: str) -> None:

@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from langchain_core.messages import AnyMessage, BaseMessage, RemoveMessage, convert_to_messages
-from langgraph.channels.binop import _get_overwrite
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import PendingWrite
 from langgraph.graph.message import add_messages
 from langgraph.types import Overwrite
 
-from fencepost.graph.channels import SNAPSHOT_EVERY, Shared
+from fencepost.graph.record import SNAPSHOT_EVERY, overwrite_of
 
 
 def _message_id(existing: int, index: int, message: BaseMessage) -> str:
@@ -98,7 +97,7 @@ def _as_taken(write: Any) -> Any:
     ``{"__overwrite__": ...}`` included) bypasses the reducer, so it is read here: of messages,
     it becomes an ``Overwrite`` of those messages, named as an append names them; of anything
     else, None (dropped, as a write that is no message is: kept, it raised at every load)."""
-    is_overwrite, value = _get_overwrite(write)
+    is_overwrite, value = overwrite_of(write)
     if not is_overwrite or value is None:  # None: LangGraph's reset to an empty conversation
         return write
     given = value if isinstance(value, list) else [value]
@@ -109,14 +108,24 @@ def _as_taken(write: Any) -> Any:
     return Overwrite(_add_messages(None, [given]))
 
 
-class Conversation(Shared):
-    """The messages channel: every write it keeps is messages (see :func:`_as_taken`)."""
+class Conversation(DeltaChannel[Any]):
+    """The messages channel: every write it keeps is messages (see :func:`_as_taken`).
+
+    LangGraph copies every channel to route each step, and a delta channel's copy copies its
+    value: here the conversation, as long as the run. The reducer never changes a conversation
+    in place (it makes a new one), so a copy shares it."""
+
+    def copy(self) -> Conversation:
+        out = _new(type(self))
+        out.typ, out.key, out.value = self.typ, self.key, self.value
+        out.reducer, out.snapshot_frequency = self.reducer, self.snapshot_frequency
+        return out
 
     def update(self, values: Sequence[Any]) -> bool:
         if not values:
             return False
         taken = [w for w in map(_as_taken, values) if w is not None]
-        resets = [i for i, w in enumerate(taken) if _get_overwrite(w)[0]]
+        resets = [i for i, w in enumerate(taken) if overwrite_of(w)[0]]
         # Two resets in one step: the last wins, as across steps (LangGraph raises, again at
         # every later invoke of the thread when a caller's Command wrote them).
         for i in reversed(resets[:-1]):
@@ -127,6 +136,8 @@ class Conversation(Shared):
         taken = ((task, channel, _as_taken(value)) for task, channel, value in writes)
         super().replay_writes([w for w in taken if w[2] is not None])
 
+
+_new = object.__new__
 
 # The messages view grows by a few messages a step; as a delta channel a checkpoint stores the
 # messages a step wrote, not the whole conversation again (see benchmarks/).

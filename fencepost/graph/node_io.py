@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-from langgraph.runtime import Runtime
+from langchain_core.runnables import Runnable, RunnableConfig
+from langgraph.runtime import Runtime, get_runtime
 from pydantic import BaseModel
 
 from fencepost.graph.loop import LoopConfig, Update
@@ -192,13 +193,35 @@ def drive(body: Coroutine[Any, Any, T]) -> T:
 NodeBody = Callable[[NodeIO, dict[str, Any], Runtime[Any]], Coroutine[Any, Any, Update]]
 
 
-def twins(
-    cfg: LoopConfig, body: NodeBody
-) -> tuple[
-    Callable[[dict[str, Any], Runtime[Any]], Update],
-    Callable[[dict[str, Any], Runtime[Any]], Coroutine[Any, Any, Update]],
-]:
-    """The sync and async node functions for one body. Each adds the ``messages`` that show
+class LoopNode(Runnable[Any, Update]):
+    """One node of the loop as a LangChain ``Runnable`` with a sync and an async body: the
+    public way to give a LangGraph node both (``invoke`` runs the sync graph's, ``ainvoke`` the
+    async graph's). It reads the graph's ``Runtime`` with :func:`langgraph.runtime.get_runtime`,
+    and, like a function node, opens no callback run of its own."""
+
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[dict[str, Any], Runtime[Any]], Update],
+        arun: Callable[[dict[str, Any], Runtime[Any]], Coroutine[Any, Any, Update]],
+    ) -> None:
+        self.name = name
+        self._run = run
+        self._arun = arun
+
+    def invoke(
+        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Update:
+        return self._run(input, get_runtime())
+
+    async def ainvoke(
+        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Update:
+        return await self._arun(input, get_runtime())
+
+
+def loop_node(cfg: LoopConfig, name: str, body: NodeBody) -> LoopNode:
+    """The node ``name`` running ``body``, sync or async. It adds the ``messages`` that show
     what its body changed (:mod:`fencepost.graph.messages`), so no body writes them itself,
     and resets what a caller wrote before a run began (:func:`~fencepost.graph.writes.started`).
 
@@ -223,4 +246,4 @@ def twins(
             writes = refused(invalid.state)
         return with_messages(values, started(values, writes))
 
-    return run, arun
+    return LoopNode(name, run, arun)

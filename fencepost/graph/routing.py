@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from langgraph.managed import RemainingSteps
 
@@ -10,8 +11,8 @@ from langgraph.managed import RemainingSteps
 # typing_extensions' TypedDict.
 from typing_extensions import TypedDict
 
-from fencepost.policy import Phase, StopRequest, VerdictCode
-from fencepost.policy.batch import BatchEntry
+from fencepost.graph.record import record_of
+from fencepost.policy import Phase, VerdictCode
 from fencepost.policy.run_check import NEEDS_DECIDE, out_of_supersteps
 
 Next = Literal["decide", "approve", "execute", "terminal"]
@@ -19,62 +20,90 @@ Exit = Literal["terminal", "__end__"]
 
 
 class RouteView(TypedDict, total=False):
-    """The channels a router reads. LangGraph reads a conditional edge's input from the type of
-    its first parameter: typed as the whole state, each route re-read every channel (the
-    conversation and the records re-applied) at every superstep, for the five fields used."""
+    """The channels a router reads: LangGraph reads a conditional edge's input from the type of
+    its first parameter (typed as the whole state, each route would read every channel)."""
 
+    run: dict[str, Any]
     run_id: str
-    phase: Phase
-    stop: StopRequest | None
-    batch: tuple[BatchEntry, ...]
     remaining_steps: RemainingSteps
 
 
-def _after_gate(values: RouteView) -> Next:
-    verdicts = [e.verdict for e in values.get("batch") or ()]
-    if any(v.code is VerdictCode.APPROVAL_PENDING for v in verdicts):
+_PENDING = VerdictCode.APPROVAL_PENDING.value
+_ALLOWED = VerdictCode.ALLOWED.value
+_TERMINAL = Phase.TERMINAL.value
+
+
+def _codes(record: Mapping[str, Any]) -> list[Any]:
+    """The verdict codes of the record's batch, as plain values. A router never judges: what a
+    caller wrote that is no batch reads as no verdicts, and the node it routes to refuses it."""
+    view = getattr(record, "view", None)
+    if view is not None:
+        return [e.verdict.code.value for e in view.batch]
+    batch = record.get("batch")
+    if not isinstance(batch, Sequence) or isinstance(batch, str):
+        return []
+    codes = []
+    for entry in batch:
+        verdict = entry.get("verdict") if isinstance(entry, Mapping) else None
+        codes.append(verdict.get("code") if isinstance(verdict, Mapping) else None)
+    return codes
+
+
+def _after_gate(record: Mapping[str, Any]) -> Next:
+    codes = _codes(record)
+    if _PENDING in codes:
         return "approve"
-    if any(v.code is VerdictCode.ALLOWED for v in verdicts):
+    if _ALLOWED in codes:
         return "execute"
     return "decide"
 
 
+def _stopped(record: Mapping[str, Any]) -> bool:
+    return record.get("stop") is not None
+
+
 def route_start(values: RouteView) -> Next:
-    """Entry: a new run decides; a resumed one continues where its state says it is."""
+    """Entry: a new run decides; a resumed one continues where its record says it is."""
     # No room even for a first decision: the terminal node still ends the run as data.
     if out_of_supersteps(values.get("remaining_steps"), NEEDS_DECIDE):
         return "terminal"
-    if "run_id" not in values:
+    record = record_of(values)
+    if "run_id" not in record:
+        # A checkpoint of another layout goes to the terminal node, which refuses it.
+        if "run_id" in values:
+            return "terminal"
         # No run yet: a stop or a phase a caller wrote to the thread first is not the run's
         # (its first step writes over them), so the run still decides.
         return "decide"
-    if values.get("phase") is Phase.TERMINAL or values.get("stop") is not None:
+    if record.get("phase") == _TERMINAL or _stopped(record):
         return "terminal"
-    if not values.get("batch"):
+    if not record.get("batch"):
         return "decide"
-    return _after_gate(values)
+    return _after_gate(record)
 
 
 def route_after_decide(values: RouteView) -> Next:
     """After a decision was gated: pause for approval, execute, or end."""
-    if values.get("stop") is not None:
+    record = record_of(values)
+    if _stopped(record):
         return "terminal"
-    if not values.get("batch"):
+    if not record.get("batch"):
         # No decision and no stop: a retryable model error, asked again at the next step.
         return "decide"
-    return _after_gate(values)
+    return _after_gate(record)
 
 
 def route_after_approve(values: RouteView) -> Next:
     """After a human answered: run what was approved, or ask the model again."""
-    if values.get("stop") is not None:
+    record = record_of(values)
+    if _stopped(record):
         return "terminal"
-    return _after_gate(values)
+    return _after_gate(record)
 
 
 def route_after_execute(values: RouteView) -> Next:
     """After tools ran: back to the model, or end."""
-    if values.get("stop") is not None:
+    if _stopped(record_of(values)):
         return "terminal"
     return "decide"
 
@@ -85,6 +114,7 @@ def route_after_terminal(values: RouteView) -> Exit:
     The node always ends a run; only a state update made as the terminal node (which LangGraph
     takes as its output) arrives here with a run still going, and is sent through it.
     """
-    if "run_id" not in values or values.get("phase") is Phase.TERMINAL:
+    record = record_of(values)
+    if "run_id" not in record or record.get("phase") == _TERMINAL:
         return "__end__"
     return "terminal"

@@ -1,38 +1,40 @@
-"""The graph's channels: one per AgentState field, the start request, and the messages view."""
+"""The graph's state: three channels, and the typed view a node reads.
+
+- ``request``: what started the run (:class:`StartRequest`, held as plain data);
+- ``run``: the run's record, AgentState's fields as plain data (:mod:`fencepost.graph.record`);
+- ``messages``: the run as a conversation, for chat UIs (:mod:`fencepost.graph.messages`).
+
+Every value a checkpoint holds is plain data or a LangChain message, so any LangGraph saver with
+its default serializer works, strict or not. :func:`load_state` rebuilds the typed
+:class:`~fencepost.policy.AgentState` at the node boundary (validated; a value that does not
+validate ends the run ``invalid_state``, never half-read), and :func:`run_output` is the
+stable typed reader of a run's output or saved state.
+"""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
-from typing import Annotated, Any, get_type_hints
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
 
 from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
+from langgraph.channels.last_value import LastValue
 from langgraph.managed import RemainingSteps
 from pydantic import Field, ValidationError
 
 # pydantic builds the JSON schemas from these; on Python < 3.12 only from typing_extensions'.
 from typing_extensions import TypedDict
 
-from fencepost.graph.channels import Coerced, Defaulted, Records, field_check
 from fencepost.graph.conversation import Messages
-from fencepost.policy import (
-    AgentState,
-    AnswerPayload,
-    Observation,
-    Phase,
-    Receipt,
-    RuntimeBudget,
-    StepManifest,
-    StopReport,
-    StopRequest,
-    TerminationReason,
-    ToolProposal,
-)
-from fencepost.policy._model import Frozen, assemble
-from fencepost.policy.batch import BatchEntry
+from fencepost.graph.record import REPLACED, RunChannel, RunRecord, plain, record_of, started
+from fencepost.policy import AgentState, RuntimeBudget, TerminationReason
+from fencepost.policy._model import Frozen
 from fencepost.policy.budget import DEFAULT_STEPS, DEFAULT_TOOL_CALLS, default_budget
 from fencepost.policy.run_check import stop
 from fencepost.policy.stop_report import paused_report
+
+LAYOUT = 2
+"""The state layout this version writes: one run record channel (1 was a channel per field)."""
 
 
 def new_run_id() -> str:
@@ -58,71 +60,74 @@ class StartRequest(Frozen):
     )
 
 
-def field_default(name: str) -> Any:
-    """The default of AgentState field ``name`` (a fresh one where it has a factory)."""
-    return AgentState.model_fields[name].get_default(call_default_factory=True)
+class RequestChannel(LastValue[Any]):
+    """The ``request`` channel: a start request as plain data, whatever form it was given in (a
+    :class:`StartRequest` is held as its fields, so no checkpoint holds the record itself)."""
+
+    def update(self, values: Sequence[Any]) -> bool:
+        return super().update([_plain_request(v) for v in values])
 
 
-def _unset(name: str, kind: type[Defaulted] = Defaulted) -> Defaulted:
-    """The channel of AgentState field ``name``: read as the field's default until written."""
-    return kind(AgentState.model_fields[name].annotation, default=field_default(name))
+def _plain_request(value: Any) -> Any:
+    if isinstance(value, StartRequest):
+        return value.model_dump(mode="json")
+    return value
 
 
-def _record(name: str, kind: Callable[[Any], Records]) -> Records:
-    """The channel of AgentState field ``name``: a ``kind`` record of the field's type."""
-    return kind(AgentState.model_fields[name].annotation)
+class RetiredChannel(LastValue[Any]):
+    """A channel of the first state layout (one per AgentState field), kept by name only so that
+    a checkpoint it wrote is recognised and refused (:class:`LayoutRefused`), never half-read.
+    Nothing writes it."""
+
+    def update(self, values: Sequence[Any]) -> bool:
+        return False
+
+
+class LayoutRefused(ValueError):
+    """The thread's checkpoint was written by another fencepost state layout than this one's
+    (:data:`LAYOUT`): it is refused, never half-read.
+
+    >>> str(LayoutRefused(1))
+    'checkpoint refused: written by fencepost state layout 1 (a channel per field); this version reads layout 2 (one run record): finish or cancel the run with the version that started it'
+    """
+
+    def __init__(self, layout: int) -> None:
+        super().__init__(
+            f"checkpoint refused: written by fencepost state layout {layout} (a channel per "
+            f"field); this version reads layout {LAYOUT} (one run record): finish or cancel "
+            "the run with the version that started it"
+        )
+        self.layout = layout
 
 
 class GraphState(TypedDict, total=False):
-    """LangGraph state schema: AgentState's fields as channels (validates back into AgentState)."""
+    """LangGraph state schema: the start request, the run's record and the conversation."""
 
-    request: StartRequest
-    run_id: str
-    tenant_id: Annotated[str | None, _unset("tenant_id")]
-    principal_id: Annotated[str | None, _unset("principal_id")]
-    question: str
-    phase: Phase
-    budget: RuntimeBudget
-    step: Annotated[int, _unset("step")]
-    observations: Annotated[tuple[Observation, ...], _record("observations", Records.appended)]
-    proposals: Annotated[tuple[ToolProposal, ...], _record("proposals", Records.appended)]
-    batch: Annotated[tuple[BatchEntry, ...], _unset("batch", Coerced)]
-    receipts: Annotated[tuple[Receipt, ...], _record("receipts", Records.appended)]
-    fingerprints: Annotated[dict[str, int], _record("fingerprints", Records.counted)]
-    evidence: Annotated[dict[str, str], _record("evidence", Records.latest)]
-    answered: Annotated[dict[str, int], _record("answered", Records.latest)]
-    final_answer: Annotated[AnswerPayload | None, _unset("final_answer")]
-    termination: Annotated[TerminationReason | None, _unset("termination")]
-    last_error_code: Annotated[str | None, _unset("last_error_code")]
-    manifests: Annotated[tuple[StepManifest, ...], _record("manifests", Records.appended)]
-    open_tasks: Annotated[tuple[str, ...], _unset("open_tasks")]
-    repairs: Annotated[int, _unset("repairs")]
-    repair_notes: Annotated[tuple[str, ...], _unset("repair_notes")]
-    model_failures: Annotated[int, _unset("model_failures")]
-    stop: Annotated[StopRequest | None, _unset("stop")]
-    report: Annotated[StopReport | None, _unset("report")]
+    request: Annotated[StartRequest, RequestChannel(dict)]
+    """What started the run (plain data)."""
+    run: Annotated[dict[str, Any], RunChannel()]
+    """The run's record: AgentState's fields as plain data (read it with :func:`run_output`)."""
     messages: Annotated[list[AnyMessage], Messages]
     """The run as a conversation, for chat UIs and ``stream_mode="messages"``: a view of the
-    fields above, derived by :mod:`fencepost.graph.messages`, never read by the loop."""
+    record, derived by :mod:`fencepost.graph.messages`, never read by the loop."""
+    run_id: Annotated[str, RetiredChannel(str)]
+    """Layout 1's first field: present only in a checkpoint that layout wrote (refused)."""
     remaining_steps: RemainingSteps
 
 
 class InputState(TypedDict, total=False):
     """What ``invoke`` takes to start a run, one of:
 
-    - ``{"request": StartRequest}`` (see :func:`start`; as JSON ``{"request": {"question":
-      "..."}}``, ``run_id`` and ``budget`` optional);
+    - ``{"request": {...}}`` (see :func:`start`; as JSON ``{"request": {"question": "..."}}``,
+      ``run_id`` and ``budget`` optional);
     - ``{"messages": [...]}``: the last human message is the question; the run gets a generated
       run id and the default budget (:func:`default_budget`).
 
     With both, ``request`` starts the run and ``messages`` is kept as given.
     """
 
-    request: StartRequest
+    request: Annotated[StartRequest, RequestChannel(dict)]
     messages: Annotated[list[AnyMessage], Messages]
-
-
-_FIELDS = tuple(AgentState.model_fields)
 
 
 def start(
@@ -133,18 +138,18 @@ def start(
     steps: int = DEFAULT_STEPS,
     tool_calls: int = DEFAULT_TOOL_CALLS,
 ) -> InputState:
-    """The input for ``invoke``/``stream`` that starts a run.
+    """The input for ``invoke``/``stream`` that starts a run (plain data, as a server client
+    would send it).
 
-    >>> start("why is checkout slow?", RuntimeBudget(steps_remaining=6, tool_calls_remaining=3))["request"].question
+    >>> start("why is checkout slow?", RuntimeBudget(steps_remaining=6, tool_calls_remaining=3))["request"]["question"]
     'why is checkout slow?'
     """
-    return {
-        "request": StartRequest(
-            run_id=run_id or new_run_id(),
-            question=question,
-            budget=budget or RuntimeBudget(steps_remaining=steps, tool_calls_remaining=tool_calls),
-        )
-    }
+    request = StartRequest(
+        run_id=run_id or new_run_id(),
+        question=question,
+        budget=budget or RuntimeBudget(steps_remaining=steps, tool_calls_remaining=tool_calls),
+    )
+    return {"request": request.model_dump(mode="json")}  # type: ignore[typeddict-item]
 
 
 def _text_of(message: BaseMessage) -> str:
@@ -165,8 +170,15 @@ class NoQuestion(ValueError):
         super().__init__('a run starts from {"request": {"question": ...}} or {"messages": [...]}')
 
 
+class NoRun(ValueError):
+    """There is no fencepost run in these values (no run has started on the thread)."""
+
+    def __init__(self) -> None:
+        super().__init__("no fencepost run in these values: no run has started on this thread")
+
+
 def request_from(
-    values: dict[str, Any], *, required: bool = True, run_id: str | None = None
+    values: Mapping[str, Any], *, required: bool = True, run_id: str | None = None
 ) -> StartRequest | None:
     """The start request in a new run's channel values: ``request`` if given, else one made
     from the last human message in ``messages`` (with the default budget, and ``run_id`` or a
@@ -190,101 +202,113 @@ def request_from(
     return None
 
 
-def fields_on(kind: Any) -> tuple[str, ...]:
-    """The AgentState fields whose channel is a ``kind`` (a channel class, or a union)."""
-    hints = get_type_hints(GraphState, include_extras=True)
-    meta = {n: getattr(hints[n], "__metadata__", ()) for n in _FIELDS}
-    return tuple(n for n in _FIELDS if any(isinstance(m, kind) for m in meta[n]))
+def refuse_other_layouts(values: Mapping[str, Any]) -> None:
+    """Raise :class:`LayoutRefused` for channel values a checkpoint of layout 1 holds."""
+    if "run_id" in values and not started(record_of(values)):
+        raise LayoutRefused(1)
 
 
-_RECORDS = frozenset(fields_on(Records))
-_ABSENT = object()
+def has_run(values: Mapping[str, Any]) -> bool:
+    """Whether a run has started on the thread these channel values are of."""
+    refuse_other_layouts(values)
+    return started(record_of(values))
+
+
 _INVALID = stop(TerminationReason.POLICY_DENIED, "invalid_state")
 _NO_REQUEST = StartRequest(run_id="run-invalid", question="")
-# Records' items are checked as they are written (``channels.typed``), here by type alone; a
-# field holding contract records (budget view, stop, report, a batch's entries) is checked field
-# by field too.
-_CHECKS = {
-    n: field_check(i, deep=n not in _RECORDS, records=n not in _RECORDS)
-    for n, i in AgentState.model_fields.items()
-}
+
+
+def field_default(name: str) -> Any:
+    """The default of AgentState field ``name`` (a fresh one where it has a factory)."""
+    return AgentState.model_fields[name].get_default(call_default_factory=True)
 
 
 class MendedState(AgentState):
-    """AgentState from channel values not all exactly of their field's type: each such field
-    holds its value's JSON form converted, else a stand-in (its default; for the run id, question
-    and budget, the start request's). A node's writes from it carry the mended fields."""
+    """AgentState from a record whose values did not all validate: each such field holds a stand-in
+    (its default; for the run id, question and budget, the start request's). A node's writes
+    from it write the mended fields back."""
 
     rewrite: tuple[str, ...] = ()
-    """The fields whose channel holds something else, written back with the node's writes."""
+    """The fields whose recorded value did not validate, written back with the node's writes."""
     invalid: bool = False
     """A value had no form of its field's type: the run ends, its stop or ``invalid_state``."""
 
 
 class InvalidState(Exception):
     """Raised by :func:`require_state` for an invalid state: a node that acts does not read
-    stops, so ``node_io.twins`` writes the mended state instead (its stop ends the run)."""
+    stops, so ``node_io.loop_node`` writes the mended state instead (its stop ends the run)."""
 
     def __init__(self, state: MendedState) -> None:
         super().__init__(f"no valid value in state field(s) {', '.join(state.rewrite)}")
         self.state = state
 
 
-def load_state(values: dict[str, Any]) -> AgentState | None:
-    """AgentState from channel values (None before a run has started on this thread).
+def load_state(values: Mapping[str, Any]) -> AgentState | None:
+    """AgentState from a node's channel values (None before a run has started on this thread).
 
-    Each value is checked against its field's type (``type(v) is X``: a step's cost); if all
-    pass, they are assembled unvalidated, else validated in full and mended (:class:`MendedState`).
+    The record a node's own write made carries its typed view; any other (a checkpoint loaded,
+    a caller's write applied) is validated once, and a value that does not validate is mended
+    (:class:`MendedState`). Raises :class:`LayoutRefused` for a checkpoint of another layout.
     """
-    if "run_id" not in values:
+    record = record_of(values)
+    if not started(record):
+        refuse_other_layouts(values)
         return None
-    data: dict[str, Any] = {}
-    wrong: list[str] = []
-    for name, check in _CHECKS.items():
-        value = data[name] = values.get(name, _ABSENT)  # absent: invalid, as no check passes it
-        if not check(value):
-            wrong.append(name)
-        elif type(value) is list:
-            data[name] = tuple(value)  # a checkpoint turns tuples into lists
-    if data.get("phase") is Phase.TERMINAL and data.get("termination") is None:
-        wrong.append("phase")  # terminal, but not made so by the terminal node
-    if wrong:
-        return _mended(values, data, wrong)
-    return assemble(AgentState, data)
+    view = getattr(record, "view", None)
+    if view is not None:
+        return view  # type: ignore[no-any-return]
+    state = _validated(record, values.get("request"))
+    if type(state) is AgentState and type(record) is RunRecord:
+        record.view = state
+    return state
 
 
-def _mended(values: dict[str, Any], data: dict[str, Any], wrong: list[str]) -> MendedState:
-    request, invalid = values.get("request"), set[str]()
+def _validated(record: Mapping[str, Any], request: Any) -> AgentState:
+    data = dict(record)
+    invalid: set[str] = set()
     try:
-        state = AgentState.model_validate(data, strict=False)
-    except Exception as exc:  # field names only: no value reaches state or a message
-        # A record's own validator reading a half-read record inside it (a batch entry revived
-        # with ``model_construct``) raises something else: where no field is named, every
-        # field that failed its check stands in.
-        errors = exc.errors() if isinstance(exc, ValidationError) else []
-        invalid = {str(e["loc"][0]) for e in errors if e["loc"]} or set(wrong)
+        state = AgentState.model_validate(data)
+    except ValidationError as exc:
+        # Field names only: no value reaches state or a message.
+        invalid = {str(e["loc"][0]) for e in exc.errors() if e["loc"]} or set(data)
         data.update((name, _stand_in(name, request)) for name in invalid)
-        state = AgentState.model_validate(data, strict=False)
-    # Converted, exact too (an int a checkpoint holds); terminal only with a termination.
-    late = {n for n in wrong if not _CHECKS[n](getattr(state, n))}
-    late |= {"phase"} if state.is_terminal and state.termination is None else set()
-    if late:
-        invalid |= late
-        state = state.model_copy(update={n: _stand_in(n, request) for n in late})
-    if invalid and state.stop is None:
+        try:
+            state = AgentState.model_validate(data)
+        except ValidationError:
+            invalid = set(data) | {"run_id", "question", "budget"}
+            state = AgentState.model_validate(
+                {name: _stand_in(name, request) for name in ("run_id", "question", "budget")}
+            )
+    if state.is_terminal and state.termination is None:
+        # Terminal, but not made so by the terminal node.
+        invalid.add("phase")
+        state = state.model_copy(update={"phase": field_default("phase")})
+    if not invalid:
+        return state
+    if state.stop is None or "stop" in invalid:
         invalid.add("stop")
         state = state.model_copy(update={"stop": _INVALID})
-    rewrite = tuple(n for n in _FIELDS if n not in _RECORDS and (n in invalid or n in wrong))
-    return MendedState.model_construct(**state.__dict__, rewrite=rewrite, invalid=bool(invalid))
+    rewrite = tuple(n for n in AgentState.model_fields if n in invalid and n in REPLACED)
+    return MendedState.model_construct(**state.__dict__, rewrite=rewrite, invalid=True)
 
 
 def _stand_in(name: str, request: Any) -> Any:
+    if name not in AgentState.model_fields:
+        return None
     if not AgentState.model_fields[name].is_required():
-        return field_default(name)
-    return getattr(request if isinstance(request, StartRequest) else _NO_REQUEST, name)
+        return plain(field_default(name))
+    given = _NO_REQUEST
+    if isinstance(request, StartRequest):
+        given = request
+    elif isinstance(request, dict):
+        try:
+            given = StartRequest.model_validate(request, strict=False)
+        except ValidationError:
+            given = _NO_REQUEST
+    return plain(getattr(given, name))
 
 
-def require_state(values: dict[str, Any]) -> AgentState:
+def require_state(values: Mapping[str, Any]) -> AgentState:
     """AgentState from channel values of a thread a run has started on, for a node that acts:
     raises :class:`InvalidState` where :func:`load_state` mends an invalid value."""
     state = load_state(values)
@@ -295,14 +319,26 @@ def require_state(values: dict[str, Any]) -> AgentState:
     return state
 
 
-def run_output(values: dict[str, Any]) -> AgentState:
+def run_output(values: Mapping[str, Any]) -> AgentState:
     """A run's output (``invoke``'s return value or ``get_state(...).values``) as AgentState.
 
     Its ``report`` is the stop report of a run that ended, or, for a run paused for approval,
     the one policy derives from the calls that wait (``waiting_for`` names them); ``None`` while
-    a run is still going."""
-    data = {name: values[name] for name in _FIELDS if name in values}
-    state = AgentState.model_validate(data, strict=False)
+    a run is still going. Raises :class:`NoRun` where no run has started, and for a record that
+    does not validate, pydantic's ``ValidationError`` (naming the fields, never their values).
+
+    >>> import fencepost as fp
+    >>> out = {"run": {"run_id": "run-1", "question": "q",
+    ...                "budget": {"steps_remaining": 2, "tool_calls_remaining": 1}}}
+    >>> fp.run_output(out).budget.steps_remaining
+    2
+    """
+    record = record_of(values)
+    if not started(record):
+        refuse_other_layouts(values)
+        raise NoRun
+    view = getattr(record, "view", None)
+    state = view if view is not None else AgentState.model_validate(dict(record))
     if state.report is None and not state.is_terminal:
         # Derived on the way out, never written: the checkpoint keeps the terminal node's
         # report as the only stored one.
@@ -310,3 +346,25 @@ def run_output(values: dict[str, Any]) -> AgentState:
         if paused is not None:
             state = state.model_copy(update={"report": paused})
     return state
+
+
+__all__ = [
+    "LAYOUT",
+    "GraphState",
+    "InputState",
+    "InvalidState",
+    "LayoutRefused",
+    "MendedState",
+    "NoQuestion",
+    "NoRun",
+    "StartRequest",
+    "field_default",
+    "has_run",
+    "load_state",
+    "new_run_id",
+    "refuse_other_layouts",
+    "request_from",
+    "require_state",
+    "run_output",
+    "start",
+]

@@ -33,13 +33,15 @@ whether it had to be left behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -50,6 +52,8 @@ from fencepost.graph.timed_wait import thread_wait_seconds, within
 from fencepost.graph.tool_threads import Job, Outcome, ToolThreads, code_for, returned
 from fencepost.policy import ErrorCode, ToolContext, ToolError, ToolSpec
 from fencepost.policy.developer_log import TOOLS, CallScope, current_call, raised
+
+T = TypeVar("T")
 
 __all__ = ["ToolRun", "run_tool", "run_tool_blocking"]
 
@@ -122,22 +126,57 @@ def _drop_if_running(leash: Leash, task: asyncio.Task[Any]) -> None:
         leash.drop(task)
 
 
-class _AsyncBody:
-    """One async body's task: whether it started, the leash it runs on, and whether its caller
-    stopped waiting for it (what it does after that is not its call's, and is not logged)."""
+CLOSING_SECONDS = 5.0
+"""How long a caller's cancellation waits for the records a body asked to finish first
+(:func:`finish_before_cancel`), once the body has had its grace."""
 
-    __slots__ = ("late", "leash", "started")
+_CLOSING: ContextVar[list[asyncio.Future[Any]] | None] = ContextVar(
+    "fencepost_tool_closing", default=None
+)
+
+
+def finish_before_cancel(work: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+    """Run ``work`` as a task of its own that the call's cancellation waits for (at most
+    :data:`CLOSING_SECONDS`) before it goes on: for a record the body must leave when it is
+    cancelled with its caller (a child run's durable cancel record), which would otherwise be
+    left running when the body is dropped after its grace. Outside a tool body, just a task."""
+    task = asyncio.ensure_future(work)
+    closing = _CLOSING.get()
+    if closing is not None:
+        closing.append(task)
+    return task
+
+
+async def _closed(closing: list[asyncio.Future[Any]]) -> None:
+    """Wait for ``closing`` to end, through further cancels, within :data:`CLOSING_SECONDS`."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + CLOSING_SECONDS
+    pending = [f for f in closing if not f.done()]
+    while pending and loop.time() < until:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([asyncio.shield(f) for f in pending], timeout=until - loop.time())
+        pending = [f for f in pending if not f.done()]
+
+
+class _AsyncBody:
+    """One async body's task: whether it started, the leash it runs on, whether its caller
+    stopped waiting for it (what it does after that is not its call's, and is not logged), and
+    the records it asked to finish before its cancellation goes on."""
+
+    __slots__ = ("closing", "late", "leash", "started")
 
     def __init__(self) -> None:
         self.leash = Leash()
         self.started = False
         self.late = False
+        self.closing: list[asyncio.Future[Any]] = []
 
     async def run(
         self, fn: Callable[..., Any], args: BaseModel, ctx: ToolContext, tool: str
     ) -> Outcome:
         self.started = True
         current_call.set(_scope(ctx, tool))  # this task's own context: nothing leaks out
+        _CLOSING.set(self.closing)
         try:
             value = fn(args, ctx)
             if inspect.iscoroutine(value):
@@ -208,12 +247,18 @@ async def _run_async(spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline
         task.cancel()
         await within(task, GRACE_SECONDS)
     except asyncio.CancelledError:
-        # The caller's own cancellation: the body is cancelled too and never waited for; given
-        # its grace to stop, it is then dropped, so it cannot outlive its caller on this loop.
+        # The caller's own cancellation: the body is cancelled too and given its grace to stop
+        # (through further cancels of the caller); still running then, it is dropped, so it
+        # cannot outlive its caller on this loop. What it asked to finish first (its durable
+        # record of the stop) is waited for, briefly, before the cancellation goes on.
         body.late = True
         task.cancel()
         _abandon(task)
-        asyncio.get_running_loop().call_later(GRACE_SECONDS, _drop_if_running, body.leash, task)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([task], timeout=GRACE_SECONDS)
+        _drop_if_running(body.leash, task)
+        if body.closing:
+            await _closed(body.closing)
         raise
     if not task.done():
         body.leash.drop(task)  # it swallowed its cancellation: closed, never stepped again

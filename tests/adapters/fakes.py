@@ -24,7 +24,6 @@ from pydantic import Field
 import fencepost as fp
 from fencepost.adapters.chat_model import UNTRUSTED_KEY, ChatModelDecider
 from fencepost.adapters.tools import tool_spec
-from fencepost.graph.serde import fencepost_serializer
 
 SECRET = "password=hunter2 in /srv/app/db.py"
 """Text a failing tool or provider emits; it must never reach the model, state or checkpoint."""
@@ -185,7 +184,7 @@ def thread() -> dict[str, Any]:
 
 
 def build(registry: fp.ToolRegistry, model: Any, *, checkpointer: Any = None, **kw: Any) -> Any:
-    saver = checkpointer or InMemorySaver(serde=fencepost_serializer())
+    saver = checkpointer or InMemorySaver()
     return fp.build_agent_graph(registry, model, **kw).compile(checkpointer=saver)
 
 

@@ -49,9 +49,7 @@ def _final(messages: list[BaseMessage]) -> AIMessage:
 
 
 def _run(decider: ChatModelDecider, tenant: str) -> fp.AgentState:
-    graph = fp.build_agent_graph(REGISTRY, decider).compile(
-        checkpointer=InMemorySaver(serde=fp.fencepost_serializer())
-    )
+    graph = fp.build_agent_graph(REGISTRY, decider).compile(checkpointer=InMemorySaver())
     context = fp.RunContext(
         tenant_id=tenant,
         principal=fp.Principal(id="u-1", capabilities=frozenset({"accounts:read"})),

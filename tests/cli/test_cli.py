@@ -146,7 +146,7 @@ def test_demo_child_run_spends_the_parents_budget(demo_db: tuple[str, dict[str, 
 
 def test_demo_child_run_comes_back_as_a_typed_result_under_the_parents_account() -> None:
     scenario = next(s for s in SCENARIOS if s.name == "child-run")
-    run = demo_module.run_scenario(scenario, InMemorySaver(serde=fp.fencepost_serializer()))
+    run = demo_module.run_scenario(scenario, InMemorySaver())
     assert run.termination is fp.TerminationReason.COMPLETED
     [observation] = [o for o in run.state.observations if o.tool_name == "investigate"]
     child = ChildRunResult.model_validate(observation.result)

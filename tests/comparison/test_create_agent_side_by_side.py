@@ -40,7 +40,6 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.adapters.chat_model import ChatModelDecider
 from fencepost.adapters.tools import tool_spec
-from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy.approval import ApprovalMode
 from tests.adapters.fakes import FakeToolChatModel
 
@@ -147,7 +146,7 @@ def fp_graph(
 
     registry = fp.ToolRegistry([spec(t) for t in tools])
     return fp.build_agent_graph(registry, ChatModelDecider(model), approval=approval).compile(
-        checkpointer=saver or InMemorySaver(serde=fencepost_serializer())
+        checkpointer=saver or InMemorySaver()
     )
 
 
@@ -501,7 +500,7 @@ def test_create_agent_default_tool_node_reraises_the_tool_exception_and_checkpoi
 
     fp_model, fp_saver, config = (
         chat(_explode_then_answer()),
-        InMemorySaver(serde=fencepost_serializer()),
+        InMemorySaver(),
         thread(),
     )
     fp_g = fp_graph(fp_model, [exploding_tool(error)], saver=fp_saver)

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import fencepost as fp
 from fencepost.adapters.child_run import ChildRunResult, child_thread_id
 from fencepost.adapters.scripted import ScriptedDecisionModel
-from fencepost.graph.serde import fencepost_serializer
+from fencepost.graph.state import has_run
 from fencepost.policy.stop_report import StopKind
 from fencepost.policy.tool_decorator import tool
 from tests.graph.child_kit import (
@@ -88,6 +89,59 @@ async def test_a_child_whose_parents_task_is_cancelled_ends_cancelled_on_its_own
     assert [c.call_id for c in parent.report.uncertain] == ["child-call-1"]
 
 
+class _SlowSaver(InMemorySaver):
+    """An in-memory saver whose async writes take longer than a cancelled body's grace: a
+    child's cancel record (a stop, then the terminal node's ending) outlasts the grace."""
+
+    async def aput(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.05)
+        return await super().aput(*args, **kwargs)
+
+    async def aput_writes(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.05)
+        return await super().aput_writes(*args, **kwargs)
+
+
+async def test_a_childs_cancel_record_is_whole_before_its_callers_cancellation_goes_on() -> None:
+    entered = asyncio.Event()
+
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=30)
+    async def slow(ctx: fp.ToolContext) -> dict[str, bool]:
+        """Takes a long time."""
+        entered.set()
+        await asyncio.sleep(30)
+        return {"done": True}
+
+    family = Family(
+        fp.ToolRegistry([slow]),
+        ScriptedDecisionModel([answer_after("slow", 1)] * 3),
+        [child_call(1), ABSTAIN],
+        child_budget=fp.RuntimeBudget(steps_remaining=5, tool_calls_remaining=5),
+        child_checkpointer=_SlowSaver(),
+    )
+    config, ctx = thread(), parent_context()
+    task = asyncio.create_task(
+        family.parent.ainvoke(
+            fp.start("q", fp.RuntimeBudget(steps_remaining=10, tool_calls_remaining=5)),
+            config,
+            context=ctx,
+        )
+    )
+    await asyncio.wait_for(entered.wait(), 20)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    parent = await fp.acancel(family.parent, config, context=ctx)
+    assert parent is not None
+    child_thread = child_thread_id(
+        parent_account(config, parent), "child-call-1", tenant_id="acme", principal_id="u-1"
+    )
+    # Read at once: the record was finished before the caller's CancelledError, not after.
+    child = fp.run_output(family.child_state(child_thread))
+    assert child.termination is fp.TerminationReason.CANCELLED
+    assert child.report is not None and child.report.kind is StopKind.STOPPED
+
+
 # -- a child graph on a sync-only checkpointer --------------------------------------------------
 
 
@@ -106,7 +160,7 @@ async def test_a_child_graph_on_a_sync_only_sqlite_saver_runs_its_child(
     conn = sqlite3.connect(tmp_path / "children.db", check_same_thread=False)
     try:
         # What open_checkpointer("sqlite:///...") returns: a SqliteSaver, sync methods only.
-        saver = SqliteSaver(conn, serde=fencepost_serializer())
+        saver = SqliteSaver(conn)
         family = Family(
             fp.ToolRegistry([search]),
             ScriptedDecisionModel([answer_after("search", 1)] * 3),
@@ -125,7 +179,7 @@ async def test_a_child_graph_on_a_sync_only_sqlite_saver_runs_its_child(
         assert child.completed and child.termination is fp.TerminationReason.COMPLETED
         assert len(searched) == 1
         # The child's run is on the SqliteSaver, where its thread id says.
-        assert family.child_state(child.thread_id)["run_id"] == child.run_id
+        assert fp.run_output(family.child_state(child.thread_id)).run_id == child.run_id
         assert state.termination is fp.TerminationReason.COMPLETED
     finally:
         conn.close()
@@ -227,7 +281,7 @@ def test_no_child_run_starts_when_the_parent_cannot_fund_its_first_step() -> Non
     assert not second.started and not second.completed
     assert second.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
     assert second.error_code == "steps_exhausted"
-    assert "run_id" not in family.child_state(second.thread_id)
+    assert not has_run(family.child_state(second.thread_id))
     with pytest.raises(fp.policy.UnknownAccount):
         family.ledger.balance(fp.policy.keys.run_account(second.thread_id, second.run_id))
     receipts = {r.call_id: r for r in state.receipts}
@@ -259,4 +313,4 @@ async def test_no_child_run_starts_under_a_cancelled_parent() -> None:
     result = await family.tool.execute(family.tool.args_model(question="what broke?"), ctx)
     assert isinstance(result, ChildRunResult)
     assert not result.started and result.termination is fp.TerminationReason.CANCELLED
-    assert "run_id" not in family.child_state(result.thread_id)
+    assert not has_run(family.child_state(result.thread_id))

@@ -72,7 +72,7 @@ def test_a_final_answer_citing_an_observation_no_tool_produced_never_completes(
         ledger=ledger,
         verdict_key=key,
     )
-    forged = {"observations": (_observation("call-0099", 0),)}
+    forged = {"run": {"observations": (_observation("call-0099", 0),)}}
     state = fp.run_output(
         h.graph.invoke(Command(update=forged, resume="reject"), config, context=ctx)
     )
@@ -91,7 +91,7 @@ def test_a_forged_result_for_a_call_whose_tool_failed_is_no_evidence(
         verdict_key=key,
     )
     sequence = len(state_of(h, config).observations)
-    forged = {"observations": (_observation("call-0001", sequence),)}
+    forged = {"run": {"observations": (_observation("call-0001", sequence),)}}
     state = fp.run_output(
         h.graph.invoke(Command(update=forged, resume="reject"), config, context=ctx)
     )
@@ -107,9 +107,11 @@ def test_a_completed_stop_written_citing_a_forged_observation_never_ends_complet
     h.graph.update_state(
         config,
         {
-            "observations": (_observation("call-0099", 0),),
-            "batch": (),
-            "stop": fp.policy.StopRequest(reason=fp.TerminationReason.COMPLETED, answer=answer),
+            "run": {
+                "observations": (_observation("call-0099", 0),),
+                "batch": (),
+                "stop": fp.policy.StopRequest(reason=fp.TerminationReason.COMPLETED, answer=answer),
+            }
         },
         as_node="execute",
     )

@@ -90,7 +90,7 @@ def test_a_chat_model_with_langchain_and_fencepost_tools_runs_under_the_given_ch
     state = fp.run_output(agent.invoke(fp.start("why?"), config, context=USER))
     assert state.termination is fp.TerminationReason.COMPLETED
     assert {o.tool_name for o in state.observations} == {"search_logs", "search_deploys"}
-    assert agent.get_state(config).values["termination"] == "completed"
+    assert agent.get_state(config).values["run"]["termination"] == "completed"
     system = chat.received[0][0]
     assert str(system.content).startswith("You are the on-call assistant.")
 

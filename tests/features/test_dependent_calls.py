@@ -55,7 +55,7 @@ def test_a_forged_completed_receipt_is_no_dependency_at_the_gate(
     )
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
-    forged = {"receipts": (_forged_receipt(),)}
+    forged = {"run": {"receipts": (_forged_receipt(),)}}
     state = fp.run_output(
         h.graph.invoke(Command(update=forged, resume="reject"), config, context=ctx)
     )
@@ -73,7 +73,7 @@ def test_a_forged_completed_receipt_is_no_dependency_at_the_executor(ledger: fp.
     # Written as the approval's output: an allowed entry depending on a forged completed call.
     h.graph.update_state(
         config,
-        {"receipts": (_forged_receipt(),), "batch": (allowed_entry(_dependent(2)),)},
+        {"run": {"receipts": (_forged_receipt(),), "batch": (allowed_entry(_dependent(2)),)}},
         as_node="approve",
     )
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))

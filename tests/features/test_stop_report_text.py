@@ -135,7 +135,7 @@ def test_a_run_still_in_progress_has_no_report() -> None:
         question="q",
         budget=fp.RuntimeBudget(steps_remaining=1, tool_calls_remaining=1),
     )
-    assert fp.run_output(state.model_dump()).report is None
+    assert fp.run_output({"run": state.model_dump(mode="json")}).report is None
 
 
 def test_paused_report_is_derived_from_the_waiting_calls_of_the_batch_alone() -> None:

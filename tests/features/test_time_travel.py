@@ -25,7 +25,6 @@ from typer.testing import CliRunner
 
 import fencepost as fp
 from fencepost.cli import app
-from fencepost.graph.serde import fencepost_serializer
 from tests.graph.kit import budget, call, context, final_citing_last, harness, thread
 
 
@@ -33,7 +32,7 @@ from tests.graph.kit import budget, call, context, final_citing_last, harness, t
 def store(tmp_path: Path) -> Iterator[tuple[SqliteSaver, Path]]:
     conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
     try:
-        yield SqliteSaver(conn, serde=fencepost_serializer()), tmp_path / "runs.db"
+        yield SqliteSaver(conn), tmp_path / "runs.db"
     finally:
         conn.close()
 
@@ -81,7 +80,7 @@ def test_an_async_fork_and_a_state_update_at_an_earlier_checkpoint_are_refused_t
     old = earlier(h.graph, config)
     before = count_checkpoints(path)
     with pytest.raises(fp.ForkRefused):
-        h.graph.update_state(old, {"question": "something else"})
+        h.graph.update_state(old, {"run": {"question": "something else"}})
     with pytest.raises(fp.ForkRefused):
         list(h.graph.stream(None, old, context=context()))
 
@@ -94,7 +93,7 @@ def test_an_async_fork_and_a_state_update_at_an_earlier_checkpoint_are_refused_t
         with pytest.raises(fp.ForkRefused):
             await a.graph.ainvoke(None, earlier(a.graph, cfg), context=context())
         with pytest.raises(fp.ForkRefused):
-            await a.graph.aupdate_state(earlier(a.graph, cfg), {"question": "x"})
+            await a.graph.aupdate_state(earlier(a.graph, cfg), {"run": {"question": "x"}})
 
     asyncio.run(fork())
     assert count_checkpoints(path) == before

@@ -55,10 +55,12 @@ from hypothesis import strategies as st
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.types import Command
+from pydantic import ValidationError
 
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.state import has_run
 from fencepost.policy import BudgetAxis, Phase, UnknownAccount, VerdictCode, proposal_fingerprint
 from fencepost.policy.keys import call_key, run_account, started_key
 from tests.fuzz.hostile import (
@@ -185,7 +187,7 @@ class Store:
         # The file is scanned, not crash-tested: fsync per write would only slow the search.
         conn.execute("PRAGMA synchronous = OFF")
         self.conn = conn
-        self.saver = SqliteSaver(conn, serde=fp.fencepost_serializer())
+        self.saver = SqliteSaver(conn)
         self.ledger = SqliteLedger(self.ledger_path, synchronous="NORMAL")
         self.builders = {}
         self.graphs = {}
@@ -305,7 +307,7 @@ class AsyncSide:
     async def _connect(path: Path) -> tuple[aiosqlite.Connection, AsyncSqliteSaver]:
         conn = await aiosqlite.connect(path)
         await conn.execute("PRAGMA synchronous = OFF")
-        return conn, AsyncSqliteSaver(conn, serde=fp.fencepost_serializer())  # binds this loop
+        return conn, AsyncSqliteSaver(conn)  # binds this loop
 
     def run(self, coro: Any, timeout: float = 120.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -431,7 +433,7 @@ def _call(store: Store, plan: Plan, mode: str, payload: Any, out: Outcome) -> No
                 raise AssertionError(f"{type(exc).__name__} escaped stream") from exc
             out.seen.append(chunk)
             mode_name, data = chunk
-            if mode_name == "values" and "run_id" in data:
+            if mode_name == "values" and has_run(data):
                 out.values.append(data)
                 check_budget(store, plan, out, fp.run_output(data))
     try:
@@ -491,7 +493,9 @@ def run_example(store: Store, plan: Plan, mode: str, data: st.DataObject) -> Non
             command = (
                 Command(resume=answer)
                 if forge is None
-                else Command(update={"batch": forged_batch(graph, out, forge)}, resume=answer)
+                else Command(
+                    update={"run": {"batch": forged_batch(graph, out, forge)}}, resume=answer
+                )
             )
             _call(store, plan, mode, command, out)
             resumes += 1
@@ -522,7 +526,7 @@ def check_return(
     else:
         values = out.seen[-1]
         interrupts = list(values.get("__interrupt__", ()))
-    assert "run_id" in values, "a call returned and no run was recorded"
+    assert has_run(values), "a call returned and no run was recorded"
     state = fp.run_output(values)
     out.values.append(values)
     check_budget(store, plan, out, state)
@@ -638,7 +642,12 @@ def _allowed_verdicts(
     states = list(out.values)
     states += [s.values for s in graph.get_state_history(out.config)]
     for values in states:
-        for entry in values.get("batch") or ():
+        record = values.get("run") if isinstance(values, dict) else None
+        for held in (record or {}).get("batch") or ():
+            try:
+                entry = fp.policy.BatchEntry.model_validate(held)
+            except ValidationError:
+                continue  # no entry at all: nothing the executor could run
             verdict = entry.verdict
             if verdict.code is VerdictCode.ALLOWED and (
                 key is None or fp.policy.verdict_is_sealed(verdict, run_id=run_id, key=key)

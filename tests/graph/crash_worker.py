@@ -235,7 +235,6 @@ def run_context(spec: Spec) -> fp.RunContext:
 @contextmanager
 def durable_parts(spec: Spec) -> Iterator[tuple[Any, fp.Ledger]]:
     """The checkpointer and the ledger for ``spec.backend``, both with fencepost's serializer."""
-    from fencepost.graph.serde import fencepost_serializer
 
     if spec.backend == "sqlite":
         import sqlite3
@@ -247,7 +246,7 @@ def durable_parts(spec: Spec) -> Iterator[tuple[Any, fp.Ledger]]:
         conn = sqlite3.connect(spec.checkpoint, check_same_thread=False)
         ledger = SqliteLedger(spec.ledger)
         try:
-            yield SqliteSaver(conn, serde=fencepost_serializer()), ledger
+            yield SqliteSaver(conn), ledger
         finally:
             ledger.close()
             conn.close()
@@ -257,7 +256,6 @@ def durable_parts(spec: Spec) -> Iterator[tuple[Any, fp.Ledger]]:
         from fencepost.adapters import PostgresLedger
 
         with PostgresSaver.from_conn_string(spec.checkpoint) as saver:
-            saver.serde = fencepost_serializer()
             saver.setup()
             pg_ledger = PostgresLedger(spec.ledger)
             try:
@@ -332,13 +330,11 @@ def read(spec: Spec) -> int:
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    from fencepost.graph.serde import fencepost_serializer
-
     records = _Records()
     serde_logger = logging.getLogger("langgraph.checkpoint.serde.jsonplus")
     serde_logger.addHandler(records)
     serde_logger.setLevel(logging.DEBUG)
-    serde = fencepost_serializer() if spec.serde == "fencepost" else JsonPlusSerializer()
+    serde = JsonPlusSerializer()
     types: dict[str, str] = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -347,15 +343,15 @@ def read(spec: Spec) -> int:
             saver = SqliteSaver(conn, serde=serde)
             tup = saver.get_tuple(_config(spec))
             assert tup is not None, "no checkpoint for the thread"
-            raw = tup.checkpoint["channel_values"]
-            # Observations, receipts and manifests are delta channels: LangGraph reassembles them
-            # from the thread's writes, so they are read through a compiled graph's get_state.
+            # The run record is a delta channel: LangGraph reassembles it from the thread's
+            # writes, so it is read through a compiled graph's get_state.
             from fencepost.adapters.scripted import ScriptedDecisionModel
 
             reader = fp.build_agent_graph(fp.ToolRegistry([]), ScriptedDecisionModel([]))
-            values = {**raw, **reader.compile(checkpointer=saver).get_state(tup.config).values}
+            values = reader.compile(checkpointer=saver).get_state(tup.config).values
+            record = values.get("run") or {}
             for name in ("budget", "termination", "observations", "receipts", "manifests"):
-                value = (raw if name in ("budget", "termination") else values).get(name)
+                value = record.get(name)
                 item = value[0] if isinstance(value, list | tuple) and value else value
                 types[name] = f"{type(item).__module__}.{type(item).__qualname__}"
             error: str | None = None

@@ -20,7 +20,6 @@ import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.loop import LoopConfig, settings_of
-from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy.keys import run_account
 from fencepost.policy.tool_decorator import tool
 
@@ -196,7 +195,7 @@ def forge_batch(
         assert verdicts is not None
         props = {e.call_id: e.proposal for e in current}
         pairs = ((props[v.call_id], v) for v in verdicts)
-    return {"batch": tuple(fp.policy.BatchEntry(proposal=p, verdict=v) for p, v in pairs)}
+    return {"run": {"batch": tuple(fp.policy.BatchEntry(proposal=p, verdict=v) for p, v in pairs)}}
 
 
 class UploadArgs(BaseModel):
@@ -322,7 +321,7 @@ def sqlite_files(tmp_path: Path) -> Iterator[tuple[SqliteSaver, SqliteLedger]]:
     conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
     ledger = SqliteLedger(tmp_path / "ledger.db")
     try:
-        yield SqliteSaver(conn, serde=fencepost_serializer()), ledger
+        yield SqliteSaver(conn), ledger
     finally:
         ledger.close()
         conn.close()

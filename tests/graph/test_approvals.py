@@ -159,11 +159,13 @@ def test_a_denied_verdict_cannot_be_slipped_to_the_executor_by_a_state_edit() ->
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_after=["decide"])
     snapshot = h.graph.get_state(config)
-    verdict = snapshot.values["batch"][0].verdict
+    verdict = fp.run_output(snapshot.values).batch[0].verdict
     assert verdict.code is fp.policy.VerdictCode.CAPABILITY_DENIED
     allowed = verdict.model_copy(update={"code": fp.policy.VerdictCode.ALLOWED})
     h.graph.update_state(
-        config, {**forge_batch(h, config, verdicts=(allowed,)), "stop": None}, as_node="decide"
+        config,
+        {"run": {**forge_batch(h, config, verdicts=(allowed,))["run"], "stop": None}},
+        as_node="decide",
     )
     h.graph.invoke(None, config, context=ctx)
     assert h.calls.log == []
@@ -180,7 +182,7 @@ def test_with_a_verdict_key_a_forged_approval_never_runs() -> None:
     )
     config, ctx = thread(), context()
     _paused(h, config, ctx)
-    pending = h.graph.get_state(config).values["batch"][0].verdict
+    pending = fp.run_output(h.graph.get_state(config).values).batch[0].verdict
     forged = pending.model_copy(update={"code": fp.policy.VerdictCode.ALLOWED})
     # Written as if approve had allowed it, the route goes on to the executor (a goto beside the
     # waiting approval would be refused whole: graph.bounded).

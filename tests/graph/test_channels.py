@@ -1,9 +1,10 @@
-"""The graph's channels: what an unwritten channel reads as, and that a copy is independent.
+"""The graph's channels: few of them, what an unwritten one reads as, and that a copy is
+independent.
 
 LangGraph copies every channel to route each step and applies the node's writes to the copies;
-the record, count, evidence and conversation channels share their value with their copies (a
-copy of the value grows with the run), which is only sound if a write to a copy never changes
-what the original reads.
+the run record and the conversation share their value with their copies (a copy of the value
+grows with the run), which is only sound if a write to a copy never changes what the original
+reads. A caller's write to the record only adds to its records and raises its repeat counts.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import StateGraph
+from langgraph.types import Overwrite
 
+from fencepost.graph.record import APPENDED, COUNTED, LATEST, REPLACED, RunRecord, fold, plain
 from fencepost.graph.state import GraphState
-from fencepost.graph.writes import _UNSET
-from fencepost.policy import AgentState
+from fencepost.policy import AgentState, ErrorCode, Observation
 
 _words = st.text(alphabet="abcdefgh", min_size=1, max_size=4)
 
@@ -27,18 +29,28 @@ def _channels() -> dict[str, Any]:
     return dict(StateGraph(GraphState).channels)
 
 
-def _first_and_more(name: str, data: st.DataObject) -> tuple[Any, Any]:
-    if name in ("observations", "proposals", "receipts", "manifests"):
-        return tuple(data.draw(st.lists(_words, max_size=3))), tuple(
-            data.draw(st.lists(_words, min_size=1, max_size=3))
+def _observation(n: int) -> dict[str, Any]:
+    return plain(
+        Observation(
+            call_id=f"call-{n:04d}",
+            tool_name="search_logs",
+            sequence=n,
+            kind="tool_error",
+            error_code=ErrorCode.NOT_FOUND,
         )
-    if name == "messages":
-        return [HumanMessage(content="q", id="m-0")], [
-            AIMessage(content=w, id=f"m-{i + 1}")
-            for i, w in enumerate(data.draw(st.lists(_words, min_size=1, max_size=3)))
-        ]
-    counts = st.dictionaries(_words, st.integers(1, 5) if name == "fingerprints" else _words)
-    return data.draw(counts), data.draw(counts.filter(bool))
+    )
+
+
+def test_a_run_is_three_channels_the_request_the_record_and_the_conversation() -> None:
+    written = {n for n, c in _channels().items() if type(c).__name__ != "RetiredChannel"}
+    assert written == {"request", "run", "messages"}
+
+
+def test_every_agent_state_field_has_one_way_to_be_written() -> None:
+    assert set(AgentState.model_fields) == APPENDED | COUNTED | LATEST | REPLACED
+    assert len(APPENDED) + len(COUNTED) + len(LATEST) + len(REPLACED) == len(
+        AgentState.model_fields
+    )
 
 
 @given(data=st.data())
@@ -46,38 +58,60 @@ def test_a_write_to_a_channel_copy_never_changes_what_the_original_reads(
     data: st.DataObject,
 ) -> None:
     channels = _channels()
-    for name in ("observations", "receipts", "fingerprints", "evidence", "answered", "messages"):
-        first, more = _first_and_more(name, data)
-        original = channels[name].copy()
-        original.update([first])
-        seen = list(original.get()) if name == "messages" else original.get()
-        snapshot = [m.id for m in seen] if name == "messages" else seen
-        routed = original.copy()
-        routed.update([more])
-        after = original.get()
-        assert ([m.id for m in after] if name == "messages" else after) == snapshot, name
+    record = channels["run"].copy()
+    first = data.draw(st.lists(st.integers(1, 50), max_size=3))
+    record.update([{"observations": [_observation(n) for n in first], "step": len(first)}])
+    snapshot = dict(record.get())
+    routed = record.copy()
+    more = data.draw(st.lists(st.integers(51, 99), min_size=1, max_size=3))
+    routed.update([{"observations": [_observation(n) for n in more], "step": 99}])
+    assert dict(record.get()) == snapshot
+    assert len(routed.get()["observations"]) == len(first) + len(more)
+
+    conversation = channels["messages"].copy()
+    conversation.update([[HumanMessage(content="q", id="m-0")]])
+    ids = [m.id for m in conversation.get()]
+    copy = conversation.copy()
+    words = data.draw(st.lists(_words, min_size=1, max_size=3))
+    copy.update([[AIMessage(content=w, id=f"m-{i + 1}") for i, w in enumerate(words)]])
+    assert [m.id for m in conversation.get()] == ids
 
 
-def test_a_field_a_new_run_leaves_unwritten_reads_as_its_agent_state_default() -> None:
-    channels = _channels()
-    assert {"stop", "termination", "report", "batch", "observations", "fingerprints"} <= set(_UNSET)
-    for name in _UNSET:
-        default = AgentState.model_fields[name].get_default(call_default_factory=True)
-        assert channels[name].copy().get() == default, name
+def test_the_record_reads_empty_before_a_run_and_an_unwritten_field_as_its_default() -> None:
+    record = _channels()["run"].copy()
+    assert record.get() == {} and record.is_available()
+    record.update([{"run_id": "run-1", "question": "q", "budget": {"steps_remaining": 1}}])
+    assert set(record.get()) == set(AgentState.model_fields)
+    assert record.get()["stop"] is None and record.get()["observations"] == []
+    assert record.get()["budget"] == {"steps_remaining": 1}
 
 
-@given(first=st.integers(0, 2**62), more=st.integers(0, 2**62))
-def test_a_defaulted_channel_copy_reads_what_the_original_holds_and_writes_alone(
-    first: int, more: int
+@given(counts=st.dictionaries(_words, st.integers(1, 5), min_size=1), lower=st.integers(0, 4))
+def test_a_callers_write_never_lowers_a_repeat_count_nor_takes_back_a_record(
+    counts: dict[str, int], lower: int
 ) -> None:
-    channels = _channels()
-    for name in ("step", "repairs", "model_failures"):
-        original = channels[name].copy()
-        unwritten = original.copy()
-        assert unwritten.get() == 0 and not unwritten.update([]), name  # the default, unwritten
-        original.update([first])
-        routed = original.copy()
-        assert routed.get() == first and routed.checkpoint() == first, name
-        routed.update([more])
-        assert original.get() == first and routed.get() == more, name
-        assert channels[name].from_checkpoint(routed.checkpoint()).get() == more, name
+    start = fold({}, [{"fingerprints": counts, "observations": [_observation(1)]}])
+    after = fold(
+        start,
+        [
+            {"fingerprints": {k: min(lower, v) for k, v in counts.items()}},
+            Overwrite({"observations": []}),
+            {"__overwrite__": {"observations": []}},
+            {"observations": []},
+        ],
+    )
+    assert after["fingerprints"] == counts
+    assert len(after["observations"]) == 1
+
+
+def test_a_callers_record_item_that_does_not_validate_is_dropped_whole() -> None:
+    start = fold({}, [{"observations": [_observation(1)]}])
+    after = fold(start, [{"observations": [_observation(2), {"call_id": 5}]}])
+    assert after["observations"] == start["observations"]
+    assert isinstance(after, RunRecord)
+
+
+def test_a_write_of_no_field_is_dropped_and_a_value_with_no_plain_form_is_marked() -> None:
+    after = fold({}, [{"chain_of_thought": "x", "last_error_code": object()}, "not a map"])
+    assert "chain_of_thought" not in after
+    assert after["last_error_code"] == {"__unrepresentable__": True}

@@ -21,6 +21,7 @@ import fencepost as fp
 from fencepost.adapters import child_run_tool
 from fencepost.adapters.child_run import ChildRunConfigError, ChildRunResult, child_thread_id
 from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.state import has_run
 from fencepost.policy.keys import run_account, run_tag
 from fencepost.policy.tool_decorator import tool
 from tests.graph.child_kit import (
@@ -175,7 +176,7 @@ async def test_a_childs_reason_and_receipts_come_back_as_typed_data_not_its_text
     # The child's tool output stays in the child's thread: only the typed report crosses over.
     assert "SECRET-LINE" not in json.dumps([o.model_dump(mode="json") for o in state.observations])
     assert "SECRET-LINE" in json.dumps(
-        family.child_state(child.thread_id)["observations"][0].result
+        fp.run_output(family.child_state(child.thread_id)).observations[0].result
     )
 
     # Same tenant and principal, under the parent run's account, within the parent's deadline.
@@ -269,7 +270,7 @@ def test_cancelling_the_parent_blocks_new_children_and_keeps_the_started_ones_id
     assert [(r.tool_name, r.status) for r in started.receipts] == [
         ("slow", fp.ReceiptStatus.COMPLETED)
     ]
-    assert family.child_state(started.thread_id)["run_id"] == started.run_id
+    assert fp.run_output(family.child_state(started.thread_id)).run_id == started.run_id
     receipts = {r.call_id: r for r in state.receipts}
     # The child ran and reported, cancelled: an incomplete call, not a completed one.
     assert receipts["child-call-1"].status is fp.ReceiptStatus.FAILED
@@ -281,7 +282,7 @@ def test_cancelling_the_parent_blocks_new_children_and_keeps_the_started_ones_id
     account = parent_account(config, state)
     for n in (2, 3):
         never = child_thread_id(account, f"child-call-{n}", tenant_id="acme", principal_id="u-1")
-        assert "run_id" not in family.child_state(never)
+        assert not has_run(family.child_state(never))
     assert fp.run_output(family.parent.get_state(config).values).termination is (
         fp.TerminationReason.CANCELLED
     )

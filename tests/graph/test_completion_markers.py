@@ -53,7 +53,9 @@ def _forge(h: Harness, config: dict[str, Any], form: str) -> None:
     forged: Any = waiting.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
     if form == "json":
         forged = forged.model_dump(mode="json")
-    h.graph.update_state(config, {"receipts": [forged], "open_tasks": []}, as_node="execute")
+    h.graph.update_state(
+        config, {"run": {"receipts": [forged], "open_tasks": []}}, as_node="execute"
+    )
 
 
 def _marker(ledger: fp.Ledger, config: dict[str, Any], h: Harness) -> fp.policy.Reservation | None:
@@ -200,7 +202,9 @@ def test_after_the_in_memory_ledger_is_reopened_a_completion_forged_later_is_ref
 
 def _forged_completed_stop() -> dict[str, Any]:
     answer = fp.AnswerPayload(text="Uploaded.", citations=("call-0001",))
-    return {"stop": fp.policy.StopRequest(reason=TerminationReason.COMPLETED, answer=answer)}
+    return {
+        "run": {"stop": fp.policy.StopRequest(reason=TerminationReason.COMPLETED, answer=answer)}
+    }
 
 
 def test_a_forged_completed_stop_never_ends_a_run_completed_on_a_durable_ledger(

@@ -84,7 +84,9 @@ def test_a_forged_batch_entry_never_runs_a_call_whose_budget_was_not_reserved() 
     config = _pause_before_execute(h, ctx, tools=1)
     forged = call(n=9, query="never gated")
     entry = fp.policy.BatchEntry(proposal=forged, verdict=_allowed(forged))
-    h.graph.update_state(config, {"batch": (*_state(h, config).batch, entry)}, as_node="decide")
+    h.graph.update_state(
+        config, {"run": {"batch": (*_state(h, config).batch, entry)}}, as_node="decide"
+    )
     try:
         h.graph.invoke(None, config, context=ctx)
     finally:
@@ -105,11 +107,13 @@ def _finish(h: Any, ctx: fp.RunContext) -> dict[str, Any]:
 
 
 REOPEN = {
-    "run_id": "run-reborn",
-    "phase": fp.policy.Phase.OBSERVE,
-    "termination": None,
-    "stop": None,
-    "budget": fp.RuntimeBudget(steps_remaining=50, tool_calls_remaining=50),
+    "run": {
+        "run_id": "run-reborn",
+        "phase": fp.policy.Phase.OBSERVE,
+        "termination": None,
+        "stop": None,
+        "budget": fp.RuntimeBudget(steps_remaining=50, tool_calls_remaining=50),
+    }
 }
 
 
@@ -142,7 +146,9 @@ INTRUDER = fp.RunContext(
     tenant_id="other-tenant",
     principal=fp.Principal(id="intruder", capabilities=frozenset({"notes:write"})),
 )
-REBIND = {"tenant_id": "other-tenant", "principal_id": "intruder", "run_id": "run-mine-now"}
+REBIND = {
+    "run": {"tenant_id": "other-tenant", "principal_id": "intruder", "run_id": "run-mine-now"}
+}
 
 
 def test_rebinding_a_paused_write_by_renaming_the_run_is_refused_on_the_default_ledger() -> None:
@@ -574,7 +580,9 @@ def test_a_forged_pending_entry_is_regated_on_approval_and_never_escapes(
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     batch = (*_state(h, config).batch, _pending(FORGED_PENDING[forged]))
-    out = h.graph.invoke(Command(update={"batch": batch}, resume=answer), config, context=ctx)
+    out = h.graph.invoke(
+        Command(update={"run": {"batch": batch}}, resume=answer), config, context=ctx
+    )
     if "__interrupt__" in out:
         out = h.graph.invoke(Command(resume=answer), config, context=ctx)
     assert fp.run_output(out).is_terminal

@@ -19,7 +19,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
 
 import fencepost as fp
-from fencepost.graph.serde import fencepost_serializer, serializer_allowlist
+from fencepost.graph.record import plain
 from fencepost.graph.state import StartRequest
 from fencepost.policy import (
     AnswerPayload,
@@ -53,11 +53,6 @@ class TrackedBudget(RuntimeBudget):
 
 class NotedCall(ReportedCall):
     note: str = ""
-
-
-def _every_field_serializer() -> JsonPlusSerializer:
-    """The previous release's serializer: LangGraph's, with fencepost's allowlist."""
-    return JsonPlusSerializer(allowed_msgpack_modules=tuple(serializer_allowlist()))
 
 
 def _proposal() -> ReasonedProposal:
@@ -101,22 +96,17 @@ def _types(value: Any) -> Any:
 
 
 @pytest.mark.parametrize("record", _HOLDING_A_SUBCLASS, ids=lambda r: type(r).__name__)
-def test_a_record_holding_a_subclass_reads_back_as_the_previous_serializer_wrote_it(
+def test_a_record_holding_a_subclass_is_stored_as_the_type_its_field_declares(
     record: Any,
 ) -> None:
     """A contract record may hold an instance of a subclass of the record a field names (strict
-    pydantic accepts one). LangGraph's serializer wrote such a field by the declared type's
-    fields; written as the subclass (its own name and fields), strict msgpack refuses the name,
-    the extra key fails the outer record's validation and LangGraph revives the outer record with
-    ``model_construct``: raw strings where enums belong, a dict where a record belongs."""
-    old = _every_field_serializer()
-    new = fencepost_serializer()
-    expected = old.loads_typed(old.dumps_typed(record))
-    got = new.loads_typed(new.dumps_typed(record))
-    assert got == expected
-    assert _types(got) == _types(expected)
-    # and the previous release reads what this one writes the same way
-    assert _types(old.loads_typed(new.dumps_typed(record))) == _types(expected)
+    pydantic accepts one). Its plain form, what a checkpoint stores, holds the fields the
+    declared type has, so it reads back as that type, never half-read."""
+    serde = JsonPlusSerializer()
+    back = type(record).model_validate(serde.loads_typed(serde.dumps_typed(plain(record))))
+    declared = type(record).model_validate(plain(record))
+    assert back == declared
+    assert _types(back) == _types(declared)
 
 
 def test_a_decision_models_proposal_subclass_survives_an_approval_pause() -> None:
@@ -126,7 +116,7 @@ def test_a_decision_models_proposal_subclass_survives_an_approval_pause() -> Non
     h = harness(
         [_proposal(), final_citing_last],
         approval="interrupt",
-        checkpointer=InMemorySaver(serde=fencepost_serializer()),
+        checkpointer=InMemorySaver(),
     )
     config, ctx = thread(), context()
     paused = h.graph.invoke(fp.start("q", budget()), config, context=ctx)
@@ -161,7 +151,7 @@ def test_a_decision_models_proposal_subclass_runs_in_the_step_it_was_proposed() 
             ),
             final_citing_last,
         ],
-        checkpointer=InMemorySaver(serde=fencepost_serializer()),
+        checkpointer=InMemorySaver(),
     )
     state = fp.run_output(h.graph.invoke(fp.start("q", budget()), thread(), context=context()))
     assert state.termination is fp.TerminationReason.COMPLETED
@@ -174,12 +164,12 @@ def _paused_with_a_forged_verdict(**fields: Any) -> tuple[Any, dict[str, Any], f
     h = harness(
         [call("write_note", 1, note="hi"), final_citing_last],
         approval="interrupt",
-        checkpointer=InMemorySaver(serde=fencepost_serializer()),
+        checkpointer=InMemorySaver(),
     )
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     entry = fp.run_output(h.graph.get_state(config).values).batch[0]
     verdict = Verdict.model_construct(**{**entry.verdict.__dict__, **fields})
     forged = BatchEntry.model_construct(proposal=entry.proposal, verdict=verdict)
-    h.graph.update_state(config, {"batch": (forged,)})
+    h.graph.update_state(config, {"run": {"batch": (forged,)}})
     return h, config, ctx

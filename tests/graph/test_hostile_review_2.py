@@ -93,7 +93,7 @@ def test_one_completion_never_closes_two_accepted_tasks_that_share_a_task_id() -
 
 def test_clearing_open_tasks_in_state_does_not_let_a_final_answer_pass() -> None:
     h, config, ctx = upload_accepted()
-    state = _drive(h, config, ctx, lambda s: {"open_tasks": ()} if s.open_tasks else None)
+    state = _drive(h, config, ctx, lambda s: {"run": {"open_tasks": ()}} if s.open_tasks else None)
     assert pending_tasks(state.receipts)
     assert state.termination is not fp.TerminationReason.COMPLETED
 
@@ -133,7 +133,7 @@ def _bump_evidence(state: fp.AgentState) -> dict[str, Any] | None:
     if seen is None:
         return None
     epoch = int(seen.split(":", 1)[0])
-    return {"evidence": {key: f"{epoch + 1}:forged@2000-01-01T00:00:00+00:00"}}
+    return {"run": {"evidence": {key: f"{epoch + 1}:forged@2000-01-01T00:00:00+00:00"}}}
 
 
 def _baseline_no_progress_calls() -> int:
@@ -251,7 +251,7 @@ def test_a_forged_self_dependency_cannot_hang_the_executor() -> None:
         )
         await asyncio.wait_for(
             h.graph.ainvoke(
-                Command(update={"batch": forged}, resume="approve"), config, context=ctx
+                Command(update={"run": {"batch": forged}}, resume="approve"), config, context=ctx
             ),
             timeout=3,
         )
@@ -305,7 +305,7 @@ def test_raising_the_step_budget_in_state_does_not_hide_the_final_turn() -> None
         fp.start("q", budget(steps=3, tools=8)), config, context=ctx, interrupt_after=["execute"]
     )
     generous = fp.RuntimeBudget(steps_remaining=50, tool_calls_remaining=50)
-    state = _drive(h, config, ctx, lambda s: {"budget": generous})
+    state = _drive(h, config, ctx, lambda s: {"run": {"budget": generous}})
     assert [inp.final_turn for inp in h.model.inputs][-1] is True
     assert h.calls.count("search_logs") == 2
     assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
@@ -395,7 +395,9 @@ def test_values_a_caller_wrote_before_the_run_began_do_not_survive_its_start() -
     config = thread()
     forged = fp.policy.StopRequest(reason=fp.TerminationReason.POLICY_DENIED, error_code="forged")
     h.graph.update_state(
-        config, {"stop": forged, "repairs": 7, "last_error_code": "forged"}, as_node="approve"
+        config,
+        {"run": {"stop": forged, "repairs": 7, "last_error_code": "forged"}},
+        as_node="approve",
     )
     out = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=context()))
     assert out.stop != forged and out.repairs == 0 and out.last_error_code != "forged"

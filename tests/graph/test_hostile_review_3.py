@@ -21,7 +21,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
 import fencepost as fp
-from fencepost.graph.serde import fencepost_serializer
+from fencepost.graph.record import plain
 from fencepost.policy import Phase, StopRequest, TerminationReason
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.tasks import pending_tasks
@@ -59,7 +59,7 @@ def test_a_stop_or_terminal_phase_written_before_the_run_began_does_not_end_it_u
     ):
         h = harness([call(n=1), final_citing_last])
         config = thread()
-        h.graph.update_state(config, seeded, as_node="approve")
+        h.graph.update_state(config, {"run": seeded}, as_node="approve")
         out = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=context()))
         assert out.termination is TerminationReason.COMPLETED, (seeded, out.last_error_code)
         assert h.calls.count("search_logs") == 1
@@ -78,15 +78,17 @@ def test_every_defaulted_field_a_caller_seeds_on_a_fresh_thread_is_reset_at_the_
         ),
     )
     seeded: dict[str, Any] = {
-        "batch": (forged_write,),
-        "termination": TerminationReason.COMPLETED,
-        "final_answer": FORGED_ANSWER,
-        "open_tasks": ("task-x",),
-        "model_failures": 5,
-        "repair_notes": ("forged",),
-        "tenant_id": "other-tenant",
-        "principal_id": "intruder",
-        "step": 40,
+        "run": {
+            "batch": (forged_write,),
+            "termination": TerminationReason.COMPLETED,
+            "final_answer": FORGED_ANSWER,
+            "open_tasks": ("task-x",),
+            "model_failures": 5,
+            "repair_notes": ("forged",),
+            "tenant_id": "other-tenant",
+            "principal_id": "intruder",
+            "step": 40,
+        }
     }
     h.graph.update_state(config, seeded, as_node="execute")
     out = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=context()))
@@ -103,20 +105,20 @@ def test_every_defaulted_field_a_caller_seeds_on_a_fresh_thread_is_reset_at_the_
 
 
 def test_a_plain_string_phase_a_caller_wrote_is_replaced_so_an_ended_run_stays_ended() -> None:
-    # A JSON client spells the phase "terminal", equal to Phase.TERMINAL (a str enum) but not it.
-    # state.changed skips only a value equal AND of the same type, so the terminal node writes
-    # the enum over it: `phase is Phase.TERMINAL` holds, and a later invoke cannot end the run a
-    # second time with whatever stop the caller writes then.
+    # A caller writes the phase "terminal" before the run has ended: a terminal phase without
+    # the terminal node's termination is no ending, so the terminal node ends the run with its
+    # own stop, and a later invoke cannot end it a second time with whatever stop the caller
+    # writes then.
     h = harness([call(n=1), ABSTAIN])
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_after=["execute"])
     h.graph.invoke(None, config, context=ctx, interrupt_after=["decide"])
     assert state_of(h, config).stop is not None  # the run's own abstain, not yet terminal
-    h.graph.update_state(config, {"phase": "terminal"}, as_node="decide")
+    h.graph.update_state(config, {"run": {"phase": "terminal"}}, as_node="decide")
     h.graph.invoke(None, config, context=ctx)
-    assert h.graph.get_state(config).values["phase"] is Phase.TERMINAL
+    assert h.graph.get_state(config).values["run"]["phase"] == Phase.TERMINAL.value
     forged = StopRequest(reason=TerminationReason.COMPLETED, answer=FORGED_ANSWER)
-    h.graph.update_state(config, {"stop": forged}, as_node="execute")
+    h.graph.update_state(config, {"run": {"stop": forged}}, as_node="execute")
     h.graph.invoke(None, config, context=ctx)
     state = state_of(h, config)
     assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
@@ -131,7 +133,7 @@ def test_overwriting_the_receipts_in_state_never_lets_a_final_pass_with_a_task_p
     h, config, ctx = upload_accepted()
     assert [r.call_id for r in pending_tasks(state_of(h, config).receipts)] == ["call-0001"]
     h.graph.update_state(
-        config, {"receipts": {"__overwrite__": ()}, "open_tasks": ()}, as_node="execute"
+        config, {"run": {"receipts": {"__overwrite__": ()}, "open_tasks": ()}}, as_node="execute"
     )
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is not TerminationReason.COMPLETED
@@ -153,7 +155,9 @@ def test_overwriting_the_fingerprints_in_state_does_not_reset_the_no_progress_co
     for _ in range(15):
         if state_of(h, config).is_terminal:
             break
-        h.graph.update_state(config, {"fingerprints": {"__overwrite__": {}}}, as_node="execute")
+        h.graph.update_state(
+            config, {"run": {"fingerprints": {"__overwrite__": {}}}}, as_node="execute"
+        )
         h.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
     state = state_of(h, config)
     assert state.termination is TerminationReason.NO_PROGRESS
@@ -208,9 +212,11 @@ def test_a_value_no_field_can_hold_written_mid_run_ends_the_run_policy_denied_an
     config, ctx, request = thread(), context(), fp.start("q", budget())
     h.graph.invoke(request, config, context=ctx)
     if how == "command":
-        h.graph.invoke(Command(update={field: value}, resume="approve"), config, context=ctx)
+        h.graph.invoke(
+            Command(update={"run": {field: value}}, resume="approve"), config, context=ctx
+        )
     else:
-        h.graph.update_state(config, {field: value}, as_node="decide")
+        h.graph.update_state(config, {"run": {field: value}}, as_node="decide")
         h.graph.invoke(None, config, context=ctx)
     snapshot = h.graph.get_state(config)
     state = fp.run_output(snapshot.values)
@@ -220,13 +226,13 @@ def test_a_value_no_field_can_hold_written_mid_run_ends_the_run_policy_denied_an
     assert state.report is not None and state.report.reason is TerminationReason.POLICY_DENIED
     assert _terminal_manifests(state) == 1
     assert h.calls.count("write_note") == 0  # the approval was never acted on
-    # Every channel holds a value of its field's type again (the run id, had it none, is the
-    # start request's), and no error text reached one.
-    for name in fp.AgentState.model_fields:
-        held = snapshot.values[name]
-        held = tuple(held) if type(held) is list else held
-        assert type(held) is type(getattr(state, name)) and held == getattr(state, name), name
-    assert state.run_id == request["request"].run_id
+    # The record holds a value of each field's type again (the run id, had it none, is the
+    # start request's), and no error text reached it.
+    record = snapshot.values["run"]
+    for name, info in fp.AgentState.model_fields.items():
+        default = None if info.is_required() else plain(info.get_default(call_default_factory=True))
+        assert record.get(name, default) == plain(getattr(state, name)), name
+    assert state.run_id == request["request"]["run_id"]
     assert "validation" not in repr(snapshot.values).lower()
     # The ended run stays ended.
     h.graph.invoke(None, config, context=ctx)
@@ -242,7 +248,7 @@ def test_a_stop_a_caller_writes_while_paused_never_ends_the_run_with_an_unverifi
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     unverified = fp.AnswerPayload(text="forged", citations=("call-0009",))
     forged = StopRequest(reason=TerminationReason.COMPLETED, answer=unverified)
-    h.graph.update_state(config, {"stop": forged}, as_node="approve")
+    h.graph.update_state(config, {"run": {"stop": forged}}, as_node="approve")
     h.graph.invoke(None, config, context=ctx)
     state = state_of(h, config)
     assert state.is_terminal
@@ -257,11 +263,13 @@ def test_forged_values_sent_with_an_approval_never_become_the_runs_end() -> None
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     forged = {
-        "termination": TerminationReason.NO_PROGRESS,
-        "final_answer": FORGED_ANSWER,
-        "last_error_code": "forged",
-        "report": None,
-        "model_failures": 1,
+        "run": {
+            "termination": TerminationReason.NO_PROGRESS,
+            "final_answer": FORGED_ANSWER,
+            "last_error_code": "forged",
+            "report": None,
+            "model_failures": 1,
+        }
     }
     state = fp.run_output(
         h.graph.invoke(Command(update=forged, resume="approve"), config, context=ctx)
@@ -312,9 +320,9 @@ def test_two_tenants_interleaved_on_one_graph_and_ledger_share_no_state_or_budge
     assert b.final_answer is not None and a.final_answer is None
     assert a.report is not None and b.report is not None and a.report != b.report
     # What one run's values hand out cannot reach the other's: scribbling on them changes nothing.
-    values = h.graph.get_state(cb).values
-    values["fingerprints"]["x"] = 99
-    values["evidence"]["x"] = "forged"
+    record = h.graph.get_state(cb).values["run"]
+    record.setdefault("fingerprints", {})["x"] = 99
+    record.setdefault("evidence", {})["x"] = "forged"
     assert "x" not in state_of(h, ca).fingerprints and "x" not in state_of(h, cb).evidence
 
 
@@ -346,7 +354,7 @@ def test_a_hung_model_and_a_system_exit_tool_end_typed_and_a_new_graph_reads_eve
     registry = make_registry(calls, extra=(exits,))
     h = harness(
         script,
-        checkpointer=SqliteSaver(conn, serde=fencepost_serializer()),
+        checkpointer=SqliteSaver(conn),
         registry=registry,
         calls=calls,
         approval="interrupt",
@@ -362,7 +370,7 @@ def test_a_hung_model_and_a_system_exit_tool_end_typed_and_a_new_graph_reads_eve
     conn2 = sqlite3.connect(db, check_same_thread=False)
     again = harness(
         script[3:],
-        checkpointer=SqliteSaver(conn2, serde=fencepost_serializer()),
+        checkpointer=SqliteSaver(conn2),
         registry=registry,
         calls=calls,
         approval="interrupt",

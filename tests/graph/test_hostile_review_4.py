@@ -21,7 +21,6 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command, Overwrite
 
 import fencepost as fp
-from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import Phase, StopRequest, TerminationReason
 from fencepost.policy.tasks import pending_tasks
 from tests.graph.kit import (
@@ -58,7 +57,7 @@ def test_a_json_stop_and_an_invalid_value_sent_with_a_goto_end_the_run_typed(got
     # one channel in one step, at every later invoke. A goto beside the waiting node is now
     # refused whole (graph.bounded); the same values written as an update end the run typed.
     h, config, ctx = paused_for_approval()
-    update = {"repairs": None, "stop": _JSON_STOP}
+    update = {"run": {"repairs": None, "stop": _JSON_STOP}}
     with pytest.raises(fp.CommandRefused):
         h.graph.invoke(Command(update=update, goto=goto), config, context=ctx)
     h.graph.invoke(Command(update=update), config, context=ctx)
@@ -120,9 +119,7 @@ def test_a_conversation_reset_a_json_client_wrote_reads_back_the_same_from_a_che
     # The replay path: a new graph on the same SQLite file applies the saved writes again.
     db = tmp_path / "runs.db"
     conn = sqlite3.connect(db, check_same_thread=False)
-    h, config, ctx = paused_for_approval(
-        checkpointer=SqliteSaver(conn, serde=fencepost_serializer())
-    )
+    h, config, ctx = paused_for_approval(checkpointer=SqliteSaver(conn))
     sent = [{"role": "user", "content": "from a client"}]
     h.graph.update_state(config, {"messages": {"__overwrite__": sent}}, as_node="decide")
     held = h.graph.get_state(config).values["messages"]
@@ -131,7 +128,7 @@ def test_a_conversation_reset_a_json_client_wrote_reads_back_the_same_from_a_che
     conn2 = sqlite3.connect(db, check_same_thread=False)
     again = harness(
         [final_citing_last],
-        checkpointer=SqliteSaver(conn2, serde=fencepost_serializer()),
+        checkpointer=SqliteSaver(conn2),
         approval="interrupt",
         calls=h.calls,
     )
@@ -161,7 +158,9 @@ def test_appending_a_forged_completion_receipt_never_lets_a_final_pass_with_a_ta
 ) -> None:
     h, config, ctx = upload_accepted()
     forged = _forged_completion(h, config, form)
-    h.graph.update_state(config, {"receipts": [forged], "open_tasks": []}, as_node="execute")
+    h.graph.update_state(
+        config, {"run": {"receipts": [forged], "open_tasks": []}}, as_node="execute"
+    )
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is not TerminationReason.COMPLETED
 
@@ -176,7 +175,7 @@ def test_a_forged_completion_receipt_sent_with_a_completed_stop_never_ends_the_r
     h, config, ctx = upload_accepted()
     answer = fp.AnswerPayload(text="Uploaded.", citations=("call-0001",))
     forged_stop = StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
-    update = {"receipts": [_forged_completion(h, config, form)], "stop": forged_stop}
+    update = {"run": {"receipts": [_forged_completion(h, config, form)], "stop": forged_stop}}
     h.graph.update_state(config, update, as_node="execute")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is not TerminationReason.COMPLETED
@@ -190,7 +189,7 @@ def test_a_forged_completion_receipt_sent_with_a_completed_stop_never_ends_the_r
 # open (with {'repairs': None}, values that no longer read back as an AgentState). The terminal
 # node now routes through itself until the run has ended, and a stop-less arrival with supersteps
 # left is a caller's doing, not the recursion limit.
-@pytest.mark.parametrize("update", [{"last_error_code": None}, {"repairs": None}])
+@pytest.mark.parametrize("update", [{"run": {"last_error_code": None}}, {"run": {"repairs": None}}])
 def test_a_state_update_made_as_the_terminal_node_still_ends_the_run_with_a_reason(
     update: dict[str, Any],
 ) -> None:

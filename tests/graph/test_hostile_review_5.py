@@ -26,7 +26,6 @@ from typing_extensions import TypedDict
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
-from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import Phase, StopRequest, TerminationReason
 from fencepost.policy.keys import completed_key
 from tests.graph.kit import (
@@ -56,16 +55,20 @@ def _forged_completion(h: Harness, config: dict[str, Any]) -> None:
     """Append a ``completed`` receipt for the accepting call, as a caller can."""
     [accepted] = [r for r in state_of(h, config).receipts if r.call_id == "call-0001"]
     forged = accepted.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
-    h.graph.update_state(config, {"receipts": [forged], "open_tasks": []}, as_node="execute")
+    h.graph.update_state(
+        config, {"run": {"receipts": [forged], "open_tasks": []}}, as_node="execute"
+    )
 
 
 # === Seat 1: a caller holding the thread's config ===============================================
 
 
 _FORGED_END: dict[str, Any] = {
-    "phase": "terminal",
-    "termination": "completed",
-    "final_answer": {"text": "Uploaded.", "citations": ["call-0001"]},
+    "run": {
+        "phase": "terminal",
+        "termination": "completed",
+        "final_answer": {"text": "Uploaded.", "citations": ["call-0001"]},
+    }
 }
 
 
@@ -111,7 +114,7 @@ def test_a_receipt_for_a_call_the_run_never_made_never_holds_up_its_completion()
         tool_name="upload_document",
         status=fp.ReceiptStatus.ACCEPTED_PENDING,
     )
-    h.graph.update_state(config, {"receipts": [never_made]}, as_node="execute")
+    h.graph.update_state(config, {"run": {"receipts": [never_made]}}, as_node="execute")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
 
@@ -151,7 +154,9 @@ def test_completion_receipts_a_caller_forges_never_stop_the_genuine_completion_o
     receipts: list[Any] = list(_ODD_RECEIPTS[forged])
     if form == "json":
         receipts = [r.model_dump(mode="json") for r in receipts]
-    h.graph.update_state(config, {"receipts": receipts, "open_tasks": []}, as_node="execute")
+    h.graph.update_state(
+        config, {"run": {"receipts": receipts, "open_tasks": []}}, as_node="execute"
+    )
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
     assert ledger.get(completed_key(thread_account(config), "call-0001")) is not None
@@ -161,7 +166,11 @@ def test_completion_receipts_a_caller_forges_never_stop_the_genuine_completion_o
 
 @pytest.mark.parametrize(
     "edit",
-    [{"run_id": "run-elsewhere"}, {"tenant_id": "globex"}, {"principal_id": "intruder"}],
+    [
+        {"run": {"run_id": "run-elsewhere"}},
+        {"run": {"tenant_id": "globex"}},
+        {"run": {"principal_id": "intruder"}},
+    ],
     ids=["run_id", "tenant_id", "principal_id"],
 )
 def test_rewriting_the_run_identity_in_state_never_moves_it_to_an_account_with_markers(
@@ -210,7 +219,7 @@ def test_a_stop_another_tenant_writes_on_its_own_thread_never_closes_this_runs_a
         fp.start("upload", budget()), config, context=ctx_b, interrupt_before=["terminal"]
     )
     cancel = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled")
-    b.graph.update_state(config, {"stop": cancel}, as_node="execute")
+    b.graph.update_state(config, {"run": {"stop": cancel}}, as_node="execute")
     b.graph.invoke(None, config, context=ctx_b)
     assert ledger.balance(thread_account(config)).closed is None
     state = fp.run_output(a.graph.invoke(None, config, context=ctx_a))
@@ -281,10 +290,14 @@ def _channel_pairs() -> list[tuple[str, Any, Any]]:
     stop = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled")
     receipt = fp.Receipt(call_id="call-0001", tool_name="t", status="completed")
     return [
-        ("stop", None, stop),
-        ("receipts", (receipt,), (receipt.model_copy(update={"call_id": "call-0002"}),)),
-        ("answered", {"call-0001": 1}, {"call-0002": 2}),
-        ("fingerprints", {"f": 1}, {"f": 3, "g": 1}),
+        ("run", {"stop": None}, {"stop": stop}),
+        (
+            "run",
+            {"receipts": (receipt,)},
+            {"receipts": (receipt.model_copy(update={"call_id": "call-0002"}),)},
+        ),
+        ("run", {"answered": {"call-0001": 1}}, {"answered": {"call-0002": 2}}),
+        ("run", {"fingerprints": {"f": 1}}, {"fingerprints": {"f": 3, "g": 1}}),
         ("messages", [HumanMessage("q", id="m-1")], [AIMessage("a", id="m-2")]),
     ]
 
@@ -333,7 +346,7 @@ def test_a_crash_between_the_marker_and_the_receipt_completes_on_the_rerun_with_
     conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
     crashing = _CrashAfterMarker(tmp_path / "ledger.db")
     try:
-        saver = SqliteSaver(conn, serde=fencepost_serializer())
+        saver = SqliteSaver(conn)
         h = upload_graph([UPLOAD, STATUS], checkpointer=saver, ledger=crashing)
         start_upload(h, config, ctx)
         with pytest.raises(RuntimeError):

@@ -28,7 +28,6 @@ from typing_extensions import TypedDict
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
-from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import Phase, TerminationReason
 from tests.graph.kit import (
     ABSTAIN,
@@ -119,11 +118,13 @@ def test_a_resume_or_a_goto_of_the_waiting_node_is_taken_on_the_async_graph(
 
 
 _FORGED_COMPLETED: dict[str, Any] = {
-    "phase": "terminal",
-    "termination": "completed",
-    "stop": None,
-    "last_error_code": None,
-    "final_answer": {"text": "Uploaded.", "citations": ["call-0001"]},
+    "run": {
+        "phase": "terminal",
+        "termination": "completed",
+        "stop": None,
+        "last_error_code": None,
+        "final_answer": {"text": "Uploaded.", "citations": ["call-0001"]},
+    }
 }
 
 
@@ -239,7 +240,7 @@ def test_a_run_whose_first_step_died_resumes_on_a_durable_ledger_whatever_its_in
     conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
     crashing = _CrashBeforeFirstStep(tmp_path / "ledger.db")
     try:
-        saver = SqliteSaver(conn, serde=fencepost_serializer())
+        saver = SqliteSaver(conn)
         h = harness([final_citing_last], checkpointer=saver, ledger=crashing)
         with pytest.raises(RuntimeError):
             h.graph.invoke(_STARTS[form], config, context=ctx)

@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
 
 import fencepost as fp
 from fencepost.graph.gate_step import gate
 from fencepost.graph.node_io import SyncIO, drive
+from fencepost.graph.record import plain
 from fencepost.graph.run_account import open_run
-from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy import StepManifest, StopReport, StopRequest
 from tests.graph.kit import (
     context,
@@ -82,16 +83,16 @@ def test_the_gate_steps_records_are_what_validation_makes_and_survive_a_checkpoi
         for n, (t, a) in enumerate(calls)
     )
     state, manifests = _gated(*batch)
-    serde = fencepost_serializer()
+    serde = JsonPlusSerializer()
     for m in manifests:
         again = _validated(m)
         assert m == again and m.model_fields_set == again.model_fields_set
         assert list(m.__dict__) == list(again.__dict__)
-        revived = serde.loads_typed(serde.dumps_typed(m))
+        revived = StepManifest.model_validate(serde.loads_typed(serde.dumps_typed(plain(m))))
         assert revived == m and type(revived) is StepManifest
     whole = fp.AgentState.model_validate(state.model_dump())
     assert whole == state
-    revived_state = serde.loads_typed(serde.dumps_typed(state))
+    revived_state = fp.AgentState.model_validate(serde.loads_typed(serde.dumps_typed(plain(state))))
     assert revived_state == state
 
 
@@ -105,9 +106,9 @@ class _RunId(str):
 @pytest.mark.parametrize(
     ("update", "reason"),
     [
-        ({"step": True}, fp.TerminationReason.COMPLETED),
+        ({"step": True}, fp.TerminationReason.POLICY_DENIED),  # strict: a bool is no count
         ({"step": 2**62}, fp.TerminationReason.COMPLETED),
-        ({"step": 1.0}, fp.TerminationReason.COMPLETED),
+        ({"step": 1.0}, fp.TerminationReason.POLICY_DENIED),
         ({"step": -1}, fp.TerminationReason.POLICY_DENIED),
         ({"step": float("nan")}, fp.TerminationReason.POLICY_DENIED),
         ({"run_id": _RunId("someone-else")}, fp.TerminationReason.POLICY_DENIED),
@@ -125,40 +126,51 @@ class _RunId(str):
 def test_an_update_of_the_wrong_type_at_resume_ends_the_run_with_a_typed_reason(
     update: dict[str, Any], reason: fp.TerminationReason
 ) -> None:
-    # The same ends as on bf590b9 (checked probe by probe): the fast paths met each of these
-    # and either passed it to validation or ended the run; the write ran at most once.
+    # A value is read as its field's type in its plain (JSON) form, strictly: one of another
+    # type ends the run typed; the write ran at most once.
     h, config, ctx = paused_for_approval()
-    h.graph.invoke(Command(resume="approve", update=update), config, context=ctx)
+    h.graph.invoke(Command(resume="approve", update={"run": update}), config, context=ctx)
     assert state_of(h, config).termination is reason
     assert h.calls.count("write_note") <= 1
 
 
-# Pre-existing (bf590b9 too), closed by channels.record_check: LangGraph's serde revives a
-# pydantic record it cannot validate with model_construct, and load_state checked such a field by
-# its type alone, so the bad budget reached approve's manifest, whose validation raised, and the
-# thread stayed stuck at approve.
+# A record made without validation (``model_construct``) is recorded as its plain form and judged
+# by it: a str where a count belongs ends the run typed; a bool pydantic's serializer writes as
+# the int it stands for (1) is a count, and the run goes on (the ledger holds the budget).
 @pytest.mark.parametrize(
-    "budget",
+    ("budget", "reason"),
     [
-        fp.RuntimeBudget.model_construct(steps_remaining="5", tool_calls_remaining=4),
-        fp.RuntimeBudget.model_construct(steps_remaining=True, tool_calls_remaining=4),
+        (
+            fp.RuntimeBudget.model_construct(steps_remaining="5", tool_calls_remaining=4),
+            fp.TerminationReason.POLICY_DENIED,
+        ),
+        (
+            fp.RuntimeBudget.model_construct(steps_remaining=True, tool_calls_remaining=4),
+            fp.TerminationReason.COMPLETED,
+        ),
     ],
     ids=["str", "bool"],
 )
 def test_a_budget_view_written_whole_with_fields_of_another_type_ends_the_run_typed(
-    budget: fp.RuntimeBudget,
+    budget: fp.RuntimeBudget, reason: fp.TerminationReason
 ) -> None:
     h, config, ctx = paused_for_approval()
-    h.graph.invoke(Command(resume="approve", update={"budget": budget}), config, context=ctx)
-    assert state_of(h, config).termination is fp.TerminationReason.POLICY_DENIED
-    assert h.calls.count("write_note") == 0
+    h.graph.invoke(
+        Command(resume="approve", update={"run": {"budget": budget}}), config, context=ctx
+    )
+    assert state_of(h, config).termination is reason
+    assert h.calls.count("write_note") == (1 if reason is fp.TerminationReason.COMPLETED else 0)
 
 
 @pytest.mark.parametrize(
     "written",
     [
-        {"stop": StopRequest.model_construct(reason="completed", error_code=5, answer=None)},
-        {"report": StopReport.model_construct(reason=7)},
+        {
+            "run": {
+                "stop": StopRequest.model_construct(reason="completed", error_code=5, answer=None)
+            }
+        },
+        {"run": {"report": StopReport.model_construct(reason=7)}},
     ],
     ids=["stop", "report"],
 )

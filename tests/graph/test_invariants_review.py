@@ -273,7 +273,7 @@ def test_a_harmless_update_state_edit_does_not_end_the_run() -> None:
     h = harness([call(n=1), final_citing_last])
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_before=["execute"])
-    h.graph.update_state(config, {"last_error_code": None}, as_node="decide")
+    h.graph.update_state(config, {"run": {"last_error_code": None}}, as_node="decide")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert h.calls.count("search_logs") == 1
     assert state.termination is fp.TerminationReason.COMPLETED
@@ -494,7 +494,7 @@ def test_the_graph_nests_in_a_parent_graph_node_and_ends_with_a_typed_reason(
     parent.add_node("ask_agent", ask_agent)
     parent.add_edge(START, "ask_agent")
     parent.add_edge("ask_agent", END)
-    graph: Any = parent.compile(checkpointer=InMemorySaver(serde=fp.fencepost_serializer()))
+    graph: Any = parent.compile(checkpointer=InMemorySaver())
     config, ctx = thread(), context()
     with caplog.at_level(logging.WARNING):
         paused = graph.invoke({"question": "why?"}, config, context=ctx)
@@ -510,10 +510,8 @@ def test_the_graph_nests_in_a_parent_graph_node_and_ends_with_a_typed_reason(
 
 
 class Host(TypedDict, total=False):
-    request: fp.graph.StartRequest
-    termination: fp.TerminationReason | None
-    final_answer: fp.AnswerPayload | None
-    budget: fp.RuntimeBudget
+    request: dict[str, Any]
+    run: dict[str, Any]
     audit: str
 
 
@@ -526,7 +524,7 @@ def test_the_compiled_graph_is_a_subgraph_node_that_pauses_resumes_and_keeps_its
     ).compile()
 
     def audit(state: Host) -> dict[str, Any]:
-        return {"audit": f"ended:{state['termination']}"}
+        return {"audit": f"ended:{fp.run_output(state).termination.value}"}
 
     parent = StateGraph(Host, context_schema=fp.RunContext)
     parent.add_node("agent", agent)
@@ -534,17 +532,18 @@ def test_the_compiled_graph_is_a_subgraph_node_that_pauses_resumes_and_keeps_its
     parent.add_edge(START, "agent")
     parent.add_edge("agent", "audit")
     parent.add_edge("audit", END)
-    graph: Any = parent.compile(checkpointer=InMemorySaver(serde=fp.fencepost_serializer()))
+    graph: Any = parent.compile(checkpointer=InMemorySaver())
     config, ctx = thread(), context()
     paused = graph.invoke(fp.start("q", budget(steps=4, tools=2)), config, context=ctx)
     assert paused["__interrupt__"][0].value["calls"][0]["tool_name"] == "write_note"
     assert calls.log == []
     out = graph.invoke(Command(resume="approve"), config, context=ctx)
-    assert out["termination"] is fp.TerminationReason.COMPLETED
+    ended = fp.run_output(out)
+    assert ended.termination is fp.TerminationReason.COMPLETED
     assert out["audit"] == "ended:completed"
     assert calls.log == [("write_note", {"note": "x"}, "call-0001")]
     # The subgraph's counters went on across the parent's resume; they did not restart.
-    assert (out["budget"].steps_used, out["budget"].tool_calls_used) == (2, 1)
+    assert (ended.budget.steps_used, ended.budget.tool_calls_used) == (2, 1)
 
 
 def test_a_nested_run_resumed_under_another_principal_is_policy_denied() -> None:
@@ -558,9 +557,9 @@ def test_a_nested_run_resumed_under_another_principal_is_policy_denied() -> None
     parent.add_node("agent", agent)
     parent.add_edge(START, "agent")
     parent.add_edge("agent", END)
-    graph: Any = parent.compile(checkpointer=InMemorySaver(serde=fp.fencepost_serializer()))
+    graph: Any = parent.compile(checkpointer=InMemorySaver())
     config = thread()
     graph.invoke(fp.start("q", budget()), config, context=context(principal="u-1"))
     out = graph.invoke(Command(resume="approve"), config, context=context(principal="u-2"))
-    assert out["termination"] is fp.TerminationReason.POLICY_DENIED
+    assert fp.run_output(out).termination is fp.TerminationReason.POLICY_DENIED
     assert calls.log == []

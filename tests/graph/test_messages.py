@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
 
 import fencepost as fp
 from fencepost.graph.messages import RESULT_KEY, messages_for
-from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy.budget import default_budget
 from fencepost.policy.untrusted import ERROR_KEY, UNTRUSTED_KEY, observation_content
 from tests.adapters import fakes
@@ -27,7 +27,7 @@ from tests.graph.kit import budget, call, context, final_citing_last, harness, t
 
 
 def strict_saver() -> InMemorySaver:
-    return InMemorySaver(serde=fencepost_serializer())
+    return InMemorySaver()
 
 
 def kinds(messages: list[Any]) -> list[str]:
@@ -172,7 +172,7 @@ def test_messages_round_trip_a_strict_msgpack_checkpoint() -> None:
     # The suite runs under LANGGRAPH_STRICT_MSGPACK=true (Makefile); LangChain's message types
     # are on LangGraph's own allowlist, so they come back as messages, not dicts.
     assert os.environ.get("LANGGRAPH_STRICT_MSGPACK") == "true"
-    serde = fencepost_serializer()
+    serde = JsonPlusSerializer()
     h = harness([call(n=1), final_citing_last], checkpointer=InMemorySaver(serde=serde))
     config = thread()
     h.run(config=config)

@@ -37,7 +37,7 @@ import fencepost as fp
 from fencepost.adapters import PostgresLedger, SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.loop import settings_of
-from fencepost.graph.serde import fencepost_serializer
+from fencepost.graph.state import has_run
 from fencepost.policy import BudgetAxis, Reservation, UnknownAccount
 from fencepost.policy.keys import run_account
 from fencepost.policy.tool_decorator import tool
@@ -485,7 +485,7 @@ class Run:
         if backend in ("sqlite", "sqlite-default"):
             conn = sqlite3.connect(self.root / "checkpoints.db", check_same_thread=False)
             self.stack.callback(conn.close)
-            self.saver = SqliteSaver(conn, serde=fencepost_serializer())
+            self.saver = SqliteSaver(conn)
             passed = CrashingSqliteLedger(self.root / "ledger.db") if backend == "sqlite" else None
             if passed is not None:
                 self.stack.callback(passed.close)
@@ -544,7 +544,7 @@ def check_superstep(
     """
     snapshot = run.graph.get_state(config)
     values = snapshot.values
-    if "run_id" not in values or snapshot.config["configurable"].get("checkpoint_id") == stale:
+    if not has_run(values) or snapshot.config["configurable"].get("checkpoint_id") == stale:
         return None
     state = fp.run_output(values)
     ledger = run.ledger

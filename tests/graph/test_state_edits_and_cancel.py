@@ -16,6 +16,7 @@ from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
+from fencepost.graph.state import has_run
 from tests.graph.kit import ABSTAIN, budget, call, context, harness, thread
 
 
@@ -32,7 +33,7 @@ def test_a_state_update_cannot_rebind_a_paused_write_to_another_tenant(key: byte
         tenant_id="other-tenant",
         principal=fp.Principal(id="intruder", capabilities=frozenset({"notes:write"})),
     )
-    update = {"tenant_id": "other-tenant", "principal_id": "intruder"}
+    update = {"run": {"tenant_id": "other-tenant", "principal_id": "intruder"}}
     out = h.graph.invoke(Command(update=update, resume="approve"), config, context=intruder)
     state = fp.run_output(out)
     assert h.calls.count("write_note") == 0
@@ -48,7 +49,7 @@ def test_raising_the_budget_in_state_does_not_raise_the_limit() -> None:
         fp.start("q", budget(steps=20, tools=2)), config, context=ctx, interrupt_before=["execute"]
     )
     generous = fp.RuntimeBudget(steps_remaining=50, tool_calls_remaining=50)
-    h.graph.update_state(config, {"budget": generous}, as_node="decide")
+    h.graph.update_state(config, {"run": {"budget": generous}}, as_node="decide")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert h.calls.count("search_logs") == 2
     assert state.termination is fp.TerminationReason.TOOL_BUDGET_EXHAUSTED
@@ -61,7 +62,7 @@ def test_clearing_the_termination_does_not_reopen_a_finished_run() -> None:
     done = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=ctx))
     assert done.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
     ran = h.calls.count("search_logs")
-    reopened = {"phase": fp.policy.Phase.OBSERVE, "termination": None, "stop": None}
+    reopened = {"run": {"phase": fp.policy.Phase.OBSERVE, "termination": None, "stop": None}}
     h.graph.update_state(config, reopened, as_node="execute")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert h.calls.count("search_logs") == ran
@@ -152,7 +153,7 @@ def test_cancel_from_another_thread_stops_the_run_before_its_next_tool() -> None
     # LangGraph saves checkpoints in the background: until the first one lands, the thread shows
     # no run and cancel finds nothing to cancel (it returns None, see its docstring).
     deadline = time.monotonic() + 5
-    while "run_id" not in h.graph.get_state(config).values and time.monotonic() < deadline:
+    while not has_run(h.graph.get_state(config).values) and time.monotonic() < deadline:
         time.sleep(0.001)
     assert fp.cancel(h.graph, config, context=ctx) is not None
     ran_at_cancel = len(ran)

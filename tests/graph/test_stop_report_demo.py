@@ -120,9 +120,7 @@ def test_a_paused_run_reports_what_it_waits_for_until_it_ends() -> None:
         tool_name="restart_service",
         arguments={"service": "checkout", "reason": "stuck"},
     )
-    graph = build_demo_graph(
-        ScriptedDecisionModel([write]), checkpointer=InMemorySaver(serde=fp.fencepost_serializer())
-    )
+    graph = build_demo_graph(ScriptedDecisionModel([write]), checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t-paused"}}
     graph.invoke(fp.start("restart", run_id="run-paused"), config, context=demo_context())
     values = graph.get_state(config).values

@@ -8,7 +8,6 @@ from pathlib import Path
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import fencepost as fp
-from fencepost.graph.serde import fencepost_serializer
 from tests.graph.kit import budget, call, context, harness, thread
 
 SECRET = "hunter2"
@@ -17,7 +16,7 @@ SECRET = "hunter2"
 def test_tool_exception_text_never_reaches_model_manifests_or_checkpoint(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
     conn = sqlite3.connect(db, check_same_thread=False)
-    saver = SqliteSaver(conn, serde=fencepost_serializer())
+    saver = SqliteSaver(conn)
     h = harness(
         [call("explode", 1), fp.AbstainProposal(reason="insufficient_evidence")], checkpointer=saver
     )

@@ -379,7 +379,7 @@ def test_a_batch_written_with_one_call_id_twice_ends_typed_and_runs_nothing(
     h, config, ctx = paused_for_approval(ledger=ledger)
     entry = allowed_entry(call(n=5))
     other = entry if twin == "same" else allowed_entry(call(n=5, query="other"))
-    h.graph.update_state(config, {"batch": (entry, other)}, as_node="approve")
+    h.graph.update_state(config, {"run": {"batch": (entry, other)}}, as_node="approve")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert h.calls.log == []
     assert state.termination is fp.TerminationReason.POLICY_DENIED
@@ -400,29 +400,29 @@ def test_a_waiting_call_written_twice_is_never_asked_about_nor_run(
         ),
     )
     out = h.graph.invoke(
-        Command(update={"batch": (genuine, twin)}, resume="approve"), config, context=ctx
+        Command(update={"run": {"batch": (genuine, twin)}}, resume="approve"), config, context=ctx
     )
     assert "__interrupt__" not in out
     assert h.calls.log == []
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_second_update_of_a_field_beside_an_answer_asked_again_is_refused_unsaved(
+def test_a_second_update_of_the_record_beside_an_answer_asked_again_is_taken_with_it(
     mode: str,
 ) -> None:
-    # The first update is still pending at the pause (its answer was asked again): a second
-    # write of the same field in the next step would have two writers.
+    # The first update is still pending at the pause (its answer was asked again): the second
+    # writes the run record in the same step, and the record takes both writes in order (one
+    # channel that merges, where a channel per field had two writers and raised).
     h, config, ctx = paused_for_approval()
     batch = state_of(h, config).batch
-    first = h.graph.invoke(Command(update={"batch": batch}, resume="yes"), config, context=ctx)
+    first = h.graph.invoke(
+        Command(update={"run": {"batch": batch}}, resume="yes"), config, context=ctx
+    )
     assert interrupt_payload(first)["error"]["code"] == "unrecognized_answer"
-    second = Command(update={"batch": batch}, resume="approve")
-    with pytest.raises(fp.CommandRefused):
-        if mode == "sync":
-            h.graph.invoke(second, config, context=ctx)
-        else:
-            asyncio.run(h.graph.ainvoke(second, config, context=ctx))
-    assert h.calls.log == []
-    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
-    assert state.termination is fp.TerminationReason.COMPLETED
+    second = Command(update={"run": {"batch": batch}}, resume="approve")
+    if mode == "sync":
+        out = h.graph.invoke(second, config, context=ctx)
+    else:
+        out = asyncio.run(h.graph.ainvoke(second, config, context=ctx))
+    assert fp.run_output(out).termination is fp.TerminationReason.COMPLETED
     assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]

@@ -83,11 +83,13 @@ def test_with_a_verdict_key_an_approval_never_seals_an_entry_the_gate_did_not_ju
     h, config, ctx = _paused(verdict_key=VERDICT_KEY, ledger=ledger)
     batch = (*state_of(h, config).batch, _forged_write())
     if how == "update_state-as-decide":
-        h.graph.update_state(config, {"batch": batch}, as_node="decide")
+        h.graph.update_state(config, {"run": {"batch": batch}}, as_node="decide")
         h.graph.invoke(None, config, context=ctx)  # asked again, the batch as written
         out = h.graph.invoke(Command(resume="reject"), config, context=ctx)
     else:
-        out = h.graph.invoke(Command(update={"batch": batch}, resume="reject"), config, context=ctx)
+        out = h.graph.invoke(
+            Command(update={"run": {"batch": batch}}, resume="reject"), config, context=ctx
+        )
     state = fp.run_output(out)
     assert h.calls.log == []
     assert state.termination is fp.TerminationReason.POLICY_DENIED
@@ -108,7 +110,7 @@ def test_with_a_verdict_key_an_approval_answers_only_the_calls_that_were_waiting
         verdict=slipped.verdict.model_copy(update={"code": fp.policy.VerdictCode.APPROVAL_PENDING}),
     )
     h.graph.invoke(
-        Command(update={"batch": (genuine, pending)}, resume=answer), config, context=ctx
+        Command(update={"run": {"batch": (genuine, pending)}}, resume=answer), config, context=ctx
     )
     assert h.calls.log == [("write_note", {"note": "hi"}, "call-0001")]
 
@@ -121,7 +123,7 @@ def test_with_a_verdict_key_a_waiting_call_whose_arguments_were_rewritten_is_not
     rewritten = genuine.proposal.model_copy(update={"arguments": {"note": "rm -rf /"}})
     forged = fp.policy.BatchEntry(proposal=rewritten, verdict=genuine.verdict)
     out = h.graph.invoke(
-        Command(update={"batch": (forged,)}, resume="approve"), config, context=ctx
+        Command(update={"run": {"batch": (forged,)}}, resume="approve"), config, context=ctx
     )
     assert "__interrupt__" not in out
     assert h.calls.log == []

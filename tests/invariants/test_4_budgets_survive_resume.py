@@ -25,7 +25,6 @@ import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.loop import settings_of
-from fencepost.graph.serde import fencepost_serializer
 from fencepost.policy.keys import run_account
 from tests.graph.kit import Calls, call, context, final_citing_last, make_registry, thread
 
@@ -38,7 +37,7 @@ def saver_on(path: Path) -> Iterator[SqliteSaver]:
     """A SqliteSaver on ``path`` over a connection of its own, as a new process opens it."""
     conn = sqlite3.connect(path, check_same_thread=False)
     try:
-        yield SqliteSaver(conn, serde=fencepost_serializer())
+        yield SqliteSaver(conn)
     finally:
         conn.close()
 

@@ -17,6 +17,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 import fencepost as fp
+from fencepost.graph.state import has_run
 from fencepost.policy import ErrorCode, ReceiptStatus
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.execution import answered_before, finished_before, ran
@@ -170,7 +171,9 @@ def _first_entry(h: Any, config: dict[str, Any]) -> fp.policy.BatchEntry:
     """The gate's own (sealed, with a key) entry of call-0001, from the thread's history."""
     for snapshot in h.graph.get_state_history(config):
         values = snapshot.values
-        for entry in values.get("batch") or ():
+        if not has_run(values):
+            continue
+        for entry in fp.run_output(values).batch:
             if entry.call_id == "call-0001":
                 return entry  # type: ignore[no-any-return]
     raise AssertionError("no batch held call-0001")
@@ -185,9 +188,11 @@ def test_a_sealed_entry_written_back_mid_run_never_runs_its_call_again(
     replayed = _first_entry(h, config)
     if how == "command-update-beside-resume":
         batch = (replayed, *state_of(h, config).batch)
-        h.graph.invoke(Command(update={"batch": batch}, resume="approve"), config, context=ctx)
+        h.graph.invoke(
+            Command(update={"run": {"batch": batch}}, resume="approve"), config, context=ctx
+        )
     else:
-        h.graph.update_state(config, {"batch": (replayed,)}, as_node="approve")
+        h.graph.update_state(config, {"run": {"batch": (replayed,)}}, as_node="approve")
         h.graph.invoke(None, config, context=ctx)
     assert h.calls.count("search_logs") == 3
     state = state_of(h, config)
@@ -209,7 +214,8 @@ def test_a_call_run_again_from_a_rolled_back_checkpoint_never_runs_twice(
     before = next(
         s
         for s in history
-        if s.next == ("execute",) and any(e.call_id == "call-0001" for e in s.values["batch"])
+        if s.next == ("execute",)
+        and any(e.call_id == "call-0001" for e in fp.run_output(s.values).batch)
     )
     with pytest.raises(fp.ForkRefused):
         h.graph.invoke(None, before.config, context=ctx)

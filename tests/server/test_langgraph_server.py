@@ -162,12 +162,17 @@ def test_a_run_with_wait_completes_with_cited_evidence(client: Any, assistant: s
         input={"request": {"question": "Why is checkout returning 500s since 14:00?"}},
         context=CONTEXT,
     )
-    assert out["termination"] == "completed"
-    assert [o["tool_name"] for o in out["observations"]] == ["search_logs", "deployment_history"]
-    assert set(out["final_answer"]["citations"]) == {o["call_id"] for o in out["observations"]}
+    assert out["run"]["termination"] == "completed"
+    assert [o["tool_name"] for o in out["run"]["observations"]] == [
+        "search_logs",
+        "deployment_history",
+    ]
+    assert set(out["run"]["final_answer"]["citations"]) == {
+        o["call_id"] for o in out["run"]["observations"]
+    }
     kinds = [m["type"] for m in out["messages"]]
     assert kinds == ["human", "ai", "tool", "ai", "tool", "ai"]
-    assert out["messages"][-1]["content"] == out["final_answer"]["text"]
+    assert out["messages"][-1]["content"] == out["run"]["final_answer"]["text"]
 
 
 def test_messages_input_runs_with_the_default_budget(client: Any, assistant: str) -> None:
@@ -178,9 +183,9 @@ def test_messages_input_runs_with_the_default_budget(client: Any, assistant: str
         input={"messages": [{"role": "user", "content": "Why are order lookups timing out?"}]},
         context=CONTEXT,
     )
-    assert out["termination"] == "completed"
-    assert out["question"] == "Why are order lookups timing out?"
-    budget = out["budget"]
+    assert out["run"]["termination"] == "completed"
+    assert out["run"]["question"] == "Why are order lookups timing out?"
+    budget = out["run"]["budget"]
     assert budget["steps_remaining"] + budget["steps_used"] == 8
     assert [m["type"] for m in out["messages"]] == ["human", "ai", "tool", "ai", "tool", "ai"]
 
@@ -204,9 +209,9 @@ def test_a_run_with_a_missing_or_malformed_context_ends_policy_denied(
         input={"request": {"question": "Why is checkout returning 500s?"}},
         context=context,
     )
-    assert out["termination"] == "policy_denied"
-    assert out["last_error_code"] == code
-    assert out["observations"] == []
+    assert out["run"]["termination"] == "policy_denied"
+    assert out["run"]["last_error_code"] == code
+    assert out["run"]["observations"] == []
 
 
 def test_a_stream_carries_manifests_and_node_updates(client: Any, assistant: str) -> None:
@@ -225,7 +230,7 @@ def test_a_stream_carries_manifests_and_node_updates(client: Any, assistant: str
     assert manifests[-1]["outcome"] == "terminal" and manifests[-1]["code"] == "completed"
     nodes = [next(iter(p.data)) for p in parts if p.event == "updates"]
     assert nodes == ["decide", "execute", "decide", "execute", "decide", "terminal"]
-    assert _values(client, thread["thread_id"])["termination"] == "completed"
+    assert _values(client, thread["thread_id"])["run"]["termination"] == "completed"
 
 
 def test_an_approval_interrupt_is_resumed_through_the_sdk(client: Any, assistant: str) -> None:
@@ -237,17 +242,17 @@ def test_an_approval_interrupt_is_resumed_through_the_sdk(client: Any, assistant
         input={"request": {"question": "orders-api is stuck, restart it."}},
         context=CONTEXT,
     )
-    assert paused["termination"] is None
+    assert paused["run"]["termination"] is None
     state = client.threads.get_state(thread_id)
     assert state["next"] == ["approve"]
     (request,) = [i["value"] for i in state["interrupts"]]
     assert [c["tool_name"] for c in request["calls"]] == ["restart_service"]
-    assert paused["receipts"] == []  # nothing ran before the approval
+    assert paused["run"]["receipts"] == []  # nothing ran before the approval
 
     out = client.runs.wait(thread_id, assistant, command={"resume": "approve"}, context=CONTEXT)
-    assert out["termination"] == "completed"
-    restarts = [r for r in out["receipts"] if r["tool_name"] == "restart_service"]
-    assert [(r["status"], r["attempts"]) for r in restarts] == [("completed", 1)]
+    assert out["run"]["termination"] == "completed"
+    restarts = [r for r in out["run"]["receipts"] if r["tool_name"] == "restart_service"]
+    assert [(r["status"], r.get("attempts", 1)) for r in restarts] == [("completed", 1)]
     assert client.threads.get_state(thread_id)["next"] == []
 
 
@@ -297,7 +302,7 @@ def test_agent_chat_ui_gets_each_model_turn_once_with_the_ids_the_thread_keeps(
     )
     streamed = _streamed_messages(parts)
     stored = _values(client, thread_id)["messages"]
-    assert _values(client, thread_id)["termination"] == "completed"
+    assert _values(client, thread_id)["run"]["termination"] == "completed"
     assert [m["type"] for m in stored] == ["human", "ai", "tool", "ai"]
     ids = [m["id"] for m in streamed]
     assert ids == list(dict.fromkeys(ids)), f"a message streamed twice: {ids}"

@@ -242,7 +242,7 @@ class Worker:
             ),
             "approve": Command(
                 resume="approve",
-                update={"principal_id": spec.principal} if spec.rebind else None,
+                update={"run": {"principal_id": spec.principal}} if spec.rebind else None,
             ),
             "resume": None,
         }[kind]

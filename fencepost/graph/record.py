@@ -1,0 +1,393 @@
+"""The run's record: what a checkpoint holds of a run, as plain data, in one channel.
+
+A run lives in one LangGraph channel, ``run``: a dict of :class:`~fencepost.policy.AgentState`'s
+fields in their plain form (what pydantic's ``model_dump(mode="json")`` makes of them, a field at
+its default left out), so any saver with its default serializer stores it without an extension
+type, and Studio and the LangGraph Server API show it as JSON. Each step writes what it changed:
+
+- the items a record gained (``observations``, ``proposals``, ``receipts``, ``manifests``):
+  records only grow;
+- the entries a map changed (``answered``, ``evidence``; ``fingerprints``, whose repeat counts
+  only grow);
+- the new value of any other field.
+
+As a delta channel, a checkpoint stores each step's write, not the whole run again. A write is
+plain data and means the same whoever wrote it and whenever it is replayed (LangGraph rebuilds the
+channel from the writes when it loads a checkpoint); what a caller writes (``update_state``,
+``Command(update=...)``) is checked on the way in: a record's item or a map's entry that does not
+validate is dropped (so no state update can take back a receipt, reset a repeat count or plant a
+malformed observation); any other field takes what was written and the node that reads it judges
+it (see :func:`fencepost.graph.state.load_state`).
+
+The typed view is rebuilt at the node boundary by validation. Within one invoke it is carried
+along instead: a node's own write (a :class:`StepWrite` the node made, recognised by identity,
+never by anything a caller can write) carries the state it came from and the one it made, and the
+record that write makes keeps the second as its :attr:`RunRecord.view`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from enum import Enum
+from typing import Any, get_args
+
+from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import PendingWrite
+from langgraph.types import Overwrite
+from pydantic import BaseModel, TypeAdapter
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from fencepost.policy import AgentState
+
+FIELDS: tuple[str, ...] = tuple(AgentState.model_fields)
+"""AgentState's fields: the keys a run record may hold."""
+APPENDED = frozenset({"observations", "proposals", "receipts", "manifests"})
+"""Fields whose write is the items a step added: they only grow."""
+COUNTED = frozenset({"fingerprints"})
+"""Maps whose entries only grow (repeat counts): a write cannot lower one."""
+LATEST = frozenset({"answered", "evidence"})
+"""Maps whose write is the entries a step changed (the last write of an entry wins)."""
+REPLACED = frozenset(FIELDS) - APPENDED - COUNTED - LATEST
+"""Fields a write gives whole."""
+
+SNAPSHOT_EVERY = 5000
+"""A full snapshot of the record every N updates. At LangGraph's own replay bound a step writes
+only what it changed, and a resume replays at most that many writes."""
+
+OVERWRITE_KEY = "__overwrite__"
+"""How a JSON client spells LangGraph's ``Overwrite`` (``{"__overwrite__": value}``)."""
+
+
+def overwrite_of(write: Any) -> tuple[bool, Any]:
+    """Whether ``write`` is LangGraph's ``Overwrite`` in any of its forms, and what it holds: the
+    dataclass, ``{"__overwrite__": value}``, and ``{"type": "__overwrite__", "value": value}``
+    (the dataclass once a JSON client's update has been through the LangGraph API server)."""
+    if isinstance(write, Overwrite):
+        return True, write.value
+    if isinstance(write, dict):
+        if len(write) == 1 and OVERWRITE_KEY in write:
+            return True, write[OVERWRITE_KEY]
+        if write.get("type") == OVERWRITE_KEY and "value" in write:
+            return True, write["value"]
+    return False, None
+
+
+# -- the plain form ---------------------------------------------------------------------------------
+
+
+def plain(value: Any) -> Any:
+    """``value`` as a checkpoint holds it: a contract record as its fields (those at their default
+    left out), an enum as its value, a tuple as a list; JSON values as they are."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is tuple or kind is list:
+        return [plain(v) for v in value]
+    if isinstance(value, BaseModel):
+        return _dump(value)
+    if isinstance(value, Enum):
+        return value.value
+    if kind is dict or isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return to_jsonable_python(value)
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _dump(record: BaseModel) -> Any:
+    # A record a caller made without validation (``model_construct``) dumps what it holds, and
+    # is judged when read: no warning is the serializer's to give.
+    return record.__pydantic_serializer__.to_python(
+        record, mode="json", exclude_defaults=True, warnings=False
+    )
+
+
+UNREPRESENTABLE_KEY = "__unrepresentable__"
+
+
+def unrepresentable() -> dict[str, bool]:
+    """What a caller's value with no storable plain form is recorded as: a map no field of a run
+    validates, so the node that reads it ends the run ``invalid_state``."""
+    return {UNREPRESENTABLE_KEY: True}
+
+
+def _plain_or_marked(value: Any) -> Any:
+    try:
+        made = plain(value)
+    except (PydanticSerializationError, TypeError, ValueError, RecursionError):
+        return unrepresentable()
+    return made if storable(made) else unrepresentable()
+
+
+MAX_DEPTH = 64
+"""How deep a caller's value may nest: far more than any field of a run needs, far less than
+the serializers' own limits (msgpack refuses 255 levels; a record inside a run adds a few)."""
+
+
+def storable(value: Any) -> bool:
+    """Whether a plain value can be stored and counted on: nested at most :data:`MAX_DEPTH`
+    deep, every integer a signed 64-bit one (a count a step adds one to must still fit)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is int:
+            if not -(2**63) <= item < 2**63:
+                return False
+        elif kind is dict or kind is list:
+            if depth >= MAX_DEPTH:
+                return False
+            children = item.values() if kind is dict else item
+            stack.extend((child, depth + 1) for child in children)
+    return True
+
+
+# -- the record and a node's write -------------------------------------------------------------------
+
+
+class RunRecord(dict[str, Any]):
+    """A run's record: AgentState's fields in plain form (a plain dict to every serializer).
+
+    ``view`` is the typed state this record holds, when the step that made it knew it (a node's
+    own write) or a node has validated it since; ``None`` otherwise. It is never stored."""
+
+    __slots__ = ("view",)
+
+    view: AgentState | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.view = None
+
+
+class StepWrite(dict[str, Any]):
+    """A node's write to the run record: the plain changes from ``before`` to ``after``.
+
+    Made only by :func:`step_write`, which records it as the node's own: the record it makes
+    keeps ``after`` as its view without validating what the node itself made."""
+
+    __slots__ = ("__weakref__", "after", "before")
+
+    before: AgentState | None
+    after: AgentState
+
+
+_OWN: weakref.WeakValueDictionary[int, StepWrite] = weakref.WeakValueDictionary()
+"""The writes nodes made and LangGraph has not yet applied, by identity: what a caller writes,
+whatever its class, is never one of them."""
+
+
+def step_write(before: AgentState | None, after: AgentState, changes: dict[str, Any]) -> StepWrite:
+    """A node's write to the run record: ``changes`` (plain), made from ``before`` to ``after``."""
+    write = StepWrite(changes)
+    write.before, write.after = before, after
+    _OWN[id(write)] = write
+    return write
+
+
+def own(write: Any) -> bool:
+    """Whether ``write`` is a node's own :class:`StepWrite` (by identity)."""
+    return _OWN.get(id(write)) is write
+
+
+# -- what a caller's write may hold ---------------------------------------------------------------
+
+
+def _item_type(name: str) -> Any:
+    args = [a for a in get_args(AgentState.model_fields[name].annotation) if a is not Ellipsis]
+    while args and get_args(args[0]) and not isinstance(args[0], type):
+        args = [a for a in get_args(args[0]) if a is not Ellipsis]
+    return args[0]
+
+
+def _items_reader(name: str) -> Callable[[Any], list[Any] | None]:
+    """The items a caller's write of record ``name`` adds, in plain form, or None (dropped)."""
+    item = _item_type(name)
+    check: Callable[[Any], Any] = item.model_validate
+
+    def read(write: Any) -> list[Any] | None:
+        if not isinstance(write, list | tuple):
+            return None
+        try:
+            # The plain form first, then validated: a record made without validation
+            # (``model_construct``) is judged by what it holds, not by its class.
+            items = [_dump(check(plain(v))) for v in write]
+        except Exception:
+            return None
+        return items if storable(items) else None
+
+    return read
+
+
+def _entries_reader(name: str) -> Callable[[Any], dict[str, Any] | None]:
+    """The entries a caller's write of map ``name`` changes, or None (dropped)."""
+    annotation: Any = AgentState.model_fields[name].annotation
+    adapter: TypeAdapter[Any] = TypeAdapter(annotation)
+
+    def read(write: Any) -> dict[str, Any] | None:
+        if not isinstance(write, dict):
+            return None
+        try:
+            value = dict(adapter.validate_python(write, strict=True))
+        except Exception:
+            return None
+        return value if storable(value) else None
+
+    return read
+
+
+_READERS: dict[str, Callable[[Any], Any]] = {
+    **{n: _items_reader(n) for n in APPENDED},
+    **{n: _entries_reader(n) for n in COUNTED | LATEST},
+}
+
+
+def _taken(write: Any) -> dict[str, Any] | None:
+    """A caller's write as the record takes it: its fields in plain form, each record's items
+    and each map's entries only if they validate; None for a write that is no field map."""
+    if not isinstance(write, dict) or overwrite_of(write)[0]:
+        return None  # LangGraph's Overwrite would reset the run: never
+    out: dict[str, Any] = {}
+    for key, value in write.items():
+        if key not in _KINDS:
+            continue  # no field of a run
+        reader = _READERS.get(key)
+        if reader is None:
+            out[key] = _plain_or_marked(value)
+            continue
+        read = reader(value)
+        if read is not None:
+            out[key] = read
+    return out
+
+
+_KINDS = frozenset(FIELDS)
+
+
+# -- the reducer and the channel ----------------------------------------------------------------
+
+
+def _apply(out: RunRecord, changes: Mapping[str, Any]) -> None:
+    for key, value in changes.items():
+        if key in APPENDED:
+            if value:
+                out[key] = [*out.get(key, ()), *value]
+        elif key in COUNTED:
+            counts = dict(out.get(key) or {})
+            for entry, count in value.items():
+                if count > counts.get(entry, 0):
+                    counts[entry] = count
+            out[key] = counts
+        elif key in LATEST:
+            if value:
+                out[key] = {**(out.get(key) or {}), **value}
+        else:
+            out[key] = value
+
+
+def _defaults() -> dict[str, Any]:
+    """Every field of a run at its default, plain (fresh containers each time)."""
+    out: dict[str, Any] = {}
+    for name, info in AgentState.model_fields.items():
+        if not info.is_required():
+            out[name] = plain(info.get_default(call_default_factory=True))
+    return out
+
+
+def _completed(out: RunRecord) -> RunRecord:
+    """``out`` with every field it leaves out at its default: a step writes only what changed,
+    and a run's first write leaves its defaults out, but a reader (a server client, Studio, a
+    node) sees every field."""
+    if "run_id" in out and len(out) < len(FIELDS):
+        for name, value in _defaults().items():
+            out.setdefault(name, value)
+    return out
+
+
+def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
+    """The record after ``writes`` (a step's, or a checkpoint's history replayed) in order."""
+    base = current if isinstance(current, dict) else {}
+    out = RunRecord(base)
+    if len(writes) == 1 and own(writes[0]):
+        write: StepWrite = writes[0]
+        _apply(out, write)
+        view = getattr(base, "view", None)
+        if (write.before is not None and view is write.before) or (
+            write.before is None and not base
+        ):
+            out.view = write.after
+        return _completed(out)
+    for write in writes:
+        changes = write if own(write) else _taken(write)
+        if changes:
+            _apply(out, changes)
+    return _completed(out)
+
+
+class RunChannel(DeltaChannel[Any]):
+    """The ``run`` channel: the run's record, grown by what each step wrote (see the module
+    docstring). Reads as an empty record before a run starts; LangGraph's ``Overwrite`` is never
+    taken, so no state update can start the record over."""
+
+    def __init__(
+        self,
+        reducer: Callable[[Any, Sequence[Any]], Any] = fold,
+        typ: Any = dict,
+        *,
+        snapshot_frequency: int = SNAPSHOT_EVERY,
+    ) -> None:
+        # LangGraph makes each graph's channel with this signature (a delta channel's).
+        super().__init__(reducer, typ, snapshot_frequency=snapshot_frequency)
+        self.value = RunRecord()
+
+    def copy(self) -> RunChannel:
+        # LangGraph copies every channel to route each step; a record is never changed in
+        # place (each step makes a new one), so a copy shares it.
+        out = _new(type(self))
+        out.typ, out.key, out.value = self.typ, self.key, self.value
+        out.reducer, out.snapshot_frequency = self.reducer, self.snapshot_frequency
+        return out
+
+    def from_checkpoint(self, checkpoint: Any) -> RunChannel:
+        out = super().from_checkpoint(checkpoint)
+        value = out.value
+        out.value = RunRecord(value) if isinstance(value, dict) else RunRecord()
+        return out
+
+    def update(self, values: Sequence[Any]) -> bool:
+        if not values:
+            return False  # every channel is told of every step; most are not written in it
+        self.value = fold(self.value, values)
+        return True
+
+    def replay_writes(self, writes: Sequence[PendingWrite]) -> None:
+        values = [value for _, _, value in writes]
+        if values:
+            self.value = fold(self.value, values)
+
+    def get(self) -> RunRecord:
+        return self.value  # type: ignore[no-any-return]
+
+    def is_available(self) -> bool:
+        return True
+
+
+_new = object.__new__
+
+
+def record_of(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The run record in a node's (or ``get_state``'s) channel values: empty before a run."""
+    record = values.get("run")
+    return record if isinstance(record, dict) else {}
+
+
+def started(record: Mapping[str, Any]) -> bool:
+    """Whether a run has started on the thread whose record this is."""
+    return "run_id" in record
+
+
+def fields_given(names: Iterable[str]) -> frozenset[str]:
+    """The names of ``names`` that are AgentState fields."""
+    return frozenset(names) & _KINDS
