@@ -269,9 +269,9 @@ def build_fencepost_floor(saver: BaseCheckpointSaver[Any]) -> System:
 def _called_inline() -> Any:
     """The sync graph's model and tool calls made on the calling thread, for as long as the
     block runs: no hop to the shared model loop, no tool worker thread, no deadline enforced."""
-    from fencepost.graph.model_call import ModelRun
+    from fencepost.graph.containment.model import ModelRun
+    from fencepost.graph.containment.tools import ToolRun
     from fencepost.graph.node_io import SyncIO
-    from fencepost.graph.tool_runner import ToolRun
 
     async def run_model(self: Any, make: Any, timeout: float) -> Any:
         try:

@@ -11,8 +11,8 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot
 
-from fencepost.graph.loop import LoopConfig, settings_of
 from fencepost.graph.record import plain
+from fencepost.graph.settings import LoopConfig, settings_of
 from fencepost.graph.state import has_run, run_output
 from fencepost.policy import (
     AgentState,

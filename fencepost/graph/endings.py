@@ -4,8 +4,8 @@ only when the account is the caller's."""
 
 from __future__ import annotations
 
+from fencepost.graph.account import account_of, pending_work, produced
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, pending_work, produced
 from fencepost.policy import AgentState, InMemoryLedger, Phase, TerminationReason, UnknownAccount
 from fencepost.policy.context import RunContext
 from fencepost.policy.keys import started_key

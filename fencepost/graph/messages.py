@@ -18,7 +18,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from fencepost.graph.loop import Update
+from fencepost.graph.settings import Update
 from fencepost.graph.writes import Writes
 from fencepost.policy import AgentState, Observation
 from fencepost.policy.untrusted import observation_content

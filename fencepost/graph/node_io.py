@@ -16,12 +16,12 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.runtime import Runtime, get_runtime
 from pydantic import BaseModel
 
-from fencepost.graph.loop import LoopConfig, Update
+from fencepost.graph.containment.model import ModelCall, ModelRun, run_model, run_model_blocking
+from fencepost.graph.containment.shared_loop import run_sync
+from fencepost.graph.containment.tools import ToolRun, run_tool, run_tool_blocking
 from fencepost.graph.messages import with_messages
-from fencepost.graph.model_call import ModelCall, ModelRun, run_model, run_model_blocking
-from fencepost.graph.portal import run_sync
+from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import InvalidState
-from fencepost.graph.tool_runner import ToolRun, run_tool, run_tool_blocking
 from fencepost.graph.writes import refused, started
 from fencepost.policy import Balance, Reservation, ToolContext, ToolSpec
 
@@ -73,13 +73,13 @@ class NodeIO:
         raise NotImplementedError
 
     async def run_model(self, make: ModelCall, timeout: float) -> ModelRun:
-        """Run the model call ``make`` builds, contained (see :mod:`fencepost.graph.model_call`)."""
+        """Run the model call ``make`` builds, contained (see :mod:`fencepost.graph.containment.model`)."""
         raise NotImplementedError
 
     async def run_tool(
         self, spec: ToolSpec, args: BaseModel, ctx: ToolContext, *, timeout_seconds: float
     ) -> ToolRun:
-        """Run one tool body, contained (see :mod:`fencepost.graph.tool_runner`)."""
+        """Run one tool body, contained (see :mod:`fencepost.graph.containment.tools`)."""
         raise NotImplementedError
 
 

@@ -28,8 +28,8 @@ from typing_extensions import TypedDict
 from fencepost.graph.conversation import Messages
 from fencepost.graph.record import REPLACED, RunChannel, RunRecord, plain, record_of, started
 from fencepost.policy import AgentState, RuntimeBudget, TerminationReason
-from fencepost.policy._model import Frozen
 from fencepost.policy.budget import DEFAULT_STEPS, DEFAULT_TOOL_CALLS, default_budget
+from fencepost.policy.contract import Frozen
 from fencepost.policy.run_check import stop
 from fencepost.policy.stop_report import paused_report
 

@@ -8,7 +8,7 @@ from typing import Annotated, Protocol, runtime_checkable
 
 from pydantic import Strict, field_validator
 
-from fencepost.policy._model import Frozen
+from fencepost.policy.contract import Frozen
 
 
 class DeadlineExceeded(Exception):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Literal
 
-from fencepost.policy._model import Frozen
+from fencepost.policy.contract import Frozen
 from fencepost.policy.decision import AbstainProposal, FinalProposal, InvalidProposal, ToolProposal
 from fencepost.policy.decision_model import Decided, ToolBatch
 from fencepost.policy.error_codes import ErrorCode

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, Strict
 
-from fencepost.policy._model import Frozen
+from fencepost.policy.contract import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.phase import Phase
 from fencepost.policy.verdict import VerdictCode

@@ -16,8 +16,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, Strict
 
-from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.budget import BudgetAxis, RuntimeBudget
+from fencepost.policy.contract import Frozen, assemble
 from fencepost.policy.decision import AbstainProposal, FinalProposal, ToolProposal
 from fencepost.policy.decision_model import ToolBatch
 

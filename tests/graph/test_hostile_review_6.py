@@ -1,4 +1,4 @@
-"""Hostile review of the Command refusal (19ea812: graph.bounded refuses a Command that would make
+"""Hostile review of the Command refusal (19ea812: graph.compiled refuses a Command that would make
 two writers of one field), endings.unsealed_end / owned, run-tagged account owners, namespaced
 accounts for nested runs, started markers for accepted work, and fp.cancel's namespace.
 
@@ -75,7 +75,7 @@ _OWN_CHANNEL_UPDATES = {
 }
 
 
-# Fixed: graph.bounded refuses an update of anything but the state's own fields, and any Send.
+# Fixed: graph.compiled refuses an update of anything but the state's own fields, and any Send.
 @pytest.mark.parametrize("command", list(_OWN_CHANNEL_UPDATES), ids=list(_OWN_CHANNEL_UPDATES))
 def test_a_command_naming_langgraphs_own_channels_never_leaves_the_thread_stuck(
     command: str,

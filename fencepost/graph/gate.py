@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from fencepost.adapters import telemetry
-from fencepost.graph.loop import checked_manifest
+from fencepost.graph.account import account_of, produced, reserve_or_exhausted, viewed
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, produced, reserve_or_exhausted, viewed
+from fencepost.graph.trace import checked_manifest
 from fencepost.policy import (
     AgentState,
     Balance,

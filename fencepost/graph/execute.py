@@ -10,9 +10,7 @@ from langgraph.runtime import Runtime
 from pydantic import JsonValue
 
 from fencepost.adapters import telemetry
-from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
-from fencepost.graph.node_io import AsyncIO, NodeIO
-from fencepost.graph.run_account import (
+from fencepost.graph.account import (
     account_of,
     certify,
     mark_result,
@@ -21,7 +19,10 @@ from fencepost.graph.run_account import (
     reserve_or_exhausted,
     viewed,
 )
+from fencepost.graph.node_io import AsyncIO, NodeIO
+from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import require_state
+from fencepost.graph.trace import manifest, recorded
 from fencepost.graph.writes import changed
 from fencepost.policy import (
     AgentState,

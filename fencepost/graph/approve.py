@@ -8,10 +8,11 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from fencepost.adapters import telemetry
-from fencepost.graph.gate_step import reserve_batch
-from fencepost.graph.loop import Update, manifest, recorded
+from fencepost.graph.gate import reserve_batch
 from fencepost.graph.node_io import NodeIO
+from fencepost.graph.settings import Update
 from fencepost.graph.state import require_state
+from fencepost.graph.trace import manifest, recorded
 from fencepost.graph.writes import changed
 from fencepost.policy import Phase, reduce_tool_events
 from fencepost.policy.approval import (

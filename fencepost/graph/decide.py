@@ -6,11 +6,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from fencepost.graph.endings import unsealed_end
-from fencepost.graph.gate_step import gate
-from fencepost.graph.loop import LoopConfig, Update, manifest, recorded
-from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import (
+from fencepost.graph.account import (
     account_of,
     charge,
     open_run,
@@ -21,7 +17,12 @@ from fencepost.graph.run_account import (
     tokens_left,
     viewed,
 )
+from fencepost.graph.endings import unsealed_end
+from fencepost.graph.gate import gate
+from fencepost.graph.node_io import NodeIO
+from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import StartRequest, load_state, request_from
+from fencepost.graph.trace import manifest, recorded
 from fencepost.graph.writes import changed
 from fencepost.policy import (
     AbstainProposal,
@@ -137,7 +138,7 @@ async def ask_model(
 ) -> Decided | InvalidProposal | StopRequest:
     """Ask the decision model, within the run's deadline and the model's own timeout.
 
-    The model runs as a task of its own (:mod:`fencepost.graph.model_call`), so whatever it
+    The model runs as a task of its own (:mod:`fencepost.graph.containment.model`), so whatever it
     raises — an exception, a ``BaseException``, its own ``CancelledError`` — is this step's
     failure with a safe code, and a model that ignores its deadline is left behind: its text
     never reaches state and nothing it raises escapes ``invoke``. Only the caller's own

@@ -7,7 +7,8 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from fencepost.graph.decide_node import begin
+from fencepost.graph.account import account_of, open_run, started_run_id
+from fencepost.graph.decide import begin
 from fencepost.graph.endings import (
     owned,
     pending_at_end,
@@ -15,10 +16,10 @@ from fencepost.graph.endings import (
     receipt_started,
     unsealed_end,
 )
-from fencepost.graph.loop import Update, manifest, recorded
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, open_run, started_run_id
+from fencepost.graph.settings import Update
 from fencepost.graph.state import load_state, request_from
+from fencepost.graph.trace import manifest, recorded
 from fencepost.graph.writes import changed
 from fencepost.policy import (
     AgentState,
