@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import common
 from common import (
     FINAL_TEXT,
     QUESTION,
@@ -255,6 +256,9 @@ def build_fencepost(
     """(a) fencepost's graph, driven by the chat model through a DecisionModel adapter (or by
     ``decider``)."""
     model = decider or make_decider()
+    path = common.ASYNC_SQLITE_FILES.get(id(saver))
+    if path is not None and "ledger" not in graph_kwargs:
+        graph_kwargs["ledger"] = fp.SqliteLedger(str(path))
     graph = fp.build_agent_graph(REGISTRY, model, **graph_kwargs).compile(checkpointer=saver)
     return fencepost_system(name, graph, model)
 
