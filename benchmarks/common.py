@@ -224,12 +224,20 @@ def sqlite_saver(path: Path) -> SqliteSaver:
     return saver
 
 
+ASYNC_SQLITE_FILES: dict[int, Path] = {}
+"""The file each AsyncSqliteSaver made by :func:`async_sqlite_saver` writes: fencepost cannot
+read it off an aiosqlite connection, so a graph built with no ledger over such a saver is
+refused; the benchmark passes a SqliteLedger on the same file instead (what fencepost's error
+says to do)."""
+
+
 async def async_sqlite_saver(path: Path) -> Any:
     import aiosqlite
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
     saver = AsyncSqliteSaver(await aiosqlite.connect(path), serde=SERIALIZER())
     await saver.setup()
+    ASYNC_SQLITE_FILES[id(saver)] = path
     return saver
 
 

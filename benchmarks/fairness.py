@@ -43,7 +43,7 @@ def fairness_part(lo: Any, fp_error: str, calls: int = B_CALLS) -> tuple[str, li
     title = "## Tenant fairness: tenant B's sync tool start while tenant A's bodies hang"
     if lo is None:
         return f"{title}\n\nskipped: {fp_error}\n", []
-    from fencepost.graph import tool_threads
+    from fencepost.graph.containment import tool_threads
 
     pool = tool_threads.pool()
     rows: list[str] = []
@@ -106,8 +106,8 @@ def fairness_part(lo: Any, fp_error: str, calls: int = B_CALLS) -> tuple[str, li
 def _scenario(kind: str, n: int, calls: int) -> tuple[list[float], int, int, int]:
     """B's start times (seconds) with A holding ``n`` bodies; and how many of A's calls held a
     thread, waited for one of A's own, and were refused, when B called."""
-    from fencepost.graph import tool_threads
-    from fencepost.graph.tool_runner import ToolRun, run_tool, run_tool_blocking
+    from fencepost.graph.containment import tool_threads
+    from fencepost.graph.containment.tools import ToolRun, run_tool, run_tool_blocking
     from fencepost.policy import ErrorCode
 
     pool = tool_threads.pool()

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import common
 from common import (
     FINAL_TEXT,
     QUESTION,
@@ -255,6 +256,9 @@ def build_fencepost(
     """(a) fencepost's graph, driven by the chat model through a DecisionModel adapter (or by
     ``decider``)."""
     model = decider or make_decider()
+    path = common.ASYNC_SQLITE_FILES.get(id(saver))
+    if path is not None and "ledger" not in graph_kwargs:
+        graph_kwargs["ledger"] = fp.SqliteLedger(str(path))
     graph = fp.build_agent_graph(REGISTRY, model, **graph_kwargs).compile(checkpointer=saver)
     return fencepost_system(name, graph, model)
 
@@ -269,9 +273,9 @@ def build_fencepost_floor(saver: BaseCheckpointSaver[Any]) -> System:
 def _called_inline() -> Any:
     """The sync graph's model and tool calls made on the calling thread, for as long as the
     block runs: no hop to the shared model loop, no tool worker thread, no deadline enforced."""
-    from fencepost.graph.model_call import ModelRun
+    from fencepost.graph.containment.model import ModelRun
+    from fencepost.graph.containment.tools import ToolRun
     from fencepost.graph.node_io import SyncIO
-    from fencepost.graph.tool_runner import ToolRun
 
     async def run_model(self: Any, make: Any, timeout: float) -> Any:
         try:

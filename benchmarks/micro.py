@@ -165,22 +165,22 @@ def _policy_reserve(lo: ModuleType) -> tuple[str, Callable[[Any], Callable[[], A
 
 
 def _in_node(lo: ModuleType) -> tuple[str, Callable[[Any], Callable[[], Any]]]:
-    """The gate step as ``decide`` runs it: ``graph.gate_step.gate`` over the sync graph's I/O
+    """The gate step as ``decide`` runs it: ``graph.gate.gate`` over the sync graph's I/O
     (gates, fingerprint counts, manifests and the ledger reservation), else the older
     ``Nodes._gate`` (gates, fingerprints, state reservation, manifests)."""
     import fencepost as fp
 
     try:
-        from fencepost.graph.gate_step import gate
-        from fencepost.graph.loop import settings_of
+        from fencepost.graph.account import open_run
+        from fencepost.graph.gate import gate
         from fencepost.graph.node_io import SyncIO
-        from fencepost.graph.run_account import open_run
+        from fencepost.graph.settings import settings_of
     except ImportError:
         gate = None
     if gate is not None:
         cfg = settings_of(fp.build_agent_graph(lo.REGISTRY, lo.BenchDecisionModel()))
         if cfg is None:
-            raise Skip("graph.loop.settings_of found no settings for a built graph")
+            raise Skip("graph.settings.settings_of found no settings for a built graph")
         params = list(inspect.signature(gate).parameters)
         if params[:5] != ["io", "state", "ctx", "calls", "usage"]:
             raise Skip(f"gate_step.gate takes ({', '.join(params)})")
@@ -213,7 +213,7 @@ def _in_node(lo: ModuleType) -> tuple[str, Callable[[Any], Callable[[], Any]]]:
         raise Skip(describe(exc)) from exc
     old = getattr(owner, "_gate", None)
     if old is None:
-        raise Skip("neither graph.gate_step.gate nor a decide node with `_gate` found")
+        raise Skip("neither graph.gate.gate nor a decide node with `_gate` found")
     params = list(inspect.signature(old).parameters)
     if params[:4] != ["state", "calls", "ctx", "usage"]:
         raise Skip(f"`_gate` takes ({', '.join(params)}), not (state, calls, ctx, usage)")

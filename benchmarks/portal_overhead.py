@@ -1,7 +1,7 @@
 """What running a coroutine from sync code, and a tool body, costs per call (``python
 benchmarks/portal_overhead.py``).
 
-Compares ``fencepost.graph.portal.run_sync`` (a loop per calling thread; a helper thread when
+Compares ``fencepost.graph.containment.shared_loop.run_sync`` (a loop per calling thread; a helper thread when
 the caller's loop is running) with the shared portal loop it replaced and with ``asyncio.run``;
 and ``run_tool`` (task + deadline for async bodies, the bounded pool for sync ones) with the
 plain ``asyncio.wait_for`` / ``asyncio.to_thread`` it replaced. Each figure is the median of
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pydantic import BaseModel, ConfigDict
 
-from fencepost.graph.portal import run_sync
-from fencepost.graph.tool_runner import run_tool
+from fencepost.graph.containment.shared_loop import run_sync
+from fencepost.graph.containment.tools import run_tool
 from fencepost.policy import Deadline, Effect, ToolContext, ToolSpec
 
 ROUNDS = 7

@@ -47,9 +47,9 @@ from langgraph.pregel import Pregel
 from pydantic import BaseModel, ConfigDict, Field, Strict, create_model
 
 from fencepost.graph.cancel import acancel, cancel
-from fencepost.graph.loop import LoopConfig, settings_of
+from fencepost.graph.containment.tools import finish_before_cancel
+from fencepost.graph.settings import LoopConfig, settings_of
 from fencepost.graph.state import has_run, run_output, start
-from fencepost.graph.tool_runner import finish_before_cancel
 from fencepost.policy import (
     AgentState,
     Balance,

@@ -10,13 +10,12 @@ from typing import Any
 
 from langgraph.graph import END, START, StateGraph
 
-from fencepost.graph.approve_node import approve
-from fencepost.graph.bounded import BoundedStateGraph
+from fencepost.graph.approve import approve
+from fencepost.graph.compiled import BoundedStateGraph
 from fencepost.graph.context import ContextInput
-from fencepost.graph.decide_node import decide
+from fencepost.graph.decide import decide
 from fencepost.graph.default_ledger import LedgerNeeded, durable_ledger
-from fencepost.graph.execute_node import execute
-from fencepost.graph.loop import LoopConfig, remember
+from fencepost.graph.execute import execute
 from fencepost.graph.node_io import loop_node
 from fencepost.graph.routing import (
     route_after_approve,
@@ -25,8 +24,9 @@ from fencepost.graph.routing import (
     route_after_terminal,
     route_start,
 )
+from fencepost.graph.settings import LoopConfig, remember
 from fencepost.graph.state import GraphState, InputState
-from fencepost.graph.terminal_node import terminal
+from fencepost.graph.terminal import terminal
 from fencepost.policy import (
     DEFAULT_REPEAT_LIMIT,
     Clock,

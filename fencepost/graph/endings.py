@@ -4,8 +4,8 @@ only when the account is the caller's."""
 
 from __future__ import annotations
 
+from fencepost.graph.account import account_of, pending_work, produced
 from fencepost.graph.node_io import NodeIO
-from fencepost.graph.run_account import account_of, pending_work, produced
 from fencepost.policy import AgentState, InMemoryLedger, Phase, TerminationReason, UnknownAccount
 from fencepost.policy.context import RunContext
 from fencepost.policy.keys import started_key
@@ -29,7 +29,7 @@ async def owned(
     return ctx is not None and check_owner(balance.owner, ctx, run_id) is None
 
 
-async def unsealed_end(io: NodeIO, state: AgentState) -> AgentState | None:
+async def unjudged_ending(io: NodeIO, state: AgentState) -> AgentState | None:
     """``state`` sent back to be ended by the terminal node, if it reads ``completed`` while
     the run's ledger account is open or closed for another reason: the terminal node closes the
     account with its reason before it writes an ending, so such a state was written by a caller

@@ -16,14 +16,14 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.runtime import Runtime, get_runtime
 from pydantic import BaseModel
 
-from fencepost.graph.loop import LoopConfig, Update
+from fencepost.graph.containment.model import ModelCall, ModelRun, run_model, run_model_blocking
+from fencepost.graph.containment.shared_loop import run_sync
+from fencepost.graph.containment.tools import ToolRun, run_tool, run_tool_blocking
 from fencepost.graph.messages import with_messages
-from fencepost.graph.model_call import ModelCall, ModelRun, run_model, run_model_blocking
-from fencepost.graph.portal import run_sync
+from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import InvalidState
-from fencepost.graph.tool_runner import ToolRun, run_tool, run_tool_blocking
-from fencepost.graph.writes import refused, started
-from fencepost.policy import Balance, Reservation, ToolContext, ToolSpec
+from fencepost.graph.writes import refusal_writes, reset_prerun_values
+from fencepost.policy import Balance, InMemoryLedger, Reservation, ToolContext, ToolSpec
 
 T = TypeVar("T")
 
@@ -68,18 +68,24 @@ class NodeIO:
         """The reservation (or zero-amount marker) under ``key``, if the ledger holds one."""
         raise NotImplementedError
 
+    async def forget(self, account: str) -> None:
+        """Drop an ended run's account from a process-local ledger (an ``InMemoryLedger``
+        would otherwise keep every run it ever held); a durable ledger keeps it."""
+        if isinstance(self.ledger, InMemoryLedger):
+            self.ledger.forget(account)
+
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         """Run the tools (``make`` builds the awaitable)."""
         raise NotImplementedError
 
     async def run_model(self, make: ModelCall, timeout: float) -> ModelRun:
-        """Run the model call ``make`` builds, contained (see :mod:`fencepost.graph.model_call`)."""
+        """Run the model call ``make`` builds, contained (see :mod:`fencepost.graph.containment.model`)."""
         raise NotImplementedError
 
     async def run_tool(
         self, spec: ToolSpec, args: BaseModel, ctx: ToolContext, *, timeout_seconds: float
     ) -> ToolRun:
-        """Run one tool body, contained (see :mod:`fencepost.graph.tool_runner`)."""
+        """Run one tool body, contained (see :mod:`fencepost.graph.containment.tools`)."""
         raise NotImplementedError
 
 
@@ -223,11 +229,11 @@ class LoopNode(Runnable[Any, Update]):
 def loop_node(cfg: LoopConfig, name: str, body: NodeBody) -> LoopNode:
     """The node ``name`` running ``body``, sync or async. It adds the ``messages`` that show
     what its body changed (:mod:`fencepost.graph.messages`), so no body writes them itself,
-    and resets what a caller wrote before a run began (:func:`~fencepost.graph.writes.started`).
+    and resets what a caller wrote before a run began (:func:`~fencepost.graph.writes.reset_prerun_values`).
 
     A body that acts on state (approves, runs tools) reads it with ``require_state``, which
     raises :class:`~fencepost.graph.state.InvalidState` on a value no field can hold: the body
-    is not run; only the stop that ends the run is written (``writes.refused``), routing it to
+    is not run; only the stop that ends the run is written (``writes.refusal_writes``), routing it to
     the terminal node, as a node ends a run on a missing or mismatched context.
     """
     sync_io, async_io = SyncIO(cfg), AsyncIO(cfg)
@@ -236,14 +242,14 @@ def loop_node(cfg: LoopConfig, name: str, body: NodeBody) -> LoopNode:
         try:
             writes = drive(body(sync_io, values, runtime))
         except InvalidState as invalid:
-            writes = refused(invalid.state)
-        return with_messages(values, started(values, writes))
+            writes = refusal_writes(invalid.state)
+        return with_messages(values, reset_prerun_values(values, writes))
 
     async def arun(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
         try:
             writes = await body(async_io, values, runtime)
         except InvalidState as invalid:
-            writes = refused(invalid.state)
-        return with_messages(values, started(values, writes))
+            writes = refusal_writes(invalid.state)
+        return with_messages(values, reset_prerun_values(values, writes))
 
     return LoopNode(name, run, arun)

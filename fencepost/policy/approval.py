@@ -28,9 +28,9 @@ from typing import Any, Literal
 
 from pydantic import JsonValue, ValidationError
 
-from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.batch import Batch, BatchEntry, replace_entries
 from fencepost.policy.context import RunContext
+from fencepost.policy.contract import Frozen, assemble
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode

@@ -42,10 +42,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from fencepost.policy._model import Frozen
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry, replace_entries
 from fencepost.policy.context import RunContext
+from fencepost.policy.contract import Frozen
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.denial import DenialMode, observed
 from fencepost.policy.gates import gate_proposal, repeat_limit_of

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from pydantic import model_validator
 
-from fencepost.policy._model import Frozen, assemble
+from fencepost.policy.contract import Frozen, assemble
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.verdict import Verdict
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, Strict, model_validator
 
-from fencepost.policy._model import Frozen, no_unknown_keys
+from fencepost.policy.contract import Frozen, no_unknown_keys
 from fencepost.policy.phase import TerminationReason
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 
-from fencepost.policy._model import Frozen
 from fencepost.policy.budget import BudgetAxis
+from fencepost.policy.contract import Frozen
 from fencepost.policy.gating import to_reserve
 from fencepost.policy.state import AgentState
 

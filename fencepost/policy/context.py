@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, JsonValue, Strict, model_validator
 
-from fencepost.policy._model import Frozen, no_unknown_keys
+from fencepost.policy.contract import Frozen, no_unknown_keys
 from fencepost.policy.deadline import Deadline
 from fencepost.policy.tool import Principal
 

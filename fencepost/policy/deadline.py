@@ -8,7 +8,7 @@ from typing import Annotated, Protocol, runtime_checkable
 
 from pydantic import Strict, field_validator
 
-from fencepost.policy._model import Frozen
+from fencepost.policy.contract import Frozen, assemble
 
 
 class DeadlineExceeded(Exception):
@@ -73,7 +73,7 @@ class Deadline(Frozen):
     def after(cls, seconds: float, *, clock: Clock | None = None) -> Deadline:
         """The deadline ``seconds`` from now."""
         now = (clock or SystemClock()).now()
-        return cls(at=now + timedelta(seconds=seconds))
+        return _deadline_at(now + timedelta(seconds=seconds))
 
     def remaining_seconds(self, *, clock: Clock) -> float:
         """Seconds left (negative once past)."""
@@ -96,4 +96,12 @@ class Deadline(Frozen):
 def stage_deadline(deadline: Deadline, *, max_stage_seconds: float, clock: Clock) -> Deadline:
     """The smaller of what is left of ``deadline`` and a stage's own maximum."""
     stage_end = clock.now() + timedelta(seconds=max_stage_seconds)
-    return deadline if deadline.at <= stage_end else Deadline(at=stage_end)
+    return deadline if deadline.at <= stage_end else _deadline_at(stage_end)
+
+
+def _deadline_at(instant: datetime) -> Deadline:
+    # A step makes two deadlines (the model's, each tool's): an instant already in UTC, as the
+    # system clock gives it, is what validation would make of it; any other is validated.
+    if instant.tzinfo is UTC:
+        return assemble(Deadline, {"at": instant})
+    return Deadline(at=instant)

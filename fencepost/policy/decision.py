@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, Strict, TypeAdapter, field_validator
 
-from fencepost.policy._model import Frozen
+from fencepost.policy.contract import Frozen
 from fencepost.policy.fingerprint import canonical_json
 from fencepost.policy.observation import AnswerPayload
 

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 
 from pydantic import Field, Strict
 
-from fencepost.policy._model import Frozen
 from fencepost.policy.budget import RuntimeBudget
+from fencepost.policy.contract import Frozen
 from fencepost.policy.deadline import Deadline
 from fencepost.policy.decision import AbstainProposal, FinalProposal, ToolProposal
 from fencepost.policy.observation import Observation

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, JsonValue, Strict, TypeAdapter
 
-from fencepost.policy._model import Frozen
+from fencepost.policy.contract import Frozen
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import canonical_json, fits_checkpoint
 from fencepost.policy.observation import Observation

@@ -11,11 +11,11 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import NamedTuple
 
-from fencepost.policy._model import assemble
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted
 from fencepost.policy.context import RunContext
+from fencepost.policy.contract import assemble
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.denial import DenialMode, observed
 from fencepost.policy.effect import Effect
@@ -49,6 +49,21 @@ def duplicate_call_ids(calls: Sequence[ToolProposal], answered: Collection[str])
         return calls[0].call_id in answered
     ids = [c.call_id for c in calls]
     return len(set(ids)) != len(ids) or any(i in answered for i in ids)
+
+
+def refused_batch(
+    calls: Sequence[ToolProposal], answered: Collection[str], produced: Collection[str]
+) -> StopRequest | None:
+    """The stop that refuses a whole batch before any call of it is judged: a call id used
+    twice, or one the run already answered (``duplicate_call_id``); a dependency the batch
+    cannot have (itself, a cycle, or an id that is neither in the batch nor a call earlier in
+    the run whose tool returned a result, as ``produced`` says from the ledger:
+    ``invalid_dependency``). Either ends the run ``invalid_proposal``."""
+    if duplicate_call_ids(calls, answered):
+        return stop(TerminationReason.INVALID_PROPOSAL, "duplicate_call_id")
+    if any(c.depends_on for c in calls) and invalid_dependencies(calls, produced):
+        return stop(TerminationReason.INVALID_PROPOSAL, "invalid_dependency")
+    return None
 
 
 def invalid_dependencies(calls: Sequence[ToolProposal], completed: Collection[str]) -> bool:

@@ -16,8 +16,8 @@ from typing import Annotated, NamedTuple
 
 from pydantic import Field, Strict
 
-from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted, reason_for_axis
+from fencepost.policy.contract import Frozen, assemble
 
 MAX_NAME_LENGTH = 512
 """The longest key, account name, axis, owner field or close reason a ledger takes (characters)."""

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, Strict
 
-from fencepost.policy._model import Frozen
+from fencepost.policy.contract import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.phase import Phase
 from fencepost.policy.verdict import VerdictCode
@@ -46,3 +46,13 @@ class StepManifest(Frozen):
     approval: Literal["approver", "human"] | None = None
     """Who answered this call's approval, on the record of the answer: the approver policy or
     a human."""
+
+
+def verdict_outcome(code: VerdictCode) -> Outcome:
+    """A gated or answered call's record: ``allowed``, ``approval_pending`` (waiting for a
+    human), or ``denied`` (every other verdict)."""
+    if code is VerdictCode.ALLOWED:
+        return "allowed"
+    if code is VerdictCode.APPROVAL_PENDING:
+        return "approval_pending"
+    return "denied"

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, Strict, field_validator, model_validator
 
-from fencepost.policy._model import Frozen
+from fencepost.policy.contract import Frozen
 from fencepost.policy.error_codes import ErrorCode
 
 

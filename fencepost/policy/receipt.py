@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, Strict
 
-from fencepost.policy._model import Frozen
+from fencepost.policy.contract import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 

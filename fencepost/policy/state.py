@@ -6,9 +6,9 @@ from typing import Annotated
 
 from pydantic import Field, Strict
 
-from fencepost.policy._model import Frozen
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.budget import RuntimeBudget
+from fencepost.policy.contract import Frozen
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.manifest import StepManifest
 from fencepost.policy.observation import AnswerPayload, Observation

@@ -26,8 +26,8 @@ from typing import Annotated, Literal, Protocol
 
 from pydantic import Field, Strict
 
-from fencepost.policy._model import Frozen
 from fencepost.policy.batch import BatchEntry
+from fencepost.policy.contract import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.hints import what_to_do

@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from fencepost.policy._model import Frozen
+from fencepost.policy.contract import Frozen
 from fencepost.policy.deadline import Deadline
 from fencepost.policy.decision import TOOL_NAME_PATTERN
 from fencepost.policy.effect import Effect as Effect

@@ -16,8 +16,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, Strict
 
-from fencepost.policy._model import Frozen, assemble
 from fencepost.policy.budget import BudgetAxis, RuntimeBudget
+from fencepost.policy.contract import Frozen, assemble
 from fencepost.policy.decision import AbstainProposal, FinalProposal, ToolProposal
 from fencepost.policy.decision_model import ToolBatch
 
@@ -94,6 +94,13 @@ def reply_size(decision: object) -> int:
         else:
             size += 1
     return size
+
+
+def configured_hold(tokens_per_step: int) -> int | None:
+    """What a model step holds when the graph was given an estimate (``tokens_per_step``, or the
+    model's own): that estimate. ``None``: none was given, so the step holds every token its
+    account chain has left (:func:`step_hold` of the chain's headroom)."""
+    return tokens_per_step if tokens_per_step > 0 else None
 
 
 def step_hold(estimate: int, headroom: float | None) -> int:

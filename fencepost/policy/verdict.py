@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Strict
 
-from fencepost.policy._model import Frozen
+from fencepost.policy.contract import Frozen
 from fencepost.policy.phase import TerminationReason
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, field_validator
 import fencepost as fp
 from fencepost.adapters import tool_spec
 from fencepost.adapters.scripted import ScriptedDecisionModel
-from fencepost.graph.tool_runner import ToolRun, run_tool
+from fencepost.graph.containment.tools import ToolRun, run_tool
 from tests.adapters.fakes import SECRET, build, ctx, thread
 
 READ: dict[str, Any] = {"effect": fp.Effect.READ, "capability": "logs:read", "timeout_seconds": 5}

@@ -156,7 +156,7 @@ def test_an_approver_that_raises_rejects_the_call_safely_and_its_text_is_only_lo
 def test_an_async_approver_that_hangs_rejects_the_call_at_its_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("fencepost.graph.gate_step.APPROVER_TIMEOUT_SECONDS", 0.2)
+    monkeypatch.setattr("fencepost.graph.gate.APPROVER_TIMEOUT_SECONDS", 0.2)
 
     async def hangs(request: fp.ApproverInput) -> fp.ApproverDecision:
         await asyncio.sleep(30)

@@ -250,7 +250,7 @@ def test_an_invoke_that_raises_ends_its_span_with_the_exceptions_class_and_no_te
         h.graph.invoke(Command(goto=["execute", "decide"]), config, context=context())
     refused = by_name(_finished(spans), "invoke_agent")[-1]
     assert refused.attributes is not None
-    assert refused.attributes["error.type"] == "fencepost.graph.bounded.CommandRefused"
+    assert refused.attributes["error.type"] == "fencepost.graph.compiled.CommandRefused"
     assert refused.status.status_code is StatusCode.ERROR
     assert refused.status.description is None
     assert refused.events == ()

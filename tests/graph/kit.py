@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
-from fencepost.graph.loop import LoopConfig, settings_of
+from fencepost.graph.settings import LoopConfig, settings_of
 from fencepost.policy.keys import run_account
 from fencepost.policy.tool_decorator import tool
 

@@ -185,7 +185,7 @@ def test_with_a_verdict_key_a_forged_approval_never_runs() -> None:
     pending = fp.run_output(h.graph.get_state(config).values).batch[0].verdict
     forged = pending.model_copy(update={"code": fp.policy.VerdictCode.ALLOWED})
     # Written as if approve had allowed it, the route goes on to the executor (a goto beside the
-    # waiting approval would be refused whole: graph.bounded).
+    # waiting approval would be refused whole: graph.compiled).
     h.graph.update_state(config, forge_batch(h, config, verdicts=(forged,)), as_node="approve")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert h.calls.log == []

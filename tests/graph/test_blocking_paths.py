@@ -32,10 +32,10 @@ from langgraph.config import get_config
 from langgraph.types import Command
 
 import fencepost as fp
-from fencepost.graph import tool_threads
-from fencepost.graph.model_call import run_model, run_model_blocking
-from fencepost.graph.portal import run_sync_shared
-from fencepost.graph.tool_runner import ToolRun, run_tool_blocking
+from fencepost.graph.containment import tool_threads
+from fencepost.graph.containment.model import run_model, run_model_blocking
+from fencepost.graph.containment.shared_loop import run_sync_shared
+from fencepost.graph.containment.tools import ToolRun, run_tool_blocking
 from tests.graph import test_tool_isolation as isolation
 from tests.graph.kit import ABSTAIN, Harness, budget, call, context, harness, thread
 from tests.graph.test_hostile_review import _saver_bytes

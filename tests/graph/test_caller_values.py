@@ -157,7 +157,7 @@ def test_an_invalid_batch_written_while_paused_ends_the_run_typed_and_a_goto_bes
     None
 ):
     # A goto would run execute beside the approve node still waiting (two writers of one field
-    # in one step): refused whole, nothing saved (graph.bounded). The update alone reaches the
+    # in one step): refused whole, nothing saved (graph.compiled). The update alone reaches the
     # approve node, which finds the batch invalid, does not act, and ends the run.
     h, config, ctx = paused_for_approval()
     with pytest.raises(fp.CommandRefused):

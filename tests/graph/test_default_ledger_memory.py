@@ -4,7 +4,7 @@ relies on the default would otherwise grow without bound."""
 from __future__ import annotations
 
 import fencepost as fp
-from fencepost.graph.loop import settings_of
+from fencepost.graph.settings import settings_of
 from fencepost.policy.keys import run_account, step_key
 from tests.graph.kit import budget, call, context, harness, thread
 

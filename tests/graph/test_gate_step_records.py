@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import fencepost as fp
-from fencepost.graph.gate_step import gate
-from fencepost.graph.loop import checked_manifest, manifest
+from fencepost.graph.account import open_run
+from fencepost.graph.gate import gate
 from fencepost.graph.node_io import SyncIO, drive
-from fencepost.graph.run_account import open_run
+from fencepost.graph.trace import checked_manifest, manifest
 from fencepost.policy import Phase, StepManifest, VerdictCode
 from fencepost.policy.effect import Effect
 from tests.graph.kit import context, loop_settings, mid_run_state
@@ -108,7 +108,7 @@ def test_a_reserved_batch_leaves_the_budget_of_its_last_reservation(calls: int) 
     )
     state, manifests = drive(gate(io, opened, ctx, batch, {}))
     assert len(manifests) == calls
-    from fencepost.graph.run_account import account_of
+    from fencepost.graph.account import account_of
 
     held = cfg.ledger.balance(account_of(state))
     assert held.held.get("tool_calls", 0.0) == min(calls, 3)
@@ -121,7 +121,7 @@ def test_a_reserved_batch_leaves_the_budget_of_its_last_reservation(calls: int) 
 
 def test_a_batch_refused_by_a_closed_account_still_records_the_gated_batch() -> None:
     # The reservation's stop returns the state the gate made: its batch, phase and counts.
-    from fencepost.graph.run_account import account_of
+    from fencepost.graph.account import account_of
 
     cfg = loop_settings()
     io, ctx = SyncIO(cfg), context()

@@ -55,7 +55,7 @@ def test_a_json_stop_and_an_invalid_value_sent_with_a_goto_end_the_run_typed(got
     # Before: the approve node still waiting and the node named by goto both read the state,
     # each mended the caller's JSON stop and wrote it back, and LastValue refused two values for
     # one channel in one step, at every later invoke. A goto beside the waiting node is now
-    # refused whole (graph.bounded); the same values written as an update end the run typed.
+    # refused whole (graph.compiled); the same values written as an update end the run typed.
     h, config, ctx = paused_for_approval()
     update = {"run": {"repairs": None, "stop": _JSON_STOP}}
     with pytest.raises(fp.CommandRefused):

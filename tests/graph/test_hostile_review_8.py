@@ -17,10 +17,10 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
 
 import fencepost as fp
-from fencepost.graph.gate_step import gate
+from fencepost.graph.account import open_run
+from fencepost.graph.gate import gate
 from fencepost.graph.node_io import SyncIO, drive
 from fencepost.graph.record import plain
-from fencepost.graph.run_account import open_run
 from fencepost.policy import StepManifest, StopReport, StopRequest
 from tests.graph.kit import (
     context,

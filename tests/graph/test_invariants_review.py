@@ -75,7 +75,7 @@ def _edit_and_continue(
     waiting = h.graph.get_state(config).next
     if waiting not in ((), ("execute",)):
         # A goto beside another node the thread waits on (the approval) would make two writers
-        # of one field in one step: refused whole, nothing saved (graph.bounded).
+        # of one field in one step: refused whole, nothing saved (graph.compiled).
         before = h.graph.get_state(config)
         with pytest.raises(fp.CommandRefused):
             h.graph.invoke(command, config, context=ctx)

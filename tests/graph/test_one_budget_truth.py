@@ -36,7 +36,7 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.adapters import PostgresLedger, SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
-from fencepost.graph.loop import settings_of
+from fencepost.graph.settings import settings_of
 from fencepost.graph.state import has_run
 from fencepost.policy import BudgetAxis, Reservation, UnknownAccount
 from fencepost.policy.keys import run_account

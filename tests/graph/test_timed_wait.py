@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from fencepost.graph.model_call import run_model
-from fencepost.graph.timed_wait import within
+from fencepost.graph.containment.model import run_model
+from fencepost.graph.containment.waiting import within
 
 PAYLOAD: contextvars.ContextVar[object] = contextvars.ContextVar("payload")
 

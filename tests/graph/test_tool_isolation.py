@@ -25,9 +25,10 @@ import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from fencepost.graph import tool_runner, tool_threads
-from fencepost.graph.portal import run_sync, run_sync_shared
-from fencepost.graph.tool_runner import ToolRun, run_tool
+from fencepost.graph.containment import tool_threads
+from fencepost.graph.containment import tools as tool_runner
+from fencepost.graph.containment.shared_loop import run_sync, run_sync_shared
+from fencepost.graph.containment.tools import ToolRun, run_tool
 from fencepost.policy import Deadline, Effect, ErrorCode, ToolContext, ToolError, ToolSpec
 
 T = TypeVar("T")

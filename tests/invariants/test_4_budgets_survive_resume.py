@@ -24,7 +24,7 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
-from fencepost.graph.loop import settings_of
+from fencepost.graph.settings import settings_of
 from fencepost.policy.keys import run_account
 from tests.graph.kit import Calls, call, context, final_citing_last, make_registry, thread
 

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 import fencepost as fp
-from fencepost.graph import tool_runner, tool_threads
-from fencepost.graph.portal import run_sync
-from fencepost.graph.tool_runner import ToolRun, run_tool, run_tool_blocking
+from fencepost.graph.containment import tool_threads
+from fencepost.graph.containment import tools as tool_runner
+from fencepost.graph.containment.shared_loop import run_sync
+from fencepost.graph.containment.tools import ToolRun, run_tool, run_tool_blocking
 from fencepost.policy import Deadline, ErrorCode, ToolContext
 from tests.graph.kit import Calls, call, context, final_citing_last, harness, make_registry
 from tests.graph.test_tool_isolation import NoArgs, finishes, spec, wait_until

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 import fencepost as fp
-from fencepost.graph import leash
-from fencepost.graph.model_call import run_model
-from fencepost.graph.tool_runner import ToolRun, run_tool
+from fencepost.graph.containment import leash
+from fencepost.graph.containment.model import run_model
+from fencepost.graph.containment.tools import ToolRun, run_tool
 from fencepost.policy import Deadline, ErrorCode, ToolContext
 from tests.graph.kit import Calls, call, context, final_citing_last, harness, make_registry, thread
 from tests.graph.test_tool_isolation import NoArgs, finishes, spec

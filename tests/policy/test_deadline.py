@@ -94,3 +94,24 @@ def test_stage_deadline_is_the_run_deadline_when_that_comes_first() -> None:
     clock.advance(58)
     stage = stage_deadline(run, max_stage_seconds=5, clock=clock)
     assert stage == run
+
+
+def test_a_deadline_from_a_clock_is_what_validation_makes_and_a_naive_clock_is_refused() -> None:
+    from datetime import datetime, timedelta
+
+    import pytest
+    from pydantic import ValidationError
+
+    from fencepost.policy.deadline import Deadline, FakeClock
+
+    clock = FakeClock()
+    made = Deadline.after(5, clock=clock)
+    assert made == Deadline(at=clock.now() + timedelta(seconds=5))
+    assert made.model_fields_set == {"at"}
+
+    class Naive:
+        def now(self) -> datetime:
+            return datetime(2026, 1, 1)
+
+    with pytest.raises(ValidationError):
+        Deadline.after(5, clock=Naive())

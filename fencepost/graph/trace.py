@@ -1,90 +1,22 @@
-"""What every node shares: the loop's settings and the trace.
+"""The trace: the step manifests a node records, kept in state and streamed (``custom`` mode).
 
-Nodes are bodies over :class:`~fencepost.graph.node_io.NodeIO` (one body for the sync and the
-async graph); the run's ledger account is reached through :mod:`fencepost.graph.run_account`.
+A manifest names the run, the step, the phase, the budget and time left and the outcome, never a
+prompt, an argument or a result.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar, get_args
+from typing import Any, get_args
 
-from langgraph.graph import StateGraph
 from langgraph.runtime import Runtime
 
 from fencepost.adapters import telemetry
-from fencepost.policy import (
-    AgentState,
-    Clock,
-    DecisionModel,
-    Ledger,
-    Phase,
-    StepManifest,
-    ToolRegistry,
-)
-from fencepost.policy._model import assemble
-from fencepost.policy.approval import ApprovalMode
-from fencepost.policy.approver import Approver
+from fencepost.graph.settings import LoopConfig
+from fencepost.policy import AgentState, Phase, StepManifest
 from fencepost.policy.context import RunContext
-from fencepost.policy.denial import DenialMode
+from fencepost.policy.contract import assemble
 from fencepost.policy.manifest import Outcome
-
-T = TypeVar("T")
-Update = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class LoopConfig:
-    """What the nodes need from the builder."""
-
-    registry: ToolRegistry
-    model: DecisionModel
-    approval: ApprovalMode
-    repeat_limit: int
-    ledger: Ledger
-    clock: Clock
-    model_timeout_seconds: float
-    require_citations: bool
-    model_retries: int
-    max_concurrent_tools: int
-    verdict_key: bytes | None
-    tokens_per_step: int
-    """Tokens a model step reserves before the model is called (settled to what it reports)."""
-    answer_margin: int
-    """The last steps kept for answering: tool calls are refused in them."""
-    repair_attempts: int
-    """Refused proposals (unknown tool, schema, semantics) the model may repair, a step each."""
-    owns_ledger: bool = False
-    """The ledger is the graph's own (none was passed): runs that end are forgotten from it."""
-    denial: DenialMode = "end_run"
-    """What a capability or semantic denial does: end the run, or be an observation."""
-    approver: Approver | None = None
-    """The approver policy asked first about each call that needs approval."""
-
-
-# The settings of each built graph, found again from the graph object (never from a name a
-# caller chooses): ``cancel`` uses it to reach the run's ledger account from any thread.
-_BUILT: weakref.WeakKeyDictionary[StateGraph[Any, Any, Any, Any], LoopConfig] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def remember(graph: StateGraph[Any, Any, Any, Any], cfg: LoopConfig) -> None:
-    """Record the settings a graph was built with."""
-    _BUILT[graph] = cfg
-
-
-def settings_of(graph: object) -> LoopConfig | None:
-    """The settings of a graph ``build_agent_graph`` built (compiled or not), if it is one."""
-    builder = getattr(graph, "builder", graph)
-    if not isinstance(builder, StateGraph):
-        return None
-    return _BUILT.get(builder)
-
-
-# -- the trace ------------------------------------------------------------------------------------
 
 
 def manifest(

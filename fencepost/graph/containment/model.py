@@ -3,14 +3,14 @@
 Whatever the model does — return, raise any exception or ``BaseException``, raise its own
 ``CancelledError``, ignore its deadline — comes back as a :class:`ModelRun`; a model past its
 deadline is cancelled and left behind, its late end retrieved and dropped (never logged, never
-recorded). It runs on a :class:`~fencepost.graph.leash.Leash`: one that is still running
+recorded). It runs on a :class:`~fencepost.graph.containment.leash.Leash`: one that is still running
 ``GRACE_SECONDS`` after its cancellation (it swallowed it) is closed and never stepped again, so
 it cannot go on slowing the loop it shares with other runs. Only the caller's own cancellation or
 interruption propagates.
 
 - :func:`run_model` (the async graph): a task on the caller's loop.
 - :func:`run_model_blocking` (the sync graph): a task on the process's shared model loop (see
-  :mod:`fencepost.graph.portal` for why models share one loop), while the calling thread waits
+  :mod:`fencepost.graph.containment.shared_loop` for why models share one loop), while the calling thread waits
   on a thread event; no loop runs on the calling thread and no second task wraps the first.
 """
 
@@ -23,9 +23,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from fencepost.graph.leash import GRACE_SECONDS, Leash
-from fencepost.graph.portal import run_sync, shared_loop
-from fencepost.graph.timed_wait import thread_wait_seconds, within
+from fencepost.graph.containment.leash import GRACE_SECONDS, Leash
+from fencepost.graph.containment.shared_loop import run_sync, shared_loop
+from fencepost.graph.containment.waiting import thread_wait_seconds, within
 
 __all__ = ["ModelRun", "run_model", "run_model_blocking"]
 

@@ -5,15 +5,15 @@ the tool's value, or a safe error code, whether the body was cut off after it st
 whether it had to be left behind.
 
 - Async bodies run on the caller's loop (where their clients live), as a task of their own, on a
-  :class:`~fencepost.graph.leash.Leash`: :func:`run_tool` cancels the task at the deadline and
+  :class:`~fencepost.graph.containment.leash.Leash`: :func:`run_tool` cancels the task at the deadline and
   waits ``GRACE_SECONDS`` for it to stop; a body still running then (it swallowed its
   cancellation) is closed and never stepped again, so it cannot go on slowing the loop other
   runs share, nor hold that loop's shutdown; the call returns ``abandoned=True``. The task keeps
   a strong reference until it ends; its late exception is retrieved (never logged or recorded).
-- Sync bodies run off the loop, on a fencepost-owned pool (:class:`~fencepost.graph.tool_threads.
+- Sync bodies run off the loop, on a fencepost-owned pool (:class:`~fencepost.graph.containment.tool_threads.
   ToolThreads`), never on the loop's default executor: a thread cannot be stopped, so a body
   past its deadline keeps its thread. Each tenant holds a bounded share of the threads and the
-  process a bounded total (the rule and how it is keyed: :mod:`fencepost.graph.tool_threads`),
+  process a bounded total (the rule and how it is keyed: :mod:`fencepost.graph.containment.tool_threads`),
   so one tenant's hung bodies never leave another tenant's tool waiting. A call the pool cannot
   take fails as ``unavailable`` without having run: at once where only bodies left behind stand
   in its way, at its deadline where healthy ones held every thread it may take.
@@ -45,11 +45,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from fencepost.graph import tool_threads
-from fencepost.graph.leash import GRACE_SECONDS, Leash
-from fencepost.graph.portal import run_sync
-from fencepost.graph.timed_wait import thread_wait_seconds, within
-from fencepost.graph.tool_threads import Job, Outcome, ToolThreads, code_for, returned
+from fencepost.graph.containment import tool_threads
+from fencepost.graph.containment.leash import GRACE_SECONDS, Leash
+from fencepost.graph.containment.shared_loop import run_sync
+from fencepost.graph.containment.tool_threads import Job, Outcome, ToolThreads, code_for, returned
+from fencepost.graph.containment.waiting import thread_wait_seconds, within
 from fencepost.policy import ErrorCode, ToolContext, ToolError, ToolSpec
 from fencepost.policy.developer_log import TOOLS, CallScope, current_call, raised
 

@@ -30,7 +30,7 @@ How :func:`run_sync` works
   reuse one context per loop, leaking what one run sets into the next).
 - What an abandoned async tool can still do: nothing moves a task between loops, so a task
   left behind stays on the loop of the thread that ran it; its body, once it ignored its
-  cancellation, is closed and never stepped again (:mod:`fencepost.graph.leash`). What is left
+  cancellation, is closed and never stepped again (:mod:`fencepost.graph.containment.leash`). What is left
   of the task ends the next time that thread's loop runs, and never runs on another thread's.
 
 Both entry points

@@ -30,7 +30,7 @@ a name the caller chooses, so the rule for it:
   total protects the process (its threads); the shares protect tenants from each other where
   the caller derives tenant ids from who is calling, as invariant 5 asks of it anyway.
 
-See :mod:`fencepost.graph.tool_runner` for how a call is run and judged.
+See :mod:`fencepost.graph.containment.tools` for how a call is run and judged.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
-from fencepost.graph.timed_wait import thread_wait_seconds, within
+from fencepost.graph.containment.waiting import thread_wait_seconds, within
 from fencepost.policy import ErrorCode, error_code_for
 
 __all__ = [
