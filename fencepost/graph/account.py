@@ -44,11 +44,11 @@ from fencepost.policy.run_check import (
     check_funding,
     check_owner,
     run_owner,
-    stop,
     stop_for_closed,
     stop_for_exhausted,
     stop_for_unknown_account,
 )
+from fencepost.policy.state import stop
 from fencepost.policy.tasks import accepting, completions, recorded_done, unfinished, waited_for
 from fencepost.policy.usage import budget_view
 

@@ -49,13 +49,8 @@ from fencepost.policy.decide import (
 )
 from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.keys import overage_key, step_key
-from fencepost.policy.run_check import (
-    NEEDS_DECIDE,
-    check_run,
-    out_of_supersteps,
-    stop,
-    stop_for_exceeded,
-)
+from fencepost.policy.run_check import NEEDS_DECIDE, check_run, out_of_supersteps, stop_for_exceeded
+from fencepost.policy.state import stop
 from fencepost.policy.usage import (
     UsageKind,
     UsageReport,

@@ -69,8 +69,8 @@ from fencepost.policy.run_check import (
     NEEDS_EXECUTE,
     check_run,
     out_of_supersteps,
-    stop,
 )
+from fencepost.policy.state import stop
 from fencepost.policy.tasks import open_tasks_after
 
 

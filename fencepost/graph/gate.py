@@ -52,7 +52,7 @@ from fencepost.policy.gating import (
 from fencepost.policy.keys import call_key
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.repair import given_back, may_repair
-from fencepost.policy.run_check import stop
+from fencepost.policy.state import stop
 from fencepost.policy.usage import budget_view
 
 

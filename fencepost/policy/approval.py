@@ -46,8 +46,7 @@ from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
-from fencepost.policy.run_check import stop
-from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tool import Principal
 from fencepost.policy.verdict import VerdictCode, verdict_is_sealed
 

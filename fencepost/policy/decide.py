@@ -15,8 +15,7 @@ from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import fits_checkpoint
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import TerminationReason
-from fencepost.policy.run_check import stop
-from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.terminate import MissingCitation, UnsupportedCitation, validate_final_answer
 

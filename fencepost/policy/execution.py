@@ -34,8 +34,7 @@ from fencepost.policy.outcome import CallOutcome, MalformedMarker, checked_marke
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import Accepted, Completed, ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
-from fencepost.policy.run_check import stop
-from fencepost.policy.state import StopRequest
+from fencepost.policy.state import StopRequest, stop
 from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import VerdictCode, verdict_is_sealed
 

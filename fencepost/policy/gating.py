@@ -24,8 +24,8 @@ from fencepost.policy.phase import TerminationReason
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.revised import revised
-from fencepost.policy.run_check import stop, stop_for_exhausted
-from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.run_check import stop_for_exhausted
+from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict
 

@@ -13,7 +13,7 @@ from fencepost.policy.context import RunContext
 from fencepost.policy.deadline import Clock
 from fencepost.policy.keys import run_tag
 from fencepost.policy.phase import TerminationReason
-from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.state import AgentState, StopRequest, stop
 
 # Supersteps a node needs, itself included, before LangGraph's recursion limit: decide needs
 # room for execute and the terminal node after it; execute needs room for the terminal node
@@ -21,11 +21,6 @@ from fencepost.policy.state import AgentState, StopRequest
 NEEDS_DECIDE = 3
 NEEDS_EXECUTE = 2
 NEEDS_ANOTHER_DECIDE = 3
-
-
-def stop(reason: TerminationReason, code: str | None = None) -> StopRequest:
-    """A request to end the run with ``reason`` and a safe ``code``."""
-    return StopRequest(reason=reason, error_code=code)
 
 
 def out_of_supersteps(remaining: object, needs: int) -> bool:
