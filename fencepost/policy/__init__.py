@@ -69,7 +69,6 @@ from fencepost.policy.outcome import CallOutcome, receipt_for
 from fencepost.policy.phase import Phase, TerminationReason
 from fencepost.policy.receipt import Accepted, Completed, Receipt, ReceiptStatus, current_receipts
 from fencepost.policy.registry import ToolRegistry, UnknownTool
-from fencepost.policy.reservation import reserve_step, reserve_tool_call
 from fencepost.policy.state import AgentState, StopRequest
 from fencepost.policy.stop_report import (
     ReportedCall,
@@ -188,8 +187,6 @@ __all__ = [
     "reason_for_axis",
     "reduce_tool_event",
     "reduce_tool_events",
-    "reserve_step",
-    "reserve_tool_call",
     "seal_verdict",
     "serialize_tool_result",
     "stop_report",

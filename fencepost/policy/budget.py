@@ -1,8 +1,11 @@
-"""Budgets: separate axes, reserved before the call, never refunded for an attempt."""
+"""Budget axes, the run's budget view, and the exhaustion a refused reservation raises.
+
+The ledger (:mod:`fencepost.policy.ledger`) holds the limits and checks them; what each thing
+reserves, and the stop a refusal means, is :mod:`fencepost.policy.reservations`.
+"""
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -41,8 +44,8 @@ def reason_for_axis(axis: BudgetAxis) -> TerminationReason:
 class BudgetExhausted(Exception):
     """A reservation would cross a limit. Names the axis, the limit and what was asked for.
 
-    Example: ``BudgetExhausted(TerminationReason.TOOL_BUDGET_EXHAUSTED)`` is what
-    ``reserve_tool_call`` raises on a run with no tool calls left.
+    Raised by :meth:`Ledger.reserve <fencepost.policy.ledger.Ledger.reserve>` when an account of
+    the chain cannot hold the amounts; ``reservations.stop_for_exhausted`` is the stop it means.
     """
 
     def __init__(
@@ -77,6 +80,10 @@ class RuntimeBudget(Frozen):
 
     ``None`` for an optional axis means the axis is not limited. Negative values are rejected at
     construction. ``RuntimeBudget(steps_remaining=6, tool_calls_remaining=3)`` is the seed's shape.
+
+    A start request's budget gives the run's ledger account its limits (:meth:`limits`); from then
+    on state carries it as a view of that account, rewritten after each reservation. Limits are
+    checked by the ledger, never against this view (``update_state`` can change the view only).
     """
 
     steps_remaining: NonNegativeInt
@@ -140,59 +147,6 @@ class RuntimeBudget(Frozen):
             if left is not None:
                 out[axis.value] = self.used(axis) + left
         return out
-
-    def spend(self, axis: BudgetAxis, amount: float = 1) -> RuntimeBudget:
-        """Reserve ``amount`` on ``axis`` or raise :class:`BudgetExhausted`; never goes negative."""
-        # Written so NaN fails too; ``model_copy`` skips validation, so nothing later would catch it.
-        if not 0 <= amount < math.inf:
-            raise ValueError("a reservation must be a finite, non-negative number")
-        if axis is not BudgetAxis.COST:
-            if not float(amount).is_integer():
-                raise ValueError(f"{axis.value} are counted in whole units")
-            amount = int(amount)
-        left = self.remaining(axis)
-        if left is not None and amount > left:
-            raise BudgetExhausted(
-                reason_for_axis(axis), axis=axis, limit=self.used(axis) + left, requested=amount
-            )
-        name = axis.value
-        update: dict[str, float] = {f"{name}_used": self.used(axis) + amount}
-        if left is not None:
-            update[f"{name}_remaining"] = left - amount
-        return self.model_copy(update=update)
-
-    def record(self, axis: BudgetAxis, amount: float) -> RuntimeBudget:
-        """Record usage known only after the call (model tokens): never raises, floors at zero.
-
-        The next :meth:`check_before_step` refuses a step once the axis is used up.
-        """
-        if not 0 <= amount < math.inf:
-            raise ValueError("recorded usage must be a finite, non-negative number")
-        if not amount:
-            return self
-        name = axis.value
-        left = self.remaining(axis)
-        update: dict[str, float] = {f"{name}_used": self.used(axis) + amount}
-        if left is not None:
-            update[f"{name}_remaining"] = max(0, left - amount)
-        return self.model_copy(update=update)
-
-    def check_before_step(self) -> None:
-        """Raise :class:`BudgetExhausted` if no model step could be reserved now."""
-        if self.steps_remaining <= 0:
-            raise BudgetExhausted(
-                TerminationReason.STEP_BUDGET_EXHAUSTED,
-                axis=BudgetAxis.STEPS,
-                limit=self.steps_used,
-                requested=1,
-            )
-        if self.tokens_remaining is not None and self.tokens_remaining <= 0:
-            raise BudgetExhausted(
-                TerminationReason.STEP_BUDGET_EXHAUSTED,
-                axis=BudgetAxis.TOKENS,
-                limit=self.tokens_used,
-                requested=1,
-            )
 
 
 DEFAULT_STEPS = 8
