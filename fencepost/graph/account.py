@@ -23,12 +23,10 @@ from fencepost.policy import (
     Receipt,
     Reservation,
     StopRequest,
-    TerminationReason,
     UnknownAccount,
 )
 from fencepost.policy.carried import carried_over
 from fencepost.policy.context import RunContext
-from fencepost.policy.gating import reservation_amounts
 from fencepost.policy.keys import (
     call_key,
     carried_key,
@@ -40,15 +38,14 @@ from fencepost.policy.keys import (
 )
 from fencepost.policy.ledger import AccountClosed
 from fencepost.policy.outcome import CallOutcome
-from fencepost.policy.run_check import (
-    check_funding,
-    check_owner,
-    run_owner,
+from fencepost.policy.reservations import (
+    call_amounts,
     stop_for_closed,
+    stop_for_conflict,
     stop_for_exhausted,
     stop_for_unknown_account,
 )
-from fencepost.policy.state import stop
+from fencepost.policy.run_check import check_funding, check_owner, run_owner
 from fencepost.policy.tasks import accepting, completions, recorded_done, unfinished, waited_for
 from fencepost.policy.usage import budget_view
 
@@ -105,7 +102,7 @@ async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopReques
     except UnknownAccount:
         return stop_for_unknown_account()
     except (LedgerConflict, ValueError):
-        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+        return stop_for_conflict()
     return viewed(state, balance)
 
 
@@ -119,7 +116,7 @@ async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
     except UnknownAccount:
         return stop_for_unknown_account()
     except ValueError:
-        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+        return stop_for_conflict()
     return check_funding(parent.owner, ctx)
 
 
@@ -199,7 +196,7 @@ def _amounts_of(io: NodeIO) -> Callable[[str], dict[str, float] | None]:
     registry = io.cfg.registry
 
     def amounts(name: str) -> dict[str, float] | None:
-        return reservation_amounts(registry.get(name)) if name in registry else None
+        return call_amounts(registry.get(name)) if name in registry else None
 
     return amounts
 
@@ -304,7 +301,7 @@ async def reserve_or_exhausted(
                 continue
             return stop_for_unknown_account()
         except (LedgerConflict, ValueError):
-            return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+            return stop_for_conflict()
         if held.balance is not None:
             refused = check_owner(held.balance.owner, ctx, state.run_id)
             if refused is not None:
@@ -329,7 +326,7 @@ async def charge(
     except UnknownAccount:
         return stop_for_unknown_account()
     except (LedgerConflict, ValueError):
-        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+        return stop_for_conflict()
 
 
 _MAX_CHAIN = 1000

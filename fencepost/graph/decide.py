@@ -49,17 +49,10 @@ from fencepost.policy.decide import (
 )
 from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.keys import overage_key, step_key
-from fencepost.policy.run_check import NEEDS_DECIDE, check_run, out_of_supersteps, stop_for_exceeded
+from fencepost.policy.reservations import step_amounts, step_hold, stop_for_exceeded
+from fencepost.policy.run_check import NEEDS_DECIDE, check_run, out_of_supersteps
 from fencepost.policy.state import stop
-from fencepost.policy.usage import (
-    UsageKind,
-    UsageReport,
-    reply_size,
-    step_amounts,
-    step_hold,
-    step_settlement,
-    usage_report,
-)
+from fencepost.policy.usage import UsageKind, UsageReport, reply_size, step_settlement, usage_report
 
 
 def begin(request: Any, ctx: RunContext | None) -> AgentState:
@@ -76,7 +69,7 @@ def begin(request: Any, ctx: RunContext | None) -> AgentState:
 
 
 async def step_estimate(io: NodeIO, state: AgentState, ctx: RunContext) -> int:
-    """Tokens a step holds before the model is asked (``usage.step_hold``): the configured
+    """Tokens a step holds before the model is asked (``reservations.step_hold``): the configured
     estimate, else every token the run's chain has left (read from the ledger only then)."""
     configured = io.cfg.tokens_per_step
     if configured > 0:

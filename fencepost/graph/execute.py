@@ -44,12 +44,9 @@ from fencepost.policy import (
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.execution import (
-    Claim,
     admit_batch,
-    answered_before,
     batch_stop,
     budget_refusals,
-    claim,
     dependencies_met,
     dependency_inputs,
     earlier_outputs,
@@ -59,11 +56,12 @@ from fencepost.policy.execution import (
     ran,
     uncertain,
 )
-from fencepost.policy.gating import invalid_dependencies, reservation_amounts
+from fencepost.policy.gating import invalid_dependencies
 from fencepost.policy.keys import call_key, started_key, step_key
 from fencepost.policy.ledger import ReservationStatus
 from fencepost.policy.outcome import CallOutcome, approved_as_judged, receipt_for
 from fencepost.policy.progress import recorded_evidence
+from fencepost.policy.reservations import Claim, answered_before, call_amounts, claim
 from fencepost.policy.run_check import (
     NEEDS_ANOTHER_DECIDE,
     NEEDS_EXECUTE,
@@ -105,9 +103,7 @@ async def run_call(
         # reservation. A call whose budget the gate never reserved (a forged batch entry) is
         # checked against the limits here, before it can run.
         key = call_key(account, entry.call_id, attempt)
-        more = await reserve_or_exhausted(
-            io, state, ctx, key, reservation_amounts(spec), account=account
-        )
+        more = await reserve_or_exhausted(io, state, ctx, key, call_amounts(spec), account=account)
         if isinstance(more, StopRequest):
             return more
         if isinstance(more, BudgetExhausted):

@@ -46,12 +46,11 @@ from fencepost.policy.gating import (
     duplicate_call_ids,
     gate_batch,
     invalid_dependencies,
-    reservation_amounts,
-    to_reserve,
 )
 from fencepost.policy.keys import call_key
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.repair import given_back, may_repair
+from fencepost.policy.reservations import call_amounts, to_reserve
 from fencepost.policy.state import stop
 from fencepost.policy.usage import budget_view
 
@@ -280,7 +279,7 @@ async def reserve_batch(
         spec = cfg.registry.get(entry.proposal.tool_name)
         key = call_key(account, entry.call_id, 1)
         held = await reserve_or_exhausted(
-            io, state, ctx, key, reservation_amounts(spec), account=account, fresh=fresh
+            io, state, ctx, key, call_amounts(spec), account=account, fresh=fresh
         )
         if isinstance(held, StopRequest):
             return (state.model_copy(update=update) if update else state), held

@@ -13,18 +13,17 @@ from typing import NamedTuple
 
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry
-from fencepost.policy.budget import BudgetAxis, BudgetExhausted
+from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.context import RunContext
 from fencepost.policy.contract import assemble
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.denial import DenialMode, observed
-from fencepost.policy.effect import Effect
 from fencepost.policy.gates import judged, repeat_limit_of
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.reservations import stop_for_exhausted
 from fencepost.policy.revised import revised
-from fencepost.policy.run_check import stop_for_exhausted
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict
@@ -149,28 +148,6 @@ def gate_batch(
         stop=first_stop,
         specs=tuple(specs),
     )
-
-
-def reservation_amounts(spec: ToolSpec) -> dict[str, float]:
-    """What one attempt of a call of ``spec`` reserves: a tool call, a mutation for a write or
-    external effect, and the tool's declared cost."""
-    amounts = {_TOOL_CALLS: 1.0}
-    if spec.effect is not Effect.READ:
-        amounts[_MUTATIONS] = 1.0
-    if spec.cost > 0:
-        amounts[_COST] = float(spec.cost)
-    return amounts
-
-
-# An enum member's ``.value`` is a descriptor call each time; these names are fixed.
-_TOOL_CALLS = BudgetAxis.TOOL_CALLS.value
-_MUTATIONS = BudgetAxis.MUTATIONS.value
-_COST = BudgetAxis.COST.value
-
-
-def to_reserve(batch: Batch) -> list[BatchEntry]:
-    """The entries whose budget must be reserved now: those the gate allowed."""
-    return [e for e in batch if e.verdict.allowed]
 
 
 def after_reservations(

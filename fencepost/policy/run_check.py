@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fencepost.policy.budget import BudgetAxis, BudgetExhausted, reason_for_axis
 from fencepost.policy.context import RunContext
 from fencepost.policy.deadline import Clock
 from fencepost.policy.keys import run_tag
@@ -106,35 +105,3 @@ def check_owner(
     if run_id is not None and owner.get(RUN, run_tag(run_id)) != run_tag(run_id):
         return stop(TerminationReason.POLICY_DENIED, "account_conflict")
     return None
-
-
-def stop_for_exhausted(exc: BudgetExhausted) -> StopRequest:
-    """The stop for a reservation the ledger refused; the code names the axis that ran out."""
-    axis = exc.axis.value if exc.axis is not None else "budget"
-    return stop(exc.reason, f"{axis}_exhausted")
-
-
-def stop_for_exceeded(axis: str) -> StopRequest:
-    """The stop for usage charged past a limit (``Reservation.exceeded``): the run ends as if the
-    axis had been refused, its code naming it."""
-    try:
-        known = BudgetAxis(axis)
-    except ValueError:
-        known = BudgetAxis.TOKENS
-    return stop(reason_for_axis(known), f"{known.value}_exhausted")
-
-
-def stop_for_closed(reason: str) -> StopRequest:
-    """The stop for a reservation refused because the run's account (or a parent) is closed.
-
-    A cancel closes the account from any thread or process: the run stops before its next model
-    step or tool. Any other close means the run already ended, whatever state now says.
-    """
-    if reason == TerminationReason.CANCELLED.value:
-        return stop(TerminationReason.CANCELLED, "cancelled")
-    return stop(TerminationReason.POLICY_DENIED, "run_closed")
-
-
-def stop_for_unknown_account() -> StopRequest:
-    """The stop when the run's or its parent's account does not exist in the ledger."""
-    return stop(TerminationReason.POLICY_DENIED, "unknown_budget_account")

@@ -18,9 +18,9 @@ from fencepost.policy.ledger import AccountClosed, Balance, check_open, check_ro
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
-from fencepost.policy.run_check import check_owner, stop_for_closed, stop_for_exhausted
+from fencepost.policy.reservations import stop_for_closed, stop_for_exhausted
+from fencepost.policy.run_check import check_owner
 from fencepost.policy.state import StopRequest
-from fencepost.policy.usage import step_amounts
 
 
 class CancelRefused(PermissionError):
@@ -88,13 +88,6 @@ def started_unreported(
             ),
         )
     return tuple(outcomes.values())
-
-
-def first_step_amounts(tokens_per_step: int) -> dict[str, float]:
-    """What a child run's first model step reserves: one step, and the child graph's token
-    estimate (at least one token: a child always has a parent account that may limit tokens,
-    as ``decide_node.step_estimate`` reserves)."""
-    return step_amounts(max(1, tokens_per_step))
 
 
 def child_start_refusal(

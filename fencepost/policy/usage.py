@@ -1,6 +1,6 @@
 """Usage known only after a call (model tokens): judged, then settled against its estimate.
 
-A step holds an estimate before the model is called (:func:`step_hold`); what the model then
+A step holds an estimate before the model is called (``reservations.step_hold``); what the model then
 reports is a typed :class:`UsageReport`, never an exception. A missing report is charged the
 estimate; one that is not a number, negative, absurdly large or smaller than the reply's length
 allows is charged the estimate, or what the reply's length must have cost if more: usage is
@@ -10,7 +10,6 @@ Whatever is charged is charged in full, past the limit too (``Ledger.charge``).
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -96,26 +95,6 @@ def reply_size(decision: object) -> int:
     return size
 
 
-def step_hold(estimate: int, headroom: float | None) -> int:
-    """Tokens a model step holds before the model is asked.
-
-    ``estimate`` is the configured one (``tokens_per_step``, or the model's ``token_estimate``:
-    a chat model's ``max_tokens``); ``headroom`` the fewest tokens any account of the run's chain
-    has left (``None``: none limits tokens). With no estimate the step holds every token left:
-    two steps sharing a limit are then never out at once (the second finds none and stops
-    ``tokens_exhausted``), so concurrent runs cannot multiply it. At least one token while a
-    limit applies: a chain with none left stops before the model is asked.
-
-    >>> step_hold(0, 75.0), step_hold(40, 75.0), step_hold(0, None)
-    (75, 40, 0)
-    """
-    if estimate > 0:
-        return estimate
-    if headroom is None:
-        return 0
-    return max(1, math.floor(headroom)) if headroom < math.inf else 1
-
-
 def usage_report(
     input_tokens: Any, output_tokens: Any, *, estimate: int, reply_chars: int = 0
 ) -> UsageReport:
@@ -145,14 +124,6 @@ def usage_report(
         input_tokens=tokens_in,
         output_tokens=tokens_out,
     )
-
-
-def step_amounts(estimate: int) -> dict[str, float]:
-    """What a model step reserves before the model is called: one step and the token estimate."""
-    amounts: dict[str, float] = {BudgetAxis.STEPS.value: 1.0}
-    if estimate > 0:
-        amounts[BudgetAxis.TOKENS.value] = float(estimate)
-    return amounts
 
 
 def step_settlement(

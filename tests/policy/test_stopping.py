@@ -22,12 +22,8 @@ from fencepost.policy import (
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.keys import run_tag
-from fencepost.policy.stopping import (
-    cancel_refusal,
-    child_start_refusal,
-    first_step_amounts,
-    started_unreported,
-)
+from fencepost.policy.reservations import first_step_amounts
+from fencepost.policy.stopping import cancel_refusal, child_start_refusal, started_unreported
 from tests.policy.factories import make_spec
 
 OWNER = {"tenant": "acme", "principal": "u-1", "run": run_tag("run-1")}
