@@ -25,6 +25,7 @@ from fencepost.policy import (
     StopRequest,
     UnknownAccount,
 )
+from fencepost.policy.budget import budget_view
 from fencepost.policy.carried import carried_over
 from fencepost.policy.context import RunContext
 from fencepost.policy.keys import (
@@ -47,7 +48,6 @@ from fencepost.policy.reservations import (
 )
 from fencepost.policy.run_check import check_funding, check_owner, run_owner
 from fencepost.policy.tasks import accepting, completions, recorded_done, unfinished, waited_for
-from fencepost.policy.usage import budget_view
 
 
 def _thread() -> tuple[str, str]:

@@ -37,6 +37,7 @@ from fencepost.policy.approver import (
     to_approve,
 )
 from fencepost.policy.batch import Batch
+from fencepost.policy.budget import budget_view
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import gate_record, settled_calls
 from fencepost.policy.developer_log import APPROVAL, raised
@@ -52,7 +53,6 @@ from fencepost.policy.outcome import receipt_for
 from fencepost.policy.repair import given_back, may_repair
 from fencepost.policy.reservations import call_amounts, to_reserve
 from fencepost.policy.state import stop
-from fencepost.policy.usage import budget_view
 
 
 async def gate(

@@ -7,6 +7,7 @@ from fencepost.policy.budget import (
     BudgetAxis,
     BudgetExhausted,
     RuntimeBudget,
+    budget_view,
     reason_for_axis,
 )
 from fencepost.policy.context import RunContext
@@ -86,7 +87,7 @@ from fencepost.policy.terminate import (
     validate_final_answer,
 )
 from fencepost.policy.tool import Effect, Injected, Principal, ToolContext, ToolSpec
-from fencepost.policy.usage import UsageKind, UsageReport, budget_view, usage_report
+from fencepost.policy.usage import UsageKind, UsageReport, usage_report
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict, verdict_is_sealed
 
 # ToolSpec's callable fields name AgentState and ToolProposal; resolve them once both exist.

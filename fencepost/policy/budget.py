@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, Strict, model_validator
 
-from fencepost.policy.contract import Frozen, no_unknown_keys
+from fencepost.policy.contract import Frozen, assemble, no_unknown_keys
 from fencepost.policy.phase import TerminationReason
 
 
@@ -147,6 +147,40 @@ class RuntimeBudget(Frozen):
             if left is not None:
                 out[axis.value] = self.used(axis) + left
         return out
+
+
+_INTEGER_AXES = (BudgetAxis.STEPS, BudgetAxis.TOOL_CALLS, BudgetAxis.TOKENS, BudgetAxis.MUTATIONS)
+# Per axis: its ledger name, the view's two field names, and whether it counts whole units.
+_VIEW_FIELDS = tuple(
+    (axis.value, f"{axis.value}_used", f"{axis.value}_remaining", axis in _INTEGER_AXES)
+    for axis in BudgetAxis
+)
+_ALWAYS_LIMITED = ("steps_remaining", "tool_calls_remaining")
+
+
+def budget_view(limits: dict[str, float], held: dict[str, float]) -> RuntimeBudget:
+    """The run's :class:`RuntimeBudget` as its ledger account holds it: limit and use per axis.
+
+    State carries this view for the trace and the report; limits are checked by the ledger.
+    """
+    remaining: dict[str, Any] = {}
+    spent: dict[str, Any] = {}
+    for name, used_field, remaining_field, whole in _VIEW_FIELDS:
+        used = held.get(name, 0.0)
+        limit = limits.get(name)
+        left = None if limit is None else max(0.0, limit - used)
+        if whole:
+            spent[used_field] = round(used)
+            remaining[remaining_field] = None if left is None else round(left)
+        else:
+            spent[used_field] = used
+            remaining[remaining_field] = left
+    for required in _ALWAYS_LIMITED:
+        if remaining[required] is None:
+            remaining[required] = 0
+    # In the order the fields are declared, as validation would have made them.
+    fields = remaining | spent
+    return assemble(RuntimeBudget, fields)
 
 
 DEFAULT_STEPS = 8

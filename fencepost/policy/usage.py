@@ -1,10 +1,10 @@
 """Usage known only after a call (model tokens): judged, then settled against its estimate.
 
-A step holds an estimate before the model is called (``reservations.step_hold``); what the model then
-reports is a typed :class:`UsageReport`, never an exception. A missing report is charged the
-estimate; one that is not a number, negative, absurdly large or smaller than the reply's length
-allows is charged the estimate, or what the reply's length must have cost if more: usage is
-never trusted blindly.
+A step holds an estimate before the model is called (``reservations.step_hold``); what the
+model then reports is a typed :class:`UsageReport`, never an exception. A missing report is
+charged the estimate; one that is not a number, negative, absurdly large or smaller than the
+reply's length allows is charged the estimate, or what the reply's length must have cost if
+more: usage is never trusted blindly.
 Whatever is charged is charged in full, past the limit too (``Ledger.charge``).
 """
 
@@ -15,8 +15,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, Strict
 
-from fencepost.policy.budget import BudgetAxis, RuntimeBudget
-from fencepost.policy.contract import Frozen, assemble
+from fencepost.policy.budget import BudgetAxis
+from fencepost.policy.contract import Frozen
 from fencepost.policy.decision import AbstainProposal, FinalProposal, ToolProposal
 from fencepost.policy.decision_model import ToolBatch
 
@@ -140,37 +140,3 @@ def step_settlement(
         actual[BudgetAxis.TOKENS.value] = min(charged, float(estimate))
     overage = charged - float(estimate)
     return actual, ({BudgetAxis.TOKENS.value: overage} if overage > 0 else {})
-
-
-_INTEGER_AXES = (BudgetAxis.STEPS, BudgetAxis.TOOL_CALLS, BudgetAxis.TOKENS, BudgetAxis.MUTATIONS)
-# Per axis: its ledger name, the view's two field names, and whether it counts whole units.
-_VIEW_FIELDS = tuple(
-    (axis.value, f"{axis.value}_used", f"{axis.value}_remaining", axis in _INTEGER_AXES)
-    for axis in BudgetAxis
-)
-_ALWAYS_LIMITED = ("steps_remaining", "tool_calls_remaining")
-
-
-def budget_view(limits: dict[str, float], held: dict[str, float]) -> RuntimeBudget:
-    """The run's :class:`RuntimeBudget` as its ledger account holds it: limit and use per axis.
-
-    State carries this view for the trace and the report; limits are checked by the ledger.
-    """
-    remaining: dict[str, Any] = {}
-    spent: dict[str, Any] = {}
-    for name, used_field, remaining_field, whole in _VIEW_FIELDS:
-        used = held.get(name, 0.0)
-        limit = limits.get(name)
-        left = None if limit is None else max(0.0, limit - used)
-        if whole:
-            spent[used_field] = round(used)
-            remaining[remaining_field] = None if left is None else round(left)
-        else:
-            spent[used_field] = used
-            remaining[remaining_field] = left
-    for required in _ALWAYS_LIMITED:
-        if remaining[required] is None:
-            remaining[required] = 0
-    # In the order the fields are declared, as validation would have made them.
-    fields = remaining | spent
-    return assemble(RuntimeBudget, fields)

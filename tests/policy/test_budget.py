@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from fencepost.policy import BudgetAxis, RuntimeBudget, TerminationReason, reason_for_axis
+from fencepost.policy.budget import budget_view
 
 
 def test_negative_budget_is_rejected_at_construction() -> None:
@@ -35,3 +36,15 @@ def test_every_axis_maps_to_a_budget_termination_reason() -> None:
     assert reason_for_axis(BudgetAxis.TOKENS) is TerminationReason.STEP_BUDGET_EXHAUSTED
     for axis in (BudgetAxis.TOOL_CALLS, BudgetAxis.COST, BudgetAxis.MUTATIONS):
         assert reason_for_axis(axis) is TerminationReason.TOOL_BUDGET_EXHAUSTED
+
+
+def test_the_view_of_a_ledger_account_never_goes_negative_and_counts_whole_units() -> None:
+    view = budget_view(
+        {"steps": 4, "tokens": 100, "cost": 1.0}, {"steps": 1, "tokens": 150.4, "cost": 0.25}
+    )
+    assert (view.steps_remaining, view.steps_used) == (3, 1)
+    assert (view.tokens_remaining, view.tokens_used) == (0, 150)  # charged past its limit
+    assert (view.cost_remaining, view.cost_used) == (0.75, 0.25)
+    # An axis the account does not limit: unlimited, except the two every run has.
+    assert view.mutations_remaining is None
+    assert view.tool_calls_remaining == 0

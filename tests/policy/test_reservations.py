@@ -25,6 +25,7 @@ from fencepost.policy import (
     Verdict,
     VerdictCode,
 )
+from fencepost.policy.budget import budget_view
 from fencepost.policy.reservations import (
     Claim,
     answered_before,
@@ -41,7 +42,6 @@ from fencepost.policy.reservations import (
     stop_for_unknown_account,
     to_reserve,
 )
-from fencepost.policy.usage import budget_view
 from tests.policy.factories import make_proposal, make_spec
 
 ACCOUNT = "run-0001"
