@@ -39,6 +39,7 @@ from fencepost.policy.keys import (
 )
 from fencepost.policy.ledger import AccountClosed
 from fencepost.policy.outcome import CallOutcome
+from fencepost.policy.ownership import check_funding, check_owner, run_owner
 from fencepost.policy.reservations import (
     call_amounts,
     stop_for_closed,
@@ -46,7 +47,6 @@ from fencepost.policy.reservations import (
     stop_for_exhausted,
     stop_for_unknown_account,
 )
-from fencepost.policy.run_check import check_funding, check_owner, run_owner
 from fencepost.policy.tasks import accepting, completions, recorded_done, unfinished, waited_for
 
 
@@ -108,7 +108,7 @@ async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopReques
 
 async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
     """Whether the caller may open a run under the parent account its context names: one its
-    principal owns or was granted (``run_check.check_funding``), never another's run account."""
+    principal owns or was granted (``ownership.check_funding``), never another's run account."""
     if ctx.budget_account is None:
         return None
     try:

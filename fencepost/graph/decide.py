@@ -49,8 +49,9 @@ from fencepost.policy.decide import (
 )
 from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.keys import overage_key, step_key
+from fencepost.policy.may_go_on import check_before_acting
+from fencepost.policy.recursion_limit import NEEDS_DECIDE, out_of_supersteps
 from fencepost.policy.reservations import step_amounts, step_hold, stop_for_exceeded
-from fencepost.policy.run_check import NEEDS_DECIDE, check_run, out_of_supersteps
 from fencepost.policy.state import stop
 from fencepost.policy.usage import UsageKind, UsageReport, reply_size, step_settlement, usage_report
 
@@ -182,7 +183,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         return changed(before, await unsealed_end(io, state) or state)
     if state.stop is not None:
         return changed(before, state)
-    refused = check_run(state, ctx, clock=cfg.clock, given=runtime.context)
+    refused = check_before_acting(state, ctx, clock=cfg.clock, given=runtime.context)
     if refused is None and out_of_supersteps(values.get("remaining_steps"), NEEDS_DECIDE):
         refused = stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
     if refused is not None or ctx is None:

@@ -59,15 +59,11 @@ from fencepost.policy.execution import (
 from fencepost.policy.gating import invalid_dependencies
 from fencepost.policy.keys import call_key, started_key, step_key
 from fencepost.policy.ledger import ReservationStatus
+from fencepost.policy.may_go_on import check_before_acting
 from fencepost.policy.outcome import CallOutcome, approved_as_judged, receipt_for
 from fencepost.policy.progress import recorded_evidence
+from fencepost.policy.recursion_limit import NEEDS_ANOTHER_DECIDE, NEEDS_EXECUTE, out_of_supersteps
 from fencepost.policy.reservations import Claim, answered_before, call_amounts, claim
-from fencepost.policy.run_check import (
-    NEEDS_ANOTHER_DECIDE,
-    NEEDS_EXECUTE,
-    check_run,
-    out_of_supersteps,
-)
 from fencepost.policy.state import stop
 from fencepost.policy.tasks import open_tasks_after
 
@@ -230,7 +226,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     cfg = io.cfg
     ctx = coerce_context(runtime.context)
     before = require_state(values)
-    refused = check_run(before, ctx, clock=cfg.clock, given=runtime.context)
+    refused = check_before_acting(before, ctx, clock=cfg.clock, given=runtime.context)
     if refused is None and out_of_supersteps(values.get("remaining_steps"), NEEDS_EXECUTE):
         refused = stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
     if refused is not None or ctx is None:

@@ -34,7 +34,7 @@ from fencepost.policy import (
 )
 from fencepost.policy.context import coerce_context
 from fencepost.policy.decide import judged_stop
-from fencepost.policy.run_check import NEEDS_DECIDE, out_of_supersteps
+from fencepost.policy.recursion_limit import NEEDS_DECIDE, out_of_supersteps
 from fencepost.policy.state import stop
 
 # Stops that mean the account on this thread is not (or not provably) this caller's: closing

@@ -31,6 +31,7 @@ from fencepost.policy.observation import Observation
 from fencepost.policy.outcome import CallOutcome, MalformedMarker, checked_marker, result_status
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import Accepted, Completed, ReceiptStatus
+from fencepost.policy.recursion_limit import RECURSION_LIMIT
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import stop_for_axis
 from fencepost.policy.state import StopRequest, stop
@@ -317,7 +318,7 @@ def batch_stop(
     if ran_out is not None:
         return stop_for_axis(None, otherwise=BudgetAxis.TOOL_CALLS)
     if last_superstep:
-        return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
+        return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, RECURSION_LIMIT)
     return None
 
 

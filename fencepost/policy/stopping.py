@@ -16,10 +16,10 @@ from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.execution import not_run
 from fencepost.policy.ledger import AccountClosed, Balance, check_open, check_room
 from fencepost.policy.outcome import CallOutcome
+from fencepost.policy.ownership import check_owner
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import stop_for_closed, stop_for_exhausted
-from fencepost.policy.run_check import check_owner
 from fencepost.policy.state import StopRequest
 
 

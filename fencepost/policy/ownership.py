@@ -1,7 +1,9 @@
-"""Whether a run may go on: trusted identity, deadline, and what the ledger says of it.
+"""Whose a run's ledger account is: the owner it records, whether a caller is that owner, and
+which accounts may fund a run.
 
-Every acting node asks these first. Each returns a :class:`StopRequest` (the run must end, and
-why) or ``None`` (go on); none of them raises.
+The identity in state can be rewritten by any state update; the owner a ledger account recorded
+when it was opened cannot. So every reservation, the terminal node's close and a cancel check
+the caller's trusted context against the account's owner, never against state.
 """
 
 from __future__ import annotations
@@ -9,47 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fencepost.policy.context import RunContext
-from fencepost.policy.deadline import Clock
 from fencepost.policy.keys import run_tag
 from fencepost.policy.phase import TerminationReason
-from fencepost.policy.state import AgentState, StopRequest, stop
-
-# Supersteps a node needs, itself included, before LangGraph's recursion limit: decide needs
-# room for execute and the terminal node after it; execute needs room for the terminal node
-# (and, to hand back to decide, for decide to stop).
-NEEDS_DECIDE = 3
-NEEDS_EXECUTE = 2
-NEEDS_ANOTHER_DECIDE = 3
-
-
-def out_of_supersteps(remaining: object, needs: int) -> bool:
-    """True when fewer than ``needs`` supersteps remain before the graph's recursion limit."""
-    return isinstance(remaining, int) and remaining < needs
-
-
-def context_refusal(given: object) -> str:
-    """The code for a run given no usable context: ``missing_context`` when none was given (or
-    an empty one), ``invalid_context`` when something was given that is not a RunContext nor
-    its JSON form (``context="acme"``, a principal given as a string): the fix differs."""
-    if given is None or (isinstance(given, Mapping) and not given):
-        return "missing_context"
-    return "invalid_context"
-
-
-def check_run(
-    state: AgentState, ctx: RunContext | None, *, clock: Clock, given: object = None
-) -> StopRequest | None:
-    """Trusted context present and naming the identity in state, and time left. ``given`` is
-    the context as the caller passed it (``ctx`` is ``None`` when it was not usable), so a
-    refusal says whether it was missing or malformed."""
-    if ctx is None:
-        return stop(TerminationReason.POLICY_DENIED, context_refusal(given))
-    if state.tenant_id != ctx.tenant_id or state.principal_id != ctx.principal.id:
-        return stop(TerminationReason.POLICY_DENIED, "context_mismatch")
-    if ctx.deadline is not None and ctx.deadline.expired(clock=clock):
-        return stop(TerminationReason.DEADLINE_EXCEEDED, "deadline_exceeded")
-    return None
-
+from fencepost.policy.state import StopRequest, stop
 
 RUN = "run"
 """The owner key naming the run an account was opened for (beside the caller's identity)."""
