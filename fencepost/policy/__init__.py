@@ -21,13 +21,15 @@ from fencepost.policy.deadline import (
 )
 from fencepost.policy.decision import (
     AbstainProposal,
-    AgentDecision,
+    Decision,
+    DecisionKind,
     FinalProposal,
     InvalidProposal,
+    ToolBatch,
     ToolProposal,
     parse_decision,
 )
-from fencepost.policy.decision_model import Decided, DecisionInput, DecisionModel, ToolBatch
+from fencepost.policy.decision_model import Decided, DecisionInput, DecisionModel
 from fencepost.policy.error_codes import ErrorCode, ToolError, error_code_for, is_retryable
 from fencepost.policy.events import (
     RuntimeEvent,
@@ -98,7 +100,6 @@ __all__ = [
     "AbstainProposal",
     "Accepted",
     "AccountClosed",
-    "AgentDecision",
     "AgentState",
     "AnswerPayload",
     "Approver",
@@ -120,6 +121,8 @@ __all__ = [
     "BudgetExhausted",
     "Clock",
     "Decided",
+    "Decision",
+    "DecisionKind",
     "Deadline",
     "DeadlineExceeded",
     "DecisionInput",

@@ -9,8 +9,15 @@ from collections.abc import Collection, Sequence
 from typing import Literal
 
 from fencepost.policy.contract import Frozen
-from fencepost.policy.decision import AbstainProposal, FinalProposal, InvalidProposal, ToolProposal
-from fencepost.policy.decision_model import Decided, ToolBatch
+from fencepost.policy.decision import (
+    AbstainProposal,
+    Decision,
+    FinalProposal,
+    InvalidProposal,
+    ToolBatch,
+    ToolProposal,
+)
+from fencepost.policy.decision_model import Decided
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import fits_checkpoint
 from fencepost.policy.observation import AnswerPayload
@@ -27,7 +34,7 @@ RETRYABLE_MODEL_CODES = frozenset(
 
 def accept_decision(raw: object) -> Decided | InvalidProposal:
     """What a decision model returned, as a :class:`Decided` or the reason it is not one."""
-    if isinstance(raw, ToolProposal | FinalProposal | AbstainProposal | ToolBatch):
+    if isinstance(raw, Decision):
         raw = Decided(decision=raw)
     if not isinstance(raw, Decided):
         return InvalidProposal("malformed_decision")

@@ -17,8 +17,7 @@ from pydantic import Field, Strict
 
 from fencepost.policy.budget import BudgetAxis
 from fencepost.policy.contract import Frozen
-from fencepost.policy.decision import AbstainProposal, FinalProposal, ToolProposal
-from fencepost.policy.decision_model import ToolBatch
+from fencepost.policy.decision import AbstainProposal, FinalProposal, ToolBatch, ToolProposal
 
 MAX_PLAUSIBLE_TOKENS = 10_000_000
 """More tokens than any model call can use: a report above it is a provider bug, not usage."""
