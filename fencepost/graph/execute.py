@@ -60,7 +60,7 @@ from fencepost.policy.gating import invalid_dependencies
 from fencepost.policy.keys import call_key, started_key, step_key
 from fencepost.policy.ledger import ReservationStatus
 from fencepost.policy.may_go_on import check_before_acting
-from fencepost.policy.outcome import CallOutcome, approved_as_judged, receipt_for
+from fencepost.policy.outcome import CallOutcome, receipt_for, with_approvers
 from fencepost.policy.progress import recorded_evidence
 from fencepost.policy.recursion_limit import NEEDS_ANOTHER_DECIDE, NEEDS_EXECUTE, out_of_supersteps
 from fencepost.policy.reservations import Claim, answered_before, call_amounts, claim
@@ -277,7 +277,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
                 result = not_run(entry, spec, code, ReceiptStatus.DENIED, attempts=0)
             outcomes.append(result)
         state = viewed(state, seen[-1] if seen else await io.balance(account))
-    done = approved_as_judged(ordered(state.batch, outcomes), state.batch)
+    done = with_approvers(ordered(state.batch, outcomes), state.batch)
     telemetry.calls_ended(state.run_id, state.batch, done)
     # What each call returned, as a hash, for the no-progress gate (before the batch is cleared).
     state = state.model_copy(update={"evidence": recorded_evidence(state, done, now=started)})

@@ -33,7 +33,7 @@ from fencepost.policy import (
     terminate,
 )
 from fencepost.policy.context import coerce_context
-from fencepost.policy.decide import judged_stop
+from fencepost.policy.decide import verified_stop
 from fencepost.policy.recursion_limit import NEEDS_DECIDE, out_of_supersteps
 from fencepost.policy.state import stop
 
@@ -103,7 +103,7 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
         if completed and asked.answer is not None
         else None
     )
-    ending = judged_stop(
+    ending = verified_stop(
         current,
         asked,
         require_citations=io.cfg.require_citations,

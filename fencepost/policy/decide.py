@@ -1,6 +1,6 @@
 """The decide phase: what a model's output means, and when a model error ends the run.
 
-The node calls the model; these functions judge what came back.
+The node calls the model; these functions say what came back means.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def conclude(
     return calls_of(decided)
 
 
-def judged_stop(
+def verified_stop(
     state: AgentState,
     ending: StopRequest,
     *,
@@ -126,7 +126,7 @@ def judged_stop(
     pending: Collection[str] | None = None,
     produced: Collection[str] | None = None,
 ) -> StopRequest:
-    """The stop a run ends with, judged again against the state it ends in.
+    """The stop a run ends with, verified again against the state it ends in.
 
     A ``completed`` stop is only what :func:`conclude` makes of a final answer; one that reached
     the end by another road (written into state by a caller) must pass the same checks: an
@@ -145,10 +145,10 @@ def judged_stop(
         return stop(TerminationReason.INVALID_PROPOSAL, InvalidProposal().code)
     if pending if pending is not None else pending_tasks(state.receipts):
         return stop(TerminationReason.INVALID_PROPOSAL, FinalRefused().code)
-    judged = _completed(
+    verified = _completed(
         ending.answer, state, require_citations=require_citations, produced=produced
     )
-    return ending if judged.reason is TerminationReason.COMPLETED else judged
+    return ending if verified.reason is TerminationReason.COMPLETED else verified
 
 
 def _completed(

@@ -1,4 +1,4 @@
-"""Gating a batch: every call of a decision is judged, and its budget reserved, before any runs.
+"""Gating a batch: every call of a decision is gated, and its budget reserved, before any runs.
 
 One denial stops the whole batch (nothing in it runs, nothing is reserved); in interrupt mode a
 call that needs approval waits for it; calls the budget cannot cover are marked, never run.
@@ -18,7 +18,7 @@ from fencepost.policy.context import RunContext
 from fencepost.policy.contract import assemble
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.denial import DenialMode, observed
-from fencepost.policy.gates import judged, repeat_limit_of
+from fencepost.policy.gates import gate_with_findings, repeat_limit_of
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.registry import ToolRegistry
@@ -111,7 +111,7 @@ def gate_batch(
     for call in calls:
         if raised and counts is run_counts:
             counts = ChainMap(raised, run_counts)  # made only for a call after an allowed one
-        verdict, spec, counted = judged(
+        verdict, spec, counted = gate_with_findings(
             registry,
             call,
             state,
@@ -162,8 +162,8 @@ def after_reservations(
     ``budget_exhausted`` (receipted as not run), the rest sealed when there is a key — with the
     calls left waiting for a human, whose pending verdicts the approval checks the seal of.
 
-    ``only``: the calls judged just now (the approval's); every other entry is left as it is,
-    sealed or not: only the gate seals, and only what it judged.
+    ``only``: the calls answered just now (the approval's); every other entry is left as it is,
+    sealed or not: only the gate seals, and only what it gated.
     A batch none of which can run ends the run now, with the axis that ran out named.
     """
     if not refused and verdict_key is None:

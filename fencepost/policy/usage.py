@@ -1,4 +1,4 @@
-"""Usage known only after a call (model tokens): judged, then settled against its estimate.
+"""Usage known only after a call (model tokens): checked, then settled against its estimate.
 
 A step holds an estimate before the model is called (``reservations.step_hold``); what the
 model then reports is a typed :class:`UsageReport`, never an exception. A missing report is
@@ -28,7 +28,7 @@ least ``n / 256`` output tokens, so a report of fewer (0 tokens for a megabyte) 
 
 
 class UsageKind(StrEnum):
-    """How a step's usage report was judged."""
+    """Whether a step's usage report was trusted: ``reported`` (charged as given), else why not."""
 
     REPORTED = "reported"
     UNREPORTED = "unreported"
@@ -36,7 +36,7 @@ class UsageKind(StrEnum):
 
 
 class UsageReport(Frozen):
-    """A step's token usage as judged, and what it is charged."""
+    """A step's token usage as checked, and what it is charged."""
 
     kind: Annotated[UsageKind, Strict(False)]
     charged: Annotated[int, Field(ge=0)]
@@ -97,7 +97,7 @@ def reply_size(decision: object) -> int:
 def usage_report(
     input_tokens: Any, output_tokens: Any, *, estimate: int, reply_chars: int = 0
 ) -> UsageReport:
-    """Judge a provider's usage report for one step reserved at ``estimate`` tokens, whose reply
+    """Check a provider's usage report for one step reserved at ``estimate`` tokens, whose reply
     was ``reply_chars`` characters long (:func:`reply_size`).
 
     A report is trusted only when both counts it gives are plausible integers and the output
