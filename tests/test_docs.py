@@ -104,3 +104,21 @@ def test_the_model_protocol_page_shows_the_prompt_the_decider_sends() -> None:
     assert DEFAULT_SYSTEM_PROMPT in text
     assert "final_answer(text, citations)" in text and "abstain(reason)" in text
     assert "require_citations=True" in text
+
+
+def test_every_module_the_layout_names_exists() -> None:
+    # docs/concepts.md says where each decision lives: a module it names that is gone (moved,
+    # renamed) would send a newcomer looking for nothing.
+    import re
+
+    text = (DOCS / "concepts.md").read_text(encoding="utf-8")
+    layout = text[text.index("## Layout") :]
+    named = set(re.findall(r"`((?:graph/|policy/)?[a-z_/]+\.py)`", layout)) - {"tests/test_docs.py"}
+    assert len(named) > 20, named
+    package = ROOT / "fencepost"
+    missing = []
+    for name in sorted(named):
+        where = [package / name] if "/" in name else [package / "policy" / name]
+        if not any(p.exists() for p in where):
+            missing.append(name)
+    assert missing == []

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from langgraph.config import get_config
 
+from fencepost.adapters import telemetry
 from fencepost.graph.node_io import NodeIO
 from fencepost.policy import (
     AgentState,
@@ -23,11 +25,14 @@ from fencepost.policy import (
     Receipt,
     Reservation,
     StopRequest,
+    TerminationReason,
     UnknownAccount,
 )
+from fencepost.policy.batch import Batch
 from fencepost.policy.budget import budget_view
 from fencepost.policy.carried import carried_over
 from fencepost.policy.context import RunContext
+from fencepost.policy.gating import after_reservations
 from fencepost.policy.keys import (
     call_key,
     carried_key,
@@ -46,6 +51,7 @@ from fencepost.policy.reservations import (
     stop_for_conflict,
     stop_for_exhausted,
     stop_for_unknown_account,
+    to_reserve,
 )
 from fencepost.policy.tasks import accepting, completions, recorded_done, unfinished, waited_for
 
@@ -103,7 +109,7 @@ async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopReques
         return stop_for_unknown_account()
     except (LedgerConflict, ValueError):
         return stop_for_conflict()
-    return viewed(state, balance)
+    return with_budget_view(state, balance)
 
 
 async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
@@ -315,6 +321,16 @@ async def reserve_or_exhausted(
     return stop_for_unknown_account()
 
 
+async def release_reserved(io: NodeIO, key: str) -> Balance | None:
+    """Give back the reservation under ``key`` (a call that never started); the account's
+    balance after it, or ``None`` where the ledger holds no such reservation to give back."""
+    try:
+        freed = await io.release(key)
+    except (LookupError, ValueError):
+        return None
+    return freed.balance
+
+
 async def charge(
     io: NodeIO, key: str, amounts: Mapping[str, float], *, account: str
 ) -> Reservation | StopRequest:
@@ -354,8 +370,74 @@ async def tokens_left(io: NodeIO, state: AgentState, ctx: RunContext) -> float |
     return least
 
 
-def viewed(state: AgentState, balance: Balance | None) -> AgentState:
+def with_budget_view(state: AgentState, balance: Balance | None) -> AgentState:
     """``state`` with its budget view rewritten from the ledger's balance of the run account."""
     if balance is None:
         return state
     return state.model_copy(update={"budget": budget_view(balance.limits, balance.held)})
+
+
+async def reserve_batch(
+    io: NodeIO,
+    state: AgentState,
+    ctx: RunContext,
+    only: frozenset[str] | None = None,
+    *,
+    gated: dict[str, Any] | None = None,
+) -> tuple[AgentState, StopRequest | None]:
+    """Reserve the batch's allowed calls in order (attempt 1 of each; ``only`` these call ids
+    when given); those the budget cannot cover are marked and receipted as never run, so with
+    N calls left exactly N run.
+
+    ``gated``: fields the gate step sets (its batch, phase and repeat counts), written into the
+    state returned. Reserving reads only state's identity, budget and receipts (the run's
+    account, its owner, a lost account re-opened), which the gate step does not set."""
+    cfg = io.cfg
+    account = account_of(state)
+    refused: dict[str, BudgetExhausted] = {}
+    update: dict[str, Any] = dict(gated) if gated else {}
+    current: Batch = update.get("batch", state.batch)
+    # The last reservation's balance, viewed into state only when state is next read: before
+    # the next reservation (which may re-open the account from state's budget) or with the
+    # batch at the end, so a batch of one copies the state once, not twice.
+    latest: Balance | None = None
+    entries = [e for e in to_reserve(current) if only is None or e.call_id in only]
+    # Reserved for the first time here: a lost account re-opened meanwhile must not carry them.
+    fresh = frozenset(e.call_id for e in entries)
+    for entry in entries:
+        if latest is not None:
+            state, latest = with_budget_view(state, latest), None
+        spec = cfg.registry.get(entry.proposal.tool_name)
+        key = call_key(account, entry.call_id, 1)
+        held = await reserve_or_exhausted(
+            io, state, ctx, key, call_amounts(spec), account=account, fresh=fresh
+        )
+        if isinstance(held, StopRequest):
+            return (state.model_copy(update=update) if update else state), held
+        if isinstance(held, BudgetExhausted):
+            refused[entry.call_id] = held
+            continue
+        latest = held.balance
+    batch, stopped = after_reservations(
+        current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key, only=only
+    )
+    telemetry.budget_refused(state.run_id, current, refused, cfg.registry)
+    if batch is not state.batch:
+        update["batch"] = batch
+    if latest is not None:
+        update["budget"] = budget_view(latest.limits, latest.held)
+    return (state.model_copy(update=update) if update else state), stopped
+
+
+async def account_owner(io: NodeIO, account: str) -> Mapping[str, str] | None:
+    """Who the run's account was opened for; ``None`` if the ledger holds no such account."""
+    try:
+        return (await io.balance(account)).owner
+    except (UnknownAccount, ValueError):
+        return None
+
+
+async def close_cancelled(io: NodeIO, account: str) -> None:
+    """Close the run's account as cancelled (the first close's reason stands)."""
+    with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
+        await io.close_account(account, TerminationReason.CANCELLED.value)

@@ -8,12 +8,12 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from fencepost.adapters import telemetry
-from fencepost.graph.gate import reserve_batch
+from fencepost.graph.account import reserve_batch
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import Update
 from fencepost.graph.state import require_state
 from fencepost.graph.trace import manifest, recorded
-from fencepost.graph.writes import changed
+from fencepost.graph.writes import step_writes
 from fencepost.policy import Phase, reduce_tool_events
 from fencepost.policy.approval import (
     ApprovalAnswer,
@@ -24,6 +24,7 @@ from fencepost.policy.approval import (
     waiting,
 )
 from fencepost.policy.context import coerce_context
+from fencepost.policy.manifest import verdict_outcome
 from fencepost.policy.may_go_on import check_before_acting
 from fencepost.policy.outcome import receipt_for
 
@@ -52,7 +53,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     ctx = coerce_context(runtime.context)
     refused = check_before_acting(before, ctx, clock=cfg.clock)
     if refused is not None or ctx is None:
-        return changed(before, before.model_copy(update={"stop": refused}))
+        return step_writes(before, before.model_copy(update={"stop": refused}))
     result = apply_approvals(
         before,
         answers,
@@ -76,7 +77,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
                 cfg,
                 ctx,
                 phase=Phase.VALIDATE,
-                outcome="allowed" if now.verdict.allowed else "denied",
+                outcome=verdict_outcome(now.verdict.code),
                 decision_kind="tool",
                 tool_name=name if spec else None,
                 effect=spec.effect if spec else None,
@@ -96,4 +97,4 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         state = state.model_copy(
             update={"receipts": state.receipts + tuple(receipt_for(o) for o in result.rejected)}
         )
-    return changed(before, recorded(state, runtime, manifests))
+    return step_writes(before, recorded(state, runtime, manifests))

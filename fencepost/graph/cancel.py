@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -11,19 +10,18 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot
 
+from fencepost.graph.account import account_owner, close_cancelled
+from fencepost.graph.node_io import AsyncIO, SyncIO, drive
 from fencepost.graph.record import plain
 from fencepost.graph.settings import LoopConfig, settings_of
 from fencepost.graph.state import has_run, run_output
 from fencepost.policy import (
     AgentState,
-    LedgerConflict,
     StopRequest,
     TerminationReason,
-    UnknownAccount,
 )
 from fencepost.policy.context import RunContext
 from fencepost.policy.keys import run_account
-from fencepost.policy.ledger import Ledger
 from fencepost.policy.stopping import CancelRefused, cancel_refusal
 
 __all__ = ["CancelRefused", "NestedRunUnreachable", "acancel", "cancel"]
@@ -123,20 +121,14 @@ def _check(
         raise CancelRefused(code)
 
 
-def _owner(ledger: Ledger, account: str) -> Mapping[str, str] | None:
+def _owner(settings: LoopConfig, account: str) -> Mapping[str, str] | None:
     """Who the run's account was opened for; None if the ledger holds no such account."""
-    try:
-        return ledger.balance(account).owner
-    except (UnknownAccount, ValueError):
-        return None
+    return drive(account_owner(SyncIO(settings), account))
 
 
-async def _aowner(ledger: Ledger, account: str) -> Mapping[str, str] | None:
+async def _aowner(settings: LoopConfig, account: str) -> Mapping[str, str] | None:
     """Async twin of :func:`_owner`."""
-    try:
-        return (await ledger.abalance(account)).owner
-    except (UnknownAccount, ValueError):
-        return None
+    return await account_owner(AsyncIO(settings), account)
 
 
 def _nested_runs(snapshot: StateSnapshot) -> Iterator[StateSnapshot]:
@@ -269,9 +261,9 @@ def cancel(
         return state
     settings = settings_of(graph)
     account = _account(config, state)
-    _check(None if settings is None else _owner(settings.ledger, account), context, state)
+    _check(None if settings is None else _owner(settings, account), context, state)
     if settings is not None:
-        _close(settings.ledger, account)
+        _close(settings, account)
     graph.update_state(config, {"run": {"stop": plain(_CANCEL)}}, as_node=_writer(snapshot.next))
     graph.invoke(None, config, context=context)
     return run_output(graph.get_state(config).values)
@@ -298,9 +290,9 @@ async def acancel(
         return state
     settings = settings_of(graph)
     account = _account(config, state)
-    _check(None if settings is None else await _aowner(settings.ledger, account), context, state)
+    _check(None if settings is None else await _aowner(settings, account), context, state)
     if settings is not None:
-        await _aclose(settings.ledger, account)
+        await _aclose(settings, account)
     await graph.aupdate_state(
         config, {"run": {"stop": plain(_CANCEL)}}, as_node=_writer(snapshot.next)
     )
@@ -318,9 +310,9 @@ def _cancel_nested(
         raise NestedRunUnreachable(_node(config), config)
     state = _nested_state(graph, config)
     account = _account(config, state)
-    _check(_owner(settings.ledger, account), context, state)
+    _check(_owner(settings, account), context, state)
     if state is None or not state.is_terminal:
-        _close(settings.ledger, account)
+        _close(settings, account)
     return state
 
 
@@ -333,9 +325,9 @@ async def _acancel_nested(
         raise NestedRunUnreachable(_node(config), config)
     state = await _anested_state(graph, config)
     account = _account(config, state)
-    _check(await _aowner(settings.ledger, account), context, state)
+    _check(await _aowner(settings, account), context, state)
     if state is None or not state.is_terminal:
-        await _aclose(settings.ledger, account)
+        await _aclose(settings, account)
     return state
 
 
@@ -360,13 +352,11 @@ async def _anested_state(
     return run_output(values) if has_run(values) else None
 
 
-def _close(ledger: Ledger, account: str) -> None:
+def _close(settings: LoopConfig, account: str) -> None:
     """Close the run's ledger account as cancelled (the first close's reason stands)."""
-    with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-        ledger.close_account(account, TerminationReason.CANCELLED.value)
+    drive(close_cancelled(SyncIO(settings), account))
 
 
-async def _aclose(ledger: Ledger, account: str) -> None:
+async def _aclose(settings: LoopConfig, account: str) -> None:
     """Async twin of :func:`_close`."""
-    with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-        await ledger.aclose_account(account, TerminationReason.CANCELLED.value)
+    await close_cancelled(AsyncIO(settings), account)

@@ -15,17 +15,16 @@ from fencepost.graph.account import (
     reserve,
     started_run_id,
     tokens_left,
-    viewed,
+    with_budget_view,
 )
-from fencepost.graph.endings import unsealed_end
+from fencepost.graph.endings import unjudged_ending
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import LoopConfig, Update
-from fencepost.graph.state import StartRequest, load_state, request_from
+from fencepost.graph.state import load_state, new_run_state, request_from
 from fencepost.graph.trace import manifest, recorded
-from fencepost.graph.writes import changed
+from fencepost.graph.writes import step_writes
 from fencepost.policy import (
-    AbstainProposal,
     AgentState,
     Deadline,
     Decided,
@@ -35,7 +34,6 @@ from fencepost.policy import (
     InvalidProposal,
     Phase,
     StopRequest,
-    TerminationReason,
     error_code_for,
     stage_deadline,
 )
@@ -43,37 +41,33 @@ from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import (
     FinalRefused,
     accept_decision,
+    after_decision,
     after_model_error,
     conclude,
-    model_error_stop,
+    decision_record,
+    final_turn,
+    model_failure,
+    step_taken,
 )
 from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.keys import overage_key, step_key
 from fencepost.policy.may_go_on import check_before_acting
-from fencepost.policy.recursion_limit import NEEDS_DECIDE, out_of_supersteps
-from fencepost.policy.reservations import step_amounts, step_hold, stop_for_exceeded
-from fencepost.policy.state import stop
+from fencepost.policy.recursion_limit import NEEDS_DECIDE, recursion_stop
+from fencepost.policy.reservations import (
+    configured_hold,
+    step_amounts,
+    step_hold,
+    stop_for_exceeded,
+)
 from fencepost.policy.usage import UsageKind, UsageReport, reply_size, step_settlement, usage_report
 
 
-def begin(request: Any, ctx: RunContext | None) -> AgentState:
-    """A new run's state, bound to the identity in the caller's context."""
-    if not isinstance(request, StartRequest):
-        request = StartRequest.model_validate(request, strict=False)
-    return AgentState(
-        run_id=request.run_id,
-        question=request.question,
-        budget=request.budget,
-        tenant_id=ctx.tenant_id if ctx else None,
-        principal_id=ctx.principal.id if ctx else None,
-    )
-
-
 async def step_estimate(io: NodeIO, state: AgentState, ctx: RunContext) -> int:
-    """Tokens a step holds before the model is asked (``reservations.step_hold``): the configured
-    estimate, else every token the run's chain has left (read from the ledger only then)."""
-    configured = io.cfg.tokens_per_step
-    if configured > 0:
+    """Tokens a step holds before the model is asked (``reservations.configured_hold``, else
+    ``reservations.step_hold`` of what the run's chain has left, read from the ledger only
+    then)."""
+    configured = configured_hold(io.cfg.tokens_per_step)
+    if configured is not None:
         return configured
     return step_hold(0, await tokens_left(io, state, ctx))
 
@@ -89,15 +83,10 @@ def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
         budget=state.budget,
         step=state.step,
         pending_tasks=state.open_tasks,
-        final_turn=final_turn(cfg, state),
+        final_turn=final_turn(state.budget.steps_remaining, cfg.answer_margin),
         repair=state.repair_notes,
         answered=state.answered,
     )
-
-
-def final_turn(cfg: LoopConfig, state: AgentState) -> bool:
-    """Whether this step is one of the last ``answer_margin`` steps, kept for answering."""
-    return state.budget.steps_remaining < cfg.answer_margin
 
 
 class _ModelRaised(Exception):
@@ -142,25 +131,20 @@ async def ask_model(
     run = await io.run_model(
         lambda: _contained(cfg, inp, deadline), deadline.remaining_seconds(clock=cfg.clock)
     )
+    passed = ctx.deadline is not None and ctx.deadline.expired(clock=cfg.clock)
     if not run.finished:
-        passed = ctx.deadline is not None and ctx.deadline.expired(clock=cfg.clock)
-        return model_error_stop(ErrorCode.TIMEOUT, run_deadline_passed=passed)
+        return model_failure(ErrorCode.TIMEOUT, run_deadline_passed=passed)
     if run.cancelled:
-        return model_error_stop(ErrorCode.CANCELLED, run_deadline_passed=False)
+        return model_failure(ErrorCode.CANCELLED, run_deadline_passed=passed)
     exc = run.error
     if isinstance(exc, InvalidProposal):
         return exc
     if isinstance(exc, _ModelRaised):
-        return model_error_stop(exc.code, run_deadline_passed=False)
+        return model_failure(exc.code, run_deadline_passed=passed)
     if exc is not None:
         code = error_code_for(exc) if isinstance(exc, Exception) else ErrorCode.INTERNAL_ERROR
         _model_raised(exc, state.run_id, code)
-        passed = (
-            code is ErrorCode.TIMEOUT
-            and ctx.deadline is not None
-            and ctx.deadline.expired(clock=cfg.clock)
-        )
-        return model_error_stop(code, run_deadline_passed=passed)
+        return model_failure(code, run_deadline_passed=passed)
     return accept_decision(run.value)
 
 
@@ -170,35 +154,32 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     ctx = coerce_context(runtime.context)
     before = load_state(values)
     if before is None:
-        state = begin(request_from(values, run_id=started_run_id()), ctx)
+        state = new_run_state(request_from(values, run_id=started_run_id()), ctx)
         if ctx is not None:
             opened = await open_run(io, state, ctx)
             if isinstance(opened, StopRequest):
-                return changed(None, state.model_copy(update={"stop": opened}))
+                return step_writes(None, state.model_copy(update={"stop": opened}))
             state = opened
     else:
         state = before
     if state.is_terminal:
         # An ending the terminal node did not make goes back to it to be judged.
-        return changed(before, await unsealed_end(io, state) or state)
+        return step_writes(before, await unjudged_ending(io, state) or state)
     if state.stop is not None:
-        return changed(before, state)
+        return step_writes(before, state)
     refused = check_before_acting(state, ctx, clock=cfg.clock, given=runtime.context)
-    if refused is None and out_of_supersteps(values.get("remaining_steps"), NEEDS_DECIDE):
-        refused = stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
+    refused = refused or recursion_stop(values.get("remaining_steps"), NEEDS_DECIDE)
     if refused is not None or ctx is None:
-        return changed(before, state.model_copy(update={"stop": refused}))
+        return step_writes(before, state.model_copy(update={"stop": refused}))
     estimate = await step_estimate(io, state, ctx)
     account = account_of(state)
     while True:
-        # A step key the ledger already holds means an earlier attempt at that step started and
-        # crashed: it stays charged, and this attempt reserves the next step.
         step = state.step + 1
         held = await reserve(io, state, ctx, step_key(account, step), step_amounts(estimate))
         if isinstance(held, StopRequest):
-            return changed(before, state.model_copy(update={"stop": held}))
-        state = viewed(state.model_copy(update={"step": step}), held.balance)
-        if not held.existing:
+            return step_writes(before, state.model_copy(update={"stop": held}))
+        state = with_budget_view(state.model_copy(update={"step": step}), held.balance)
+        if step_taken(held_before=held.existing):
             break
     state = state.model_copy(update={"phase": Phase.DECIDE})
     asked = state
@@ -214,7 +195,9 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         else UsageReport(kind=UsageKind.UNREPORTED, charged=estimate)
     )
     actual, overage = step_settlement(report, estimate)
-    state = viewed(state, (await io.settle(step_key(account, state.step), actual)).balance)
+    state = with_budget_view(
+        state, (await io.settle(step_key(account, state.step), actual)).balance
+    )
     over_stop: StopRequest | None = None
     if overage:
         # Spent already: charged whatever the limits say, and a limit it crosses ends the run.
@@ -222,16 +205,15 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         if isinstance(extra, StopRequest):
             over_stop = extra
         else:
-            state = viewed(state, extra.balance)
+            state = with_budget_view(state, extra.balance)
             if extra.exceeded is not None:
                 over_stop = stop_for_exceeded(extra.exceeded[1])
     usage = {"input_tokens": report.input_tokens, "output_tokens": report.output_tokens}
     if isinstance(outcome, StopRequest):
         m = manifest(state, cfg, ctx, phase=Phase.DECIDE, outcome="error", code=outcome.error_code)
         state = after_model_error(state, over_stop or outcome, model_retries=cfg.model_retries)
-        return changed(before, recorded(state, runtime, [m]))
-    if state.model_failures:
-        state = state.model_copy(update={"model_failures": 0, "last_error_code": None})
+        return step_writes(before, recorded(state, runtime, [m]))
+    state = after_decision(state)
     if over_stop is not None:
         m = manifest(
             state,
@@ -242,7 +224,9 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
             code=over_stop.error_code,
             **usage,
         )
-        return changed(before, recorded(state, runtime, [m]).model_copy(update={"stop": over_stop}))
+        return step_writes(
+            before, recorded(state, runtime, [m]).model_copy(update={"stop": over_stop})
+        )
     conclusion = conclude(
         state,
         outcome,
@@ -251,7 +235,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         # (append-only) and the ledger's completion markers (a state edit can append a receipt
         # saying "completed", never a marker).
         pending_tasks=await _pending_if_final(io, state, outcome),
-        final_turn=final_turn(cfg, asked),
+        final_turn=final_turn(asked.budget.steps_remaining, cfg.answer_margin),
         # A citation names a call the ledger marks as having had its tool return a result: an
         # observation in state can be a caller's.
         produced=await _produced_if_final(io, state, outcome),
@@ -269,10 +253,9 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
             **usage,
         )
         state = state.model_copy(update={"last_error_code": conclusion.code})
-        return changed(before, recorded(state, runtime, [m]))
+        return step_writes(before, recorded(state, runtime, [m]))
     if isinstance(conclusion, StopRequest):
-        kind, result = _kind_of(outcome, conclusion)
-        code = conclusion.error_code or (conclusion.reason.value if kind == "abstain" else None)
+        kind, result, code = decision_record(outcome, conclusion)
         m = manifest(
             state,
             cfg,
@@ -283,11 +266,11 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
             code=code,
             **usage,
         )
-        return changed(
+        return step_writes(
             before, recorded(state, runtime, [m]).model_copy(update={"stop": conclusion})
         )
     state, manifests = await gate(io, state, ctx, conclusion, usage)
-    return changed(before, recorded(state, runtime, manifests))
+    return step_writes(before, recorded(state, runtime, manifests))
 
 
 async def _pending_if_final(io: NodeIO, state: AgentState, outcome: Any) -> tuple[str, ...]:
@@ -300,15 +283,3 @@ async def _produced_if_final(io: NodeIO, state: AgentState, outcome: Any) -> fro
     if isinstance(outcome, Decided) and isinstance(outcome.decision, FinalProposal):
         return await produced(io, account_of(state), outcome.decision.answer.citations)
     return frozenset()
-
-
-def _kind_of(outcome: Decided | InvalidProposal, conclusion: StopRequest) -> tuple[str, str]:
-    if isinstance(outcome, InvalidProposal):
-        return "invalid", "denied"
-    decision = outcome.decision
-    if isinstance(decision, AbstainProposal):
-        return "abstain", "decided"
-    if isinstance(decision, FinalProposal):
-        completed = conclusion.reason is TerminationReason.COMPLETED
-        return "final", "decided" if completed else "denied"
-    return "tool", "denied"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -15,15 +14,16 @@ from fencepost.graph.account import (
     certify,
     mark_result,
     produced_earlier,
+    release_reserved,
     reserve,
     reserve_or_exhausted,
-    viewed,
+    with_budget_view,
 )
 from fencepost.graph.node_io import AsyncIO, NodeIO
 from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import require_state
 from fencepost.graph.trace import manifest, recorded
-from fencepost.graph.writes import changed
+from fencepost.graph.writes import step_writes
 from fencepost.policy import (
     AgentState,
     Balance,
@@ -31,9 +31,7 @@ from fencepost.policy import (
     Deadline,
     ErrorCode,
     Phase,
-    ReceiptStatus,
     StopRequest,
-    TerminationReason,
     ToolContext,
     ToolSpec,
     VerdictCode,
@@ -47,13 +45,17 @@ from fencepost.policy.execution import (
     admit_batch,
     batch_stop,
     budget_refusals,
-    dependencies_met,
+    dependency_failed,
     dependency_inputs,
     earlier_outputs,
+    executed_record,
     finished_before,
-    not_run,
+    may_start,
     ordered,
+    out_of_budget,
     ran,
+    refunded_when_not_started,
+    refused_at_claim,
     uncertain,
 )
 from fencepost.policy.gating import invalid_dependencies
@@ -62,9 +64,8 @@ from fencepost.policy.ledger import ReservationStatus
 from fencepost.policy.may_go_on import check_before_acting
 from fencepost.policy.outcome import CallOutcome, receipt_for, with_approvers
 from fencepost.policy.progress import recorded_evidence
-from fencepost.policy.recursion_limit import NEEDS_ANOTHER_DECIDE, NEEDS_EXECUTE, out_of_supersteps
+from fencepost.policy.recursion_limit import NEEDS_ANOTHER_DECIDE, NEEDS_EXECUTE, recursion_stop
 from fencepost.policy.reservations import Claim, answered_before, call_amounts, claim
-from fencepost.policy.state import stop
 from fencepost.policy.tasks import open_tasks_after
 
 
@@ -103,11 +104,7 @@ async def run_call(
         if isinstance(more, StopRequest):
             return more
         if isinstance(more, BudgetExhausted):
-            if attempt == 1:
-                return not_run(
-                    entry, spec, ErrorCode.BUDGET_EXHAUSTED, ReceiptStatus.DENIED, attempts=0
-                )
-            return uncertain(entry, spec, attempt - 1)
+            return out_of_budget(entry, spec, attempt)
         if more.existing and more.status is not ReservationStatus.RESERVED:
             went_on = await io.get(step_key(account, state.step + 1)) is not None
             if answered_before(more.status, run_went_on=went_on):
@@ -197,17 +194,13 @@ async def run_batch(
             known = set(results)
             missing = [d for d in entry.proposal.depends_on if d not in known]
             outcomes = [await f for f in needs]
-            if (broken and entry.proposal.depends_on) or not dependencies_met(
-                outcomes, missing, earlier
-            ):
-                result: CallOutcome | StopRequest = not_run(
-                    entry, spec, ErrorCode.DEPENDENCY_FAILED, ReceiptStatus.DENIED, attempts=0
-                )
-                # Never started: the budget the gate reserved for it is given back.
-                with contextlib.suppress(LookupError, ValueError):
-                    freed = await cfg.ledger.arelease(call_key(account, entry.call_id, 1))
-                    if freed.balance is not None:
-                        seen.append(freed.balance)
+            if not may_start(entry, outcomes, missing, earlier, dependencies_broken=broken):
+                failed = dependency_failed(entry, spec)
+                result: CallOutcome | StopRequest = failed
+                if refunded_when_not_started(failed):
+                    freed = await release_reserved(io, call_key(account, entry.call_id, 1))
+                    if freed is not None:
+                        seen.append(freed)
             else:
                 inputs = dependency_inputs(entry, outcomes, earlier)
                 async with gate:
@@ -227,10 +220,9 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     ctx = coerce_context(runtime.context)
     before = require_state(values)
     refused = check_before_acting(before, ctx, clock=cfg.clock, given=runtime.context)
-    if refused is None and out_of_supersteps(values.get("remaining_steps"), NEEDS_EXECUTE):
-        refused = stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
+    refused = refused or recursion_stop(values.get("remaining_steps"), NEEDS_EXECUTE)
     if refused is not None or ctx is None:
-        return changed(before, before.model_copy(update={"stop": refused}))
+        return step_writes(before, before.model_copy(update={"stop": refused}))
     state = before.model_copy(update={"phase": Phase.EXECUTE})
     started = cfg.clock.now()  # a poll's interval runs from when the call started
     admission = admit_batch(
@@ -269,14 +261,9 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         for (entry, spec), result in zip(admission.runnable, results, strict=True):
             if isinstance(result, StopRequest):
                 claim_stop = claim_stop or result
-                code = (
-                    ErrorCode.CANCELLED
-                    if result.reason is TerminationReason.CANCELLED
-                    else ErrorCode.PERMISSION_DENIED
-                )
-                result = not_run(entry, spec, code, ReceiptStatus.DENIED, attempts=0)
+                result = refused_at_claim(entry, spec, result)
             outcomes.append(result)
-        state = viewed(state, seen[-1] if seen else await io.balance(account))
+        state = with_budget_view(state, seen[-1] if seen else await io.balance(account))
     done = with_approvers(ordered(state.batch, outcomes), state.batch)
     telemetry.calls_ended(state.run_id, state.batch, done)
     # What each call returned, as a hash, for the no-progress gate (before the batch is cleared).
@@ -289,35 +276,32 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     open_tasks = open_tasks_after(state.open_tasks, done, completed)
     if open_tasks != state.open_tasks:
         state = state.model_copy(update={"open_tasks": open_tasks})
-    manifests = [
-        manifest(
-            state,
-            cfg,
-            ctx,
-            phase=Phase.EXECUTE,
-            outcome=(
-                "success"
-                if o.succeeded
-                else "uncertain"
-                if o.status is ReceiptStatus.UNCERTAIN
-                else "error"
-            ),
-            decision_kind="tool",
-            tool_name=o.event.tool_name if o.effect is not None else None,
-            effect=o.effect,
-            verdict=VerdictCode.ALLOWED,
-            code=o.event.error_code.value if not o.succeeded else o.status.value,  # type: ignore[union-attr]
+    manifests = []
+    for o in done:
+        word, code = executed_record(o)
+        manifests.append(
+            manifest(
+                state,
+                cfg,
+                ctx,
+                phase=Phase.EXECUTE,
+                outcome=word,
+                decision_kind="tool",
+                tool_name=o.event.tool_name if o.effect is not None else None,
+                effect=o.effect,
+                verdict=VerdictCode.ALLOWED,
+                code=code,
+            )
         )
-        for o in done
-    ]
     deadline_passed = ctx.deadline is not None and ctx.deadline.expired(clock=cfg.clock)
     stopped = claim_stop or batch_stop(
         state.batch,
         done,
         deadline_passed=deadline_passed,
-        last_superstep=out_of_supersteps(values.get("remaining_steps"), NEEDS_ANOTHER_DECIDE),
+        last_superstep=recursion_stop(values.get("remaining_steps"), NEEDS_ANOTHER_DECIDE)
+        is not None,
     )
     state = state.model_copy(
         update={"receipts": state.receipts + receipts, "batch": (), "stop": stopped}
     )
-    return changed(before, recorded(state, runtime, manifests))
+    return step_writes(before, recorded(state, runtime, manifests))

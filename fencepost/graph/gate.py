@@ -8,18 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from fencepost.adapters import telemetry
-from fencepost.graph.account import account_of, produced, reserve_or_exhausted, viewed
+from fencepost.graph.account import account_of, produced, reserve_batch
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.trace import checked_manifest
 from fencepost.policy import (
     AgentState,
-    Balance,
-    BudgetExhausted,
     Deadline,
     Phase,
     StepManifest,
-    StopRequest,
-    TerminationReason,
     ToolProposal,
     VerdictCode,
     reduce_tool_events,
@@ -36,23 +32,17 @@ from fencepost.policy.approver import (
     read_decision,
     to_approve,
 )
-from fencepost.policy.batch import Batch
-from fencepost.policy.budget import budget_view
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import gate_record, settled_calls
 from fencepost.policy.developer_log import APPROVAL, raised
 from fencepost.policy.execution import budget_refusals
 from fencepost.policy.gating import (
-    after_reservations,
-    duplicate_call_ids,
     gate_batch,
-    invalid_dependencies,
+    refused_batch,
 )
-from fencepost.policy.keys import call_key
+from fencepost.policy.manifest import verdict_outcome
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.repair import given_back, may_repair
-from fencepost.policy.reservations import call_amounts, to_reserve
-from fencepost.policy.state import stop
 
 
 async def gate(
@@ -66,7 +56,12 @@ async def gate(
     cfg = io.cfg
     # The phase is set with the step's first real change (one state copy less per decision);
     # nothing before it reads the phase.
-    if duplicate_call_ids(calls, state.answered):
+    # Only a batch that names dependencies needs the ledger read for them: each one outside the
+    # batch must be an earlier call whose tool returned a result (never a receipt in state).
+    named = any(c.depends_on for c in calls)
+    produced_outside = await _produced_outside(io, state, calls) if named else frozenset()
+    refused = refused_batch(calls, state.answered, produced_outside)
+    if refused is not None:
         m = checked_manifest(
             state,
             cfg,
@@ -74,30 +69,11 @@ async def gate(
             phase=Phase.VALIDATE,
             outcome="denied",
             decision_kind="tool",
-            code="duplicate_call_id",
+            code=refused.error_code,
             **usage,
         )
-        duplicate = stop(TerminationReason.INVALID_PROPOSAL, "duplicate_call_id")
-        telemetry.batch_refused(state.run_id, calls, cfg.registry, "duplicate_call_id")
-        return state.model_copy(update={"phase": Phase.VALIDATE, "stop": duplicate}), [m]
-    # Only a batch that names dependencies needs them checked: each one outside the batch must
-    # be an earlier call whose tool returned a result, as the ledger (never a receipt) says.
-    if any(c.depends_on for c in calls) and invalid_dependencies(
-        calls, await _produced_outside(io, state, calls)
-    ):
-        m = checked_manifest(
-            state,
-            cfg,
-            ctx,
-            phase=Phase.VALIDATE,
-            outcome="denied",
-            decision_kind="tool",
-            code="invalid_dependency",
-            **usage,
-        )
-        invalid = stop(TerminationReason.INVALID_PROPOSAL, "invalid_dependency")
-        telemetry.batch_refused(state.run_id, calls, cfg.registry, "invalid_dependency")
-        return state.model_copy(update={"phase": Phase.VALIDATE, "stop": invalid}), [m]
+        telemetry.batch_refused(state.run_id, calls, cfg.registry, refused.error_code or "")
+        return state.model_copy(update={"phase": Phase.VALIDATE, "stop": refused}), [m]
     now = cfg.clock.now()
     gated = gate_batch(
         cfg.registry,
@@ -143,18 +119,13 @@ async def gate(
     manifests = []
     for entry, spec in zip(gated.batch, gated.specs, strict=True):
         verdict = entry.verdict
-        pending = verdict.code is VerdictCode.APPROVAL_PENDING
         manifests.append(
             checked_manifest(
                 state,
                 cfg,
                 ctx,
                 phase=Phase.VALIDATE,
-                outcome="allowed"
-                if verdict.allowed
-                else "approval_pending"
-                if pending
-                else "denied",
+                outcome=verdict_outcome(verdict.code),
                 decision_kind="tool",
                 # The registered name (an exact str): the model's may be a str subclass.
                 tool_name=spec.name if spec else None,
@@ -195,9 +166,9 @@ async def gate(
     if stopped is None:
         return state, manifests
     # Nothing of the batch runs: each call the budget could not cover is still receipted.
-    refused = tuple(receipt_for(o) for o in budget_refusals(state.batch))
+    unfunded = tuple(receipt_for(o) for o in budget_refusals(state.batch))
     return state.model_copy(
-        update={"receipts": state.receipts + refused, "stop": stopped}
+        update={"receipts": state.receipts + unfunded, "stop": stopped}
     ), manifests
 
 
@@ -244,55 +215,3 @@ async def _produced_outside(
     inside = {c.call_id for c in calls}
     outside = {d for c in calls for d in c.depends_on if d not in inside}
     return await produced(io, account_of(state), outside) if outside else frozenset()
-
-
-async def reserve_batch(
-    io: NodeIO,
-    state: AgentState,
-    ctx: RunContext,
-    only: frozenset[str] | None = None,
-    *,
-    gated: dict[str, Any] | None = None,
-) -> tuple[AgentState, StopRequest | None]:
-    """Reserve the batch's allowed calls in order (attempt 1 of each; ``only`` these call ids
-    when given); those the budget cannot cover are marked and receipted as never run, so with
-    N calls left exactly N run.
-
-    ``gated``: fields the gate step sets (its batch, phase and repeat counts), written into the
-    state returned. Reserving reads only state's identity, budget and receipts (the run's
-    account, its owner, a lost account re-opened), which the gate step does not set."""
-    cfg = io.cfg
-    account = account_of(state)
-    refused: dict[str, BudgetExhausted] = {}
-    update: dict[str, Any] = dict(gated) if gated else {}
-    current: Batch = update.get("batch", state.batch)
-    # The last reservation's balance, viewed into state only when state is next read: before
-    # the next reservation (which may re-open the account from state's budget) or with the
-    # batch at the end, so a batch of one copies the state once, not twice.
-    latest: Balance | None = None
-    entries = [e for e in to_reserve(current) if only is None or e.call_id in only]
-    # Reserved for the first time here: a lost account re-opened meanwhile must not carry them.
-    fresh = frozenset(e.call_id for e in entries)
-    for entry in entries:
-        if latest is not None:
-            state, latest = viewed(state, latest), None
-        spec = cfg.registry.get(entry.proposal.tool_name)
-        key = call_key(account, entry.call_id, 1)
-        held = await reserve_or_exhausted(
-            io, state, ctx, key, call_amounts(spec), account=account, fresh=fresh
-        )
-        if isinstance(held, StopRequest):
-            return (state.model_copy(update=update) if update else state), held
-        if isinstance(held, BudgetExhausted):
-            refused[entry.call_id] = held
-            continue
-        latest = held.balance
-    batch, stopped = after_reservations(
-        current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key, only=only
-    )
-    telemetry.budget_refused(state.run_id, current, refused, cfg.registry)
-    if batch is not state.batch:
-        update["batch"] = batch
-    if latest is not None:
-        update["budget"] = budget_view(latest.limits, latest.held)
-    return (state.model_copy(update=update) if update else state), stopped

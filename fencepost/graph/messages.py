@@ -114,7 +114,7 @@ def with_messages(values: dict[str, Any], update: Update) -> Update:
     if not isinstance(update, Writes):
         # Messages are derived from the two states the writes were made from; a body that
         # wrote a dict of its own would leave the conversation silently behind its state.
-        raise TypeError("a node body returns its writes as changed(before, after) makes them")
+        raise TypeError("a node body returns its writes as step_writes(before, after) makes them")
     before = update.before
     shown = messages_for(
         before, update.after, question_given=before is None and not values.get("request")

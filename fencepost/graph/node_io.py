@@ -22,8 +22,8 @@ from fencepost.graph.containment.tools import ToolRun, run_tool, run_tool_blocki
 from fencepost.graph.messages import with_messages
 from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import InvalidState
-from fencepost.graph.writes import refused, started
-from fencepost.policy import Balance, Reservation, ToolContext, ToolSpec
+from fencepost.graph.writes import refusal_writes, reset_prerun_values
+from fencepost.policy import Balance, InMemoryLedger, Reservation, ToolContext, ToolSpec
 
 T = TypeVar("T")
 
@@ -67,6 +67,12 @@ class NodeIO:
     async def get(self, key: str) -> Reservation | None:
         """The reservation (or zero-amount marker) under ``key``, if the ledger holds one."""
         raise NotImplementedError
+
+    async def forget(self, account: str) -> None:
+        """Drop an ended run's account from a process-local ledger (an ``InMemoryLedger``
+        would otherwise keep every run it ever held); a durable ledger keeps it."""
+        if isinstance(self.ledger, InMemoryLedger):
+            self.ledger.forget(account)
 
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         """Run the tools (``make`` builds the awaitable)."""
@@ -223,11 +229,11 @@ class LoopNode(Runnable[Any, Update]):
 def loop_node(cfg: LoopConfig, name: str, body: NodeBody) -> LoopNode:
     """The node ``name`` running ``body``, sync or async. It adds the ``messages`` that show
     what its body changed (:mod:`fencepost.graph.messages`), so no body writes them itself,
-    and resets what a caller wrote before a run began (:func:`~fencepost.graph.writes.started`).
+    and resets what a caller wrote before a run began (:func:`~fencepost.graph.writes.reset_prerun_values`).
 
     A body that acts on state (approves, runs tools) reads it with ``require_state``, which
     raises :class:`~fencepost.graph.state.InvalidState` on a value no field can hold: the body
-    is not run; only the stop that ends the run is written (``writes.refused``), routing it to
+    is not run; only the stop that ends the run is written (``writes.refusal_writes``), routing it to
     the terminal node, as a node ends a run on a missing or mismatched context.
     """
     sync_io, async_io = SyncIO(cfg), AsyncIO(cfg)
@@ -236,14 +242,14 @@ def loop_node(cfg: LoopConfig, name: str, body: NodeBody) -> LoopNode:
         try:
             writes = drive(body(sync_io, values, runtime))
         except InvalidState as invalid:
-            writes = refused(invalid.state)
-        return with_messages(values, started(values, writes))
+            writes = refusal_writes(invalid.state)
+        return with_messages(values, reset_prerun_values(values, writes))
 
     async def arun(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
         try:
             writes = await body(async_io, values, runtime)
         except InvalidState as invalid:
-            writes = refused(invalid.state)
-        return with_messages(values, started(values, writes))
+            writes = refusal_writes(invalid.state)
+        return with_messages(values, reset_prerun_values(values, writes))
 
     return LoopNode(name, run, arun)

@@ -383,7 +383,7 @@ def record_of(values: Mapping[str, Any]) -> Mapping[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def started(record: Mapping[str, Any]) -> bool:
+def run_started(record: Mapping[str, Any]) -> bool:
     """Whether a run has started on the thread whose record this is."""
     return "run_id" in record
 

@@ -26,9 +26,10 @@ from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
 from fencepost.graph.conversation import Messages
-from fencepost.graph.record import REPLACED, RunChannel, RunRecord, plain, record_of, started
+from fencepost.graph.record import REPLACED, RunChannel, RunRecord, plain, record_of, run_started
 from fencepost.policy import AgentState, RuntimeBudget, TerminationReason
 from fencepost.policy.budget import DEFAULT_STEPS, DEFAULT_TOOL_CALLS, default_budget
+from fencepost.policy.context import RunContext
 from fencepost.policy.contract import Frozen
 from fencepost.policy.state import stop
 from fencepost.policy.stop_report import paused_report
@@ -202,16 +203,30 @@ def request_from(
     return None
 
 
+def new_run_state(request: Any, ctx: RunContext | None) -> AgentState:
+    """A new run's state from its start request, bound to the identity in the caller's context
+    (never the model's, never the request's)."""
+    if not isinstance(request, StartRequest):
+        request = StartRequest.model_validate(request, strict=False)
+    return AgentState(
+        run_id=request.run_id,
+        question=request.question,
+        budget=request.budget,
+        tenant_id=ctx.tenant_id if ctx else None,
+        principal_id=ctx.principal.id if ctx else None,
+    )
+
+
 def refuse_other_layouts(values: Mapping[str, Any]) -> None:
     """Raise :class:`LayoutRefused` for channel values a checkpoint of layout 1 holds."""
-    if "run_id" in values and not started(record_of(values)):
+    if "run_id" in values and not run_started(record_of(values)):
         raise LayoutRefused(1)
 
 
 def has_run(values: Mapping[str, Any]) -> bool:
     """Whether a run has started on the thread these channel values are of."""
     refuse_other_layouts(values)
-    return started(record_of(values))
+    return run_started(record_of(values))
 
 
 _INVALID = stop(TerminationReason.POLICY_DENIED, "invalid_state")
@@ -251,7 +266,7 @@ def load_state(values: Mapping[str, Any]) -> AgentState | None:
     (:class:`MendedState`). Raises :class:`LayoutRefused` for a checkpoint of another layout.
     """
     record = record_of(values)
-    if not started(record):
+    if not run_started(record):
         refuse_other_layouts(values)
         return None
     view = getattr(record, "view", None)
@@ -334,7 +349,7 @@ def run_output(values: Mapping[str, Any]) -> AgentState:
     2
     """
     record = record_of(values)
-    if not started(record):
+    if not run_started(record):
         refuse_other_layouts(values)
         raise NoRun
     view = getattr(record, "view", None)
@@ -361,6 +376,7 @@ __all__ = [
     "field_default",
     "has_run",
     "load_state",
+    "new_run_state",
     "new_run_id",
     "refuse_other_layouts",
     "request_from",

@@ -8,22 +8,20 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from fencepost.graph.account import account_of, open_run, started_run_id
-from fencepost.graph.decide import begin
 from fencepost.graph.endings import (
     owned,
     pending_at_end,
     produced_at_end,
     receipt_started,
-    unsealed_end,
+    unjudged_ending,
 )
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import Update
-from fencepost.graph.state import load_state, request_from
+from fencepost.graph.state import load_state, new_run_state, request_from
 from fencepost.graph.trace import manifest, recorded
-from fencepost.graph.writes import changed
+from fencepost.graph.writes import step_writes
 from fencepost.policy import (
     AgentState,
-    InMemoryLedger,
     LedgerConflict,
     Phase,
     StopRequest,
@@ -34,29 +32,9 @@ from fencepost.policy import (
 )
 from fencepost.policy.context import coerce_context
 from fencepost.policy.decide import verified_stop
-from fencepost.policy.recursion_limit import NEEDS_DECIDE, out_of_supersteps
+from fencepost.policy.recursion_limit import NEEDS_DECIDE
 from fencepost.policy.state import stop
-
-# Stops that mean the account on this thread is not (or not provably) this caller's: closing
-# it would let a stranger end somebody else's run.
-_NOT_THIS_RUNS_ACCOUNT = frozenset(
-    {
-        "account_conflict",
-        "unknown_budget_account",
-        "context_mismatch",
-        "missing_context",
-        "invalid_context",
-    }
-)
-
-
-def _unasked(values: dict[str, Any]) -> StopRequest:
-    """Why a run reaching this node with no stop ends: every node that ends a run asks with a
-    stop, so it is the recursion limit (the entry had no room to decide), or else a caller's
-    state update made as this node (LangGraph takes it as the node's output)."""
-    if out_of_supersteps(values.get("remaining_steps"), NEEDS_DECIDE):
-        return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
-    return stop(TerminationReason.POLICY_DENIED, "invalid_state")
+from fencepost.policy.stopping import cancel_came_first, may_close_account, unasked_stop
 
 
 def _cancelled(current: AgentState) -> AgentState:
@@ -76,21 +54,21 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
         request = request_from(values, required=False, run_id=started_run_id())
         if request is None:
             return {}
-        current = begin(request, ctx)
+        current = new_run_state(request, ctx)
         if ctx is not None:
             opened = await open_run(io, current, ctx)
             if not isinstance(opened, StopRequest):
                 current = opened
     elif before.is_terminal:
-        unended = await unsealed_end(io, before)
+        unended = await unjudged_ending(io, before)
         if unended is None:
             # Nothing to do; but a value mended on reading (a phase a checkpoint revived as
             # text) is written back, so the route out reads the run as ended.
-            return changed(before, before)
+            return step_writes(before, before)
         current = unended
     else:
         current = before
-    asked = current.stop or _unasked(values)
+    asked = current.stop or unasked_stop(values.get("remaining_steps"), NEEDS_DECIDE)
     # A completed stop is judged by the ledger's completion markers, not by receipts in state.
     completed = asked.reason is TerminationReason.COMPLETED and asked.answer is not None
     account = account_of(current)
@@ -113,16 +91,15 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
     # The report needs the batch the run stopped in: terminate() clears it.
     state = state.model_copy(update={"report": stop_report(state, unfinished=current.batch)})
-    if ending.error_code not in _NOT_THIS_RUNS_ACCOUNT and mine:
+    if may_close_account(ending.error_code, owned=bool(mine)):
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
             closed = (await io.close_account(account, ending.reason.value)).closed
-            if closed == TerminationReason.CANCELLED.value != ending.reason.value:
-                # A cancel closed the account first (the first close stands): so does its reason.
+            if cancel_came_first(closed, ending.reason):
                 state, ending = _cancelled(current), stop(TerminationReason.CANCELLED, "cancelled")
-            if io.cfg.owns_ledger and isinstance(io.ledger, InMemoryLedger):
+            if io.cfg.owns_ledger:
                 # The graph's own process-local ledger would otherwise keep every ended run.
-                io.ledger.forget(account)
+                await io.forget(account)
     m = manifest(
         state, io.cfg, ctx, phase=Phase.TERMINAL, outcome="terminal", code=ending.reason.value
     )
-    return changed(before, recorded(state, runtime, [m]))
+    return step_writes(before, recorded(state, runtime, [m]))

@@ -1,9 +1,9 @@
 """A node's channel writes: the step from one AgentState to the next, as a write to the record.
 
-A node computes the next AgentState; :func:`changed` turns the step from one state to the next
+A node computes the next AgentState; :func:`step_writes` turns the step from one state to the next
 into the run record's write (only the fields that changed, only the items a record gained, only
-the entries a map changed, and whatever a mended state mended), :func:`started` makes a new
-run's first write safe against values a caller put in the thread first, :func:`refused` is what
+the entries a map changed, and whatever a mended state mended), :func:`reset_prerun_values` makes a new
+run's first write safe against values a caller put in the thread first, :func:`refusal_writes` is what
 a node writes that does not run on an invalid state (the messages view is derived from the two
 states a :class:`Writes` carries, in :mod:`fencepost.graph.messages`).
 """
@@ -36,7 +36,7 @@ _DEFAULTS: dict[str, Any] = {
 
 
 class Writes(dict[str, Any]):
-    """A node's channel writes (what :func:`changed` returns), with the two states they were
+    """A node's channel writes (what :func:`step_writes` returns), with the two states they were
     made from: the messages view is derived from those, not from the record read back a second
     time. Never handed to LangGraph itself (see ``node_io.loop_node``)."""
 
@@ -46,7 +46,7 @@ class Writes(dict[str, Any]):
     after: AgentState
 
 
-def changed(before: AgentState | None, after: AgentState) -> Writes:
+def step_writes(before: AgentState | None, after: AgentState) -> Writes:
     """The writes that turn ``before`` into ``after``: the run record's changes, plain."""
     writes = Writes()
     writes.before, writes.after = before, after
@@ -85,7 +85,7 @@ def changed(before: AgentState | None, after: AgentState) -> Writes:
     return writes
 
 
-def refused(state: MendedState) -> Writes:
+def refusal_writes(state: MendedState) -> Writes:
     """The writes of a node that does not run on ``state`` (see ``state.InvalidState``): the stop
     that ends the run, where the record holds another. The terminal node writes the rest of what
     was mended."""
@@ -102,7 +102,7 @@ def _same(value: Any, old: Any) -> bool:
     return type(value) is type(old) and value == old
 
 
-def started(values: Mapping[str, Any], writes: Any) -> Any:
+def reset_prerun_values(values: Mapping[str, Any], writes: Any) -> Any:
     """A node's writes (what it returned), made safe for a run's first: a field the new run
     leaves at its default is still written when the record holds something else for it, a value
     a caller wrote to the thread before the run began (``update_state`` on a fresh thread), so

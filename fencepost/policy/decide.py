@@ -12,6 +12,7 @@ from fencepost.policy.contract import Frozen
 from fencepost.policy.decision import (
     AbstainProposal,
     Decision,
+    DecisionKind,
     FinalProposal,
     InvalidProposal,
     ToolBatch,
@@ -20,6 +21,7 @@ from fencepost.policy.decision import (
 from fencepost.policy.decision_model import Decided
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import fits_checkpoint
+from fencepost.policy.manifest import Outcome
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.state import AgentState, StopRequest, stop
@@ -167,3 +169,54 @@ def _completed(
     except (UnsupportedCitation, MissingCitation) as exc:
         return stop(TerminationReason.INVALID_PROPOSAL, exc.code)
     return StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
+
+
+DecisionRecord = tuple[DecisionKind, Outcome, str | None]
+
+
+def decision_record(outcome: Decided | InvalidProposal, conclusion: StopRequest) -> DecisionRecord:
+    """A decision that ended the model's part of the run, as its trace records it: what the
+    model decided, whether it stands (``decided``) or was refused (``denied``), and its code
+    (the stop's error code; an abstention's reason). A final answer stands only as
+    ``completed``; a malformed decision or a tool call that ends the run here was refused."""
+    code = conclusion.error_code
+    if isinstance(outcome, InvalidProposal):
+        return "invalid", "denied", code
+    decision = outcome.decision
+    if isinstance(decision, AbstainProposal):
+        return "abstain", "decided", code or conclusion.reason.value
+    if isinstance(decision, FinalProposal):
+        completed = conclusion.reason is TerminationReason.COMPLETED
+        return "final", "decided" if completed else "denied", code
+    return "tool", "denied", code
+
+
+def final_turn(steps_remaining: int, answer_margin: int) -> bool:
+    """Whether a step is one of the run's last ``answer_margin`` steps, kept for answering: the
+    model is told so, and tool calls are refused in it."""
+    return steps_remaining < answer_margin
+
+
+def model_failure(code: ErrorCode, *, run_deadline_passed: bool) -> StopRequest:
+    """The stop a failed model step asks for. A timeout once the run's own deadline has passed
+    is the deadline's (``deadline_exceeded``): the deadline wins over the error it caused; any
+    other failure is ``failed`` with its safe code (retried by :func:`after_model_error` when
+    it is retryable)."""
+    return model_error_stop(
+        code, run_deadline_passed=code is ErrorCode.TIMEOUT and run_deadline_passed
+    )
+
+
+def after_decision(state: AgentState) -> AgentState:
+    """The run after a model step that returned a decision: its run of retryable model errors
+    is over, so the retry count starts again (and the last error is no longer the run's)."""
+    if state.model_failures:
+        return state.model_copy(update={"model_failures": 0, "last_error_code": None})
+    return state
+
+
+def step_taken(held_before: bool) -> bool:
+    """Whether a step reserved under the next step number is this attempt's: a number the
+    ledger already held was an earlier attempt that started and crashed (it stays charged, and
+    this attempt reserves the number after it)."""
+    return not held_before

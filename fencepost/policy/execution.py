@@ -27,6 +27,7 @@ from fencepost.policy.events import (
 )
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied, authorize
+from fencepost.policy.manifest import Outcome
 from fencepost.policy.observation import Observation
 from fencepost.policy.outcome import CallOutcome, MalformedMarker, checked_marker, result_status
 from fencepost.policy.phase import TerminationReason
@@ -328,3 +329,68 @@ def ordered(batch: Batch, outcomes: Sequence[CallOutcome]) -> list[CallOutcome]:
     by_id = {o.call_id: o for o in outcomes}
     # A call id the batch holds twice (refused: admit_batch) is reported once.
     return [by_id.pop(e.call_id) for e in batch if e.call_id in by_id]
+
+
+def out_of_budget(entry: BatchEntry, spec: ToolSpec, attempt: int) -> CallOutcome:
+    """A call whose attempt the budget cannot cover. Attempt 1 never started: denied
+    (``budget_exhausted``). A later attempt retries one that crashed, which may have had its
+    effect: ``uncertain``, never guessed."""
+    if attempt == 1:
+        return not_run(entry, spec, ErrorCode.BUDGET_EXHAUSTED, ReceiptStatus.DENIED, attempts=0)
+    return uncertain(entry, spec, attempt - 1)
+
+
+def may_start(
+    entry: BatchEntry,
+    outcomes: Sequence[CallOutcome | StopRequest],
+    outside: Collection[str],
+    produced: Collection[str],
+    *,
+    dependencies_broken: bool,
+) -> bool:
+    """Whether a call of a batch may start once the calls it depends on have ended: each must
+    have produced a verified result (:func:`dependencies_met`), and a batch whose dependencies
+    are impossible (edited since the gate saw them: a cycle, an unknown id) starts none of
+    its dependent calls."""
+    if dependencies_broken and entry.proposal.depends_on:
+        return False
+    return dependencies_met(outcomes, outside, produced)
+
+
+def dependency_failed(entry: BatchEntry, spec: ToolSpec) -> CallOutcome:
+    """A call that never started because a call it depends on produced no verified result:
+    denied, ``dependency_failed``. Never started, so the budget the gate reserved for it is
+    given back (:func:`refunded_when_not_started`)."""
+    return not_run(entry, spec, ErrorCode.DEPENDENCY_FAILED, ReceiptStatus.DENIED, attempts=0)
+
+
+def refunded_when_not_started(outcome: CallOutcome) -> bool:
+    """Whether the budget reserved for a call is given back: only for one that never started
+    (a dependency failed). Nothing is refunded for a call that was attempted."""
+    return (
+        outcome.attempts == 0
+        and isinstance(outcome.event, ToolFailed)
+        and outcome.event.error_code is ErrorCode.DEPENDENCY_FAILED
+    )
+
+
+def refused_at_claim(entry: BatchEntry, spec: ToolSpec, stopped: StopRequest) -> CallOutcome:
+    """The receipt of a call its claim was refused (the run's account refused its attempt): a
+    cancel closed the account (``cancelled``), else the caller may not spend from it
+    (``permission_denied``). It never started."""
+    code = (
+        ErrorCode.CANCELLED
+        if stopped.reason is TerminationReason.CANCELLED
+        else ErrorCode.PERMISSION_DENIED
+    )
+    return not_run(entry, spec, code, ReceiptStatus.DENIED, attempts=0)
+
+
+def executed_record(outcome: CallOutcome) -> tuple[Outcome, str]:
+    """An executed call's trace record: its outcome word (``success``, ``uncertain`` or
+    ``error``) and its code (the receipt status of a success, else the safe error code)."""
+    if outcome.succeeded:
+        return "success", outcome.status.value
+    word: Outcome = "uncertain" if outcome.status is ReceiptStatus.UNCERTAIN else "error"
+    error = outcome.event.error_code if isinstance(outcome.event, ToolFailed) else None
+    return word, error.value if error is not None else outcome.status.value

@@ -50,6 +50,21 @@ def duplicate_call_ids(calls: Sequence[ToolProposal], answered: Collection[str])
     return len(set(ids)) != len(ids) or any(i in answered for i in ids)
 
 
+def refused_batch(
+    calls: Sequence[ToolProposal], answered: Collection[str], produced: Collection[str]
+) -> StopRequest | None:
+    """The stop that refuses a whole batch before any call of it is gated: a call id used
+    twice, or one the run already answered (``duplicate_call_id``); a dependency the batch
+    cannot have (itself, a cycle, or an id that is neither in the batch nor a call earlier in
+    the run whose tool returned a result, as ``produced`` says from the ledger:
+    ``invalid_dependency``). Either ends the run ``invalid_proposal``."""
+    if duplicate_call_ids(calls, answered):
+        return stop(TerminationReason.INVALID_PROPOSAL, "duplicate_call_id")
+    if any(c.depends_on for c in calls) and invalid_dependencies(calls, produced):
+        return stop(TerminationReason.INVALID_PROPOSAL, "invalid_dependency")
+    return None
+
+
 def invalid_dependencies(calls: Sequence[ToolProposal], completed: Collection[str]) -> bool:
     """Whether a batch names a dependency it cannot have: itself, a call id that is neither in
     the batch nor a call completed earlier in the run, or a cycle. Linear in calls and edges."""

@@ -47,3 +47,13 @@ class StepManifest(Frozen):
     approval: Literal["approver", "human"] | None = None
     """Who answered this call's approval, on the record of the answer: the approver policy or
     a human."""
+
+
+def verdict_outcome(code: VerdictCode) -> Outcome:
+    """A gated or answered call's record: ``allowed``, ``approval_pending`` (waiting for a
+    human), or ``denied`` (every other verdict)."""
+    if code is VerdictCode.ALLOWED:
+        return "allowed"
+    if code is VerdictCode.APPROVAL_PENDING:
+        return "approval_pending"
+    return "denied"

@@ -40,6 +40,13 @@ def step_amounts(estimate: int) -> dict[str, float]:
     return amounts
 
 
+def configured_hold(tokens_per_step: int) -> int | None:
+    """What a model step holds when the graph was given an estimate (``tokens_per_step``, or the
+    model's own): that estimate. ``None``: none was given, so the step holds every token its
+    account chain has left (:func:`step_hold` of the chain's headroom)."""
+    return tokens_per_step if tokens_per_step > 0 else None
+
+
 def step_hold(estimate: int, headroom: float | None) -> int:
     """Tokens a model step holds before the model is asked.
 

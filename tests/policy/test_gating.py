@@ -75,3 +75,19 @@ def test_a_polling_call_is_counted_under_its_repeat_key_not_its_time_key() -> No
     assert [e.verdict.code for e in gated.batch] == [VerdictCode.ALLOWED]
     assert gated.fingerprints == {repeat_key(KEY, state): 1}
     assert repeat_key(KEY, state) != KEY  # the epoch moved on: not the bare fingerprint
+
+
+def test_a_batch_reusing_a_call_id_or_naming_an_impossible_dependency_is_refused_whole() -> None:
+    from fencepost.policy.gating import refused_batch
+
+    one = make_proposal({"query": "a"}, call_id="call-0001")
+    twin = make_proposal({"query": "b"}, call_id="call-0001")
+    assert refused_batch([one, twin], set(), set()).error_code == "duplicate_call_id"  # type: ignore[union-attr]
+    assert refused_batch([one], {"call-0001"}, set()).error_code == "duplicate_call_id"  # type: ignore[union-attr]
+    dependent = make_proposal({"query": "c"}, call_id="call-0002").model_copy(
+        update={"depends_on": ("call-0009",)}
+    )
+    assert refused_batch([dependent], set(), set()).error_code == "invalid_dependency"  # type: ignore[union-attr]
+    # An earlier call the ledger marks as having produced a result may be depended on.
+    assert refused_batch([dependent], set(), {"call-0009"}) is None
+    assert refused_batch([one], set(), set()) is None

@@ -31,6 +31,7 @@ from fencepost.policy.reservations import (
     answered_before,
     call_amounts,
     claim,
+    configured_hold,
     first_step_amounts,
     step_amounts,
     step_hold,
@@ -173,6 +174,12 @@ def test_with_n_left_exactly_n_more_run_never_n_plus_one(
 def test_a_model_step_reserves_one_step_and_its_token_estimate() -> None:
     assert step_amounts(0) == {"steps": 1.0}
     assert step_amounts(40) == {"steps": 1.0, "tokens": 40.0}
+
+
+@given(estimate=st.integers(1, 10**6))
+def test_a_configured_estimate_is_what_a_step_holds(estimate: int) -> None:
+    assert configured_hold(estimate) == estimate
+    assert configured_hold(0) is None  # none configured: the chain's headroom, below
 
 
 def test_a_step_holds_its_estimate_else_every_token_the_chain_has_left() -> None:
