@@ -133,16 +133,16 @@ def _policy_gate(lo: ModuleType) -> tuple[str, Callable[[Any], Callable[[], Any]
 
 
 def _policy_reserve(lo: ModuleType) -> tuple[str, Callable[[Any], Callable[[], Any]]]:
-    """The tool-call reservation: on the ledger (``reservation_amounts`` of the tool, a fresh
-    key per call) when the node reserves there, else ``reserve_tool_call`` on the state."""
+    """The tool-call reservation: on the ledger (``call_amounts`` of the tool, a fresh
+    key per call), as the gate reserves it."""
     import fencepost as fp
 
     try:
-        from fencepost.policy.gating import reservation_amounts
+        from fencepost.policy.reservations import call_amounts
     except ImportError:
-        reservation_amounts = None
-    if reservation_amounts is not None:
-        amounts = reservation_amounts(lo.REGISTRY.get(TOOL_NAME))
+        call_amounts = None
+    if call_amounts is not None:
+        amounts = call_amounts(lo.REGISTRY.get(TOOL_NAME))
 
         def make_ledger(state: Any) -> Callable[[], Any]:
             import itertools
@@ -157,11 +157,7 @@ def _policy_reserve(lo: ModuleType) -> tuple[str, Callable[[Any], Callable[[], A
             return lambda: ledger.reserve(account, f"{account}/call/{next(keys)}", amounts)
 
         return "ledger: `InMemoryLedger.reserve` of one tool call", make_ledger
-    policy = __import__("fencepost.policy").policy
-    reserve_tool_call = getattr(policy, "reserve_tool_call", None)
-    if reserve_tool_call is None:
-        raise Skip("no reservation function found (gating.reservation_amounts, reserve_tool_call)")
-    return "policy: `reserve_tool_call`", lambda state: lambda: reserve_tool_call(state)
+    raise Skip("no reservation function found (reservations.call_amounts)")
 
 
 def _in_node(lo: ModuleType) -> tuple[str, Callable[[Any], Callable[[], Any]]]:

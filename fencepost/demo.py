@@ -45,6 +45,7 @@ from fencepost.policy import (
     AnswerPayload,
     Completed,
     Deadline,
+    Decision,
     DecisionInput,
     DecisionModel,
     Effect,
@@ -385,9 +386,7 @@ class IncidentTriageModel:
     any number of runs — which is what a LangGraph Server deployment needs.
     """
 
-    async def decide(
-        self, input: DecisionInput, *, deadline: Deadline
-    ) -> ToolProposal | FinalProposal | AbstainProposal:
+    async def decide(self, input: DecisionInput, *, deadline: Deadline) -> Decision:
         """The next decision, from the question and what has been observed so far."""
         call_id = f"call-{input.step:04d}"
         question = input.question.lower()
@@ -448,9 +447,7 @@ class IncidentTriageModel:
             )
         return AbstainProposal(reason="insufficient_evidence")
 
-    def _restart(
-        self, input: DecisionInput, call_id: str, service: Service
-    ) -> ToolProposal | FinalProposal | AbstainProposal:
+    def _restart(self, input: DecisionInput, call_id: str, service: Service) -> Decision:
         # A write: the graph pauses for a human's approval before it runs (approval="interrupt").
         tried = [o for o in input.observations if o.tool_name == "restart_service"]
         if not tried:
@@ -466,9 +463,7 @@ class IncidentTriageModel:
             answer=AnswerPayload(text=f"{service} was restarted.", citations=(done[0].call_id,))
         )
 
-    def _refund(
-        self, input: DecisionInput, call_id: str
-    ) -> ToolProposal | FinalProposal | AbstainProposal:
+    def _refund(self, input: DecisionInput, call_id: str) -> Decision:
         match = _ORDER_ID.search(input.question)
         if match is None:
             return AbstainProposal(reason="needs_clarification")

@@ -70,7 +70,8 @@ from fencepost.policy import (
 )
 from fencepost.policy.context import RunContext
 from fencepost.policy.outcome import RunReport
-from fencepost.policy.stopping import child_start_refusal, first_step_amounts
+from fencepost.policy.reservations import first_step_amounts
+from fencepost.policy.stopping import child_start_refusal
 
 __all__ = ["ChildRunConfigError", "ChildRunResult", "child_run_tool", "child_thread_id"]
 

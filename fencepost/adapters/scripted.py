@@ -7,22 +7,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fencepost.policy import (
-    AbstainProposal,
     Deadline,
     Decided,
+    Decision,
     DecisionInput,
-    FinalProposal,
     InvalidProposal,
-    ToolBatch,
-    ToolProposal,
     parse_decision,
 )
 
 SCRIPT_EXHAUSTED = "script_exhausted"
 """The code a run ends with when its script has no entry left for the step it is asked."""
 
-Decision = ToolProposal | FinalProposal | AbstainProposal | ToolBatch | Decided
-ScriptEntry = Decision | dict[str, Any] | str | Callable[[DecisionInput], Any]
+ScriptEntry = Decision | Decided | dict[str, Any] | str | Callable[[DecisionInput], Any]
+"""One entry of a script: a decision as it is, raw model output to parse, or a callable of the
+input returning either."""
 
 
 class ScriptedDecisionModel:
@@ -52,7 +50,7 @@ class ScriptedDecisionModel:
         self.inputs: list[DecisionInput] = []
         """Every input the model was given, in order."""
 
-    async def decide(self, input: DecisionInput, *, deadline: Deadline) -> Decision:
+    async def decide(self, input: DecisionInput, *, deadline: Deadline) -> Decision | Decided:
         with self._lock:
             index = self.calls
             self.calls += 1
@@ -66,7 +64,7 @@ class ScriptedDecisionModel:
                 entry = await entry
         if isinstance(entry, BaseException):
             raise entry
-        if isinstance(entry, ToolProposal | FinalProposal | AbstainProposal | ToolBatch | Decided):
+        if isinstance(entry, Decision | Decided):
             return entry
         try:
             return parse_decision(entry)

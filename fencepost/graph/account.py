@@ -29,9 +29,10 @@ from fencepost.policy import (
     UnknownAccount,
 )
 from fencepost.policy.batch import Batch
+from fencepost.policy.budget import budget_view
 from fencepost.policy.carried import carried_over
 from fencepost.policy.context import RunContext
-from fencepost.policy.gating import after_reservations, reservation_amounts, to_reserve
+from fencepost.policy.gating import after_reservations
 from fencepost.policy.keys import (
     call_key,
     carried_key,
@@ -43,17 +44,16 @@ from fencepost.policy.keys import (
 )
 from fencepost.policy.ledger import AccountClosed
 from fencepost.policy.outcome import CallOutcome
-from fencepost.policy.run_check import (
-    check_funding,
-    check_owner,
-    run_owner,
-    stop,
+from fencepost.policy.ownership import check_funding, check_owner, run_owner
+from fencepost.policy.reservations import (
+    call_amounts,
     stop_for_closed,
+    stop_for_conflict,
     stop_for_exhausted,
     stop_for_unknown_account,
+    to_reserve,
 )
 from fencepost.policy.tasks import accepting, completions, recorded_done, unfinished, waited_for
-from fencepost.policy.usage import budget_view
 
 
 def _thread() -> tuple[str, str]:
@@ -108,13 +108,13 @@ async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopReques
     except UnknownAccount:
         return stop_for_unknown_account()
     except (LedgerConflict, ValueError):
-        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+        return stop_for_conflict()
     return with_budget_view(state, balance)
 
 
 async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
     """Whether the caller may open a run under the parent account its context names: one its
-    principal owns or was granted (``run_check.check_funding``), never another's run account."""
+    principal owns or was granted (``ownership.check_funding``), never another's run account."""
     if ctx.budget_account is None:
         return None
     try:
@@ -122,7 +122,7 @@ async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
     except UnknownAccount:
         return stop_for_unknown_account()
     except ValueError:
-        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+        return stop_for_conflict()
     return check_funding(parent.owner, ctx)
 
 
@@ -202,7 +202,7 @@ def _amounts_of(io: NodeIO) -> Callable[[str], dict[str, float] | None]:
     registry = io.cfg.registry
 
     def amounts(name: str) -> dict[str, float] | None:
-        return reservation_amounts(registry.get(name)) if name in registry else None
+        return call_amounts(registry.get(name)) if name in registry else None
 
     return amounts
 
@@ -307,7 +307,7 @@ async def reserve_or_exhausted(
                 continue
             return stop_for_unknown_account()
         except (LedgerConflict, ValueError):
-            return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+            return stop_for_conflict()
         if held.balance is not None:
             refused = check_owner(held.balance.owner, ctx, state.run_id)
             if refused is not None:
@@ -342,7 +342,7 @@ async def charge(
     except UnknownAccount:
         return stop_for_unknown_account()
     except (LedgerConflict, ValueError):
-        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+        return stop_for_conflict()
 
 
 _MAX_CHAIN = 1000
@@ -410,7 +410,7 @@ async def reserve_batch(
         spec = cfg.registry.get(entry.proposal.tool_name)
         key = call_key(account, entry.call_id, 1)
         held = await reserve_or_exhausted(
-            io, state, ctx, key, reservation_amounts(spec), account=account, fresh=fresh
+            io, state, ctx, key, call_amounts(spec), account=account, fresh=fresh
         )
         if isinstance(held, StopRequest):
             return (state.model_copy(update=update) if update else state), held

@@ -25,8 +25,8 @@ from fencepost.policy.approval import (
 )
 from fencepost.policy.context import coerce_context
 from fencepost.policy.manifest import verdict_outcome
+from fencepost.policy.may_go_on import check_before_acting
 from fencepost.policy.outcome import receipt_for
-from fencepost.policy.run_check import check_run
 
 
 async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
@@ -51,7 +51,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         problem = read
     # Everything below runs only on resume, with the context passed on resume.
     ctx = coerce_context(runtime.context)
-    refused = check_run(before, ctx, clock=cfg.clock)
+    refused = check_before_acting(before, ctx, clock=cfg.clock)
     if refused is not None or ctx is None:
         return step_writes(before, before.model_copy(update={"stop": refused}))
     result = apply_approvals(

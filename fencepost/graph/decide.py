@@ -51,23 +51,21 @@ from fencepost.policy.decide import (
 )
 from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.keys import overage_key, step_key
-from fencepost.policy.run_check import NEEDS_DECIDE, check_run, stop_for_exceeded
-from fencepost.policy.stopping import recursion_stop
-from fencepost.policy.usage import (
-    UsageKind,
-    UsageReport,
+from fencepost.policy.may_go_on import check_before_acting
+from fencepost.policy.recursion_limit import NEEDS_DECIDE, recursion_stop
+from fencepost.policy.reservations import (
     configured_hold,
-    reply_size,
     step_amounts,
     step_hold,
-    step_settlement,
-    usage_report,
+    stop_for_exceeded,
 )
+from fencepost.policy.usage import UsageKind, UsageReport, reply_size, step_settlement, usage_report
 
 
 async def step_estimate(io: NodeIO, state: AgentState, ctx: RunContext) -> int:
-    """Tokens a step holds before the model is asked (``usage.configured_hold``, else
-    ``usage.step_hold`` of what the run's chain has left, read from the ledger only then)."""
+    """Tokens a step holds before the model is asked (``reservations.configured_hold``, else
+    ``reservations.step_hold`` of what the run's chain has left, read from the ledger only
+    then)."""
     configured = configured_hold(io.cfg.tokens_per_step)
     if configured is not None:
         return configured
@@ -169,7 +167,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         return step_writes(before, await unjudged_ending(io, state) or state)
     if state.stop is not None:
         return step_writes(before, state)
-    refused = check_run(state, ctx, clock=cfg.clock, given=runtime.context)
+    refused = check_before_acting(state, ctx, clock=cfg.clock, given=runtime.context)
     refused = refused or recursion_stop(values.get("remaining_steps"), NEEDS_DECIDE)
     if refused is not None or ctx is None:
         return step_writes(before, state.model_copy(update={"stop": refused}))

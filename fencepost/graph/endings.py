@@ -10,7 +10,8 @@ from fencepost.policy import AgentState, InMemoryLedger, Phase, TerminationReaso
 from fencepost.policy.context import RunContext
 from fencepost.policy.keys import started_key
 from fencepost.policy.outcome import receipt_for
-from fencepost.policy.run_check import check_owner, stop
+from fencepost.policy.ownership import check_owner
+from fencepost.policy.state import stop
 from fencepost.policy.stopping import started_unreported
 from fencepost.policy.tasks import unfinished
 

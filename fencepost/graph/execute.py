@@ -42,12 +42,9 @@ from fencepost.policy import (
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.execution import (
-    Claim,
     admit_batch,
-    answered_before,
     batch_stop,
     budget_refusals,
-    claim,
     dependency_failed,
     dependency_inputs,
     earlier_outputs,
@@ -61,13 +58,14 @@ from fencepost.policy.execution import (
     refused_at_claim,
     uncertain,
 )
-from fencepost.policy.gating import invalid_dependencies, reservation_amounts
+from fencepost.policy.gating import invalid_dependencies
 from fencepost.policy.keys import call_key, started_key, step_key
 from fencepost.policy.ledger import ReservationStatus
-from fencepost.policy.outcome import CallOutcome, approved_as_judged, receipt_for
+from fencepost.policy.may_go_on import check_before_acting
+from fencepost.policy.outcome import CallOutcome, receipt_for, with_approvers
 from fencepost.policy.progress import recorded_evidence
-from fencepost.policy.run_check import NEEDS_ANOTHER_DECIDE, NEEDS_EXECUTE, check_run
-from fencepost.policy.stopping import recursion_stop
+from fencepost.policy.recursion_limit import NEEDS_ANOTHER_DECIDE, NEEDS_EXECUTE, recursion_stop
+from fencepost.policy.reservations import Claim, answered_before, call_amounts, claim
 from fencepost.policy.tasks import open_tasks_after
 
 
@@ -102,9 +100,7 @@ async def run_call(
         # reservation. A call whose budget the gate never reserved (a forged batch entry) is
         # checked against the limits here, before it can run.
         key = call_key(account, entry.call_id, attempt)
-        more = await reserve_or_exhausted(
-            io, state, ctx, key, reservation_amounts(spec), account=account
-        )
+        more = await reserve_or_exhausted(io, state, ctx, key, call_amounts(spec), account=account)
         if isinstance(more, StopRequest):
             return more
         if isinstance(more, BudgetExhausted):
@@ -223,7 +219,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     cfg = io.cfg
     ctx = coerce_context(runtime.context)
     before = require_state(values)
-    refused = check_run(before, ctx, clock=cfg.clock, given=runtime.context)
+    refused = check_before_acting(before, ctx, clock=cfg.clock, given=runtime.context)
     refused = refused or recursion_stop(values.get("remaining_steps"), NEEDS_EXECUTE)
     if refused is not None or ctx is None:
         return step_writes(before, before.model_copy(update={"stop": refused}))
@@ -268,7 +264,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
                 result = refused_at_claim(entry, spec, result)
             outcomes.append(result)
         state = with_budget_view(state, seen[-1] if seen else await io.balance(account))
-    done = approved_as_judged(ordered(state.batch, outcomes), state.batch)
+    done = with_approvers(ordered(state.batch, outcomes), state.batch)
     telemetry.calls_ended(state.run_id, state.batch, done)
     # What each call returned, as a hash, for the no-progress gate (before the batch is cleared).
     state = state.model_copy(update={"evidence": recorded_evidence(state, done, now=started)})

@@ -31,7 +31,7 @@ from fencepost.policy import AgentState, RuntimeBudget, TerminationReason
 from fencepost.policy.budget import DEFAULT_STEPS, DEFAULT_TOOL_CALLS, default_budget
 from fencepost.policy.context import RunContext
 from fencepost.policy.contract import Frozen
-from fencepost.policy.run_check import stop
+from fencepost.policy.state import stop
 from fencepost.policy.stop_report import paused_report
 
 LAYOUT = 2

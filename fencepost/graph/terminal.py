@@ -31,8 +31,9 @@ from fencepost.policy import (
     terminate,
 )
 from fencepost.policy.context import coerce_context
-from fencepost.policy.decide import judged_stop
-from fencepost.policy.run_check import NEEDS_DECIDE, stop
+from fencepost.policy.decide import verified_stop
+from fencepost.policy.recursion_limit import NEEDS_DECIDE
+from fencepost.policy.state import stop
 from fencepost.policy.stopping import cancel_came_first, may_close_account, unasked_stop
 
 
@@ -80,7 +81,7 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
         if completed and asked.answer is not None
         else None
     )
-    ending = judged_stop(
+    ending = verified_stop(
         current,
         asked,
         require_citations=io.cfg.require_citations,

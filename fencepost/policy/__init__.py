@@ -7,6 +7,7 @@ from fencepost.policy.budget import (
     BudgetAxis,
     BudgetExhausted,
     RuntimeBudget,
+    budget_view,
     reason_for_axis,
 )
 from fencepost.policy.context import RunContext
@@ -20,13 +21,15 @@ from fencepost.policy.deadline import (
 )
 from fencepost.policy.decision import (
     AbstainProposal,
-    AgentDecision,
+    Decision,
+    DecisionKind,
     FinalProposal,
     InvalidProposal,
+    ToolBatch,
     ToolProposal,
     parse_decision,
 )
-from fencepost.policy.decision_model import Decided, DecisionInput, DecisionModel, ToolBatch
+from fencepost.policy.decision_model import Decided, DecisionInput, DecisionModel
 from fencepost.policy.error_codes import ErrorCode, ToolError, error_code_for, is_retryable
 from fencepost.policy.events import (
     RuntimeEvent,
@@ -69,7 +72,6 @@ from fencepost.policy.outcome import CallOutcome, receipt_for
 from fencepost.policy.phase import Phase, TerminationReason
 from fencepost.policy.receipt import Accepted, Completed, Receipt, ReceiptStatus, current_receipts
 from fencepost.policy.registry import ToolRegistry, UnknownTool
-from fencepost.policy.reservation import reserve_step, reserve_tool_call
 from fencepost.policy.state import AgentState, StopRequest
 from fencepost.policy.stop_report import (
     ReportedCall,
@@ -87,7 +89,7 @@ from fencepost.policy.terminate import (
     validate_final_answer,
 )
 from fencepost.policy.tool import Effect, Injected, Principal, ToolContext, ToolSpec
-from fencepost.policy.usage import UsageKind, UsageReport, budget_view, usage_report
+from fencepost.policy.usage import UsageKind, UsageReport, usage_report
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict, verdict_is_sealed
 
 # ToolSpec's callable fields name AgentState and ToolProposal; resolve them once both exist.
@@ -98,7 +100,6 @@ __all__ = [
     "AbstainProposal",
     "Accepted",
     "AccountClosed",
-    "AgentDecision",
     "AgentState",
     "AnswerPayload",
     "Approver",
@@ -120,6 +121,8 @@ __all__ = [
     "BudgetExhausted",
     "Clock",
     "Decided",
+    "Decision",
+    "DecisionKind",
     "Deadline",
     "DeadlineExceeded",
     "DecisionInput",
@@ -188,8 +191,6 @@ __all__ = [
     "reason_for_axis",
     "reduce_tool_event",
     "reduce_tool_events",
-    "reserve_step",
-    "reserve_tool_call",
     "seal_verdict",
     "serialize_tool_result",
     "stop_report",

@@ -15,7 +15,7 @@ a call that is not waiting, or an edit whose arguments fail the tool's schema (o
 checkpoint could hold) is asked again, with a typed error naming the forms (and, for an edit,
 the failed fields as paths and error codes, never the values given).
 
-Which calls wait is what the gate judged: an entry pending approval whose verdict was not made
+Which calls wait is the gate's verdict: an entry pending approval whose verdict was not made
 for its very arguments (and, with a ``verdict_key``, sealed by the gate) is not asked about.
 """
 
@@ -46,8 +46,7 @@ from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
-from fencepost.policy.run_check import stop
-from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tool import Principal
 from fencepost.policy.verdict import VerdictCode, verdict_is_sealed
 

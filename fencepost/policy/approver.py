@@ -54,8 +54,7 @@ from fencepost.policy.phase import TerminationReason
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import Receipt
 from fencepost.policy.registry import ToolRegistry
-from fencepost.policy.run_check import stop
-from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.stop_report import SAFE_CODE
 from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import Verdict, VerdictCode

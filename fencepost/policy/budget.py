@@ -1,14 +1,17 @@
-"""Budgets: separate axes, reserved before the call, never refunded for an attempt."""
+"""Budget axes, the run's budget view, and the exhaustion a refused reservation raises.
+
+The ledger (:mod:`fencepost.policy.ledger`) holds the limits and checks them; what each thing
+reserves, and the stop a refusal means, is :mod:`fencepost.policy.reservations`.
+"""
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import Field, Strict, model_validator
 
-from fencepost.policy.contract import Frozen, no_unknown_keys
+from fencepost.policy.contract import Frozen, assemble, no_unknown_keys
 from fencepost.policy.phase import TerminationReason
 
 
@@ -41,8 +44,8 @@ def reason_for_axis(axis: BudgetAxis) -> TerminationReason:
 class BudgetExhausted(Exception):
     """A reservation would cross a limit. Names the axis, the limit and what was asked for.
 
-    Example: ``BudgetExhausted(TerminationReason.TOOL_BUDGET_EXHAUSTED)`` is what
-    ``reserve_tool_call`` raises on a run with no tool calls left.
+    Raised by :meth:`Ledger.reserve <fencepost.policy.ledger.Ledger.reserve>` when an account of
+    the chain cannot hold the amounts; ``reservations.stop_for_exhausted`` is the stop it means.
     """
 
     def __init__(
@@ -77,6 +80,10 @@ class RuntimeBudget(Frozen):
 
     ``None`` for an optional axis means the axis is not limited. Negative values are rejected at
     construction. ``RuntimeBudget(steps_remaining=6, tool_calls_remaining=3)`` is the seed's shape.
+
+    A start request's budget gives the run's ledger account its limits (:meth:`limits`); from then
+    on state carries it as a view of that account, rewritten after each reservation. Limits are
+    checked by the ledger, never against this view (``update_state`` can change the view only).
     """
 
     steps_remaining: NonNegativeInt
@@ -141,58 +148,39 @@ class RuntimeBudget(Frozen):
                 out[axis.value] = self.used(axis) + left
         return out
 
-    def spend(self, axis: BudgetAxis, amount: float = 1) -> RuntimeBudget:
-        """Reserve ``amount`` on ``axis`` or raise :class:`BudgetExhausted`; never goes negative."""
-        # Written so NaN fails too; ``model_copy`` skips validation, so nothing later would catch it.
-        if not 0 <= amount < math.inf:
-            raise ValueError("a reservation must be a finite, non-negative number")
-        if axis is not BudgetAxis.COST:
-            if not float(amount).is_integer():
-                raise ValueError(f"{axis.value} are counted in whole units")
-            amount = int(amount)
-        left = self.remaining(axis)
-        if left is not None and amount > left:
-            raise BudgetExhausted(
-                reason_for_axis(axis), axis=axis, limit=self.used(axis) + left, requested=amount
-            )
-        name = axis.value
-        update: dict[str, float] = {f"{name}_used": self.used(axis) + amount}
-        if left is not None:
-            update[f"{name}_remaining"] = left - amount
-        return self.model_copy(update=update)
 
-    def record(self, axis: BudgetAxis, amount: float) -> RuntimeBudget:
-        """Record usage known only after the call (model tokens): never raises, floors at zero.
+_INTEGER_AXES = (BudgetAxis.STEPS, BudgetAxis.TOOL_CALLS, BudgetAxis.TOKENS, BudgetAxis.MUTATIONS)
+# Per axis: its ledger name, the view's two field names, and whether it counts whole units.
+_VIEW_FIELDS = tuple(
+    (axis.value, f"{axis.value}_used", f"{axis.value}_remaining", axis in _INTEGER_AXES)
+    for axis in BudgetAxis
+)
+_ALWAYS_LIMITED = ("steps_remaining", "tool_calls_remaining")
 
-        The next :meth:`check_before_step` refuses a step once the axis is used up.
-        """
-        if not 0 <= amount < math.inf:
-            raise ValueError("recorded usage must be a finite, non-negative number")
-        if not amount:
-            return self
-        name = axis.value
-        left = self.remaining(axis)
-        update: dict[str, float] = {f"{name}_used": self.used(axis) + amount}
-        if left is not None:
-            update[f"{name}_remaining"] = max(0, left - amount)
-        return self.model_copy(update=update)
 
-    def check_before_step(self) -> None:
-        """Raise :class:`BudgetExhausted` if no model step could be reserved now."""
-        if self.steps_remaining <= 0:
-            raise BudgetExhausted(
-                TerminationReason.STEP_BUDGET_EXHAUSTED,
-                axis=BudgetAxis.STEPS,
-                limit=self.steps_used,
-                requested=1,
-            )
-        if self.tokens_remaining is not None and self.tokens_remaining <= 0:
-            raise BudgetExhausted(
-                TerminationReason.STEP_BUDGET_EXHAUSTED,
-                axis=BudgetAxis.TOKENS,
-                limit=self.tokens_used,
-                requested=1,
-            )
+def budget_view(limits: dict[str, float], held: dict[str, float]) -> RuntimeBudget:
+    """The run's :class:`RuntimeBudget` as its ledger account holds it: limit and use per axis.
+
+    State carries this view for the trace and the report; limits are checked by the ledger.
+    """
+    remaining: dict[str, Any] = {}
+    spent: dict[str, Any] = {}
+    for name, used_field, remaining_field, whole in _VIEW_FIELDS:
+        used = held.get(name, 0.0)
+        limit = limits.get(name)
+        left = None if limit is None else max(0.0, limit - used)
+        if whole:
+            spent[used_field] = round(used)
+            remaining[remaining_field] = None if left is None else round(left)
+        else:
+            spent[used_field] = used
+            remaining[remaining_field] = left
+    for required in _ALWAYS_LIMITED:
+        if remaining[required] is None:
+            remaining[required] = 0
+    # In the order the fields are declared, as validation would have made them.
+    fields = remaining | spent
+    return assemble(RuntimeBudget, fields)
 
 
 DEFAULT_STEPS = 8

@@ -15,7 +15,7 @@ from collections.abc import Set as AbstractSet
 
 from fencepost.policy.budget import BudgetAxis
 from fencepost.policy.contract import Frozen
-from fencepost.policy.gating import to_reserve
+from fencepost.policy.reservations import to_reserve
 from fencepost.policy.state import AgentState
 
 
@@ -36,7 +36,7 @@ def carried_over(
     fresh: AbstractSet[str] = frozenset(),
 ) -> Carried:
     """What the account of the run in ``state`` re-opens with. ``amounts_of`` gives what one
-    attempt of a registered tool reserves (``gating.reservation_amounts``), ``None`` for a name
+    attempt of a registered tool reserves (``reservations.call_amounts``), ``None`` for a name
     the registry does not hold (such a call is not carried on its own: it never runs).
 
     ``fresh`` names the calls being reserved for the first time right now (just allowed by the

@@ -37,7 +37,7 @@ class RunContext(Frozen):
     budget_account: str | None = None
     """A ledger account the run's own account is opened under (its spending is capped by it).
 
-    It must be one the principal may spend from (``run_check.check_funding``): an account that
+    It must be one the principal may spend from (``ownership.check_funding``): an account that
     records only this tenant (a pool), one that records this principal or grants it
     (``grant:<principal id>`` in its owner), or the principal's own run account (a child run);
     anything else ends the run ``policy_denied`` (``budget_account_denied``) before it spends."""

@@ -1,6 +1,6 @@
 """The decide phase: what a model's output means, and when a model error ends the run.
 
-The node calls the model; these functions judge what came back.
+The node calls the model; these functions say what came back means.
 """
 
 from __future__ import annotations
@@ -9,15 +9,22 @@ from collections.abc import Collection, Sequence
 from typing import Literal
 
 from fencepost.policy.contract import Frozen
-from fencepost.policy.decision import AbstainProposal, FinalProposal, InvalidProposal, ToolProposal
-from fencepost.policy.decision_model import Decided, ToolBatch
+from fencepost.policy.decision import (
+    AbstainProposal,
+    Decision,
+    DecisionKind,
+    FinalProposal,
+    InvalidProposal,
+    ToolBatch,
+    ToolProposal,
+)
+from fencepost.policy.decision_model import Decided
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import fits_checkpoint
 from fencepost.policy.manifest import Outcome
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import TerminationReason
-from fencepost.policy.run_check import stop
-from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.terminate import MissingCitation, UnsupportedCitation, validate_final_answer
 
@@ -29,7 +36,7 @@ RETRYABLE_MODEL_CODES = frozenset(
 
 def accept_decision(raw: object) -> Decided | InvalidProposal:
     """What a decision model returned, as a :class:`Decided` or the reason it is not one."""
-    if isinstance(raw, ToolProposal | FinalProposal | AbstainProposal | ToolBatch):
+    if isinstance(raw, Decision):
         raw = Decided(decision=raw)
     if not isinstance(raw, Decided):
         return InvalidProposal("malformed_decision")
@@ -113,7 +120,7 @@ def conclude(
     return calls_of(decided)
 
 
-def judged_stop(
+def verified_stop(
     state: AgentState,
     ending: StopRequest,
     *,
@@ -121,7 +128,7 @@ def judged_stop(
     pending: Collection[str] | None = None,
     produced: Collection[str] | None = None,
 ) -> StopRequest:
-    """The stop a run ends with, judged again against the state it ends in.
+    """The stop a run ends with, verified again against the state it ends in.
 
     A ``completed`` stop is only what :func:`conclude` makes of a final answer; one that reached
     the end by another road (written into state by a caller) must pass the same checks: an
@@ -140,10 +147,10 @@ def judged_stop(
         return stop(TerminationReason.INVALID_PROPOSAL, InvalidProposal().code)
     if pending if pending is not None else pending_tasks(state.receipts):
         return stop(TerminationReason.INVALID_PROPOSAL, FinalRefused().code)
-    judged = _completed(
+    verified = _completed(
         ending.answer, state, require_citations=require_citations, produced=produced
     )
-    return ending if judged.reason is TerminationReason.COMPLETED else judged
+    return ending if verified.reason is TerminationReason.COMPLETED else verified
 
 
 def _completed(
@@ -164,7 +171,7 @@ def _completed(
     return StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
 
 
-DecisionRecord = tuple[Literal["tool", "final", "abstain", "invalid"], Outcome, str | None]
+DecisionRecord = tuple[DecisionKind, Outcome, str | None]
 
 
 def decision_record(outcome: Decided | InvalidProposal, conclusion: StopRequest) -> DecisionRecord:

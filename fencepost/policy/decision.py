@@ -1,4 +1,8 @@
-"""What a model may say: a tool proposal, a final answer, or an abstention. Nothing else."""
+"""What a model may say: a tool proposal (or a batch of them), a final answer, or an abstention.
+
+Nothing else: :data:`Decision` is the one union of them, and :func:`parse_decision` the one way
+untrusted model output becomes one.
+"""
 
 from __future__ import annotations
 
@@ -55,13 +59,22 @@ class AbstainProposal(Frozen):
     reason: Literal["insufficient_evidence", "needs_clarification"]
 
 
-AgentDecision = Annotated[
-    ToolProposal | FinalProposal | AbstainProposal,
-    Field(discriminator="kind"),
-]
-"""The decision union, discriminated on ``kind``."""
+class ToolBatch(Frozen):
+    """Several tool proposals made in one model turn: gated and reserved as a whole."""
 
-_DECISION: TypeAdapter[ToolProposal | FinalProposal | AbstainProposal] = TypeAdapter(AgentDecision)
+    kind: Literal["batch"] = "batch"
+    calls: Annotated[tuple[ToolProposal, ...], Strict(False), Field(min_length=1)]
+
+
+Decision = ToolProposal | ToolBatch | FinalProposal | AbstainProposal
+"""The decision union: what a model may say, discriminated on ``kind``. A decision model returns
+one (or a :class:`~fencepost.policy.decision_model.Decided` holding one)."""
+
+DecisionKind = Literal["tool", "final", "abstain", "invalid"]
+"""The kind of decision a step's manifest records: a proposal or a batch is ``tool``; ``invalid``
+is model output that was no decision."""
+
+_DECISION: TypeAdapter[Decision] = TypeAdapter(Annotated[Decision, Field(discriminator="kind")])
 
 
 class InvalidProposal(Exception):
@@ -72,7 +85,7 @@ class InvalidProposal(Exception):
         self.code = code
 
 
-def parse_decision(raw: object) -> ToolProposal | FinalProposal | AbstainProposal:
+def parse_decision(raw: object) -> Decision:
     """Parse untrusted model output (a mapping, or JSON text/bytes) into a decision.
 
     Raises :class:`InvalidProposal` for anything else, and never any other exception.
@@ -81,7 +94,7 @@ def parse_decision(raw: object) -> ToolProposal | FinalProposal | AbstainProposa
     'abstain'
     """
     try:
-        if isinstance(raw, ToolProposal | FinalProposal | AbstainProposal):
+        if isinstance(raw, Decision):
             return raw
         if isinstance(raw, str | bytes | bytearray):
             raw = json.loads(raw)
@@ -95,6 +108,3 @@ def parse_decision(raw: object) -> ToolProposal | FinalProposal | AbstainProposa
     except Exception:
         # Deliberately broad: the contract is "a decision or InvalidProposal" for any input.
         raise InvalidProposal("malformed_decision") from None
-
-
-DecisionKind = Literal["tool", "final", "abstain", "invalid"]

@@ -9,15 +9,8 @@ from pydantic import Field, Strict
 from fencepost.policy.budget import RuntimeBudget
 from fencepost.policy.contract import Frozen
 from fencepost.policy.deadline import Deadline
-from fencepost.policy.decision import AbstainProposal, FinalProposal, ToolProposal
+from fencepost.policy.decision import Decision, ToolProposal
 from fencepost.policy.observation import Observation
-
-
-class ToolBatch(Frozen):
-    """Several tool proposals made in one model turn: gated and reserved as a whole."""
-
-    kind: str = "batch"
-    calls: Annotated[tuple[ToolProposal, ...], Strict(False), Field(min_length=1)]
 
 
 class DecisionInput(Frozen):
@@ -43,13 +36,10 @@ class DecisionInput(Frozen):
     found here is a reuse, checked in O(1) however long the run (see ``AgentState.answered``)."""
 
 
-Decision = ToolProposal | FinalProposal | AbstainProposal | ToolBatch
-
-
 class Decided(Frozen):
     """A decision plus what it cost; adapters return this to report token usage."""
 
-    decision: ToolProposal | FinalProposal | AbstainProposal | ToolBatch
+    decision: Decision
     input_tokens: int | None = None
     output_tokens: int | None = None
     generated_call_ids: Annotated[tuple[str, ...], Strict(False)] = ()

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from pydantic import JsonValue
 
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry
-from fencepost.policy.budget import BudgetAxis, reason_for_axis
+from fencepost.policy.budget import BudgetAxis
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode, is_retryable
 from fencepost.policy.events import (
@@ -28,15 +27,15 @@ from fencepost.policy.events import (
 )
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied, authorize
-from fencepost.policy.ledger import ReservationStatus
 from fencepost.policy.manifest import Outcome
 from fencepost.policy.observation import Observation
 from fencepost.policy.outcome import CallOutcome, MalformedMarker, checked_marker, result_status
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import Accepted, Completed, ReceiptStatus
+from fencepost.policy.recursion_limit import RECURSION_LIMIT
 from fencepost.policy.registry import ToolRegistry
-from fencepost.policy.run_check import stop
-from fencepost.policy.state import StopRequest
+from fencepost.policy.reservations import stop_for_axis
+from fencepost.policy.state import StopRequest, stop
 from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import VerdictCode, verdict_is_sealed
 
@@ -145,49 +144,14 @@ def not_run(
     )
 
 
-class Claim(StrEnum):
-    """What the executor does with an attempt it is about to start."""
-
-    RUN = "run"
-    """No earlier attempt started: run this one."""
-    RETRY = "retry"
-    """An earlier attempt started and never reported, and a retry is safe: reserve another."""
-    UNCERTAIN = "uncertain"
-    """An earlier attempt started and never reported, and its effect may have happened."""
-
-
-def claim(spec: ToolSpec, *, started_before: bool) -> Claim:
-    """Whether a call runs now, is retried, or is reported ``uncertain`` instead of guessed.
-
-    ``started_before`` is the ledger's word that this attempt's start marker already existed.
-    """
-    if not started_before:
-        return Claim.RUN
-    return Claim.RETRY if spec.retry_safe else Claim.UNCERTAIN
-
-
-def answered_before(status: ReservationStatus, *, run_went_on: bool) -> bool:
-    """Whether an attempt the ledger already holds with ``status`` means the call id was
-    answered, so that it never runs again whatever the batch says (:func:`finished_before`).
-
-    Given back (``released``): it never started and was receipted as not run. Settled: when the
-    run went on past the call's step (``run_went_on``: the ledger holds a later step), the batch
-    was written back into state or replayed from an earlier checkpoint. A settled attempt of the
-    run's latest step is a crash between the settlement and the checkpoint: its result was lost
-    with it, and the claim goes on as for any attempt that started (retried when safe, else
-    ``uncertain``)."""
-    if status is ReservationStatus.RELEASED:
-        return True
-    return status is ReservationStatus.SETTLED and run_went_on
-
-
 def finished_before(
     entry: BatchEntry, spec: ToolSpec, attempt: int, *, started: bool
 ) -> CallOutcome:
-    """A call whose attempt ``attempt`` the ledger shows answered (:func:`answered_before`):
-    settled after it ran (``started``), or given back having never started. It never runs
-    again; its outcome is not known here (state does not show it), so it is not guessed:
-    ``uncertain`` if it ran, ``denied`` (``conflict``) if it never did."""
+    """A call whose attempt ``attempt`` the ledger shows answered
+    (``reservations.answered_before``): settled after it ran (``started``), or given back
+    having never started. It never runs again; its outcome is not known here (state does not
+    show it), so it is not guessed: ``uncertain`` if it ran, ``denied`` (``conflict``) if it
+    never did."""
     if started:
         return uncertain(entry, spec, attempt)
     return not_run(entry, spec, ErrorCode.CONFLICT, ReceiptStatus.DENIED, attempts=attempt - 1)
@@ -343,7 +307,7 @@ def batch_stop(
         return stop(TerminationReason.DEADLINE_EXCEEDED, "deadline_exceeded")
     cut = next((e.verdict for e in batch if e.verdict.code is VerdictCode.BUDGET_EXHAUSTED), None)
     if cut is not None:
-        return _budget_stop(cut.exhausted_axis)
+        return stop_for_axis(cut.exhausted_axis, otherwise=BudgetAxis.TOOL_CALLS)
     ran_out = next(
         (
             o
@@ -353,18 +317,10 @@ def batch_stop(
         None,
     )
     if ran_out is not None:
-        return _budget_stop(None)
+        return stop_for_axis(None, otherwise=BudgetAxis.TOOL_CALLS)
     if last_superstep:
-        return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
+        return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, RECURSION_LIMIT)
     return None
-
-
-def _budget_stop(axis_name: str | None) -> StopRequest:
-    try:
-        axis = BudgetAxis(axis_name) if axis_name else BudgetAxis.TOOL_CALLS
-    except ValueError:
-        axis = BudgetAxis.TOOL_CALLS
-    return stop(reason_for_axis(axis), f"{axis.value}_exhausted")
 
 
 def ordered(batch: Batch, outcomes: Sequence[CallOutcome]) -> list[CallOutcome]:
@@ -394,7 +350,7 @@ def may_start(
 ) -> bool:
     """Whether a call of a batch may start once the calls it depends on have ended: each must
     have produced a verified result (:func:`dependencies_met`), and a batch whose dependencies
-    are impossible (edited since the gate judged them: a cycle, an unknown id) starts none of
+    are impossible (edited since the gate saw them: a cycle, an unknown id) starts none of
     its dependent calls."""
     if dependencies_broken and entry.proposal.depends_on:
         return False

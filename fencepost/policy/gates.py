@@ -373,7 +373,7 @@ def gate_proposal(
     ``counts`` overrides ``state.fingerprints`` for the repeat check (a batch gated call by call).
     ``context``: the run's trusted context, for the semantic rules that take it.
     """
-    return judged(
+    return gate_with_findings(
         registry,
         proposal,
         state,
@@ -386,7 +386,7 @@ def gate_proposal(
     )[0]
 
 
-def judged(
+def gate_with_findings(
     registry: ToolRegistry,
     proposal: ToolProposal,
     state: AgentState,

@@ -1,4 +1,4 @@
-"""Gating a batch: every call of a decision is judged, and its budget reserved, before any runs.
+"""Gating a batch: every call of a decision is gated, and its budget reserved, before any runs.
 
 One denial stops the whole batch (nothing in it runs, nothing is reserved); in interrupt mode a
 call that needs approval waits for it; calls the budget cannot cover are marked, never run.
@@ -13,19 +13,18 @@ from typing import NamedTuple
 
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry
-from fencepost.policy.budget import BudgetAxis, BudgetExhausted
+from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.context import RunContext
 from fencepost.policy.contract import assemble
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.denial import DenialMode, observed
-from fencepost.policy.effect import Effect
-from fencepost.policy.gates import judged, repeat_limit_of
+from fencepost.policy.gates import gate_with_findings, repeat_limit_of
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.reservations import stop_for_exhausted
 from fencepost.policy.revised import revised
-from fencepost.policy.run_check import stop, stop_for_exhausted
-from fencepost.policy.state import AgentState, StopRequest
+from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict
 
@@ -54,7 +53,7 @@ def duplicate_call_ids(calls: Sequence[ToolProposal], answered: Collection[str])
 def refused_batch(
     calls: Sequence[ToolProposal], answered: Collection[str], produced: Collection[str]
 ) -> StopRequest | None:
-    """The stop that refuses a whole batch before any call of it is judged: a call id used
+    """The stop that refuses a whole batch before any call of it is gated: a call id used
     twice, or one the run already answered (``duplicate_call_id``); a dependency the batch
     cannot have (itself, a cycle, or an id that is neither in the batch nor a call earlier in
     the run whose tool returned a result, as ``produced`` says from the ledger:
@@ -127,7 +126,7 @@ def gate_batch(
     for call in calls:
         if raised and counts is run_counts:
             counts = ChainMap(raised, run_counts)  # made only for a call after an allowed one
-        verdict, spec, counted = judged(
+        verdict, spec, counted = gate_with_findings(
             registry,
             call,
             state,
@@ -166,28 +165,6 @@ def gate_batch(
     )
 
 
-def reservation_amounts(spec: ToolSpec) -> dict[str, float]:
-    """What one attempt of a call of ``spec`` reserves: a tool call, a mutation for a write or
-    external effect, and the tool's declared cost."""
-    amounts = {_TOOL_CALLS: 1.0}
-    if spec.effect is not Effect.READ:
-        amounts[_MUTATIONS] = 1.0
-    if spec.cost > 0:
-        amounts[_COST] = float(spec.cost)
-    return amounts
-
-
-# An enum member's ``.value`` is a descriptor call each time; these names are fixed.
-_TOOL_CALLS = BudgetAxis.TOOL_CALLS.value
-_MUTATIONS = BudgetAxis.MUTATIONS.value
-_COST = BudgetAxis.COST.value
-
-
-def to_reserve(batch: Batch) -> list[BatchEntry]:
-    """The entries whose budget must be reserved now: those the gate allowed."""
-    return [e for e in batch if e.verdict.allowed]
-
-
 def after_reservations(
     batch: Batch,
     refused: Mapping[str, BudgetExhausted],
@@ -200,8 +177,8 @@ def after_reservations(
     ``budget_exhausted`` (receipted as not run), the rest sealed when there is a key — with the
     calls left waiting for a human, whose pending verdicts the approval checks the seal of.
 
-    ``only``: the calls judged just now (the approval's); every other entry is left as it is,
-    sealed or not: only the gate seals, and only what it judged.
+    ``only``: the calls answered just now (the approval's); every other entry is left as it is,
+    sealed or not: only the gate seals, and only what it gated.
     A batch none of which can run ends the run now, with the axis that ran out named.
     """
     if not refused and verdict_key is None:

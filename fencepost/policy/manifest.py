@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, Strict
 
 from fencepost.policy.contract import Frozen
+from fencepost.policy.decision import DecisionKind
 from fencepost.policy.effect import Effect
 from fencepost.policy.phase import Phase
 from fencepost.policy.verdict import VerdictCode
@@ -30,7 +31,7 @@ class StepManifest(Frozen):
     step: Annotated[int, Field(ge=0)]
     """The model step this record belongs to (1-based; 0 before the first decision)."""
     phase: Annotated[Phase, Strict(False)]
-    decision_kind: Literal["tool", "final", "abstain", "invalid"] | None = None
+    decision_kind: DecisionKind | None = None
     tool_name: str | None = None
     effect: Annotated[Effect | None, Strict(False)] = None
     verdict: Annotated[VerdictCode | None, Strict(False)] = None

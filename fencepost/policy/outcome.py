@@ -94,7 +94,7 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
     )
 
 
-def approved_as_judged(
+def with_approvers(
     outcomes: Iterable[CallOutcome], batch: Iterable[BatchEntry]
 ) -> list[CallOutcome]:
     """``outcomes`` with who answered each call's approval, as its verdict in ``batch`` says

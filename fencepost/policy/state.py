@@ -25,6 +25,11 @@ class StopRequest(Frozen):
     error_code: str | None = None
 
 
+def stop(reason: TerminationReason, code: str | None = None) -> StopRequest:
+    """A request to end the run with ``reason`` and a safe ``code``."""
+    return StopRequest(reason=reason, error_code=code)
+
+
 class AgentState(Frozen):
     """Everything the loop knows about a run, and nothing it should not (no chain of thought).
 

@@ -16,18 +16,13 @@ from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.execution import not_run
 from fencepost.policy.ledger import AccountClosed, Balance, check_open, check_room
 from fencepost.policy.outcome import CallOutcome
+from fencepost.policy.ownership import check_owner
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import ReceiptStatus
+from fencepost.policy.recursion_limit import recursion_stop
 from fencepost.policy.registry import ToolRegistry
-from fencepost.policy.run_check import (
-    check_owner,
-    out_of_supersteps,
-    stop,
-    stop_for_closed,
-    stop_for_exhausted,
-)
-from fencepost.policy.state import StopRequest
-from fencepost.policy.usage import step_amounts
+from fencepost.policy.reservations import stop_for_closed, stop_for_exhausted
+from fencepost.policy.state import StopRequest, stop
 
 
 class CancelRefused(PermissionError):
@@ -97,13 +92,6 @@ def started_unreported(
     return tuple(outcomes.values())
 
 
-def first_step_amounts(tokens_per_step: int) -> dict[str, float]:
-    """What a child run's first model step reserves: one step, and the child graph's token
-    estimate (at least one token: a child always has a parent account that may limit tokens,
-    as ``decide_node.step_estimate`` reserves)."""
-    return step_amounts(max(1, tokens_per_step))
-
-
 def child_start_refusal(
     limits: Mapping[str, float],
     parents: Iterable[Balance],
@@ -125,15 +113,6 @@ def child_start_refusal(
         return stop_for_closed(closed.reason)
     except BudgetExhausted as exhausted:
         return stop_for_exhausted(exhausted)
-    return None
-
-
-def recursion_stop(remaining_steps: object, needs: int) -> StopRequest | None:
-    """The stop a node asks for when LangGraph's recursion limit leaves too few supersteps for
-    what the node must still run (``needs``: see ``run_check``'s ``NEEDS_*``): the run ends
-    ``step_budget_exhausted`` (``recursion_limit``), as data, never a ``GraphRecursionError``."""
-    if out_of_supersteps(remaining_steps, needs):
-        return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "recursion_limit")
     return None
 
 

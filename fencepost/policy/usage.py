@@ -1,25 +1,23 @@
-"""Usage known only after a call (model tokens): judged, then settled against its estimate.
+"""Usage known only after a call (model tokens): checked, then settled against its estimate.
 
-A step holds an estimate before the model is called (:func:`step_hold`); what the model then
-reports is a typed :class:`UsageReport`, never an exception. A missing report is charged the
-estimate; one that is not a number, negative, absurdly large or smaller than the reply's length
-allows is charged the estimate, or what the reply's length must have cost if more: usage is
-never trusted blindly.
+A step holds an estimate before the model is called (``reservations.step_hold``); what the
+model then reports is a typed :class:`UsageReport`, never an exception. A missing report is
+charged the estimate; one that is not a number, negative, absurdly large or smaller than the
+reply's length allows is charged the estimate, or what the reply's length must have cost if
+more: usage is never trusted blindly.
 Whatever is charged is charged in full, past the limit too (``Ledger.charge``).
 """
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import Field, Strict
 
-from fencepost.policy.budget import BudgetAxis, RuntimeBudget
-from fencepost.policy.contract import Frozen, assemble
-from fencepost.policy.decision import AbstainProposal, FinalProposal, ToolProposal
-from fencepost.policy.decision_model import ToolBatch
+from fencepost.policy.budget import BudgetAxis
+from fencepost.policy.contract import Frozen
+from fencepost.policy.decision import AbstainProposal, FinalProposal, ToolBatch, ToolProposal
 
 MAX_PLAUSIBLE_TOKENS = 10_000_000
 """More tokens than any model call can use: a report above it is a provider bug, not usage."""
@@ -30,7 +28,7 @@ least ``n / 256`` output tokens, so a report of fewer (0 tokens for a megabyte) 
 
 
 class UsageKind(StrEnum):
-    """How a step's usage report was judged."""
+    """Whether a step's usage report was trusted: ``reported`` (charged as given), else why not."""
 
     REPORTED = "reported"
     UNREPORTED = "unreported"
@@ -38,7 +36,7 @@ class UsageKind(StrEnum):
 
 
 class UsageReport(Frozen):
-    """A step's token usage as judged, and what it is charged."""
+    """A step's token usage as checked, and what it is charged."""
 
     kind: Annotated[UsageKind, Strict(False)]
     charged: Annotated[int, Field(ge=0)]
@@ -96,37 +94,10 @@ def reply_size(decision: object) -> int:
     return size
 
 
-def configured_hold(tokens_per_step: int) -> int | None:
-    """What a model step holds when the graph was given an estimate (``tokens_per_step``, or the
-    model's own): that estimate. ``None``: none was given, so the step holds every token its
-    account chain has left (:func:`step_hold` of the chain's headroom)."""
-    return tokens_per_step if tokens_per_step > 0 else None
-
-
-def step_hold(estimate: int, headroom: float | None) -> int:
-    """Tokens a model step holds before the model is asked.
-
-    ``estimate`` is the configured one (``tokens_per_step``, or the model's ``token_estimate``:
-    a chat model's ``max_tokens``); ``headroom`` the fewest tokens any account of the run's chain
-    has left (``None``: none limits tokens). With no estimate the step holds every token left:
-    two steps sharing a limit are then never out at once (the second finds none and stops
-    ``tokens_exhausted``), so concurrent runs cannot multiply it. At least one token while a
-    limit applies: a chain with none left stops before the model is asked.
-
-    >>> step_hold(0, 75.0), step_hold(40, 75.0), step_hold(0, None)
-    (75, 40, 0)
-    """
-    if estimate > 0:
-        return estimate
-    if headroom is None:
-        return 0
-    return max(1, math.floor(headroom)) if headroom < math.inf else 1
-
-
 def usage_report(
     input_tokens: Any, output_tokens: Any, *, estimate: int, reply_chars: int = 0
 ) -> UsageReport:
-    """Judge a provider's usage report for one step reserved at ``estimate`` tokens, whose reply
+    """Check a provider's usage report for one step reserved at ``estimate`` tokens, whose reply
     was ``reply_chars`` characters long (:func:`reply_size`).
 
     A report is trusted only when both counts it gives are plausible integers and the output
@@ -154,14 +125,6 @@ def usage_report(
     )
 
 
-def step_amounts(estimate: int) -> dict[str, float]:
-    """What a model step reserves before the model is called: one step and the token estimate."""
-    amounts: dict[str, float] = {BudgetAxis.STEPS.value: 1.0}
-    if estimate > 0:
-        amounts[BudgetAxis.TOKENS.value] = float(estimate)
-    return amounts
-
-
 def step_settlement(
     report: UsageReport, estimate: int
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -176,37 +139,3 @@ def step_settlement(
         actual[BudgetAxis.TOKENS.value] = min(charged, float(estimate))
     overage = charged - float(estimate)
     return actual, ({BudgetAxis.TOKENS.value: overage} if overage > 0 else {})
-
-
-_INTEGER_AXES = (BudgetAxis.STEPS, BudgetAxis.TOOL_CALLS, BudgetAxis.TOKENS, BudgetAxis.MUTATIONS)
-# Per axis: its ledger name, the view's two field names, and whether it counts whole units.
-_VIEW_FIELDS = tuple(
-    (axis.value, f"{axis.value}_used", f"{axis.value}_remaining", axis in _INTEGER_AXES)
-    for axis in BudgetAxis
-)
-_ALWAYS_LIMITED = ("steps_remaining", "tool_calls_remaining")
-
-
-def budget_view(limits: dict[str, float], held: dict[str, float]) -> RuntimeBudget:
-    """The run's :class:`RuntimeBudget` as its ledger account holds it: limit and use per axis.
-
-    State carries this view for the trace and the report; limits are checked by the ledger.
-    """
-    remaining: dict[str, Any] = {}
-    spent: dict[str, Any] = {}
-    for name, used_field, remaining_field, whole in _VIEW_FIELDS:
-        used = held.get(name, 0.0)
-        limit = limits.get(name)
-        left = None if limit is None else max(0.0, limit - used)
-        if whole:
-            spent[used_field] = round(used)
-            remaining[remaining_field] = None if left is None else round(left)
-        else:
-            spent[used_field] = used
-            remaining[remaining_field] = left
-    for required in _ALWAYS_LIMITED:
-        if remaining[required] is None:
-            remaining[required] = 0
-    # In the order the fields are declared, as validation would have made them.
-    fields = remaining | spent
-    return assemble(RuntimeBudget, fields)

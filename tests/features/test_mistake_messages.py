@@ -100,6 +100,6 @@ def test_postgres_ledger_without_the_extra_names_the_extra_to_install() -> None:
     ],
 )
 def test_context_refusal_tells_missing_from_malformed(given: object, code: str) -> None:
-    from fencepost.policy.run_check import context_refusal
+    from fencepost.policy.may_go_on import context_refusal
 
     assert context_refusal(given) == code

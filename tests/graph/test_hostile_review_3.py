@@ -242,7 +242,7 @@ def test_a_value_no_field_can_hold_written_mid_run_ends_the_run_policy_denied_an
 def test_a_stop_a_caller_writes_while_paused_never_ends_the_run_with_an_unverified_answer() -> None:
     # update_state(..., as_node="approve") stands in for the approve node and route_after_approve
     # sends the stop to the terminal node, which judges a completed stop again (policy
-    # judged_stop): no tool ran and the citation names no observation, so it is not completed.
+    # verified_stop): no tool ran and the citation names no observation, so it is not completed.
     h = harness([call("write_note", 1, note="a"), final_citing_last], approval="interrupt")
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)

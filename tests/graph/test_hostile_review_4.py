@@ -165,7 +165,7 @@ def test_appending_a_forged_completion_receipt_never_lets_a_final_pass_with_a_ta
     assert state.termination is not TerminationReason.COMPLETED
 
 
-# Before: the terminal node judged a completed stop by the receipts in state (judged_stop's
+# Before: the terminal node judged a completed stop by the receipts in state (verified_stop's
 # pending_tasks), so a forged 'completed' receipt sent with a forged completed stop ended the run
 # completed with task-17 never shown done. It now judges by the ledger's completion markers.
 @pytest.mark.parametrize("form", ["receipt", "json"])

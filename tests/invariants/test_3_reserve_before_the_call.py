@@ -21,13 +21,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 import fencepost as fp
 from fencepost.adapters.chat_model import ChatModelDecider
 from fencepost.policy.keys import run_account
-from fencepost.policy.usage import (
-    MOST_CHARACTERS_PER_TOKEN,
-    UsageKind,
-    reply_size,
-    step_hold,
-    usage_report,
-)
+from fencepost.policy.reservations import step_hold
+from fencepost.policy.usage import MOST_CHARACTERS_PER_TOKEN, UsageKind, reply_size, usage_report
 from tests.adapters.fakes import fake_model
 from tests.graph.kit import Calls, call, context, make_registry, thread
 

@@ -20,9 +20,10 @@ import fencepost as fp
 from fencepost.graph.state import has_run
 from fencepost.policy import ErrorCode, ReceiptStatus
 from fencepost.policy.batch import BatchEntry
-from fencepost.policy.execution import answered_before, finished_before, ran
+from fencepost.policy.execution import finished_before, ran
 from fencepost.policy.keys import call_key
 from fencepost.policy.ledger import ReservationStatus
+from fencepost.policy.reservations import answered_before
 from fencepost.policy.verdict import Verdict, VerdictCode
 from tests.graph.kit import (
     ABSTAIN,

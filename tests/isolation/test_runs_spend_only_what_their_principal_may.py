@@ -19,7 +19,7 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.policy.keys import run_account
-from fencepost.policy.run_check import GRANT, check_funding, run_owner
+from fencepost.policy.ownership import GRANT, check_funding, run_owner
 from tests.graph.kit import ABSTAIN, Calls, call, context, make_registry, thread
 
 

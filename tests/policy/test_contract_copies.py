@@ -8,10 +8,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 import fencepost as fp
-from fencepost.policy.budget import BudgetAxis
+from fencepost.policy.budget import BudgetAxis, budget_view
 from fencepost.policy.contract import assemble
 from fencepost.policy.ledger import Balance, Reservation, ReservationStatus
-from fencepost.policy.usage import budget_view
 from tests.records import assert_same_record
 
 amounts = st.dictionaries(

@@ -12,8 +12,11 @@ from hypothesis import strategies as st
 from fencepost.policy import (
     AbstainProposal,
     AnswerPayload,
+    Decided,
+    Decision,
     FinalProposal,
     InvalidProposal,
+    ToolBatch,
     ToolProposal,
     parse_decision,
     proposal_fingerprint,
@@ -57,7 +60,7 @@ model_output = (
 )
 
 
-def _parse_or_invalid(raw: Any) -> ToolProposal | FinalProposal | AbstainProposal | None:
+def _parse_or_invalid(raw: Any) -> Decision | None:
     try:
         decision = parse_decision(raw)
     except InvalidProposal as exc:
@@ -112,11 +115,50 @@ def test_each_decision_kind_parses_to_its_type() -> None:
     assert final.answer == AnswerPayload(text="It was a 500.", citations=("call-0001",))
     assert isinstance(abstain, AbstainProposal)
     assert abstain.reason == "needs_clarification"
+    batch = parse_decision(
+        {
+            "kind": "batch",
+            "calls": [
+                {
+                    "kind": "tool",
+                    "call_id": f"call-000{n}",
+                    "tool_name": "search_logs",
+                    "arguments": {},
+                }
+                for n in (1, 2)
+            ],
+        }
+    )
+    assert isinstance(batch, ToolBatch)
+    assert [c.call_id for c in batch.calls] == ["call-0001", "call-0002"]
+
+
+def test_an_empty_batch_is_no_decision() -> None:
+    with pytest.raises(InvalidProposal):
+        parse_decision({"kind": "batch", "calls": []})
 
 
 def test_a_decision_instance_passes_through_unchanged() -> None:
     decision = AbstainProposal(reason="insufficient_evidence")
     assert parse_decision(decision) is decision
+
+
+def test_one_union_is_every_decision_a_model_may_return() -> None:
+    from fencepost.policy.decide import accept_decision
+
+    call = ToolProposal(call_id="call-0001", tool_name="search_logs", arguments={})
+    every = (
+        call,
+        ToolBatch(calls=(call,)),
+        FinalProposal(answer=AnswerPayload(text="done", citations=())),
+        AbstainProposal(reason="insufficient_evidence"),
+    )
+    for decision in every:
+        assert isinstance(decision, Decision)
+        assert parse_decision(decision) is decision
+        accepted = accept_decision(decision)
+        assert isinstance(accepted, Decided) and accepted.decision is decision
+    assert not isinstance(Decided(decision=call), Decision)
 
 
 @pytest.mark.parametrize(

@@ -445,3 +445,28 @@ def test_the_schema_gate_validates_through_a_models_own_model_validate_json() ->
     assert plain == SearchArgs(query="checkout", limit=3)
     with pytest.raises(ValidationError):
         check_schema(make_spec(), make_proposal({"query": "checkout", "limit": "3"}))
+
+
+def test_the_gate_hands_a_batch_the_spec_and_repeat_key_it_found_on_the_way() -> None:
+    from fencepost.policy import ToolRegistry, VerdictCode
+    from fencepost.policy.gates import gate_proposal, gate_with_findings
+    from fencepost.policy.progress import repeat_key
+
+    spec = make_spec()
+    registry = ToolRegistry([spec])
+    state = make_state()
+    proposal = make_proposal()
+    verdict, found, key = gate_with_findings(registry, proposal, state, reader())
+    assert verdict == gate_proposal(registry, proposal, state, reader())
+    assert verdict.code is VerdictCode.ALLOWED
+    assert found is registry.get("search_logs")
+    assert key == repeat_key(verdict.fingerprint, state)
+    # An unknown tool: no spec; a refusal before the repeat check: no key.
+    unknown = make_proposal(tool_name="drop_tables")
+    assert gate_with_findings(registry, unknown, state, reader())[1:] == (None, None)
+    refused = gate_with_findings(registry, make_proposal({"query": ""}), state, reader())
+    assert refused[0].code is VerdictCode.SEMANTIC_VIOLATION
+    assert refused[1:] == (found, None)
+    # A polling tool's repeats are keyed by time, not by the call.
+    polling = ToolRegistry([make_spec(poll_interval_seconds=5)])
+    assert gate_with_findings(polling, proposal, state, reader())[2] is None

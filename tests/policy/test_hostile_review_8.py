@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict
 from fencepost.policy import Effect, InMemoryLedger
 from fencepost.policy.fingerprint import canonical_json
 from fencepost.policy.gates import ArgumentsValidatorFailed, check_schema
-from fencepost.policy.gating import reservation_amounts
 from fencepost.policy.ledger import InvalidLedgerKey
+from fencepost.policy.reservations import call_amounts
 from tests.policy.factories import make_proposal, make_spec
 
 
@@ -228,7 +228,7 @@ def test_an_open_accounts_name_still_reserves_and_a_str_subclass_of_it_is_checke
 @pytest.mark.parametrize("effect", list(Effect))
 @pytest.mark.parametrize("cost", [0, 0.5, 3])
 def test_reservation_amounts_name_the_axes_as_plain_strings(effect: Effect, cost: float) -> None:
-    amounts = reservation_amounts(make_spec(effect=effect, cost=cost))
+    amounts = call_amounts(make_spec(effect=effect, cost=cost))
     expected = {"tool_calls": 1.0}
     if effect is not Effect.READ:
         expected["mutations"] = 1.0

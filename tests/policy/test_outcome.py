@@ -62,3 +62,34 @@ def test_an_incomplete_calls_result_is_not_evidence_an_answer_can_cite() -> None
         ("call-0001", ErrorCode.INCOMPLETE)
     ]
     assert report.effects_made == ("call-0001",)
+
+
+def test_each_outcome_carries_who_answered_its_calls_approval_as_its_verdict_says() -> None:
+    from fencepost.policy import BatchEntry, ToolProposal, Verdict, VerdictCode
+    from fencepost.policy.outcome import with_approvers
+
+    def entry(call_id: str, approval: str | None) -> BatchEntry:
+        proposal = ToolProposal(call_id=call_id, tool_name="research", arguments={})
+        verdict = Verdict(
+            call_id=call_id,
+            tool_name="research",
+            fingerprint="f",
+            code=VerdictCode.ALLOWED,
+            approval=approval,
+        )
+        return BatchEntry(proposal=proposal, verdict=verdict)
+
+    def outcome(call_id: str, approval: str | None = None) -> CallOutcome:
+        return CallOutcome(
+            event=ToolSucceeded(call_id=call_id, tool_name="research", result={}),
+            status=ReceiptStatus.COMPLETED,
+            attempts=1,
+            effect=Effect.WRITE,
+            approval=approval,
+        )
+
+    batch = (entry("call-0001", "human"), entry("call-0002", None), entry("call-0003", "human"))
+    stamped = with_approvers(
+        [outcome("call-0001"), outcome("call-0002"), outcome("call-0003", "approver")], batch
+    )
+    assert [o.approval for o in stamped] == ["human", None, "approver"]  # an outcome's own stands

@@ -22,12 +22,8 @@ from fencepost.policy import (
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.keys import run_tag
-from fencepost.policy.stopping import (
-    cancel_refusal,
-    child_start_refusal,
-    first_step_amounts,
-    started_unreported,
-)
+from fencepost.policy.reservations import first_step_amounts
+from fencepost.policy.stopping import cancel_refusal, child_start_refusal, started_unreported
 from tests.policy.factories import make_spec
 
 OWNER = {"tenant": "acme", "principal": "u-1", "run": run_tag("run-1")}
@@ -121,29 +117,11 @@ def test_no_child_starts_under_a_closed_parent(closed: str, reason: TerminationR
     assert refused is not None and refused.reason is reason
 
 
-# -- the end of a run: the recursion limit, a stop nobody asked for, which account closes ---------
-
-
-@pytest.mark.parametrize("remaining", [0, 1, 2, None, "x"])
-def test_the_recursion_limit_ends_a_run_as_data_only_when_too_few_supersteps_are_left(
-    remaining: Any,
-) -> None:
-    from fencepost.policy.run_check import NEEDS_DECIDE, out_of_supersteps
-    from fencepost.policy.stopping import recursion_stop
-
-    stopped = recursion_stop(remaining, NEEDS_DECIDE)
-    if out_of_supersteps(remaining, NEEDS_DECIDE):
-        assert stopped is not None
-        assert (stopped.reason, stopped.error_code) == (
-            TerminationReason.STEP_BUDGET_EXHAUSTED,
-            "recursion_limit",
-        )
-    else:
-        assert stopped is None
+# -- the end of a run: a stop nobody asked for, which account closes -------------------------------
 
 
 def test_a_run_at_the_terminal_node_with_no_stop_ends_invalid_state_unless_out_of_steps() -> None:
-    from fencepost.policy.run_check import NEEDS_DECIDE
+    from fencepost.policy.recursion_limit import NEEDS_DECIDE
     from fencepost.policy.stopping import unasked_stop
 
     assert unasked_stop(100, NEEDS_DECIDE).error_code == "invalid_state"

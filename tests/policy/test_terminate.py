@@ -98,8 +98,8 @@ def test_duplicate_citations_are_collapsed_in_order() -> None:
     assert answer.citations == ("b", "a")
 
 
-def test_a_completed_stop_is_judged_again_at_the_end_as_a_final_answer_would_be() -> None:
-    from fencepost.policy.decide import judged_stop
+def test_a_completed_stop_is_verified_again_at_the_end_as_a_final_answer_would_be() -> None:
+    from fencepost.policy.decide import verified_stop
     from fencepost.policy.state import StopRequest
 
     def completed(answer: AnswerPayload | None) -> StopRequest:
@@ -107,7 +107,7 @@ def test_a_completed_stop_is_judged_again_at_the_end_as_a_final_answer_would_be(
 
     observed = _observed()
     good = completed(AnswerPayload(text="One hit.", citations=("call-0001",)))
-    assert judged_stop(observed, good, require_citations=True) is good
+    assert verified_stop(observed, good, require_citations=True) is good
     for ending, code, required in (
         (completed(None), "malformed_decision", False),
         (
@@ -117,13 +117,13 @@ def test_a_completed_stop_is_judged_again_at_the_end_as_a_final_answer_would_be(
         ),
         (completed(AnswerPayload(text="x")), "missing_citation", True),
     ):
-        judged = judged_stop(observed, ending, require_citations=required)
-        assert (judged.reason, judged.error_code, judged.answer) == (
+        verified = verified_stop(observed, ending, require_citations=required)
+        assert (verified.reason, verified.error_code, verified.answer) == (
             TerminationReason.INVALID_PROPOSAL,
             code,
             None,
         )
-    # Accepted work still pending: the answer is not judged done, however well it cites.
+    # Accepted work still pending: the answer is not taken as done, however well it cites.
     from fencepost.policy import Receipt, ReceiptStatus
 
     accepted = Receipt(
@@ -133,10 +133,10 @@ def test_a_completed_stop_is_judged_again_at_the_end_as_a_final_answer_would_be(
         task_id="task-1",
     )
     pending = observed.model_copy(update={"receipts": (*observed.receipts, accepted)})
-    judged = judged_stop(pending, good, require_citations=False)
-    assert (judged.reason, judged.error_code) == (
+    verified = verified_stop(pending, good, require_citations=False)
+    assert (verified.reason, verified.error_code) == (
         TerminationReason.INVALID_PROPOSAL,
         "tasks_pending",
     )
     other = StopRequest(reason=TerminationReason.POLICY_DENIED, error_code="x")
-    assert judged_stop(observed, other, require_citations=True) is other
+    assert verified_stop(observed, other, require_citations=True) is other

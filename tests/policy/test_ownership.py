@@ -1,4 +1,5 @@
-"""A run's ledger account records whom it was opened for: the caller's identity and the run.
+"""A run's ledger account records whom it was opened for: the caller's identity and the run;
+and an account funds only the runs of the principal it records, or of those it grants.
 
 ``check_owner`` is what every reservation, the terminal node's close and its completion judgement
 ask: another identity is ``context_mismatch``; another run on the account (a second run on one
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 import fencepost as fp
 from fencepost.policy.keys import run_tag
-from fencepost.policy.run_check import RUN, check_owner, run_owner
+from fencepost.policy.ownership import GRANT, RUN, check_funding, check_owner, run_owner
 
 CTX = fp.RunContext(tenant_id="acme", principal=fp.Principal(id="u-1"))
 
@@ -39,3 +40,26 @@ def test_another_identity_is_a_context_mismatch_whatever_the_run() -> None:
 def test_an_account_whose_owner_names_no_run_is_judged_by_identity_alone() -> None:
     assert check_owner(CTX.owner(), CTX, "any-run") is None
     assert check_owner({}, CTX, "any-run") is None
+
+
+def _funds(owner: dict[str, str], principal: str = "u-1", tenant: str = "acme") -> bool:
+    ctx = fp.RunContext(tenant_id=tenant, principal=fp.Principal(id=principal))
+    refused = check_funding(owner, ctx)
+    assert refused is None or refused.error_code == "budget_account_denied"
+    return refused is None
+
+
+def test_an_account_funds_its_principal_its_grantees_and_a_pool_funds_its_tenant() -> None:
+    principals = {"tenant": "acme", "principal": "u-1"}
+    assert _funds(principals, "u-1")
+    assert not _funds(principals, "u-2")
+    assert _funds({**principals, f"{GRANT}u-2": ""}, "u-2")
+    assert _funds({"tenant": "acme"}, "u-2")  # the tenant's pool
+    assert _funds({}, "u-2")  # no owner: open to all
+    assert not _funds({"tenant": "globex"}, "u-1")
+
+
+def test_a_run_account_funds_only_its_own_principals_runs_whatever_it_grants() -> None:
+    owner = {**run_owner(CTX, "run-a"), f"{GRANT}u-2": ""}
+    assert _funds(owner, "u-1")
+    assert not _funds(owner, "u-2")

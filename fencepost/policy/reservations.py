@@ -1,0 +1,180 @@
+"""Reservations: what each thing reserves before it starts, the stop a refused reservation means,
+and how an attempt that finds its reservation already held is claimed.
+
+The ledger (:class:`~fencepost.policy.ledger.Ledger`) is the one budget truth. A model step and a
+tool call are reserved on the run's account, under a key naming them (``keys.step_key``,
+``keys.call_key``), before the model or the tool is called; nothing is refunded for an attempt.
+This module says what is reserved and what the ledger's answers mean; the graph's run account
+(``graph/account.py``) does the I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+
+from fencepost.policy.batch import Batch, BatchEntry
+from fencepost.policy.budget import BudgetAxis, BudgetExhausted, reason_for_axis
+from fencepost.policy.effect import Effect
+from fencepost.policy.ledger import ReservationStatus
+from fencepost.policy.phase import TerminationReason
+from fencepost.policy.state import StopRequest, stop
+from fencepost.policy.tool import ToolSpec
+
+# -- what each thing reserves ---------------------------------------------------------------------
+
+# An enum member's ``.value`` is a descriptor call each time; these names are fixed.
+_STEPS = BudgetAxis.STEPS.value
+_TOKENS = BudgetAxis.TOKENS.value
+_TOOL_CALLS = BudgetAxis.TOOL_CALLS.value
+_MUTATIONS = BudgetAxis.MUTATIONS.value
+_COST = BudgetAxis.COST.value
+
+
+def step_amounts(estimate: int) -> dict[str, float]:
+    """What a model step reserves before the model is called: one step and its token estimate
+    (:func:`step_hold`; none when it is 0)."""
+    amounts: dict[str, float] = {_STEPS: 1.0}
+    if estimate > 0:
+        amounts[_TOKENS] = float(estimate)
+    return amounts
+
+
+def configured_hold(tokens_per_step: int) -> int | None:
+    """What a model step holds when the graph was given an estimate (``tokens_per_step``, or the
+    model's own): that estimate. ``None``: none was given, so the step holds every token its
+    account chain has left (:func:`step_hold` of the chain's headroom)."""
+    return tokens_per_step if tokens_per_step > 0 else None
+
+
+def step_hold(estimate: int, headroom: float | None) -> int:
+    """Tokens a model step holds before the model is asked.
+
+    ``estimate`` is the configured one (``tokens_per_step``, or the model's ``token_estimate``:
+    a chat model's ``max_tokens``); ``headroom`` the fewest tokens any account of the run's chain
+    has left (``None``: none limits tokens). With no estimate the step holds every token left:
+    two steps sharing a limit are then never out at once (the second finds none and stops
+    ``tokens_exhausted``), so concurrent runs cannot multiply it. At least one token while a
+    limit applies: a chain with none left stops before the model is asked.
+
+    >>> step_hold(0, 75.0), step_hold(40, 75.0), step_hold(0, None)
+    (75, 40, 0)
+    """
+    if estimate > 0:
+        return estimate
+    if headroom is None:
+        return 0
+    return max(1, math.floor(headroom)) if headroom < math.inf else 1
+
+
+def first_step_amounts(tokens_per_step: int) -> dict[str, float]:
+    """What a child run's first model step reserves: one step, and the child graph's token
+    estimate (at least one token: a child always has a parent account that may limit tokens,
+    as :func:`step_hold` holds one for a step under a token limit)."""
+    return step_amounts(max(1, tokens_per_step))
+
+
+def call_amounts(spec: ToolSpec) -> dict[str, float]:
+    """What one attempt of a call of ``spec`` reserves: a tool call, a mutation for a write or
+    external effect, and the tool's declared cost."""
+    amounts = {_TOOL_CALLS: 1.0}
+    if spec.effect is not Effect.READ:
+        amounts[_MUTATIONS] = 1.0
+    if spec.cost > 0:
+        amounts[_COST] = float(spec.cost)
+    return amounts
+
+
+def to_reserve(batch: Batch) -> list[BatchEntry]:
+    """The entries of a gated batch whose budget must be reserved now: those the gate allowed."""
+    return [e for e in batch if e.verdict.allowed]
+
+
+# -- the stop a refusal means ---------------------------------------------------------------------
+
+
+def stop_for_exhausted(exc: BudgetExhausted) -> StopRequest:
+    """The stop for a reservation the ledger refused; the code names the axis that ran out."""
+    axis = exc.axis.value if exc.axis is not None else "budget"
+    return stop(exc.reason, f"{axis}_exhausted")
+
+
+def stop_for_axis(name: str | None, *, otherwise: BudgetAxis) -> StopRequest:
+    """The stop for a run out of the axis called ``name``, as :func:`stop_for_exhausted` makes it.
+    ``otherwise`` is the axis meant when ``name`` is missing or names no axis (a value read from
+    a verdict or a ledger answer, not the exception itself)."""
+    try:
+        axis = BudgetAxis(name) if name else otherwise
+    except ValueError:
+        axis = otherwise
+    return stop(reason_for_axis(axis), f"{axis.value}_exhausted")
+
+
+def stop_for_exceeded(axis: str) -> StopRequest:
+    """The stop for usage charged past a limit (``Reservation.exceeded``): the run ends as if the
+    axis had been refused, its code naming it (tokens, the only usage charged after the fact,
+    when the name is not an axis)."""
+    return stop_for_axis(axis, otherwise=BudgetAxis.TOKENS)
+
+
+def stop_for_closed(reason: str) -> StopRequest:
+    """The stop for a reservation refused because the run's account (or a parent) is closed.
+
+    A cancel closes the account from any thread or process: the run stops before its next model
+    step or tool. Any other close means the run already ended, whatever state now says.
+    """
+    if reason == TerminationReason.CANCELLED.value:
+        return stop(TerminationReason.CANCELLED, "cancelled")
+    return stop(TerminationReason.POLICY_DENIED, "run_closed")
+
+
+def stop_for_unknown_account() -> StopRequest:
+    """The stop when the run's or its parent's account does not exist in the ledger."""
+    return stop(TerminationReason.POLICY_DENIED, "unknown_budget_account")
+
+
+def stop_for_conflict() -> StopRequest:
+    """The stop when the ledger refuses the account's terms or a key: another run's account on
+    this thread, a key another account holds, a name it cannot store (``LedgerConflict``,
+    ``ValueError``)."""
+    return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+
+
+# -- how an attempt is claimed --------------------------------------------------------------------
+
+
+class Claim(StrEnum):
+    """What the executor does with an attempt it is about to start."""
+
+    RUN = "run"
+    """No earlier attempt started: run this one."""
+    RETRY = "retry"
+    """An earlier attempt started and never reported, and a retry is safe: reserve another."""
+    UNCERTAIN = "uncertain"
+    """An earlier attempt started and never reported, and its effect may have happened."""
+
+
+def claim(spec: ToolSpec, *, started_before: bool) -> Claim:
+    """Whether a call runs now, is retried, or is reported ``uncertain`` instead of guessed.
+
+    ``started_before`` is the ledger's word that this attempt's start marker already existed.
+    """
+    if not started_before:
+        return Claim.RUN
+    return Claim.RETRY if spec.retry_safe else Claim.UNCERTAIN
+
+
+def answered_before(status: ReservationStatus, *, run_went_on: bool) -> bool:
+    """Whether an attempt the ledger already holds with ``status`` means the call id was
+    answered, so that it never runs again whatever the batch says
+    (``execution.finished_before``).
+
+    Given back (``released``): it never started and was receipted as not run. Settled: when the
+    run went on past the call's step (``run_went_on``: the ledger holds a later step), the batch
+    was written back into state or replayed from an earlier checkpoint. A settled attempt of the
+    run's latest step is a crash between the settlement and the checkpoint: its result was lost
+    with it, and the claim goes on as for any attempt that started (retried when safe, else
+    ``uncertain``)."""
+    if status is ReservationStatus.RELEASED:
+        return True
+    return status is ReservationStatus.SETTLED and run_went_on
