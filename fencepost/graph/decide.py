@@ -17,7 +17,7 @@ from fencepost.graph.account import (
     tokens_left,
     with_budget_view,
 )
-from fencepost.graph.endings import unjudged_ending
+from fencepost.graph.endings import unverified_ending
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import LoopConfig, Update
@@ -164,7 +164,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         state = before
     if state.is_terminal:
         # An ending the terminal node did not make goes back to it to be judged.
-        return step_writes(before, await unjudged_ending(io, state) or state)
+        return step_writes(before, await unverified_ending(io, state) or state)
     if state.stop is not None:
         return step_writes(before, state)
     refused = check_before_acting(state, ctx, clock=cfg.clock, given=runtime.context)

@@ -30,7 +30,7 @@ async def owned(
     return ctx is not None and check_owner(balance.owner, ctx, run_id) is None
 
 
-async def unjudged_ending(io: NodeIO, state: AgentState) -> AgentState | None:
+async def unverified_ending(io: NodeIO, state: AgentState) -> AgentState | None:
     """``state`` sent back to be ended by the terminal node, if it reads ``completed`` while
     the run's ledger account is open or closed for another reason: the terminal node closes the
     account with its reason before it writes an ending, so such a state was written by a caller

@@ -13,7 +13,7 @@ from fencepost.graph.endings import (
     pending_at_end,
     produced_at_end,
     receipt_started,
-    unjudged_ending,
+    unverified_ending,
 )
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import Update
@@ -60,7 +60,7 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
             if not isinstance(opened, StopRequest):
                 current = opened
     elif before.is_terminal:
-        unended = await unjudged_ending(io, before)
+        unended = await unverified_ending(io, before)
         if unended is None:
             # Nothing to do; but a value mended on reading (a phase a checkpoint revived as
             # text) is written back, so the route out reads the run as ended.

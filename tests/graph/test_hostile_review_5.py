@@ -76,7 +76,7 @@ _FORGED_END: dict[str, Any] = {
 # {...}}) (or the same Command) was read as an ended run, and the terminal node returned it as it
 # was: completed with task-17 never shown done, no terminal manifest or report, the account open.
 # The terminal node closes the account before it writes an ending, so a completed state whose
-# account is open goes back to it (endings.unjudged_ending) and ends policy_denied, invalid_state.
+# account is open goes back to it (endings.unverified_ending) and ends policy_denied, invalid_state.
 @pytest.mark.parametrize("how", ["update_state", "json_command"])
 def test_a_termination_a_caller_writes_never_ends_a_run_completed(how: str) -> None:
     ledger = fp.InMemoryLedger()

@@ -1,5 +1,5 @@
 """Hostile review of the Command refusal (19ea812: graph.compiled refuses a Command that would make
-two writers of one field), endings.unjudged_ending / owned, run-tagged account owners, namespaced
+two writers of one field), endings.unverified_ending / owned, run-tagged account owners, namespaced
 accounts for nested runs, started markers for accepted work, and fp.cancel's namespace.
 
 Three seats: a caller holding the thread's config (any Command, ``update_state``, JSON forms);
@@ -128,7 +128,7 @@ _FORGED_COMPLETED: dict[str, Any] = {
 }
 
 
-# Before: unjudged_ending sent a completed state back only while the account was open; one closed
+# Before: unverified_ending sent a completed state back only while the account was open; one closed
 # with another reason (fp.cancel, insufficient_evidence) let a caller's completed stand. It now
 # ends with the ledger's reason.
 @pytest.mark.parametrize(
@@ -166,7 +166,7 @@ def test_a_caller_never_rewrites_an_ended_run_to_completed(ending: str) -> None:
 def test_a_genuine_ending_is_never_rewritten_when_the_thread_is_invoked_again(
     where: str, tmp_path: Path
 ) -> None:
-    # unjudged_ending must leave a genuine completed alone, whether the graph's own ledger forgot
+    # unverified_ending must leave a genuine completed alone, whether the graph's own ledger forgot
     # its account or a new process's graph reads a durable ledger that closed it.
     config, ctx = thread(), context(caps=DOCS)
     with sqlite_files(tmp_path) as (saver, ledger):
