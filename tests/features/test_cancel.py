@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict
-from typing_extensions import TypedDict
 
 import fencepost as fp
 from fencepost.adapters.scripted import ScriptedDecisionModel
@@ -31,6 +29,7 @@ from tests.graph.kit import (
     make_registry,
     thread,
 )
+from tests.graph.nested_kit import Parent, nested_paused
 
 
 class MessageArgs(BaseModel):
@@ -161,45 +160,13 @@ async def test_an_async_cancel_while_an_async_write_runs_keeps_the_writes_id_and
 # -- a run nested in a parent graph's node ----------------------------------------------------
 
 
-class _Parent(TypedDict, total=False):
-    out: str
-
-
-def _parent_with_nested_paused(
-    ledger: fp.InMemoryLedger, *, own_saver: bool
-) -> tuple[Any, dict[str, Any], fp.RunContext, Calls]:
-    """A plain LangGraph parent whose node runs a fencepost graph paused for a write's approval."""
-    calls = Calls()
-    model = ScriptedDecisionModel(
-        [call("write_note", 1, note="a"), final_citing_last, final_citing_last]
-    )
-    built = fp.build_agent_graph(make_registry(calls), model, ledger=ledger, approval="interrupt")
-    saver = InMemorySaver()
-    nested = built.compile(checkpointer=saver) if own_saver else built.compile()
-    ctx = context()
-
-    def agent(_: _Parent) -> dict[str, str]:
-        out = fp.run_output(nested.invoke(fp.start("q", budget()), context=ctx))
-        return {"out": f"{out.termination}:{out.last_error_code}"}
-
-    parent = StateGraph(_Parent)
-    parent.add_node("agent", agent)
-    parent.add_edge(START, "agent")
-    parent.add_edge("agent", END)
-    compiled = parent.compile(checkpointer=saver)
-    config = thread()
-    compiled.invoke({}, config, context=ctx)
-    assert compiled.get_state(config).next == ("agent",)
-    return compiled, config, ctx, calls
-
-
 @pytest.mark.parametrize("own_saver", [True, False], ids=["own-saver", "parents-saver"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_cancelling_a_parent_graph_reaches_its_paused_nested_run(
     own_saver: bool, mode: str
 ) -> None:
     ledger = fp.InMemoryLedger()
-    parent, config, ctx, calls = _parent_with_nested_paused(ledger, own_saver=own_saver)
+    parent, _, config, ctx, calls = nested_paused(ledger, InMemorySaver(), own_saver=own_saver)
     if mode == "sync":
         returned = fp.cancel(parent, config, context=ctx)
     else:
@@ -221,11 +188,11 @@ def test_a_parent_whose_nested_graph_langgraph_cannot_list_is_refused_saying_wha
     holder = [built.compile(checkpointer=saver)]
     ctx = context()
 
-    def agent(_: _Parent) -> dict[str, str]:
+    def agent(_: Parent) -> dict[str, str]:
         out = fp.run_output(holder[0].invoke(fp.start("q", budget()), context=ctx))
         return {"out": f"{out.termination}:{out.last_error_code}"}
 
-    parent = StateGraph(_Parent)
+    parent = StateGraph(Parent)
     parent.add_node("agent", agent)
     parent.add_edge(START, "agent")
     parent.add_edge("agent", END)

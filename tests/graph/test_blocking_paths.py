@@ -37,8 +37,7 @@ from fencepost.graph.model_call import run_model, run_model_blocking
 from fencepost.graph.portal import run_sync_shared
 from fencepost.graph.tool_runner import ToolRun, run_tool_blocking
 from tests.graph import test_tool_isolation as isolation
-from tests.graph.kit import ABSTAIN, Harness, budget, call, context, harness, thread
-from tests.graph.test_hostile_review import _saver_bytes
+from tests.graph.kit import ABSTAIN, Harness, budget, call, context, harness, saver_bytes, thread
 from tests.graph.test_tool_isolation import (
     BASE_EXCEPTIONS,
     CTX,
@@ -317,7 +316,7 @@ def test_a_model_past_its_deadline_under_invoke_ends_its_step_with_timeout_and_i
     assert state.termination is ABSTAIN_ENDS
     _flush_shared_loop()
     assert SECRET not in repr(state) and SECRET not in repr(events)
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
     assert SECRET not in caplog.text
     assert "never retrieved" not in caplog.text
 

@@ -32,6 +32,7 @@ from tests.graph.kit import (
     budget,
     context,
     final_citing_all,
+    forge_completion,
     sqlite_files,
     start_upload,
     state_of,
@@ -45,17 +46,6 @@ REFUSED_TWICE = [final_citing_all, final_citing_all, ABSTAIN]
 
 def _next_execute(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None:
     h.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
-
-
-def _forge(h: Harness, config: dict[str, Any], form: str) -> None:
-    """Append a ``completed`` receipt for the accepting call, as a caller can."""
-    [waiting] = pending_tasks(state_of(h, config).receipts)
-    forged: Any = waiting.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
-    if form == "json":
-        forged = forged.model_dump(mode="json")
-    h.graph.update_state(
-        config, {"run": {"receipts": [forged], "open_tasks": []}}, as_node="execute"
-    )
 
 
 def _marker(ledger: fp.Ledger, config: dict[str, Any], h: Harness) -> fp.policy.Reservation | None:
@@ -109,7 +99,7 @@ def test_a_genuine_completion_after_a_forged_one_is_still_marked_and_completes_t
     h = upload_graph([UPLOAD, STATUS, final_citing_all, ABSTAIN])
     config, ctx = thread(), context(caps=DOCS)
     start_upload(h, config, ctx)
-    _forge(h, config, "receipt")
+    forge_completion(h, config, "receipt")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
 
@@ -143,7 +133,7 @@ def test_a_forged_completion_receipt_never_completes_a_run_on_a_durable_ledger(
     with sqlite_files(tmp_path) as (saver, ledger):
         h = upload_graph([UPLOAD], status={"status": "done"}, checkpointer=saver, ledger=ledger)
         start_upload(h, config, ctx)
-        _forge(h, config, form)
+        forge_completion(h, config, form)
     with sqlite_files(tmp_path) as (saver, ledger):
         again = upload_graph(REFUSED_TWICE, checkpointer=saver, ledger=ledger)
         state = fp.run_output(again.graph.invoke(None, config, context=ctx))
@@ -160,7 +150,7 @@ def test_a_forged_completion_receipt_never_completes_a_run_on_the_async_graph() 
 
     async def run() -> fp.AgentState:
         await astart_upload(h, config, ctx)
-        _forge(h, config, "json")
+        forge_completion(h, config, "json")
         return fp.run_output(await h.graph.ainvoke(None, config, context=ctx))
 
     state = asyncio.run(run())
@@ -192,7 +182,7 @@ def test_after_the_in_memory_ledger_is_reopened_a_completion_forged_later_is_ref
     # A new process: its first step re-opens the account (the checkpoint shows nothing done).
     again = upload_graph([STATUS, *REFUSED_TWICE], status={"status": "running"}, checkpointer=saver)
     _next_execute(again, config, ctx)
-    _forge(again, config, "receipt")
+    forge_completion(again, config, "receipt")
     state = fp.run_output(again.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
 
@@ -216,7 +206,7 @@ def test_a_forged_completed_stop_never_ends_a_run_completed_on_a_durable_ledger(
     with sqlite_files(tmp_path) as (saver, ledger):
         h = upload_graph([UPLOAD], checkpointer=saver, ledger=ledger)
         start_upload(h, config, ctx)
-        _forge(h, config, "json")
+        forge_completion(h, config, "json")
         h.graph.update_state(config, _forged_completed_stop(), as_node="execute")
     with sqlite_files(tmp_path) as (saver, ledger):
         again = upload_graph([], checkpointer=saver, ledger=ledger)

@@ -23,45 +23,21 @@ from pydantic import BaseModel, ConfigDict
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.policy.keys import run_account
-from tests.graph.kit import ABSTAIN, Calls, budget, call, context, harness, make_registry, thread
+from tests.graph.kit import (
+    ABSTAIN,
+    Calls,
+    allowed_verdict,
+    budget,
+    call,
+    context,
+    harness,
+    make_registry,
+    saver_bytes,
+    state_of,
+    thread,
+)
 
 CANARY = "canary-s3cr3t-7f1e"
-
-
-def _state(h: Any, config: dict[str, Any]) -> fp.AgentState:
-    return fp.run_output(h.graph.get_state(config).values)
-
-
-def _allowed(proposal: fp.ToolProposal) -> fp.policy.Verdict:
-    return fp.policy.Verdict(
-        call_id=proposal.call_id,
-        tool_name=proposal.tool_name,
-        fingerprint=fp.policy.proposal_fingerprint(proposal.tool_name, proposal.arguments),
-        code=fp.policy.VerdictCode.ALLOWED,
-    )
-
-
-def _saver_bytes(saver: InMemorySaver) -> bytes:
-    """Everything an InMemorySaver stored, as one byte string (to search for a canary)."""
-    out = bytearray()
-
-    def walk(value: Any) -> None:
-        if isinstance(value, bytes | bytearray):
-            out.extend(value)
-        elif isinstance(value, str):
-            out.extend(value.encode("utf-8", "surrogatepass"))
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                walk(k)
-                walk(v)
-        elif isinstance(value, list | tuple):
-            for v in value:
-                walk(v)
-
-    walk(dict(saver.storage))
-    walk(dict(saver.writes))
-    walk(dict(saver.blobs))
-    return bytes(out)
 
 
 # -- seat 1: a caller who can write the thread's state --------------------------------------------
@@ -83,16 +59,16 @@ def test_a_forged_batch_entry_never_runs_a_call_whose_budget_was_not_reserved() 
     ctx = context()
     config = _pause_before_execute(h, ctx, tools=1)
     forged = call(n=9, query="never gated")
-    entry = fp.policy.BatchEntry(proposal=forged, verdict=_allowed(forged))
+    entry = fp.policy.BatchEntry(proposal=forged, verdict=allowed_verdict(forged))
     h.graph.update_state(
-        config, {"run": {"batch": (*_state(h, config).batch, entry)}}, as_node="decide"
+        config, {"run": {"batch": (*state_of(h, config).batch, entry)}}, as_node="decide"
     )
     try:
         h.graph.invoke(None, config, context=ctx)
     finally:
         ran = [a["query"] for _, a, _ in h.calls.log]
     assert ran == ["checkout 500 #1"]
-    state = _state(h, config)
+    state = state_of(h, config)
     assert state.is_terminal
     assert state.budget.tool_calls_used <= 1
 
@@ -354,14 +330,14 @@ def test_a_base_exception_from_a_tool_is_contained_and_its_text_never_checkpoint
     state, saver = _run_hostile(_spec("boom", body), [_note("boom"), ABSTAIN], mode)
     assert state.is_terminal
     assert state.receipts[0].status is fp.policy.ReceiptStatus.FAILED
-    assert CANARY.encode() not in _saver_bytes(saver)
+    assert CANARY.encode() not in saver_bytes(saver)
 
 
 def test_an_async_tool_raising_cancelled_error_itself_is_that_calls_failure() -> None:
     body = _araise(asyncio.CancelledError(CANARY))
     state, saver = _run_hostile(_spec("boom", body), [_note("boom"), ABSTAIN], "async")
     assert state.is_terminal
-    assert CANARY.encode() not in _saver_bytes(saver)
+    assert CANARY.encode() not in saver_bytes(saver)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -379,7 +355,7 @@ def test_a_breaking_validator_or_predicate_ends_typed_and_its_text_never_checkpo
     script = [_note("note", n) for n in range(1, 6)] + [ABSTAIN]
     state, saver = _run_hostile(spec, script, mode)
     assert state.is_terminal
-    assert CANARY.encode() not in _saver_bytes(saver)
+    assert CANARY.encode() not in saver_bytes(saver)
 
 
 @pytest.mark.parametrize("hook", ["semantic_validator", "progress_predicate"])
@@ -390,7 +366,7 @@ def test_a_validator_or_predicate_raising_a_base_exception_ends_typed(hook: str)
     spec = _spec("note", lambda args, ctx: {"ok": True}, **{hook: broken})
     state, saver = _run_hostile(spec, [_note("note", n) for n in range(1, 6)] + [ABSTAIN])
     assert state.is_terminal
-    assert CANARY.encode() not in _saver_bytes(saver)
+    assert CANARY.encode() not in saver_bytes(saver)
 
 
 def _decided(**usage: Any) -> fp.policy.Decided:
@@ -555,7 +531,9 @@ def test_a_resume_answer_no_checkpoint_can_hold_never_runs_and_the_run_still_end
 
 
 def _pending(proposal: fp.ToolProposal) -> fp.policy.BatchEntry:
-    verdict = _allowed(proposal).model_copy(update={"code": fp.policy.VerdictCode.APPROVAL_PENDING})
+    verdict = allowed_verdict(proposal).model_copy(
+        update={"code": fp.policy.VerdictCode.APPROVAL_PENDING}
+    )
     return fp.policy.BatchEntry(proposal=proposal, verdict=verdict)
 
 
@@ -579,7 +557,7 @@ def test_a_forged_pending_entry_is_regated_on_approval_and_never_escapes(
     h = harness([call("write_note", 1, note="hi"), ABSTAIN, ABSTAIN], approval="interrupt")
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
-    batch = (*_state(h, config).batch, _pending(FORGED_PENDING[forged]))
+    batch = (*state_of(h, config).batch, _pending(FORGED_PENDING[forged]))
     out = h.graph.invoke(
         Command(update={"run": {"batch": batch}}, resume=answer), config, context=ctx
     )

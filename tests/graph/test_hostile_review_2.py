@@ -28,8 +28,11 @@ from tests.graph.kit import (
     budget,
     call,
     context,
+    drive_editing,
+    final_citing_all,
     final_citing_last,
     harness,
+    state_of,
     thread,
     upload_accepted,
     upload_registry,
@@ -42,35 +45,6 @@ def _p(tool: str, n: int, depends_on: tuple[str, ...] = (), **arguments: Any) ->
     )
 
 
-def _final_citing_all(inp: fp.DecisionInput) -> fp.FinalProposal:
-    cited = tuple(o.call_id for o in inp.observations if o.kind == "tool_result")
-    return fp.FinalProposal(answer=fp.AnswerPayload(text="Uploaded.", citations=cited))
-
-
-def _state(h: Any, config: dict[str, Any]) -> fp.AgentState:
-    return fp.run_output(h.graph.get_state(config).values)
-
-
-def _drive(
-    h: Any,
-    config: dict[str, Any],
-    ctx: fp.RunContext,
-    edit: Any,
-    *,
-    limit: int = 20,
-) -> fp.AgentState:
-    """Run to the end pausing after every execute; ``edit(state)`` returns a caller's update."""
-    for _ in range(limit):
-        state = _state(h, config)
-        if state.is_terminal:
-            return state
-        update = edit(state)
-        if update:
-            h.graph.update_state(config, update, as_node="execute")
-        h.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
-    return _state(h, config)
-
-
 # --- completion evidence -------------------------------------------------------------------
 
 
@@ -79,7 +53,7 @@ def test_one_completion_never_closes_two_accepted_tasks_that_share_a_task_id() -
         _p("upload_document", 1, name="a.pdf"),
         _p("upload_document", 2, name="b.pdf"),
         _p("upload_status", 3, task_id="task-17"),
-        _final_citing_all,
+        final_citing_all,
         ABSTAIN,
     ]
     h = harness(script, registry=upload_registry())
@@ -93,7 +67,9 @@ def test_one_completion_never_closes_two_accepted_tasks_that_share_a_task_id() -
 
 def test_clearing_open_tasks_in_state_does_not_let_a_final_answer_pass() -> None:
     h, config, ctx = upload_accepted()
-    state = _drive(h, config, ctx, lambda s: {"run": {"open_tasks": ()}} if s.open_tasks else None)
+    state = drive_editing(
+        h, config, ctx, lambda s: {"run": {"open_tasks": ()}} if s.open_tasks else None
+    )
     assert pending_tasks(state.receipts)
     assert state.termination is not fp.TerminationReason.COMPLETED
 
@@ -164,7 +140,7 @@ def test_rewriting_evidence_in_state_does_not_reset_the_no_progress_count() -> N
     h.graph.invoke(
         fp.start("q", budget(steps=12, tools=10)), config, context=ctx, interrupt_after=["execute"]
     )
-    state = _drive(h, config, ctx, _bump_evidence)
+    state = drive_editing(h, config, ctx, _bump_evidence)
     assert state.termination is fp.TerminationReason.NO_PROGRESS
     assert h.calls.count("search_logs") == limit
 
@@ -175,7 +151,7 @@ def test_rewriting_evidence_in_state_never_spends_past_the_tool_budget() -> None
     h.graph.invoke(
         fp.start("q", budget(steps=12, tools=3)), config, context=ctx, interrupt_after=["execute"]
     )
-    state = _drive(h, config, ctx, _bump_evidence)
+    state = drive_editing(h, config, ctx, _bump_evidence)
     assert h.calls.count("search_logs") <= 3
     assert state.is_terminal
     assert state.budget.tool_calls_used <= 3
@@ -240,7 +216,7 @@ def test_a_forged_self_dependency_cannot_hang_the_executor() -> None:
 
     async def scenario() -> None:
         await h.graph.ainvoke(fp.start("q", budget()), config, context=ctx)
-        current = _state(h, config).batch
+        current = state_of(h, config).batch
         forged = tuple(
             e.model_copy(
                 update={"proposal": e.proposal.model_copy(update={"depends_on": (e.call_id,)})}
@@ -257,7 +233,7 @@ def test_a_forged_self_dependency_cannot_hang_the_executor() -> None:
         )
 
     asyncio.run(scenario())
-    assert _state(h, config).is_terminal
+    assert state_of(h, config).is_terminal
 
 
 def test_a_large_acyclic_batch_of_dependencies_is_accepted() -> None:
@@ -305,7 +281,7 @@ def test_raising_the_step_budget_in_state_does_not_hide_the_final_turn() -> None
         fp.start("q", budget(steps=3, tools=8)), config, context=ctx, interrupt_after=["execute"]
     )
     generous = fp.RuntimeBudget(steps_remaining=50, tool_calls_remaining=50)
-    state = _drive(h, config, ctx, lambda s: {"run": {"budget": generous}})
+    state = drive_editing(h, config, ctx, lambda s: {"run": {"budget": generous}})
     assert [inp.final_turn for inp in h.model.inputs][-1] is True
     assert h.calls.count("search_logs") == 2
     assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
@@ -378,7 +354,7 @@ def test_a_caller_forging_the_runs_message_ids_leaves_one_message_per_id() -> No
         AIMessage(content="dup", id="fp:run-forged-ids:end"),
     ]
     h.graph.update_state(config, {"messages": forged}, as_node="execute")
-    state = _drive(h, config, ctx, lambda s: None)
+    state = drive_editing(h, config, ctx, lambda s: None)
     assert state.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
     messages = h.graph.get_state(config).values["messages"]
     ids = [m.id for m in messages]

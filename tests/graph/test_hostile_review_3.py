@@ -35,15 +35,12 @@ from tests.graph.kit import (
     harness,
     make_registry,
     state_of,
+    terminal_manifests,
     thread,
     upload_accepted,
 )
 
 FORGED_ANSWER = fp.AnswerPayload(text="forged", citations=("call-0001",))
-
-
-def _terminal_manifests(state: fp.AgentState) -> int:
-    return sum(1 for m in state.manifests if m.phase is Phase.TERMINAL)
 
 
 # --- a caller: before the run -----------------------------------------------------------------
@@ -123,7 +120,7 @@ def test_a_plain_string_phase_a_caller_wrote_is_replaced_so_an_ended_run_stays_e
     state = state_of(h, config)
     assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
     assert state.final_answer is None
-    assert _terminal_manifests(state) == 1
+    assert terminal_manifests(state) == 1
 
 
 def test_overwriting_the_receipts_in_state_never_lets_a_final_pass_with_a_task_pending() -> None:
@@ -224,7 +221,7 @@ def test_a_value_no_field_can_hold_written_mid_run_ends_the_run_policy_denied_an
     assert state.termination is TerminationReason.POLICY_DENIED
     assert state.last_error_code == "invalid_state"
     assert state.report is not None and state.report.reason is TerminationReason.POLICY_DENIED
-    assert _terminal_manifests(state) == 1
+    assert terminal_manifests(state) == 1
     assert h.calls.count("write_note") == 0  # the approval was never acted on
     # The record holds a value of each field's type again (the run id, had it none, is the
     # start request's), and no error text reached it.

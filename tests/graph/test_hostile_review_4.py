@@ -21,29 +21,15 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command, Overwrite
 
 import fencepost as fp
-from fencepost.policy import Phase, StopRequest, TerminationReason
-from fencepost.policy.tasks import pending_tasks
+from fencepost.policy import StopRequest, TerminationReason
 from tests.graph.kit import (
-    Harness,
+    ended_typed,
     final_citing_last,
+    forged_completion,
     harness,
     paused_for_approval,
-    state_of,
     upload_accepted,
 )
-
-
-def _ended_typed(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> fp.AgentState:
-    """The thread ended with exactly one reason, and a later invoke of it still works."""
-    snapshot = h.graph.get_state(config)
-    state = fp.run_output(snapshot.values)
-    assert snapshot.next == ()
-    assert state.is_terminal and state.termination is not None
-    assert sum(1 for m in state.manifests if m.phase is Phase.TERMINAL) == 1
-    h.graph.invoke(None, config, context=ctx)
-    assert state_of(h, config) == state
-    return state
-
 
 # --- a caller: a JSON stop written with a value of no form, while a second node runs ------------
 
@@ -61,7 +47,7 @@ def test_a_json_stop_and_an_invalid_value_sent_with_a_goto_end_the_run_typed(got
     with pytest.raises(fp.CommandRefused):
         h.graph.invoke(Command(update=update, goto=goto), config, context=ctx)
     h.graph.invoke(Command(update=update), config, context=ctx)
-    state = _ended_typed(h, config, ctx)
+    state = ended_typed(h, config, ctx)
     assert state.termination is TerminationReason.CANCELLED
     assert h.calls.count("write_note") == 0
 
@@ -93,7 +79,7 @@ def test_an_overwrite_of_the_conversation_never_leaves_the_thread_stuck(
     else:
         h.graph.update_state(config, {"messages": value}, as_node="decide")
         h.graph.invoke(Command(resume="approve"), config, context=ctx)
-    state = _ended_typed(h, config, ctx)
+    state = ended_typed(h, config, ctx)
     assert state.termination is TerminationReason.COMPLETED
     assert h.calls.count("write_note") == 1
     assert all(isinstance(m, BaseMessage) for m in h.graph.get_state(config).values["messages"])
@@ -107,7 +93,7 @@ def test_two_overwrites_of_the_conversation_in_one_command_never_leave_the_threa
         ("messages", Overwrite([HumanMessage("b", id="m-b")])),
     ]
     h.graph.invoke(Command(update=update, resume="approve"), config, context=ctx)
-    state = _ended_typed(h, config, ctx)
+    state = ended_typed(h, config, ctx)
     assert state.termination is TerminationReason.COMPLETED
     messages = h.graph.get_state(config).values["messages"]
     assert messages[0].id == "m-b" and all(m.id != "m-a" for m in messages)  # the last wins
@@ -141,12 +127,6 @@ def test_a_conversation_reset_a_json_client_wrote_reads_back_the_same_from_a_che
 # --- a caller: receipts only grow, but what they grow by decides what is done -------------------
 
 
-def _forged_completion(h: Harness, config: dict[str, Any], form: str) -> Any:
-    [waiting] = pending_tasks(state_of(h, config).receipts)
-    forged: Any = waiting.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
-    return forged.model_dump(mode="json") if form == "json" else forged
-
-
 # Before: a forged 'completed' receipt for the accepting call (update_state(config, {'receipts':
 # [forged]}), as a Receipt or as the JSON a server client sends) made current_receipts() see the
 # task done, and the final answer passed with task-17 never shown done. decide now judges pending
@@ -157,7 +137,7 @@ def test_appending_a_forged_completion_receipt_never_lets_a_final_pass_with_a_ta
     form: str,
 ) -> None:
     h, config, ctx = upload_accepted()
-    forged = _forged_completion(h, config, form)
+    forged = forged_completion(h, config, form)
     h.graph.update_state(
         config, {"run": {"receipts": [forged], "open_tasks": []}}, as_node="execute"
     )
@@ -175,7 +155,7 @@ def test_a_forged_completion_receipt_sent_with_a_completed_stop_never_ends_the_r
     h, config, ctx = upload_accepted()
     answer = fp.AnswerPayload(text="Uploaded.", citations=("call-0001",))
     forged_stop = StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
-    update = {"run": {"receipts": [_forged_completion(h, config, form)], "stop": forged_stop}}
+    update = {"run": {"receipts": [forged_completion(h, config, form)], "stop": forged_stop}}
     h.graph.update_state(config, update, as_node="execute")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is not TerminationReason.COMPLETED
@@ -196,7 +176,7 @@ def test_a_state_update_made_as_the_terminal_node_still_ends_the_run_with_a_reas
     h, config, ctx = paused_for_approval()
     h.graph.update_state(config, update, as_node="terminal")
     h.graph.invoke(None, config, context=ctx)
-    state = _ended_typed(h, config, ctx)
+    state = ended_typed(h, config, ctx)
     assert state.report is not None
     assert state.termination is TerminationReason.POLICY_DENIED
     assert state.last_error_code == "invalid_state"
@@ -229,7 +209,7 @@ def test_a_command_a_caller_sends_while_paused_never_leaves_the_thread_stuck(
     after = h.graph.get_state(config)
     assert after.config == before.config and after.next == ("approve",)  # nothing was saved
     h.graph.invoke(Command(resume="approve"), config, context=ctx)
-    state = _ended_typed(h, config, ctx)
+    state = ended_typed(h, config, ctx)
     assert state.termination is TerminationReason.COMPLETED
     assert h.calls.count("write_note") == 1
 
@@ -247,7 +227,7 @@ def test_a_command_that_makes_no_second_writer_is_taken(command: Command[Any]) -
     h.graph.invoke(command, config, context=ctx)
     if h.graph.get_state(config).next == ("approve",):
         h.graph.invoke(Command(resume="approve"), config, context=ctx)
-    assert _ended_typed(h, config, ctx).termination is TerminationReason.COMPLETED
+    assert ended_typed(h, config, ctx).termination is TerminationReason.COMPLETED
 
 
 def test_a_refused_command_is_refused_on_the_async_graph_too() -> None:

@@ -34,11 +34,11 @@ from tests.graph.kit import (
     STATUS,
     UPLOAD,
     UPLOAD_DONE,
-    Harness,
     StatusArgs,
     budget,
     context,
     final_citing_all,
+    forge_completion,
     harness,
     sqlite_files,
     start_upload,
@@ -49,16 +49,6 @@ from tests.graph.kit import (
     upload_graph,
     upload_registry,
 )
-
-
-def _forged_completion(h: Harness, config: dict[str, Any]) -> None:
-    """Append a ``completed`` receipt for the accepting call, as a caller can."""
-    [accepted] = [r for r in state_of(h, config).receipts if r.call_id == "call-0001"]
-    forged = accepted.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
-    h.graph.update_state(
-        config, {"run": {"receipts": [forged], "open_tasks": []}}, as_node="execute"
-    )
-
 
 # === Seat 1: a caller holding the thread's config ===============================================
 
@@ -182,7 +172,7 @@ def test_rewriting_the_run_identity_in_state_never_moves_it_to_an_account_with_m
     h = upload_graph([UPLOAD, final_citing_all, final_citing_all, ABSTAIN], ledger=ledger)
     config, ctx = thread(), context(caps=DOCS)
     start_upload(h, config, ctx)
-    _forged_completion(h, config)
+    forge_completion(h, config)
     h.graph.update_state(config, edit, as_node="execute")
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is not TerminationReason.COMPLETED
@@ -459,7 +449,7 @@ def test_the_async_graph_judges_completion_by_the_durable_ledgers_markers(
                 interrupt_after=["execute"],
             )
             if forge:
-                _forged_completion(h, config)
+                forge_completion(h, config)
             return fp.run_output(await h.graph.ainvoke(None, config, context=ctx))
 
         state = asyncio.run(run())

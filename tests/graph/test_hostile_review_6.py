@@ -21,20 +21,16 @@ import pytest
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
-from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Send
-from typing_extensions import TypedDict
 
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
-from fencepost.adapters.scripted import ScriptedDecisionModel
-from fencepost.policy import Phase, TerminationReason
+from fencepost.policy import TerminationReason
 from tests.graph.kit import (
     ABSTAIN,
     DOCS,
     STATUS,
     UPLOAD,
-    Calls,
     astart_upload,
     budget,
     call,
@@ -42,21 +38,17 @@ from tests.graph.kit import (
     final_citing_all,
     final_citing_last,
     harness,
-    make_registry,
     paused_for_approval,
     sqlite_files,
     start_upload,
     state_of,
+    terminal_manifests,
     thread,
     thread_account,
     two_tenants,
     upload_graph,
 )
-
-
-def _terminal_manifests(state: fp.AgentState) -> int:
-    return sum(1 for m in state.manifests if m.phase is Phase.TERMINAL)
-
+from tests.graph.nested_kit import approved, nested_config, nested_paused
 
 # === Seat 1: a caller holding the thread's config ===============================================
 
@@ -178,7 +170,7 @@ def test_a_genuine_ending_is_never_rewritten_when_the_thread_is_invoked_again(
         again.graph.invoke(Command(goto="decide"), config, context=ctx)
         state = state_of(again, config)
     assert state.termination is TerminationReason.COMPLETED
-    assert _terminal_manifests(state) == 1
+    assert terminal_manifests(state) == 1
 
 
 # === Seat 2: another tenant or run sharing the process and the ledger ===========================
@@ -277,37 +269,6 @@ def test_a_run_resumed_by_a_fresh_graph_with_its_context_as_json_is_its_own(
 # === Seat 3: the process ========================================================================
 
 
-class _Parent(TypedDict, total=False):
-    out: str
-
-
-def _nested_paused(
-    ledger: fp.InMemoryLedger, saver: InMemorySaver, *, own_saver: bool = False
-) -> tuple[Any, Any, dict[str, Any], fp.RunContext, Calls]:
-    """A parent graph whose node runs a fencepost graph that pauses for approval of a write."""
-    calls = Calls()
-    model = ScriptedDecisionModel(
-        [call("write_note", 1, note="a"), final_citing_last, final_citing_last]
-    )
-    built = fp.build_agent_graph(make_registry(calls), model, ledger=ledger, approval="interrupt")
-    nested = built.compile(checkpointer=saver) if own_saver else built.compile()
-    ctx = context()
-
-    def agent(_: _Parent) -> dict[str, str]:
-        out = fp.run_output(nested.invoke(fp.start("q", budget()), context=ctx))
-        return {"out": f"{out.termination}:{out.last_error_code}"}
-
-    parent = StateGraph(_Parent)
-    parent.add_node("agent", agent)
-    parent.add_edge(START, "agent")
-    parent.add_edge("agent", END)
-    compiled = parent.compile(checkpointer=saver)
-    config = thread()
-    compiled.invoke({}, config, context=ctx)
-    assert compiled.get_state(config).next == ("agent",)
-    return compiled, nested, config, ctx, calls
-
-
 def test_a_nested_run_resumed_after_its_approval_keeps_one_account() -> None:
     ledger = fp.InMemoryLedger()
     opened: list[str] = []
@@ -318,7 +279,7 @@ def test_a_nested_run_resumed_after_its_approval_keeps_one_account() -> None:
         return open_account(account, *args, **kwargs)
 
     ledger.open_account = spy  # type: ignore[method-assign]
-    parent, _, config, ctx, calls = _nested_paused(ledger, InMemorySaver())
+    parent, _, config, ctx, calls = nested_paused(ledger, InMemorySaver())
     out = parent.invoke(Command(resume="approve"), config, context=ctx)
     assert out == {"out": "completed:None"}
     assert len(set(opened)) == 1
@@ -326,32 +287,13 @@ def test_a_nested_run_resumed_after_its_approval_keeps_one_account() -> None:
     assert calls.count("write_note") == 1
 
 
-def approved(parent: Any, config: dict[str, Any], ctx: fp.RunContext, calls: Calls) -> Any:
-    """What the parent returns once the nested run's approval is answered, and how many times
-    the write it waited on ran."""
-    out = parent.invoke(Command(resume="approve"), config, context=ctx)
-    return out, calls.count("write_note")
-
-
-def _nested_config(parent: Any, config: dict[str, Any]) -> dict[str, Any]:
-    sub = parent.get_state(config, subgraphs=True).tasks[0].state
-    assert sub is not None and not isinstance(sub, dict)
-    namespace = sub.config["configurable"]["checkpoint_ns"]
-    return {
-        "configurable": {
-            "thread_id": config["configurable"]["thread_id"],
-            "checkpoint_ns": namespace,
-        }
-    }
-
-
 @pytest.mark.parametrize("own_saver", [True, False], ids=["own-saver", "parents-saver"])
 def test_cancel_of_a_nested_run_paused_for_approval_returns_and_ends_it_cancelled(
     own_saver: bool,
 ) -> None:
     saver, ledger = InMemorySaver(), fp.InMemoryLedger()
-    parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=own_saver)
-    state = fp.cancel(nested, _nested_config(parent, config), context=ctx)
+    parent, nested, config, ctx, calls = nested_paused(ledger, saver, own_saver=own_saver)
+    state = fp.cancel(nested, nested_config(parent, config), context=ctx)
     if own_saver:  # its graph reads its state: still paused, the parent ends it
         assert state is not None and not state.is_terminal
     else:
@@ -361,16 +303,16 @@ def test_cancel_of_a_nested_run_paused_for_approval_returns_and_ends_it_cancelle
 
 def test_another_tenants_cancel_of_a_nested_run_closes_nothing() -> None:
     saver, ledger = InMemorySaver(), fp.InMemoryLedger()
-    parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=True)
+    parent, nested, config, ctx, calls = nested_paused(ledger, saver, own_saver=True)
     with pytest.raises(fp.CancelRefused):  # refused, and said so: tests/isolation pins it
-        fp.cancel(nested, _nested_config(parent, config), context=context(tenant="tenant-other"))
+        fp.cancel(nested, nested_config(parent, config), context=context(tenant="tenant-other"))
     assert approved(parent, config, ctx, calls) == ({"out": "completed:None"}, 1)
 
 
 def test_acancel_of_a_nested_run_ends_it_cancelled() -> None:
     saver, ledger = InMemorySaver(), fp.InMemoryLedger()
-    parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=True)
-    asyncio.run(fp.acancel(nested, _nested_config(parent, config), context=ctx))
+    parent, nested, config, ctx, calls = nested_paused(ledger, saver, own_saver=True)
+    asyncio.run(fp.acancel(nested, nested_config(parent, config), context=ctx))
     assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)
 
 
@@ -410,6 +352,6 @@ def test_a_cancel_that_closes_the_account_first_is_the_runs_ending_in_state_and_
     state = state_of(h, config)
     assert state.termination is TerminationReason.CANCELLED
     assert ledger.balance(thread_account(config)).closed == TerminationReason.CANCELLED.value
-    assert _terminal_manifests(state) == 1
+    assert terminal_manifests(state) == 1
     h.graph.invoke(None, config, context=ctx)
     assert state_of(h, config) == state

@@ -25,7 +25,6 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 import fencepost as fp
-from fencepost.adapters import ChatModelDecider
 from fencepost.policy import TerminationReason
 from fencepost.policy.decision_model import DecisionInput
 from fencepost.policy.keys import _digest, run_account
@@ -42,7 +41,7 @@ from tests.graph.kit import (
     thread,
     thread_account,
 )
-from tests.graph.test_hostile_review_6 import _nested_config, _nested_paused, approved
+from tests.graph.nested_kit import approved, nested_config, nested_paused
 
 # === keys: the digest durable ledgers hold ======================================================
 
@@ -106,16 +105,12 @@ def test_the_run_account_cache_names_every_run_as_the_uncached_scheme_does() -> 
 # === the decider's rendered turns ================================================================
 
 
-def _decider(history_size: int = 4096) -> ChatModelDecider:
-    return idle_decider(history_size)
-
-
-def _obs(n: int, secret: str) -> Observation:
+def _tenant_observation(n: int, secret: str) -> Observation:
     # Same call ids and steps for every tenant: only the content tells whose turn it is.
     return tool_observation(n, {"secret": secret, "n": n})
 
 
-def _input(observations: tuple[Observation, ...], secret: str) -> DecisionInput:
+def _tenant_input(observations: tuple[Observation, ...], secret: str) -> DecisionInput:
     return decision_input(observations, {"q": secret}, run_id="run-same-for-everyone")
 
 
@@ -138,18 +133,18 @@ _SECRETS = [f"tenant-{i:03d}-secret" for i in range(200)]
 def test_a_tenant_at_a_reused_address_is_never_shown_another_tenants_turns() -> None:
     # Tenant A's run dies; B's observations land on A's freed addresses (same call ids, same
     # steps): B must be rendered from its own records, never from A's cached turns.
-    decider = _decider()
+    decider = idle_decider()
     reused = 0
     for i in range(0, 150, 2):
         a, b = _SECRETS[i], _SECRETS[i + 1]
-        records_a = tuple(_obs(n, a) for n in range(3))
+        records_a = tuple(_tenant_observation(n, a) for n in range(3))
         first_a, last_a = id(records_a[0]), id(records_a[-1])
-        assert _secrets_shown(decider.messages(_input(records_a, a))) == {a}
+        assert _secrets_shown(decider.messages(_tenant_input(records_a, a))) == {a}
         del records_a
         gc.collect()
-        records_b = tuple(_obs(n, b) for n in range(3))
+        records_b = tuple(_tenant_observation(n, b) for n in range(3))
         reused += id(records_b[0]) == first_a or id(records_b[-1]) == last_a
-        assert _secrets_shown(decider.messages(_input(records_b, b))) == {b}
+        assert _secrets_shown(decider.messages(_tenant_input(records_b, b))) == {b}
         del records_b
     assert reused, "no address was reused: the probe proved nothing"
 
@@ -170,7 +165,7 @@ class _CollectingLock:
 
 
 def test_runs_dying_in_a_collection_inside_the_lock_neither_deadlock_nor_leak_nor_cross() -> None:
-    decider = _decider()
+    decider = idle_decider()
     decider._lock = _CollectingLock()  # type: ignore[assignment]
     errors: list[BaseException] = []
 
@@ -178,11 +173,11 @@ def test_runs_dying_in_a_collection_inside_the_lock_neither_deadlock_nor_leak_no
         try:
             secret = _SECRETS[index]
             for _ in range(3):  # each pass a new run; the last one's records die in a cycle
-                records = tuple(_obs(n, secret) for n in range(4))
+                records = tuple(_tenant_observation(n, secret) for n in range(4))
                 cycle: list[Any] = [records]
                 cycle.append(cycle)  # only the collector frees them, inside some lock holder
                 for k in range(1, 5):
-                    shown = _secrets_shown(decider.messages(_input(records[:k], secret)))
+                    shown = _secrets_shown(decider.messages(_tenant_input(records[:k], secret)))
                     assert shown == {secret}, (secret, shown)
                 del records, cycle
         except BaseException as exc:  # handed to the test
@@ -196,16 +191,16 @@ def test_runs_dying_in_a_collection_inside_the_lock_neither_deadlock_nor_leak_no
     assert not any(t.is_alive() for t in threads), "a thread hung: a callback waited on the lock"
     assert not errors, errors[0]
     gc.collect()
-    live = (_obs(0, _SECRETS[199]),)
-    decider.messages(_input(live, _SECRETS[199]))  # a step of a live run tidies up
+    live = (_tenant_observation(0, _SECRETS[199]),)
+    decider.messages(_tenant_input(live, _SECRETS[199]))  # a step of a live run tidies up
     assert len(decider._rendered) == 1  # every dead run's turns are gone: only the live one
     assert decider._gone == []
 
 
 def test_a_decider_dropped_with_live_runs_is_freed_and_its_callbacks_harmless() -> None:
-    decider = _decider()
-    records = tuple(_obs(n, _SECRETS[0]) for n in range(2))
-    decider.messages(_input(records, _SECRETS[0]))
+    decider = idle_decider()
+    records = tuple(_tenant_observation(n, _SECRETS[0]) for n in range(2))
+    decider.messages(_tenant_input(records, _SECRETS[0]))
     gone = weakref.ref(decider)
     del decider
     gc.collect()
@@ -221,15 +216,15 @@ def test_another_tenant_naming_a_nested_runs_namespace_closes_nothing_without_it
     # The nested graph compiled without a saver: cancel cannot read the run, so the owner
     # check is all that stands between another tenant and the account.
     saver, ledger = InMemorySaver(), fp.InMemoryLedger()
-    parent, nested, config, ctx, calls = _nested_paused(ledger, saver, own_saver=False)
-    nested_config = _nested_config(parent, config)
+    parent, nested, config, ctx, calls = nested_paused(ledger, saver, own_saver=False)
+    own = nested_config(parent, config)
     account = run_account(
-        config["configurable"]["thread_id"], "", nested_config["configurable"]["checkpoint_ns"]
+        config["configurable"]["thread_id"], "", own["configurable"]["checkpoint_ns"]
     )
-    # Refused, and said so: a stranger's cancel changes nothing (tests/isolation pins it).
+    # Refused, and said so: a stranger's cancel changes nothing.
     for stranger in (context(tenant="tenant-other"), context(principal="u-other")):
         with pytest.raises(fp.CancelRefused):
-            fp.cancel(nested, nested_config, context=stranger)
+            fp.cancel(nested, own, context=stranger)
     assert ledger.balance(account).closed is None
     assert approved(parent, config, ctx, calls) == ({"out": "completed:None"}, 1)
 
@@ -287,8 +282,8 @@ def test_cancel_of_a_nested_run_through_its_parent_graph_still_ends_it_cancelled
     own_saver: bool,
 ) -> None:
     saver, ledger = InMemorySaver(), fp.InMemoryLedger()
-    parent, _, config, ctx, calls = _nested_paused(ledger, saver, own_saver=own_saver)
-    returned = fp.cancel(parent, _nested_config(parent, config), context=ctx)
+    parent, _, config, ctx, calls = nested_paused(ledger, saver, own_saver=own_saver)
+    returned = fp.cancel(parent, nested_config(parent, config), context=ctx)
     # No node of the parent runs in the cancel: the parent's next invoke ends the nested run.
     assert returned is not None and not returned.is_terminal
     assert parent.get_state(config).next == ("agent",)

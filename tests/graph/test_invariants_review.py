@@ -36,54 +36,22 @@ from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.policy.keys import call_key, run_account
 from tests.graph.kit import (
     ABSTAIN,
+    VERDICT_KEY,
     Calls,
-    Harness,
+    allowed_verdict,
     budget,
     call,
     context,
+    edit_and_continue,
     final_citing_last,
     forge_batch,
     harness,
     make_registry,
+    state_of,
     thread,
+    write_then_read_paused_before_read,
 )
-
-
-def _allowed(proposal: fp.ToolProposal) -> fp.policy.Verdict:
-    """The verdict a forger would write: "allowed", with the right call id and fingerprint."""
-    return fp.policy.Verdict(
-        call_id=proposal.call_id,
-        tool_name=proposal.tool_name,
-        fingerprint=fp.policy.proposal_fingerprint(proposal.tool_name, proposal.arguments),
-        code=fp.policy.VerdictCode.ALLOWED,
-    )
-
-
-def _state(h: Harness, config: dict[str, Any]) -> fp.AgentState:
-    return fp.run_output(h.graph.get_state(config).values)
-
-
-def _edit_and_continue(
-    h: Harness, config: dict[str, Any], ctx: fp.RunContext, update: dict[str, Any], how: str
-) -> fp.AgentState:
-    """Apply a caller's state edit, then let the thread continue."""
-    if how == "update_state":
-        h.graph.update_state(config, update, as_node="decide")
-        h.graph.invoke(None, config, context=ctx)
-        return _state(h, config)
-    command = Command(update=update, goto="execute")
-    waiting = h.graph.get_state(config).next
-    if waiting not in ((), ("execute",)):
-        # A goto beside another node the thread waits on (the approval) would make two writers
-        # of one field in one step: refused whole, nothing saved (graph.bounded).
-        before = h.graph.get_state(config)
-        with pytest.raises(fp.CommandRefused):
-            h.graph.invoke(command, config, context=ctx)
-        assert h.graph.get_state(config).config == before.config
-    else:
-        h.graph.invoke(command, config, context=ctx)
-    return _state(h, config)
-
+from tests.graph.nested_kit import Host
 
 # -- invariant 2: the executor re-checks what it runs ---------------------------------------------
 
@@ -119,7 +87,7 @@ def test_executor_refuses_a_forged_allowed_verdict_for_a_capability_the_principa
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_before=["execute"])
     admin = call("admin_reset", 1)
-    update = forge_batch(h, config, (admin,), (_allowed(admin),))
+    update = forge_batch(h, config, (admin,), (allowed_verdict(admin),))
     h.graph.invoke(Command(update=update, goto="execute"), config, context=ctx)
     assert h.calls.count("admin_reset") == 0
 
@@ -141,23 +109,6 @@ def test_a_call_refused_at_the_executor_is_receipted_and_ends_the_run_as_policy_
 
 
 # -- state edits in interrupt mode cannot make a denied write run ---------------------------------
-
-
-def _write_then_read_paused_before_read(
-    first: str,
-) -> tuple[Harness, dict[str, Any], fp.RunContext, fp.ToolProposal, fp.ToolProposal]:
-    """A write answered with ``first`` ("approve" or "reject"), then a read paused before it runs."""
-    write, read = call("write_note", 1, note="hi"), call(n=2)
-    h = harness([write, read, ABSTAIN], approval="interrupt")
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
-    h.graph.invoke(Command(resume=first), config, context=ctx, interrupt_before=["execute"])
-    if first == "approve":
-        # Paused before the approved write runs; let it run, then pause before the read.
-        h.graph.invoke(None, config, context=ctx, interrupt_before=["execute"])
-    assert h.graph.get_state(config).next == ("execute",)
-    assert _state(h, config).pending == (read,)
-    return h, config, ctx, write, read
 
 
 def test_a_per_call_resume_that_leaves_a_call_out_rejects_it() -> None:
@@ -191,18 +142,18 @@ def test_an_edit_that_is_not_a_valid_proposal_never_runs_the_original_arguments(
 
 @pytest.mark.parametrize("how", ["update_state", "command"])
 def test_a_state_edit_cannot_make_a_rejected_write_run_in_interrupt_mode(how: str) -> None:
-    h, config, ctx, write, read = _write_then_read_paused_before_read("reject")
-    update = forge_batch(h, config, (read, write), (_allowed(read), _allowed(write)))
-    _edit_and_continue(h, config, ctx, update, how)
+    h, config, ctx, write, read = write_then_read_paused_before_read("reject")
+    update = forge_batch(h, config, (read, write), (allowed_verdict(read), allowed_verdict(write)))
+    edit_and_continue(h, config, ctx, update, how)
     assert h.calls.count("write_note") == 0
 
 
 @pytest.mark.parametrize("how", ["update_state", "command"])
 def test_a_state_edit_cannot_run_an_approved_write_a_second_time(how: str) -> None:
-    h, config, ctx, write, read = _write_then_read_paused_before_read("approve")
+    h, config, ctx, write, read = write_then_read_paused_before_read("approve")
     assert h.calls.count("write_note") == 1
-    update = forge_batch(h, config, (read, write), (_allowed(read), _allowed(write)))
-    _edit_and_continue(h, config, ctx, update, how)
+    update = forge_batch(h, config, (read, write), (allowed_verdict(read), allowed_verdict(write)))
+    edit_and_continue(h, config, ctx, update, how)
     assert h.calls.count("write_note") == 1
 
 
@@ -213,7 +164,7 @@ def test_a_state_edit_cannot_swap_the_arguments_of_an_approved_write(how: str) -
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     h.graph.invoke(Command(resume="approve"), config, context=ctx, interrupt_before=["execute"])
     forged = call("write_note", 1, note="rm -rf /")
-    _edit_and_continue(h, config, ctx, forge_batch(h, config, pending=(forged,)), how)
+    edit_and_continue(h, config, ctx, forge_batch(h, config, pending=(forged,)), how)
     assert all(args != {"note": "rm -rf /"} for _, args, _ in h.calls.log)
 
 
@@ -222,12 +173,9 @@ def test_terminate_mode_never_runs_a_write_whatever_the_recorded_verdict_says() 
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_before=["execute"])
     write = call("write_note", 2, note="hi")
-    update = forge_batch(h, config, (write,), (_allowed(write),))
+    update = forge_batch(h, config, (write,), (allowed_verdict(write),))
     h.graph.invoke(Command(update=update, goto="execute"), config, context=ctx)
     assert h.calls.count("write_note") == 0
-
-
-VERDICT_KEY = b"review-key-0123456789abcdef"
 
 
 @pytest.mark.parametrize("how", ["update_state", "command"])
@@ -242,8 +190,8 @@ def test_with_a_verdict_key_a_write_waiting_for_approval_cannot_be_run_by_a_forg
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     write = call("write_note", 1, note="hi")
-    state = _edit_and_continue(
-        h, config, ctx, forge_batch(h, config, verdicts=(_allowed(write),)), how
+    state = edit_and_continue(
+        h, config, ctx, forge_batch(h, config, verdicts=(allowed_verdict(write),)), how
     )
     assert h.calls.count("write_note") == 0
     assert state.budget.mutations_used == 0
@@ -258,7 +206,7 @@ def test_with_a_verdict_key_a_sealed_verdict_cannot_be_moved_to_other_arguments(
     h = harness([call(n=1, query="checkout"), ABSTAIN], verdict_key=VERDICT_KEY)
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_before=["execute"])
-    sealed = _state(h, config).batch[0].verdict
+    sealed = state_of(h, config).batch[0].verdict
     assert sealed.seal is not None
     forged = call(n=1, query="DROP TABLE users")
     moved = sealed.model_copy(
@@ -507,12 +455,6 @@ def test_the_graph_nests_in_a_parent_graph_node_and_ends_with_a_typed_reason(
     # Two decisions in all: the nested run went on from its checkpoint after the pause.
     assert out["steps_used"] == 2 and model.calls == 2
     assert "Blocked deserialization" not in caplog.text
-
-
-class Host(TypedDict, total=False):
-    request: dict[str, Any]
-    run: dict[str, Any]
-    audit: str
 
 
 def test_the_compiled_graph_is_a_subgraph_node_that_pauses_resumes_and_keeps_its_budget() -> None:

@@ -36,11 +36,11 @@ from tests.graph.kit import (
     harness,
     interrupt_payload,
     paused_for_approval,
+    saver_bytes,
     state_of,
     thread,
     thread_account,
 )
-from tests.graph.test_hostile_review import _saver_bytes
 from tests.graph.test_tool_isolation import NoArgs, finishes
 from tests.policy.factories import make_state, reader
 
@@ -138,7 +138,7 @@ async def test_an_args_validator_raising_what_pydantic_does_not_wrap_ends_as_a_s
     assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
     assert [e.verdict.code for e in state.batch] in ([VerdictCode.SCHEMA_VIOLATION], [])
     assert ran == []
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
     assert SECRET not in repr(out)
 
 
@@ -219,7 +219,7 @@ def test_an_edit_its_args_validator_breaks_on_is_asked_again_with_no_text(
     assert error["invalid"] == [{"call_id": "call-0001", "problems": ["*: validator_failed"]}]
     assert ran == []
     assert not state_of(h, config).is_terminal
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
     assert SECRET not in repr(out)
     # Asked again, a clear answer still counts.
     state = fp.run_output(h.graph.invoke(Command(resume="reject"), config, context=ctx))
@@ -311,7 +311,7 @@ async def test_a_tool_body_that_breaks_out_is_contained_and_its_run_ends_typed(
     assert state.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
     code = fp.ErrorCode.TIMEOUT if behaviour in BEHAVIOURS[4:] else fp.ErrorCode.INTERNAL_ERROR
     assert [(r.status, r.error_code) for r in state.receipts] == [(fp.ReceiptStatus.FAILED, code)]
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
 
 
 ledger = pytest.fixture(params=LEDGERS, name="ledger")(each_ledger)

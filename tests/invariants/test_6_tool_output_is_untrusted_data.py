@@ -27,8 +27,7 @@ import fencepost as fp
 from fencepost.adapters.chat_model import ChatModelDecider
 from fencepost.policy.outcome import MalformedMarker, checked_marker
 from tests.adapters.fakes import FakeToolChatModel, ai_call, ai_final
-from tests.graph.kit import DOCS, STATUS, context, harness, thread, upload_registry
-from tests.graph.test_hostile_review import _saver_bytes
+from tests.graph.kit import DOCS, STATUS, context, harness, saver_bytes, thread, upload_registry
 from tests.telemetry_kit import assert_only_in_one_traceback, every_text
 
 SECRET = "password=hunter2"
@@ -85,7 +84,7 @@ def test_a_malformed_accepted_or_completed_is_the_calls_failure_with_a_safe_code
     again = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert again.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
     assert again.budget.tool_calls_used == 1
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
     assert SECRET not in repr(out)
 
 
@@ -105,7 +104,7 @@ async def test_a_malformed_accepted_is_the_calls_failure_under_ainvoke_too() -> 
     assert [(r.status, r.error_code) for r in state.receipts] == [
         (fp.ReceiptStatus.FAILED, fp.ErrorCode.UNSERIALIZABLE_RESULT)
     ]
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
 
 
 def test_a_well_formed_marker_passes_the_check_and_anything_else_is_no_marker() -> None:
@@ -247,7 +246,7 @@ def test_an_exceptions_text_is_in_one_log_traceback_and_in_no_checkpoint_stream_
     assert_only_in_one_traceback(caplog.records, CANARY, logger)
     # ...and nothing else does: no checkpoint blob,
     if isinstance(saver, InMemorySaver):
-        assert CANARY.encode() not in _saver_bytes(saver)
+        assert CANARY.encode() not in saver_bytes(saver)
     conn.close()
     stored = b"".join(
         p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("checkpoints")
