@@ -362,9 +362,9 @@ def _odd_amounts(count: int) -> list[float]:
     return amounts
 
 
-def test_every_valid_axis_name_and_amount_reads_back_from_its_array_literal(dsn: str) -> None:
+def test_every_valid_axis_name_and_amount_reads_back_from_its_array_literal(postgres_schema: str) -> None:
     names, amounts = _odd_names(3000), _odd_amounts(3000)
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(postgres_schema) as conn:
         for i in range(0, len(names), 250):
             chunk = names[i : i + 250]
             row = conn.execute("SELECT %s::text[]", (_text_array(chunk),)).fetchone()
@@ -376,7 +376,7 @@ def test_every_valid_axis_name_and_amount_reads_back_from_its_array_literal(dsn:
 
 
 def test_odd_names_and_amounts_reserve_settle_and_balance_as_the_in_memory_ledger(
-    dsn: str,
+    postgres_schema: str,
 ) -> None:
     names = _odd_names(400)[:120]
     amounts = [a for a in _odd_amounts(400) if a < 1e300][:120]
@@ -396,7 +396,7 @@ def test_odd_names_and_amounts_reserve_settle_and_balance_as_the_in_memory_ledge
         out.append((book.balance("tenant"), book.balance("run")))
         return out
 
-    with PostgresLedger(dsn) as ledger:
+    with PostgresLedger(postgres_schema) as ledger:
         assert script(ledger) == script(InMemoryLedger())
 
 

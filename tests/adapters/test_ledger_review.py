@@ -20,11 +20,6 @@ from fencepost.adapters import PostgresLedger, SqliteLedger, ledger_postgres
 from fencepost.policy import AccountClosed, BudgetExhausted, Ledger, UnknownAccount
 
 
-@pytest.fixture
-def dsn(postgres_schema: str) -> Iterator[str]:
-    with PostgresLedger(postgres_schema):  # set up once, before the sessions race
-        pass
-    yield postgres_schema
 
 
 def _run_all(workers: list[Callable[[], None]]) -> None:
@@ -59,13 +54,13 @@ def _chain(ledger: Ledger, depth: int) -> str:
 
 @pytest.mark.parametrize("depth", [1001, 1002])
 def test_postgres_walks_a_parent_chain_exactly_as_deep_as_sqlite_does(
-    dsn: str, tmp_path: Path, depth: int
+    postgres_schema: str, tmp_path: Path, depth: int
 ) -> None:
     # The walk in a loop stopped at 1000 accounts where the recursive query it replaced (and the
     # SQLite backend) took 1001: a run nested one level deeper was refused as unknown_account
     # on Postgres only. Settling must refund every account the reservation charged.
     outcomes: list[Any] = []
-    with PostgresLedger(dsn) as pg:
+    with PostgresLedger(postgres_schema) as pg:
         sqlite = SqliteLedger(tmp_path / "ledger.db")
         try:
             for ledger in (pg, sqlite):
@@ -197,9 +192,9 @@ def test_a_close_racing_reservations_is_seen_by_every_reservation_after_it(dsn: 
         assert 50 <= len(succeeded) < 5000
 
 
-def test_the_nearest_closed_account_is_named_whatever_the_names_sort_as(dsn: str) -> None:
+def test_the_nearest_closed_account_is_named_whatever_the_names_sort_as(postgres_schema: str) -> None:
     # The locking select walks the chain by name; the account reported is the nearest.
-    with PostgresLedger(dsn) as ledger:
+    with PostgresLedger(postgres_schema) as ledger:
         ledger.open_account("a-tenant", {"cost": 5})
         ledger.open_account("b-team", {}, parent="a-tenant")
         ledger.open_account("z-run", {"cost": 5}, parent="b-team")

@@ -22,7 +22,6 @@ from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
-from fencepost.policy.keys import run_account
 from tests.graph.kit import (
     ABSTAIN,
     Calls,
@@ -156,10 +155,6 @@ def test_with_a_verdict_key_renaming_the_run_cannot_rebind_a_paused_write() -> N
     h, state = _rebind_paused_write(verdict_key=b"operator-secret-0123456789ab")
     assert h.calls.count("write_note") == 0
     assert state.termination is fp.TerminationReason.POLICY_DENIED
-
-
-def test_the_run_account_name_is_injective_in_thread_and_run_id() -> None:
-    assert run_account("a\x1fb", "c") != run_account("a", "b\x1fc")
 
 
 def test_two_runs_whose_names_share_a_separator_do_not_share_an_account() -> None:
@@ -401,7 +396,7 @@ def test_a_hostile_usage_report_is_charged_the_estimate_and_ends_typed(
     assert state.budget.tokens_used == 200
 
 
-def _nested(depth: int, leaf: Any = "x") -> Any:
+def _nested_value(depth: int, leaf: Any = "x") -> Any:
     value = leaf
     for _ in range(depth):
         value = {"a": value}
@@ -414,7 +409,7 @@ def test_arguments_nested_past_any_limit_end_typed(depth: int) -> None:
         "kind": "tool",
         "call_id": "call-0001",
         "tool_name": "search_logs",
-        "arguments": {"query": _nested(depth)},
+        "arguments": {"query": _nested_value(depth)},
     }
     saver = InMemorySaver()
     h = harness([lambda _: raw, ABSTAIN], checkpointer=saver)
@@ -426,7 +421,7 @@ def test_arguments_nested_past_any_limit_end_typed(depth: int) -> None:
 @pytest.mark.parametrize("depth", [120, 1_000, 20_000])
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_result_nested_past_any_limit_ends_typed(depth: int, mode: str) -> None:
-    spec = _spec("deep", lambda args, ctx: _nested(depth, CANARY))
+    spec = _spec("deep", lambda args, ctx: _nested_value(depth, CANARY))
     state, _ = _run_hostile(spec, [_note("deep"), ABSTAIN], mode)
     assert state.is_terminal
     assert state.receipts[0].status in (
@@ -500,8 +495,8 @@ def test_a_malformed_approval_answer_never_runs_the_write_or_escapes(answer: Any
 
 
 NESTED_ANSWERS = [
-    {"call-0001": {"decision": "edit", "arguments": _nested(2_000)}},
-    {"decision": _nested(2_000)},
+    {"call-0001": {"decision": "edit", "arguments": _nested_value(2_000)}},
+    {"decision": _nested_value(2_000)},
 ]
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
-import random
 import threading
 import weakref
 from typing import Any
@@ -27,7 +26,7 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.policy import TerminationReason
 from fencepost.policy.decision_model import DecisionInput
-from fencepost.policy.keys import _digest, run_account
+from fencepost.policy.keys import run_account
 from fencepost.policy.observation import Observation
 from tests.adapters.fakes import decision_input, idle_decider, tool_observation
 from tests.graph.kit import (
@@ -49,57 +48,6 @@ from tests.graph.nested_kit import approved, nested_config, nested_paused
 def _json_digest(*parts: str) -> str:
     """The digest as 8f704dd wrote it: every key already in a durable ledger was made so."""
     return hashlib.sha256(json.dumps(parts, ensure_ascii=True).encode("ascii")).hexdigest()[:32]
-
-
-def test_ledger_key_digest_is_the_json_digest_for_every_string_lone_surrogates_included() -> None:
-    rnd = random.Random(7)
-    pools = [(0, 0x7F), (0x80, 0xD7FF), (0xD800, 0xDFFF), (0xE000, 0x10FFFF)]
-
-    def text() -> str:
-        return "".join(chr(rnd.randint(*rnd.choice(pools))) for _ in range(rnd.randint(0, 12)))
-
-    fixed = [
-        "",
-        '"',
-        "\\",
-        "\x00",
-        "\x1f",
-        "\x7f",
-        "\ud800",
-        "\udfff",
-        "\ud83d\ude00",
-        "😀",
-        "\u2028",
-    ]
-    samples = [tuple(fixed)] + [
-        tuple(text() for _ in range(rnd.randint(0, 4))) for _ in range(20000)
-    ]
-    for parts in samples:
-        assert _digest(*parts) == _json_digest(*parts), parts
-    # A str subclass hashes as its text, as json.dumps wrote it.
-    weird = type("Weird", (str,), {"__str__": lambda self: "other"})("acme")
-    assert _digest(weird) == _json_digest("acme")
-
-
-def test_the_run_account_cache_names_every_run_as_the_uncached_scheme_does() -> None:
-    # The cache is keyed by names callers choose (thread ids, run ids); it is safe to share only
-    # while its value is a pure function of them: the same account however it is asked for.
-    for thread_id, run_id, namespace in [
-        ("t-1", "r-1", ""),
-        ("t-1", "r-2", ""),  # a thread names its run: the run id does not move it
-        ("t-1", "r-1", "agent:1"),
-        ("", "r-1", ""),
-        ("", "r-1", "agent:1"),  # no thread: the run id names it, the namespace is not used
-    ]:
-        expected = (
-            f"run:{_json_digest('thread', thread_id, namespace)}"
-            if thread_id and namespace
-            else f"run:{_json_digest('thread', thread_id)}"
-            if thread_id
-            else f"run:{_json_digest('run', run_id)}"
-        )
-        assert run_account(thread_id, run_id, namespace) == expected
-        assert run_account(thread_id, run_id, namespace=namespace) == expected
 
 
 # === the decider's rendered turns ================================================================
@@ -199,8 +147,8 @@ def test_runs_dying_in_a_collection_inside_the_lock_neither_deadlock_nor_leak_no
 
 def test_a_decider_dropped_with_live_runs_is_freed_and_its_callbacks_harmless() -> None:
     decider = idle_decider()
-    records = tuple(_tenant_observation(n, _SECRETS[0]) for n in range(2))
-    decider.messages(_tenant_input(records, _SECRETS[0]))
+    records = tuple(_observation(n) for n in range(2))
+    decider.messages(_input(records))
     gone = weakref.ref(decider)
     del decider
     gc.collect()

@@ -445,3 +445,28 @@ def test_the_schema_gate_validates_through_a_models_own_model_validate_json() ->
     assert plain == SearchArgs(query="checkout", limit=3)
     with pytest.raises(ValidationError):
         check_schema(make_spec(), make_proposal({"query": "checkout", "limit": "3"}))
+
+
+class _StaticHook(BaseModel):
+    """A model that replaces model_validate_json with a staticmethod (no ``__func__``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    query: str
+
+    @staticmethod
+    def model_validate_json(json_data: Any, **kwargs: Any) -> _StaticHook:  # type: ignore[override]
+        if "forbidden" in json_data:
+            raise ValueError("refused by the model's own hook")
+        return _StaticHook.__pydantic_validator__.validate_json(json_data, **kwargs)  # type: ignore[no-any-return]
+
+
+def test_a_schema_whose_model_validate_json_is_a_staticmethod_is_validated_through_it() -> None:
+    # A staticmethod (or any callable that is not a bound method) has no ``__func__``: the gate
+    # calls the model's own hook whatever kind of callable it is.
+    spec = make_spec(args_model=_StaticHook)
+    args = check_schema(spec, make_proposal({"query": "checkout"}))
+    assert isinstance(args, _StaticHook) and args.query == "checkout"
+    # What the hook raised is a schema refusal with no text (a broken validator's, pinned in
+    # tests/invariants/test_1_every_run_ends_typed.py).
+    with pytest.raises(ArgumentsValidatorFailed):
+        check_schema(spec, make_proposal({"query": "forbidden"}))

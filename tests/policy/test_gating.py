@@ -1,12 +1,21 @@
-"""Gating a batch: repeats count within the batch, and the run's counts are never changed."""
+"""Gating a batch: repeats count within the batch, the run's counts are never changed, a batch's
+dependencies form no cycle, and each call reserves its axes under their plain names."""
 
 from __future__ import annotations
 
 from datetime import UTC
 
-from fencepost.policy import ToolRegistry, VerdictCode
+import pytest
+
+import fencepost as fp
+from fencepost.policy import Effect, ToolRegistry, VerdictCode
 from fencepost.policy.fingerprint import proposal_fingerprint
-from fencepost.policy.gating import duplicate_call_ids, gate_batch
+from fencepost.policy.gating import (
+    duplicate_call_ids,
+    gate_batch,
+    invalid_dependencies,
+    reservation_amounts,
+)
 from tests.policy.factories import make_proposal, make_spec, make_state, reader
 
 REGISTRY = ToolRegistry((make_spec(),))
@@ -75,3 +84,34 @@ def test_a_polling_call_is_counted_under_its_repeat_key_not_its_time_key() -> No
     assert [e.verdict.code for e in gated.batch] == [VerdictCode.ALLOWED]
     assert gated.fingerprints == {repeat_key(KEY, state): 1}
     assert repeat_key(KEY, state) != KEY  # the epoch moved on: not the bare fingerprint
+
+
+@pytest.mark.parametrize("effect", list(Effect))
+@pytest.mark.parametrize("cost", [0, 0.5, 3])
+def test_reservation_amounts_name_the_axes_as_plain_strings(effect: Effect, cost: float) -> None:
+    amounts = reservation_amounts(make_spec(effect=effect, cost=cost))
+    expected = {"tool_calls": 1.0}
+    if effect is not Effect.READ:
+        expected["mutations"] = 1.0
+    if cost:
+        expected["cost"] = float(cost)
+    assert amounts == expected
+    assert all(type(k) is str for k in amounts)  # a durable ledger's JSON keys
+
+
+def test_a_large_acyclic_batch_of_dependencies_is_accepted() -> None:
+    # 1,200 calls each naming up to 64 earlier ones: accepted (the check is linear in calls and
+    # edges; a quadratic walk made this take seconds).
+    n = 1200
+    calls = [
+        fp.ToolProposal(
+            call_id=f"call-{i:06d}",
+            tool_name="search_logs",
+            arguments={"query": "x"},
+            depends_on=tuple(f"call-{j:06d}" for j in range(max(0, i - 64), i)),
+        )
+        for i in range(n)
+    ]
+    assert not invalid_dependencies(calls, set())
+    looped = [*calls[:-1], calls[-1].model_copy(update={"depends_on": ("call-001199",)})]
+    assert invalid_dependencies(looped, set())
