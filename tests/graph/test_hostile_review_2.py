@@ -144,39 +144,6 @@ def test_rewriting_evidence_in_state_does_not_reset_the_no_progress_count() -> N
     assert h.calls.count("search_logs") == limit
 
 
-def test_rewriting_evidence_in_state_never_spends_past_the_tool_budget() -> None:
-    h = harness([*_same_search(10), ABSTAIN])
-    config, ctx = thread(), context()
-    h.graph.invoke(
-        fp.start("q", budget(steps=12, tools=3)), config, context=ctx, interrupt_after=["execute"]
-    )
-    state = drive_editing(h, config, ctx, _bump_evidence)
-    assert h.calls.count("search_logs") <= 3
-    assert state.is_terminal
-    assert state.budget.tool_calls_used <= 3
-
-
-def test_a_tool_whose_results_alternate_is_still_bounded_by_the_step_budget() -> None:
-    flip = iter(range(100))
-
-    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
-    def flapping(ctx: fp.ToolContext) -> Any:
-        """A status that flaps between two values."""
-        return {"state": "up" if next(flip) % 2 else "down"}
-
-    h = harness(
-        [
-            fp.ToolProposal(call_id=f"call-{i:04d}", tool_name="flapping", arguments={})
-            for i in range(1, 40)
-        ],
-        registry=fp.ToolRegistry([flapping]),
-    )
-    state = h.run(steps=7, tools=30)
-    assert state.is_terminal
-    assert state.budget.steps_used <= 7
-    assert len(state.observations) <= 7
-
-
 # --- dependent calls -------------------------------------------------------------------------
 
 

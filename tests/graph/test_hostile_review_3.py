@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import sqlite3
-from pathlib import Path
 from typing import Any
 
 import pytest
-from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
 import fencepost as fp
@@ -33,7 +30,6 @@ from tests.graph.kit import (
     context,
     final_citing_last,
     harness,
-    make_registry,
     state_of,
     terminal_manifests,
     thread,
@@ -101,28 +97,6 @@ def test_every_defaulted_field_a_caller_seeds_on_a_fresh_thread_is_reset_at_the_
 # --- a caller: mid-run and after the end -------------------------------------------------------
 
 
-def test_a_plain_string_phase_a_caller_wrote_is_replaced_so_an_ended_run_stays_ended() -> None:
-    # A caller writes the phase "terminal" before the run has ended: a terminal phase without
-    # the terminal node's termination is no ending, so the terminal node ends the run with its
-    # own stop, and a later invoke cannot end it a second time with whatever stop the caller
-    # writes then.
-    h = harness([call(n=1), ABSTAIN])
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_after=["execute"])
-    h.graph.invoke(None, config, context=ctx, interrupt_after=["decide"])
-    assert state_of(h, config).stop is not None  # the run's own abstain, not yet terminal
-    h.graph.update_state(config, {"run": {"phase": "terminal"}}, as_node="decide")
-    h.graph.invoke(None, config, context=ctx)
-    assert h.graph.get_state(config).values["run"]["phase"] == Phase.TERMINAL.value
-    forged = StopRequest(reason=TerminationReason.COMPLETED, answer=FORGED_ANSWER)
-    h.graph.update_state(config, {"run": {"stop": forged}}, as_node="execute")
-    h.graph.invoke(None, config, context=ctx)
-    state = state_of(h, config)
-    assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
-    assert state.final_answer is None
-    assert terminal_manifests(state) == 1
-
-
 def test_overwriting_the_receipts_in_state_never_lets_a_final_pass_with_a_task_pending() -> None:
     # receipts only grow: LangGraph's Overwrite (here its JSON form {"__overwrite__": v}, what a
     # server client can send) is dropped by channels.Records, so decide still judges a final
@@ -135,30 +109,6 @@ def test_overwriting_the_receipts_in_state_never_lets_a_final_pass_with_a_task_p
     state = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert state.termination is not TerminationReason.COMPLETED
     assert [r.call_id for r in pending_tasks(state.receipts)] == ["call-0001"]
-
-
-def test_overwriting_the_fingerprints_in_state_does_not_reset_the_no_progress_count() -> None:
-    # fingerprints' reducer only raises counts ("a state edit cannot reset the no-progress
-    # check"); an Overwrite, which would skip the reducer, is dropped.
-    baseline = harness([*(call(n=i, query="same") for i in range(1, 12)), ABSTAIN])
-    assert baseline.run(steps=12, tools=10).termination is TerminationReason.NO_PROGRESS
-    limit = baseline.calls.count("search_logs")
-
-    h = harness([*(call(n=i, query="same") for i in range(1, 12)), ABSTAIN])
-    config, ctx = thread(), context()
-    h.graph.invoke(
-        fp.start("q", budget(steps=12, tools=10)), config, context=ctx, interrupt_after=["execute"]
-    )
-    for _ in range(15):
-        if state_of(h, config).is_terminal:
-            break
-        h.graph.update_state(
-            config, {"run": {"fingerprints": {"__overwrite__": {}}}}, as_node="execute"
-        )
-        h.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
-    state = state_of(h, config)
-    assert state.termination is TerminationReason.NO_PROGRESS
-    assert h.calls.count("search_logs") == limit
 
 
 # Values of no form of their field's type, not only None: a str where a model or an int is due,
@@ -328,59 +278,6 @@ def test_two_tenants_interleaved_on_one_graph_and_ledger_share_no_state_or_budge
 
 def _never(inp: fp.DecisionInput) -> Any:
     return asyncio.Event().wait()
-
-
-def test_a_hung_model_and_a_system_exit_tool_end_typed_and_a_new_graph_reads_every_field_back(
-    tmp_path: Path,
-) -> None:
-    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
-    def exits(ctx: fp.ToolContext) -> Any:
-        """Ends the process, if it can."""
-        raise SystemExit(3)
-
-    script = [
-        _never,
-        fp.ToolProposal(call_id="call-0001", tool_name="exits", arguments={}),
-        call("write_note", 2, note="x"),
-        call(n=3),
-        final_citing_last,
-    ]
-    db = tmp_path / "runs.db"
-    conn = sqlite3.connect(db, check_same_thread=False)
-    calls = Calls()
-    registry = make_registry(calls, extra=(exits,))
-    h = harness(
-        script,
-        checkpointer=SqliteSaver(conn),
-        registry=registry,
-        calls=calls,
-        approval="interrupt",
-        model_timeout_seconds=0.3,
-    )
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget(steps=8, tools=5)), config, context=ctx)
-    paused = h.graph.get_state(config)
-    assert paused.next == ("approve",)
-    seen = fp.run_output(paused.values)
-    conn.close()
-
-    conn2 = sqlite3.connect(db, check_same_thread=False)
-    again = harness(
-        script[3:],
-        checkpointer=SqliteSaver(conn2),
-        registry=registry,
-        calls=calls,
-        approval="interrupt",
-    )
-    read_back = fp.run_output(again.graph.get_state(config).values)
-    assert read_back == seen
-    assert read_back.receipts[0].error_code is fp.ErrorCode.INTERNAL_ERROR
-    assert read_back.model_failures == 0 and read_back.step == 3
-    state = fp.run_output(again.graph.invoke(Command(resume="approve"), config, context=ctx))
-    assert state.termination is TerminationReason.COMPLETED
-    assert [n for n, _, _ in calls.log] == ["write_note", "search_logs"]
-    assert fp.run_output(again.graph.get_state(config).values) == state
-    conn2.close()
 
 
 def test_values_streamed_at_one_step_are_never_changed_by_a_later_step() -> None:

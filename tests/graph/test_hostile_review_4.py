@@ -164,25 +164,6 @@ def test_a_forged_completion_receipt_sent_with_a_completed_stop_never_ends_the_r
 # --- a caller: pre-existing ways out of the loop that skip its one exit --------------------------
 
 
-# Before: update_state(..., as_node='terminal') was taken as the terminal node's output and its
-# edge went to END: the thread ended with no termination, no report, and the run's ledger account
-# open (with {'repairs': None}, values that no longer read back as an AgentState). The terminal
-# node now routes through itself until the run has ended, and a stop-less arrival with supersteps
-# left is a caller's doing, not the recursion limit.
-@pytest.mark.parametrize("update", [{"run": {"last_error_code": None}}, {"run": {"repairs": None}}])
-def test_a_state_update_made_as_the_terminal_node_still_ends_the_run_with_a_reason(
-    update: dict[str, Any],
-) -> None:
-    h, config, ctx = paused_for_approval()
-    h.graph.update_state(config, update, as_node="terminal")
-    h.graph.invoke(None, config, context=ctx)
-    state = ended_typed(h, config, ctx)
-    assert state.report is not None
-    assert state.termination is TerminationReason.POLICY_DENIED
-    assert state.last_error_code == "invalid_state"
-    assert h.calls.count("write_note") == 0
-
-
 # Before (b489934 too): each of these made two writers of one last-value field in one step (a
 # goto beside the paused approve node, a goto of two nodes, one field written twice); LangGraph
 # saved the Command's writes, raised InvalidUpdateError applying them, and raised again at every

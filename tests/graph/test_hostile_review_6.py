@@ -13,14 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sqlite3
-from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command, Send
 
 import fencepost as fp
@@ -33,14 +30,9 @@ from tests.graph.kit import (
     UPLOAD,
     astart_upload,
     budget,
-    call,
     context,
     final_citing_all,
-    final_citing_last,
-    harness,
     paused_for_approval,
-    sqlite_files,
-    start_upload,
     state_of,
     terminal_manifests,
     thread,
@@ -120,59 +112,6 @@ _FORGED_COMPLETED: dict[str, Any] = {
 }
 
 
-# Before: unsealed_end sent a completed state back only while the account was open; one closed
-# with another reason (fp.cancel, insufficient_evidence) let a caller's completed stand. It now
-# ends with the ledger's reason.
-@pytest.mark.parametrize(
-    "ending",
-    [
-        "cancelled",
-        "abstained",
-        "abstained-default-ledger",
-    ],
-)
-def test_a_caller_never_rewrites_an_ended_run_to_completed(ending: str) -> None:
-    ledger = None if ending.endswith("default-ledger") else fp.InMemoryLedger()
-    h = upload_graph(
-        [UPLOAD, final_citing_all, final_citing_all, ABSTAIN, ABSTAIN],
-        **({"ledger": ledger} if ledger is not None else {}),
-    )
-    config, ctx = thread(), context(caps=DOCS)
-    if ending == "cancelled":
-        start_upload(h, config, ctx)
-        fp.cancel(h.graph, config, context=ctx)
-        h.graph.invoke(Command(update=_FORGED_COMPLETED, goto="decide"), config, context=ctx)
-    else:
-        h.graph.invoke(fp.start("upload", budget()), config, context=ctx)
-        genuine = state_of(h, config).termination
-        assert genuine is TerminationReason.INSUFFICIENT_EVIDENCE
-        h.graph.update_state(config, _FORGED_COMPLETED, as_node="execute")
-        h.graph.invoke(None, config, context=ctx)
-    state = state_of(h, config)
-    assert state.termination is not TerminationReason.COMPLETED
-    if ledger is not None:
-        assert ledger.balance(thread_account(config)).closed == state.termination.value
-
-
-@pytest.mark.parametrize("where", ["default-ledger", "durable-ledger-fresh-graph"])
-def test_a_genuine_ending_is_never_rewritten_when_the_thread_is_invoked_again(
-    where: str, tmp_path: Path
-) -> None:
-    # unsealed_end must leave a genuine completed alone, whether the graph's own ledger forgot
-    # its account or a new process's graph reads a durable ledger that closed it.
-    config, ctx = thread(), context(caps=DOCS)
-    with sqlite_files(tmp_path) as (saver, ledger):
-        durable = where.startswith("durable")
-        kw: dict[str, Any] = {"checkpointer": saver, "ledger": ledger} if durable else {}
-        h = upload_graph([UPLOAD, STATUS, final_citing_all], **kw)
-        assert h.run(ctx=ctx, config=config).termination is TerminationReason.COMPLETED
-        again = upload_graph([ABSTAIN], **kw) if durable else h
-        again.graph.invoke(Command(goto="decide"), config, context=ctx)
-        state = state_of(again, config)
-    assert state.termination is TerminationReason.COMPLETED
-    assert terminal_manifests(state) == 1
-
-
 # === Seat 2: another tenant or run sharing the process and the ledger ===========================
 
 
@@ -215,55 +154,6 @@ _STARTS: dict[str, Any] = {
 # durable account whose owner names another run, and the re-run ended account_conflict for good.
 # A start that names no run id now gets one derived from the thread and its first task
 # (keys.task_run_id), the same on the re-run.
-
-
-@pytest.mark.parametrize(
-    "form",
-    [
-        "start",
-        "messages",
-        "json-request",
-    ],
-)
-def test_a_run_whose_first_step_died_resumes_on_a_durable_ledger_whatever_its_input_form(
-    form: str, tmp_path: Path
-) -> None:
-    config, ctx = thread(), context()
-    conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
-    crashing = _CrashBeforeFirstStep(tmp_path / "ledger.db")
-    try:
-        saver = SqliteSaver(conn)
-        h = harness([final_citing_last], checkpointer=saver, ledger=crashing)
-        with pytest.raises(RuntimeError):
-            h.graph.invoke(_STARTS[form], config, context=ctx)
-    finally:
-        crashing.close()
-        conn.close()
-    with sqlite_files(tmp_path) as (saver, ledger):
-        again = harness(
-            [call("search_logs", 1), final_citing_last], checkpointer=saver, ledger=ledger
-        )
-        state = fp.run_output(again.graph.invoke(None, config, context=ctx))
-    assert (state.termination, state.last_error_code) == (TerminationReason.COMPLETED, None)
-    text = json.dumps(state.model_dump(mode="json"))
-    assert "hunter2" not in text and "power cut" not in text
-
-
-def test_a_run_resumed_by_a_fresh_graph_with_its_context_as_json_is_its_own(
-    tmp_path: Path,
-) -> None:
-    # LangGraph Server passes the context as a dict: the owner it makes (identity + run tag) is
-    # the one the account recorded from a RunContext, in another process's graph.
-    config, ctx = thread(), context(caps=DOCS)
-    with sqlite_files(tmp_path) as (saver, ledger):
-        start_upload(upload_graph([UPLOAD], checkpointer=saver, ledger=ledger), config, ctx)
-    with sqlite_files(tmp_path) as (saver, ledger):
-        again = upload_graph([STATUS, final_citing_all], checkpointer=saver, ledger=ledger)
-        as_json = ctx.model_dump(mode="json")
-        state = fp.run_output(again.graph.invoke(None, config, context=as_json))
-        closed = ledger.balance(thread_account(config)).closed
-    assert state.termination is TerminationReason.COMPLETED
-    assert closed == TerminationReason.COMPLETED.value
 
 
 # === Seat 3: the process ========================================================================
