@@ -12,7 +12,6 @@ its reason names the bug.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +20,6 @@ from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
-from fencepost.adapters import SqliteLedger
 from tests.graph.kit import (
     ABSTAIN,
     allowed_verdict,
@@ -79,15 +77,6 @@ REBIND = {
 }
 
 
-def test_rebinding_a_paused_write_by_renaming_the_run_is_refused_on_the_default_ledger() -> None:
-    h = harness([call("write_note", 1, note="hi"), ABSTAIN], approval="interrupt")
-    config = thread()
-    h.graph.invoke(fp.start("q", budget()), config, context=context())
-    out = h.graph.invoke(Command(update=REBIND, resume="approve"), config, context=INTRUDER)
-    assert h.calls.count("write_note") == 0
-    assert fp.run_output(out).termination is fp.TerminationReason.POLICY_DENIED
-
-
 def _rebind_paused_write(**build: Any) -> tuple[Any, fp.AgentState]:
     h = harness([call("write_note", 1, note="hi"), ABSTAIN], approval="interrupt", **build)
     config = thread()
@@ -96,83 +85,9 @@ def _rebind_paused_write(**build: Any) -> tuple[Any, fp.AgentState]:
     return h, fp.run_output(out)
 
 
-def test_rebinding_a_paused_write_by_renaming_the_run_is_refused_with_a_durable_ledger(
-    tmp_path: Path,
-) -> None:
-    h, state = _rebind_paused_write(ledger=SqliteLedger(str(tmp_path / "ledger.db")))
-    assert h.calls.count("write_note") == 0
-    assert state.termination is fp.TerminationReason.POLICY_DENIED
-
-
-def test_with_a_verdict_key_renaming_the_run_cannot_rebind_a_paused_write() -> None:
-    h, state = _rebind_paused_write(verdict_key=b"operator-secret-0123456789ab")
-    assert h.calls.count("write_note") == 0
-    assert state.termination is fp.TerminationReason.POLICY_DENIED
-
-
-def test_two_runs_whose_names_share_a_separator_do_not_share_an_account() -> None:
-    h = harness([call(n=1), ABSTAIN, call(n=2), ABSTAIN])
-    ctx = context()
-    h.graph.invoke(
-        fp.start("q", budget(), run_id="r\x1fx"),
-        {"configurable": {"thread_id": "t"}},
-        context=ctx,
-    )
-    second = fp.run_output(
-        h.graph.invoke(
-            fp.start("q", budget(), run_id="x"),
-            {"configurable": {"thread_id": "t\x1fr"}},
-            context=ctx,
-        )
-    )
-    assert h.calls.count("search_logs") == 2
-    assert second.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
-
-
 # -- seat 2: another tenant sharing the process ---------------------------------------------------
 
 BETA = context(tenant="beta", principal="b-1")
-
-
-def test_another_tenant_choosing_the_same_names_cannot_close_a_paused_run() -> None:
-    ledger = fp.policy.InMemoryLedger()
-    a = harness([call("write_note", 1, note="a"), ABSTAIN], approval="interrupt", ledger=ledger)
-    b = harness([ABSTAIN], approval="interrupt", ledger=ledger)
-    config = {"configurable": {"thread_id": "support-1"}}
-    a.graph.invoke(fp.start("q", budget(), run_id="run-1"), config, context=context())
-    b.graph.invoke(fp.start("q", budget(), run_id="run-1"), config, context=BETA)
-    out = a.graph.invoke(Command(resume="approve"), config, context=context())
-    assert a.calls.count("write_note") == 1
-    assert fp.run_output(out).termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
-
-
-def test_another_tenant_choosing_the_same_names_cannot_spend_on_a_run_account() -> None:
-    ledger = fp.policy.InMemoryLedger()
-    a = harness([call(n=1), ABSTAIN], ledger=ledger)
-    b = harness([call(n=1), call(n=2), ABSTAIN], ledger=ledger)
-    config = {"configurable": {"thread_id": "support-1"}}
-    a.graph.invoke(
-        fp.start("q", budget(), run_id="run-1"),
-        config,
-        context=context(),
-        interrupt_before=["execute"],
-    )
-    out = fp.run_output(
-        b.graph.invoke(fp.start("q", budget(), run_id="run-1"), config, context=BETA)
-    )
-    assert b.calls.count("search_logs") == 0
-    assert out.termination is fp.TerminationReason.POLICY_DENIED
-
-
-def test_a_run_cannot_open_under_another_tenants_budget_account() -> None:
-    ledger = fp.policy.InMemoryLedger()
-    ledger.open_account("acme-pool", {"tool_calls": 3}, owner={"tenant": "acme"})
-    h = harness([call(n=1), call(n=2), call(n=3), ABSTAIN], ledger=ledger)
-    thief = BETA.model_copy(update={"budget_account": "acme-pool"})
-    out = fp.run_output(h.graph.invoke(fp.start("q", budget()), thread(), context=thief))
-    assert ledger.balance("acme-pool").held.get("tool_calls", 0.0) == 0
-    assert h.calls.count("search_logs") == 0
-    assert out.termination is fp.TerminationReason.POLICY_DENIED
 
 
 # -- seat 3: the process itself -------------------------------------------------------------------

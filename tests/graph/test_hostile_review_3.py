@@ -23,8 +23,6 @@ from fencepost.policy import Phase, StopRequest, TerminationReason
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.tasks import pending_tasks
 from tests.graph.kit import (
-    ABSTAIN,
-    Calls,
     budget,
     call,
     context,
@@ -229,48 +227,6 @@ def test_forged_values_sent_with_an_approval_never_become_the_runs_end() -> None
 
 
 # --- another tenant: one graph, one ledger, two threads ----------------------------------------
-
-
-def test_two_tenants_interleaved_on_one_graph_and_ledger_share_no_state_or_budget() -> None:
-    ledger = fp.InMemoryLedger()
-    calls = Calls()
-
-    def script(inp: fp.DecisionInput) -> Any:
-        # Each run's first decision is its own write; then it answers from what it saw.
-        if not inp.observations:
-            return call("write_note", 1, note=inp.question)
-        if any(o.kind == "tool_result" for o in inp.observations):
-            return final_citing_last(inp)
-        return ABSTAIN
-
-    h = harness([script] * 8, approval="interrupt", ledger=ledger, calls=calls)
-    ca, cb = thread(), thread()
-    xa = context(tenant="tenant-a", principal="alice")
-    xb = context(tenant="tenant-b", principal="bob")
-    h.graph.invoke(fp.start("a", budget(steps=4, tools=2), run_id="same"), ca, context=xa)
-    h.graph.invoke(fp.start("b", budget(steps=6, tools=3), run_id="same"), cb, context=xb)
-    b = fp.run_output(h.graph.invoke(Command(resume="approve"), cb, context=xb))
-    a = fp.run_output(h.graph.invoke(Command(resume="reject"), ca, context=xa))
-    assert [(n, args) for n, args, _ in calls.log] == [("write_note", {"note": "b"})]
-    assert b.termination is TerminationReason.COMPLETED
-    assert a.termination is TerminationReason.INSUFFICIENT_EVIDENCE
-    assert (a.tenant_id, a.principal_id, b.tenant_id, b.principal_id) == (
-        "tenant-a",
-        "alice",
-        "tenant-b",
-        "bob",
-    )
-    assert (b.budget.steps_used, b.budget.tool_calls_used, b.budget.steps_remaining) == (2, 1, 4)
-    assert (a.budget.steps_used, a.budget.tool_calls_used, a.budget.steps_remaining) == (2, 0, 2)
-    assert [o.call_id for o in b.observations] == ["call-0001"]
-    assert all(o.kind == "tool_error" for o in a.observations)
-    assert b.final_answer is not None and a.final_answer is None
-    assert a.report is not None and b.report is not None and a.report != b.report
-    # What one run's values hand out cannot reach the other's: scribbling on them changes nothing.
-    record = h.graph.get_state(cb).values["run"]
-    record.setdefault("fingerprints", {})["x"] = 99
-    record.setdefault("evidence", {})["x"] = "forged"
-    assert "x" not in state_of(h, ca).fingerprints and "x" not in state_of(h, cb).evidence
 
 
 # --- the process: a tool raising SystemExit, a model that never returns --------------------------

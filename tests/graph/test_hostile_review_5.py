@@ -19,13 +19,11 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
-from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 from typing_extensions import TypedDict
 
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
-from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.policy import Phase, StopRequest, TerminationReason
 from fencepost.policy.keys import completed_key
 from tests.graph.kit import (
@@ -45,7 +43,6 @@ from tests.graph.kit import (
     state_of,
     thread,
     thread_account,
-    two_tenants,
     upload_graph,
     upload_registry,
 )
@@ -154,126 +151,12 @@ def test_completion_receipts_a_caller_forges_never_stop_the_genuine_completion_o
     assert [r.completed_by for r in genuine if r.completed_by == "call-0002"] == ["call-0002"]
 
 
-@pytest.mark.parametrize(
-    "edit",
-    [
-        {"run": {"run_id": "run-elsewhere"}},
-        {"run": {"tenant_id": "globex"}},
-        {"run": {"principal_id": "intruder"}},
-    ],
-    ids=["run_id", "tenant_id", "principal_id"],
-)
-def test_rewriting_the_run_identity_in_state_never_moves_it_to_an_account_with_markers(
-    edit: dict[str, Any],
-) -> None:
-    # account_of names the account from the thread alone: a new run id does not point it at an
-    # unknown (re-openable) account, and a new identity is refused by the account's owner.
-    ledger = fp.InMemoryLedger()
-    h = upload_graph([UPLOAD, final_citing_all, final_citing_all, ABSTAIN], ledger=ledger)
-    config, ctx = thread(), context(caps=DOCS)
-    start_upload(h, config, ctx)
-    forge_completion(h, config)
-    h.graph.update_state(config, edit, as_node="execute")
-    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
-    assert state.termination is not TerminationReason.COMPLETED
-    assert ledger.get(completed_key(thread_account(config), "call-0001")) is None
-
-
 # === Seat 2: another tenant sharing the process and the ledger ==================================
-
-
-def test_another_tenant_on_the_same_thread_id_is_refused_and_never_marks_this_runs_task() -> None:
-    # Tenant B keeps its own checkpointer but shares the ledger and picks the same thread id: its
-    # run is refused at the start (the account is A's), and A's genuine completion is A's alone.
-    t = two_tenants([UPLOAD, STATUS, final_citing_all])
-    ledger, config, ctx_a, ctx_b, a, b = t.ledger, t.config, t.ctx_a, t.ctx_b, t.a, t.b
-    other = b.run(ctx=ctx_b, config=config)
-    assert (other.termination, other.last_error_code) == (
-        TerminationReason.POLICY_DENIED,
-        "account_conflict",
-    )
-    assert ledger.get(completed_key(thread_account(config), "call-0001")) is None
-    state = fp.run_output(a.graph.invoke(None, config, context=ctx_a))
-    assert state.termination is TerminationReason.COMPLETED
-
-
-# Before: the terminal node closed run_account(thread) whenever the stop's error code (a state
-# edit away from anything) was not one of _NOT_THIS_RUNS_ACCOUNT: tenant B, on its own
-# checkpointer but the shared ledger and tenant A's thread id, rewrote its account_conflict stop
-# to cancelled and closed A's account. It now closes, and judges completions by, only an account
-# whose recorded owner is the caller (run_account.owned).
-def test_a_stop_another_tenant_writes_on_its_own_thread_never_closes_this_runs_account() -> None:
-    t = two_tenants([UPLOAD, final_citing_all, ABSTAIN])
-    ledger, config, ctx_a, ctx_b, a, b = t.ledger, t.config, t.ctx_a, t.ctx_b, t.a, t.b
-    b.graph.invoke(
-        fp.start("upload", budget()), config, context=ctx_b, interrupt_before=["terminal"]
-    )
-    cancel = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled")
-    b.graph.update_state(config, {"run": {"stop": cancel}}, as_node="execute")
-    b.graph.invoke(None, config, context=ctx_b)
-    assert ledger.balance(thread_account(config)).closed is None
-    state = fp.run_output(a.graph.invoke(None, config, context=ctx_a))
-    assert state.termination is TerminationReason.COMPLETED
-
-
-# Before: the account (and every completion marker) was named from the thread id alone and
-# open_account is idempotent for the same terms: run B of the same tenant, on the thread id run A
-# used (its own checkpointer, the shared ledger), shared A's account and completed on A's marker.
-# The account's owner now names the run it was opened for: B is refused (account_conflict).
-def test_a_run_on_a_thread_id_another_run_used_never_counts_that_runs_completion_marker() -> None:
-    ledger = fp.InMemoryLedger()
-    config, ctx = thread(), context(caps=DOCS)
-    a = upload_graph([UPLOAD, STATUS, ABSTAIN], ledger=ledger)
-    start_upload(a, config, ctx)
-    a.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
-    assert ledger.get(completed_key(thread_account(config), "call-0001")) is not None
-    b = upload_graph(
-        [UPLOAD, final_citing_all, final_citing_all, ABSTAIN],
-        status={"status": "done"},
-        ledger=ledger,
-    )
-    state = b.run(ctx=ctx, config=config)
-    assert state.termination is not TerminationReason.COMPLETED
-    assert (state.termination, state.last_error_code) == (
-        TerminationReason.POLICY_DENIED,
-        "account_conflict",
-    )
 
 
 class _Parent(TypedDict, total=False):
     first: str
     second: str
-
-
-# Before: 'a thread holds one run' did not hold for a fencepost graph invoked from a node of a
-# parent graph (it runs on the parent's thread under a checkpoint namespace of its own): two
-# such runs shared run_account(thread_id), and the second ended policy_denied 'run_closed'. The
-# account is now named from the thread and that namespace.
-def test_two_agent_runs_nested_in_one_parent_thread_each_get_an_account_of_their_own() -> None:
-    ledger = fp.InMemoryLedger()
-    ctx = context(caps=DOCS)
-
-    def agent() -> Any:
-        model = ScriptedDecisionModel([UPLOAD, STATUS, final_citing_all])
-        return fp.build_agent_graph(upload_registry(), model, ledger=ledger).compile()
-
-    first, second = agent(), agent()
-
-    def node(graph: Any, key: str) -> Any:
-        def run(_: _Parent) -> dict[str, str]:
-            out = fp.run_output(graph.invoke(fp.start("upload", budget()), context=ctx))
-            return {key: f"{out.termination.value}:{out.last_error_code}"}
-
-        return run
-
-    parent = StateGraph(_Parent)
-    parent.add_node("first", node(first, "first"))
-    parent.add_node("second", node(second, "second"))
-    parent.add_edge(START, "first")
-    parent.add_edge("first", "second")
-    parent.add_edge("second", END)
-    out = parent.compile(checkpointer=InMemorySaver()).invoke({}, thread(), context=ctx)
-    assert out == {"first": "completed:None", "second": "completed:None"}
 
 
 def _channel_pairs() -> list[tuple[str, Any, Any]]:

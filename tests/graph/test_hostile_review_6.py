@@ -24,7 +24,6 @@ import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.policy import TerminationReason
 from tests.graph.kit import (
-    ABSTAIN,
     DOCS,
     STATUS,
     UPLOAD,
@@ -37,7 +36,6 @@ from tests.graph.kit import (
     terminal_manifests,
     thread,
     thread_account,
-    two_tenants,
     upload_graph,
 )
 from tests.graph.nested_kit import approved, nested_config, nested_paused
@@ -115,25 +113,6 @@ _FORGED_COMPLETED: dict[str, Any] = {
 # === Seat 2: another tenant or run sharing the process and the ledger ===========================
 
 
-# fp.cancel closes run_account(thread, run_id, checkpoint_ns) with no look at the account's owner:
-# tenant B, on its own checkpointer but the shared ledger and A's thread id, only needs a state of
-# its own that is not terminal (its refused run, stopped before the terminal node).
-# Before: fp.cancel closed the account named from the thread id whoever asked: tenant B, on its
-# own checkpointer with A's thread id, cancelled A's run. A cancel that names a context now closes
-# only an account opened for that caller and run (graph.cancel).
-def test_another_tenants_cancel_on_its_own_thread_never_closes_this_runs_account() -> None:
-    t = two_tenants([UPLOAD, final_citing_all, ABSTAIN])
-    ledger, config, ctx_a, ctx_b, a, b = t.ledger, t.config, t.ctx_a, t.ctx_b, t.a, t.b
-    b.graph.invoke(
-        fp.start("upload", budget()), config, context=ctx_b, interrupt_before=["terminal"]
-    )
-    with pytest.raises(fp.CancelRefused):  # refused, and said so: tests/isolation pins it
-        fp.cancel(b.graph, config, context=ctx_b)
-    assert ledger.balance(thread_account(config)).closed is None
-    state = fp.run_output(a.graph.invoke(None, config, context=ctx_a))
-    assert state.termination is TerminationReason.COMPLETED
-
-
 class _CrashBeforeFirstStep(SqliteLedger):
     """A SqliteLedger whose process dies reserving a model step: the account was opened, the
     decide node's writes never reach a checkpoint. The text carries a secret."""
@@ -189,14 +168,6 @@ def test_cancel_of_a_nested_run_paused_for_approval_returns_and_ends_it_cancelle
     else:
         assert state is None
     assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)
-
-
-def test_another_tenants_cancel_of_a_nested_run_closes_nothing() -> None:
-    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
-    parent, nested, config, ctx, calls = nested_paused(ledger, saver, own_saver=True)
-    with pytest.raises(fp.CancelRefused):  # refused, and said so: tests/isolation pins it
-        fp.cancel(nested, nested_config(parent, config), context=context(tenant="tenant-other"))
-    assert approved(parent, config, ctx, calls) == ({"out": "completed:None"}, 1)
 
 
 def test_acancel_of_a_nested_run_ends_it_cancelled() -> None:

@@ -24,7 +24,6 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.policy import TerminationReason
 from fencepost.policy.decision_model import DecisionInput
-from fencepost.policy.keys import run_account
 from fencepost.policy.observation import Observation
 from tests.adapters.fakes import decision_input, tool_observation
 from tests.graph.kit import (
@@ -92,23 +91,6 @@ class _CollectingLock:
 
 
 # === fp.cancel: nested runs and any config =======================================================
-
-
-def test_another_tenant_naming_a_nested_runs_namespace_closes_nothing_without_its_state() -> None:
-    # The nested graph compiled without a saver: cancel cannot read the run, so the owner
-    # check is all that stands between another tenant and the account.
-    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
-    parent, nested, config, ctx, calls = nested_paused(ledger, saver, own_saver=False)
-    own = nested_config(parent, config)
-    account = run_account(
-        config["configurable"]["thread_id"], "", own["configurable"]["checkpoint_ns"]
-    )
-    # Refused, and said so: a stranger's cancel changes nothing.
-    for stranger in (context(tenant="tenant-other"), context(principal="u-other")):
-        with pytest.raises(fp.CancelRefused):
-            fp.cancel(nested, own, context=stranger)
-    assert ledger.balance(account).closed is None
-    assert approved(parent, config, ctx, calls) == ({"out": "completed:None"}, 1)
 
 
 def test_a_stray_namespace_on_a_top_level_runs_config_closes_nothing_and_says_so() -> None:

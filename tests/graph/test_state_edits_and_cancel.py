@@ -11,7 +11,6 @@ import threading
 import time
 from typing import Any
 
-import pytest
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict
 
@@ -22,23 +21,6 @@ from tests.graph.kit import ABSTAIN, budget, call, context, harness, thread
 
 def _state(h: Any, config: dict[str, Any]) -> fp.AgentState:
     return fp.run_output(h.graph.get_state(config).values)
-
-
-@pytest.mark.parametrize("key", [None, b"operator-secret-0123456789ab"])
-def test_a_state_update_cannot_rebind_a_paused_write_to_another_tenant(key: bytes | None) -> None:
-    h = harness([call("write_note", 1, note="hi"), ABSTAIN], approval="interrupt", verdict_key=key)
-    config, owner = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=owner)
-    intruder = fp.RunContext(
-        tenant_id="other-tenant",
-        principal=fp.Principal(id="intruder", capabilities=frozenset({"notes:write"})),
-    )
-    update = {"run": {"tenant_id": "other-tenant", "principal_id": "intruder"}}
-    out = h.graph.invoke(Command(update=update, resume="approve"), config, context=intruder)
-    state = fp.run_output(out)
-    assert h.calls.count("write_note") == 0
-    assert state.termination is fp.TerminationReason.POLICY_DENIED
-    assert state.last_error_code == "context_mismatch"
 
 
 def test_raising_the_budget_in_state_does_not_raise_the_limit() -> None:
