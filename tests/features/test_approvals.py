@@ -1,5 +1,6 @@
 """Approvals (seed 002, "waiting for input"): a human's answer is one of a few exact forms; an
-edit its tool's schema refuses is asked again with the errors as data, never the run's end."""
+edit its tool's schema refuses is asked again with the errors as data, never the run's end; a
+per-call answer that leaves a waiting call out rejects it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tests.graph.kit import (
     VERDICT_KEY,
     Calls,
     budget,
+    call,
     context,
     each_ledger,
     harness,
@@ -181,3 +183,19 @@ def test_an_edit_is_checked_against_its_tools_schema_before_any_gate() -> None:
     bad = read_answer({"decision": "edit", "arguments": {"amount": "3"}}, [entry], registry)
     assert isinstance(bad, ApprovalProblem) and bad.code == "invalid_arguments"
     assert bad.invalid[0].problems == ("amount: int_type",)
+
+
+def test_a_per_call_resume_that_leaves_a_call_out_rejects_it() -> None:
+    batch = fp.ToolBatch(calls=(call("write_note", 1, note="a"), call("write_note", 2, note="b")))
+    h = harness([batch, ABSTAIN], approval="interrupt")
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    state = fp.run_output(
+        h.graph.invoke(Command(resume={"call-0001": "approve"}), config, context=ctx)
+    )
+    assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
+    receipts = {r.call_id: r.status for r in state.receipts}
+    assert receipts == {
+        "call-0001": fp.ReceiptStatus.COMPLETED,
+        "call-0002": fp.ReceiptStatus.DENIED,
+    }

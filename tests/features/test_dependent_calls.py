@@ -1,10 +1,13 @@
 """Dependent calls (seed 002: when A's verified output is B's input, B waits for A). A call may
 depend on a call whose tool produced a result — completed, or accepted with a task id — as the
 ledger shows it, never on a receipt a caller wrote into state; it runs after that result, and
-reads it in ``ToolContext.dependencies``."""
+reads it in ``ToolContext.dependencies``. A cycle across a batch is an invalid proposal; a call
+whose dependency failed or was rejected never runs and its reserved call is given back, even when
+a human edited the waiting call or a caller wrote the batch with a call depending on itself."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -29,6 +32,7 @@ from tests.graph.kit import (
     each_ledger,
     final_citing_all,
     harness,
+    state_of,
     thread,
 )
 
@@ -185,3 +189,93 @@ def test_a_dependent_reads_each_dependencys_first_result_as_data() -> None:
     assert earlier == {"call-0001": {"task_id": "task-17", "detail": {}}}
     entry = allowed_entry(ON_UPLOAD)
     assert dependency_inputs(entry, [], earlier) == {"call-0001": earlier["call-0001"]}
+
+
+# -- what a caller or the model writes about dependencies --------------------------------------
+
+
+def _proposal(
+    tool: str, n: int, depends_on: tuple[str, ...] = (), **arguments: Any
+) -> fp.ToolProposal:
+    return fp.ToolProposal(
+        call_id=f"call-{n:04d}", tool_name=tool, arguments=arguments, depends_on=depends_on
+    )
+
+
+def test_editing_a_waiting_write_keeps_its_dependency_on_a_failed_call() -> None:
+    batch = fp.ToolBatch(
+        calls=(
+            _proposal("explode", 1),
+            _proposal("write_note", 2, depends_on=("call-0001",), note="hi"),
+        )
+    )
+    h = harness([batch, ABSTAIN], approval="interrupt")
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    edit = {"decision": "edit", "arguments": {"note": "edited"}}
+    fp.run_output(h.graph.invoke(Command(resume=edit), config, context=ctx))
+    assert h.calls.count("explode") == 1
+    assert h.calls.count("write_note") == 0
+
+
+def test_a_call_depending_on_a_rejected_write_never_runs_and_its_budget_is_given_back() -> None:
+    batch = fp.ToolBatch(
+        calls=(
+            _proposal("write_note", 1, note="hi"),
+            _proposal("search_logs", 2, ("call-0001",), query="x"),
+        )
+    )
+    h = harness([batch, ABSTAIN], approval="interrupt")
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    state = fp.run_output(h.graph.invoke(Command(resume="reject"), config, context=ctx))
+    assert h.calls.count("write_note") == 0
+    assert h.calls.count("search_logs") == 0
+    current = {r.call_id: r for r in fp.policy.current_receipts(state.receipts)}
+    assert current["call-0002"].error_code is fp.ErrorCode.DEPENDENCY_FAILED
+    assert state.budget.tool_calls_used == 0
+
+
+def test_a_forged_self_dependency_cannot_hang_the_executor() -> None:
+    batch = fp.ToolBatch(
+        calls=(_proposal("write_note", 1, note="hi"), _proposal("search_logs", 2, query="x"))
+    )
+    h = harness([batch, ABSTAIN], approval="interrupt")
+    config, ctx = thread(), context()
+
+    async def scenario() -> None:
+        await h.graph.ainvoke(fp.start("q", budget()), config, context=ctx)
+        current = state_of(h, config).batch
+        forged = tuple(
+            e.model_copy(
+                update={"proposal": e.proposal.model_copy(update={"depends_on": (e.call_id,)})}
+            )
+            if e.call_id == "call-0002"
+            else e
+            for e in current
+        )
+        await asyncio.wait_for(
+            h.graph.ainvoke(
+                Command(update={"run": {"batch": forged}}, resume="approve"), config, context=ctx
+            ),
+            timeout=3,
+        )
+
+    asyncio.run(scenario())
+    assert state_of(h, config).is_terminal
+
+
+def test_a_cycle_across_a_batch_is_an_invalid_proposal_and_nothing_runs() -> None:
+    batch = fp.ToolBatch(
+        calls=(
+            _proposal("search_logs", 1, ("call-0003",), query="a"),
+            _proposal("search_logs", 2, ("call-0001",), query="b"),
+            _proposal("search_logs", 3, ("call-0002",), query="c"),
+        )
+    )
+    h = harness([batch, ABSTAIN])
+    state = h.run()
+    assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
+    assert state.last_error_code == "invalid_dependency"
+    assert h.calls.count("search_logs") == 0
+    assert state.budget.tool_calls_used == 0

@@ -6,16 +6,17 @@ marker outside state (``keys.completed_key``), written by the execute node, befo
 receipt, only when a later call's verified evidence shows the task done. These tests run real
 graphs on real checkpointers and ledgers: the in-memory pair, and SQLite files reopened by a
 fresh graph object (a new process). A non-durable ledger lost by a restart is re-opened from the
-checkpoint, which then carries the completions it recorded (see ``run_account.reopen_lost``).
+checkpoint, which then carries the completions it recorded. A crash between the marker and the
+receipt, or a cancel that closes the account mid-batch, leaves the books right. That a forged
+completion never completes a run is pinned with the feature: ``tests/features/
+test_completion_evidence.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 
 import fencepost as fp
@@ -28,20 +29,16 @@ from tests.graph.kit import (
     STATUS,
     UPLOAD,
     Harness,
-    astart_upload,
     budget,
     context,
     final_citing_all,
-    forge_completion,
     sqlite_files,
     start_upload,
     state_of,
+    terminal_manifests,
     thread,
     upload_graph,
 )
-
-REFUSED_TWICE = [final_citing_all, final_citing_all, ABSTAIN]
-"""What a model says after the upload: final answers (refused while the task is pending)."""
 
 
 def _next_execute(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None:
@@ -63,6 +60,7 @@ def test_a_task_its_status_tool_shows_done_lets_the_final_answer_complete_and_is
     state = h.run(steps=6, tools=4, ctx=ctx, config=config)
     assert state.termination is TerminationReason.COMPLETED
     assert _marker(ledger, config, h) is not None
+    assert terminal_manifests(state) == 1  # the terminal node's ledger read adds no second end
 
 
 def test_a_completion_shown_before_a_resume_completes_the_run_in_a_fresh_graph_on_sqlite_files(
@@ -93,17 +91,6 @@ def test_a_completion_shown_before_a_resume_completes_the_run_in_a_fresh_graph_i
     assert _marker(ledger, config, again) is not None
 
 
-def test_a_genuine_completion_after_a_forged_one_is_still_marked_and_completes_the_run() -> None:
-    # The forged receipt made the call look done, so the status check found nothing waiting and
-    # marked nothing: the run could never complete. Waiting now means "not marked done".
-    h = upload_graph([UPLOAD, STATUS, final_citing_all, ABSTAIN])
-    config, ctx = thread(), context(caps=DOCS)
-    start_upload(h, config, ctx)
-    forge_completion(h, config, "receipt")
-    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
-    assert state.termination is TerminationReason.COMPLETED
-
-
 def test_an_early_marker_a_crash_left_gets_its_receipt_when_the_task_is_shown_done_again() -> None:
     # A crash between the marker and the checkpoint leaves the marker early: the re-run (here a
     # later status check) still records the completion receipt, naming the call that showed it.
@@ -120,41 +107,6 @@ def test_an_early_marker_a_crash_left_gets_its_receipt_when_the_task_is_shown_do
         (fp.ReceiptStatus.ACCEPTED_PENDING, None),
         (fp.ReceiptStatus.COMPLETED, "call-0002"),
     ]
-
-
-# --- a forged completion is refused -------------------------------------------------------------
-
-
-@pytest.mark.parametrize("form", ["receipt", "json"])
-def test_a_forged_completion_receipt_never_completes_a_run_on_a_durable_ledger(
-    tmp_path: Path, form: str
-) -> None:
-    config, ctx = thread(), context(caps=DOCS)
-    with sqlite_files(tmp_path) as (saver, ledger):
-        h = upload_graph([UPLOAD], status={"status": "done"}, checkpointer=saver, ledger=ledger)
-        start_upload(h, config, ctx)
-        forge_completion(h, config, form)
-    with sqlite_files(tmp_path) as (saver, ledger):
-        again = upload_graph(REFUSED_TWICE, checkpointer=saver, ledger=ledger)
-        state = fp.run_output(again.graph.invoke(None, config, context=ctx))
-        assert _marker(ledger, config, again) is None
-    assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
-    # The model was shown the forged view (no open task); the final was judged by the ledger.
-    assert [inp.pending_tasks for inp in again.model.inputs] == [(), (), ()]
-    assert [m.code for m in state.manifests if m.code == "tasks_pending"] == ["tasks_pending"] * 2
-
-
-def test_a_forged_completion_receipt_never_completes_a_run_on_the_async_graph() -> None:
-    h = upload_graph([UPLOAD, *REFUSED_TWICE], status={"status": "done"})
-    config, ctx = thread(), context(caps=DOCS)
-
-    async def run() -> fp.AgentState:
-        await astart_upload(h, config, ctx)
-        forge_completion(h, config, "json")
-        return fp.run_output(await h.graph.ainvoke(None, config, context=ctx))
-
-    state = asyncio.run(run())
-    assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
 
 
 # --- a non-durable ledger lost by a restart -----------------------------------------------------
@@ -174,46 +126,7 @@ def test_after_the_in_memory_ledger_is_lost_a_completion_recorded_before_still_c
     assert state.termination is TerminationReason.COMPLETED
 
 
-def test_after_the_in_memory_ledger_is_reopened_a_completion_forged_later_is_refused() -> None:
-    saver = InMemorySaver()
-    config, ctx = thread(), context(caps=DOCS)
-    h = upload_graph([UPLOAD], checkpointer=saver)
-    start_upload(h, config, ctx)
-    # A new process: its first step re-opens the account (the checkpoint shows nothing done).
-    again = upload_graph([STATUS, *REFUSED_TWICE], status={"status": "running"}, checkpointer=saver)
-    _next_execute(again, config, ctx)
-    forge_completion(again, config, "receipt")
-    state = fp.run_output(again.graph.invoke(None, config, context=ctx))
-    assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
-
-
-# --- the terminal node judges a completed stop by the markers too ---------------------------------
-
-
-def _forged_completed_stop() -> dict[str, Any]:
-    answer = fp.AnswerPayload(text="Uploaded.", citations=("call-0001",))
-    return {
-        "run": {"stop": fp.policy.StopRequest(reason=TerminationReason.COMPLETED, answer=answer)}
-    }
-
-
-def test_a_forged_completed_stop_never_ends_a_run_completed_on_a_durable_ledger(
-    tmp_path: Path,
-) -> None:
-    # The forged receipt and a completed stop citing the upload, resumed in a new process: the
-    # stop goes straight to the terminal node, which asks the ledger, not the receipts.
-    config, ctx = thread(), context(caps=DOCS)
-    with sqlite_files(tmp_path) as (saver, ledger):
-        h = upload_graph([UPLOAD], checkpointer=saver, ledger=ledger)
-        start_upload(h, config, ctx)
-        forge_completion(h, config, "json")
-        h.graph.update_state(config, _forged_completed_stop(), as_node="execute")
-    with sqlite_files(tmp_path) as (saver, ledger):
-        again = upload_graph([], checkpointer=saver, ledger=ledger)
-        state = fp.run_output(again.graph.invoke(None, config, context=ctx))
-    assert state.termination is TerminationReason.INVALID_PROPOSAL
-    assert state.last_error_code == "tasks_pending"
-    assert again.model.inputs == []  # the model was never asked: the stop was judged as sent
+# --- a completed stop the terminal node judges ----------------------------------------------------
 
 
 def test_a_genuine_completed_stop_ends_the_run_completed_after_the_in_memory_ledger_is_lost() -> (

@@ -9,13 +9,11 @@ whose reason names the file, the repro and a fix.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, ToolMessage
-from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
@@ -31,9 +29,7 @@ from tests.graph.kit import (
     final_citing_all,
     final_citing_last,
     harness,
-    state_of,
     thread,
-    upload_accepted,
     upload_registry,
 )
 
@@ -62,37 +58,6 @@ def test_one_completion_never_closes_two_accepted_tasks_that_share_a_task_id() -
     state = fp.run_output(out)
     still_pending = pending_tasks(state.receipts)
     assert not (state.termination is fp.TerminationReason.COMPLETED and still_pending)
-
-
-def test_clearing_open_tasks_in_state_does_not_let_a_final_answer_pass() -> None:
-    h, config, ctx = upload_accepted()
-    state = drive_editing(
-        h, config, ctx, lambda s: {"run": {"open_tasks": ()}} if s.open_tasks else None
-    )
-    assert pending_tasks(state.receipts)
-    assert state.termination is not fp.TerminationReason.COMPLETED
-
-
-def test_a_completed_from_a_tool_declaring_no_completion_evidence_completes_nothing() -> None:
-    reg = upload_registry()
-    plain = reg.get("upload_status").model_copy(
-        update={"completion_evidence": (), "evidence_for": ()}
-    )
-    registry = fp.ToolRegistry([reg.get("upload_document"), plain])
-    h = harness(
-        [
-            _p("upload_document", 1, name="a.pdf"),
-            _p("upload_status", 2, task_id="task-17"),
-            ABSTAIN,
-        ],
-        registry=registry,
-    )
-    out = h.graph.invoke(
-        fp.start("upload", budget(steps=4, tools=3)), thread(), context=context(caps=DOCS)
-    )
-    state = fp.run_output(out)
-    assert [r.call_id for r in pending_tasks(state.receipts)] == ["call-0001"]
-    assert state.open_tasks == ("task-17",)
 
 
 # --- progress by evidence --------------------------------------------------------------------
@@ -145,77 +110,6 @@ def test_rewriting_evidence_in_state_does_not_reset_the_no_progress_count() -> N
 
 
 # --- dependent calls -------------------------------------------------------------------------
-
-
-def test_editing_a_waiting_write_keeps_its_dependency_on_a_failed_call() -> None:
-    batch = fp.ToolBatch(
-        calls=(_p("explode", 1), _p("write_note", 2, depends_on=("call-0001",), note="hi"))
-    )
-    h = harness([batch, ABSTAIN], approval="interrupt")
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
-    edit = {"decision": "edit", "arguments": {"note": "edited"}}
-    fp.run_output(h.graph.invoke(Command(resume=edit), config, context=ctx))
-    assert h.calls.count("explode") == 1
-    assert h.calls.count("write_note") == 0
-
-
-def test_a_call_depending_on_a_rejected_write_never_runs_and_its_budget_is_given_back() -> None:
-    batch = fp.ToolBatch(
-        calls=(_p("write_note", 1, note="hi"), _p("search_logs", 2, ("call-0001",), query="x"))
-    )
-    h = harness([batch, ABSTAIN], approval="interrupt")
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
-    state = fp.run_output(h.graph.invoke(Command(resume="reject"), config, context=ctx))
-    assert h.calls.count("write_note") == 0
-    assert h.calls.count("search_logs") == 0
-    current = {r.call_id: r for r in fp.policy.current_receipts(state.receipts)}
-    assert current["call-0002"].error_code is fp.ErrorCode.DEPENDENCY_FAILED
-    assert state.budget.tool_calls_used == 0
-
-
-def test_a_forged_self_dependency_cannot_hang_the_executor() -> None:
-    batch = fp.ToolBatch(calls=(_p("write_note", 1, note="hi"), _p("search_logs", 2, query="x")))
-    h = harness([batch, ABSTAIN], approval="interrupt")
-    config, ctx = thread(), context()
-
-    async def scenario() -> None:
-        await h.graph.ainvoke(fp.start("q", budget()), config, context=ctx)
-        current = state_of(h, config).batch
-        forged = tuple(
-            e.model_copy(
-                update={"proposal": e.proposal.model_copy(update={"depends_on": (e.call_id,)})}
-            )
-            if e.call_id == "call-0002"
-            else e
-            for e in current
-        )
-        await asyncio.wait_for(
-            h.graph.ainvoke(
-                Command(update={"run": {"batch": forged}}, resume="approve"), config, context=ctx
-            ),
-            timeout=3,
-        )
-
-    asyncio.run(scenario())
-    assert state_of(h, config).is_terminal
-
-
-def test_a_cycle_across_a_batch_is_an_invalid_proposal_and_nothing_runs() -> None:
-    batch = fp.ToolBatch(
-        calls=(
-            _p("search_logs", 1, ("call-0003",), query="a"),
-            _p("search_logs", 2, ("call-0001",), query="b"),
-            _p("search_logs", 3, ("call-0002",), query="c"),
-        )
-    )
-    h = harness([batch, ABSTAIN])
-    state = h.run()
-    assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
-    assert state.last_error_code == "invalid_dependency"
-    assert h.calls.count("search_logs") == 0
-    assert state.budget.tool_calls_used == 0
 
 
 # --- answer margin and repair ----------------------------------------------------------------

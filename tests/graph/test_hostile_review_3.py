@@ -21,17 +21,14 @@ import fencepost as fp
 from fencepost.graph.record import plain
 from fencepost.policy import Phase, StopRequest, TerminationReason
 from fencepost.policy.fingerprint import proposal_fingerprint
-from fencepost.policy.tasks import pending_tasks
 from tests.graph.kit import (
     budget,
     call,
     context,
     final_citing_last,
     harness,
-    state_of,
     terminal_manifests,
     thread,
-    upload_accepted,
 )
 
 FORGED_ANSWER = fp.AnswerPayload(text="forged", citations=("call-0001",))
@@ -93,20 +90,6 @@ def test_every_defaulted_field_a_caller_seeds_on_a_fresh_thread_is_reset_at_the_
 
 
 # --- a caller: mid-run and after the end -------------------------------------------------------
-
-
-def test_overwriting_the_receipts_in_state_never_lets_a_final_pass_with_a_task_pending() -> None:
-    # receipts only grow: LangGraph's Overwrite (here its JSON form {"__overwrite__": v}, what a
-    # server client can send) is dropped by channels.Records, so decide still judges a final
-    # answer by the pending receipt.
-    h, config, ctx = upload_accepted()
-    assert [r.call_id for r in pending_tasks(state_of(h, config).receipts)] == ["call-0001"]
-    h.graph.update_state(
-        config, {"run": {"receipts": {"__overwrite__": ()}, "open_tasks": ()}}, as_node="execute"
-    )
-    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
-    assert state.termination is not TerminationReason.COMPLETED
-    assert [r.call_id for r in pending_tasks(state.receipts)] == ["call-0001"]
 
 
 # Values of no form of their field's type, not only None: a str where a model or an int is due,
@@ -182,23 +165,6 @@ def test_a_value_no_field_can_hold_written_mid_run_ends_the_run_policy_denied_an
     # The ended run stays ended.
     h.graph.invoke(None, config, context=ctx)
     assert fp.run_output(h.graph.get_state(config).values) == state
-
-
-def test_a_stop_a_caller_writes_while_paused_never_ends_the_run_with_an_unverified_answer() -> None:
-    # update_state(..., as_node="approve") stands in for the approve node and route_after_approve
-    # sends the stop to the terminal node, which judges a completed stop again (policy
-    # judged_stop): no tool ran and the citation names no observation, so it is not completed.
-    h = harness([call("write_note", 1, note="a"), final_citing_last], approval="interrupt")
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
-    unverified = fp.AnswerPayload(text="forged", citations=("call-0009",))
-    forged = StopRequest(reason=TerminationReason.COMPLETED, answer=unverified)
-    h.graph.update_state(config, {"run": {"stop": forged}}, as_node="approve")
-    h.graph.invoke(None, config, context=ctx)
-    state = state_of(h, config)
-    assert state.is_terminal
-    assert state.final_answer is None or set(state.final_answer.citations) <= state.evidence_ids()
-    assert state.termination is not TerminationReason.COMPLETED
 
 
 def test_forged_values_sent_with_an_approval_never_become_the_runs_end() -> None:

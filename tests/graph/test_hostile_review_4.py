@@ -21,14 +21,12 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command, Overwrite
 
 import fencepost as fp
-from fencepost.policy import StopRequest, TerminationReason
+from fencepost.policy import TerminationReason
 from tests.graph.kit import (
     ended_typed,
     final_citing_last,
-    forged_completion,
     harness,
     paused_for_approval,
-    upload_accepted,
 )
 
 # --- a caller: a JSON stop written with a value of no form, while a second node runs ------------
@@ -125,40 +123,6 @@ def test_a_conversation_reset_a_json_client_wrote_reads_back_the_same_from_a_che
 
 
 # --- a caller: receipts only grow, but what they grow by decides what is done -------------------
-
-
-# Before: a forged 'completed' receipt for the accepting call (update_state(config, {'receipts':
-# [forged]}), as a Receipt or as the JSON a server client sends) made current_receipts() see the
-# task done, and the final answer passed with task-17 never shown done. decide now judges pending
-# work by the ledger's completion markers (keys.completed_key), which the execute node writes on
-# verified evidence before the receipt, and a state update cannot write.
-@pytest.mark.parametrize("form", ["receipt", "json"])
-def test_appending_a_forged_completion_receipt_never_lets_a_final_pass_with_a_task_pending(
-    form: str,
-) -> None:
-    h, config, ctx = upload_accepted()
-    forged = forged_completion(h, config, form)
-    h.graph.update_state(
-        config, {"run": {"receipts": [forged], "open_tasks": []}}, as_node="execute"
-    )
-    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
-    assert state.termination is not TerminationReason.COMPLETED
-
-
-# Before: the terminal node judged a completed stop by the receipts in state (judged_stop's
-# pending_tasks), so a forged 'completed' receipt sent with a forged completed stop ended the run
-# completed with task-17 never shown done. It now judges by the ledger's completion markers.
-@pytest.mark.parametrize("form", ["receipt", "json"])
-def test_a_forged_completion_receipt_sent_with_a_completed_stop_never_ends_the_run_completed(
-    form: str,
-) -> None:
-    h, config, ctx = upload_accepted()
-    answer = fp.AnswerPayload(text="Uploaded.", citations=("call-0001",))
-    forged_stop = StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
-    update = {"run": {"receipts": [forged_completion(h, config, form)], "stop": forged_stop}}
-    h.graph.update_state(config, update, as_node="execute")
-    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
-    assert state.termination is not TerminationReason.COMPLETED
 
 
 # --- a caller: pre-existing ways out of the loop that skip its one exit --------------------------

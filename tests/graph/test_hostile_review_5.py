@@ -19,7 +19,6 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
-from langgraph.types import Command
 from typing_extensions import TypedDict
 
 import fencepost as fp
@@ -36,7 +35,6 @@ from tests.graph.kit import (
     budget,
     context,
     final_citing_all,
-    forge_completion,
     harness,
     sqlite_files,
     start_upload,
@@ -57,53 +55,6 @@ _FORGED_END: dict[str, Any] = {
         "final_answer": {"text": "Uploaded.", "citations": ["call-0001"]},
     }
 }
-
-
-# Before: update_state(config, {'phase': 'terminal', 'termination': 'completed', 'final_answer':
-# {...}}) (or the same Command) was read as an ended run, and the terminal node returned it as it
-# was: completed with task-17 never shown done, no terminal manifest or report, the account open.
-# The terminal node closes the account before it writes an ending, so a completed state whose
-# account is open goes back to it (endings.unsealed_end) and ends policy_denied, invalid_state.
-@pytest.mark.parametrize("how", ["update_state", "json_command"])
-def test_a_termination_a_caller_writes_never_ends_a_run_completed(how: str) -> None:
-    ledger = fp.InMemoryLedger()
-    h = upload_graph([UPLOAD, final_citing_all, final_citing_all, ABSTAIN], ledger=ledger)
-    config, ctx = thread(), context(caps=DOCS)
-    start_upload(h, config, ctx)
-    if how == "update_state":
-        h.graph.update_state(config, _FORGED_END, as_node="execute")
-        h.graph.invoke(None, config, context=ctx)
-    else:
-        h.graph.invoke(Command(update=_FORGED_END), config, context=ctx)
-    state = state_of(h, config)
-    assert state.termination is not TerminationReason.COMPLETED
-    assert ledger.get(completed_key(thread_account(config), "call-0001")) is None
-    # Ended by the terminal node after all: its reason, its one manifest, its report, and the
-    # account closed with that reason.
-    assert (state.termination, state.last_error_code) == (
-        TerminationReason.POLICY_DENIED,
-        "invalid_state",
-    )
-    assert sum(1 for m in state.manifests if m.phase is Phase.TERMINAL) == 1
-    assert state.report is not None
-    assert ledger.balance(thread_account(config)).closed == TerminationReason.POLICY_DENIED.value
-
-
-# Before: an accepting receipt counted whatever wrote it: a caller's accepted_pending receipt for
-# call-9999, which the run never made, held every final answer up for good (no completion can
-# match it). Accepted work now counts only for a call the ledger shows started (keys.started_key).
-def test_a_receipt_for_a_call_the_run_never_made_never_holds_up_its_completion() -> None:
-    h = upload_graph([UPLOAD, STATUS, final_citing_all, ABSTAIN])
-    config, ctx = thread(), context(caps=DOCS)
-    start_upload(h, config, ctx)
-    never_made = fp.Receipt(
-        call_id="call-9999",
-        tool_name="upload_document",
-        status=fp.ReceiptStatus.ACCEPTED_PENDING,
-    )
-    h.graph.update_state(config, {"run": {"receipts": [never_made]}}, as_node="execute")
-    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
-    assert state.termination is TerminationReason.COMPLETED
 
 
 _ODD_RECEIPTS = {
@@ -127,28 +78,6 @@ _ODD_RECEIPTS = {
         fp.Receipt(call_id="call-0001", tool_name="upload_document", status="completed"),
     ],
 }
-
-
-@pytest.mark.parametrize("form", ["receipt", "json"])
-@pytest.mark.parametrize("forged", list(_ODD_RECEIPTS), ids=list(_ODD_RECEIPTS))
-def test_completion_receipts_a_caller_forges_never_stop_the_genuine_completion_or_crash_a_node(
-    forged: str, form: str
-) -> None:
-    ledger = fp.InMemoryLedger()
-    h = upload_graph([UPLOAD, STATUS, final_citing_all, ABSTAIN], ledger=ledger)
-    config, ctx = thread(), context(caps=DOCS)
-    start_upload(h, config, ctx)
-    receipts: list[Any] = list(_ODD_RECEIPTS[forged])
-    if form == "json":
-        receipts = [r.model_dump(mode="json") for r in receipts]
-    h.graph.update_state(
-        config, {"run": {"receipts": receipts, "open_tasks": []}}, as_node="execute"
-    )
-    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
-    assert state.termination is TerminationReason.COMPLETED
-    assert ledger.get(completed_key(thread_account(config), "call-0001")) is not None
-    genuine = [r for r in state.receipts if r.call_id == "call-0001" and r.completed_by]
-    assert [r.completed_by for r in genuine if r.completed_by == "call-0002"] == ["call-0002"]
 
 
 # === Seat 2: another tenant sharing the process and the ledger ==================================
@@ -271,25 +200,6 @@ def test_an_account_closed_mid_batch_records_no_completion_and_ends_cancelled(mo
     assert h.model.calls == 2
 
 
-def test_two_calls_that_accepted_one_task_id_each_need_a_completion_of_their_own() -> None:
-    # The seed's upload tool always accepts task-17: one status check completes the earliest
-    # waiting call, the final answer is refused until a second check completes the other.
-    again = UPLOAD.model_copy(update={"call_id": "call-0003"})
-    second = STATUS.model_copy(update={"call_id": "call-0004"})
-    ledger = fp.InMemoryLedger()
-    h = upload_graph(
-        [UPLOAD, again, STATUS, final_citing_all, second, final_citing_all], ledger=ledger
-    )
-    config = thread()
-    state = h.run(steps=8, tools=6, ctx=context(caps=DOCS), config=config)
-    assert state.termination is TerminationReason.COMPLETED
-    assert [m.code for m in state.manifests if m.code == "tasks_pending"] == ["tasks_pending"]
-    done = {r.call_id: r.completed_by for r in state.receipts if r.completed_by}
-    assert done == {"call-0001": "call-0002", "call-0003": "call-0004"}
-    for call_id in ("call-0001", "call-0003"):
-        assert ledger.get(completed_key(thread_account(config), call_id)) is not None
-
-
 def test_a_lost_in_memory_ledger_before_the_status_check_still_lets_the_genuine_one_complete() -> (
     None
 ):
@@ -310,41 +220,6 @@ def _durable_ledger(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -
     from fencepost.adapters.ledger_postgres import PostgresLedger
 
     return PostgresLedger(request.getfixturevalue("postgres_schema"))
-
-
-@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
-@pytest.mark.parametrize("forge", [False, True], ids=["genuine", "forged"])
-def test_the_async_graph_judges_completion_by_the_durable_ledgers_markers(
-    kind: str, forge: bool, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    # ainvoke runs the nodes with AsyncIO: the markers are read with the ledger's aget.
-    ledger = _durable_ledger(kind, tmp_path, request)
-    try:
-        script = [UPLOAD, final_citing_all, final_citing_all, ABSTAIN]
-        h = upload_graph([UPLOAD, STATUS, final_citing_all] if not forge else script, ledger=ledger)
-        config, ctx = thread(), context(caps=DOCS)
-
-        async def run() -> fp.AgentState:
-            await h.graph.ainvoke(
-                fp.start("upload", budget(steps=6, tools=4)),
-                config,
-                context=ctx,
-                interrupt_after=["execute"],
-            )
-            if forge:
-                forge_completion(h, config)
-            return fp.run_output(await h.graph.ainvoke(None, config, context=ctx))
-
-        state = asyncio.run(run())
-        marker = ledger.get(completed_key(thread_account(config), "call-0001"))
-    finally:
-        ledger.close()  # type: ignore[attr-defined]
-    if forge:
-        assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
-        assert marker is None
-    else:
-        assert state.termination is TerminationReason.COMPLETED
-        assert marker is not None
 
 
 def test_a_completed_stop_the_terminal_node_judges_leaves_one_terminal_manifest() -> None:

@@ -33,12 +33,10 @@ from tests.graph.kit import (
     final_citing_all,
     paused_for_approval,
     state_of,
-    terminal_manifests,
     thread,
-    thread_account,
     upload_graph,
 )
-from tests.graph.nested_kit import approved, nested_config, nested_paused
+from tests.graph.nested_kit import nested_paused
 
 # === Seat 1: a caller holding the thread's config ===============================================
 
@@ -156,27 +154,6 @@ def test_a_nested_run_resumed_after_its_approval_keeps_one_account() -> None:
     assert calls.count("write_note") == 1
 
 
-@pytest.mark.parametrize("own_saver", [True, False], ids=["own-saver", "parents-saver"])
-def test_cancel_of_a_nested_run_paused_for_approval_returns_and_ends_it_cancelled(
-    own_saver: bool,
-) -> None:
-    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
-    parent, nested, config, ctx, calls = nested_paused(ledger, saver, own_saver=own_saver)
-    state = fp.cancel(nested, nested_config(parent, config), context=ctx)
-    if own_saver:  # its graph reads its state: still paused, the parent ends it
-        assert state is not None and not state.is_terminal
-    else:
-        assert state is None
-    assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)
-
-
-def test_acancel_of_a_nested_run_ends_it_cancelled() -> None:
-    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
-    parent, nested, config, ctx, calls = nested_paused(ledger, saver, own_saver=True)
-    asyncio.run(fp.acancel(nested, nested_config(parent, config), context=ctx))
-    assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)
-
-
 def test_a_lost_in_memory_ledger_after_an_accepted_call_still_completes_on_the_async_graph() -> (
     None
 ):
@@ -191,28 +168,3 @@ def test_a_lost_in_memory_ledger_after_an_accepted_call_still_completes_on_the_a
     assert [m.code for m in state.manifests if m.code == "tasks_pending"] == ["tasks_pending"]
     done = [r.completed_by for r in state.receipts if r.call_id == "call-0001"]
     assert done == [None, "call-0002"]
-
-
-def test_a_cancel_that_closes_the_account_first_is_the_runs_ending_in_state_and_ledger() -> None:
-    # The run's final answer was accepted (its stop is completed) when a cancel from another
-    # thread closed the account, before the terminal node ran: the first close stands, so the
-    # run ends cancelled in state too, and a later invoke leaves it so.
-    ledger = fp.InMemoryLedger()
-    h = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
-    config, ctx = thread(), context(caps=DOCS)
-    h.graph.invoke(
-        fp.start("upload", budget(steps=6, tools=4)),
-        config,
-        context=ctx,
-        interrupt_before=["terminal"],
-    )
-    asked = state_of(h, config).stop
-    assert asked is not None and asked.reason is TerminationReason.COMPLETED
-    ledger.close_account(thread_account(config), TerminationReason.CANCELLED.value)
-    h.graph.invoke(None, config, context=ctx)
-    state = state_of(h, config)
-    assert state.termination is TerminationReason.CANCELLED
-    assert ledger.balance(thread_account(config)).closed == TerminationReason.CANCELLED.value
-    assert terminal_manifests(state) == 1
-    h.graph.invoke(None, config, context=ctx)
-    assert state_of(h, config) == state

@@ -62,22 +62,6 @@ def test_executor_rechecks_the_capability_with_the_context_it_runs_under() -> No
 # -- state edits in interrupt mode cannot make a denied write run ---------------------------------
 
 
-def test_a_per_call_resume_that_leaves_a_call_out_rejects_it() -> None:
-    batch = fp.ToolBatch(calls=(call("write_note", 1, note="a"), call("write_note", 2, note="b")))
-    h = harness([batch, ABSTAIN], approval="interrupt")
-    config, ctx = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
-    state = fp.run_output(
-        h.graph.invoke(Command(resume={"call-0001": "approve"}), config, context=ctx)
-    )
-    assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
-    receipts = {r.call_id: r.status for r in state.receipts}
-    assert receipts == {
-        "call-0001": fp.ReceiptStatus.COMPLETED,
-        "call-0002": fp.ReceiptStatus.DENIED,
-    }
-
-
 def test_an_edit_that_is_not_a_valid_proposal_never_runs_the_original_arguments() -> None:
     # NaN is not JSON: the edited proposal cannot even be built. That must never fall back to
     # the arguments the human was editing away from: the edit is asked again.
