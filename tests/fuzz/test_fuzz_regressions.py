@@ -3,7 +3,7 @@ their inputs are back in the strategies); one still open upstream is a strict xf
 left out of the strategies (``tests/fuzz/hostile.py`` says where).
 
 A decision model is user code just as a tool is: whatever it raises must end the run typed
-(issue 9: "nothing escapes invoke"), as a tool's ``BaseException`` already does.
+(invariant 1: nothing escapes invoke), as a tool's ``BaseException`` already does.
 
 The model now runs as a task of its own (``decide_node.ask_model``), as a tool does: whatever it
 raises, its own ``CancelledError`` included, is the step's failure; only the caller's own

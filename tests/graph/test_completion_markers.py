@@ -14,12 +14,18 @@ test_completion_evidence.py``.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
 
 import fencepost as fp
+from fencepost.adapters import SqliteLedger
 from fencepost.policy import TerminationReason
 from fencepost.policy.keys import completed_key, run_account
 from fencepost.policy.tasks import pending_tasks
@@ -28,16 +34,22 @@ from tests.graph.kit import (
     DOCS,
     STATUS,
     UPLOAD,
+    UPLOAD_DONE,
     Harness,
+    StatusArgs,
+    astart_upload,
     budget,
     context,
     final_citing_all,
+    harness,
     sqlite_files,
     start_upload,
     state_of,
     terminal_manifests,
     thread,
+    thread_account,
     upload_graph,
+    upload_registry,
 )
 
 
@@ -148,3 +160,106 @@ def test_a_genuine_completed_stop_ends_the_run_completed_after_the_in_memory_led
     again = upload_graph([], checkpointer=saver)
     state = fp.run_output(again.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
+
+
+# -- crashes, cancels and lost ledgers ---------------------------------------------------------
+
+
+class _CrashAfterMarker(SqliteLedger):
+    """A SqliteLedger whose process dies right after a completion marker is durable (before the
+    completion receipt reaches a checkpoint). The text carries a secret: none may reach state."""
+
+    def reserve(self, account: str, key: str, amounts: Any) -> fp.policy.Reservation:
+        held = super().reserve(account, key, amounts)
+        if ":done:" in key:
+            raise RuntimeError("power cut password=hunter2 at db.internal:5432")
+        return held
+
+
+def test_a_crash_between_the_marker_and_the_receipt_completes_on_the_rerun_with_no_error_text(
+    tmp_path: Path,
+) -> None:
+    config, ctx = thread(), context(caps=DOCS)
+    conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
+    crashing = _CrashAfterMarker(tmp_path / "ledger.db")
+    try:
+        saver = SqliteSaver(conn)
+        h = upload_graph([UPLOAD, STATUS], checkpointer=saver, ledger=crashing)
+        start_upload(h, config, ctx)
+        with pytest.raises(RuntimeError):
+            h.graph.invoke(None, config, context=ctx)
+    finally:
+        crashing.close()
+        conn.close()
+    with sqlite_files(tmp_path) as (saver, ledger):
+        assert ledger.get(completed_key(thread_account(config), "call-0001")) is not None
+        again = upload_graph([final_citing_all, ABSTAIN], checkpointer=saver, ledger=ledger)
+        assert [r.status for r in state_of(again, config).receipts] == [
+            fp.ReceiptStatus.ACCEPTED_PENDING
+        ]
+        state = fp.run_output(again.graph.invoke(None, config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+    done = [r.completed_by for r in state.receipts if r.call_id == "call-0001"]
+    assert done == [None, "call-0002"]
+    text = json.dumps(state.model_dump(mode="json"))
+    assert "hunter2" not in text and "power cut" not in text
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_account_closed_mid_batch_records_no_completion_and_ends_cancelled(mode: str) -> None:
+    # A cancel closes the account while the status check runs: the marker is refused, so no
+    # completion receipt is recorded, and the run ends cancelled as data.
+    ledger = fp.InMemoryLedger()
+    config, ctx = thread(), context(caps=DOCS)
+    account = thread_account(config)
+
+    def status(args: StatusArgs, tool_ctx: fp.ToolContext) -> Any:
+        ledger.close_account(account, TerminationReason.CANCELLED.value)
+        return UPLOAD_DONE
+
+    base = upload_registry()
+    spec = base.get("upload_status")
+    assert spec is not None
+    registry = fp.ToolRegistry(
+        [base.get("upload_document"), spec.model_copy(update={"execute": status})]
+    )
+    h = harness([UPLOAD, STATUS, final_citing_all, ABSTAIN], registry=registry, ledger=ledger)
+    if mode == "sync":
+        state = h.run(ctx=ctx, config=config)
+    else:
+        request = fp.start("upload", budget(steps=6, tools=4))
+        state = fp.run_output(asyncio.run(h.graph.ainvoke(request, config, context=ctx)))
+    assert state.termination is TerminationReason.CANCELLED
+    assert ledger.get(completed_key(account, "call-0001")) is None
+    assert not [r for r in state.receipts if r.call_id == "call-0001" and r.completed_by]
+    assert h.model.calls == 2
+
+
+def test_a_lost_in_memory_ledger_before_the_status_check_still_lets_the_genuine_one_complete() -> (
+    None
+):
+    saver = InMemorySaver()
+    config, ctx = thread(), context(caps=DOCS)
+    h = upload_graph([UPLOAD], checkpointer=saver)
+    start_upload(h, config, ctx)
+    again = upload_graph(
+        [STATUS, final_citing_all], checkpointer=saver
+    )  # a new process's own ledger
+    state = fp.run_output(again.graph.invoke(None, config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+
+
+def test_a_lost_in_memory_ledger_after_an_accepted_call_still_completes_on_the_async_graph() -> (
+    None
+):
+    # The reopened account carries the started marker of the accepted upload: the genuine
+    # status check completes it, and a final answer before it is still held up.
+    saver = InMemorySaver()
+    config, ctx = thread(), context(caps=DOCS)
+    asyncio.run(astart_upload(upload_graph([UPLOAD], checkpointer=saver), config, ctx))
+    again = upload_graph([final_citing_all, STATUS, final_citing_all], checkpointer=saver)
+    state = fp.run_output(asyncio.run(again.graph.ainvoke(None, config, context=ctx)))
+    assert state.termination is TerminationReason.COMPLETED
+    assert [m.code for m in state.manifests if m.code == "tasks_pending"] == ["tasks_pending"]
+    done = [r.completed_by for r in state.receipts if r.call_id == "call-0001"]
+    assert done == [None, "call-0002"]

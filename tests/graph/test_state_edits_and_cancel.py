@@ -1,5 +1,6 @@
-"""State a caller can write cannot rebind a run, raise its budget, reopen it or run a write twice;
-cancel from another thread stops a run before its next tool.
+"""State a caller can write cannot raise a run's budget (nor hide its final turn), reopen it or run
+a write twice; cancel from another thread stops a run before its next tool. (Rebinding a run to
+another identity: ``tests/isolation/test_identity_bound_to_the_thread.py``.)
 
 Each test takes the seat of a hostile caller holding the thread's config: it can send any
 ``Command(update=..., resume=...)`` or ``update_state``.
@@ -16,7 +17,15 @@ from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
 from fencepost.graph.state import has_run
-from tests.graph.kit import ABSTAIN, budget, call, context, harness, thread
+from tests.graph.kit import (
+    ABSTAIN,
+    budget,
+    call,
+    context,
+    drive_editing,
+    harness,
+    thread,
+)
 
 
 def _state(h: Any, config: dict[str, Any]) -> fp.AgentState:
@@ -144,3 +153,17 @@ def test_cancel_from_another_thread_stops_the_run_before_its_next_tool() -> None
     # At most the tool already running when the cancel landed finishes; none starts after it.
     assert len(ran) <= ran_at_cancel + 1
     assert _state(h, config).termination is fp.TerminationReason.CANCELLED
+
+
+def test_raising_the_step_budget_in_state_does_not_hide_the_final_turn() -> None:
+    script = [call(n=i, query=f"q{i}") for i in range(1, 10)]
+    h = harness(script)
+    config, ctx = thread(), context()
+    h.graph.invoke(
+        fp.start("q", budget(steps=3, tools=8)), config, context=ctx, interrupt_after=["execute"]
+    )
+    generous = fp.RuntimeBudget(steps_remaining=50, tool_calls_remaining=50)
+    state = drive_editing(h, config, ctx, lambda s: {"run": {"budget": generous}})
+    assert [inp.final_turn for inp in h.model.inputs][-1] is True
+    assert h.calls.count("search_logs") == 2
+    assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
