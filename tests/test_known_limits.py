@@ -119,15 +119,16 @@ def test_an_in_place_edit_of_a_shown_message_does_not_reach_the_runs_next_step(
 # -- every strict xfail is here, and says what it breaks ------------------------------------------
 
 
-def _xfail_marks(tree: ast.AST) -> list[ast.Call]:
+def _xfail_marks(tree: ast.AST) -> list[ast.expr]:
     """Every ``xfail`` a module applies: ``pytest.mark.xfail(...)``, a bare ``pytest.mark.xfail``
-    (as a decorator or in ``pytest.param(marks=...)``), and ``pytest.xfail(...)``."""
-    found: list[ast.Call] = []
-    for node in ast.walk(tree):
-        target = node.func if isinstance(node, ast.Call) else node
-        if isinstance(target, ast.Attribute) and target.attr == "xfail":
-            found.append(node if isinstance(node, ast.Call) else ast.Call(target, [], []))
-    return found
+    (as a decorator or in ``pytest.param(marks=...)``), and ``pytest.xfail(...)``; each as the
+    call that applies it, or the bare attribute."""
+    called = {id(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return [
+        called.get(id(n), n)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and n.attr == "xfail"
+    ]
 
 
 def test_no_test_outside_this_module_is_an_xfail() -> None:
@@ -149,6 +150,7 @@ def test_every_known_limit_is_strict_and_names_the_design_rule_it_breaks() -> No
     limits = {name: found for name, found in marks.items() if found}
     assert len(limits) == 3
     for name, (mark,) in limits.items():
+        assert isinstance(mark, ast.Call), name
         strict = {k.arg: k.value for k in mark.keywords}.get("strict")
         assert isinstance(strict, ast.Constant) and strict.value is True, name
         node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
