@@ -1,6 +1,6 @@
 """Every Python block in the docs pages runs — each page in order, in a namespace of its own — as
-tests/test_readme.py runs the README's; the pages the docs promise exist, and the graph shown is
-the one ``fencepost graph`` prints. (``make docs`` builds them with ``mkdocs --strict``; ``make
+tests/test_readme.py runs the README's; the pages the docs promise exist, the graph shown is the
+one ``fencepost graph`` prints, and every test file the docs and the README name exists. (``make docs`` builds them with ``mkdocs --strict``; ``make
 test`` runs that build.)"""
 
 from __future__ import annotations
@@ -104,3 +104,15 @@ def test_the_model_protocol_page_shows_the_prompt_the_decider_sends() -> None:
     assert DEFAULT_SYSTEM_PROMPT in text
     assert "final_answer(text, citations)" in text and "abstain(reason)" in text
     assert "require_citations=True" in text
+
+
+def test_every_test_file_the_docs_and_the_readme_name_exists() -> None:
+    # The pages point readers at the tests that pin a rule: a test file moved must take its
+    # mentions along.
+    named = {
+        path
+        for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+        for path in re.findall(r"tests/[\w/]+\.py", page.read_text(encoding="utf-8"))
+    }
+    assert named
+    assert sorted(p for p in named if not (ROOT / p).is_file()) == []
