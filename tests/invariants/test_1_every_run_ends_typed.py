@@ -460,6 +460,65 @@ def test_a_second_update_of_the_record_beside_an_answer_asked_again_is_taken_wit
     assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
 
 
+# -- one terminal node is the only way out -----------------------------------------------------
+
+
+def test_second_invoke_on_a_finished_thread_returns_the_same_state_and_calls_nothing() -> None:
+    h = harness([call(), final_citing_last, call(n=2)])
+    config, ctx = thread(), context()
+    first = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=ctx))
+    model_calls, tool_calls = h.model.calls, len(h.calls.log)
+    again = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    restarted = fp.run_output(h.graph.invoke(fp.start("another q", budget()), config, context=ctx))
+    assert first.termination is fp.TerminationReason.COMPLETED
+    assert again == first
+    assert restarted.termination is first.termination and restarted.budget == first.budget
+    assert restarted.question == first.question
+    assert (h.model.calls, len(h.calls.log)) == (model_calls, tool_calls)
+
+
+def test_terminal_state_is_only_made_by_the_terminal_node() -> None:
+    h = harness([call(), final_citing_last])
+    config = thread()
+    for chunk in h.graph.stream(
+        fp.start("q", budget()), config, context=context(), stream_mode="updates"
+    ):
+        for node, update in chunk.items():
+            if update and update.get("phase") is fp.policy.Phase.TERMINAL:
+                assert node == "terminal"
+    history = list(h.graph.get_state_history(config))
+    terminal_writes = [
+        s for s in history if s.metadata and "terminal" in (s.metadata.get("writes") or {})
+    ]
+    assert h.graph.get_state(config).next == ()
+    assert len(terminal_writes) <= 1
+
+
+def test_terminate_refuses_a_terminal_state() -> None:
+    h = harness([fp.AbstainProposal(reason="insufficient_evidence")])
+    state = h.run()
+    try:
+        fp.policy.terminate(state, fp.TerminationReason.FAILED)
+    except fp.policy.TerminalStateError:
+        pass
+    else:  # pragma: no cover - the assertion is the point
+        raise AssertionError("terminate accepted a terminal state")
+
+
+def test_clearing_the_termination_does_not_reopen_a_finished_run() -> None:
+    h = harness([call(n=1), ABSTAIN, call(n=2), call(n=3)])
+    config, ctx = thread(), context()
+    done = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=ctx))
+    assert done.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
+    ran = h.calls.count("search_logs")
+    reopened = {"run": {"phase": fp.policy.Phase.OBSERVE, "termination": None, "stop": None}}
+    h.graph.update_state(config, reopened, as_node="execute")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert h.calls.count("search_logs") == ran
+    assert state.is_terminal
+    assert state.last_error_code == "run_closed"
+
+
 # -- a finished run stays finished, whatever a caller writes -----------------------------------
 
 
@@ -779,7 +838,7 @@ def test_an_unknown_budget_account_ends_typed_never_as_an_exception(mode: str) -
     assert state.last_error_code == "unknown_budget_account"
 
 
-# -- a tool, a validator or a model that breaks the process's rules ----------------------------
+# -- validators and predicates that break, a hung model, a tool's own CancelledError ----------
 
 
 def _araise(exc: BaseException) -> Any:
