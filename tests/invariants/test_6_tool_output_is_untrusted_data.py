@@ -7,7 +7,8 @@ that call's failure with a safe code, not as an exception out of ``invoke`` quot
 What a tool, the decision model, a validator or a predicate raised goes to the developer's log,
 with its traceback, and nowhere else: the canary sweep below looks for its text in every
 checkpoint blob (an InMemorySaver's and a SQLite file's), every chunk of every stream mode,
-every input the decision model was given and every span, event and attribute.
+every input the decision model was given and every span, event and attribute. A step manifest
+holds no argument or result text either.
 """
 
 from __future__ import annotations
