@@ -1,6 +1,6 @@
 """Every Python block in the docs pages runs — each page in order, in a namespace of its own — as
-tests/test_readme.py runs the README's; the pages the docs promise exist, and the graph shown is
-the one ``fencepost graph`` prints. (``make docs`` builds them with ``mkdocs --strict``; ``make
+tests/test_readme.py runs the README's; the pages the docs promise exist, the graph shown is the
+one ``fencepost graph`` prints, and every test file the docs and the README name exists. (``make docs`` builds them with ``mkdocs --strict``; ``make
 test`` runs that build.)"""
 
 from __future__ import annotations
@@ -109,7 +109,6 @@ def test_the_model_protocol_page_shows_the_prompt_the_decider_sends() -> None:
 def test_every_module_the_layout_names_exists() -> None:
     # docs/concepts.md says where each decision lives: a module it names that is gone (moved,
     # renamed) would send a newcomer looking for nothing.
-    import re
 
     text = (DOCS / "concepts.md").read_text(encoding="utf-8")
     layout = text[text.index("## Layout") :]
@@ -122,3 +121,15 @@ def test_every_module_the_layout_names_exists() -> None:
         if not any(p.exists() for p in where):
             missing.append(name)
     assert missing == []
+
+
+def test_every_test_file_the_docs_and_the_readme_name_exists() -> None:
+    # The pages point readers at the tests that pin a rule: a test file moved must take its
+    # mentions along.
+    named = {
+        path
+        for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+        for path in re.findall(r"tests/[\w/]+\.py", page.read_text(encoding="utf-8"))
+    }
+    assert named
+    assert sorted(p for p in named if not (ROOT / p).is_file()) == []

@@ -54,16 +54,6 @@ def test_a_finished_runs_turns_go_with_its_observations() -> None:
     assert shown() is None
 
 
-def test_turns_are_not_reused_for_other_observations_at_a_reused_address() -> None:
-    decider = _decider()
-    for n in range(50):  # new objects land on freed addresses: each must be rendered afresh
-        records = (_observation(n),)
-        messages = _tool_messages(decider.messages(_input(records)))
-        assert messages[0].tool_call_id == f"call_{n:010d}"  # type: ignore[attr-defined]
-        del records, messages
-        gc.collect()
-
-
 def test_a_reused_history_is_shown_with_the_question_the_run_asks_now() -> None:
     # The question message is kept beside the run's rendered turns; a state edit that changes
     # the question (same observation objects) must show the model the new one.
@@ -81,3 +71,15 @@ def test_a_reassigned_system_prompt_is_the_one_shown() -> None:
     decider.system_prompt = "new rules"
     shown = decider.messages(_input(()))
     assert isinstance(shown[0], SystemMessage) and shown[0].content == "new rules"
+
+
+def test_a_decider_dropped_with_live_runs_is_freed_and_its_callbacks_harmless() -> None:
+    decider = idle_decider()
+    records = tuple(_observation(n) for n in range(2))
+    decider.messages(_input(records))
+    gone = weakref.ref(decider)
+    del decider
+    gc.collect()
+    assert gone() is None  # the callbacks hold the list, not the decider
+    del records  # its callback appends to an orphaned list: nothing raises
+    gc.collect()

@@ -1,22 +1,36 @@
-"""A database written by the first ledger version still opens, keeps its books, and migrates.
+"""A database written by an older ledger version still opens, keeps its books, and migrates.
 
 The first version's tables are created here as that version created them (no owner, no closed
 column, no server-side functions), with one account chain and one reservation in them, exactly
 as its ``open_account`` and ``reserve`` left them. Opening today's ledger on that database adds
 what is missing; the old reservation is still known, and every new rule works on the old rows.
+A version 4 Postgres database (read from git history) upgraded in place by a newer process keeps
+its books, and the version 4 clients still running go on working on the new functions.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import psycopg
 import pytest
 
 from fencepost.adapters import PostgresLedger, SqliteLedger
-from fencepost.policy.ledger import AccountClosed, Ledger, LedgerConflict, ReservationStatus
+from fencepost.adapters.ledger_postgres import SCHEMA_VERSION
+from fencepost.policy import BudgetExhausted
+from fencepost.policy.ledger import (
+    AccountClosed,
+    Ledger,
+    LedgerConflict,
+    ReservationStatus,
+)
 
 FIRST_VERSION_SCHEMA = (
     """
@@ -144,3 +158,73 @@ def test_opening_a_migrated_database_again_changes_nothing(
     second = first_version_database()  # setup runs again: already current
     assert second.balance("run") == before
     assert second.get("call-1") == first.get("call-1")
+
+
+# -- a version 4 database upgraded in place while its old clients run ----------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+VERSION_4 = "8f704dd"
+"""A commit whose ``ledger_postgres.py`` is schema version 4 (the one before the rewritten
+``fencepost_ledger_reserve``)."""
+
+
+def _version_4() -> ModuleType:
+    """The Postgres ledger module at schema version 4, read from git."""
+    try:
+        source = subprocess.run(
+            ["git", "show", f"{VERSION_4}:fencepost/adapters/ledger_postgres.py"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"git history with {VERSION_4} is not available")
+    spec = importlib.util.spec_from_loader("_ledger_postgres_v4", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_ledger_postgres_v4"] = module
+    exec(compile(source, "ledger_postgres_v4.py", "exec"), module.__dict__)
+    assert module.SCHEMA_VERSION == 4
+
+    class PostgresLedgerV4(module.PostgresLedger):  # type: ignore[misc,name-defined]
+        """The old class under today's port, which has since grown ``charge``."""
+
+        def charge(self, account: str, key: str, amounts: Any) -> Any:
+            raise NotImplementedError("version 4 had no charge")
+
+    module.PostgresLedger = PostgresLedgerV4
+    return module
+
+
+def test_a_version_4_database_upgraded_in_place_keeps_its_books_and_its_old_clients(
+    postgres_schema: str,
+) -> None:
+    v4 = _version_4()
+    with v4.PostgresLedger(postgres_schema, min_size=1, max_size=1) as old:
+        old.open_account("tenant", {"cost": 10, "tool_calls": 5}, owner={"tenant": "acme"})
+        old.open_account("run", {"tool_calls": 3, "cost": 8}, parent="tenant")
+        old.open_account("done", {"cost": 1}, parent="tenant")
+        for i in range(8):  # past psycopg's prepare threshold: the old session holds plans
+            old.reserve("run", f"k{i}", {"cost": 0.5} if i else {"cost": 1, "tool_calls": 1})
+        old.reserve("done", "d1", {})
+        old.close_account("done", "completed")
+        before = [old.balance(a) for a in ("tenant", "run", "done")]
+        with PostgresLedger(postgres_schema) as new:  # another process, upgraded, starts
+            assert [new.balance(a) for a in ("tenant", "run", "done")] == before
+            assert new.reserve("done", "d1", {}).existing  # even on its closed account
+            assert new.reserve("run", "k0", {"cost": 1, "tool_calls": 1}).existing
+            with pytest.raises(AccountClosed):
+                new.reserve("done", "d2", {})
+            fresh = new.reserve("run", "n1", {"tool_calls": 2})
+            assert fresh.balance == new.balance("run")
+            with pytest.raises(BudgetExhausted) as caught:
+                new.reserve("run", "n2", {"cost": 0.25, "tool_calls": 1})
+            axis = caught.value.axis
+            assert (caught.value.account, axis and axis.value) == ("run", "tool_calls")
+        # The old process goes on, on the new functions (same signatures, same result type).
+        assert old.reserve("run", "k1", {"cost": 0.5}).existing
+        assert old.settle("n1", {"tool_calls": 1}).amounts == {"tool_calls": 1.0}
+        assert old.reserve("run", "o1", {"tool_calls": 1}).balance == old.balance("run")
+    with psycopg.connect(postgres_schema) as conn:
+        assert conn.execute("SELECT fencepost_ledger_version()").fetchone() == (SCHEMA_VERSION,)

@@ -1,17 +1,20 @@
-"""Rules only the Postgres backend has: one statement per operation, setup without CREATE."""
+"""Rules only the Postgres backend has: one statement per operation, setup without CREATE, a
+parent chain walked exactly as deep as the SQLite backend walks it, and the nearest closed
+account named whatever the names sort as."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from fencepost.adapters import PostgresLedger
+from fencepost.adapters import PostgresLedger, SqliteLedger
 from fencepost.adapters.ledger_postgres import SCHEMA_VERSION
-from fencepost.policy import BudgetExhausted
+from fencepost.policy import AccountClosed, BudgetExhausted, Ledger, UnknownAccount
 
 
 @pytest.fixture
@@ -105,3 +108,57 @@ def test_a_database_with_older_functions_gets_the_current_ones_and_keeps_its_boo
     with psycopg.connect(postgres_schema, autocommit=True) as conn:
         version = conn.execute("SELECT fencepost_ledger_version()").fetchone()
     assert version == (SCHEMA_VERSION,)
+
+
+def _chain(ledger: Ledger, depth: int) -> str:
+    """``depth`` accounts, each the parent of the next; returns the deepest."""
+    ledger.open_account("a0", {"cost": 10})
+    for i in range(1, depth):
+        ledger.open_account(f"a{i}", {}, parent=f"a{i - 1}")
+    return f"a{depth - 1}"
+
+
+@pytest.mark.parametrize("depth", [1001, 1002])
+def test_postgres_walks_a_parent_chain_exactly_as_deep_as_sqlite_does(
+    postgres_schema: str, tmp_path: Path, depth: int
+) -> None:
+    # Both backends walk the same depth (1001 accounts, and no further): a run nested one level
+    # deeper is never refused as unknown_account on one backend only. Settling refunds every
+    # account the reservation charged.
+    outcomes: list[Any] = []
+    with PostgresLedger(postgres_schema) as pg:
+        sqlite = SqliteLedger(tmp_path / "ledger.db")
+        try:
+            for ledger in (pg, sqlite):
+                deepest = _chain(ledger, depth)
+                try:
+                    ledger.reserve(deepest, "k", {"cost": 3})
+                except UnknownAccount as exc:
+                    outcomes.append(("unknown", exc.args))
+                    continue
+                ledger.settle("k", {"cost": 1})
+                outcomes.append(("held", ledger.balance("a0").held, ledger.balance(deepest).held))
+        finally:
+            sqlite.close()
+    assert outcomes[0] == outcomes[1]
+    if depth == 1001:
+        assert outcomes[0] == ("held", {"cost": 1.0}, {"cost": 1.0})
+
+
+def test_the_nearest_closed_account_is_named_whatever_the_names_sort_as(
+    postgres_schema: str,
+) -> None:
+    # The locking select walks the chain by name; the account reported is the nearest.
+    with PostgresLedger(postgres_schema) as ledger:
+        ledger.open_account("a-tenant", {"cost": 5})
+        ledger.open_account("b-team", {}, parent="a-tenant")
+        ledger.open_account("z-run", {"cost": 5}, parent="b-team")
+        ledger.close_account("a-tenant", "completed")
+        ledger.close_account("b-team", "cancelled")
+        with pytest.raises(AccountClosed) as caught:
+            ledger.reserve("z-run", "k", {"cost": 1})
+        assert (caught.value.account, caught.value.reason) == ("b-team", "cancelled")
+        ledger.close_account("z-run", "budget_exhausted")
+        with pytest.raises(AccountClosed) as caught:
+            ledger.reserve("z-run", "k", {"cost": 1})
+        assert (caught.value.account, caught.value.reason) == ("z-run", "budget_exhausted")

@@ -7,14 +7,27 @@ sends the axes and amounts as array literals it writes itself: these pin what th
 
 from __future__ import annotations
 
+import contextlib
+import math
+import random
+import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from fencepost.adapters import PostgresLedger
+from fencepost.adapters.ledger_postgres import _float_array, _text_array
 from fencepost.policy import BudgetExhausted
-from fencepost.policy.ledger import AccountClosed, InMemoryLedger, Ledger
+from fencepost.policy.ledger import (
+    MAX_NAME_LENGTH,
+    AccountClosed,
+    InMemoryLedger,
+    InvalidLedgerKey,
+    Ledger,
+    validate_name,
+)
 
 
 @pytest.fixture
@@ -135,3 +148,126 @@ def test_closed_unknown_and_held_elsewhere_are_decided_as_before(ledger: Postgre
     got, reference = both(ledger, script)
     assert got == reference
     assert got[8] == ("AccountClosed", "run", "completed")
+
+
+def _odd_names(count: int) -> list[str]:
+    rnd = random.Random(5)
+    alphabet = "{}\",\\ 'NULLnul\t[]:=$();"
+    names = [
+        '"',
+        "\\",
+        '\\"',
+        "{",
+        "}",
+        ",",
+        "{}",
+        "{a,b}",
+        '"{a,b}"',
+        "NULL",
+        " NULL ",
+        "null",
+        " ",
+        "  lead and trail  ",
+        "\u00a0",
+        "\u2028",
+        "\ufeff",
+        "\u200b",
+        "é",
+        "😀",
+        "\U0010ffff",
+        "[1:1]={a}",
+        "$$",
+        "'",
+        "a b",
+        "x" * MAX_NAME_LENGTH,
+        "😀" * MAX_NAME_LENGTH,
+    ]
+    while len(names) < count:
+        n = rnd.randint(1, 30)
+        names.append(
+            "".join(
+                rnd.choice(alphabet)
+                if rnd.random() < 0.5
+                else chr(
+                    rnd.choice(
+                        [
+                            rnd.randint(0x20, 0x7E),
+                            rnd.randint(0xA0, 0xD7FF),
+                            rnd.randint(0xE000, 0x10FFFF),
+                        ]
+                    )
+                )
+                for _ in range(n)
+            )
+        )
+    valid = []
+    for name in names:
+        with contextlib.suppress(InvalidLedgerKey):
+            valid.append(validate_name(name, "axis"))
+    return list(dict.fromkeys(valid))
+
+
+def _odd_amounts(count: int) -> list[float]:
+    rnd = random.Random(9)
+    amounts = [
+        0.0,
+        -0.0,
+        5e-324,
+        2.2250738585072014e-308,
+        2.225073858507201e-308,
+        1e-320,
+        1.7976931348623157e308,
+        math.inf,
+        0.1,
+        1 / 3,
+        2.0**53 + 2,
+        1e16,
+        1e22,
+        1e23,
+    ]
+    while len(amounts) < count:
+        bits = rnd.getrandbits(63)  # sign bit clear: non-negative, as validate_amounts wants
+        value = struct.unpack("<d", struct.pack("<Q", bits))[0]
+        if not math.isnan(value):
+            amounts.append(value)
+    return amounts
+
+
+def test_every_valid_axis_name_and_amount_reads_back_from_its_array_literal(
+    postgres_schema: str,
+) -> None:
+    names, amounts = _odd_names(3000), _odd_amounts(3000)
+    with psycopg.connect(postgres_schema) as conn:
+        for i in range(0, len(names), 250):
+            chunk = names[i : i + 250]
+            row = conn.execute("SELECT %s::text[]", (_text_array(chunk),)).fetchone()
+            assert row is not None and row[0] == chunk
+        row = conn.execute("SELECT %s::float8[]", (_float_array(amounts),)).fetchone()
+        assert row is not None
+        for sent, got in zip(amounts, row[0], strict=True):
+            assert got == sent and math.copysign(1, got) == math.copysign(1, sent), sent
+
+
+def test_odd_names_and_amounts_reserve_settle_and_balance_as_the_in_memory_ledger(
+    postgres_schema: str,
+) -> None:
+    names = _odd_names(400)[:120]
+    amounts = [a for a in _odd_amounts(400) if a < 1e300][:120]
+
+    def script(book: Ledger) -> list[Any]:
+        out: list[Any] = []
+        limits = {name: 1e300 for name in names[:60]}  # the rest are unlimited axes
+        book.open_account("tenant", limits)
+        book.open_account("run", dict(reversed(list(limits.items()))), parent="tenant")
+        for k in range(0, 120, 15):
+            request = dict(zip(names[k : k + 15], amounts[k : k + 15], strict=True))
+            got = book.reserve("run", f"key-{k}", request)
+            out.append((got.amounts, got.balance))
+            out.append(book.reserve("run", f"key-{k}", request).balance)
+            out.append(book.reserve("run", f"marker-{k}", {}).balance)
+        out.append(book.settle("key-0", dict.fromkeys(names[:15], 0.0)).amounts)
+        out.append((book.balance("tenant"), book.balance("run")))
+        return out
+
+    with PostgresLedger(postgres_schema) as ledger:
+        assert script(ledger) == script(InMemoryLedger())

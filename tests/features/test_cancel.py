@@ -3,34 +3,47 @@
 Seed 002: a stop is not an undo; it keeps the id and the lookup path of every effect already
 started. ``fp.cancel`` closes the run's ledger account first (a run still going is refused its
 next step or tool), then writes the durable cancel record through the terminal node, never as a
-node that may still be running.
+node that may still be running. A cancel given any config reaches the run it names and no other:
+a snapshot's config ends the run, an old one never rewrites a finished run's ending, a stray
+namespace closes nothing and says so, a nested run's own config (or its parent graph) ends the
+nested run; and a cancel that closed the account first is the run's ending in state too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict
-from typing_extensions import TypedDict
 
 import fencepost as fp
 from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.policy import TerminationReason
 from tests.graph.kit import (
     ABSTAIN,
+    DOCS,
+    STATUS,
+    UPLOAD,
     Calls,
     budget,
     call,
     context,
+    final_citing_all,
     final_citing_last,
+    harness,
     make_registry,
+    paused_for_approval,
+    state_of,
+    terminal_manifests,
     thread,
+    thread_account,
+    upload_graph,
 )
+from tests.graph.nested_kit import Parent, approved, nested_config, nested_paused
 
 
 class MessageArgs(BaseModel):
@@ -161,45 +174,13 @@ async def test_an_async_cancel_while_an_async_write_runs_keeps_the_writes_id_and
 # -- a run nested in a parent graph's node ----------------------------------------------------
 
 
-class _Parent(TypedDict, total=False):
-    out: str
-
-
-def _parent_with_nested_paused(
-    ledger: fp.InMemoryLedger, *, own_saver: bool
-) -> tuple[Any, dict[str, Any], fp.RunContext, Calls]:
-    """A plain LangGraph parent whose node runs a fencepost graph paused for a write's approval."""
-    calls = Calls()
-    model = ScriptedDecisionModel(
-        [call("write_note", 1, note="a"), final_citing_last, final_citing_last]
-    )
-    built = fp.build_agent_graph(make_registry(calls), model, ledger=ledger, approval="interrupt")
-    saver = InMemorySaver()
-    nested = built.compile(checkpointer=saver) if own_saver else built.compile()
-    ctx = context()
-
-    def agent(_: _Parent) -> dict[str, str]:
-        out = fp.run_output(nested.invoke(fp.start("q", budget()), context=ctx))
-        return {"out": f"{out.termination}:{out.last_error_code}"}
-
-    parent = StateGraph(_Parent)
-    parent.add_node("agent", agent)
-    parent.add_edge(START, "agent")
-    parent.add_edge("agent", END)
-    compiled = parent.compile(checkpointer=saver)
-    config = thread()
-    compiled.invoke({}, config, context=ctx)
-    assert compiled.get_state(config).next == ("agent",)
-    return compiled, config, ctx, calls
-
-
 @pytest.mark.parametrize("own_saver", [True, False], ids=["own-saver", "parents-saver"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_cancelling_a_parent_graph_reaches_its_paused_nested_run(
     own_saver: bool, mode: str
 ) -> None:
     ledger = fp.InMemoryLedger()
-    parent, config, ctx, calls = _parent_with_nested_paused(ledger, own_saver=own_saver)
+    parent, _, config, ctx, calls = nested_paused(ledger, InMemorySaver(), own_saver=own_saver)
     if mode == "sync":
         returned = fp.cancel(parent, config, context=ctx)
     else:
@@ -221,11 +202,11 @@ def test_a_parent_whose_nested_graph_langgraph_cannot_list_is_refused_saying_wha
     holder = [built.compile(checkpointer=saver)]
     ctx = context()
 
-    def agent(_: _Parent) -> dict[str, str]:
+    def agent(_: Parent) -> dict[str, str]:
         out = fp.run_output(holder[0].invoke(fp.start("q", budget()), context=ctx))
         return {"out": f"{out.termination}:{out.last_error_code}"}
 
-    parent = StateGraph(_Parent)
+    parent = StateGraph(Parent)
     parent.add_node("agent", agent)
     parent.add_edge(START, "agent")
     parent.add_edge("agent", END)
@@ -239,3 +220,116 @@ def test_a_parent_whose_nested_graph_langgraph_cannot_list_is_refused_saying_wha
     out = graph.invoke(Command(resume="approve"), config, context=ctx)
     assert calls.count("write_note") == 0
     assert out == {"out": "cancelled:cancelled"}
+
+
+# -- cancel with any config: a snapshot's, a stray namespace, none -----------------------------
+
+
+def test_a_stray_namespace_on_a_top_level_runs_config_closes_nothing_and_says_so() -> None:
+    # A crafted or stray checkpoint_ns turns a top-level cancel into a nested one: it must
+    # close no account it does not name, and report that nothing was cancelled.
+    ledger = fp.InMemoryLedger()
+    h, config, ctx = paused_for_approval(ledger=ledger)
+    stray = {"configurable": {**config["configurable"], "checkpoint_ns": "approve:crafted"}}
+    assert fp.cancel(h.graph, stray, context=ctx) is None
+    assert ledger.balance(thread_account(config)).closed is None
+    out = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert out.termination is TerminationReason.COMPLETED
+    assert h.calls.count("write_note") == 1
+
+
+def test_cancel_with_a_snapshots_config_ends_the_run_cancelled() -> None:
+    h, config, ctx = paused_for_approval()
+    snapshot_config = h.graph.get_state(config).config
+    returned = fp.cancel(h.graph, snapshot_config, context=ctx)
+    head = h.graph.get_state(config)
+    assert head.next == ()
+    assert state_of(h, config).termination is TerminationReason.CANCELLED
+    assert returned is not None and returned.termination is TerminationReason.CANCELLED
+    assert h.calls.count("write_note") == 0
+
+
+def test_cancel_with_an_old_snapshots_config_never_rewrites_a_finished_runs_ending() -> None:
+    h, config, ctx = paused_for_approval()
+    old = h.graph.get_state(config).config
+    done = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert done.termination is TerminationReason.COMPLETED
+    fp.cancel(h.graph, old, context=ctx)
+    assert h.graph.get_state(config).next == ()
+    assert state_of(h, config).termination is TerminationReason.COMPLETED
+
+
+def test_a_top_level_cancel_still_ends_a_running_thread_cancelled() -> None:
+    # The nested branch must not swallow the ordinary cancel: no namespace, or an empty one.
+    for configurable in ({}, {"checkpoint_ns": ""}):
+        ledger = fp.InMemoryLedger()
+        h = harness([call("search_logs", 1), final_citing_last], ledger=ledger)
+        config = thread()
+        ctx = context()
+        h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_after=["execute"])
+        cfg = {"configurable": {**config["configurable"], **configurable}}
+        out = fp.cancel(h.graph, cfg, context=ctx)
+        assert out is not None and out.termination is TerminationReason.CANCELLED
+        assert ledger.balance(thread_account(config)).closed == "cancelled"
+
+
+def test_a_cancel_that_closes_the_account_first_is_the_runs_ending_in_state_and_ledger() -> None:
+    # The run's final answer was accepted (its stop is completed) when a cancel from another
+    # thread closed the account, before the terminal node ran: the first close stands, so the
+    # run ends cancelled in state too, and a later invoke leaves it so.
+    ledger = fp.InMemoryLedger()
+    h = upload_graph([UPLOAD, STATUS, final_citing_all], ledger=ledger)
+    config, ctx = thread(), context(caps=DOCS)
+    h.graph.invoke(
+        fp.start("upload", budget(steps=6, tools=4)),
+        config,
+        context=ctx,
+        interrupt_before=["terminal"],
+    )
+    asked = state_of(h, config).stop
+    assert asked is not None and asked.reason is TerminationReason.COMPLETED
+    ledger.close_account(thread_account(config), TerminationReason.CANCELLED.value)
+    h.graph.invoke(None, config, context=ctx)
+    state = state_of(h, config)
+    assert state.termination is TerminationReason.CANCELLED
+    assert ledger.balance(thread_account(config)).closed == TerminationReason.CANCELLED.value
+    assert terminal_manifests(state) == 1
+    h.graph.invoke(None, config, context=ctx)
+    assert state_of(h, config) == state
+
+
+# -- a nested run's own config -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("own_saver", [True, False], ids=["own-saver", "parents-saver"])
+def test_cancel_of_a_nested_run_paused_for_approval_returns_and_ends_it_cancelled(
+    own_saver: bool,
+) -> None:
+    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
+    parent, nested, config, ctx, calls = nested_paused(ledger, saver, own_saver=own_saver)
+    state = fp.cancel(nested, nested_config(parent, config), context=ctx)
+    if own_saver:  # its graph reads its state: still paused, the parent ends it
+        assert state is not None and not state.is_terminal
+    else:
+        assert state is None
+    assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)
+
+
+def test_acancel_of_a_nested_run_ends_it_cancelled() -> None:
+    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
+    parent, nested, config, ctx, calls = nested_paused(ledger, saver, own_saver=True)
+    asyncio.run(fp.acancel(nested, nested_config(parent, config), context=ctx))
+    assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)
+
+
+@pytest.mark.parametrize("own_saver", [True, False], ids=["own-saver", "parents-saver"])
+def test_cancel_of_a_nested_run_through_its_parent_graph_still_ends_it_cancelled(
+    own_saver: bool,
+) -> None:
+    saver, ledger = InMemorySaver(), fp.InMemoryLedger()
+    parent, _, config, ctx, calls = nested_paused(ledger, saver, own_saver=own_saver)
+    returned = fp.cancel(parent, nested_config(parent, config), context=ctx)
+    # No node of the parent runs in the cancel: the parent's next invoke ends the nested run.
+    assert returned is not None and not returned.is_terminal
+    assert parent.get_state(config).next == ("agent",)
+    assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)

@@ -724,7 +724,7 @@ def answers(call_ids: list[str]) -> st.SearchStrategy[Any]:
         {"decision": "edit", "arguments": {"note": 2**70}}
     )
     # Never a bare ``None``: ``Command(resume=None)`` is LangGraph's own UnboundLocalError, before
-    # any fencepost code runs (``test_fuzz_regressions.py``, strict xfail).
+    # any fencepost code runs (a known limit: ``tests/test_known_limits.py``).
     garbage = json_values.filter(lambda v: v is not None)
     return st.one_of(one, one, per_call, mixed, deep, garbage, st.just({"call-9999": "approve"}))
 

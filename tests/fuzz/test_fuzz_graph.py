@@ -1,4 +1,4 @@
-"""A fuzz suite over the real, compiled graph (issue 9, "A fuzz suite over the real graph").
+"""A fuzz suite over the real, compiled graph.
 
 Hypothesis draws a hostile run — model output (unknown and invalid tool names, garbage, deeply
 nested, huge-integer and NaN arguments, duplicate call ids, batches with random ``depends_on``,

@@ -7,8 +7,8 @@ the real compiled graph through sync ``invoke`` (a direct call only where the gr
 a case) and is named after the rule it pins.
 
 Already pinned elsewhere for this path, so not repeated here: a ``def`` tool's BaseException
-ends its run typed with nothing checkpointed (``test_hostile_review``), a model's BaseException
-ends the run ``failed`` (``tests/fuzz/test_fuzz_regressions``). ``test_tool_isolation`` drives
+ends its run typed with nothing checkpointed (``tests/invariants/test_1_every_run_ends_typed``),
+a model's BaseException ends the run ``failed`` (``tests/fuzz/test_fuzz_regressions``). ``test_tool_isolation`` drives
 ``run_tool`` through ``run_sync`` (the async path); its helpers and fixtures are reused here.
 """
 
@@ -37,8 +37,7 @@ from fencepost.graph.containment.model import run_model, run_model_blocking
 from fencepost.graph.containment.shared_loop import run_sync_shared
 from fencepost.graph.containment.tools import ToolRun, run_tool_blocking
 from tests.graph import test_tool_isolation as isolation
-from tests.graph.kit import ABSTAIN, Harness, budget, call, context, harness, thread
-from tests.graph.test_hostile_review import _saver_bytes
+from tests.graph.kit import ABSTAIN, Harness, budget, call, context, harness, saver_bytes, thread
 from tests.graph.test_tool_isolation import (
     BASE_EXCEPTIONS,
     CTX,
@@ -317,7 +316,7 @@ def test_a_model_past_its_deadline_under_invoke_ends_its_step_with_timeout_and_i
     assert state.termination is ABSTAIN_ENDS
     _flush_shared_loop()
     assert SECRET not in repr(state) and SECRET not in repr(events)
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
     assert SECRET not in caplog.text
     assert "never retrieved" not in caplog.text
 
@@ -485,7 +484,7 @@ def test_a_forked_child_runs_sync_invoke_on_a_pool_and_a_model_loop_of_its_own()
     assert finishes(_one_call(fine).run).observations[0].result == "ok"
 
 
-# -- Found in review: fixed in model_call / tool_runner / tool_threads ----------------------------
+# -- waits longer than a thread can wait, models left behind, freed threads handed on ------------
 
 
 def test_a_model_timeout_longer_than_a_thread_can_wait_ends_a_sync_invoke_typed(

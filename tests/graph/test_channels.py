@@ -9,6 +9,8 @@ reads. A caller's write to the record only adds to its records and raises its re
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 from hypothesis import given
@@ -17,9 +19,25 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import StateGraph
 from langgraph.types import Overwrite
 
+import fencepost as fp
 from fencepost.graph.record import APPENDED, COUNTED, LATEST, REPLACED, RunRecord, fold, plain
 from fencepost.graph.state import GraphState
-from fencepost.policy import AgentState, ErrorCode, Observation
+from fencepost.policy import (
+    AgentState,
+    ErrorCode,
+    Observation,
+    StopRequest,
+    TerminationReason,
+)
+from tests.graph.kit import (
+    budget,
+    call,
+    context,
+    final_citing_last,
+    harness,
+    thread,
+    upload_graph,
+)
 
 _words = st.text(alphabet="abcdefgh", min_size=1, max_size=4)
 
@@ -115,3 +133,59 @@ def test_a_write_of_no_field_is_dropped_and_a_value_with_no_plain_form_is_marked
     after = fold({}, [{"chain_of_thought": "x", "last_error_code": object()}, "not a map"])
     assert "chain_of_thought" not in after
     assert after["last_error_code"] == {"__unrepresentable__": True}
+
+
+def _channel_pairs() -> list[tuple[str, Any, Any]]:
+    stop = StopRequest(reason=TerminationReason.CANCELLED, error_code="cancelled")
+    receipt = fp.Receipt(call_id="call-0001", tool_name="t", status="completed")
+    return [
+        ("run", {"stop": None}, {"stop": stop}),
+        (
+            "run",
+            {"receipts": (receipt,)},
+            {"receipts": (receipt.model_copy(update={"call_id": "call-0002"}),)},
+        ),
+        ("run", {"answered": {"call-0001": 1}}, {"answered": {"call-0002": 2}}),
+        ("run", {"fingerprints": {"f": 1}}, {"fingerprints": {"f": 3, "g": 1}}),
+        ("messages", [HumanMessage("q", id="m-1")], [AIMessage("a", id="m-2")]),
+    ]
+
+
+def test_a_write_to_a_routed_copy_of_a_channel_never_changes_the_original_or_its_other_copy() -> (
+    None
+):
+    # The fast copies share the value (object.__new__, slots set directly): sound only while
+    # every reducer makes a new value. A write to one copy must not show in the original, in a
+    # second copy, or in a channel restored from the same checkpoint.
+    h = upload_graph([])
+    for name, first, second in _channel_pairs():
+        original = h.graph.channels[name].from_checkpoint(None)
+        assert original.update([first])
+        before = original.get()
+        snapshot = json.dumps(before, default=repr) if name != "messages" else len(before)
+        routed, sibling = original.copy(), original.copy()
+        assert routed.update([second]) is True
+        assert routed.get() is not before
+        after = original.get()
+        assert after is before, name
+        assert (json.dumps(after, default=repr) if name != "messages" else len(after)) == snapshot
+        assert sibling.get() is before, name
+        assert routed.update([]) is False
+        assert type(routed) is type(original) and routed.key == original.key
+
+
+def test_values_streamed_at_one_step_are_never_changed_by_a_later_step() -> None:
+    # channels.Shared copies share their value: safe only while no reducer changes one in place.
+    h = harness([call(n=1), call(n=2, query="other"), call(n=1, query="again"), final_citing_last])
+    names = ("fingerprints", "evidence", "answered", "observations", "receipts", "messages")
+    seen: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for chunk in h.graph.stream(
+        fp.start("q", budget(steps=6, tools=4)), thread(), context=context(), stream_mode="values"
+    ):
+        kept = {n: chunk[n] for n in names if n in chunk}
+        seen.append((kept, copy.deepcopy(kept)))
+    assert len(seen) > 3
+    for live, then in seen:
+        assert {n: list(v) if isinstance(v, list) else v for n, v in live.items()} == {
+            n: list(v) if isinstance(v, list) else v for n, v in then.items()
+        }

@@ -6,19 +6,26 @@ marker outside state (``keys.completed_key``), written by the execute node, befo
 receipt, only when a later call's verified evidence shows the task done. These tests run real
 graphs on real checkpointers and ledgers: the in-memory pair, and SQLite files reopened by a
 fresh graph object (a new process). A non-durable ledger lost by a restart is re-opened from the
-checkpoint, which then carries the completions it recorded (see ``run_account.reopen_lost``).
+checkpoint, which then carries the completions it recorded. A crash between the marker and the
+receipt, or a cancel that closes the account mid-batch, leaves the books right. That a forged
+completion never completes a run is pinned with the feature: ``tests/features/
+test_completion_evidence.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
 
 import fencepost as fp
+from fencepost.adapters import SqliteLedger
 from fencepost.policy import TerminationReason
 from fencepost.policy.keys import completed_key, run_account
 from fencepost.policy.tasks import pending_tasks
@@ -27,35 +34,27 @@ from tests.graph.kit import (
     DOCS,
     STATUS,
     UPLOAD,
+    UPLOAD_DONE,
     Harness,
+    StatusArgs,
     astart_upload,
     budget,
     context,
     final_citing_all,
+    harness,
     sqlite_files,
     start_upload,
     state_of,
+    terminal_manifests,
     thread,
+    thread_account,
     upload_graph,
+    upload_registry,
 )
-
-REFUSED_TWICE = [final_citing_all, final_citing_all, ABSTAIN]
-"""What a model says after the upload: final answers (refused while the task is pending)."""
 
 
 def _next_execute(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None:
     h.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
-
-
-def _forge(h: Harness, config: dict[str, Any], form: str) -> None:
-    """Append a ``completed`` receipt for the accepting call, as a caller can."""
-    [waiting] = pending_tasks(state_of(h, config).receipts)
-    forged: Any = waiting.model_copy(update={"status": fp.ReceiptStatus.COMPLETED})
-    if form == "json":
-        forged = forged.model_dump(mode="json")
-    h.graph.update_state(
-        config, {"run": {"receipts": [forged], "open_tasks": []}}, as_node="execute"
-    )
 
 
 def _marker(ledger: fp.Ledger, config: dict[str, Any], h: Harness) -> fp.policy.Reservation | None:
@@ -73,6 +72,7 @@ def test_a_task_its_status_tool_shows_done_lets_the_final_answer_complete_and_is
     state = h.run(steps=6, tools=4, ctx=ctx, config=config)
     assert state.termination is TerminationReason.COMPLETED
     assert _marker(ledger, config, h) is not None
+    assert terminal_manifests(state) == 1  # the terminal node's ledger read adds no second end
 
 
 def test_a_completion_shown_before_a_resume_completes_the_run_in_a_fresh_graph_on_sqlite_files(
@@ -103,17 +103,6 @@ def test_a_completion_shown_before_a_resume_completes_the_run_in_a_fresh_graph_i
     assert _marker(ledger, config, again) is not None
 
 
-def test_a_genuine_completion_after_a_forged_one_is_still_marked_and_completes_the_run() -> None:
-    # The forged receipt made the call look done, so the status check found nothing waiting and
-    # marked nothing: the run could never complete. Waiting now means "not marked done".
-    h = upload_graph([UPLOAD, STATUS, final_citing_all, ABSTAIN])
-    config, ctx = thread(), context(caps=DOCS)
-    start_upload(h, config, ctx)
-    _forge(h, config, "receipt")
-    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
-    assert state.termination is TerminationReason.COMPLETED
-
-
 def test_an_early_marker_a_crash_left_gets_its_receipt_when_the_task_is_shown_done_again() -> None:
     # A crash between the marker and the checkpoint leaves the marker early: the re-run (here a
     # later status check) still records the completion receipt, naming the call that showed it.
@@ -130,41 +119,6 @@ def test_an_early_marker_a_crash_left_gets_its_receipt_when_the_task_is_shown_do
         (fp.ReceiptStatus.ACCEPTED_PENDING, None),
         (fp.ReceiptStatus.COMPLETED, "call-0002"),
     ]
-
-
-# --- a forged completion is refused -------------------------------------------------------------
-
-
-@pytest.mark.parametrize("form", ["receipt", "json"])
-def test_a_forged_completion_receipt_never_completes_a_run_on_a_durable_ledger(
-    tmp_path: Path, form: str
-) -> None:
-    config, ctx = thread(), context(caps=DOCS)
-    with sqlite_files(tmp_path) as (saver, ledger):
-        h = upload_graph([UPLOAD], status={"status": "done"}, checkpointer=saver, ledger=ledger)
-        start_upload(h, config, ctx)
-        _forge(h, config, form)
-    with sqlite_files(tmp_path) as (saver, ledger):
-        again = upload_graph(REFUSED_TWICE, checkpointer=saver, ledger=ledger)
-        state = fp.run_output(again.graph.invoke(None, config, context=ctx))
-        assert _marker(ledger, config, again) is None
-    assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
-    # The model was shown the forged view (no open task); the final was judged by the ledger.
-    assert [inp.pending_tasks for inp in again.model.inputs] == [(), (), ()]
-    assert [m.code for m in state.manifests if m.code == "tasks_pending"] == ["tasks_pending"] * 2
-
-
-def test_a_forged_completion_receipt_never_completes_a_run_on_the_async_graph() -> None:
-    h = upload_graph([UPLOAD, *REFUSED_TWICE], status={"status": "done"})
-    config, ctx = thread(), context(caps=DOCS)
-
-    async def run() -> fp.AgentState:
-        await astart_upload(h, config, ctx)
-        _forge(h, config, "json")
-        return fp.run_output(await h.graph.ainvoke(None, config, context=ctx))
-
-    state = asyncio.run(run())
-    assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
 
 
 # --- a non-durable ledger lost by a restart -----------------------------------------------------
@@ -184,46 +138,7 @@ def test_after_the_in_memory_ledger_is_lost_a_completion_recorded_before_still_c
     assert state.termination is TerminationReason.COMPLETED
 
 
-def test_after_the_in_memory_ledger_is_reopened_a_completion_forged_later_is_refused() -> None:
-    saver = InMemorySaver()
-    config, ctx = thread(), context(caps=DOCS)
-    h = upload_graph([UPLOAD], checkpointer=saver)
-    start_upload(h, config, ctx)
-    # A new process: its first step re-opens the account (the checkpoint shows nothing done).
-    again = upload_graph([STATUS, *REFUSED_TWICE], status={"status": "running"}, checkpointer=saver)
-    _next_execute(again, config, ctx)
-    _forge(again, config, "receipt")
-    state = fp.run_output(again.graph.invoke(None, config, context=ctx))
-    assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
-
-
-# --- the terminal node judges a completed stop by the markers too ---------------------------------
-
-
-def _forged_completed_stop() -> dict[str, Any]:
-    answer = fp.AnswerPayload(text="Uploaded.", citations=("call-0001",))
-    return {
-        "run": {"stop": fp.policy.StopRequest(reason=TerminationReason.COMPLETED, answer=answer)}
-    }
-
-
-def test_a_forged_completed_stop_never_ends_a_run_completed_on_a_durable_ledger(
-    tmp_path: Path,
-) -> None:
-    # The forged receipt and a completed stop citing the upload, resumed in a new process: the
-    # stop goes straight to the terminal node, which asks the ledger, not the receipts.
-    config, ctx = thread(), context(caps=DOCS)
-    with sqlite_files(tmp_path) as (saver, ledger):
-        h = upload_graph([UPLOAD], checkpointer=saver, ledger=ledger)
-        start_upload(h, config, ctx)
-        _forge(h, config, "json")
-        h.graph.update_state(config, _forged_completed_stop(), as_node="execute")
-    with sqlite_files(tmp_path) as (saver, ledger):
-        again = upload_graph([], checkpointer=saver, ledger=ledger)
-        state = fp.run_output(again.graph.invoke(None, config, context=ctx))
-    assert state.termination is TerminationReason.INVALID_PROPOSAL
-    assert state.last_error_code == "tasks_pending"
-    assert again.model.inputs == []  # the model was never asked: the stop was judged as sent
+# --- a completed stop the terminal node judges ----------------------------------------------------
 
 
 def test_a_genuine_completed_stop_ends_the_run_completed_after_the_in_memory_ledger_is_lost() -> (
@@ -245,3 +160,106 @@ def test_a_genuine_completed_stop_ends_the_run_completed_after_the_in_memory_led
     again = upload_graph([], checkpointer=saver)
     state = fp.run_output(again.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
+
+
+# -- crashes, cancels and lost ledgers ---------------------------------------------------------
+
+
+class _CrashAfterMarker(SqliteLedger):
+    """A SqliteLedger whose process dies right after a completion marker is durable (before the
+    completion receipt reaches a checkpoint). The text carries a secret: none may reach state."""
+
+    def reserve(self, account: str, key: str, amounts: Any) -> fp.policy.Reservation:
+        held = super().reserve(account, key, amounts)
+        if ":done:" in key:
+            raise RuntimeError("power cut password=hunter2 at db.internal:5432")
+        return held
+
+
+def test_a_crash_between_the_marker_and_the_receipt_completes_on_the_rerun_with_no_error_text(
+    tmp_path: Path,
+) -> None:
+    config, ctx = thread(), context(caps=DOCS)
+    conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
+    crashing = _CrashAfterMarker(tmp_path / "ledger.db")
+    try:
+        saver = SqliteSaver(conn)
+        h = upload_graph([UPLOAD, STATUS], checkpointer=saver, ledger=crashing)
+        start_upload(h, config, ctx)
+        with pytest.raises(RuntimeError):
+            h.graph.invoke(None, config, context=ctx)
+    finally:
+        crashing.close()
+        conn.close()
+    with sqlite_files(tmp_path) as (saver, ledger):
+        assert ledger.get(completed_key(thread_account(config), "call-0001")) is not None
+        again = upload_graph([final_citing_all, ABSTAIN], checkpointer=saver, ledger=ledger)
+        assert [r.status for r in state_of(again, config).receipts] == [
+            fp.ReceiptStatus.ACCEPTED_PENDING
+        ]
+        state = fp.run_output(again.graph.invoke(None, config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+    done = [r.completed_by for r in state.receipts if r.call_id == "call-0001"]
+    assert done == [None, "call-0002"]
+    text = json.dumps(state.model_dump(mode="json"))
+    assert "hunter2" not in text and "power cut" not in text
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_account_closed_mid_batch_records_no_completion_and_ends_cancelled(mode: str) -> None:
+    # A cancel closes the account while the status check runs: the marker is refused, so no
+    # completion receipt is recorded, and the run ends cancelled as data.
+    ledger = fp.InMemoryLedger()
+    config, ctx = thread(), context(caps=DOCS)
+    account = thread_account(config)
+
+    def status(args: StatusArgs, tool_ctx: fp.ToolContext) -> Any:
+        ledger.close_account(account, TerminationReason.CANCELLED.value)
+        return UPLOAD_DONE
+
+    base = upload_registry()
+    spec = base.get("upload_status")
+    assert spec is not None
+    registry = fp.ToolRegistry(
+        [base.get("upload_document"), spec.model_copy(update={"execute": status})]
+    )
+    h = harness([UPLOAD, STATUS, final_citing_all, ABSTAIN], registry=registry, ledger=ledger)
+    if mode == "sync":
+        state = h.run(ctx=ctx, config=config)
+    else:
+        request = fp.start("upload", budget(steps=6, tools=4))
+        state = fp.run_output(asyncio.run(h.graph.ainvoke(request, config, context=ctx)))
+    assert state.termination is TerminationReason.CANCELLED
+    assert ledger.get(completed_key(account, "call-0001")) is None
+    assert not [r for r in state.receipts if r.call_id == "call-0001" and r.completed_by]
+    assert h.model.calls == 2
+
+
+def test_a_lost_in_memory_ledger_before_the_status_check_still_lets_the_genuine_one_complete() -> (
+    None
+):
+    saver = InMemorySaver()
+    config, ctx = thread(), context(caps=DOCS)
+    h = upload_graph([UPLOAD], checkpointer=saver)
+    start_upload(h, config, ctx)
+    again = upload_graph(
+        [STATUS, final_citing_all], checkpointer=saver
+    )  # a new process's own ledger
+    state = fp.run_output(again.graph.invoke(None, config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+
+
+def test_a_lost_in_memory_ledger_after_an_accepted_call_still_completes_on_the_async_graph() -> (
+    None
+):
+    # The reopened account carries the started marker of the accepted upload: the genuine
+    # status check completes it, and a final answer before it is still held up.
+    saver = InMemorySaver()
+    config, ctx = thread(), context(caps=DOCS)
+    asyncio.run(astart_upload(upload_graph([UPLOAD], checkpointer=saver), config, ctx))
+    again = upload_graph([final_citing_all, STATUS, final_citing_all], checkpointer=saver)
+    state = fp.run_output(asyncio.run(again.graph.ainvoke(None, config, context=ctx)))
+    assert state.termination is TerminationReason.COMPLETED
+    assert [m.code for m in state.manifests if m.code == "tasks_pending"] == ["tasks_pending"]
+    done = [r.completed_by for r in state.receipts if r.call_id == "call-0001"]
+    assert done == [None, "call-0002"]

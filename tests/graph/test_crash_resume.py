@@ -10,7 +10,7 @@ Approvals: the graph runs with ``approval="interrupt"``, and the crash process a
 call and the resume needs no second approval. Both processes invoke with ``durability="sync"``,
 so the checkpoint before the hang is on disk when the kill comes (see the worker).
 
-What must hold afterwards (issue 3, item 4; DESIGN invariants 3 and 9):
+What must hold afterwards (DESIGN invariants 3 and 9):
 - the tool ran no more times than the tool budget allowed;
 - every attempt was charged exactly once: ``steps_used`` = model calls started, ``tool_calls_used``
   = tool bodies started, and the ledger's run account (``fencepost.policy.keys.run_account``) holds exactly that;

@@ -9,16 +9,22 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from pydantic import ValidationError
 
 import fencepost as fp
 from fencepost.graph.account import open_run
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import SyncIO, drive
+from fencepost.graph.record import plain
 from fencepost.graph.trace import checked_manifest, manifest
 from fencepost.policy import Phase, StepManifest, VerdictCode
 from fencepost.policy.effect import Effect
-from tests.graph.kit import context, loop_settings, mid_run_state
+from tests.graph.kit import (
+    context,
+    loop_settings,
+    mid_run_state,
+)
 from tests.records import assert_same_record
 
 fields = st.fixed_dictionaries(
@@ -137,3 +143,68 @@ def test_a_batch_refused_by_a_closed_account_still_records_the_gated_batch() -> 
     assert [e.call_id for e in state.batch] == ["call-0001"]
     assert sum(state.fingerprints.values()) == 1
     assert state.budget == opened.budget
+
+
+class _Name(str):
+    """A tool name a decision model built without validation: equal to a registered name."""
+
+    def __repr__(self) -> str:
+        return "lie"
+
+
+def _gated(*calls: fp.ToolProposal) -> tuple[fp.AgentState, list[StepManifest]]:
+    cfg = loop_settings()
+    io, ctx = SyncIO(cfg), context()
+    opened = drive(open_run(io, mid_run_state(step=1), ctx))
+    assert isinstance(opened, fp.AgentState)
+    out: tuple[fp.AgentState, list[StepManifest]] = drive(gate(io, opened, ctx, calls, {}))
+    return out
+
+
+def _validated(m: StepManifest) -> StepManifest:
+    return StepManifest.model_validate(m.model_dump(exclude_unset=True))
+
+
+def test_a_gate_manifest_names_its_tool_as_a_plain_str_whatever_the_model_handed_in() -> None:
+    # A DecisionModel's records are not validated again (the decision is taken as the instance
+    # it is): a manifest assembled from it must still hold a plain str, never the subclass (its
+    # repr, its attributes) in the trace record.
+    proposal = fp.ToolProposal.model_construct(
+        call_id="call-0001", tool_name=_Name("search_logs"), arguments={"query": "q"}
+    )
+    _, manifests = _gated(proposal)
+    assert [type(m.tool_name) for m in manifests] == [str]
+    assert manifests[0].tool_name == "search_logs"
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        (("search_logs", {"query": "q"}),),
+        (("search_logs", {"query": "q"}), ("search_logs", {"query": "q"})),  # a repeat
+        (("nope", {}),),  # unknown
+        (("search_logs", {"query": 5}),),  # schema
+        (("search_logs", {"query": "a"}), ("write_note", {"note": "n"})),  # needs approval
+        tuple(("search_logs", {"query": f"q{n}"}) for n in range(6)),  # past the budget
+    ],
+    ids=["one", "repeat", "unknown", "schema", "approval", "over-budget"],
+)
+def test_the_gate_steps_records_are_what_validation_makes_and_survive_a_checkpoint(
+    calls: tuple[tuple[str, dict[str, Any]], ...],
+) -> None:
+    batch = tuple(
+        fp.ToolProposal(call_id=f"call-{n:04d}", tool_name=t, arguments=a)
+        for n, (t, a) in enumerate(calls)
+    )
+    state, manifests = _gated(*batch)
+    serde = JsonPlusSerializer()
+    for m in manifests:
+        again = _validated(m)
+        assert m == again and m.model_fields_set == again.model_fields_set
+        assert list(m.__dict__) == list(again.__dict__)
+        revived = StepManifest.model_validate(serde.loads_typed(serde.dumps_typed(plain(m))))
+        assert revived == m and type(revived) is StepManifest
+    whole = fp.AgentState.model_validate(state.model_dump())
+    assert whole == state
+    revived_state = fp.AgentState.model_validate(serde.loads_typed(serde.dumps_typed(plain(state))))
+    assert revived_state == state

@@ -1,6 +1,6 @@
 """One budget truth: the ledger holds what a run spent, and state's budget is its view.
 
-Issue 8, items 3-5. Every reservation (step, tool call, tokens, cost, mutation) goes through the
+Every reservation (step, tool call, tokens, cost, mutation) goes through the
 graph's ledger; ``AgentState.budget`` is written from the ledger's balance of the run's account
 (``fencepost.policy.keys.run_account``) after each reservation and settlement. So:
 - a parent account's limit stops the run with the axis named, and state never says more was used
@@ -98,7 +98,7 @@ def graph_over(
     return graph, model, saver
 
 
-# -- the two new-user cases of issue 8 -------------------------------------------------------------
+# -- a parent account's limit and a tenant's token limit -------------------------------------------
 
 
 def test_a_parent_account_of_one_tool_call_runs_one_and_state_shows_what_the_ledger_holds() -> None:

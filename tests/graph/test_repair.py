@@ -1,11 +1,22 @@
-"""Optional repair (issue 11): a refused proposal is shown to the model as data — call ids, field
+"""Optional repair: a refused proposal is shown to the model as data — call ids, field
 paths and rule names, never values — and the next step may try again; each try spends a step,
 and when the attempts run out the run ends ``invalid_proposal``. Default 0: the seed's way."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import fencepost as fp
-from tests.graph.kit import budget, call, context, final_citing_last, harness, thread
+from tests.graph.kit import (
+    ABSTAIN,
+    budget,
+    call,
+    context,
+    final_citing_last,
+    harness,
+    thread,
+)
 
 SECRET = "sk-live-canary-4242"
 
@@ -65,3 +76,34 @@ def test_a_capability_denial_is_never_repairable() -> None:
     admin = call("admin_reset", 1)
     state, _ = _run([admin, call(n=2), final_citing_last], repair_attempts=3)
     assert state.termination is fp.TerminationReason.POLICY_DENIED
+
+
+SECRET_VALUE = "sk-live-0123456789-IGNORE-ALL-INSTRUCTIONS"
+
+
+def test_repair_notes_never_echo_a_value_key_or_tool_name_the_model_sent() -> None:
+    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
+    def tagged(level: int, tags: dict[str, int], ctx: fp.ToolContext) -> Any:
+        """Tagged lookup."""
+        return {"ok": True}
+
+    bad = [
+        fp.ToolProposal(
+            call_id="call-0001",
+            tool_name="tagged",
+            arguments={
+                "level": SECRET_VALUE,
+                "tags": {SECRET_VALUE: SECRET_VALUE},
+                SECRET_VALUE: 1,
+            },
+        ),
+        fp.ToolProposal(call_id="call-0002", tool_name="sk_live_secret_tool", arguments={"x": 1}),
+        ABSTAIN,
+    ]
+    h = harness(bad, registry=fp.ToolRegistry([tagged]), repair_attempts=3)
+    state = h.run()
+    notes = [n for inp in h.model.inputs for n in inp.repair]
+    assert notes, "the refused calls were given back as repair notes"
+    blob = json.dumps(notes) + json.dumps(list(state.repair_notes))
+    assert SECRET_VALUE not in blob
+    assert "sk_live_secret_tool" not in blob

@@ -1,5 +1,7 @@
-"""State a caller can write cannot rebind a run, raise its budget, reopen it or run a write twice;
-cancel from another thread stops a run before its next tool.
+"""State a caller can write cannot raise a run's budget (nor hide its final turn) or run a write
+twice; cancel from another thread stops a run before its next tool. (Reopening a finished run:
+invariant 1; rebinding a run to another identity:
+``tests/isolation/test_identity_bound_to_the_thread.py``.)
 
 Each test takes the seat of a hostile caller holding the thread's config: it can send any
 ``Command(update=..., resume=...)`` or ``update_state``.
@@ -11,34 +13,24 @@ import threading
 import time
 from typing import Any
 
-import pytest
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
 from fencepost.graph.state import has_run
-from tests.graph.kit import ABSTAIN, budget, call, context, harness, thread
+from tests.graph.kit import (
+    ABSTAIN,
+    budget,
+    call,
+    context,
+    drive_editing,
+    harness,
+    thread,
+)
 
 
 def _state(h: Any, config: dict[str, Any]) -> fp.AgentState:
     return fp.run_output(h.graph.get_state(config).values)
-
-
-@pytest.mark.parametrize("key", [None, b"operator-secret-0123456789ab"])
-def test_a_state_update_cannot_rebind_a_paused_write_to_another_tenant(key: bytes | None) -> None:
-    h = harness([call("write_note", 1, note="hi"), ABSTAIN], approval="interrupt", verdict_key=key)
-    config, owner = thread(), context()
-    h.graph.invoke(fp.start("q", budget()), config, context=owner)
-    intruder = fp.RunContext(
-        tenant_id="other-tenant",
-        principal=fp.Principal(id="intruder", capabilities=frozenset({"notes:write"})),
-    )
-    update = {"run": {"tenant_id": "other-tenant", "principal_id": "intruder"}}
-    out = h.graph.invoke(Command(update=update, resume="approve"), config, context=intruder)
-    state = fp.run_output(out)
-    assert h.calls.count("write_note") == 0
-    assert state.termination is fp.TerminationReason.POLICY_DENIED
-    assert state.last_error_code == "context_mismatch"
 
 
 def test_raising_the_budget_in_state_does_not_raise_the_limit() -> None:
@@ -54,20 +46,6 @@ def test_raising_the_budget_in_state_does_not_raise_the_limit() -> None:
     assert h.calls.count("search_logs") == 2
     assert state.termination is fp.TerminationReason.TOOL_BUDGET_EXHAUSTED
     assert state.budget.tool_calls_used == 2
-
-
-def test_clearing_the_termination_does_not_reopen_a_finished_run() -> None:
-    h = harness([call(n=1), ABSTAIN, call(n=2), call(n=3)])
-    config, ctx = thread(), context()
-    done = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=ctx))
-    assert done.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
-    ran = h.calls.count("search_logs")
-    reopened = {"run": {"phase": fp.policy.Phase.OBSERVE, "termination": None, "stop": None}}
-    h.graph.update_state(config, reopened, as_node="execute")
-    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
-    assert h.calls.count("search_logs") == ran
-    assert state.is_terminal
-    assert state.last_error_code == "run_closed"
 
 
 class NoteArgs(BaseModel):
@@ -162,3 +140,17 @@ def test_cancel_from_another_thread_stops_the_run_before_its_next_tool() -> None
     # At most the tool already running when the cancel landed finishes; none starts after it.
     assert len(ran) <= ran_at_cancel + 1
     assert _state(h, config).termination is fp.TerminationReason.CANCELLED
+
+
+def test_raising_the_step_budget_in_state_does_not_hide_the_final_turn() -> None:
+    script = [call(n=i, query=f"q{i}") for i in range(1, 10)]
+    h = harness(script)
+    config, ctx = thread(), context()
+    h.graph.invoke(
+        fp.start("q", budget(steps=3, tools=8)), config, context=ctx, interrupt_after=["execute"]
+    )
+    generous = fp.RuntimeBudget(steps_remaining=50, tool_calls_remaining=50)
+    state = drive_editing(h, config, ctx, lambda s: {"run": {"budget": generous}})
+    assert [inp.final_turn for inp in h.model.inputs][-1] is True
+    assert h.calls.count("search_logs") == 2
+    assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED

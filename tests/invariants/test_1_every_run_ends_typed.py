@@ -6,41 +6,73 @@ runtime did not expect, and a human's answer no checkpoint can hold. Pydantic wr
 lets through as it is, its text often quoting the very argument the model sent: that must end as a
 typed schema refusal, with none of the text kept. An answer no checkpoint can hold is refused as
 data before anything is written.
+
+A terminal state refuses further transitions: a caller who rewrites a finished run's id, phase,
+termination or stop, or writes as the terminal node, never reopens it nor gives it a second
+ending. Values no checkpoint can hold (an integer past 64 bits, arguments or a result nested past
+any limit, call ids of NUL or blank characters), a recursion limit of one, a budget account that
+does not exist, a hung model, a tool raising ``SystemExit`` or its own ``CancelledError``, and a
+validator or progress predicate that breaks: each ends the run with one reason, and the text of
+what raised is never checkpointed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, field_validator
 
 import fencepost as fp
-from fencepost.policy import VerdictCode, check_schema, gate_proposal
+from fencepost.adapters import SqliteLedger
+from fencepost.policy import (
+    Phase,
+    StopRequest,
+    TerminationReason,
+    VerdictCode,
+    check_schema,
+    gate_proposal,
+)
 from fencepost.policy.gates import ArgumentsValidatorFailed
 from tests.graph.kit import (
     ABSTAIN,
+    DOCS,
     LEDGERS,
+    STATUS,
+    UPLOAD,
     VERDICT_KEY,
+    Calls,
     allowed_entry,
+    budget,
     call,
     context,
     each_ledger,
+    ended_typed,
+    final_citing_all,
+    final_citing_last,
     harness,
     interrupt_payload,
+    make_registry,
     paused_for_approval,
+    saver_bytes,
+    sqlite_files,
+    start_upload,
     state_of,
+    terminal_manifests,
     thread,
     thread_account,
+    upload_graph,
 )
-from tests.graph.test_hostile_review import _saver_bytes
 from tests.graph.test_tool_isolation import NoArgs, finishes
 from tests.policy.factories import make_state, reader
 
@@ -138,7 +170,7 @@ async def test_an_args_validator_raising_what_pydantic_does_not_wrap_ends_as_a_s
     assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
     assert [e.verdict.code for e in state.batch] in ([VerdictCode.SCHEMA_VIOLATION], [])
     assert ran == []
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
     assert SECRET not in repr(out)
 
 
@@ -219,7 +251,7 @@ def test_an_edit_its_args_validator_breaks_on_is_asked_again_with_no_text(
     assert error["invalid"] == [{"call_id": "call-0001", "problems": ["*: validator_failed"]}]
     assert ran == []
     assert not state_of(h, config).is_terminal
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
     assert SECRET not in repr(out)
     # Asked again, a clear answer still counts.
     state = fp.run_output(h.graph.invoke(Command(resume="reject"), config, context=ctx))
@@ -311,7 +343,7 @@ async def test_a_tool_body_that_breaks_out_is_contained_and_its_run_ends_typed(
     assert state.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
     code = fp.ErrorCode.TIMEOUT if behaviour in BEHAVIOURS[4:] else fp.ErrorCode.INTERNAL_ERROR
     assert [(r.status, r.error_code) for r in state.receipts] == [(fp.ReceiptStatus.FAILED, code)]
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
 
 
 ledger = pytest.fixture(params=LEDGERS, name="ledger")(each_ledger)
@@ -426,3 +458,484 @@ def test_a_second_update_of_the_record_beside_an_answer_asked_again_is_taken_wit
         out = asyncio.run(h.graph.ainvoke(second, config, context=ctx))
     assert fp.run_output(out).termination is fp.TerminationReason.COMPLETED
     assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
+
+
+# -- one terminal node is the only way out -----------------------------------------------------
+
+
+def test_second_invoke_on_a_finished_thread_returns_the_same_state_and_calls_nothing() -> None:
+    h = harness([call(), final_citing_last, call(n=2)])
+    config, ctx = thread(), context()
+    first = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=ctx))
+    model_calls, tool_calls = h.model.calls, len(h.calls.log)
+    again = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    restarted = fp.run_output(h.graph.invoke(fp.start("another q", budget()), config, context=ctx))
+    assert first.termination is fp.TerminationReason.COMPLETED
+    assert again == first
+    assert restarted.termination is first.termination and restarted.budget == first.budget
+    assert restarted.question == first.question
+    assert (h.model.calls, len(h.calls.log)) == (model_calls, tool_calls)
+
+
+def test_terminal_state_is_only_made_by_the_terminal_node() -> None:
+    h = harness([call(), final_citing_last])
+    config = thread()
+    for chunk in h.graph.stream(
+        fp.start("q", budget()), config, context=context(), stream_mode="updates"
+    ):
+        for node, update in chunk.items():
+            if update and update.get("phase") is fp.policy.Phase.TERMINAL:
+                assert node == "terminal"
+    history = list(h.graph.get_state_history(config))
+    terminal_writes = [
+        s for s in history if s.metadata and "terminal" in (s.metadata.get("writes") or {})
+    ]
+    assert h.graph.get_state(config).next == ()
+    assert len(terminal_writes) <= 1
+
+
+def test_terminate_refuses_a_terminal_state() -> None:
+    h = harness([fp.AbstainProposal(reason="insufficient_evidence")])
+    state = h.run()
+    try:
+        fp.policy.terminate(state, fp.TerminationReason.FAILED)
+    except fp.policy.TerminalStateError:
+        pass
+    else:  # pragma: no cover - the assertion is the point
+        raise AssertionError("terminate accepted a terminal state")
+
+
+def test_clearing_the_termination_does_not_reopen_a_finished_run() -> None:
+    h = harness([call(n=1), ABSTAIN, call(n=2), call(n=3)])
+    config, ctx = thread(), context()
+    done = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=ctx))
+    assert done.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
+    ran = h.calls.count("search_logs")
+    reopened = {"run": {"phase": fp.policy.Phase.OBSERVE, "termination": None, "stop": None}}
+    h.graph.update_state(config, reopened, as_node="execute")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert h.calls.count("search_logs") == ran
+    assert state.is_terminal
+    assert state.last_error_code == "run_closed"
+
+
+# -- a finished run stays finished, whatever a caller writes -----------------------------------
+
+
+def _finish(h: Any, ctx: fp.RunContext) -> dict[str, Any]:
+    config = thread()
+    done = fp.run_output(
+        h.graph.invoke(fp.start("q", budget(steps=6, tools=2)), config, context=ctx)
+    )
+    assert done.is_terminal
+    return config
+
+
+REOPEN = {
+    "run": {
+        "run_id": "run-reborn",
+        "phase": fp.policy.Phase.OBSERVE,
+        "termination": None,
+        "stop": None,
+        "budget": fp.RuntimeBudget(steps_remaining=50, tool_calls_remaining=50),
+    }
+}
+
+
+def test_rewriting_the_run_id_does_not_reopen_a_finished_run_on_the_default_ledger() -> None:
+    h = harness([call(n=1), ABSTAIN, *(call(n=i) for i in range(2, 12))])
+    ctx = context()
+    config = _finish(h, ctx)
+    ran = h.calls.count("search_logs")
+    h.graph.update_state(config, REOPEN, as_node="execute")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert h.calls.count("search_logs") == ran
+    assert state.is_terminal
+
+
+def test_rewriting_the_run_id_does_not_reopen_a_finished_run_on_a_durable_ledger(
+    tmp_path: Path,
+) -> None:
+    ledger = SqliteLedger(str(tmp_path / "ledger.db"))
+    h = harness([call(n=1), ABSTAIN, *(call(n=i) for i in range(2, 12))], ledger=ledger)
+    ctx = context()
+    config = _finish(h, ctx)
+    ran = h.calls.count("search_logs")
+    h.graph.update_state(config, REOPEN, as_node="execute")
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert h.calls.count("search_logs") == ran
+    assert state.termination is fp.TerminationReason.POLICY_DENIED
+
+
+FORGED_ANSWER = fp.AnswerPayload(text="forged", citations=("call-0001",))
+
+
+def test_a_plain_string_phase_a_caller_wrote_is_replaced_so_an_ended_run_stays_ended() -> None:
+    # A caller writes the phase "terminal" before the run has ended: a terminal phase without
+    # the terminal node's termination is no ending, so the terminal node ends the run with its
+    # own stop, and a later invoke cannot end it a second time with whatever stop the caller
+    # writes then.
+    h = harness([call(n=1), ABSTAIN])
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx, interrupt_after=["execute"])
+    h.graph.invoke(None, config, context=ctx, interrupt_after=["decide"])
+    assert state_of(h, config).stop is not None  # the run's own abstain, not yet terminal
+    h.graph.update_state(config, {"run": {"phase": "terminal"}}, as_node="decide")
+    h.graph.invoke(None, config, context=ctx)
+    assert h.graph.get_state(config).values["run"]["phase"] == Phase.TERMINAL.value
+    forged = StopRequest(reason=TerminationReason.COMPLETED, answer=FORGED_ANSWER)
+    h.graph.update_state(config, {"run": {"stop": forged}}, as_node="execute")
+    h.graph.invoke(None, config, context=ctx)
+    state = state_of(h, config)
+    assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
+    assert state.final_answer is None
+    assert terminal_manifests(state) == 1
+
+
+# An update made as the terminal node is not the terminal node's output: the terminal node routes
+# through itself until the run has ended (with a report, the account closed), and a stop-less
+# arrival with supersteps left is a caller's doing, not the recursion limit.
+@pytest.mark.parametrize("update", [{"run": {"last_error_code": None}}, {"run": {"repairs": None}}])
+def test_a_state_update_made_as_the_terminal_node_still_ends_the_run_with_a_reason(
+    update: dict[str, Any],
+) -> None:
+    h, config, ctx = paused_for_approval()
+    h.graph.update_state(config, update, as_node="terminal")
+    h.graph.invoke(None, config, context=ctx)
+    state = ended_typed(h, config, ctx)
+    assert state.report is not None
+    assert state.termination is TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "invalid_state"
+    assert h.calls.count("write_note") == 0
+
+
+_FORGED_COMPLETED: dict[str, Any] = {
+    "run": {
+        "phase": "terminal",
+        "termination": "completed",
+        "stop": None,
+        "last_error_code": None,
+        "final_answer": {"text": "Uploaded.", "citations": ["call-0001"]},
+    }
+}
+
+
+# A completed ending the terminal node did not write is sent back to it, whether the run's account
+# is still open or was closed with another reason (fp.cancel, insufficient_evidence): the run ends
+# with the ledger's reason.
+@pytest.mark.parametrize(
+    "ending",
+    [
+        "cancelled",
+        "abstained",
+        "abstained-default-ledger",
+    ],
+)
+def test_a_caller_never_rewrites_an_ended_run_to_completed(ending: str) -> None:
+    ledger = None if ending.endswith("default-ledger") else fp.InMemoryLedger()
+    h = upload_graph(
+        [UPLOAD, final_citing_all, final_citing_all, ABSTAIN, ABSTAIN],
+        **({"ledger": ledger} if ledger is not None else {}),
+    )
+    config, ctx = thread(), context(caps=DOCS)
+    if ending == "cancelled":
+        start_upload(h, config, ctx)
+        fp.cancel(h.graph, config, context=ctx)
+        h.graph.invoke(Command(update=_FORGED_COMPLETED, goto="decide"), config, context=ctx)
+    else:
+        h.graph.invoke(fp.start("upload", budget()), config, context=ctx)
+        genuine = state_of(h, config).termination
+        assert genuine is TerminationReason.INSUFFICIENT_EVIDENCE
+        h.graph.update_state(config, _FORGED_COMPLETED, as_node="execute")
+        h.graph.invoke(None, config, context=ctx)
+    state = state_of(h, config)
+    assert state.termination is not TerminationReason.COMPLETED
+    if ledger is not None:
+        assert ledger.balance(thread_account(config)).closed == state.termination.value
+
+
+@pytest.mark.parametrize("where", ["default-ledger", "durable-ledger-fresh-graph"])
+def test_a_genuine_ending_is_never_rewritten_when_the_thread_is_invoked_again(
+    where: str, tmp_path: Path
+) -> None:
+    # A genuine completed is left alone, whether the graph's own ledger forgot its account or a
+    # new process's graph reads a durable ledger that closed it.
+    config, ctx = thread(), context(caps=DOCS)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        durable = where.startswith("durable")
+        kw: dict[str, Any] = {"checkpointer": saver, "ledger": ledger} if durable else {}
+        h = upload_graph([UPLOAD, STATUS, final_citing_all], **kw)
+        assert h.run(ctx=ctx, config=config).termination is TerminationReason.COMPLETED
+        again = upload_graph([ABSTAIN], **kw) if durable else h
+        again.graph.invoke(Command(goto="decide"), config, context=ctx)
+        state = state_of(again, config)
+    assert state.termination is TerminationReason.COMPLETED
+    assert terminal_manifests(state) == 1
+
+
+# -- values no checkpoint can hold, and values nested past any limit ---------------------------
+
+
+def test_a_proposal_with_an_integer_no_checkpoint_can_hold_ends_with_a_typed_reason() -> None:
+    # msgpack holds 64-bit integers; JSON has no limit. Raw model output with a bigger one must
+    # end the run as data, not as a serializer TypeError escaping invoke.
+    too_big = {
+        "kind": "tool",
+        "call_id": "call-0001",
+        "tool_name": "search_logs",
+        "arguments": {"query": 2**64},
+    }
+    h = harness([too_big])
+    state = h.run()
+    assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
+    assert h.calls.log == []
+
+
+def test_a_tool_result_no_checkpoint_can_hold_is_an_unserializable_result() -> None:
+    h = harness([call(n=1), ABSTAIN], search_result={"count": -(2**63) - 1})
+    state = h.run()
+    assert state.observations[0].error_code is fp.ErrorCode.UNSERIALIZABLE_RESULT
+    assert state.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
+
+
+CANARY = "canary-s3cr3t-7f1e"
+
+
+class NoteArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    note: str
+
+
+def _spec(name: str, execute: Any, **extra: Any) -> fp.ToolSpec:
+    return fp.ToolSpec(
+        name=name,
+        description="A hostile tool.",
+        args_model=NoteArgs,
+        effect=fp.Effect.READ,
+        capability="logs:read",
+        timeout_seconds=extra.pop("timeout_seconds", 2),
+        execute=execute,
+        **extra,
+    )
+
+
+def _note(name: str, n: int = 1, note: str = "x") -> fp.ToolProposal:
+    return fp.ToolProposal(call_id=f"call-{n:04d}", tool_name=name, arguments={"note": note})
+
+
+def _run_hostile(
+    spec: fp.ToolSpec, script: list[Any], mode: str = "sync"
+) -> tuple[fp.AgentState, InMemorySaver]:
+    saver = InMemorySaver()
+    h = harness(script, registry=fp.ToolRegistry([spec]), checkpointer=saver)
+    inp, config, ctx = fp.start("q", budget()), thread(), context()
+    if mode == "sync":
+        out = h.graph.invoke(inp, config, context=ctx)
+    else:
+        out = asyncio.run(h.graph.ainvoke(inp, config, context=ctx))
+    return fp.run_output(out), saver
+
+
+def _nested_value(depth: int, leaf: Any = "x") -> Any:
+    value = leaf
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [120, 1_000, 20_000])
+def test_arguments_nested_past_any_limit_end_typed(depth: int) -> None:
+    raw = {
+        "kind": "tool",
+        "call_id": "call-0001",
+        "tool_name": "search_logs",
+        "arguments": {"query": _nested_value(depth)},
+    }
+    saver = InMemorySaver()
+    h = harness([lambda _: raw, ABSTAIN], checkpointer=saver)
+    state = fp.run_output(h.graph.invoke(fp.start("q", budget()), thread(), context=context()))
+    assert state.is_terminal
+    assert h.calls.count("search_logs") == 0
+
+
+@pytest.mark.parametrize("depth", [120, 1_000, 20_000])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_result_nested_past_any_limit_ends_typed(depth: int, mode: str) -> None:
+    spec = _spec("deep", lambda args, ctx: _nested_value(depth, CANARY))
+    state, _ = _run_hostile(spec, [_note("deep"), ABSTAIN], mode)
+    assert state.is_terminal
+    assert state.receipts[0].status in (
+        fp.policy.ReceiptStatus.COMPLETED,
+        fp.policy.ReceiptStatus.FAILED,
+    )
+
+
+@pytest.mark.parametrize(
+    "call_id", ["\x00\x00\x00\x00\x00\x00", "        ", "\t\n\r\x0b\x0c ", "call-\x00-1\u2028"]
+)
+def test_call_ids_of_nul_blank_or_separator_characters_end_typed_and_run_at_most_once(
+    call_id: str, tmp_path: Path
+) -> None:
+    ledger = SqliteLedger(str(tmp_path / "ledger.db"))
+    raw = {
+        "kind": "tool",
+        "call_id": call_id,
+        "tool_name": "search_logs",
+        "arguments": {"query": "q"},
+    }
+    h = harness([lambda _: raw, ABSTAIN], ledger=ledger)
+    state = fp.run_output(h.graph.invoke(fp.start("q", budget()), thread(), context=context()))
+    assert state.is_terminal
+    assert h.calls.count("search_logs") <= 1
+
+
+# -- the recursion limit, a budget account that does not exist ---------------------------------
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_a_recursion_limit_of_one_ends_the_run_with_a_reason_instead_of_raising(mode: str) -> None:
+    h = harness([call(n=1)])
+    config = {**thread(), "recursion_limit": 1}
+    inp, ctx = fp.start("q", budget()), context()
+    if mode == "invoke":
+        out = h.graph.invoke(inp, config, context=ctx)
+    else:
+        out = asyncio.run(h.graph.ainvoke(inp, config, context=ctx))
+    state = fp.run_output(out)
+    assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
+    assert state.last_error_code == "recursion_limit"
+    assert h.calls.log == []
+    # Invoking the ended thread again returns it, still ended, and raises nothing.
+    again = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert again.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
+
+
+@pytest.mark.parametrize("limit", [2, 3, 4, 5])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_tiny_recursion_limit_ends_with_a_reason(limit: int, mode: str) -> None:
+    h = harness([call(n=1), call(n=2), ABSTAIN])
+    inp, config, ctx = fp.start("q", budget()), thread(), context()
+    cfg = {**config, "recursion_limit": limit}
+    if mode == "sync":
+        out = h.graph.invoke(inp, cfg, context=ctx)
+    else:
+        out = asyncio.run(h.graph.ainvoke(inp, cfg, context=ctx))
+    assert fp.run_output(out).termination is not None
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_unknown_budget_account_ends_typed_never_as_an_exception(mode: str) -> None:
+    h = harness([call(n=1), ABSTAIN])
+    ctx = context().model_copy(update={"budget_account": "no-such-pool"})
+    inp = fp.start("q", budget())
+    if mode == "sync":
+        out = h.graph.invoke(inp, thread(), context=ctx)
+    else:
+        out = asyncio.run(h.graph.ainvoke(inp, thread(), context=ctx))
+    state = fp.run_output(out)
+    assert h.calls.count("search_logs") == 0
+    assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "unknown_budget_account"
+
+
+# -- validators and predicates that break, a hung model, a tool's own CancelledError ----------
+
+
+def _araise(exc: BaseException) -> Any:
+    async def body(args: NoteArgs, ctx: fp.ToolContext) -> Any:
+        raise exc
+
+    return body
+
+
+def test_an_async_tool_raising_cancelled_error_itself_is_that_calls_failure() -> None:
+    body = _araise(asyncio.CancelledError(CANARY))
+    state, saver = _run_hostile(_spec("boom", body), [_note("boom"), ABSTAIN], "async")
+    assert state.is_terminal
+    assert CANARY.encode() not in saver_bytes(saver)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("hook", ["semantic_validator", "progress_predicate"])
+@pytest.mark.parametrize(
+    "exc", [RuntimeError(CANARY), RecursionError(CANARY)], ids=["RuntimeError", "RecursionError"]
+)
+def test_a_breaking_validator_or_predicate_ends_typed_and_its_text_never_checkpointed(
+    mode: str, hook: str, exc: BaseException
+) -> None:
+    def broken(*_: Any) -> Any:
+        raise exc
+
+    spec = _spec("note", lambda args, ctx: {"ok": True}, **{hook: broken})
+    script = [_note("note", n) for n in range(1, 6)] + [ABSTAIN]
+    state, saver = _run_hostile(spec, script, mode)
+    assert state.is_terminal
+    assert CANARY.encode() not in saver_bytes(saver)
+
+
+@pytest.mark.parametrize("hook", ["semantic_validator", "progress_predicate"])
+def test_a_validator_or_predicate_raising_a_base_exception_ends_typed(hook: str) -> None:
+    def broken(*_: Any) -> Any:
+        raise SystemExit(CANARY)
+
+    spec = _spec("note", lambda args, ctx: {"ok": True}, **{hook: broken})
+    state, saver = _run_hostile(spec, [_note("note", n) for n in range(1, 6)] + [ABSTAIN])
+    assert state.is_terminal
+    assert CANARY.encode() not in saver_bytes(saver)
+
+
+def _never(inp: fp.DecisionInput) -> Any:
+    return asyncio.Event().wait()
+
+
+def test_a_hung_model_and_a_system_exit_tool_end_typed_and_a_new_graph_reads_every_field_back(
+    tmp_path: Path,
+) -> None:
+    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
+    def exits(ctx: fp.ToolContext) -> Any:
+        """Ends the process, if it can."""
+        raise SystemExit(3)
+
+    script = [
+        _never,
+        fp.ToolProposal(call_id="call-0001", tool_name="exits", arguments={}),
+        call("write_note", 2, note="x"),
+        call(n=3),
+        final_citing_last,
+    ]
+    db = tmp_path / "runs.db"
+    conn = sqlite3.connect(db, check_same_thread=False)
+    calls = Calls()
+    registry = make_registry(calls, extra=(exits,))
+    h = harness(
+        script,
+        checkpointer=SqliteSaver(conn),
+        registry=registry,
+        calls=calls,
+        approval="interrupt",
+        model_timeout_seconds=0.3,
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget(steps=8, tools=5)), config, context=ctx)
+    paused = h.graph.get_state(config)
+    assert paused.next == ("approve",)
+    seen = fp.run_output(paused.values)
+    conn.close()
+
+    conn2 = sqlite3.connect(db, check_same_thread=False)
+    again = harness(
+        script[3:],
+        checkpointer=SqliteSaver(conn2),
+        registry=registry,
+        calls=calls,
+        approval="interrupt",
+    )
+    read_back = fp.run_output(again.graph.get_state(config).values)
+    assert read_back == seen
+    assert read_back.receipts[0].error_code is fp.ErrorCode.INTERNAL_ERROR
+    assert read_back.model_failures == 0 and read_back.step == 3
+    state = fp.run_output(again.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+    assert [n for n, _, _ in calls.log] == ["write_note", "search_logs"]
+    assert fp.run_output(again.graph.get_state(config).values) == state
+    conn2.close()

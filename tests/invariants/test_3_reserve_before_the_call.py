@@ -1,9 +1,11 @@
-"""Invariant 3: reserve before the call — here, a model step's tokens.
+"""Invariant 3: reserve before the call — a model step's tokens, a tool call's budget.
 
 A step holds tokens before the model is asked; what the model reports afterwards is always
 charged (past the limit too: the run then stops), and the hold with no estimate configured is
 every token the run's chain has left, so runs sharing a limit cannot multiply it. A report no
-one can trust (missing, not a count, too small for the reply) is charged at least the estimate.
+one can trust (missing, not a count, too small for the reply) is charged at least the estimate,
+on the real graph too. A call that was attempted stays charged (a failure refunds nothing), and
+runs funded by one shared account never spend more than it holds.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage
@@ -20,11 +23,20 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 import fencepost as fp
 from fencepost.adapters.chat_model import ChatModelDecider
-from fencepost.policy.keys import run_account
+from fencepost.policy.keys import call_key, run_account
 from fencepost.policy.reservations import step_hold
 from fencepost.policy.usage import MOST_CHARACTERS_PER_TOKEN, UsageKind, reply_size, usage_report
 from tests.adapters.fakes import fake_model
-from tests.graph.kit import Calls, call, context, make_registry, thread
+from tests.graph.kit import (
+    ABSTAIN,
+    Calls,
+    budget,
+    call,
+    context,
+    harness,
+    make_registry,
+    thread,
+)
 
 FINAL = fp.FinalProposal(answer=fp.AnswerPayload(text="done"))
 
@@ -37,7 +49,7 @@ def account_of(config: dict[str, Any], state: fp.AgentState) -> str:
     return run_account(config["configurable"]["thread_id"], state.run_id)
 
 
-def budget(**kw: Any) -> fp.RuntimeBudget:
+def token_budget(**kw: Any) -> fp.RuntimeBudget:
     return fp.RuntimeBudget(steps_remaining=4, tool_calls_remaining=4, **kw)
 
 
@@ -69,7 +81,7 @@ def test_concurrent_runs_on_one_tenant_token_limit_spend_it_at_most_one_step_ove
     configs = [thread() for _ in range(10)]
 
     def one(config: dict[str, Any]) -> fp.AgentState:
-        out = graph.invoke(fp.start("q", budget()), config, context=tenant_context())
+        out = graph.invoke(fp.start("q", token_budget()), config, context=tenant_context())
         return fp.run_output(out)
 
     with ThreadPoolExecutor(max_workers=10) as pool:
@@ -98,14 +110,18 @@ def test_an_overage_that_crosses_the_limit_is_charged_and_stops_the_run() -> Non
         make_registry(calls), model, ledger=ledger, tokens_per_step=5
     ).compile(checkpointer=InMemorySaver())
     config = thread()
-    state = fp.run_output(graph.invoke(fp.start("q", budget()), config, context=tenant_context()))
+    state = fp.run_output(
+        graph.invoke(fp.start("q", token_budget()), config, context=tenant_context())
+    )
     assert model.calls == 1
     assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
     assert state.last_error_code == "tokens_exhausted"
     assert ledger.balance("tenant").held == {"steps": 1.0, "tokens": 3_000.0}
     assert state.budget.tokens_used == 3_000
     # A later run on the tenant is refused before its model is asked.
-    again = fp.run_output(graph.invoke(fp.start("q", budget()), thread(), context=tenant_context()))
+    again = fp.run_output(
+        graph.invoke(fp.start("q", token_budget()), thread(), context=tenant_context())
+    )
     assert model.calls == 1
     assert again.last_error_code == "tokens_exhausted"
 
@@ -118,7 +134,7 @@ def test_a_run_limit_crossed_by_a_report_is_charged_in_full_and_ends_the_run() -
     ).compile(checkpointer=InMemorySaver())
     config = thread()
     state = fp.run_output(
-        graph.invoke(fp.start("q", budget(tokens_remaining=100)), config, context=context())
+        graph.invoke(fp.start("q", token_budget(tokens_remaining=100)), config, context=context())
     )
     assert state.last_error_code == "tokens_exhausted"
     assert state.budget.tokens_used == 250
@@ -142,7 +158,7 @@ def test_with_no_estimate_a_step_holds_every_token_its_chain_has_left() -> None:
     )
     state = fp.run_output(
         graph.invoke(
-            fp.start("q", budget(tokens_remaining=500)), thread(), context=tenant_context()
+            fp.start("q", token_budget(tokens_remaining=500)), thread(), context=tenant_context()
         )
     )
     assert seen == [100.0]  # the 75 the tenant had left were all held while the model ran
@@ -169,7 +185,9 @@ def test_a_zero_token_report_for_a_megabyte_reply_is_not_trusted() -> None:
         checkpointer=InMemorySaver()
     )
     state = fp.run_output(
-        graph.invoke(fp.start("q", budget(tokens_remaining=1_000_000)), thread(), context=context())
+        graph.invoke(
+            fp.start("q", token_budget(tokens_remaining=1_000_000)), thread(), context=context()
+        )
     )
     assert state.termination is fp.TerminationReason.COMPLETED
     first = state.manifests[0]
@@ -191,7 +209,9 @@ def test_a_bool_token_count_is_charged_the_estimate_never_a_malformed_decision()
         checkpointer=InMemorySaver()
     )
     state = fp.run_output(
-        graph.invoke(fp.start("q", budget(tokens_remaining=1_000)), thread(), context=context())
+        graph.invoke(
+            fp.start("q", token_budget(tokens_remaining=1_000)), thread(), context=context()
+        )
     )
     assert state.termination is fp.TerminationReason.COMPLETED, state.last_error_code
     assert state.budget.tokens_used == 70
@@ -251,3 +271,70 @@ def test_any_usage_report_is_judged_never_raises_and_an_untrusted_one_costs_the_
     else:
         assert report.charged == max(estimate, floor)
         assert report.input_tokens is None and report.output_tokens is None
+
+
+# -- what a run spends is what the ledger charged ----------------------------------------------
+
+
+def test_a_failed_call_stays_charged_in_the_ledger() -> None:
+    ledger = fp.InMemoryLedger()
+    h = harness([call("explode", 1), ABSTAIN], ledger=ledger)
+    config = thread()
+    state = h.run(config=config)
+    assert state.observations[0].error_code is fp.ErrorCode.INTERNAL_ERROR
+    account = run_account(config["configurable"]["thread_id"], state.run_id)
+    reservation = ledger.get(call_key(account, "call-0001", 1))
+    assert reservation is not None
+    assert reservation.status is fp.policy.ReservationStatus.SETTLED
+    held = ledger.balance(account).held
+    assert held.get("tool_calls") == state.budget.tool_calls_used == 1
+
+
+def test_runs_under_one_shared_account_never_spend_more_than_it_holds() -> None:
+    ledger = fp.policy.InMemoryLedger()
+    ledger.open_account("pool", {"tool_calls": 3}, owner={"tenant": "acme", "principal": "u-1"})
+    ctx = context().model_copy(update={"budget_account": "pool"})
+    calls = Calls()
+    for _ in range(3):
+        h = harness(
+            [call(n=1), call(n=2), ABSTAIN],
+            ledger=ledger,
+            calls=calls,
+            registry=make_registry(calls),
+        )
+        h.graph.invoke(fp.start("q", budget(steps=6, tools=2)), thread(), context=ctx)
+    ran = calls.count("search_logs")
+    assert ran == 3
+    assert ledger.balance("pool").held["tool_calls"] == 3
+
+
+def _decided(**usage: Any) -> fp.policy.Decided:
+    return fp.policy.Decided.model_construct(decision=call(n=1), generated_call_ids=(), **usage)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"input_tokens": -5, "output_tokens": 3},
+        {"input_tokens": 2**64, "output_tokens": 2**70},
+        {"input_tokens": "lots", "output_tokens": None},
+        {"input_tokens": float("nan"), "output_tokens": float("inf")},
+        {"input_tokens": True, "output_tokens": [1]},
+        {"input_tokens": 9_000_000, "output_tokens": 9_000_000},
+    ],
+    ids=["negative", "huge", "text", "nan-inf", "bool-list", "sum-too-big"],
+)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_usage_report_no_one_can_trust_is_charged_the_estimate_and_ends_typed(
+    usage: dict[str, Any], mode: str
+) -> None:
+    h = harness([_decided(**usage), ABSTAIN], tokens_per_step=100)
+    limited = fp.RuntimeBudget(steps_remaining=6, tool_calls_remaining=4, tokens_remaining=1_000)
+    inp, config = fp.start("q", limited), thread()
+    if mode == "sync":
+        out = h.graph.invoke(inp, config, context=context())
+    else:
+        out = asyncio.run(h.graph.ainvoke(inp, config, context=context()))
+    state = fp.run_output(out)
+    assert state.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
+    assert state.budget.tokens_used == 200

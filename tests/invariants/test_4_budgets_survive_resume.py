@@ -1,15 +1,17 @@
-"""Invariant 4: budgets survive resume — in the same graph, in a new graph object on the same
-files (a restarted worker, a second process), and with the ledger lost.
+"""Invariant 4: budgets survive resume — ``Command(resume=...)`` or ``None`` in the same graph,
+a new graph object on the same files (a restarted worker, a second process), and the ledger lost.
 
 A graph built with no ledger keeps one as durable as the checkpointer it is compiled with: a
 SQLite file's own ledger tables, so a new graph on the same file finds the run's account; a
 checkpointer it cannot derive one from is refused at compile, saying what to pass. A ledger that
 was lost (an in-memory one, in a new process) is re-opened from the checkpoint, each call the
-checkpoint shows reserved carried under its own key, so none is charged twice.
+checkpoint shows reserved carried under its own key, so none is charged twice. A run whose
+first step died after its account was opened resumes on that account, however it was started.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
@@ -25,8 +28,19 @@ import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.settings import settings_of
+from fencepost.policy import TerminationReason
 from fencepost.policy.keys import run_account
-from tests.graph.kit import Calls, call, context, final_citing_last, make_registry, thread
+from tests.graph.kit import (
+    Calls,
+    budget,
+    call,
+    context,
+    final_citing_last,
+    harness,
+    make_registry,
+    sqlite_files,
+    thread,
+)
 
 BATCH = fp.ToolBatch(calls=(call(n=1), call("write_note", 2, note="restart api")))
 TWO_CALLS = fp.RuntimeBudget(steps_remaining=4, tool_calls_remaining=2)
@@ -276,3 +290,94 @@ def test_a_reopened_account_carries_open_calls_under_their_keys_and_never_more_t
     assert carried.spent == {"steps": 2.0}
     fresh = carried_over(state, lambda name: {"tool_calls": 1.0}, fresh=frozenset({"call-0001"}))
     assert fresh.open_calls == (("call-0002", {"tool_calls": 1.0}),)
+
+
+# -- resumed in the same graph -----------------------------------------------------------------
+
+
+def test_command_resume_continues_the_same_budget() -> None:
+    script = [call(n=1), call("write_note", 2, note="x"), call(n=3), final_citing_last]
+    h = harness(script, approval="interrupt")
+    config, ctx = thread(), context()
+    h.graph.invoke(
+        fp.start("q", fp.RuntimeBudget(steps_remaining=3, tool_calls_remaining=5)),
+        config,
+        context=ctx,
+    )
+    paused = fp.run_output(h.graph.get_state(config).values)
+    assert paused.budget.steps_used == 2
+    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    # Two steps were spent before the pause; the third is the last one, the fourth is refused.
+    assert state.budget.steps_used == 3
+    assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
+    assert h.model.calls == 3
+
+
+def test_invoke_none_continues_the_same_budget() -> None:
+    # No step is kept for answering here: every step may call a tool.
+    h = harness([call(n=1), call(n=2), call(n=3), final_citing_last], answer_margin=0)
+    config, ctx = thread(), context()
+    h.graph.invoke(
+        fp.start("q", fp.RuntimeBudget(steps_remaining=3, tool_calls_remaining=5)),
+        config,
+        context=ctx,
+        interrupt_after=["execute"],
+    )
+    mid = fp.run_output(h.graph.get_state(config).values)
+    assert mid.budget.steps_used == 1
+    state = fp.run_output(h.graph.invoke(None, config, context=ctx))
+    assert state.budget.steps_used == 3
+    assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
+    assert h.calls.count("search_logs") == 3
+
+
+# -- a run whose first step died ---------------------------------------------------------------
+
+
+class _CrashBeforeFirstStep(SqliteLedger):
+    """A SqliteLedger whose process dies reserving a model step: the account was opened, the
+    decide node's writes never reach a checkpoint. The text carries a secret."""
+
+    def reserve(self, account: str, key: str, amounts: Any) -> fp.policy.Reservation:
+        if ":step:" in key:
+            raise RuntimeError("power cut password=hunter2")
+        return super().reserve(account, key, amounts)
+
+
+_STARTS: dict[str, Any] = {
+    "start": fp.start("why is checkout failing?", budget()),
+    "messages": {"messages": [HumanMessage("why is checkout failing?")]},
+    "json-request": {"request": {"question": "why is checkout failing?"}},
+}
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "start",
+        "messages",
+        "json-request",
+    ],
+)
+def test_a_run_whose_first_step_died_resumes_on_a_durable_ledger_whatever_its_input_form(
+    form: str, tmp_path: Path
+) -> None:
+    config, ctx = thread(), context()
+    conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
+    crashing = _CrashBeforeFirstStep(tmp_path / "ledger.db")
+    try:
+        saver = SqliteSaver(conn)
+        h = harness([final_citing_last], checkpointer=saver, ledger=crashing)
+        with pytest.raises(RuntimeError):
+            h.graph.invoke(_STARTS[form], config, context=ctx)
+    finally:
+        crashing.close()
+        conn.close()
+    with sqlite_files(tmp_path) as (saver, ledger):
+        again = harness(
+            [call("search_logs", 1), final_citing_last], checkpointer=saver, ledger=ledger
+        )
+        state = fp.run_output(again.graph.invoke(None, config, context=ctx))
+    assert (state.termination, state.last_error_code) == (TerminationReason.COMPLETED, None)
+    text = json.dumps(state.model_dump(mode="json"))
+    assert "hunter2" not in text and "power cut" not in text

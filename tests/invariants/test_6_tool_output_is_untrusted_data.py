@@ -7,7 +7,8 @@ that call's failure with a safe code, not as an exception out of ``invoke`` quot
 What a tool, the decision model, a validator or a predicate raised goes to the developer's log,
 with its traceback, and nowhere else: the canary sweep below looks for its text in every
 checkpoint blob (an InMemorySaver's and a SQLite file's), every chunk of every stream mode,
-every input the decision model was given and every span, event and attribute.
+every input the decision model was given and every span, event and attribute. A step manifest
+holds no argument or result text either.
 """
 
 from __future__ import annotations
@@ -27,8 +28,17 @@ import fencepost as fp
 from fencepost.adapters.chat_model import ChatModelDecider
 from fencepost.policy.outcome import MalformedMarker, checked_marker
 from tests.adapters.fakes import FakeToolChatModel, ai_call, ai_final
-from tests.graph.kit import DOCS, STATUS, context, harness, thread, upload_registry
-from tests.graph.test_hostile_review import _saver_bytes
+from tests.graph.kit import (
+    DOCS,
+    STATUS,
+    budget,
+    call,
+    context,
+    harness,
+    saver_bytes,
+    thread,
+    upload_registry,
+)
 from tests.telemetry_kit import assert_only_in_one_traceback, every_text
 
 SECRET = "password=hunter2"
@@ -85,7 +95,7 @@ def test_a_malformed_accepted_or_completed_is_the_calls_failure_with_a_safe_code
     again = fp.run_output(h.graph.invoke(None, config, context=ctx))
     assert again.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
     assert again.budget.tool_calls_used == 1
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
     assert SECRET not in repr(out)
 
 
@@ -105,7 +115,7 @@ async def test_a_malformed_accepted_is_the_calls_failure_under_ainvoke_too() -> 
     assert [(r.status, r.error_code) for r in state.receipts] == [
         (fp.ReceiptStatus.FAILED, fp.ErrorCode.UNSERIALIZABLE_RESULT)
     ]
-    assert SECRET.encode() not in _saver_bytes(saver)
+    assert SECRET.encode() not in saver_bytes(saver)
 
 
 def test_a_well_formed_marker_passes_the_check_and_anything_else_is_no_marker() -> None:
@@ -247,7 +257,7 @@ def test_an_exceptions_text_is_in_one_log_traceback_and_in_no_checkpoint_stream_
     assert_only_in_one_traceback(caplog.records, CANARY, logger)
     # ...and nothing else does: no checkpoint blob,
     if isinstance(saver, InMemorySaver):
-        assert CANARY.encode() not in _saver_bytes(saver)
+        assert CANARY.encode() not in saver_bytes(saver)
     conn.close()
     stored = b"".join(
         p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("checkpoints")
@@ -264,3 +274,41 @@ def test_an_exceptions_text_is_in_one_log_traceback_and_in_no_checkpoint_stream_
     found = spans.get_finished_spans()
     assert any(s.name.startswith("invoke_agent") for s in found)
     assert CANARY not in every_text(found)
+
+
+# -- what a tool raised reaches no model input, manifest or checkpoint file; a manifest holds no payload ---
+
+
+TOOL_SECRET = "hunter2"
+
+
+def test_tool_exception_text_never_reaches_model_manifests_or_checkpoint(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    conn = sqlite3.connect(db, check_same_thread=False)
+    saver = SqliteSaver(conn)
+    h = harness(
+        [call("explode", 1), fp.AbstainProposal(reason="insufficient_evidence")], checkpointer=saver
+    )
+    config = thread()
+    state = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=context()))
+    conn.commit()
+    assert state.observations[0].error_code is fp.ErrorCode.INTERNAL_ERROR
+    next_input = h.model.inputs[-1]
+    assert TOOL_SECRET not in next_input.model_dump_json()
+    assert all(TOOL_SECRET not in m.model_dump_json() for m in state.manifests)
+    conn.close()
+    assert TOOL_SECRET.encode() not in db.read_bytes()
+    wal = db.with_name(db.name + "-wal")
+    assert not wal.exists() or TOOL_SECRET.encode() not in wal.read_bytes()
+
+
+def test_manifests_hold_no_arguments_or_results() -> None:
+    marker = "ARGUMENT-TEXT-XYZ"
+    h = harness(
+        [call(n=1, query=marker), fp.AbstainProposal(reason="insufficient_evidence")],
+        search_result={"hits": ["RESULT-TEXT-XYZ"]},
+    )
+    state = h.run()
+    for m in state.manifests:
+        dumped = m.model_dump_json()
+        assert marker not in dumped and "RESULT-TEXT-XYZ" not in dumped

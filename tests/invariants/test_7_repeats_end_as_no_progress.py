@@ -1,22 +1,36 @@
 """Invariant 7: a proposal repeated past the limit ends as ``no_progress`` before any budget is
 spent on it. A call that never ran has not been repeated: held back with a batch given back for
 repair, it counts nothing. A denial the run goes on with (denied as data, rejected by the
-approver) counts: the same call denied past the limit is no progress."""
+approver) counts: the same call denied past the limit is no progress.
+
+A caller who overwrites the repeat counts in state does not reset them; one who rewrites the
+evidence epochs still never spends past the tool budget (that it resets the count is a known
+limit: ``tests/test_known_limits.py``). A tool whose results keep changing is progress, bounded
+by the step budget. An approved write counts once; an edit at approval is gated again."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from langgraph.types import Command
 
 import fencepost as fp
+from fencepost.policy import TerminationReason
+from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.repair import given_back
 from tests.graph.kit import (
+    ABSTAIN,
     LEDGERS,
     budget,
+    call,
     context,
+    drive_editing,
     each_ledger,
     final_citing_last,
     harness,
     mid_run_state,
+    state_of,
     thread,
 )
 
@@ -101,3 +115,117 @@ def test_a_write_the_approver_rejects_repeated_past_the_limit_ends_no_progress()
     )
     assert state.termination is fp.TerminationReason.NO_PROGRESS
     assert h.calls.log == []
+
+
+# -- a caller's state edits and a flapping tool ------------------------------------------------
+
+
+def test_overwriting_the_fingerprints_in_state_does_not_reset_the_no_progress_count() -> None:
+    # fingerprints' reducer only raises counts ("a state edit cannot reset the no-progress
+    # check"); an Overwrite, which would skip the reducer, is dropped.
+    baseline = harness([*(call(n=i, query="same") for i in range(1, 12)), ABSTAIN])
+    assert baseline.run(steps=12, tools=10).termination is TerminationReason.NO_PROGRESS
+    limit = baseline.calls.count("search_logs")
+
+    h = harness([*(call(n=i, query="same") for i in range(1, 12)), ABSTAIN])
+    config, ctx = thread(), context()
+    h.graph.invoke(
+        fp.start("q", budget(steps=12, tools=10)), config, context=ctx, interrupt_after=["execute"]
+    )
+    for _ in range(15):
+        if state_of(h, config).is_terminal:
+            break
+        h.graph.update_state(
+            config, {"run": {"fingerprints": {"__overwrite__": {}}}}, as_node="execute"
+        )
+        h.graph.invoke(None, config, context=ctx, interrupt_after=["execute"])
+    state = state_of(h, config)
+    assert state.termination is TerminationReason.NO_PROGRESS
+    assert h.calls.count("search_logs") == limit
+
+
+def same_search(n: int) -> list[fp.ToolProposal]:
+    """``n`` proposals of the same search, each with its own call id."""
+    return [call(n=i, query="same") for i in range(1, n + 1)]
+
+
+def bump_evidence(state: fp.AgentState) -> dict[str, Any] | None:
+    """A caller's update moving the repeated search's evidence to a fresh epoch."""
+    key = proposal_fingerprint("search_logs", {"query": "same"})
+    seen = state.evidence.get(key)
+    if seen is None:
+        return None
+    epoch = int(seen.split(":", 1)[0])
+    return {"run": {"evidence": {key: f"{epoch + 1}:forged@2000-01-01T00:00:00+00:00"}}}
+
+
+def test_rewriting_evidence_in_state_never_spends_past_the_tool_budget() -> None:
+    h = harness([*same_search(10), ABSTAIN])
+    config, ctx = thread(), context()
+    h.graph.invoke(
+        fp.start("q", budget(steps=12, tools=3)), config, context=ctx, interrupt_after=["execute"]
+    )
+    state = drive_editing(h, config, ctx, bump_evidence)
+    assert h.calls.count("search_logs") <= 3
+    assert state.is_terminal
+    assert state.budget.tool_calls_used <= 3
+
+
+def test_a_tool_whose_results_alternate_is_still_bounded_by_the_step_budget() -> None:
+    flip = iter(range(100))
+
+    @fp.tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
+    def flapping(ctx: fp.ToolContext) -> Any:
+        """A status that flaps between two values."""
+        return {"state": "up" if next(flip) % 2 else "down"}
+
+    h = harness(
+        [
+            fp.ToolProposal(call_id=f"call-{i:04d}", tool_name="flapping", arguments={})
+            for i in range(1, 40)
+        ],
+        registry=fp.ToolRegistry([flapping]),
+    )
+    state = h.run(steps=7, tools=30)
+    assert state.is_terminal
+    assert state.budget.steps_used <= 7
+    assert len(state.observations) <= 7
+
+
+# -- approvals ---------------------------------------------------------------------------------
+
+
+def test_an_approved_write_counts_once_toward_the_repeat_limit() -> None:
+    # repeat_limit=2: the same write, approved twice, runs twice; the third identical proposal
+    # is no_progress before anyone is asked to approve it.
+    same = {"note": "restart checkout"}
+    script = [call("write_note", n, **same) for n in (1, 2, 3)]
+    h = harness(script, approval="interrupt", repeat_limit=2)
+    config, ctx = thread(), context()
+    out = h.graph.invoke(fp.start("q", budget(steps=6, tools=6)), config, context=ctx)
+    approvals = 0
+    while "__interrupt__" in out:
+        approvals += 1
+        out = h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    state = fp.run_output(out)
+    assert approvals == 2
+    assert h.calls.count("write_note") == 2
+    assert state.termination is fp.TerminationReason.NO_PROGRESS
+    assert state.budget.tool_calls_used == 2
+
+
+def test_edited_arguments_pass_the_no_progress_gate_again_at_approval() -> None:
+    # Two identical writes were approved and ran; a third proposal with other arguments is
+    # edited back to the same ones. The edit is gated again, repeat limit included.
+    same = {"note": "restart checkout"}
+    script = [call("write_note", 1, **same), call("write_note", 2, **same)]
+    script.append(call("write_note", 3, note="something else"))
+    h = harness(script, approval="interrupt", repeat_limit=2)
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget(steps=6, tools=6)), config, context=ctx)
+    h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    edit = {"decision": "edit", "arguments": same}
+    state = fp.run_output(h.graph.invoke(Command(resume=edit), config, context=ctx))
+    assert h.calls.count("write_note") == 2
+    assert state.termination is fp.TerminationReason.NO_PROGRESS

@@ -2,7 +2,8 @@
 
 A write cut off after it started has an unknown outcome whatever its body's kind. A call id that
 already has a receipt never runs again, whatever the batch says: judged by the ledger (which
-``update_state`` cannot reach), not only by the receipts in state.
+``update_state`` cannot reach), not only by the receipts in state: an approved write written
+back into the batch by a state edit does not run a second time.
 """
 
 from __future__ import annotations
@@ -31,15 +32,19 @@ from tests.graph.kit import (
     VERDICT_KEY,
     Calls,
     allowed_entry,
+    allowed_verdict,
     budget,
     call,
     context,
     each_ledger,
+    edit_and_continue,
+    forge_batch,
     harness,
     make_registry,
     state_of,
     thread,
     thread_account,
+    write_then_read_paused_before_read,
 )
 from tests.graph.test_tool_isolation import NoArgs
 from tests.policy.factories import make_spec
@@ -257,3 +262,12 @@ def test_an_attempt_the_ledger_holds_answers_its_call_unless_a_crash_lost_the_re
     # Settled in the run's latest step: a crash between the settlement and the checkpoint.
     assert not answered_before(settled, run_went_on=False)
     assert not answered_before(ReservationStatus.RESERVED, run_went_on=True)
+
+
+@pytest.mark.parametrize("how", ["update_state", "command"])
+def test_a_state_edit_cannot_run_an_approved_write_a_second_time(how: str) -> None:
+    h, config, ctx, write, read = write_then_read_paused_before_read("approve")
+    assert h.calls.count("write_note") == 1
+    update = forge_batch(h, config, (read, write), (allowed_verdict(read), allowed_verdict(write)))
+    edit_and_continue(h, config, ctx, update, how)
+    assert h.calls.count("write_note") == 1

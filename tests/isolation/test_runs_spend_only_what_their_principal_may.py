@@ -20,7 +20,16 @@ import fencepost as fp
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.policy.keys import run_account
 from fencepost.policy.ownership import GRANT, check_funding, run_owner
-from tests.graph.kit import ABSTAIN, Calls, call, context, make_registry, thread
+from tests.graph.kit import (
+    ABSTAIN,
+    Calls,
+    budget,
+    call,
+    context,
+    harness,
+    make_registry,
+    thread,
+)
 
 
 def graph_on(ledger: fp.Ledger, script: list[Any], calls: Calls) -> Any:
@@ -107,3 +116,17 @@ def test_a_run_account_is_never_another_principals_parent_even_if_it_grants() ->
     other = check_funding(owner, context(principal="u-2"))
     assert own is None  # its own principal's child run
     assert other is not None and other.error_code == "budget_account_denied"
+
+
+BETA = context(tenant="beta", principal="b-1")
+
+
+def test_a_run_cannot_open_under_another_tenants_budget_account() -> None:
+    ledger = fp.policy.InMemoryLedger()
+    ledger.open_account("acme-pool", {"tool_calls": 3}, owner={"tenant": "acme"})
+    h = harness([call(n=1), call(n=2), call(n=3), ABSTAIN], ledger=ledger)
+    thief = BETA.model_copy(update={"budget_account": "acme-pool"})
+    out = fp.run_output(h.graph.invoke(fp.start("q", budget()), thread(), context=thief))
+    assert ledger.balance("acme-pool").held.get("tool_calls", 0.0) == 0
+    assert h.calls.count("search_logs") == 0
+    assert out.termination is fp.TerminationReason.POLICY_DENIED

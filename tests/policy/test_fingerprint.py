@@ -6,6 +6,8 @@ import hashlib
 import json
 import random
 import sys
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -197,3 +199,129 @@ def test_canonical_json_refuses_a_cycle_and_a_too_deep_value_as_json_dumps_does(
     with pytest.raises(RecursionError):
         canonical_json(deep)
     assert canonical_json({"x": cycle["a"][0]}) == '{"x":1}'  # the encoder is fine after
+
+
+# -- values that lie about what they are, cycles, many threads ----------------------------------
+
+
+def _outcome(encode: Any, value: Any) -> tuple[str, str]:
+    try:
+        return "ok", encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+class _Items(dict[str, Any]):
+    """A dict whose items() lies about what it holds."""
+
+    def items(self) -> Any:
+        return [("z", 1)]
+
+
+class _Str(str):
+    def __str__(self) -> str:
+        return "lie"
+
+
+class _Float(float):
+    def __repr__(self) -> str:
+        return "lie"
+
+
+class _Int(int):
+    def __repr__(self) -> str:
+        return "lie"
+
+
+def _cycle() -> list[Any]:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+def _self_dict() -> dict[str, Any]:
+    loop: dict[str, Any] = {}
+    loop["a"] = [loop]
+    return loop
+
+
+def _deep(levels: int) -> list[Any]:
+    root: list[Any] = []
+    node = root
+    for _ in range(levels):
+        child: list[Any] = []
+        node.append(child)
+        node = child
+    return root
+
+
+ODD_VALUES: list[Any] = [
+    -0.0,
+    1e308,
+    5e-324,
+    float("nan"),
+    float("-inf"),
+    2**200,
+    -(2**64),
+    True,
+    None,
+    "\ud800",
+    {"\udfff": "\ud83d"},
+    '\u2028\x00"\\',
+    {1: 2, 2.5: 3, None: 4, False: 5},
+    {1: 2, "a": 3},  # mixed keys: sort_keys refuses
+    {(1, 2): 3},
+    [object()],
+    _Items(a=1),
+    _Str("x"),
+    {_Str("k"): _Str("v")},
+    _Float(1.5),
+    [_Int(3)],
+    (1, [2, (3,)]),
+    _cycle(),
+    _self_dict(),
+    _deep(5000),
+    {"a": [1, {"b": float("inf")}]},
+]
+
+
+@pytest.mark.parametrize("value", ODD_VALUES, ids=lambda v: type(v).__name__)
+def test_canonical_json_gives_json_dumps_text_and_error_for_subclasses_surrogates_and_cycles(
+    value: Any,
+) -> None:
+    assert _outcome(canonical_json, value) == _outcome(_dumps, value)
+
+
+def test_canonical_json_refuses_a_cycle_at_the_cost_json_dumps_refused_it() -> None:
+    # Without circular markers a cycle is found only at the recursion limit, every level up to
+    # it encoded first (its output kept): a wide cyclic dict would cost ~1000x json.dumps's time
+    # and memory. Markers find it on the way back in.
+    wide: dict[str, Any] = {f"k{i:05d}": "v" for i in range(2000)}
+    wide["~"] = wide  # sorts last: the whole level is written before the cycle is reached
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="Circular reference"):
+        canonical_json(wide)
+    assert time.perf_counter() - started < 0.5
+
+
+def test_canonical_json_is_json_dumps_text_from_many_threads_at_once() -> None:
+    values = [
+        {"q": f"v{i}", "n": i, "l": [i, {"x": -0.0, "\ud800": [True, None]}]} for i in range(64)
+    ]
+    shared = {"same": values}  # one object encoded by every thread at once
+    wrong: list[Any] = []
+    barrier = threading.Barrier(16)
+
+    def work() -> None:
+        barrier.wait()
+        for _ in range(200):
+            for v in (*values, shared):
+                if canonical_json(v) != _dumps(v):
+                    wrong.append(v)
+
+    threads = [threading.Thread(target=work) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []

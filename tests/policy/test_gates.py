@@ -470,3 +470,28 @@ def test_the_gate_hands_a_batch_the_spec_and_repeat_key_it_found_on_the_way() ->
     # A polling tool's repeats are keyed by time, not by the call.
     polling = ToolRegistry([make_spec(poll_interval_seconds=5)])
     assert gate_with_findings(polling, proposal, state, reader())[2] is None
+
+
+class _StaticHook(BaseModel):
+    """A model that replaces model_validate_json with a staticmethod (no ``__func__``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    query: str
+
+    @staticmethod
+    def model_validate_json(json_data: Any, **kwargs: Any) -> _StaticHook:  # type: ignore[override]
+        if "forbidden" in json_data:
+            raise ValueError("refused by the model's own hook")
+        return _StaticHook.__pydantic_validator__.validate_json(json_data, **kwargs)  # type: ignore[no-any-return]
+
+
+def test_a_schema_whose_model_validate_json_is_a_staticmethod_is_validated_through_it() -> None:
+    # A staticmethod (or any callable that is not a bound method) has no ``__func__``: the gate
+    # calls the model's own hook whatever kind of callable it is.
+    spec = make_spec(args_model=_StaticHook)
+    args = check_schema(spec, make_proposal({"query": "checkout"}))
+    assert isinstance(args, _StaticHook) and args.query == "checkout"
+    # What the hook raised is a schema refusal with no text (a broken validator's, pinned in
+    # tests/invariants/test_1_every_run_ends_typed.py).
+    with pytest.raises(ArgumentsValidatorFailed):
+        check_schema(spec, make_proposal({"query": "forbidden"}))

@@ -1,12 +1,20 @@
-"""Gating a batch: repeats count within the batch, and the run's counts are never changed."""
+"""Gating a batch: repeats count within the batch, the run's counts are never changed, a batch's
+dependencies form no cycle, and each call reserves its axes under their plain names."""
 
 from __future__ import annotations
 
 from datetime import UTC
 
-from fencepost.policy import ToolRegistry, VerdictCode
+import pytest
+
+import fencepost as fp
+from fencepost.policy import Effect, ToolRegistry, VerdictCode
 from fencepost.policy.fingerprint import proposal_fingerprint
-from fencepost.policy.gating import duplicate_call_ids, gate_batch
+from fencepost.policy.gating import (
+    duplicate_call_ids,
+    gate_batch,
+    invalid_dependencies,
+)
 from tests.policy.factories import make_proposal, make_spec, make_state, reader
 
 REGISTRY = ToolRegistry((make_spec(),))
@@ -91,3 +99,36 @@ def test_a_batch_reusing_a_call_id_or_naming_an_impossible_dependency_is_refused
     # An earlier call the ledger marks as having produced a result may be depended on.
     assert refused_batch([dependent], set(), {"call-0009"}) is None
     assert refused_batch([one], set(), set()) is None
+
+
+@pytest.mark.parametrize("effect", list(Effect))
+@pytest.mark.parametrize("cost", [0, 0.5, 3])
+def test_a_tool_calls_amounts_name_the_axes_as_plain_strings(effect: Effect, cost: float) -> None:
+    from fencepost.policy.reservations import call_amounts
+
+    amounts = call_amounts(make_spec(effect=effect, cost=cost))
+    expected = {"tool_calls": 1.0}
+    if effect is not Effect.READ:
+        expected["mutations"] = 1.0
+    if cost:
+        expected["cost"] = float(cost)
+    assert amounts == expected
+    assert all(type(k) is str for k in amounts)  # a durable ledger's JSON keys
+
+
+def test_a_large_acyclic_batch_of_dependencies_is_accepted() -> None:
+    # 1,200 calls each naming up to 64 earlier ones: accepted (the check is linear in calls and
+    # edges; a quadratic walk made this take seconds).
+    n = 1200
+    calls = [
+        fp.ToolProposal(
+            call_id=f"call-{i:06d}",
+            tool_name="search_logs",
+            arguments={"query": "x"},
+            depends_on=tuple(f"call-{j:06d}" for j in range(max(0, i - 64), i)),
+        )
+        for i in range(n)
+    ]
+    assert not invalid_dependencies(calls, set())
+    looped = [*calls[:-1], calls[-1].model_copy(update={"depends_on": ("call-001199",)})]
+    assert invalid_dependencies(looped, set())

@@ -23,6 +23,7 @@ from fencepost.policy import (
     UnknownAccount,
     UnknownReservation,
 )
+from fencepost.policy.ledger import InvalidLedgerKey
 
 
 @pytest.fixture
@@ -445,3 +446,66 @@ def test_a_reservation_names_an_account_the_ledger_takes_even_once_one_is_open()
     with pytest.raises(UnknownAccount):
         ledger.reserve("run-2", "k-2", {"tool_calls": 1})
     assert ledger.balance("run-1").held == {"tool_calls": 1.0}
+
+
+# -- the name of an account that is open ---------------------------------------------------------
+
+
+class _Str(str):
+    def __str__(self) -> str:
+        return "lie"
+
+
+_INVALID = "run-\x00evil"
+
+
+class _ClaimsEveryName(str):
+    """A str that hashes as ``_INVALID`` and says it equals anything."""
+
+    def __hash__(self) -> int:
+        return hash(_INVALID)
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+
+def test_an_invalid_account_name_is_refused_even_when_an_open_account_claims_to_equal_it() -> None:
+    # An open account's name is not checked again, but "open" is never judged by a lookup a
+    # str subclass some tenant opened can answer for another text: a name with a control
+    # character is refused, never booked as a reservation's account.
+    ledger = InMemoryLedger()
+    ledger.open_account(_ClaimsEveryName("run-1"), {"tool_calls": 5})
+    with pytest.raises(InvalidLedgerKey):
+        ledger.reserve(_INVALID, "k-1", {"tool_calls": 1})
+
+
+def test_an_open_accounts_name_still_reserves_and_a_str_subclass_of_it_is_checked() -> None:
+    ledger = InMemoryLedger()
+    ledger.open_account("run-1", {"tool_calls": 3})
+    assert ledger.reserve("run-1", "k-1", {"tool_calls": 1}).account == "run-1"
+    assert ledger.reserve(_Str("run-1"), "k-2", {"tool_calls": 1}).account == "run-1"
+    assert ledger.balance("run-1").held == {"tool_calls": 2.0}
+
+
+def test_reservations_on_open_accounts_from_many_threads_are_each_booked_once() -> None:
+    ledger = InMemoryLedger()
+    for n in range(4):
+        ledger.open_account(f"run-{n}", {"tool_calls": 10_000})
+    barrier = threading.Barrier(8)
+
+    def work(t: int) -> None:
+        barrier.wait()
+        for i in range(500):
+            ledger.reserve(f"run-{i % 4}", f"k-{i}", {"tool_calls": 1})  # same keys: idempotent
+            ledger.reserve(f"run-{i % 4}", f"t{t}-{i}", {"tool_calls": 1})
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    held = sum(ledger.balance(f"run-{n}").held["tool_calls"] for n in range(4))
+    assert held == 500 + 8 * 500

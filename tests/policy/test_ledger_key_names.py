@@ -1,14 +1,19 @@
-"""Ledger names are stable: a durable ledger of a run in flight holds them across an upgrade."""
+"""Ledger names are stable: a durable ledger of a run in flight holds them across an upgrade, and
+a name is the digest of the JSON text of its parts, whatever the parts hold or claim to be."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fencepost.policy import keys
+from fencepost.policy.keys import _digest, run_account
 
 
 def test_names_of_a_run_in_flight_do_not_change_across_releases() -> None:
@@ -29,3 +34,96 @@ def test_a_name_hashes_its_parts_as_their_json_array(parts: list[str]) -> None:
     # Parts are kept apart whatever they hold: ("a\x1fb", "c") never names ("a", "b\x1fc").
     expected = hashlib.sha256(json.dumps(parts, ensure_ascii=True).encode("ascii")).hexdigest()
     assert keys._digest(*parts) == expected[:32]
+
+
+def test_the_run_account_name_is_injective_in_thread_and_run_id() -> None:
+    assert run_account("a\x1fb", "c") != run_account("a", "b\x1fc")
+
+
+def _json_digest(*parts: str) -> str:
+    """The digest as the JSON text of its parts: every key already in a durable ledger was made
+    so."""
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=True).encode("ascii")).hexdigest()[:32]
+
+
+def test_ledger_key_digest_is_the_json_digest_for_every_string_lone_surrogates_included() -> None:
+    rnd = random.Random(7)
+    pools = [(0, 0x7F), (0x80, 0xD7FF), (0xD800, 0xDFFF), (0xE000, 0x10FFFF)]
+
+    def text() -> str:
+        return "".join(chr(rnd.randint(*rnd.choice(pools))) for _ in range(rnd.randint(0, 12)))
+
+    fixed = [
+        "",
+        '"',
+        "\\",
+        "\x00",
+        "\x1f",
+        "\x7f",
+        "\ud800",
+        "\udfff",
+        "\ud83d\ude00",
+        "😀",
+        "\u2028",
+    ]
+    samples = [tuple(fixed)] + [
+        tuple(text() for _ in range(rnd.randint(0, 4))) for _ in range(20000)
+    ]
+    for parts in samples:
+        assert _digest(*parts) == _json_digest(*parts), parts
+    # A str subclass hashes as its text, as json.dumps wrote it.
+    weird = type("Weird", (str,), {"__str__": lambda self: "other"})("acme")
+    assert _digest(weird) == _json_digest("acme")
+
+
+def test_the_run_account_cache_names_every_run_as_the_uncached_scheme_does() -> None:
+    # The cache is keyed by names callers choose (thread ids, run ids); it is safe to share only
+    # while its value is a pure function of them: the same account however it is asked for.
+    for thread_id, run_id, namespace in [
+        ("t-1", "r-1", ""),
+        ("t-1", "r-2", ""),  # a thread names its run: the run id does not move it
+        ("t-1", "r-1", "agent:1"),
+        ("", "r-1", ""),
+        ("", "r-1", "agent:1"),  # no thread: the run id names it, the namespace is not used
+    ]:
+        expected = (
+            f"run:{_json_digest('thread', thread_id, namespace)}"
+            if thread_id and namespace
+            else f"run:{_json_digest('thread', thread_id)}"
+            if thread_id
+            else f"run:{_json_digest('run', run_id)}"
+        )
+        assert run_account(thread_id, run_id, namespace) == expected
+        assert run_account(thread_id, run_id, namespace=namespace) == expected
+
+
+class _LyingText(str):
+    """A str whose Python-level views lie; the digest must read its text."""
+
+    def __str__(self) -> str:
+        return "other"
+
+    def __len__(self) -> int:
+        return 0
+
+    def __iter__(self) -> Any:
+        return iter("zz")
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        "",
+        "\ud800",
+        "\udfff\ud800",
+        '"\\\x00\x1f\x7f',
+        "😀\u2028",
+        "a" * 100_000,
+        _LyingText("acme"),
+    ],
+    ids=repr,
+)
+def test_a_one_part_ledger_key_is_the_json_digest_durable_ledgers_already_hold(part: str) -> None:
+    text = str.__str__(part)
+    expected = hashlib.sha256(json.dumps((text,), ensure_ascii=True).encode("ascii"))
+    assert _digest(part) == expected.hexdigest()[:32]

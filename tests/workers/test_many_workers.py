@@ -1,5 +1,5 @@
 """Many workers on one Postgres: four worker processes share one PostgresSaver and one
-PostgresLedger and pull runs from one queue (issue 11, item 4).
+PostgresLedger and pull runs from one queue.
 
 The workers (``tests/workers/worker.py``) run for the whole module on one throwaway schema and
 take jobs — start, approve, resume, cancel a thread — from a Postgres table with ``FOR UPDATE SKIP

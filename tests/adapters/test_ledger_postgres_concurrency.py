@@ -1,50 +1,30 @@
-"""Hostile review of cc5946f: PostgresLedger's rewritten ``fencepost_ledger_reserve`` (schema 5),
-its array literals built in Python, and getconn/putconn in place of ``pool.connection()``.
+"""PostgresLedger under concurrency: sessions and processes racing on one account chain.
 
-Every test runs on a real Postgres server (``FENCEPOST_TEST_POSTGRES_DSN``), in a fresh schema.
+Every test runs on a real Postgres server (``FENCEPOST_TEST_POSTGRES_DSN``), in a fresh schema,
+with separate sessions (one ledger, so one connection pool, per worker) contending for one chain.
 Races are made deterministic where it matters: a session of the test's own holds the locks a
 reservation needs, the test waits until the ledger's session is seen waiting on them
-(``pg_stat_activity``), then lets go. The probe that found a bug (a key reserved by the
-transaction a reservation waited on came back exhausted or closed, not existing: fixed in schema
-6) now passes; the others pin a rule worth keeping.
+(``pg_stat_activity``), then lets go. Where the lock order is under test the deadlock retry is
+switched off, so a cycle of waits fails the test instead of being retried away.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import math
 import multiprocessing
 import random
-import struct
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import psycopg
 import pytest
 
-from fencepost.adapters import PostgresLedger
-from fencepost.adapters.ledger_postgres import SCHEMA_VERSION, _float_array, _text_array
-from fencepost.policy import BudgetExhausted
-from fencepost.policy.ledger import (
-    MAX_NAME_LENGTH,
-    AccountClosed,
-    InMemoryLedger,
-    InvalidLedgerKey,
-    Ledger,
-    validate_name,
-)
-
-REPO = Path(__file__).resolve().parents[2]
+from fencepost.adapters import PostgresLedger, ledger_postgres
+from fencepost.policy import AccountClosed, BudgetExhausted
 
 
 @pytest.fixture
@@ -57,7 +37,7 @@ def dsn(postgres_schema: str) -> Iterator[str]:
     yield named
 
 
-_APP = f"hostile7-{uuid.uuid4().hex[:12]}"
+_APP = f"fp-concurrency-{uuid.uuid4().hex[:12]}"
 
 
 def _waiting_on_a_lock(dsn: str, function: str, timeout: float = 10) -> None:
@@ -94,7 +74,7 @@ def _in_thread(work: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any
     return thread, out
 
 
-# === idempotency under a race =====================================================================
+# -- a key reserved while this reservation waited ----------------------------------------------
 
 
 def test_a_key_reserved_while_this_reservation_waited_returns_existing_not_exhausted(
@@ -143,7 +123,8 @@ def test_a_key_another_account_inserted_while_this_one_waited_is_a_conflict(dsn:
         assert ledger.balance("run-a").held == {"tool_calls": 1.0}
 
 
-# === many sessions, many processes, one shared parent =============================================
+# -- many sessions and processes on one chain --------------------------------------------------
+
 
 PROCESSES = 6
 THREADS = 3
@@ -222,7 +203,142 @@ def test_many_processes_reserving_on_one_shared_parent_grant_exactly_its_limit(d
         assert rows == (LIMIT, LIMIT)
 
 
-# === connections: a deadlock retried, a session killed mid-call ==================================
+def _run_all(workers: list[Callable[[], None]]) -> None:
+    """Start every worker at once and re-raise the first error any of them hit."""
+    start = threading.Barrier(len(workers))
+    errors: list[BaseException] = []
+
+    def body(work: Callable[[], None]) -> None:
+        start.wait()
+        try:
+            work()
+        except BaseException as exc:  # handed to the test below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a worker hung"
+    if errors:
+        raise errors[0]
+
+
+def test_siblings_reserving_at_once_from_separate_sessions_never_overspend_their_parent(
+    dsn: str,
+) -> None:
+    with PostgresLedger(dsn) as setup:
+        setup.open_account("tenant", {"tool_calls": 30})
+        for name in ("run-a", "run-b", "run-c"):
+            setup.open_account(name, {"tool_calls": 20}, parent="tenant")
+    held: dict[str, int] = {}
+
+    def spender(account: str) -> Callable[[], None]:
+        def work() -> None:
+            with PostgresLedger(dsn) as ledger:
+                count = 0
+                for i in range(25):
+                    try:
+                        ledger.reserve(account, f"{account}-{i}", {"tool_calls": 1})
+                        count += 1
+                    except BudgetExhausted:
+                        pass
+                held[account] = count
+
+        return work
+
+    _run_all([spender(a) for a in ("run-a", "run-b", "run-c")])
+    with PostgresLedger(dsn) as ledger:
+        assert sum(held.values()) == 30
+        assert ledger.balance("tenant").held == {"tool_calls": 30.0}
+        for account, count in held.items():
+            assert count <= 20
+            assert ledger.balance(account).held == {"tool_calls": float(count)}
+
+
+def test_reserve_settle_and_release_on_one_chain_take_their_locks_in_one_order(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Names chosen so the chain's order (nearest first) is not the lock order (by name), and
+    # the two runs sit on either side of their parents: a function locking in chain order
+    # would wait in a cycle with one locking by name.
+    monkeypatch.setattr(ledger_postgres, "_RETRIED", ())  # a deadlock fails the test
+    with PostgresLedger(dsn) as setup:
+        setup.open_account("m-root", {"cost": 10_000})
+        setup.open_account("k-team", {"cost": 10_000}, parent="m-root")
+        setup.open_account("a-run", {"cost": 10_000}, parent="k-team")
+        setup.open_account("z-run", {"cost": 10_000}, parent="k-team")
+
+    def worker(account: str, finish: str) -> Callable[[], None]:
+        def work() -> None:
+            with PostgresLedger(dsn) as ledger:
+                for i in range(120):
+                    key = f"{account}-{finish}-{i}"
+                    ledger.reserve(account, key, {"cost": 2})
+                    if finish == "settle":
+                        ledger.settle(key, {"cost": 1})
+                    else:
+                        ledger.release(key)
+
+        return work
+
+    _run_all(
+        [
+            worker("a-run", "settle"),
+            worker("z-run", "release"),
+            worker("k-team", "settle"),
+            worker("z-run", "settle"),
+        ]
+    )
+    with PostgresLedger(dsn) as ledger:
+        # a-run settled 120 x 1, k-team 120 x 1, z-run 120 x 1 settled and 120 released.
+        assert ledger.balance("m-root").held == {"cost": 360.0}
+        assert ledger.balance("k-team").held == {"cost": 360.0}
+
+
+def test_a_close_racing_reservations_is_seen_by_every_reservation_after_it(dsn: str) -> None:
+    with PostgresLedger(dsn) as setup:
+        setup.open_account("tenant", {"cost": 10_000})
+        setup.open_account("run", {"cost": 10_000}, parent="tenant")
+    closed = threading.Event()
+    after_close: list[str] = []
+    succeeded: list[str] = []
+
+    def reserver() -> None:
+        with PostgresLedger(dsn) as ledger:
+            refused = 0
+            for i in range(5000):
+                started_after_close = closed.is_set()
+                try:
+                    ledger.reserve("run", f"k{i}", {"cost": 1})
+                except AccountClosed as exc:
+                    assert (exc.account, exc.reason) == ("tenant", "cancelled")
+                    refused += 1
+                    if refused == 20:
+                        return
+                    continue
+                # Once refused, never again allowed; and nothing started after the close ran.
+                assert not refused, f"k{i} reserved after a reservation saw the close"
+                if started_after_close:
+                    after_close.append(f"k{i}")
+                succeeded.append(f"k{i}")
+
+    def closer() -> None:
+        with PostgresLedger(dsn) as ledger:
+            while len(succeeded) < 50:
+                threading.Event().wait(0.001)
+            ledger.close_account("tenant", "cancelled")
+            closed.set()
+
+    _run_all([reserver, closer])
+    assert after_close == []
+    with PostgresLedger(dsn) as ledger:
+        assert ledger.balance("tenant").held == {"cost": float(len(succeeded))}
+        assert 50 <= len(succeeded) < 5000
+
+
+# -- connections: a deadlock retried, a session killed mid-call --------------------------------
 
 
 def test_a_deadlock_retried_returns_its_connection_and_charges_once(dsn: str) -> None:
@@ -274,192 +390,3 @@ def test_a_session_killed_mid_reserve_is_replaced_and_the_pool_stays_usable(dsn:
         assert ledger.balance("run").held == {}
         assert ledger.reserve("run", "k1", {"cost": 1}).existing is False
         assert ledger.balance("run").held == {"cost": 1.0}
-
-
-# === the array literals =========================================================================
-
-
-def _odd_names(count: int) -> list[str]:
-    rnd = random.Random(5)
-    alphabet = "{}\",\\ 'NULLnul\t[]:=$();"
-    names = [
-        '"',
-        "\\",
-        '\\"',
-        "{",
-        "}",
-        ",",
-        "{}",
-        "{a,b}",
-        '"{a,b}"',
-        "NULL",
-        " NULL ",
-        "null",
-        " ",
-        "  lead and trail  ",
-        "\u00a0",
-        "\u2028",
-        "\ufeff",
-        "\u200b",
-        "é",
-        "😀",
-        "\U0010ffff",
-        "[1:1]={a}",
-        "$$",
-        "'",
-        "a b",
-        "x" * MAX_NAME_LENGTH,
-        "😀" * MAX_NAME_LENGTH,
-    ]
-    while len(names) < count:
-        n = rnd.randint(1, 30)
-        names.append(
-            "".join(
-                rnd.choice(alphabet)
-                if rnd.random() < 0.5
-                else chr(
-                    rnd.choice(
-                        [
-                            rnd.randint(0x20, 0x7E),
-                            rnd.randint(0xA0, 0xD7FF),
-                            rnd.randint(0xE000, 0x10FFFF),
-                        ]
-                    )
-                )
-                for _ in range(n)
-            )
-        )
-    valid = []
-    for name in names:
-        with contextlib.suppress(InvalidLedgerKey):
-            valid.append(validate_name(name, "axis"))
-    return list(dict.fromkeys(valid))
-
-
-def _odd_amounts(count: int) -> list[float]:
-    rnd = random.Random(9)
-    amounts = [
-        0.0,
-        -0.0,
-        5e-324,
-        2.2250738585072014e-308,
-        2.225073858507201e-308,
-        1e-320,
-        1.7976931348623157e308,
-        math.inf,
-        0.1,
-        1 / 3,
-        2.0**53 + 2,
-        1e16,
-        1e22,
-        1e23,
-    ]
-    while len(amounts) < count:
-        bits = rnd.getrandbits(63)  # sign bit clear: non-negative, as validate_amounts wants
-        value = struct.unpack("<d", struct.pack("<Q", bits))[0]
-        if not math.isnan(value):
-            amounts.append(value)
-    return amounts
-
-
-def test_every_valid_axis_name_and_amount_reads_back_from_its_array_literal(dsn: str) -> None:
-    names, amounts = _odd_names(3000), _odd_amounts(3000)
-    with psycopg.connect(dsn) as conn:
-        for i in range(0, len(names), 250):
-            chunk = names[i : i + 250]
-            row = conn.execute("SELECT %s::text[]", (_text_array(chunk),)).fetchone()
-            assert row is not None and row[0] == chunk
-        row = conn.execute("SELECT %s::float8[]", (_float_array(amounts),)).fetchone()
-        assert row is not None
-        for sent, got in zip(amounts, row[0], strict=True):
-            assert got == sent and math.copysign(1, got) == math.copysign(1, sent), sent
-
-
-def test_odd_names_and_amounts_reserve_settle_and_balance_as_the_in_memory_ledger(
-    dsn: str,
-) -> None:
-    names = _odd_names(400)[:120]
-    amounts = [a for a in _odd_amounts(400) if a < 1e300][:120]
-
-    def script(book: Ledger) -> list[Any]:
-        out: list[Any] = []
-        limits = {name: 1e300 for name in names[:60]}  # the rest are unlimited axes
-        book.open_account("tenant", limits)
-        book.open_account("run", dict(reversed(list(limits.items()))), parent="tenant")
-        for k in range(0, 120, 15):
-            request = dict(zip(names[k : k + 15], amounts[k : k + 15], strict=True))
-            got = book.reserve("run", f"key-{k}", request)
-            out.append((got.amounts, got.balance))
-            out.append(book.reserve("run", f"key-{k}", request).balance)
-            out.append(book.reserve("run", f"marker-{k}", {}).balance)
-        out.append(book.settle("key-0", dict.fromkeys(names[:15], 0.0)).amounts)
-        out.append((book.balance("tenant"), book.balance("run")))
-        return out
-
-    with PostgresLedger(dsn) as ledger:
-        assert script(ledger) == script(InMemoryLedger())
-
-
-# === an in-place upgrade from version 4 ===========================================================
-
-
-def _version_4() -> ModuleType:
-    """The ledger module as 8f704dd left it (SCHEMA_VERSION 4), from git."""
-    try:
-        source = subprocess.run(
-            ["git", "show", "8f704dd:fencepost/adapters/ledger_postgres.py"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("git history with 8f704dd is not available")
-    spec = importlib.util.spec_from_loader("_ledger_postgres_v4", loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_ledger_postgres_v4"] = module
-    exec(compile(source, "ledger_postgres_v4.py", "exec"), module.__dict__)
-    assert module.SCHEMA_VERSION == 4
-
-    class PostgresLedgerV4(module.PostgresLedger):  # type: ignore[misc,name-defined]
-        """The old class under today's port, which has since grown ``charge``."""
-
-        def charge(self, account: str, key: str, amounts: Any) -> Any:
-            raise NotImplementedError("version 4 had no charge")
-
-    module.PostgresLedger = PostgresLedgerV4
-    return module
-
-
-def test_a_version_4_database_upgraded_in_place_keeps_its_books_and_its_old_clients(
-    postgres_schema: str,
-) -> None:
-    v4 = _version_4()
-    with v4.PostgresLedger(postgres_schema, min_size=1, max_size=1) as old:
-        old.open_account("tenant", {"cost": 10, "tool_calls": 5}, owner={"tenant": "acme"})
-        old.open_account("run", {"tool_calls": 3, "cost": 8}, parent="tenant")
-        old.open_account("done", {"cost": 1}, parent="tenant")
-        for i in range(8):  # past psycopg's prepare threshold: the old session holds plans
-            old.reserve("run", f"k{i}", {"cost": 0.5} if i else {"cost": 1, "tool_calls": 1})
-        old.reserve("done", "d1", {})
-        old.close_account("done", "completed")
-        before = [old.balance(a) for a in ("tenant", "run", "done")]
-        with PostgresLedger(postgres_schema) as new:  # another process, upgraded, starts
-            assert [new.balance(a) for a in ("tenant", "run", "done")] == before
-            assert new.reserve("done", "d1", {}).existing  # even on its closed account
-            assert new.reserve("run", "k0", {"cost": 1, "tool_calls": 1}).existing
-            with pytest.raises(AccountClosed):
-                new.reserve("done", "d2", {})
-            fresh = new.reserve("run", "n1", {"tool_calls": 2})
-            assert fresh.balance == new.balance("run")
-            with pytest.raises(BudgetExhausted) as caught:
-                new.reserve("run", "n2", {"cost": 0.25, "tool_calls": 1})
-            axis = caught.value.axis
-            assert (caught.value.account, axis and axis.value) == ("run", "tool_calls")
-        # The old process goes on, on the new functions (same signatures, same result type).
-        assert old.reserve("run", "k1", {"cost": 0.5}).existing
-        assert old.settle("n1", {"tool_calls": 1}).amounts == {"tool_calls": 1.0}
-        assert old.reserve("run", "o1", {"tool_calls": 1}).balance == old.balance("run")
-    with psycopg.connect(postgres_schema) as conn:
-        assert conn.execute("SELECT fencepost_ledger_version()").fetchone() == (SCHEMA_VERSION,)

@@ -1,0 +1,186 @@
+"""Invariant 5: trusted context comes from the caller, never from the model or from arguments.
+
+The tenant, principal, capabilities and deadline a run acts under are the caller's
+``RunContext``. A model cannot set them (an argument naming a tenant is a schema violation, or,
+for a tool whose schema has such a field, no part of the ``ToolContext`` the tool acts for).
+LangGraph does not checkpoint ``context``: on every resume the caller passes it again, and it must
+match the identity bound to the thread at start (a missing one, another tenant's or another
+principal's is ``policy_denied`` before any tool runs; a deadline already past ends the run
+``deadline_exceeded``), wherever the run paused, nested in a parent graph too. A context passed
+as JSON (as LangGraph Server passes it) is the same identity as the ``RunContext`` it dumps.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command
+from pydantic import BaseModel, ConfigDict
+
+import fencepost as fp
+from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.policy import TerminationReason
+from tests.graph.kit import (
+    ABSTAIN,
+    DOCS,
+    STATUS,
+    UPLOAD,
+    Calls,
+    budget,
+    call,
+    context,
+    final_citing_all,
+    final_citing_last,
+    harness,
+    make_registry,
+    sqlite_files,
+    start_upload,
+    thread,
+    thread_account,
+    upload_graph,
+)
+from tests.graph.nested_kit import Host
+
+# -- the identity a run acts for ---------------------------------------------------------------
+
+
+def test_model_arguments_cannot_set_tenant_or_principal() -> None:
+    sneaky = fp.ToolProposal(
+        call_id="call-0001",
+        tool_name="search_logs",
+        arguments={"query": "x", "tenant_id": "globex"},
+    )
+    h = harness([sneaky])
+    state = h.run()
+    assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
+    assert state.last_error_code == "schema_violation"
+    assert h.calls.log == []
+    assert state.tenant_id == "acme"
+
+
+def test_thread_is_bound_to_the_identity_it_started_with() -> None:
+    h = harness([call(), final_citing_last])
+    state = h.run(ctx=context(tenant="acme", principal="u-9"))
+    assert (state.tenant_id, state.principal_id) == ("acme", "u-9")
+
+
+class CustomerArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    tenant_id: str
+    principal_id: str
+
+
+def test_tool_context_identity_comes_from_the_run_context_even_when_args_name_one() -> None:
+    # A tool may legitimately take a field called tenant_id; the model fills it. The identity
+    # the tool acts for (ToolContext) is the caller's, whatever the arguments say.
+    calls = Calls()
+    seen: list[tuple[str | None, str | None]] = []
+
+    def lookup(args: CustomerArgs, ctx: fp.ToolContext) -> dict[str, Any]:
+        seen.append((ctx.tenant_id, ctx.principal_id))
+        return {"ok": True}
+
+    spec = fp.ToolSpec(
+        name="lookup_customer",
+        description="Look up a customer record.",
+        args_model=CustomerArgs,
+        effect=fp.Effect.READ,
+        capability="logs:read",
+        timeout_seconds=5,
+        execute=lookup,
+    )
+    sneaky = call("lookup_customer", 1, tenant_id="globex", principal_id="root")
+    h = harness([sneaky, ABSTAIN], registry=make_registry(calls, extra=[spec]), calls=calls)
+    state = h.run(ctx=context(tenant="acme", principal="u-1"))
+    assert seen == [("acme", "u-1")]
+    assert (state.tenant_id, state.principal_id) == ("acme", "u-1")
+
+
+# -- the context passed again on resume --------------------------------------------------------
+
+
+def test_resume_without_context_is_policy_denied_before_any_tool_runs() -> None:
+    h = harness([call("write_note", 1, note="x")], approval="interrupt")
+    config = thread()
+    h.graph.invoke(fp.start("q", budget()), config, context=context())
+    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config))
+    assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "missing_context"
+    assert h.calls.log == []
+
+
+def test_resume_as_another_tenant_or_principal_is_policy_denied() -> None:
+    for other in (context(tenant="globex"), context(principal="u-2")):
+        h = harness([call("write_note", 1, note="x")], approval="interrupt")
+        config = thread()
+        h.graph.invoke(fp.start("q", budget()), config, context=context())
+        state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=other))
+        assert state.termination is fp.TerminationReason.POLICY_DENIED
+        assert state.last_error_code == "context_mismatch"
+        assert h.calls.log == []
+
+
+@pytest.mark.parametrize(
+    ("resumed_with", "reason", "code"),
+    [
+        (context(tenant="globex"), fp.TerminationReason.POLICY_DENIED, "context_mismatch"),
+        (context(principal="u-2"), fp.TerminationReason.POLICY_DENIED, "context_mismatch"),
+        (
+            context(deadline=fp.Deadline(at=datetime.now(UTC) - timedelta(seconds=1))),
+            fp.TerminationReason.DEADLINE_EXCEEDED,
+            "deadline_exceeded",
+        ),
+    ],
+    ids=["other-tenant", "other-principal", "deadline-passed"],
+)
+def test_the_executor_checks_the_context_it_is_resumed_with_before_any_tool_runs(
+    resumed_with: fp.RunContext, reason: fp.TerminationReason, code: str
+) -> None:
+    # Paused between the gate and the executor (no approval step in between to catch it).
+    h = harness([call(n=1), final_citing_last])
+    config = thread()
+    h.graph.invoke(fp.start("q", budget()), config, context=context(), interrupt_before=["execute"])
+    state = fp.run_output(h.graph.invoke(None, config, context=resumed_with))
+    assert h.calls.log == []
+    assert (state.termination, state.last_error_code) == (reason, code)
+
+
+def test_a_nested_run_resumed_under_another_principal_is_policy_denied() -> None:
+    calls = Calls()
+    agent = fp.build_agent_graph(
+        make_registry(calls),
+        ScriptedDecisionModel([call("write_note", 1, note="x"), final_citing_last]),
+        approval="interrupt",
+    ).compile()
+    parent = StateGraph(Host, context_schema=fp.RunContext)
+    parent.add_node("agent", agent)
+    parent.add_edge(START, "agent")
+    parent.add_edge("agent", END)
+    graph: Any = parent.compile(checkpointer=InMemorySaver())
+    config = thread()
+    graph.invoke(fp.start("q", budget()), config, context=context(principal="u-1"))
+    out = graph.invoke(Command(resume="approve"), config, context=context(principal="u-2"))
+    assert fp.run_output(out).termination is fp.TerminationReason.POLICY_DENIED
+    assert calls.log == []
+
+
+def test_a_run_resumed_by_a_fresh_graph_with_its_context_as_json_is_its_own(
+    tmp_path: Path,
+) -> None:
+    # LangGraph Server passes the context as a dict: the owner it makes (identity + run tag) is
+    # the one the account recorded from a RunContext, in another process's graph.
+    config, ctx = thread(), context(caps=DOCS)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        start_upload(upload_graph([UPLOAD], checkpointer=saver, ledger=ledger), config, ctx)
+    with sqlite_files(tmp_path) as (saver, ledger):
+        again = upload_graph([STATUS, final_citing_all], checkpointer=saver, ledger=ledger)
+        as_json = ctx.model_dump(mode="json")
+        state = fp.run_output(again.graph.invoke(None, config, context=as_json))
+        closed = ledger.balance(thread_account(config)).closed
+    assert state.termination is TerminationReason.COMPLETED
+    assert closed == TerminationReason.COMPLETED.value

@@ -1,0 +1,159 @@
+"""Known limits: every rule fencepost breaks today, as a strict xfail naming what it breaks.
+
+Each test here states a rule of DESIGN.md that does not hold yet, in the form it will take once it
+does; its docstring names the invariant it breaks and why it is not fixed. ``strict=True``: the day
+a limit is lifted, its test passes, the suite fails, and the test moves to the file of the rule it
+pins. No strict xfail lives anywhere else (the last test checks that).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage
+from langgraph.types import Command
+
+import fencepost as fp
+from tests.adapters import fakes
+from tests.adapters.fakes import ToolLog, ai_call, arun, build, decider, langchain_registry
+from tests.graph.kit import ABSTAIN, budget, call, context, drive_editing, harness, thread
+from tests.invariants.test_7_repeats_end_as_no_progress import bump_evidence, same_search
+
+TESTS = Path(__file__).parent
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="LangGraph 1.2.24 (pregel/_loop.py, PregelLoop._first) reads `resume_is_map`, bound "
+    "only when Command.resume is not None: Command(resume=None) raises UnboundLocalError out of "
+    "invoke and stream before any node runs",
+)
+def test_a_bare_none_resume_answer_does_not_escape_invoke() -> None:
+    """Invariant 1 (every path ends in exactly one TerminationReason; nothing escapes
+    ``invoke``). A caller answering an approval with ``Command(resume=None)`` gets an
+    ``UnboundLocalError`` out of ``invoke``. Not fencepost's code: LangGraph raises before any
+    node of the graph runs, so no node can turn it into a reason; the fuzz strategies leave
+    this input out until LangGraph binds the name (``tests/fuzz/hostile.py``)."""
+    h = harness([call("write_note", 1, note="hi")], approval="interrupt")
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    out = h.graph.invoke(Command(resume=None), config, context=ctx)
+    assert h.calls.count("write_note") == 0
+    assert "__interrupt__" in out or fp.run_output(out).is_terminal
+
+
+def _no_progress_limit() -> int:
+    """How many times the repeated search runs before ``no_progress`` when nobody edits state."""
+    h = harness([*same_search(10), ABSTAIN])
+    state = h.run(steps=12, tools=10)
+    assert state.termination is fp.TerminationReason.NO_PROGRESS
+    return h.calls.count("search_logs")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the evidence map is a latest-value field (any write replaces an entry) and repeats "
+    "are counted under the epoch stored there: a caller writing '<epoch+1>:...' between steps "
+    "starts a fresh count every step",
+)
+def test_rewriting_evidence_in_state_does_not_reset_the_no_progress_count() -> None:
+    """Invariant 7 (repeated proposals past a limit end as ``no_progress``). A caller holding the
+    thread's config who moves the repeated call's evidence to a new epoch between steps
+    (``update_state``) resets its repeat count each time: the same call with the same result
+    never ends ``no_progress``. The run is still bounded by its tool budget
+    (``test_rewriting_evidence_in_state_never_spends_past_the_tool_budget``, invariant 7's
+    file). Not fixed yet: the fix changes how repeats are counted in ``fencepost/graph`` and
+    ``fencepost/policy`` (let only the executor advance an epoch, e.g. a reducer keeping the
+    highest epoch and ignoring writes without the run's sealed digest; or count repeats per
+    fingerprint and result digest in the grow-only repeat counts), not something a test can do.
+    """
+    limit = _no_progress_limit()
+    h = harness([*same_search(10), ABSTAIN])
+    config, ctx = thread(), context()
+    h.graph.invoke(
+        fp.start("q", budget(steps=12, tools=10)), config, context=ctx, interrupt_after=["execute"]
+    )
+    state = drive_editing(h, config, ctx, bump_evidence)
+    assert state.termination is fp.TerminationReason.NO_PROGRESS
+    assert h.calls.count("search_logs") == limit
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the decider's rendered-turn cache hands the chat model the same message objects at "
+    "every step of a run, so an edit made in place to one is shown again at the next step",
+)
+@pytest.mark.parametrize("window", [None, 3])
+def test_an_in_place_edit_of_a_shown_message_does_not_reach_the_runs_next_step(
+    window: int | None,
+) -> None:
+    """DESIGN, "The state": what a step is shown is rebuilt from the run's record (no numbered
+    invariant covers the model's input as such). An integration or callback that marks the last
+    message it is handed, in place (a prompt-caching breakpoint, as Anthropic-style caching
+    does), finds the mark again at the next step on a message that is no longer last; the marks
+    pile up step after step (Anthropic refuses more than four), while a run resumed in a fresh
+    process is shown none. Not fixed: handing out copies costs O(shown) per step where the cache
+    exists to make a step cost the window; which to give up is the maintainers' trade-off."""
+    marked: list[int] = []
+
+    def step(n: int) -> Any:
+        def reply(messages: list[BaseMessage]) -> AIMessage:
+            marked.append(sum("cache_control" in m.additional_kwargs for m in messages))
+            messages[-1].additional_kwargs["cache_control"] = {"type": "ephemeral"}
+            if n < 6:
+                return ai_call("search_logs", {"query": f"q{n}"}, f"call_{n:04d}")
+            return fakes.final_citing_all(messages)
+
+        return reply
+
+    model, _ = decider([step(n) for n in range(7)], history_window=window)
+    state = asyncio.run(arun(build(langchain_registry(ToolLog()), model), steps=8, tools=6))
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert marked == [0] * 7
+
+
+# -- every strict xfail is here, and says what it breaks ------------------------------------------
+
+
+def _xfail_marks(tree: ast.AST) -> list[ast.expr]:
+    """Every ``xfail`` a module applies: ``pytest.mark.xfail(...)``, a bare ``pytest.mark.xfail``
+    (as a decorator or in ``pytest.param(marks=...)``), and ``pytest.xfail(...)``; each as the
+    call that applies it, or the bare attribute."""
+    called = {id(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return [
+        called.get(id(n), n)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and n.attr == "xfail"
+    ]
+
+
+def test_no_test_outside_this_module_is_an_xfail() -> None:
+    elsewhere = [
+        str(path.relative_to(TESTS))
+        for path in sorted(TESTS.rglob("*.py"))
+        if path != Path(__file__) and _xfail_marks(ast.parse(path.read_text()))
+    ]
+    assert elsewhere == [], "a known limit belongs in tests/test_known_limits.py"
+
+
+def test_every_known_limit_is_strict_and_names_the_design_rule_it_breaks() -> None:
+    tree = ast.parse(Path(__file__).read_text())
+    marks = {
+        node.name: [d for d in node.decorator_list if d in _xfail_marks(node)]
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+    }
+    limits = {name: found for name, found in marks.items() if found}
+    assert len(limits) == 3
+    for name, (mark,) in limits.items():
+        assert isinstance(mark, ast.Call), name
+        strict = {k.arg: k.value for k in mark.keywords}.get("strict")
+        assert isinstance(strict, ast.Constant) and strict.value is True, name
+        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+        doc = ast.get_docstring(node) or ""
+        assert "Invariant" in doc or "DESIGN" in doc, name
+        assert "Not fixed" in doc or "Not fencepost's code" in doc, name
