@@ -493,27 +493,7 @@ def approvals_answered(
     registry: ToolRegistry,
 ) -> None:
     """A human answered the calls ``asked`` about; ``batch`` holds their new verdicts."""
-    run = _CURRENT.get()
-    now = {e.call_id: e for e in batch}
-    for entry in asked:
-        answered = now.get(entry.call_id, entry)
-        name = answered.proposal.tool_name
-        tool = registry.get(name).name if name in registry else None
-        verdict = _verdict(answered)
-        _approval(run, APPROVAL_ANSWERED, entry.call_id, tool, verdict)
-        _info(
-            APPROVAL,
-            "run %s call %s (%s) answered: %s",
-            run_id,
-            entry.call_id,
-            tool or "an unregistered tool",
-            verdict,
-            run_id=run_id,
-            call_id=entry.call_id,
-            code=verdict,
-        )
-        if not answered.verdict.allowed:
-            _refused(run, run_id, entry.call_id, tool, verdict, verdict)
+    _answered(run_id, asked, batch, registry, by="", refusals=True)
 
 
 def approver_answered(
@@ -524,6 +504,18 @@ def approver_answered(
 ) -> None:
     """The graph's approver policy answered the calls ``asked`` about (``batch`` holds their
     new verdicts). A rejection is reported as a refusal by :func:`gated`, with the batch."""
+    _answered(run_id, asked, batch, registry, by=" by the approver", refusals=False)
+
+
+def _answered(
+    run_id: str,
+    asked: Sequence[BatchEntry],
+    batch: Sequence[BatchEntry],
+    registry: ToolRegistry,
+    *,
+    by: str,
+    refusals: bool,
+) -> None:
     run = _CURRENT.get()
     now = {e.call_id: e for e in batch}
     for entry in asked:
@@ -534,15 +526,18 @@ def approver_answered(
         _approval(run, APPROVAL_ANSWERED, entry.call_id, tool, verdict)
         _info(
             APPROVAL,
-            "run %s call %s (%s) answered by the approver: %s",
+            "run %s call %s (%s) answered%s: %s",
             run_id,
             entry.call_id,
             tool or "an unregistered tool",
+            by,
             verdict,
             run_id=run_id,
             call_id=entry.call_id,
             code=verdict,
         )
+        if refusals and not answered.verdict.allowed:
+            _refused(run, run_id, entry.call_id, tool, verdict, verdict)
 
 
 def retrying(run_id: str, entry: BatchEntry, spec: ToolSpec, attempt: int) -> None:
