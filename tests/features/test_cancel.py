@@ -29,7 +29,9 @@ from tests.graph.kit import (
     context,
     final_citing_last,
     make_registry,
+    paused_for_approval,
     thread,
+    thread_account,
 )
 
 
@@ -239,3 +241,36 @@ def test_a_parent_whose_nested_graph_langgraph_cannot_list_is_refused_saying_wha
     out = graph.invoke(Command(resume="approve"), config, context=ctx)
     assert calls.count("write_note") == 0
     assert out == {"out": "cancelled:cancelled"}
+
+
+@pytest.mark.parametrize(
+    "write",
+    [{"budget": "all of it"}, {"step": -1}, {"phase": "terminal"}],
+    ids=["budget-of-no-form", "step-out-of-range", "bare-terminal-phase"],
+)
+def test_a_cancel_ends_a_run_whatever_a_caller_wrote_over_its_record(
+    write: dict[str, Any],
+) -> None:
+    # Before: a value that does not validate raised pydantic's ValidationError out of cancel,
+    # before the account was closed; a bare terminal phase made cancel return at once, with
+    # the run paused, unended, its account open.
+    h, config, ctx = paused_for_approval()
+    h.graph.update_state(config, {"run": write}, as_node="decide")
+    state = fp.cancel(h.graph, config, context=ctx)
+    assert state is not None
+    assert state.termination is fp.TerminationReason.CANCELLED
+    assert h.graph.get_state(config).next == ()
+    assert h.calls.log == []
+
+
+def test_a_cancel_closes_the_account_of_a_run_a_caller_wrote_as_ended() -> None:
+    # An ending the terminal node did not write (its account is open): the run may still be
+    # going on elsewhere, and only the closed account stops its next step or tool.
+    ledger = fp.InMemoryLedger()
+    h, config, ctx = paused_for_approval(ledger=ledger)
+    h.graph.update_state(
+        config, {"run": {"phase": "terminal", "termination": "failed"}}, as_node="decide"
+    )
+    fp.cancel(h.graph, config, context=ctx)
+    assert ledger.balance(thread_account(config)).closed == "cancelled"
+    assert h.calls.log == []
