@@ -115,3 +115,9 @@ def test_a_write_of_no_field_is_dropped_and_a_value_with_no_plain_form_is_marked
     after = fold({}, [{"chain_of_thought": "x", "last_error_code": object()}, "not a map"])
     assert "chain_of_thought" not in after
     assert after["last_error_code"] == {"__unrepresentable__": True}
+
+
+def test_a_write_of_none_is_no_nodes_own_and_is_dropped() -> None:
+    # A miss of the identity map of node writes is None too: None was taken for a node's write.
+    start = fold({}, [{"observations": [_observation(1)]}])
+    assert fold(start, [None]) == start
