@@ -323,22 +323,34 @@ def _completed(out: RunRecord) -> RunRecord:
     return out
 
 
+def _starts_run(out: Mapping[str, Any], changes: Mapping[str, Any]) -> bool:
+    """Whether ``changes`` is a run's first write: it gives the record its run id. What a caller
+    wrote to the thread before it is no part of that run, records included (an observation
+    planted there would be read as the result of a call of the run that has the same id)."""
+    return "run_id" in changes and "run_id" not in out
+
+
 def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
     """The record after ``writes`` (a step's, or a checkpoint's history replayed) in order."""
     base = current if isinstance(current, dict) else {}
     out = RunRecord(base)
     if len(writes) == 1 and own(writes[0]):
         write: StepWrite = writes[0]
+        started = _starts_run(out, write)
+        if started:
+            out = RunRecord()
         _apply(out, write)
         view = getattr(base, "view", None)
         if (write.before is not None and view is write.before) or (
-            write.before is None and not base
+            write.before is None and started
         ):
             out.view = write.after
         return _completed(out)
     for write in writes:
         changes = write if own(write) else _taken(write)
         if changes:
+            if _starts_run(out, changes):
+                out = RunRecord()
             _apply(out, changes)
     return _completed(out)
 

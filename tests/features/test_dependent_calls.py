@@ -185,3 +185,35 @@ def test_a_dependent_reads_each_dependencys_first_result_as_data() -> None:
     assert earlier == {"call-0001": {"task_id": "task-17", "detail": {}}}
     entry = allowed_entry(ON_UPLOAD)
     assert dependency_inputs(entry, [], earlier) == {"call-0001": earlier["call-0001"]}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="earlier_outputs reads a dependency's first observation in state, and a caller's "
+    "write appends any observation that validates, so one written while the run waits before "
+    "the call runs (an approval, interrupt_before) is read as the call's result. Fix: the "
+    "ledger's result mark (keys.result_key) carries a digest of the result the executor "
+    "recorded, and earlier_outputs takes the observation that matches it (a ledger key format "
+    "change, with a migration)",
+)
+def test_a_dependent_reads_the_result_its_dependency_returned_not_one_a_caller_planted(
+    ledger: fp.Ledger,
+) -> None:
+    """Invariant 8 (results are joined to proposals by call id, never by arrival order) and the
+    dependent-calls feature (a call reads its dependency's *verified* output)."""
+    seen: list[dict[str, Any]] = []
+    h = harness(
+        [UPLOAD, ON_UPLOAD, final_citing_all], registry=_upload_registry(seen), ledger=ledger
+    )
+    config, ctx = thread(), context(caps=DOCS)
+    request = fp.start("upload", budget(steps=5, tools=4))
+    h.graph.invoke(request, config, context=ctx, interrupt_before=["execute"])
+    planted = fp.policy.Observation(
+        sequence=0,
+        call_id=UPLOAD.call_id,
+        tool_name="upload_document",
+        kind="tool_result",
+        result={"task_id": "planted-by-the-caller", "detail": {}},
+    )
+    h.graph.invoke(Command(update={"run": {"observations": (planted,)}}), config, context=ctx)
+    assert seen == [{"call-0001": {"task_id": "task-17", "detail": {}}}]

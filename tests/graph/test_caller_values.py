@@ -344,3 +344,33 @@ def test_a_nodes_write_handed_back_by_a_stream_is_judged_as_a_callers(how: str) 
     assert "a-repeat" not in state.fingerprints
     assert [o.call_id for o in state.observations] == ["call-0001"]
     assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
+
+
+def test_records_a_caller_wrote_before_the_run_began_do_not_survive_its_start() -> None:
+    # Its replaced fields were reset at the start, its records were not: an observation planted
+    # on the fresh thread stayed in the run, the first result of the call id the model then
+    # used, read by a call that depended on it.
+    h = harness([call("search_logs", 1), final_citing_last])
+    config = thread()
+    planted = fp.policy.Observation(
+        sequence=0, call_id="call-0001", tool_name="search_logs", kind="tool_result", result="x"
+    )
+    receipt = fp.Receipt(
+        call_id="call-0009", tool_name="search_logs", status=fp.ReceiptStatus.COMPLETED
+    )
+    written = {
+        "observations": (planted,),
+        "receipts": (receipt,),
+        "fingerprints": {"a-repeat": 3},
+        "answered": {"call-0001": 1},
+        "evidence": {"call-0001": "planted"},
+    }
+    h.graph.update_state(config, {"run": written}, as_node="decide")
+    state = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=context()))
+    assert state.termination is TerminationReason.COMPLETED
+    assert h.calls.count("search_logs") == 1  # not skipped as answered
+    assert [o.result for o in state.observations] != ["x"]
+    assert [o.call_id for o in state.observations] == ["call-0001"]
+    assert [r.call_id for r in state.receipts] == ["call-0001"]
+    assert "a-repeat" not in state.fingerprints
+    assert state.evidence.get("call-0001") != "planted"
