@@ -20,7 +20,18 @@ from langgraph.types import Command
 import fencepost as fp
 from tests.adapters import fakes
 from tests.adapters.fakes import ToolLog, ai_call, arun, build, decider, langchain_registry
-from tests.graph.kit import ABSTAIN, budget, call, context, drive_editing, harness, thread
+from tests.features.test_dependent_calls import ON_UPLOAD, UPLOAD, upload_registry
+from tests.graph.kit import (
+    ABSTAIN,
+    DOCS,
+    budget,
+    call,
+    context,
+    drive_editing,
+    final_citing_all,
+    harness,
+    thread,
+)
 from tests.invariants.test_7_repeats_end_as_no_progress import bump_evidence, same_search
 
 TESTS = Path(__file__).parent
@@ -131,6 +142,41 @@ def _xfail_marks(tree: ast.AST) -> list[ast.expr]:
     ]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="earlier_outputs reads a dependency's first observation in state, and a caller's "
+    "write appends any observation that validates, so one written while the run waits before "
+    "the call runs (an approval, interrupt_before) is read as the call's result. Fix: the "
+    "ledger's result mark (keys.result_key) carries a digest of the result the executor "
+    "recorded, and earlier_outputs takes the observation that matches it (a ledger key format "
+    "change, with a migration)",
+)
+def test_a_dependent_reads_the_result_its_dependency_returned_not_one_a_caller_planted(
+    ledger: fp.Ledger,
+) -> None:
+    """Invariant 8 (results are joined to proposals by call id, never by arrival order) and the
+    dependent-calls feature (a call reads its dependency's *verified* output). A caller who
+    appends an observation for a call while the run waits before it runs has it read as that
+    call's result by a dependent. Not fixed: the ledger's result mark would have to carry a
+    digest of the result (a key format change, with a migration)."""
+    seen: list[dict[str, Any]] = []
+    h = harness(
+        [UPLOAD, ON_UPLOAD, final_citing_all], registry=upload_registry(seen), ledger=ledger
+    )
+    config, ctx = thread(), context(caps=DOCS)
+    request = fp.start("upload", budget(steps=5, tools=4))
+    h.graph.invoke(request, config, context=ctx, interrupt_before=["execute"])
+    planted = fp.policy.Observation(
+        sequence=0,
+        call_id=UPLOAD.call_id,
+        tool_name="upload_document",
+        kind="tool_result",
+        result={"task_id": "planted-by-the-caller", "detail": {}},
+    )
+    h.graph.invoke(Command(update={"run": {"observations": (planted,)}}), config, context=ctx)
+    assert seen == [{"call-0001": {"task_id": "task-17", "detail": {}}}]
+
+
 def test_no_test_outside_this_module_is_an_xfail() -> None:
     elsewhere = [
         str(path.relative_to(TESTS))
@@ -148,7 +194,7 @@ def test_every_known_limit_is_strict_and_names_the_design_rule_it_breaks() -> No
         if isinstance(node, ast.FunctionDef)
     }
     limits = {name: found for name, found in marks.items() if found}
-    assert len(limits) == 3
+    assert len(limits) == 4
     for name, (mark,) in limits.items():
         assert isinstance(mark, ast.Call), name
         strict = {k.arg: k.value for k in mark.keywords}.get("strict")

@@ -437,6 +437,16 @@ async def account_owner(io: NodeIO, account: str) -> Mapping[str, str] | None:
         return None
 
 
+async def account_open(io: NodeIO, account: str) -> bool:
+    """Whether the ledger holds the run's account, not closed: a run whose state reads ended
+    while its account is open was not ended by the terminal node (it closes the account it
+    owns before it writes an ending), but written so by a caller."""
+    try:
+        return (await io.balance(account)).closed is None
+    except (UnknownAccount, ValueError):
+        return False
+
+
 async def close_cancelled(io: NodeIO, account: str) -> None:
     """Close the run's account as cancelled (the first close's reason stands)."""
     with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):

@@ -10,11 +10,11 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot
 
-from fencepost.graph.account import account_owner, close_cancelled
+from fencepost.graph.account import account_open, account_owner, close_cancelled
 from fencepost.graph.node_io import AsyncIO, SyncIO, drive
 from fencepost.graph.record import plain
 from fencepost.graph.settings import LoopConfig, settings_of
-from fencepost.graph.state import has_run, run_output
+from fencepost.graph.state import has_run, load_state, run_output
 from fencepost.policy import (
     AgentState,
     StopRequest,
@@ -76,6 +76,18 @@ def _account(config: RunnableConfig, state: AgentState | None) -> str:
     thread = (config.get("configurable") or {}).get("thread_id")
     run_id = "" if state is None else state.run_id  # named by the thread whenever there is one
     return run_account("" if thread is None else str(thread), run_id, _namespace(config))
+
+
+def _current(values: Mapping[str, Any]) -> AgentState:
+    """The run on a thread as its next node reads it: a value a caller wrote that does not
+    validate is mended (the run then ends, never half-read), never raised out of a cancel. A
+    state that reads ended is taken as ended only once the ledger agrees (the terminal node
+    closes the account it owns before it writes an ending): an ending a caller wrote over a
+    run still going does not stop a cancel from closing its account."""
+    state = load_state(values)
+    if state is None:  # has_run said there is one
+        raise RuntimeError("no run on this thread")
+    return state
 
 
 def _writer(pending: Sequence[str]) -> str:
@@ -256,11 +268,13 @@ def cancel(
         _refuse_unlisted(graph.checkpointer, _unlisted(config, parent))
         ended = [_cancel_nested(graph, each, context) for each in nested]
         return ended[0] if ended else None
-    state = run_output(snapshot.values)
-    if state.is_terminal:
-        return state
+    state = _current(snapshot.values)
     settings = settings_of(graph)
     account = _account(config, state)
+    if state.is_terminal and not (
+        settings is not None and drive(account_open(SyncIO(settings), account))
+    ):
+        return state
     _check(None if settings is None else _owner(settings, account), context, state)
     if settings is not None:
         _close(settings, account)
@@ -285,11 +299,13 @@ async def acancel(
         await _arefuse_unlisted(graph.checkpointer, _unlisted(config, parent))
         ended = [await _acancel_nested(graph, each, context) for each in nested]
         return ended[0] if ended else None
-    state = run_output(snapshot.values)
-    if state.is_terminal:
-        return state
+    state = _current(snapshot.values)
     settings = settings_of(graph)
     account = _account(config, state)
+    if state.is_terminal and not (
+        settings is not None and await account_open(AsyncIO(settings), account)
+    ):
+        return state
     _check(None if settings is None else await _aowner(settings, account), context, state)
     if settings is not None:
         await _aclose(settings, account)

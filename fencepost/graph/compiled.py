@@ -16,9 +16,15 @@ LangGraph saves such a Command's writes before applying them and then raises
 is an update of LangGraph's own channels (a goto by another name) and any ``Send``.
 
 A resume value no checkpoint could hold (nested past what the serializer writes, an integer
-past 64 bits) is replaced, before LangGraph stores it, by a marker the approval reads as an
-answer to ask again (``approval.UNREPRESENTABLE_ANSWER``): stored as given, the serializer's
-error would escape ``invoke`` and leave the answer half-written.
+past 64 bits, a type the serializer does not write) is replaced, before LangGraph stores it, by
+a marker the approval reads as an answer to ask again (``approval.UNREPRESENTABLE_ANSWER``):
+stored as given, the serializer's error would escape ``invoke`` and leave the answer
+half-written. An update (a ``Command``'s, or ``update_state``'s) is handed to LangGraph as a
+plain map of the channels the checks saw: the run record's write in the plain form the record
+takes of it, any other value only if the saver's serializer writes it (else refused). An update
+in any other form (an object LangGraph reads by its class's annotations, a bare value) is
+refused, and a ``Command`` given to ``update_state`` is checked as one given to ``invoke``. An
+``invoke`` input is a map, its values checked as an update's.
 
 Time travel is refused too (:class:`ForkRefused`): an invoke, stream or state update whose
 config names a checkpoint other than its thread's latest would fork the thread there, and a
@@ -41,13 +47,15 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.channels.last_value import LastValue
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import StateGraph
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import Command, Send
+from langgraph.types import Command, Send, StateUpdate
 
 from fencepost.adapters import telemetry
-from fencepost.graph.record import FIELDS, record_of
+from fencepost.graph.record import FIELDS, caller_write, record_of
 from fencepost.graph.state import RetiredChannel
 from fencepost.policy import Phase
 from fencepost.policy.approval import UNREPRESENTABLE_ANSWER, storable_answer
@@ -55,8 +63,9 @@ from fencepost.policy.approval import UNREPRESENTABLE_ANSWER, storable_answer
 
 class CommandRefused(ValueError):
     """A ``Command`` or state update the loop cannot take: it would make two nodes write one field
-    in one step, or writes no channel of the state (see the module docstring). Nothing of it was
-    saved; the thread is as it was.
+    in one step, writes no channel of the state, is in no form of a map of channels, or holds a
+    value no checkpoint can store (see the module docstring). Nothing of it was saved; the
+    thread is as it was.
 
     >>> str(CommandRefused("goto names 2 nodes"))
     'command refused: goto names 2 nodes'
@@ -97,15 +106,56 @@ def _targets(command: Command[Any]) -> list[Any]:
     return [goto] if goto else []
 
 
-def _keys(update: Any) -> list[Any] | None:
-    """The channels an update writes (None: a form LangGraph writes to no channel)."""
+def _pairs(update: Any) -> list[tuple[Any, Any]] | None:
+    """What an update writes, as (channel, value) pairs read once (None: nothing). A map's
+    pairs are read as a ``dict`` holds them (a subclass's own ``items`` or ``__iter__`` could
+    name one set of channels to this check and another to LangGraph). Any other form LangGraph
+    takes (an object whose class annotates channel names, a bare value it writes to
+    ``__root__``) would write channels no check here saw: refused."""
+    if not update:
+        return None  # LangGraph writes nothing for it
     if isinstance(update, dict):
-        return list(update)
+        return list(dict.items(update))
     if isinstance(update, list | tuple) and all(
         isinstance(p, tuple) and len(p) == 2 for p in update
     ):
-        return [p[0] for p in update]
-    return None
+        return [(p[0], p[1]) for p in update]
+    raise CommandRefused("the update is no map of channel names to values")
+
+
+def _keys(update: Any) -> list[Any] | None:
+    """The channels an update writes (None: a form LangGraph writes to no channel)."""
+    pairs = _pairs(update)
+    return None if pairs is None else [k for k, _ in pairs]
+
+
+def _serializes(value: Any, serde: SerializerProtocol) -> bool:
+    try:
+        serde.dumps_typed(value)
+    except Exception:  # the serializer's own refusal (TypeError, RecursionError, ValueError...)
+        return False
+    return True
+
+
+def _stored_update(update: Any, serde: SerializerProtocol) -> Any:
+    """``update`` as LangGraph is handed it: a plain ``dict`` (or list of pairs) of the channels
+    the checks saw, the run record's write in the plain form the record takes
+    (:func:`~fencepost.graph.record.caller_write`). LangGraph saves a command's writes before
+    it applies them: a value no checkpoint can store would raise out of ``invoke`` half-saved
+    (and an update's, out of ``update_state``): refused, nothing saved."""
+    pairs = _pairs(update)
+    if pairs is None:
+        return update
+    stored: list[tuple[Any, Any]] = []
+    for key, value in pairs:
+        if key == "run":
+            value = caller_write(value)
+        elif not _serializes(value, serde):
+            raise CommandRefused(f"the update's value for {key!r} is one no checkpoint can store")
+        stored.append((key, value))
+    if isinstance(update, dict):
+        return dict(stored)
+    return stored
 
 
 def _update_refusal(
@@ -166,28 +216,19 @@ def _unknown_key(keys: list[Any], fields: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _state_update_refusal(supersteps: Any, fields: Mapping[str, Any]) -> str | None:
-    """Why a state update (``update_state``, ``bulk_update_state``) names a key that is no
-    channel of the state (LangGraph would drop it without a word), if one does."""
-    try:
-        updates = [u for step in supersteps for u in step]
-    except TypeError:
-        return None
-    for update in updates:
-        keys = _keys(getattr(update, "values", None))
-        if keys:
-            why = _unknown_key(keys, fields)
-            if why is not None:
-                return why
-    return None
-
+_DEFAULT_SERDE = JsonPlusSerializer()
+"""LangGraph's default serializer: what a graph without a saver of its own is judged by."""
 
 _INTERRUPT_ID = re.compile(r"[0-9a-f]{32}")
 """How LangGraph names an interrupt (an xxh3-128 hex digest): the keys of a resume map."""
 
 
-def _storable(command: Command[Any]) -> Command[Any]:
-    """``command`` with each resume value no checkpoint could hold replaced by the marker."""
+def _storable(command: Command[Any], serde: SerializerProtocol) -> Command[Any]:
+    """``command`` with each resume value no checkpoint could hold replaced by the marker, and
+    its update as it will be stored (:func:`_stored_update`)."""
+    update = _stored_update(command.update, serde)
+    if update is not command.update:
+        command = dataclasses.replace(command, update=update)
     resume = command.resume
     if resume is None:
         return command
@@ -197,13 +238,66 @@ def _storable(command: Command[Any]) -> Command[Any]:
         and all(isinstance(k, str) and _INTERRUPT_ID.fullmatch(k) for k in resume)
     ):
         # A map of interrupt ids to answers: each answer judged on its own.
-        kept = {k: v if storable_answer(v) else UNREPRESENTABLE_ANSWER for k, v in resume.items()}
-        if all(kept[k] is resume[k] for k in resume):
+        kept = {
+            k: v if _answer_fits(v, serde) else UNREPRESENTABLE_ANSWER
+            for k, v in dict.items(resume)
+        }
+        if all(kept[k] is resume[k] for k in kept):
             return command
         return dataclasses.replace(command, resume=kept)
-    if storable_answer(resume):
+    if _answer_fits(resume, serde):
         return command
     return dataclasses.replace(command, resume=UNREPRESENTABLE_ANSWER)
+
+
+def _stored_input(input: Any, serde: SerializerProtocol) -> Any:
+    """An ``invoke`` input as LangGraph is handed it (:func:`_stored_update`): LangGraph saves
+    it before any node reads it, and an input that is no map (``"hello"``) it saves and then
+    raises on, at that invoke and every later one of the thread."""
+    if not isinstance(input, dict):
+        raise CommandRefused("the input is no map of channel names to values")
+    return _stored_update(input, serde)
+
+
+def _answer_fits(answer: Any, serde: SerializerProtocol) -> bool:
+    """Whether a resume value can be stored: nested no deeper than an answer may be, and of
+    types the serializer writes (a ``complex``, an object of the caller's own, raise there)."""
+    return storable_answer(answer) and _serializes(answer, serde)
+
+
+def _state_updates(
+    supersteps: list[Any],
+    fields: Mapping[str, Any],
+    serde: SerializerProtocol,
+    waiting: Callable[[Command[Any]], tuple[str, ...]],
+) -> list[Any]:
+    """The supersteps of a state update as LangGraph is handed them, or :class:`CommandRefused`:
+    each update's values a map of the state's channels, stored as :func:`_stored_update` says; a
+    ``Command`` as its values is checked as one given to ``invoke`` is (a goto beside the node
+    the thread waits on, a ``Send``, a goto by another name), since LangGraph takes it as one."""
+    out: list[Any] = []
+    for step in supersteps:
+        updates: list[Any] = []
+        for update in step:
+            values = getattr(update, "values", None)
+            if isinstance(values, Command):
+                why = _refusal(values, waiting(values), fields)
+                if why is not None:
+                    raise CommandRefused(why)
+                values = _storable(values, serde)
+            elif values is not None and not isinstance(values, dict):
+                raise CommandRefused("a state update's values are a map of channel names")
+            else:
+                keys = _keys(values)
+                why = _unknown_key(keys, fields) if keys else None
+                if why is not None:
+                    raise CommandRefused(why)
+                values = _stored_update(values, serde)
+            if isinstance(update, StateUpdate):
+                update = update._replace(values=values)  # type: ignore[arg-type]
+            updates.append(update)
+        out.append(updates)
+    return out
 
 
 def _named_checkpoint(config: RunnableConfig | None, checkpointer: Any) -> str | None:
@@ -250,6 +344,14 @@ class BoundedStateGraph(StateGraph[Any, Any, Any, Any]):
 
 class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     """A compiled fencepost graph: LangGraph's, except as the module docstring says."""
+
+    def _serde(self) -> SerializerProtocol:
+        """The serializer a caller's values will be stored with: the saver's (a nested graph's
+        is its parent's, unknown here: LangGraph's default)."""
+        saver = self.checkpointer
+        if isinstance(saver, BaseCheckpointSaver):
+            return saver.serde
+        return _DEFAULT_SERDE
 
     def _ended(self, config: RunnableConfig | None) -> bool:
         if config is None or self.checkpointer is None:
@@ -330,10 +432,12 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         fork = self._fork_of(config)
         if fork is not None:
             raise ForkRefused(fork)
-        supersteps = list(supersteps)
-        why = _state_update_refusal(supersteps, self.builder.channels)
-        if why is not None:
-            raise CommandRefused(why)
+        supersteps = _state_updates(
+            list(supersteps),
+            self.builder.channels,
+            self._serde(),
+            lambda command: self._waiting(command, config),
+        )
         return super().bulk_update_state(config, supersteps)
 
     async def abulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
@@ -341,9 +445,15 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         if fork is not None:
             raise ForkRefused(fork)
         supersteps = list(supersteps)
-        why = _state_update_refusal(supersteps, self.builder.channels)
-        if why is not None:
-            raise CommandRefused(why)
+        goes = any(
+            isinstance(getattr(u, "values", None), Command) and _targets(u.values)
+            for step in supersteps
+            for u in step
+        )
+        waiting = tuple((await self.aget_state(config)).next) if goes else ()
+        supersteps = _state_updates(
+            supersteps, self.builder.channels, self._serde(), lambda command: waiting
+        )
         return await super().abulk_update_state(config, supersteps)
 
     def stream(
@@ -366,7 +476,9 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             )
             if why is not None:
                 raise CommandRefused(why)
-            input = _storable(input)
+            input = _storable(input, self._serde())
+        elif input is not None:
+            input = _stored_input(input, self._serde())
         try:
             yield from super().stream(input, config, **kwargs)
         except GraphRecursionError:
@@ -393,7 +505,9 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             )
             if why is not None:
                 raise CommandRefused(why)
-            input = _storable(input)
+            input = _storable(input, self._serde())
+        elif input is not None:
+            input = _stored_input(input, self._serde())
         try:
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk

@@ -127,8 +127,10 @@ the serializers' own limits (msgpack refuses 255 levels; a record inside a run a
 
 
 def storable(value: Any) -> bool:
-    """Whether a plain value can be stored and counted on: nested at most :data:`MAX_DEPTH`
-    deep, every integer a signed 64-bit one (a count a step adds one to must still fit)."""
+    """Whether a plain value can be stored and counted on: JSON's types only (a map's keys
+    text), nested at most :data:`MAX_DEPTH` deep, every integer a signed 64-bit one (a count a
+    step adds one to must still fit). What a serializer cannot write (a ``complex``, a map keyed
+    by tuples) would otherwise raise out of ``invoke`` when LangGraph stores the write."""
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -139,8 +141,12 @@ def storable(value: Any) -> bool:
         elif kind is dict or kind is list:
             if depth >= MAX_DEPTH:
                 return False
+            if kind is dict and not all(type(k) is str for k in item):
+                return False
             children = item.values() if kind is dict else item
             stack.extend((child, depth + 1) for child in children)
+        elif kind not in _SCALARS:
+            return False
     return True
 
 
@@ -188,8 +194,10 @@ def step_write(before: AgentState | None, after: AgentState, changes: dict[str, 
 
 
 def own(write: Any) -> bool:
-    """Whether ``write`` is a node's own :class:`StepWrite` (by identity)."""
-    return _OWN.get(id(write)) is write
+    """Whether ``write`` is a node's own :class:`StepWrite` (by identity). ``None`` (a caller's
+    ``{"run": null}``) is no write of a node's, though it is what a miss of ``_OWN`` returns."""
+    found = _OWN.get(id(write))
+    return found is not None and found is write
 
 
 # -- what a caller's write may hold ---------------------------------------------------------------
@@ -266,6 +274,15 @@ def _taken(write: Any) -> dict[str, Any] | None:
 _KINDS = frozenset(FIELDS)
 
 
+def caller_write(write: Any) -> dict[str, Any]:
+    """A caller's write to the record (``update_state``, ``Command(update=...)``) as the
+    checkpoint stores it: what the record takes of it, in plain form (``{}``: nothing). Stored
+    as given, a value no serializer writes would raise out of ``invoke`` after the write was
+    half-saved, a node's own write handed back (a stream's ``updates``) would still be taken for
+    the node's, and an ``Overwrite`` would be kept for LangGraph to replay."""
+    return _taken(write) or {}
+
+
 # -- the reducer and the channel ----------------------------------------------------------------
 
 
@@ -306,22 +323,34 @@ def _completed(out: RunRecord) -> RunRecord:
     return out
 
 
+def _starts_run(out: Mapping[str, Any], changes: Mapping[str, Any]) -> bool:
+    """Whether ``changes`` is a run's first write: it gives the record its run id. What a caller
+    wrote to the thread before it is no part of that run, records included (an observation
+    planted there would be read as the result of a call of the run that has the same id)."""
+    return "run_id" in changes and "run_id" not in out
+
+
 def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
     """The record after ``writes`` (a step's, or a checkpoint's history replayed) in order."""
     base = current if isinstance(current, dict) else {}
     out = RunRecord(base)
     if len(writes) == 1 and own(writes[0]):
         write: StepWrite = writes[0]
+        started = _starts_run(out, write)
+        if started:
+            out = RunRecord()
         _apply(out, write)
         view = getattr(base, "view", None)
         if (write.before is not None and view is write.before) or (
-            write.before is None and not base
+            write.before is None and started
         ):
             out.view = write.after
         return _completed(out)
     for write in writes:
         changes = write if own(write) else _taken(write)
         if changes:
+            if _starts_run(out, changes):
+                out = RunRecord()
             _apply(out, changes)
     return _completed(out)
 

@@ -12,7 +12,7 @@ from langgraph.managed import RemainingSteps
 from typing_extensions import TypedDict
 
 from fencepost.graph.record import record_of
-from fencepost.policy import Phase, VerdictCode
+from fencepost.policy import Phase, TerminationReason, VerdictCode
 from fencepost.policy.recursion_limit import NEEDS_DECIDE, out_of_supersteps
 
 Next = Literal["decide", "approve", "execute", "terminal"]
@@ -31,6 +31,7 @@ class RouteView(TypedDict, total=False):
 _PENDING = VerdictCode.APPROVAL_PENDING.value
 _ALLOWED = VerdictCode.ALLOWED.value
 _TERMINAL = Phase.TERMINAL.value
+_REASONS = frozenset(r.value for r in TerminationReason)
 
 
 def _codes(record: Mapping[str, Any]) -> list[Any]:
@@ -112,9 +113,14 @@ def route_after_terminal(values: RouteView) -> Exit:
     """After the terminal node: out of the graph once the run has ended (or none began).
 
     The node always ends a run; only a state update made as the terminal node (which LangGraph
-    takes as its output) arrives here with a run still going, and is sent through it.
+    takes as its output) arrives here with a run still going, and is sent through it: so is one
+    that wrote the terminal phase without a reason (``{"phase": "terminal"}`` alone), which
+    would otherwise leave the thread with nothing to run and a run that never ended.
     """
     record = record_of(values)
-    if "run_id" not in record or record.get("phase") == _TERMINAL:
+    if "run_id" not in record:
+        return "__end__"
+    reason = record.get("termination")
+    if record.get("phase") == _TERMINAL and isinstance(reason, str) and reason in _REASONS:
         return "__end__"
     return "terminal"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
@@ -333,3 +334,36 @@ def test_cancel_of_a_nested_run_through_its_parent_graph_still_ends_it_cancelled
     assert returned is not None and not returned.is_terminal
     assert parent.get_state(config).next == ("agent",)
     assert approved(parent, config, ctx, calls) == ({"out": "cancelled:cancelled"}, 0)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [{"budget": "all of it"}, {"step": -1}, {"phase": "terminal"}],
+    ids=["budget-of-no-form", "step-out-of-range", "bare-terminal-phase"],
+)
+def test_a_cancel_ends_a_run_whatever_a_caller_wrote_over_its_record(
+    write: dict[str, Any],
+) -> None:
+    # Before: a value that does not validate raised pydantic's ValidationError out of cancel,
+    # before the account was closed; a bare terminal phase made cancel return at once, with
+    # the run paused, unended, its account open.
+    h, config, ctx = paused_for_approval()
+    h.graph.update_state(config, {"run": write}, as_node="decide")
+    state = fp.cancel(h.graph, config, context=ctx)
+    assert state is not None
+    assert state.termination is fp.TerminationReason.CANCELLED
+    assert h.graph.get_state(config).next == ()
+    assert h.calls.log == []
+
+
+def test_a_cancel_closes_the_account_of_a_run_a_caller_wrote_as_ended() -> None:
+    # An ending the terminal node did not write (its account is open): the run may still be
+    # going on elsewhere, and only the closed account stops its next step or tool.
+    ledger = fp.InMemoryLedger()
+    h, config, ctx = paused_for_approval(ledger=ledger)
+    h.graph.update_state(
+        config, {"run": {"phase": "terminal", "termination": "failed"}}, as_node="decide"
+    )
+    fp.cancel(h.graph, config, context=ctx)
+    assert ledger.balance(thread_account(config)).closed == "cancelled"
+    assert h.calls.log == []

@@ -95,7 +95,7 @@ def test_a_forged_completed_receipt_is_no_dependency_at_the_executor(ledger: fp.
 # -- an accepted call's task id is a verified output ------------------------------------------
 
 
-def _upload_registry(seen: list[dict[str, Any]]) -> fp.ToolRegistry:
+def upload_registry(seen: list[dict[str, Any]]) -> fp.ToolRegistry:
     def upload(args: UploadArgs, ctx: fp.ToolContext) -> fp.Accepted:
         return fp.Accepted(task_id="task-17")
 
@@ -131,7 +131,7 @@ def _upload_registry(seen: list[dict[str, Any]]) -> fp.ToolRegistry:
 
 def _run(script: list[Any], ledger: fp.Ledger) -> tuple[fp.AgentState, list[dict[str, Any]]]:
     seen: list[dict[str, Any]] = []
-    h = harness(script, registry=_upload_registry(seen), ledger=ledger)
+    h = harness(script, registry=upload_registry(seen), ledger=ledger)
     out = h.graph.invoke(
         fp.start("upload", budget(steps=5, tools=4)), thread(), context=context(caps=DOCS)
     )

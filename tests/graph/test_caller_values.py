@@ -24,10 +24,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import BaseMessage, RemoveMessage
-from langgraph.types import Command
+from langgraph.types import Command, Send
 
 import fencepost as fp
-from fencepost.graph.record import plain
+from fencepost.graph.record import StepWrite, plain
 from fencepost.graph.state import MendedState, load_state
 from fencepost.policy import Phase, StopReport, StopRequest, TerminationReason
 from fencepost.policy.fingerprint import proposal_fingerprint
@@ -523,3 +523,128 @@ def test_a_record_written_whole_with_fields_of_another_type_ends_the_run_typed(
     h.graph.invoke(Command(resume="approve", update=written), config, context=ctx)
     assert state_of(h, config).termination is fp.TerminationReason.POLICY_DENIED
     assert h.calls.count("write_note") == 0
+
+
+# -- updates in forms the command checks could not read ------------------------------------------
+
+
+class _AnnotatedUpdate:
+    """An update LangGraph reads by its class's annotations: here a channel that is a goto."""
+
+    __annotations__ = {"branch:to:execute": object}
+
+
+setattr(_AnnotatedUpdate, "branch:to:execute", None)
+
+
+class _TwoFaced(dict[str, Any]):
+    """A map whose keys name the record, and whose ``items`` (what LangGraph reads) a goto."""
+
+    def items(self) -> Any:
+        return [("branch:to:execute", None)]
+
+
+@pytest.mark.parametrize("update", [_AnnotatedUpdate(), "run"], ids=["annotated-object", "bare"])
+@pytest.mark.parametrize("how", ["command", "update_state"])
+def test_an_update_in_a_form_the_checks_cannot_read_is_refused_before_anything_is_saved(
+    update: Any, how: str
+) -> None:
+    # Before: taken. The annotated one scheduled execute beside the waiting approval: the two
+    # ran in one step, then decide beside execute, and the approved write never ran (the run
+    # ended ``failed``).
+    h, config, ctx = paused_for_approval()
+    before = h.graph.get_state(config)
+    with pytest.raises(fp.CommandRefused):
+        if how == "command":
+            h.graph.invoke(Command(update=update), config, context=ctx)
+        else:
+            h.graph.update_state(config, update, as_node="decide")
+    assert h.graph.get_state(config).config == before.config
+    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+    assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
+
+
+def test_a_map_whose_items_name_other_channels_than_its_keys_is_taken_as_the_map_it_holds() -> None:
+    h, config, ctx = paused_for_approval()
+    command = Command(update=_TwoFaced(run={}), resume="approve")
+    state = fp.run_output(h.graph.invoke(command, config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+    assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
+
+
+@pytest.mark.parametrize(
+    "goto", ["execute", "terminal", Send("execute", {})], ids=["execute", "terminal", "send"]
+)
+def test_a_state_update_carrying_a_command_is_checked_as_one_given_to_invoke(goto: Any) -> None:
+    # Before: taken. A goto ran its node beside the waiting approval; a Send fed execute an
+    # input of its own, and every later invoke of the thread raised RuntimeError.
+    h, config, ctx = paused_for_approval()
+    before = h.graph.get_state(config)
+    with pytest.raises(fp.CommandRefused):
+        h.graph.update_state(config, Command(goto=goto))
+    assert h.graph.get_state(config).config == before.config
+    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is TerminationReason.COMPLETED
+    assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
+
+
+@pytest.mark.parametrize("how", ["command", "update_state"])
+def test_a_nodes_write_handed_back_by_a_stream_is_judged_as_a_callers(how: str) -> None:
+    # ``stream_mode="updates"`` hands the caller each node's own write (a StepWrite, still
+    # alive, so still "own" by identity): edited and written back, it was applied unchecked,
+    # a repeat count of text raised TypeError out of the reducer and a malformed observation
+    # stayed in the record for good.
+    h = harness([call("write_note", 1, note="a"), final_citing_last], approval="interrupt")
+    config, ctx = thread(), context()
+    writes = [
+        update["run"]
+        for chunk in h.graph.stream(
+            fp.start("q", budget()), config, context=ctx, stream_mode="updates"
+        )
+        for update in chunk.values()
+        if isinstance(update, dict) and isinstance(update.get("run"), StepWrite)
+    ]
+    handed = writes[0]
+    handed["fingerprints"] = {"a-repeat": "many"}
+    handed["observations"] = [{"call_id": 5}]
+    if how == "command":
+        h.graph.invoke(Command(update={"run": handed}, resume="approve"), config, context=ctx)
+    else:
+        h.graph.update_state(config, {"run": handed}, as_node="decide")
+        h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    state = state_of(h, config)
+    assert state.termination is TerminationReason.COMPLETED
+    assert "a-repeat" not in state.fingerprints
+    assert [o.call_id for o in state.observations] == ["call-0001"]
+    assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
+
+
+def test_records_a_caller_wrote_before_the_run_began_do_not_survive_its_start() -> None:
+    # Its replaced fields were reset at the start, its records were not: an observation planted
+    # on the fresh thread stayed in the run, the first result of the call id the model then
+    # used, read by a call that depended on it.
+    h = harness([call("search_logs", 1), final_citing_last])
+    config = thread()
+    planted = fp.policy.Observation(
+        sequence=0, call_id="call-0001", tool_name="search_logs", kind="tool_result", result="x"
+    )
+    receipt = fp.Receipt(
+        call_id="call-0009", tool_name="search_logs", status=fp.ReceiptStatus.COMPLETED
+    )
+    written = {
+        "observations": (planted,),
+        "receipts": (receipt,),
+        "fingerprints": {"a-repeat": 3},
+        "answered": {"call-0001": 1},
+        "evidence": {"call-0001": "planted"},
+    }
+    h.graph.update_state(config, {"run": written}, as_node="decide")
+    state = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=context()))
+    assert state.termination is TerminationReason.COMPLETED
+    assert h.calls.count("search_logs") == 1  # not skipped as answered
+    assert [o.result for o in state.observations] != ["x"]
+    assert [o.call_id for o in state.observations] == ["call-0001"]
+    assert [r.call_id for r in state.receipts] == ["call-0001"]
+    assert "a-repeat" not in state.fingerprints
+    assert state.evidence.get("call-0001") != "planted"

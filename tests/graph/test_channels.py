@@ -189,3 +189,9 @@ def test_values_streamed_at_one_step_are_never_changed_by_a_later_step() -> None
         assert {n: list(v) if isinstance(v, list) else v for n, v in live.items()} == {
             n: list(v) if isinstance(v, list) else v for n, v in then.items()
         }
+
+
+def test_a_write_of_none_is_no_nodes_own_and_is_dropped() -> None:
+    # A miss of the identity map of node writes is None too: None was taken for a node's write.
+    start = fold({}, [{"observations": [_observation(1)]}])
+    assert fold(start, [None]) == start

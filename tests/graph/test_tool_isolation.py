@@ -182,6 +182,29 @@ def test_a_base_exception_leaving_run_sync_reaches_only_its_caller(
     assert finishes(lambda: asyncio.run(from_a_running_loop())) == "helper ok"
 
 
+def test_a_record_finished_before_a_cancel_that_breaks_out_fails_only_its_own_task() -> None:
+    # ``finish_before_cancel`` runs the record as a task of its own: raised there, SystemExit
+    # (and KeyboardInterrupt, contained the same way; not raised here, where a regression would
+    # stop the test session) went out of the event loop, ending every run on it.
+    exc = SystemExit(3)
+
+    async def record() -> None:
+        await asyncio.sleep(0)
+        raise exc
+
+    async def body(_: NoArgs, __: ToolContext) -> str:
+        task = tool_runner.finish_before_cancel(record())
+        await asyncio.wait([task])
+        assert isinstance(task.exception(), RuntimeError)
+        assert task.exception().__cause__ is exc  # type: ignore[union-attr]
+        return "ok"
+
+    async def beside() -> list[ToolRun]:
+        return list(await asyncio.gather(arun_tool(body, 5.0), arun_tool(ok, 5.0)))
+
+    assert finishes(lambda: asyncio.run(beside())) == [ToolRun(value="ok"), ToolRun(value="ok")]
+
+
 def test_an_async_tool_that_calls_a_sync_invoke_does_not_deadlock() -> None:
     async def reentrant(_: NoArgs, __: ToolContext) -> list[Any]:
         async def inner(_: NoArgs, __: ToolContext) -> str:

@@ -349,6 +349,17 @@ async def test_a_tool_body_that_breaks_out_is_contained_and_its_run_ends_typed(
 ledger = pytest.fixture(params=LEDGERS, name="ledger")(each_ledger)
 
 
+class _Opaque:
+    """A value of the caller's own class: no checkpoint serializer writes it."""
+
+
+def _looped() -> list[Any]:
+    """A list that holds itself: no serializer ends writing it."""
+    value: list[Any] = []
+    value.append(value)
+    return value
+
+
 def _nested(depth: int) -> dict[str, Any]:
     value: dict[str, Any] = {"note": "x"}
     for _ in range(depth):
@@ -385,8 +396,10 @@ def test_an_edit_nested_past_what_a_checkpoint_holds_is_asked_again_before_anyth
         {"decision": "edit", "arguments": {"note": 2**70}},
         {"call-0001": {"decision": "edit", "arguments": {"note": -(2**64)}}},
         {"decision": _nested(2_000)},
+        1j,
+        {"call-0001": {"decision": "edit", "arguments": {"note": _Opaque()}}},
     ],
-    ids=["int-past-64-bits", "per-call-negative-int", "deep-decision"],
+    ids=["int-past-64-bits", "per-call-negative-int", "deep-decision", "complex", "own-class"],
 )
 @pytest.mark.parametrize("by", ["value", "interrupt-id"])
 def test_a_resume_value_no_checkpoint_holds_is_asked_again_and_nothing_escapes_invoke(
@@ -939,3 +952,113 @@ def test_a_hung_model_and_a_system_exit_tool_end_typed_and_a_new_graph_reads_eve
     assert [n for n, _, _ in calls.log] == ["write_note", "search_logs"]
     assert fp.run_output(again.graph.get_state(config).values) == state
     conn2.close()
+
+
+@pytest.mark.parametrize("how", ["command", "update_state"])
+def test_a_record_write_of_null_is_dropped_and_the_thread_still_runs(how: str) -> None:
+    # ``{"run": null}`` (a server client's JSON too) was taken for a node's own write (a miss of
+    # the identity map is None) and raised AttributeError out of invoke; through a Command it was
+    # saved first, and every later invoke and get_state of the thread raised it again.
+    h, config, ctx = paused_for_approval()
+    if how == "command":
+        h.graph.invoke(Command(update={"run": None}, resume="approve"), config, context=ctx)
+    else:
+        h.graph.update_state(config, {"run": None}, as_node="decide")
+        h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    state = state_of(h, config)
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        {"question": 1j},
+        {"step": 2**70},
+        {"stop": _Opaque()},
+        {"observations": _looped()},
+        {"batch": [{"a": _nested(300)}]},
+    ],
+    ids=["complex", "int-past-64-bits", "own-class", "self-holding", "deep"],
+)
+@pytest.mark.parametrize("how", ["command", "update_state"])
+def test_a_record_value_no_checkpoint_can_store_never_escapes_and_the_run_ends_typed(
+    write: dict[str, Any], how: str
+) -> None:
+    # Before: the serializer's TypeError escaped invoke (or update_state); through a Command,
+    # after the approved write had run and before the step that ran it was saved.
+    h, config, ctx = paused_for_approval()
+    if how == "command":
+        h.graph.invoke(Command(update={"run": write}, resume="approve"), config, context=ctx)
+    else:
+        h.graph.update_state(config, {"run": write}, as_node="decide")
+        h.graph.invoke(None, config, context=ctx)
+        if h.graph.get_state(config).next == ("approve",):
+            h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    snapshot = h.graph.get_state(config)
+    state = fp.run_output(snapshot.values)
+    assert snapshot.next == ()
+    assert state.termination is not None
+    assert h.calls.count("write_note") <= 1
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        {"request": _Opaque()},
+        {"request": _looped()},
+        {"messages": _looped()},
+        {"messages": [{"role": "user", "content": "x", "extra": 1j}]},
+    ],
+    ids=["request-own-class", "request-self-holding", "messages-self-holding", "message-complex"],
+)
+@pytest.mark.parametrize("how", ["command", "update_state"])
+def test_a_channel_value_no_checkpoint_can_store_is_refused_before_anything_is_saved(
+    update: dict[str, Any], how: str
+) -> None:
+    h, config, ctx = paused_for_approval()
+    before = h.graph.get_state(config)
+    with pytest.raises(fp.CommandRefused, match="no checkpoint can store"):
+        if how == "command":
+            h.graph.invoke(Command(update=update, resume="approve"), config, context=ctx)
+        else:
+            h.graph.update_state(config, update, as_node="decide")
+    after = h.graph.get_state(config)
+    assert after.config == before.config and after.next == ("approve",)
+    assert h.calls.log == []
+    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is fp.TerminationReason.COMPLETED
+
+
+def test_a_terminal_phase_written_without_a_reason_is_ended_by_the_terminal_node() -> None:
+    # Written as the terminal node, the bare phase routed the thread out of the graph: nothing
+    # left to run, and a run with no reason (its account still open).
+    h, config, ctx = paused_for_approval()
+    h.graph.update_state(config, {"run": {"phase": "terminal"}}, as_node="terminal")
+    h.graph.invoke(None, config, context=ctx)
+    snapshot = h.graph.get_state(config)
+    state = fp.run_output(snapshot.values)
+    assert snapshot.next == ()
+    assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "invalid_state"
+    assert h.calls.log == []
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["approve", ["approve"], {"request": {"question": 1j}}],
+    ids=["text", "list", "complex"],
+)
+def test_an_input_that_is_no_map_of_storable_values_is_refused_and_the_paused_run_goes_on(
+    given: Any,
+) -> None:
+    # Before: LangGraph saved a text or list input, then raised InvalidUpdateError at that
+    # invoke and at every later one of the thread (stuck at ``__start__``); a value its
+    # serializer does not write raised TypeError.
+    h, config, ctx = paused_for_approval()
+    with pytest.raises(fp.CommandRefused):
+        h.graph.invoke(given, config, context=ctx)
+    assert h.graph.get_state(config).next == ("approve",)
+    state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]

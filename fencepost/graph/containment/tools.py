@@ -139,16 +139,28 @@ def finish_before_cancel(work: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
     """Run ``work`` as a task of its own that the call's cancellation waits for (at most
     :data:`CLOSING_SECONDS`) before it goes on: for a record the body must leave when it is
     cancelled with its caller (a child run's durable cancel record), which would otherwise be
-    left running when the body is dropped after its grace. Outside a tool body, just a task."""
-    task = asyncio.ensure_future(work)
+    left running when the body is dropped after its grace. Outside a tool body, just a task.
+
+    ``SystemExit`` or ``KeyboardInterrupt`` from ``work`` is its failure (a ``RuntimeError``
+    from it, for whoever awaits the task): raised in a task of its own, asyncio would re-raise
+    either out of the event loop, ending every run on it."""
+    task = asyncio.ensure_future(_contained(work))
     closing = _CLOSING.get()
     if closing is not None:
         closing.append(task)
     return task
 
 
+async def _contained(work: Coroutine[Any, Any, T]) -> T:
+    try:
+        return await work
+    except (KeyboardInterrupt, SystemExit) as exc:
+        raise RuntimeError(f"{type(exc).__name__} from a record finished before a cancel") from exc
+
+
 async def _closed(closing: list[asyncio.Future[Any]]) -> None:
-    """Wait for ``closing`` to end, through further cancels, within :data:`CLOSING_SECONDS`."""
+    """Wait for ``closing`` to end, through further cancels, within :data:`CLOSING_SECONDS`;
+    one still running then is cancelled (it had its time), never left on the loop for good."""
     loop = asyncio.get_running_loop()
     until = loop.time() + CLOSING_SECONDS
     pending = [f for f in closing if not f.done()]
@@ -156,6 +168,8 @@ async def _closed(closing: list[asyncio.Future[Any]]) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait([asyncio.shield(f) for f in pending], timeout=until - loop.time())
         pending = [f for f in pending if not f.done()]
+    for late in pending:
+        late.cancel()
 
 
 class _AsyncBody:
