@@ -55,12 +55,13 @@ def _states(lo: ModuleType, prior: int) -> tuple[Any, Any]:
     late = None
     for snapshot in system.graph.get_state_history(system.last_config):
         values = snapshot.values
-        if tuple(snapshot.next) == ("decide",) and len(values.get("observations", ())) == prior:
+        record = values.get("run") or {}
+        if tuple(snapshot.next) == ("decide",) and len(record.get("observations", ())) == prior:
             late = fp.run_output(values)
             break
     if late is None:
         raise RuntimeError(f"no checkpoint before decide with {prior} observations")
-    early = fp.run_output(lo.fencepost_input(prior)["request"].model_dump() | {"step": 0})
+    early = fp.run_output({"run": lo.fencepost_input(prior)["request"] | {"step": 0}})
     return early, late
 
 
