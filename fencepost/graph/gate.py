@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from fencepost.adapters import telemetry
 from fencepost.graph.account import account_of, produced, reserve_batch
+from fencepost.graph.containment.model import run_model
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.trace import checked_manifest
 from fencepost.policy import (
@@ -32,6 +33,7 @@ from fencepost.policy.approver import (
     read_decision,
     to_approve,
 )
+from fencepost.policy.cancellation import cancelled_by_caller
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import gate_record, settled_calls
 from fencepost.policy.developer_log import APPROVAL, raised
@@ -174,39 +176,84 @@ async def gate(
 
 async def ask_approver(io: NodeIO, request: ApproverInput) -> ApproverDecision:
     """The graph's approver's answer for one call, contained: fail closed on anything but a
-    decision (an exception is logged here with its traceback, never kept: the call is rejected
-    ``approver_failed``); an ``async`` approver is awaited at most its timeout, within the run's
-    deadline (``approver_timeout``)."""
+    decision in time.
+
+    The approver gets at most its timeout, within the run's deadline: an answer after it is
+    ``approver_timeout``, whatever it says. An ``async`` one runs as a task of its own on a
+    leash, as a model call does (:func:`~fencepost.graph.containment.model.run_model`): past its
+    timeout it is cancelled and left behind, never waited for, so one that ignores its
+    cancellation neither holds the caller nor gets its late answer heard. Whatever it raises —
+    an exception, its own ``CancelledError`` or ``GeneratorExit``, ``SystemExit`` — rejects the
+    call ``approver_failed``, logged here with its traceback, never kept. Only the caller's own
+    cancellation propagates (:func:`~fencepost.policy.cancellation.cancelled_by_caller`).
+    """
     cfg = io.cfg
     approver = cfg.approver
     assert approver is not None
+    run_deadline = request.context.deadline or Deadline.after(
+        APPROVER_TIMEOUT_SECONDS, clock=cfg.clock
+    )
+    timeout = stage_deadline(
+        run_deadline, max_stage_seconds=APPROVER_TIMEOUT_SECONDS, clock=cfg.clock
+    ).remaining_seconds(clock=cfg.clock)
+    if not timeout > 0:  # NaN included: no time left, the approver is not asked
+        return ApproverDecision.reject(APPROVER_TIMEOUT)
+    until = time.monotonic() + timeout
     try:
         answer = approver(request)
-        if inspect.isawaitable(answer):
-            pending = answer
-            run_deadline = request.context.deadline or Deadline.after(
-                APPROVER_TIMEOUT_SECONDS, clock=cfg.clock
-            )
-            timeout = stage_deadline(
-                run_deadline, max_stage_seconds=APPROVER_TIMEOUT_SECONDS, clock=cfg.clock
-            ).remaining_seconds(clock=cfg.clock)
-            answer = await io.call(lambda: asyncio.wait_for(pending, max(0.0, timeout)))
-    except (asyncio.CancelledError, GeneratorExit):
-        raise
-    except TimeoutError:
-        return ApproverDecision.reject(APPROVER_TIMEOUT)
     except BaseException as exc:
-        # Fail closed: the call is rejected; the traceback is the developer's, in the log only.
-        raised(
-            APPROVAL,
-            f"the approver, for {request.tool.name!r},",
-            exc,
-            run_id=request.run_id,
-            call_id=request.proposal.call_id,
-            code=APPROVER_FAILED,
+        if cancelled_by_caller(exc):
+            raise
+        return _approver_failed(request, exc)
+    if inspect.isawaitable(answer):
+        pending = answer
+        run = await io.call(
+            lambda: run_model(lambda: _awaited(pending), max(0.0, until - time.monotonic()))
         )
-        return ApproverDecision.reject(APPROVER_FAILED)
+        if not run.finished:
+            return ApproverDecision.reject(APPROVER_TIMEOUT)
+        if run.error is not None:
+            error = run.error
+            raised_by = error.raised if isinstance(error, _ApproverRaised) else error
+            return _approver_failed(request, raised_by)
+        if run.cancelled:  # never: its own cancellation is carried as data by _awaited
+            return ApproverDecision.reject(APPROVER_FAILED)
+        answer = run.value
+    if time.monotonic() > until:
+        return ApproverDecision.reject(APPROVER_TIMEOUT)
     return read_decision(answer)
+
+
+class _ApproverRaised(Exception):
+    """What an ``async`` approver raised, carried off its task as data: a task's own
+    ``CancelledError`` would read as its cancellation, and asyncio re-raises ``SystemExit``
+    and ``KeyboardInterrupt`` out of the event loop after failing the task."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(type(raised).__name__)
+        self.raised = raised
+
+
+async def _awaited(pending: Awaitable[object]) -> object:
+    try:
+        return await pending
+    except BaseException as exc:
+        if cancelled_by_caller(exc):
+            raise  # its task was cancelled or closed at its timeout: nobody listens any more
+        raise _ApproverRaised(exc) from None
+
+
+def _approver_failed(request: ApproverInput, exc: BaseException) -> ApproverDecision:
+    # Fail closed: the call is rejected; the traceback is the developer's, in the log only.
+    raised(
+        APPROVAL,
+        f"the approver, for {request.tool.name!r},",
+        exc,
+        run_id=request.run_id,
+        call_id=request.proposal.call_id,
+        code=APPROVER_FAILED,
+    )
+    return ApproverDecision.reject(APPROVER_FAILED)
 
 
 async def _produced_outside(

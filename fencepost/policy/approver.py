@@ -15,11 +15,12 @@ and the run's evidence so far. It answers with an :class:`ApproverDecision`:
 
 Every answer is recorded: the verdict, the receipt and the step's manifest name ``approver``
 (and a human's answer ``human``). The approver may be a plain function or a policy object (any
-callable), sync or ``async``; an ``async`` one is awaited at most :data:`APPROVER_TIMEOUT_SECONDS`
-(or the run's deadline, if sooner). Fail closed: an approver that raises, times out, or returns
-anything but an :class:`ApproverDecision` has rejected the call, with the code
-``approver_failed``, ``approver_timeout`` or ``approver_invalid_decision`` — never its exception
-text.
+callable), sync or ``async``; it is given at most :data:`APPROVER_TIMEOUT_SECONDS` (or the run's
+deadline, if sooner), and an ``async`` one still running then is cancelled and left behind, as a
+tool body is. Fail closed: an approver that raises (its own ``CancelledError`` or
+``SystemExit`` included), answers after its timeout, or returns anything but an
+:class:`ApproverDecision` has rejected the call, with the code ``approver_failed``,
+``approver_timeout`` or ``approver_invalid_decision`` — never its exception text.
 
 Example::
 
@@ -60,12 +61,13 @@ from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import Verdict, VerdictCode
 
 APPROVER_TIMEOUT_SECONDS = 30.0
-"""The longest an ``async`` approver is awaited for one call (the run's deadline may cut it)."""
+"""The longest an approver is given for one call (the run's deadline may cut it)."""
 
 APPROVER_FAILED = "approver_failed"
 """The approver raised: the call is rejected (fail closed); the exception is logged, never kept."""
 APPROVER_TIMEOUT = "approver_timeout"
-"""An ``async`` approver did not answer in time: the call is rejected (fail closed)."""
+"""The approver did not answer in time: the call is rejected (fail closed), whatever it answers
+later."""
 APPROVER_INVALID_DECISION = "approver_invalid_decision"
 """The approver returned something that is not an :class:`ApproverDecision`: rejected."""
 APPROVER_REJECTED = "approver_rejected"

@@ -6,7 +6,6 @@ Budget reservation comes last and lives in :mod:`fencepost.policy.budget`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import inspect
 import weakref
@@ -16,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from fencepost.policy.cancellation import cancelled_by_caller
 from fencepost.policy.context import RunContext
 from fencepost.policy.contract import assemble
 from fencepost.policy.decision import ToolProposal
@@ -69,7 +69,9 @@ def check_registered(registry: ToolRegistry, proposal: ToolProposal) -> ToolSpec
 
 class ArgumentsValidatorFailed(Exception):
     """An arguments model's own code raised what pydantic does not wrap in a ``ValidationError``
-    (a ``KeyError`` from a lookup of the model's value, a ``TypeError``, a ``BaseException``).
+    (a ``KeyError`` from a lookup of the model's value, a ``TypeError``, a ``BaseException``,
+    its own ``CancelledError``: only the caller's cancellation propagates, see
+    :mod:`fencepost.policy.cancellation`).
 
     A schema refusal like any other; its text (which may quote the model's arguments) is never
     kept, and neither is the exception it stands for (raised outside its handler, so not even
@@ -111,9 +113,9 @@ def check_schema(
         return model.model_validate_json(canonical_arguments, strict=True)
     except ValidationError:
         raise
-    except (asyncio.CancelledError, GeneratorExit):
-        raise
     except BaseException as exc:
+        if cancelled_by_caller(exc):
+            raise
         # A validator that breaks is a refusal, not a crash (as a semantic validator's is); its
         # traceback is the developer's, in the log only.
         raised(
@@ -233,9 +235,9 @@ def check_semantics(
                 rule(args, state)
         except ToolSemanticError:
             raise
-        except (asyncio.CancelledError, GeneratorExit):
-            raise
         except BaseException as exc:
+            if cancelled_by_caller(exc):
+                raise
             # A validator that breaks is a denial, not a crash; its message (which may quote the
             # model's arguments) is never kept, only logged for the developer.
             raised(
@@ -256,9 +258,9 @@ def _declared_progress(spec: ToolSpec, proposal: ToolProposal, state: AgentState
         return False
     try:
         return spec.progress_predicate(proposal, state) is True
-    except (asyncio.CancelledError, GeneratorExit):
-        raise
     except BaseException as exc:
+        if cancelled_by_caller(exc):
+            raise
         # A predicate that breaks has not shown progress; its traceback is the developer's.
         raised(
             GATE,

@@ -248,3 +248,78 @@ def test_a_write_runs_exactly_when_the_approver_approved_it(answers: list[str]) 
         assert (receipt.status is fp.ReceiptStatus.COMPLETED) == (
             by_call[receipt.call_id] == "approve"
         )
+
+
+def _late_approval(released: list[str]) -> Any:
+    """An approver that swallows its cancellation and approves once it has been cancelled."""
+
+    async def approver(request: fp.ApproverInput) -> fp.ApproverDecision:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            released.append("cancelled")
+            await asyncio.sleep(0.05)  # past its timeout, and past any grace a runner gives it
+        return fp.ApproverDecision.approve()
+
+    return approver
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_an_approval_given_after_the_approvers_timeout_never_runs_the_write(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    monkeypatch.setattr("fencepost.graph.gate.APPROVER_TIMEOUT_SECONDS", 0.2)
+    released: list[str] = []
+    h = harness([note(1), ABSTAIN], approver=_late_approval(released))
+    request, config, ctx = fp.start("q", budget()), thread(), ctx_allowing("restart api")
+    if mode == "invoke":
+        out = await asyncio.to_thread(h.graph.invoke, request, config, context=ctx)
+    else:
+        out = await h.graph.ainvoke(request, config, context=ctx)
+    state = fp.run_output(out)
+    assert released == ["cancelled"]  # it was told to stop, and answered anyway
+    assert h.calls.log == []
+    assert state.receipts[0].rule == "approver_timeout"
+    assert state.budget.mutations_used == 0
+
+
+CONTROL_FLOW = {
+    "CancelledError": asyncio.CancelledError,
+    "GeneratorExit": GeneratorExit,
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "SystemExit": SystemExit,
+}
+
+
+@pytest.mark.parametrize("raised", sorted(CONTROL_FLOW))
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_an_approver_raising_control_flow_itself_rejects_the_call_and_is_logged(
+    caplog: pytest.LogCaptureFixture, raised: str, kind: str, mode: str
+) -> None:
+    # Nobody cancelled the run: what the approver raised is its own failure (fail closed), with
+    # its traceback in the log, never an exception out of invoke.
+    exc_type = CONTROL_FLOW[raised]
+
+    def sync_raises(request: fp.ApproverInput) -> fp.ApproverDecision:
+        raise exc_type("password=hunter2")
+
+    async def async_raises(request: fp.ApproverInput) -> fp.ApproverDecision:
+        await asyncio.sleep(0)
+        raise exc_type("password=hunter2")
+
+    approver = sync_raises if kind == "sync" else async_raises
+    h = harness([note(1), ABSTAIN], approver=approver)
+    request, config, ctx = fp.start("q", budget()), thread(), ctx_allowing("restart api")
+    with caplog.at_level(logging.WARNING, logger="fencepost"):
+        if mode == "invoke":
+            out = await asyncio.to_thread(h.graph.invoke, request, config, context=ctx)
+        else:
+            out = await h.graph.ainvoke(request, config, context=ctx)
+    state = fp.run_output(out)
+    assert state.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
+    assert h.calls.log == []
+    assert state.receipts[0].rule == "approver_failed"
+    assert "hunter2" not in repr(state)
+    [logged] = [r for r in caplog.records if r.name.startswith("fencepost") and r.exc_info]
+    assert logged.exc_info is not None and logged.exc_info[0] is exc_type

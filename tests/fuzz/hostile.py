@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import strategies as st
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 import fencepost as fp
 from fencepost.policy import ToolSemanticError
@@ -313,7 +313,20 @@ NotifyArgs = _strict("NotifyArgs", target=(str, ...), urgent=(bool, False))
 NoArgs = _strict("NoArgs")
 ProbeArgs = _strict("ProbeArgs", n=(int, ...))
 StatusArgs = _strict("StatusArgs", task_id=(str, ...))
-GuardedArgs = _strict("GuardedArgs", value=(int, ...))
+
+
+class GuardedArgs(BaseModel):
+    """The guarded tool's arguments, whose own validator breaks out on one value."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    value: int
+
+    @field_validator("value")
+    @classmethod
+    def _breaks_out(cls, value: int) -> int:
+        if value == -2:  # control flow no caller asked for: that call's failure, never an escape
+            raise asyncio.CancelledError(CANARY)
+        return value
 
 
 def _sync_body(name: str) -> Callable[[BaseModel, fp.ToolContext], Any]:
@@ -341,15 +354,22 @@ def _guard(args: Any, state: fp.AgentState) -> None:
     value = args.value
     if value < 0:
         raise ToolSemanticError("negative")
-    if value % 5 == 3:
-        raise RuntimeError(CANARY)
-    if value % 5 == 4:
-        raise SystemExit(CANARY)
+    raising = {
+        3: "RuntimeError",
+        4: "SystemExit",
+        8: "CancelledError",
+        9: "GeneratorExit",
+        12: "KeyboardInterrupt",
+    }
+    if value in raising:
+        raise exception(raising[value])
 
 
 def _progress(proposal: fp.ToolProposal, state: fp.AgentState) -> bool:
-    if proposal.arguments.get("value") == 7:
-        raise KeyError(CANARY)
+    raising = {7: "KeyError", 6: "CancelledError", 10: "GeneratorExit", 11: "KeyboardInterrupt"}
+    value = proposal.arguments.get("value")
+    if value in raising:
+        raise exception(raising[value])
     return False
 
 

@@ -71,6 +71,7 @@ from tests.fuzz.hostile import (
     Behaviour,
     answers,
     behaviours,
+    exception,
     turns,
 )
 
@@ -134,6 +135,19 @@ def _raises(request: fp.ApproverInput) -> fp.ApproverDecision:
     raise RuntimeError(CANARY)
 
 
+CONTROL_FLOW = ("CancelledError", "GeneratorExit", "SystemExit", "KeyboardInterrupt")
+"""What an approver may raise that nobody asked for: its failure (``approver_failed``)."""
+
+
+def _breaks_out(request: fp.ApproverInput) -> fp.ApproverDecision:
+    raise exception(CONTROL_FLOW[sum(request.proposal.call_id.encode()) % len(CONTROL_FLOW)])
+
+
+async def _async_breaks_out(request: fp.ApproverInput) -> fp.ApproverDecision:
+    await asyncio.sleep(0)
+    raise exception(CONTROL_FLOW[sum(request.proposal.call_id.encode()) % len(CONTROL_FLOW)])
+
+
 async def _async_approve(request: fp.ApproverInput) -> fp.ApproverDecision:
     await asyncio.sleep(0)
     return fp.ApproverDecision.approve()
@@ -147,10 +161,12 @@ APPROVERS: dict[str, Any] = {
     "ask": lambda request: fp.ApproverDecision.ask(),
     "mixed": _mixed,
     "raises": _raises,
+    "breaks_out": _breaks_out,
+    "async_breaks_out": _async_breaks_out,
     "junk": lambda request: {"decision": "approve"},
 }
 """The approvers an example's graph may have, by name (a Build is hashable)."""
-NO_APPROVAL = frozenset({"reject", "raises", "junk"})
+NO_APPROVAL = frozenset({"reject", "raises", "breaks_out", "async_breaks_out", "junk"})
 """Approvers under which no write is ever approved by the approver."""
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import threading
 import time
@@ -895,6 +896,62 @@ def test_a_validator_or_predicate_raising_a_base_exception_ends_typed(hook: str)
     state, saver = _run_hostile(spec, [_note("note", n) for n in range(1, 6)] + [ABSTAIN])
     assert state.is_terminal
     assert CANARY.encode() not in saver_bytes(saver)
+
+
+CONTROL_FLOW = {
+    "CancelledError": asyncio.CancelledError,
+    "GeneratorExit": GeneratorExit,
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "SystemExit": SystemExit,
+}
+
+
+def _args_raising(exc_type: type[BaseException]) -> type[BaseModel]:
+    class Breaks(NoteArgs):
+        @field_validator("note")
+        @classmethod
+        def breaks(cls, value: str) -> str:
+            raise exc_type(CANARY)
+
+    return Breaks
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("hook", ["semantic_validator", "progress_predicate", "args_model"])
+@pytest.mark.parametrize("raised", sorted(CONTROL_FLOW))
+def test_an_application_callable_raising_control_flow_is_that_calls_failure(
+    caplog: pytest.LogCaptureFixture, mode: str, hook: str, raised: str
+) -> None:
+    # Nobody cancelled the run: a CancelledError or GeneratorExit a validator or a predicate
+    # raises is its own failure, as any exception it raises is (and as a tool body's is): the
+    # run ends typed, the traceback is logged, and nothing escapes invoke.
+    exc_type = CONTROL_FLOW[raised]
+
+    def broken(*_: Any) -> Any:
+        raise exc_type(CANARY)
+
+    ran: list[str] = []
+    extra: dict[str, Any] = (
+        {"args_model": _args_raising(exc_type)} if hook == "args_model" else {hook: broken}
+    )
+    spec = fp.ToolSpec(
+        name="note",
+        description="A tool whose own callables break.",
+        args_model=extra.pop("args_model", NoteArgs),
+        effect=fp.Effect.READ,
+        capability="logs:read",
+        timeout_seconds=2,
+        execute=lambda args, ctx: ran.append(args.note) or {"ok": True},
+        **extra,
+    )
+    with caplog.at_level(logging.WARNING, logger="fencepost"):
+        state, saver = _run_hostile(spec, [_note("note", n) for n in range(1, 6)] + [ABSTAIN], mode)
+    assert state.is_terminal
+    assert CANARY.encode() not in saver_bytes(saver)
+    if hook != "progress_predicate":  # a predicate that breaks shows no progress; the call runs
+        assert ran == []
+    logged = [r.exc_info[0] for r in caplog.records if r.name == "fencepost.gate" and r.exc_info]
+    assert logged and set(logged) == {exc_type}
 
 
 def _never(inp: fp.DecisionInput) -> Any:

@@ -8,7 +8,8 @@ recorded). It runs on a :class:`~fencepost.graph.containment.leash.Leash`: one t
 it cannot go on slowing the loop it shares with other runs. Only the caller's own cancellation or
 interruption propagates.
 
-- :func:`run_model` (the async graph): a task on the caller's loop.
+- :func:`run_model` (the async graph): a task on the caller's loop. An ``async`` approver runs
+  here too (:func:`fencepost.graph.gate.ask_approver`), on its caller's loop in either graph.
 - :func:`run_model_blocking` (the sync graph): a task on the process's shared model loop (see
   :mod:`fencepost.graph.containment.shared_loop` for why models share one loop), while the calling thread waits
   on a thread event; no loop runs on the calling thread and no second task wraps the first.
