@@ -331,9 +331,9 @@ def _starts_run(out: Mapping[str, Any], changes: Mapping[str, Any]) -> bool:
 
 
 def _unreadable(out: Mapping[str, Any]) -> dict[str, Any]:
-    """What a stored write that is no map is read as. Every caller's write is stored as a map
-    (:func:`caller_write`) and every node's is one, so only a hand-edited checkpoint holds such a
-    write, and what it held of the run is lost: skipped, the record would be half-read (a
+    """What a stored write that is no map (nor an ``Overwrite``, dropped) is read as. Every
+    caller's write is stored as a map (:func:`caller_write`) and every node's is one, so only a
+    hand-edited checkpoint holds such a write, and what it held of the run is lost: skipped, the record would be half-read (a
     receipt gone, a call run again), and a run's lost first write would leave no run at all.
     It is read as a stop no run can hold, so the node that reads the record ends the run
     ``invalid_state`` (the terminal node writes the stop over it); where no run has started, as
@@ -363,8 +363,8 @@ def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
     for write in writes:
         if own(write):
             changes: Mapping[str, Any] | None = write
-        elif isinstance(write, dict):
-            changes = _taken(write)
+        elif isinstance(write, dict) or overwrite_of(write)[0]:
+            changes = _taken(write)  # an Overwrite is never taken
         else:
             changes = _unreadable(out)
         if changes:

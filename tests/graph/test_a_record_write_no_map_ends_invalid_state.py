@@ -20,6 +20,8 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
 import fencepost as fp
+from fencepost.graph.record import fold, unrepresentable
+from fencepost.graph.state import MendedState, load_state
 from tests.graph.kit import budget, call, context, final_citing_last, harness, thread
 
 
@@ -63,3 +65,20 @@ def test_a_run_write_edited_into_no_map_ends_the_run_invalid_state(
         assert [name for name, _, _ in h.calls.log] == ["search_logs"]
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("value", ["edited", None, [1, 2], 7], ids=["text", "null", "list", "int"])
+def test_a_write_of_no_map_is_read_as_a_stop_no_run_can_hold(value: Any) -> None:
+    started = fold({}, [{"run_id": "run-1", "question": "q", "step": 2}])
+    after = fold(started, [value])
+    assert after["stop"] == unrepresentable()
+    assert (after["run_id"], after["step"]) == ("run-1", 2)  # what else it holds is kept
+    state = load_state({"run": after})
+    assert isinstance(state, MendedState) and state.invalid
+    assert state.stop is not None and state.stop.error_code == "invalid_state"
+    # A run's lost first write: the record still holds a run, which ends.
+    lost = fold({}, [value, {"step": 2}])
+    assert lost["run_id"] == unrepresentable()
+    request = {"run_id": "run-1", "question": "q"}
+    state = load_state({"run": lost, "request": request})
+    assert isinstance(state, MendedState) and state.invalid and state.run_id == "run-1"
