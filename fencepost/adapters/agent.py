@@ -15,7 +15,7 @@ the same keywords either way.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
 from fencepost.graph.builder import GraphConfigError, build_agent_graph
@@ -24,6 +24,7 @@ from fencepost.policy import (
     Clock,
     DecisionModel,
     Effect,
+    ErrorCode,
     Ledger,
     ToolRegistry,
     ToolSpec,
@@ -42,6 +43,8 @@ from fencepost.policy.tool_decorator import tool as tool_from_function
 
 if TYPE_CHECKING:
     from langgraph.graph.state import CompiledStateGraph
+
+    from fencepost.adapters.tools import Injector
 
 __all__ = ["create_agent", "tool"]
 
@@ -62,6 +65,8 @@ def tool(
     timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS,
     name: str | None = None,
     description: str | None = None,
+    inject: Mapping[str, Injector] | None = None,
+    tool_exception_code: ErrorCode | None = None,
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
@@ -81,6 +86,8 @@ def tool(
     timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS,
     name: str | None = None,
     description: str | None = None,
+    inject: Mapping[str, Injector] | None = None,
+    tool_exception_code: ErrorCode | None = None,
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
@@ -99,6 +106,8 @@ def tool(
     timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS,
     name: str | None = None,
     description: str | None = None,
+    inject: Mapping[str, Injector] | None = None,
+    tool_exception_code: ErrorCode | None = None,
     idempotent: bool | None = None,
     semantic_validator: SemanticValidator | None = None,
     progress_predicate: ProgressPredicate | None = None,
@@ -118,6 +127,10 @@ def tool(
 
     ``effect`` and ``capability`` have no safe default: without them a one-sentence error says
     what is missing. ``timeout=`` is the old name of ``timeout_seconds=`` (a DeprecationWarning).
+    ``inject`` and ``tool_exception_code`` are a LangChain tool's (what ``tool_spec`` does with
+    them); a function marks its injected parameters ``Annotated[T, fp.Injected("name")]`` and
+    raises :class:`~fencepost.policy.ToolError` for a code of its own, so given for a function
+    they are a :class:`~fencepost.policy.tool_decorator.ToolDefinitionError`.
 
     Example::
 
@@ -153,11 +166,26 @@ def tool(
             timeout_seconds=timeout_seconds,
             name=name,
             description=description,
+            inject=inject,
+            tool_exception_code=(
+                ErrorCode.INTERNAL_ERROR if tool_exception_code is None else tool_exception_code
+            ),
             semantic_validator=semantic_validator,
             progress_predicate=progress_predicate,
             idempotent=idempotent,
             allow_empty_query=allow_empty_query,
             repeat_limit=repeat_limit,
+        )
+    given = [
+        k
+        for k, v in (("inject", inject), ("tool_exception_code", tool_exception_code))
+        if v is not None
+    ]
+    if given:
+        raise ToolDefinitionError(
+            f"{' and '.join(f'{k}=' for k in given)} wrap a LangChain tool "
+            "(fp.tool(langchain_tool, ..., inject={...})); a function marks an injected "
+            'parameter Annotated[T, fp.Injected("name")] and raises fp.ToolError for its own code'
         )
     return tool_from_function(
         fn,

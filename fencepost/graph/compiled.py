@@ -29,7 +29,10 @@ refused, and a ``Command`` given to ``update_state`` is checked as one given to 
 Time travel is refused too (:class:`ForkRefused`): an invoke, stream or state update whose
 config names a checkpoint other than its thread's latest would fork the thread there, and a
 fork of a fencepost run is no run at all (its ledger account is closed, or still the
-original's), so nothing of it is written and the thread keeps the ending it has.
+original's), so nothing of it is written and the thread keeps the ending it has. A thread
+whose latest checkpoint another state layout wrote is refused the same way, before anything is
+saved (:class:`~fencepost.graph.state.LayoutRefused`): LangGraph saves an input, a resume value
+or a node's error before any node could read the run and refuse it.
 
 Every invoke, stream or resume is one ``invoke_agent`` span when OpenTelemetry is installed
 (:mod:`fencepost.adapters.telemetry`); ``invoke`` and ``ainvoke`` run through ``stream`` and
@@ -46,7 +49,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.channels.last_value import LastValue
-from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphRecursionError
@@ -56,7 +59,7 @@ from langgraph.types import Command, Send, StateUpdate
 
 from fencepost.adapters import telemetry
 from fencepost.graph.record import FIELDS, caller_write, record_of
-from fencepost.graph.state import RetiredChannel
+from fencepost.graph.state import RetiredChannel, refuse_older_checkpoint
 from fencepost.policy import Phase
 from fencepost.policy.approval import UNREPRESENTABLE_ANSWER, storable_answer
 
@@ -300,17 +303,24 @@ def _state_updates(
     return out
 
 
-def _named_checkpoint(config: RunnableConfig | None, checkpointer: Any) -> str | None:
-    """The checkpoint id a top-level call's ``config`` names, if it names one and the graph has
-    a checkpointer of its own. A graph run inside a parent graph's node (a checkpoint namespace)
-    is the parent's to judge."""
-    if config is None or checkpointer is None or isinstance(checkpointer, bool):
-        return None
+def _top_level_thread(config: RunnableConfig | None, checkpointer: Any) -> bool:
+    """Whether ``config`` names a thread of a graph with a checkpointer of its own. A graph run
+    inside a parent graph's node (a checkpoint namespace) is the parent's to judge."""
+    if config is None or not isinstance(checkpointer, BaseCheckpointSaver):
+        return False
     configurable = config.get("configurable") or {}
-    named = configurable.get("checkpoint_id")
-    if not named or configurable.get("checkpoint_ns") or configurable.get("thread_id") is None:
-        return None
-    return str(named)
+    return configurable.get("thread_id") is not None and not configurable.get("checkpoint_ns")
+
+
+def _judge_thread(config: RunnableConfig | None, latest: CheckpointTuple | None) -> None:
+    """Raise :class:`ForkRefused` where ``config`` names a checkpoint other than the thread's
+    ``latest``, and :class:`~fencepost.graph.state.LayoutRefused` where ``latest`` is of another
+    state layout."""
+    named = ((config or {}).get("configurable") or {}).get("checkpoint_id")
+    if named and (latest is None or _id_of(latest.config) != str(named)):
+        raise ForkRefused(str(named))
+    if latest is not None:
+        refuse_older_checkpoint(latest.checkpoint["channel_versions"])
 
 
 def _thread_head(config: RunnableConfig | None) -> RunnableConfig:
@@ -413,25 +423,26 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             return ()
         return tuple((await self.aget_state(config)).next)
 
-    def _fork_of(self, config: RunnableConfig | None) -> str | None:
-        """The checkpoint ``config`` names when that is not its thread's latest (a fork)."""
-        named = _named_checkpoint(config, self.checkpointer)
-        if named is None:
-            return None
-        latest = self.checkpointer.get_tuple(_thread_head(config))  # type: ignore[union-attr]
-        return named if latest is None or _id_of(latest.config) != named else None
+    def _check_thread(self, config: RunnableConfig | None) -> None:
+        """Refuse, before LangGraph saves anything of the call, a call on the thread's latest
+        checkpoint that is a fork (:class:`ForkRefused`) or of another state layout
+        (:class:`~fencepost.graph.state.LayoutRefused`: LangGraph would save an input, a
+        ``__resume__`` or a node's ``__error__`` before any node could read the run)."""
+        saver = self.checkpointer
+        if not _top_level_thread(config, saver):
+            return
+        latest = saver.get_tuple(_thread_head(config))  # type: ignore[union-attr]
+        _judge_thread(config, latest)
 
-    async def _afork_of(self, config: RunnableConfig | None) -> str | None:
-        named = _named_checkpoint(config, self.checkpointer)
-        if named is None:
-            return None
-        latest = await self.checkpointer.aget_tuple(_thread_head(config))  # type: ignore[union-attr]
-        return named if latest is None or _id_of(latest.config) != named else None
+    async def _acheck_thread(self, config: RunnableConfig | None) -> None:
+        saver = self.checkpointer
+        if not _top_level_thread(config, saver):
+            return
+        latest = await saver.aget_tuple(_thread_head(config))  # type: ignore[union-attr]
+        _judge_thread(config, latest)
 
     def bulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
-        fork = self._fork_of(config)
-        if fork is not None:
-            raise ForkRefused(fork)
+        self._check_thread(config)
         supersteps = _state_updates(
             list(supersteps),
             self.builder.channels,
@@ -441,9 +452,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         return super().bulk_update_state(config, supersteps)
 
     async def abulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
-        fork = await self._afork_of(config)
-        if fork is not None:
-            raise ForkRefused(fork)
+        await self._acheck_thread(config)
         supersteps = list(supersteps)
         goes = any(
             isinstance(getattr(u, "values", None), Command) and _targets(u.values)
@@ -464,9 +473,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     def _bounded_stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
-        fork = self._fork_of(config)
-        if fork is not None:
-            raise ForkRefused(fork)
+        self._check_thread(config)
         if isinstance(input, Command):
             why = _refusal(
                 input,
@@ -493,9 +500,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     async def _bounded_astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        fork = await self._afork_of(config)
-        if fork is not None:
-            raise ForkRefused(fork)
+        await self._acheck_thread(config)
         if isinstance(input, Command):
             why = _refusal(
                 input,

@@ -27,7 +27,8 @@ class ContextInput(TypedDict, total=False):
     a ``ValidationError`` instead of ending it with a reason. The published JSON schema is still
     this shape: ``{"tenant_id": "acme", "principal": {"id": "u-1", "capabilities": [...]},
     "deadline": {"at": "2026-01-01T00:00:00Z"}, "app_data": {...}}``; ``RunContext.injected`` is
-    not in it (application objects are injected in-process, never sent as JSON).
+    not in it: application objects are injected in-process, and a mapping naming ``injected``
+    is refused (``invalid_context``), never taken for the application's dependencies.
     """
 
     tenant_id: Required[str]

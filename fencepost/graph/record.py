@@ -330,6 +330,20 @@ def _starts_run(out: Mapping[str, Any], changes: Mapping[str, Any]) -> bool:
     return "run_id" in changes and "run_id" not in out
 
 
+def _unreadable(out: Mapping[str, Any]) -> dict[str, Any]:
+    """What a stored write that is no map (nor an ``Overwrite``, dropped) is read as. Every
+    caller's write is stored as a map (:func:`caller_write`) and every node's is one, so only a
+    hand-edited checkpoint holds such a write, and what it held of the run is lost: skipped, the record would be half-read (a
+    receipt gone, a call run again), and a run's lost first write would leave no run at all.
+    It is read as a stop no run can hold, so the node that reads the record ends the run
+    ``invalid_state`` (the terminal node writes the stop over it); where no run has started, as
+    a run id no run can hold too, so the run it may have started is the one that ends."""
+    changes: dict[str, Any] = {"stop": unrepresentable()}
+    if not run_started(out):
+        changes["run_id"] = unrepresentable()
+    return changes
+
+
 def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
     """The record after ``writes`` (a step's, or a checkpoint's history replayed) in order."""
     base = current if isinstance(current, dict) else {}
@@ -347,7 +361,12 @@ def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
             out.view = write.after
         return _completed(out)
     for write in writes:
-        changes = write if own(write) else _taken(write)
+        if own(write):
+            changes: Mapping[str, Any] | None = write
+        elif isinstance(write, dict) or overwrite_of(write)[0]:
+            changes = _taken(write)  # an Overwrite is never taken
+        else:
+            changes = _unreadable(out)
         if changes:
             if _starts_run(out, changes):
                 out = RunRecord()

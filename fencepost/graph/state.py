@@ -223,6 +223,14 @@ def refuse_other_layouts(values: Mapping[str, Any]) -> None:
         raise LayoutRefused(1)
 
 
+def refuse_older_checkpoint(channel_versions: Mapping[str, Any]) -> None:
+    """Raise :class:`LayoutRefused` for a checkpoint of layout 1, by the channels it has written
+    (``channel_versions``): that layout wrote ``run_id`` as a channel, which this one never
+    writes. Read before anything of a call is saved, so a refused thread is left as it was."""
+    if "run_id" in channel_versions:
+        raise LayoutRefused(1)
+
+
 def has_run(values: Mapping[str, Any]) -> bool:
     """Whether a run has started on the thread these channel values are of."""
     refuse_other_layouts(values)
@@ -378,6 +386,7 @@ __all__ = [
     "load_state",
     "new_run_state",
     "new_run_id",
+    "refuse_older_checkpoint",
     "refuse_other_layouts",
     "request_from",
     "require_state",

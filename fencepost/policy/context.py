@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import Field, JsonValue, Strict, model_validator
@@ -56,7 +57,8 @@ class RunContext(Frozen):
     a client, the environment a tool acts on), by the name a tool parameter's
     ``Annotated[T, Injected("name")]`` gives. Supplied by the caller on every invoke, as the
     rest of the context is; never a schema field, never shown to the model, never checkpointed
-    or dumped (a server's JSON context can carry none: inject in-process)."""
+    or dumped. Only this object carries them: a context given as a mapping (a server's JSON)
+    that names ``injected`` ends the run ``policy_denied`` (``invalid_context``)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -68,13 +70,23 @@ class RunContext(Frozen):
         return {"tenant": self.tenant_id, "principal": self.principal.id}
 
 
+INJECTED_KEY = "injected"
+"""The field a mapping context may never carry: injected dependencies come from the process."""
+
+
 def coerce_context(value: Any) -> RunContext | None:
     """The context as a :class:`RunContext`, from an instance or a mapping (LangGraph Server).
 
-    Anything that is not a valid context is ``None``: the run then ends ``policy_denied``.
+    Anything that is not a valid context is ``None``: the run then ends ``policy_denied``. A
+    mapping naming ``injected`` is not one: a server passes its client's JSON context as a
+    mapping, and a client's object (a URL, a handle's name) would replace the application's
+    dependency. They come from the process only, in a :class:`RunContext` the application
+    builds.
     """
     if value is None or isinstance(value, RunContext):
         return value
+    if isinstance(value, Mapping) and INJECTED_KEY in value:
+        return None
     try:
         return RunContext.model_validate(value, strict=False)
     except Exception:

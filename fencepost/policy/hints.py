@@ -37,7 +37,8 @@ HINTS: dict[str, str] = {
     ),
     "invalid_context": (
         "context= must be a fp.RunContext(tenant_id=..., principal=fp.Principal(...)) or its "
-        'JSON form {"tenant_id": ..., "principal": {"id": ..., "capabilities": [...]}}'
+        'JSON form {"tenant_id": ..., "principal": {"id": ..., "capabilities": [...]}}; '
+        "injected dependencies are never sent as JSON: pass fp.RunContext(injected=...) in-process"
     ),
     "context_mismatch": (
         "this run was started for another tenant or principal: resume it with the same "

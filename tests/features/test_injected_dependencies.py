@@ -123,6 +123,34 @@ def test_the_injected_objects_are_never_dumped_with_the_context() -> None:
     assert "mine" not in repr(ctx)
 
 
+_JSON_CONTEXT = {"tenant_id": "acme", "principal": {"id": "u-1", "capabilities": ["bank:pay"]}}
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=30)
+@given(
+    injected=st.dictionaries(
+        st.sampled_from(["log", "bank", "other"]),
+        json_tree(st.none() | st.booleans() | st.integers() | st.text(max_size=8), max_leaves=4),
+    )
+)
+def test_a_json_context_never_supplies_the_injected_dependencies(injected: Any) -> None:
+    # LangGraph Server hands a client's JSON context to the nodes as a mapping: the client's
+    # object (a URL the tool would fetch) would replace the application's dependency.
+    call = fp.ToolProposal(call_id="call-0001", tool_name="audit", arguments={"note": "x"})
+    graph = _graph([call, DONE], audit)
+    out = graph.invoke(fp.start("note"), thread(), context={**_JSON_CONTEXT, "injected": injected})
+    state = fp.run_output(out)
+    assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "invalid_context"
+    assert state.observations == ()
+
+
+def test_a_json_context_without_injected_runs_on_the_tools_defaults() -> None:
+    call = fp.ToolProposal(call_id="call-0001", tool_name="audit", arguments={"note": "x"})
+    out = _graph([call, DONE], audit).invoke(fp.start("note"), thread(), context=_JSON_CONTEXT)
+    assert fp.run_output(out).observations[0].result == {"logged": False}
+
+
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=40)
 @given(
     extra=json_tree(st.none() | st.booleans() | st.integers() | st.text(max_size=8), max_leaves=6)

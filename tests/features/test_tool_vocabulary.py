@@ -4,14 +4,18 @@ with a DeprecationWarning; what cannot be defaulted safely is named in one sente
 
 from __future__ import annotations
 
+import inspect
 import warnings
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
+from langchain_core.tools import InjectedToolArg, ToolException
 from langchain_core.tools import tool as langchain_tool
+from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import BaseModel, ConfigDict
 
 import fencepost as fp
+from fencepost.policy.tool_decorator import ToolDefinitionError
 
 
 class Query(BaseModel):
@@ -163,3 +167,86 @@ def test_a_langchain_tool_given_no_capability_says_in_one_sentence_what_is_missi
         fp.tool(search_deploys, effect="read")
     message = str(raised.value)
     assert "search_deploys" in message and "capability=" in message and "\n" not in message
+
+
+def _keywords(fn: Any) -> set[str]:
+    return {
+        name
+        for name, param in inspect.signature(fn).parameters.items()
+        if param.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def test_fp_tool_takes_every_keyword_fp_tool_spec_takes() -> None:
+    assert _keywords(fp.tool_spec) <= _keywords(fp.tool)
+
+
+class _Db:
+    """An application object a LangChain tool takes, injected from the run's context."""
+
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+
+
+@langchain_tool
+def record_row(row: str, db: Annotated[Any, InjectedToolArg]) -> str:
+    """Record a row."""
+    db.rows.append(row)
+    return "ok"
+
+
+@langchain_tool
+def always_refuses(row: str) -> str:
+    """Refuse."""
+    raise ToolException("no such row: secret")
+
+
+def _run(spec: fp.ToolSpec, tool_name: str, ctx: fp.RunContext) -> fp.AgentState:
+    call = fp.ToolProposal(call_id="call-0001", tool_name=tool_name, arguments={"row": "r"})
+    done = fp.FinalProposal(answer=fp.AnswerPayload(text=""))
+    agent = fp.create_agent(
+        fp.ScriptedDecisionModel([call, done]), [spec], checkpointer=InMemorySaver()
+    )
+    config = {"configurable": {"thread_id": f"t-{tool_name}"}}
+    return fp.run_output(agent.invoke(fp.start("q"), config, context=ctx))
+
+
+_CTX = fp.RunContext(tenant_id="acme", principal=fp.Principal(id="u-1", capabilities={"db:write"}))
+
+
+def test_fp_tool_wraps_a_langchain_tool_with_inject_and_tool_exception_code() -> None:
+    db = _Db()
+    spec = fp.tool(
+        record_row,
+        effect="read",
+        capability="db:write",
+        inject={"db": lambda ctx: ctx.injected["db"]},
+    )
+    state = _run(spec, "record_row", _CTX.model_copy(update={"injected": {"db": db}}))
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert db.rows == ["r"]
+    refusing = fp.tool(
+        always_refuses,
+        effect="read",
+        capability="db:write",
+        tool_exception_code=fp.ErrorCode.NOT_FOUND,
+    )
+    state = _run(refusing, "always_refuses", _CTX)
+    assert state.receipts[0].error_code is fp.ErrorCode.NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    "keywords",
+    [{"inject": {"db": lambda ctx: None}}, {"tool_exception_code": fp.ErrorCode.NOT_FOUND}],
+    ids=["inject", "tool_exception_code"],
+)
+def test_a_langchain_only_keyword_on_a_function_is_a_tool_definition_error(
+    keywords: dict[str, Any],
+) -> None:
+    def lookup(query: str) -> dict[str, Any]:
+        """Look up."""
+        return {}
+
+    with pytest.raises(ToolDefinitionError) as raised:
+        fp.tool(lookup, effect="read", capability="db:read", **keywords)
+    assert "fp.Injected" in str(raised.value) and "\n" not in str(raised.value)

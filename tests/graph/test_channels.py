@@ -20,7 +20,17 @@ from langgraph.graph import StateGraph
 from langgraph.types import Overwrite
 
 import fencepost as fp
-from fencepost.graph.record import APPENDED, COUNTED, LATEST, REPLACED, RunRecord, fold, plain
+from fencepost.graph.record import (
+    APPENDED,
+    COUNTED,
+    LATEST,
+    REPLACED,
+    RunRecord,
+    caller_write,
+    fold,
+    plain,
+    unrepresentable,
+)
 from fencepost.graph.state import GraphState
 from fencepost.policy import (
     AgentState,
@@ -130,7 +140,7 @@ def test_a_callers_record_item_that_does_not_validate_is_dropped_whole() -> None
 
 
 def test_a_write_of_no_field_is_dropped_and_a_value_with_no_plain_form_is_marked() -> None:
-    after = fold({}, [{"chain_of_thought": "x", "last_error_code": object()}, "not a map"])
+    after = fold({}, [{"chain_of_thought": "x", "last_error_code": object()}])
     assert "chain_of_thought" not in after
     assert after["last_error_code"] == {"__unrepresentable__": True}
 
@@ -191,7 +201,11 @@ def test_values_streamed_at_one_step_are_never_changed_by_a_later_step() -> None
         }
 
 
-def test_a_write_of_none_is_no_nodes_own_and_is_dropped() -> None:
+def test_a_stored_write_of_none_is_no_nodes_own() -> None:
     # A miss of the identity map of node writes is None too: None was taken for a node's write.
-    start = fold({}, [{"observations": [_observation(1)]}])
-    assert fold(start, [None]) == start
+    # A caller's None is stored as {} (caller_write); a stored one was edited in by hand, and
+    # is read as a stop no run can hold (test_a_record_write_no_map_ends_invalid_state).
+    start = fold({}, [{"run_id": "run-1", "observations": [_observation(1)]}])
+    after = fold(start, [None])
+    assert after == {**start, "stop": unrepresentable()}
+    assert caller_write(None) == {}

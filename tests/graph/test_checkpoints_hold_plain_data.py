@@ -11,12 +11,14 @@ answer or budget) is stored as the type its field declares.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,30 +223,85 @@ _USER = fp.RunContext(
 )
 
 
+def _rows(conn: sqlite3.Connection) -> dict[str, list[Any]]:
+    """Every row of every table of the database (checkpoints, writes, the ledger's)."""
+    tables = [t for (t,) in conn.execute("select name from sqlite_master where type = 'table'")]
+    return {t: sorted(conn.execute(f"select * from {t}").fetchall(), key=repr) for t in tables}
+
+
+def _sync(act: Callable[[Any, dict[str, Any]], Any]) -> Callable[[Path, str], Any]:
+    def call(path: Path, thread_id: str) -> Any:
+        conn = sqlite3.connect(path, check_same_thread=False)
+        try:
+            return act(_agent(SqliteSaver(conn)), {"configurable": {"thread_id": thread_id}})
+        finally:
+            conn.close()
+
+    return call
+
+
+def _async(act: Callable[[Any, dict[str, Any]], Any]) -> Callable[[Path, str], Any]:
+    async def run(path: Path, thread_id: str) -> Any:
+        async with fp.aopen_checkpointer(f"sqlite:///{path}") as saver:
+            return await act(_agent(saver), {"configurable": {"thread_id": thread_id}})
+
+    return lambda path, thread_id: asyncio.run(run(path, thread_id))
+
+
+async def _collect(chunks: Any) -> list[Any]:
+    return [chunk async for chunk in chunks]
+
+
+_ENTRY_POINTS: dict[str, Callable[[Path, str], Any]] = {
+    "invoke-none": _sync(lambda a, c: a.invoke(None, c, context=_USER)),
+    "resume": _sync(lambda a, c: a.invoke(Command(resume="approve"), c, context=_USER)),
+    "new-input": _sync(lambda a, c: a.invoke(fp.start("q"), c, context=_USER)),
+    "update-state": _sync(lambda a, c: a.update_state(c, {"run": {"step": 1}})),
+    "stream": _sync(lambda a, c: list(a.stream(None, c, context=_USER))),
+    "ainvoke": _async(lambda a, c: a.ainvoke(None, c, context=_USER)),
+    "astream-resume": _async(
+        lambda a, c: _collect(a.astream(Command(resume="approve"), c, context=_USER))
+    ),
+    "aupdate-state": _async(lambda a, c: a.aupdate_state(c, {"run": {"step": 1}})),
+}
+
+
 @pytest.mark.parametrize("thread_id", ["layout1-done", "layout1-paused"])
-def test_a_checkpoint_of_the_first_layout_is_refused_naming_its_layout(
+def test_a_checkpoint_of_the_first_layout_reads_as_refused_naming_its_layout(
     thread_id: str, tmp_path: Path
 ) -> None:
     conn = _layout1_copy(tmp_path)
     try:
         agent = _agent(SqliteSaver(conn))
-        config = {"configurable": {"thread_id": thread_id}}
         with pytest.raises(LayoutRefused) as refused:
-            fp.run_output(agent.get_state(config).values)
+            fp.run_output(agent.get_state({"configurable": {"thread_id": thread_id}}).values)
         assert refused.value.layout == 1 and "layout 1" in str(refused.value)
-        before = conn.execute("select count(*) from checkpoints").fetchone()
-        if thread_id == "layout1-paused":
-            # The approval's node reads the run first: refused, nothing of it run or written.
-            with pytest.raises(LayoutRefused):
-                agent.invoke(Command(resume="approve"), config, context=_USER)
-        else:
-            # A finished thread runs no node; what it returns is refused as the state was.
-            with pytest.raises(LayoutRefused):
-                fp.run_output(agent.invoke(None, config, context=_USER))
-        assert conn.execute("select count(*) from checkpoints").fetchone() == before
     finally:
         conn.close()
     assert LAYOUT == 2
+
+
+@pytest.mark.parametrize("entry", list(_ENTRY_POINTS))
+@pytest.mark.parametrize("thread_id", ["layout1-done", "layout1-paused"])
+def test_every_call_on_a_first_layout_thread_is_refused_and_writes_nothing(
+    thread_id: str, entry: str, tmp_path: Path
+) -> None:
+    # A finished thread ran no node, so invoke(None) and a resume returned its raw values and
+    # saved a __resume__ write; a paused one was refused by its node after LangGraph had saved
+    # the node's __error__. Refused means refused before anything is saved.
+    conn = _layout1_copy(tmp_path)
+    try:
+        before = _rows(conn)
+    finally:
+        conn.close()
+    with pytest.raises(LayoutRefused) as refused:
+        _ENTRY_POINTS[entry](tmp_path / "layout1.sqlite", thread_id)
+    assert refused.value.layout == 1
+    conn = sqlite3.connect(tmp_path / "layout1.sqlite")
+    try:
+        assert _rows(conn) == before
+    finally:
+        conn.close()
 
 
 def test_fencepost_runs_refuses_a_store_of_the_first_layout_naming_it(tmp_path: Path) -> None:
