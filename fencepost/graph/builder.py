@@ -204,13 +204,14 @@ def build_agent_graph(
             owns_ledger=ledger is None,
             denial=denial,
             approver=approver,
-        )
+        ),
+        twin=ledger is None,
     )
 
 
-def _assemble(cfg: LoopConfig) -> StateGraph[Any, RunContext, Any, Any]:
-    """The loop's ``StateGraph`` over ``cfg``: its nodes, its edges, and (for a graph that keeps
-    a ledger of its own) the graph it compiles into instead with a durable checkpointer."""
+def _assemble(cfg: LoopConfig, *, twin: bool = False) -> StateGraph[Any, RunContext, Any, Any]:
+    """The loop's ``StateGraph`` over ``cfg``: its nodes, its edges, and (``twin``: a graph
+    built with no ledger) the graph it compiles into instead with a checkpointer."""
     # A mapping context is validated by the nodes, not by LangGraph (see ContextInput).
     graph = BoundedStateGraph(GraphState, context_schema=ContextInput, input_schema=InputState)
     # One body per node, run by the sync or the async path (see fencepost.graph.node_io).
@@ -232,7 +233,7 @@ def _assemble(cfg: LoopConfig) -> StateGraph[Any, RunContext, Any, Any]:
     graph.add_conditional_edges("execute", route_after_execute, ["decide", "terminal"])
     # "terminal" too: a state update made as the terminal node is not an ended run.
     graph.add_conditional_edges("terminal", route_after_terminal, ["terminal", END])
-    if cfg.owns_ledger:
+    if twin:
         graph.durable_twin = partial(_durable_twin, cfg)
     remember(graph, cfg)
     return graph
@@ -240,15 +241,18 @@ def _assemble(cfg: LoopConfig) -> StateGraph[Any, RunContext, Any, Any]:
 
 def _durable_twin(cfg: LoopConfig, checkpointer: Any) -> StateGraph[Any, Any, Any, Any] | None:
     """The graph a graph built with no ledger compiles into with ``checkpointer``: the same
-    loop over a ledger as durable as the checkpoints (``default_ledger``), or ``None`` when its
-    own in-memory ledger already is. ``GraphConfigError`` when no such ledger can be made."""
+    loop over the ledger every graph compiled with that checkpointer shares, as durable as its
+    checkpoints (``default_ledger``), or ``None`` when there is no saver to share one beside
+    (the graph keeps its own in-memory ledger). ``GraphConfigError`` when no such ledger can be
+    made."""
     try:
         ledger = durable_ledger(checkpointer)
     except LedgerNeeded as needed:
         raise GraphConfigError("ledger", str(needed)) from None
     if ledger is None:
         return None
-    twin = _assemble(replace(cfg, ledger=ledger, owns_ledger=False))
+    # A saver's in-memory ledger is process-local: its ended runs are forgotten from it too.
+    twin = _assemble(replace(cfg, ledger=ledger, owns_ledger=isinstance(ledger, InMemoryLedger)))
     close = getattr(ledger, "close", None)
     if callable(close):
         # Made for this graph alone: its connection goes with the graph, if not before (with

@@ -138,8 +138,8 @@ def verified_stop(
     ``pending``: the tasks accepted work still waits on as the ledger's completion markers tell
     it (``tasks.unfinished``); a receipt saying ``completed`` can be a caller's. ``produced``:
     the cited calls the ledger marks as having had their tool return a result; an observation
-    can be a caller's. ``None`` for either: only state is left to judge by (a non-durable
-    ledger lost with its process).
+    can be a caller's. ``None`` for either: only state is left to judge by (no ledger was
+    asked).
     """
     if ending.reason is not TerminationReason.COMPLETED:
         return ending
