@@ -83,13 +83,19 @@ def build_agent_graph(
       same result) may repeat before the run ends ``no_progress``, before anything is spent.
     - ``ledger`` (one as durable as the checkpointer, :mod:`fencepost.graph.default_ledger`):
       the one budget truth. Every step, tool call, token, cost unit and mutation is reserved
-      there before it is spent, and the state's ``budget`` is its view. Without one, the graph
-      keeps its ledger in memory beside an ``InMemorySaver``, in the same SQLite file beside a
-      ``SqliteSaver``, in the same store beside one ``open_checkpointer`` opened; any other
-      checkpointer is refused at compile (``GraphConfigError`` naming the ledger to pass). A
-      durable ledger (SQLite/Postgres) makes reservations survive a crash mid-call, so a retried
-      step or call is charged once per attempt and an uncertain write is reported as such, and
-      it enforces limits across processes.
+      there before it is spent, and the state's ``budget`` is its view; a run's limits and owner
+      are the ledger's, never read back from state. Without one, every graph compiled with the
+      same checkpointer shares one ledger: in memory beside an ``InMemorySaver`` (one per saver
+      object, so an agent built per request on one saver keeps one budget truth), in the same
+      SQLite file beside a ``SqliteSaver``, in the same store beside one ``open_checkpointer``
+      opened; any other checkpointer is refused at compile (``GraphConfigError`` naming the
+      ledger to pass). Compiled with no checkpointer of its own (nested in a graph of yours),
+      the graph keeps an in-memory ledger of its own: build it once, or pass one. A ledger that
+      holds no account of a run it is asked to resume (a fresh ``InMemoryLedger``, one lost with
+      its process) refuses it: the run ends ``policy_denied`` (``unknown_budget_account``) and
+      nothing it paused runs. A durable ledger (SQLite/Postgres) makes reservations survive a
+      crash mid-call, so a retried step or call is charged once per attempt and an uncertain
+      write is reported as such, and it enforces limits across processes.
     - ``clock`` (the system clock): what deadlines are measured with (a fake one in tests).
     - ``model_timeout_seconds`` (120): the longest one model step may take, inside the run's
       deadline; a step past it is a ``timeout`` model error.

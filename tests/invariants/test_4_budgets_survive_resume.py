@@ -149,6 +149,14 @@ def test_an_in_memory_checkpointer_keeps_one_in_memory_ledger_for_every_graph_on
     first, second, elsewhere = (cfg.ledger for cfg in ledgers if cfg is not None)
     assert first is second
     assert elsewhere is not first
+    # An in-memory SQLite database is gone with the process too: the same rule.
+    memory_db = SqliteSaver(sqlite3.connect(":memory:", check_same_thread=False))
+    try:
+        on_db = [settings_of(new_graph(memory_db, Calls())) for _ in range(2)]
+        assert on_db[0] is not None and on_db[1] is not None
+        assert type(on_db[0].ledger) is fp.InMemoryLedger and on_db[0].ledger is on_db[1].ledger
+    finally:
+        memory_db.conn.close()
 
 
 def test_a_checkpointer_no_ledger_can_be_derived_from_is_refused_at_compile_saying_what_to_pass(
