@@ -2,13 +2,15 @@
 
 The account is named from the checkpoint thread and the run id (never from the identity in state),
 and records the identity it was opened for: every reservation checks that owner against the
-caller's trusted context.
+caller's trusted context. Its limits and owner are the ledger's alone: an account the ledger does
+not hold (a ledger that never saw the run, or lost it with its process) is never opened again from
+what state says, and the run is refused (``unknown_budget_account``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from langgraph.config import get_config
@@ -20,7 +22,6 @@ from fencepost.policy import (
     Balance,
     BudgetAxis,
     BudgetExhausted,
-    InMemoryLedger,
     LedgerConflict,
     Receipt,
     Reservation,
@@ -30,12 +31,10 @@ from fencepost.policy import (
 )
 from fencepost.policy.batch import Batch
 from fencepost.policy.budget import budget_view
-from fencepost.policy.carried import carried_over
 from fencepost.policy.context import RunContext
 from fencepost.policy.gating import after_reservations
 from fencepost.policy.keys import (
     call_key,
-    carried_key,
     completed_key,
     result_key,
     run_account,
@@ -126,66 +125,10 @@ async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
     return check_funding(parent.owner, ctx)
 
 
-async def reopen_lost(
-    io: NodeIO,
-    state: AgentState,
-    ctx: RunContext,
-    account: str,
-    fresh: frozenset[str] = frozenset(),
-) -> bool:
-    """Re-open the account of a run whose non-durable ledger was lost (a new process), carrying
-    over what the checkpoint says was spent and which accepted tasks it says were shown done. A
-    durable ledger's missing account is never re-created: that run is refused.
-
-    Limit: with the ledger lost, the checkpoint is the only record left, so it is trusted as
-    it is for spent budget: a completion receipt or a result observation a caller forged
-    *before* the loss is carried (one forged after the re-opening is not). A run that needs
-    that cannot be forged keeps a durable ledger (SQLite/Postgres), whose markers outlive the
-    process.
-    """
-    if not isinstance(io.ledger, InMemoryLedger) or await check_parent(io, ctx) is not None:
-        return False
-    carried = carried_over(state, _amounts_of(io), fresh=fresh)
-    try:
-        await io.open_account(
-            account,
-            state.budget.limits(),
-            parent=ctx.budget_account,
-            owner=run_owner(ctx, state.run_id),
-        )
-        if carried.spent:
-            await io.reserve(account, carried_key(account), carried.spent)
-        for call_id, amounts in carried.open_calls:
-            # Under the key the executor looks up: found held, never reserved again.
-            await io.reserve(account, call_key(account, call_id, 1), amounts)
-        for receipt in accepting(state.receipts):  # a restart keeps what the checkpoint says
-            await io.reserve(account, _started(account, receipt), {})
-        for call_id in recorded_done(state.receipts):
-            await io.reserve(account, completed_key(account, call_id), {})
-        for call_id in dict.fromkeys(o.call_id for o in state.observations if o.is_evidence):
-            await io.reserve(account, result_key(account, call_id), {})
-    except (UnknownAccount, LedgerConflict, BudgetExhausted, AccountClosed, ValueError):
-        return False
-    return True
-
-
 async def produced(io: NodeIO, account: str, calls: Iterable[str]) -> frozenset[str]:
     """Which of ``calls`` the ledger marks as having had their tool return a result
     (``result_key``): the only calls a citation may name or a dependency may wait on."""
     return frozenset([c for c in calls if await io.get(result_key(account, c)) is not None])
-
-
-async def produced_earlier(
-    io: NodeIO, state: AgentState, ctx: RunContext, account: str, calls: Iterable[str]
-) -> frozenset[str]:
-    """:func:`produced`, for a node whose first ledger read it is (the executor re-run after a
-    restart): an account a non-durable ledger lost is re-opened first, carrying the markers the
-    checkpoint holds (:func:`reopen_lost`), as a reservation would."""
-    try:
-        await io.balance(account)
-    except UnknownAccount:
-        await reopen_lost(io, state, ctx, account)
-    return await produced(io, account, calls)
 
 
 async def mark_result(
@@ -196,15 +139,6 @@ async def mark_result(
     unmarked, so never citable, and is no stop of its own: the call did run, and its outcome
     stands (the closed account refuses the run's next step)."""
     await reserve(io, state, ctx, result_key(account, call_id), {}, account=account)
-
-
-def _amounts_of(io: NodeIO) -> Callable[[str], dict[str, float] | None]:
-    registry = io.cfg.registry
-
-    def amounts(name: str) -> dict[str, float] | None:
-        return call_amounts(registry.get(name)) if name in registry else None
-
-    return amounts
 
 
 async def marked_done(io: NodeIO, account: str, calls: Iterable[str]) -> frozenset[str]:
@@ -282,7 +216,6 @@ async def reserve_or_exhausted(
     amounts: Mapping[str, float],
     *,
     account: str | None = None,
-    fresh: frozenset[str] = frozenset(),
 ) -> Reservation | StopRequest | BudgetExhausted:
     """As :func:`reserve`, but a budget that cannot cover ``amounts`` comes back as data (a batch
     reserves call by call and marks the ones that do not fit).
@@ -290,35 +223,31 @@ async def reserve_or_exhausted(
     Checks the account's recorded owner against the caller: a state update that rewrote the
     run's identity lands here, on an account opened for somebody else, and is refused.
     ``account`` is the run's account when the caller already knows it (off the node's thread,
-    where LangGraph's config is not in context). ``fresh``: the batch's calls being reserved
-    for the first time now, which a lost account re-opened here does not carry as reserved.
+    where LangGraph's config is not in context). An account the ledger does not hold is never
+    opened here (its limits and owner would be read from state): the run is refused.
     """
     if account is None:
         account = account_of(state)
-    for _ in range(2):
-        try:
-            held = await io.reserve(account, key, amounts)
-        except BudgetExhausted as exc:
-            return exc
-        except AccountClosed as exc:
-            return stop_for_closed(exc.reason)
-        except UnknownAccount:
-            if await reopen_lost(io, state, ctx, account, fresh):
-                continue
-            return stop_for_unknown_account()
-        except (LedgerConflict, ValueError):
-            return stop_for_conflict()
-        if held.balance is not None:
-            refused = check_owner(held.balance.owner, ctx, state.run_id)
-            if refused is not None:
-                if not held.existing:
-                    # Made on somebody else's account for a caller it refuses: given back, so
-                    # the owner is charged nothing for it.
-                    with contextlib.suppress(LookupError, ValueError):
-                        await io.release(key)
-                return refused
-        return held
-    return stop_for_unknown_account()
+    try:
+        held = await io.reserve(account, key, amounts)
+    except BudgetExhausted as exc:
+        return exc
+    except AccountClosed as exc:
+        return stop_for_closed(exc.reason)
+    except UnknownAccount:
+        return stop_for_unknown_account()
+    except (LedgerConflict, ValueError):
+        return stop_for_conflict()
+    if held.balance is not None:
+        refused = check_owner(held.balance.owner, ctx, state.run_id)
+        if refused is not None:
+            if not held.existing:
+                # Made on somebody else's account for a caller it refuses: given back, so
+                # the owner is charged nothing for it.
+                with contextlib.suppress(LookupError, ValueError):
+                    await io.release(key)
+            return refused
+    return held
 
 
 async def release_reserved(io: NodeIO, key: str) -> Balance | None:
@@ -390,29 +319,24 @@ async def reserve_batch(
     N calls left exactly N run.
 
     ``gated``: fields the gate step sets (its batch, phase and repeat counts), written into the
-    state returned. Reserving reads only state's identity, budget and receipts (the run's
-    account, its owner, a lost account re-opened), which the gate step does not set."""
+    state returned. Reserving reads only state's run id (the run's account, its owner), which
+    the gate step does not set."""
     cfg = io.cfg
     account = account_of(state)
     refused: dict[str, BudgetExhausted] = {}
     update: dict[str, Any] = dict(gated) if gated else {}
     current: Batch = update.get("batch", state.batch)
-    # The last reservation's balance, viewed into state only when state is next read: before
-    # the next reservation (which may re-open the account from state's budget) or with the
-    # batch at the end, so a batch of one copies the state once, not twice.
+    # The last reservation's balance, viewed into state once, with the batch at the end.
     latest: Balance | None = None
-    entries = [e for e in to_reserve(current) if only is None or e.call_id in only]
-    # Reserved for the first time here: a lost account re-opened meanwhile must not carry them.
-    fresh = frozenset(e.call_id for e in entries)
-    for entry in entries:
-        if latest is not None:
-            state, latest = with_budget_view(state, latest), None
+    for entry in to_reserve(current):
+        if only is not None and entry.call_id not in only:
+            continue
         spec = cfg.registry.get(entry.proposal.tool_name)
         key = call_key(account, entry.call_id, 1)
-        held = await reserve_or_exhausted(
-            io, state, ctx, key, call_amounts(spec), account=account, fresh=fresh
-        )
+        held = await reserve_or_exhausted(io, state, ctx, key, call_amounts(spec), account=account)
         if isinstance(held, StopRequest):
+            if latest is not None:
+                update["budget"] = budget_view(latest.limits, latest.held)
             return (state.model_copy(update=update) if update else state), held
         if isinstance(held, BudgetExhausted):
             refused[entry.call_id] = held
@@ -427,6 +351,15 @@ async def reserve_batch(
     if latest is not None:
         update["budget"] = budget_view(latest.limits, latest.held)
     return (state.model_copy(update=update) if update else state), stopped
+
+
+async def balance_of(io: NodeIO, account: str) -> Balance | None:
+    """The run account's balance; ``None`` if the ledger holds no such account (the run is then
+    refused by its next reservation, typed)."""
+    try:
+        return await io.balance(account)
+    except (UnknownAccount, ValueError):
+        return None
 
 
 async def account_owner(io: NodeIO, account: str) -> Mapping[str, str] | None:

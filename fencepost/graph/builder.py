@@ -83,13 +83,19 @@ def build_agent_graph(
       same result) may repeat before the run ends ``no_progress``, before anything is spent.
     - ``ledger`` (one as durable as the checkpointer, :mod:`fencepost.graph.default_ledger`):
       the one budget truth. Every step, tool call, token, cost unit and mutation is reserved
-      there before it is spent, and the state's ``budget`` is its view. Without one, the graph
-      keeps its ledger in memory beside an ``InMemorySaver``, in the same SQLite file beside a
-      ``SqliteSaver``, in the same store beside one ``open_checkpointer`` opened; any other
-      checkpointer is refused at compile (``GraphConfigError`` naming the ledger to pass). A
-      durable ledger (SQLite/Postgres) makes reservations survive a crash mid-call, so a retried
-      step or call is charged once per attempt and an uncertain write is reported as such, and
-      it enforces limits across processes.
+      there before it is spent, and the state's ``budget`` is its view; a run's limits and owner
+      are the ledger's, never read back from state. Without one, every graph compiled with the
+      same checkpointer shares one ledger: in memory beside an ``InMemorySaver`` (one per saver
+      object, so an agent built per request on one saver keeps one budget truth), in the same
+      SQLite file beside a ``SqliteSaver``, in the same store beside one ``open_checkpointer``
+      opened; any other checkpointer is refused at compile (``GraphConfigError`` naming the
+      ledger to pass). Compiled with no checkpointer of its own (nested in a graph of yours),
+      the graph keeps an in-memory ledger of its own: build it once, or pass one. A ledger that
+      holds no account of a run it is asked to resume (a fresh ``InMemoryLedger``, one lost with
+      its process) refuses it: the run ends ``policy_denied`` (``unknown_budget_account``) and
+      nothing it paused runs. A durable ledger (SQLite/Postgres) makes reservations survive a
+      crash mid-call, so a retried step or call is charged once per attempt and an uncertain
+      write is reported as such, and it enforces limits across processes.
     - ``clock`` (the system clock): what deadlines are measured with (a fake one in tests).
     - ``model_timeout_seconds`` (120): the longest one model step may take, inside the run's
       deadline; a step past it is a ``timeout`` model error.
@@ -204,13 +210,14 @@ def build_agent_graph(
             owns_ledger=ledger is None,
             denial=denial,
             approver=approver,
-        )
+        ),
+        twin=ledger is None,
     )
 
 
-def _assemble(cfg: LoopConfig) -> StateGraph[Any, RunContext, Any, Any]:
-    """The loop's ``StateGraph`` over ``cfg``: its nodes, its edges, and (for a graph that keeps
-    a ledger of its own) the graph it compiles into instead with a durable checkpointer."""
+def _assemble(cfg: LoopConfig, *, twin: bool = False) -> StateGraph[Any, RunContext, Any, Any]:
+    """The loop's ``StateGraph`` over ``cfg``: its nodes, its edges, and (``twin``: a graph
+    built with no ledger) the graph it compiles into instead with a checkpointer."""
     # A mapping context is validated by the nodes, not by LangGraph (see ContextInput).
     graph = BoundedStateGraph(GraphState, context_schema=ContextInput, input_schema=InputState)
     # One body per node, run by the sync or the async path (see fencepost.graph.node_io).
@@ -232,7 +239,7 @@ def _assemble(cfg: LoopConfig) -> StateGraph[Any, RunContext, Any, Any]:
     graph.add_conditional_edges("execute", route_after_execute, ["decide", "terminal"])
     # "terminal" too: a state update made as the terminal node is not an ended run.
     graph.add_conditional_edges("terminal", route_after_terminal, ["terminal", END])
-    if cfg.owns_ledger:
+    if twin:
         graph.durable_twin = partial(_durable_twin, cfg)
     remember(graph, cfg)
     return graph
@@ -240,15 +247,18 @@ def _assemble(cfg: LoopConfig) -> StateGraph[Any, RunContext, Any, Any]:
 
 def _durable_twin(cfg: LoopConfig, checkpointer: Any) -> StateGraph[Any, Any, Any, Any] | None:
     """The graph a graph built with no ledger compiles into with ``checkpointer``: the same
-    loop over a ledger as durable as the checkpoints (``default_ledger``), or ``None`` when its
-    own in-memory ledger already is. ``GraphConfigError`` when no such ledger can be made."""
+    loop over the ledger every graph compiled with that checkpointer shares, as durable as its
+    checkpoints (``default_ledger``), or ``None`` when there is no saver to share one beside
+    (the graph keeps its own in-memory ledger). ``GraphConfigError`` when no such ledger can be
+    made."""
     try:
         ledger = durable_ledger(checkpointer)
     except LedgerNeeded as needed:
         raise GraphConfigError("ledger", str(needed)) from None
     if ledger is None:
         return None
-    twin = _assemble(replace(cfg, ledger=ledger, owns_ledger=False))
+    # A saver's in-memory ledger is process-local: its ended runs are forgotten from it too.
+    twin = _assemble(replace(cfg, ledger=ledger, owns_ledger=isinstance(ledger, InMemoryLedger)))
     close = getattr(ledger, "close", None)
     if callable(close):
         # Made for this graph alone: its connection goes with the graph, if not before (with

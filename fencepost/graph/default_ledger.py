@@ -1,25 +1,35 @@
-"""The ledger of a graph built with none: as durable as the checkpointer it is compiled with.
+"""The ledger of a graph built with none: as durable as the checkpointer it is compiled with,
+and the same for every graph object compiled with that checkpointer.
 
-A run's budget lives in its ledger account, so a ledger that dies with the process while the
-checkpoints survive it lets a restarted worker find a paused run with its account gone. The
-graph's own :class:`~fencepost.policy.InMemoryLedger` is kept only where the checkpoints are
-in memory too (no checkpointer, LangGraph's ``InMemorySaver``, a subgraph's inherited one).
-A SQLite checkpointer on a file gets a :class:`~fencepost.adapters.SqliteLedger` on that same
-file (its own tables beside LangGraph's), so every process that opens the file shares the
-books; a Postgres one that fencepost's ``open_checkpointer`` opened (it knows the connection
-string) a :class:`~fencepost.adapters.PostgresLedger` in the same database. Any other — a
-Postgres saver built by hand, an ``AsyncSqliteSaver`` built by hand, one fencepost does not
-know — is refused at compile with one sentence saying which ledger to pass: none is guessed.
+A run's budget and owner live in its ledger account, and a run is only ever continued on a
+ledger that holds it (one that never saw it refuses it, typed): so every graph object that can
+reach a run's checkpoints must reach the same ledger. Checkpoints held in memory (LangGraph's
+``InMemorySaver``, an in-memory SQLite database, a store opened only to read) get one
+:class:`~fencepost.policy.InMemoryLedger` per saver object, kept here and found again from the
+saver itself (never from a name a caller chooses): an app that builds its agent per request on
+one module-level saver has one budget truth. A SQLite checkpointer on a file gets a
+:class:`~fencepost.adapters.SqliteLedger` on that same file (its own tables beside LangGraph's),
+so every process that opens the file shares the books; a Postgres one that fencepost's
+``open_checkpointer`` opened (it knows the connection string) a
+:class:`~fencepost.adapters.PostgresLedger` in the same database. Any other — a Postgres saver
+built by hand, an ``AsyncSqliteSaver`` built by hand, one fencepost does not know — is refused
+at compile with one sentence saying which ledger to pass: none is guessed.
+
+A graph compiled with no checkpointer of its own (none, or ``True``/``False``) keeps the
+in-memory ledger of its graph object: LangGraph gives a nested graph's nodes no public way to
+reach the parent's saver, so such a graph is built once (not per request), or given a ledger.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
+import weakref
 from typing import Any
 
 from langgraph.checkpoint.memory import InMemorySaver
 
-from fencepost.policy import Ledger
+from fencepost.policy import InMemoryLedger, Ledger
 
 
 class LedgerNeeded(ValueError):
@@ -28,13 +38,18 @@ class LedgerNeeded(ValueError):
 
 def durable_ledger(checkpointer: Any) -> Ledger | None:
     """A ledger as durable as ``checkpointer`` for a graph built with none, or ``None`` when
-    the graph's own in-memory ledger already is. Raises :class:`LedgerNeeded` otherwise.
+    there is no saver object to keep one beside (``None``, ``True``, ``False``: the graph's own
+    in-memory ledger). Raises :class:`LedgerNeeded` otherwise.
 
-    A ledger made for a checkpointer fencepost's opener opened is closed with it; one made for
-    a ``SqliteSaver`` built by hand is closed when the graph compiled with it is collected.
+    Checkpoints in memory get the saver's own :func:`in_memory_ledger`, the same for every graph
+    compiled with it. A ledger made for a checkpointer fencepost's opener opened is closed with
+    it; one made for a ``SqliteSaver`` built by hand is closed when the graph compiled with it
+    is collected.
     """
-    if checkpointer is None or isinstance(checkpointer, bool | InMemorySaver):
+    if checkpointer is None or isinstance(checkpointer, bool):
         return None
+    if isinstance(checkpointer, InMemorySaver):
+        return in_memory_ledger(checkpointer)
     from fencepost.adapters.checkpointers import checkpoint_store, close_with
 
     kind, where = checkpoint_store(checkpointer) or ("", "")
@@ -43,8 +58,8 @@ def durable_ledger(checkpointer: Any) -> Ledger | None:
         kind, where = ("sqlite", path) if path is not None else ("", "")
     if kind == "read_only" or (kind == "sqlite" and where == ""):
         # A store opened only to read, or an in-memory SQLite database (gone with the process,
-        # as the ledger is): the graph's own in-memory ledger is as durable.
-        return None
+        # as the ledger is): an in-memory ledger is as durable.
+        return in_memory_ledger(checkpointer)
     ledger: Ledger
     if kind == "sqlite":
         from fencepost.adapters.ledger_sqlite import SqliteLedger
@@ -60,6 +75,39 @@ def durable_ledger(checkpointer: Any) -> Ledger | None:
     if callable(close):
         close_with(checkpointer, close)
     return ledger
+
+
+# Each saver's in-memory ledger, by the saver object's identity (a saver class that defines
+# equality must not make two savers share one), dropped when the saver is collected.
+_IN_MEMORY: dict[int, tuple[weakref.ref[Any], InMemoryLedger]] = {}
+_IN_MEMORY_LOCK = threading.Lock()
+
+
+def in_memory_ledger(saver: Any) -> InMemoryLedger:
+    """The in-memory ledger of every graph built with no ledger and compiled with ``saver``, a
+    checkpointer that keeps its checkpoints in memory: made at the first such compile, kept as
+    long as the saver is. :class:`LedgerNeeded` for a saver that cannot be referenced weakly
+    (no ledger can then be kept beside it, nor found again)."""
+    key = id(saver)
+    with _IN_MEMORY_LOCK:
+        kept = _IN_MEMORY.get(key)
+        if kept is not None and kept[0]() is saver:
+            return kept[1]
+        try:
+            ref = weakref.ref(saver)
+        except TypeError:
+            raise LedgerNeeded(_what_to_pass(type(saver).__name__)) from None
+        ledger = InMemoryLedger()
+        _IN_MEMORY[key] = (ref, ledger)
+        weakref.finalize(saver, _forget, key, ref)
+        return ledger
+
+
+def _forget(key: int, ref: weakref.ref[Any]) -> None:
+    with _IN_MEMORY_LOCK:
+        kept = _IN_MEMORY.get(key)
+        if kept is not None and kept[0] is ref:
+            del _IN_MEMORY[key]
 
 
 def _what_to_pass(kind: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fencepost.graph.account import account_of, pending_work, produced
 from fencepost.graph.node_io import NodeIO
-from fencepost.policy import AgentState, InMemoryLedger, Phase, TerminationReason, UnknownAccount
+from fencepost.policy import AgentState, Phase, TerminationReason, UnknownAccount
 from fencepost.policy.context import RunContext
 from fencepost.policy.keys import started_key
 from fencepost.policy.outcome import receipt_for
@@ -55,16 +55,11 @@ _REASONS: dict[str | None, TerminationReason] = {r.value: r for r in Termination
 _UNENDED = {"phase": Phase.OBSERVE, "termination": None, "final_answer": None, "report": None}
 
 
-async def pending_at_end(
-    io: NodeIO, state: AgentState, mine: bool | None
-) -> tuple[str, ...] | None:
+async def pending_at_end(io: NodeIO, state: AgentState, mine: bool | None) -> tuple[str, ...]:
     """:func:`pending_work` for judging a stop at the end. Every accepted task is pending when
-    the account is not provably the caller's (its markers are another run's); None when the
-    account is gone from a non-durable ledger lost with its process (nothing has re-opened it
-    yet): then the receipts are all that is left to judge by, as ``reopen_lost`` carries them.
-    ``mine``: what :func:`owned` says of the run's account."""
-    if mine is None and isinstance(io.ledger, InMemoryLedger):
-        return None
+    the account is not provably the caller's (its markers are another run's, or the ledger
+    holds no such account: a receipt in state is no marker). ``mine``: what :func:`owned` says
+    of the run's account."""
     if not mine:
         return tuple(r.task_id or r.call_id for r in unfinished(state.receipts, ()))
     return await pending_work(io, state)
@@ -92,13 +87,10 @@ async def receipt_started(io: NodeIO, state: AgentState, account: str) -> AgentS
 
 async def produced_at_end(
     io: NodeIO, state: AgentState, mine: bool | None, citations: tuple[str, ...]
-) -> frozenset[str] | None:
+) -> frozenset[str]:
     """Which of a completed stop's ``citations`` the ledger marks as produced by a tool of the
     run (``keys.result_key``), judged as :func:`pending_at_end` judges tasks: none when the
-    account is not provably the caller's; None when a non-durable ledger lost the account (the
-    observations are all that is left to judge by, as ``reopen_lost`` carries them)."""
-    if mine is None and isinstance(io.ledger, InMemoryLedger):
-        return None
+    account is not provably the caller's (or the ledger holds no such account)."""
     if not mine:
         return frozenset()
     return await produced(io, account_of(state), citations)

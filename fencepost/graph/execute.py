@@ -11,9 +11,10 @@ from pydantic import JsonValue
 from fencepost.adapters import telemetry
 from fencepost.graph.account import (
     account_of,
+    balance_of,
     certify,
     mark_result,
-    produced_earlier,
+    produced,
     release_reserved,
     reserve,
     reserve_or_exhausted,
@@ -251,9 +252,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         else:
             inside = {e.call_id for e, _ in runnable}
             outside = {d for e, _ in runnable for d in e.proposal.depends_on if d not in inside}
-            made = (
-                await produced_earlier(io, state, ctx, account, outside) if outside else frozenset()
-            )
+            made = await produced(io, account, outside) if outside else frozenset()
             earlier = earlier_outputs(state.observations, made)
             results = await io.call(
                 lambda: run_batch(cfg, state, ctx, account, runnable, seen, earlier)
@@ -263,7 +262,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
                 claim_stop = claim_stop or result
                 result = refused_at_claim(entry, spec, result)
             outcomes.append(result)
-        state = with_budget_view(state, seen[-1] if seen else await io.balance(account))
+        state = with_budget_view(state, seen[-1] if seen else await balance_of(io, account))
     done = with_approvers(ordered(state.batch, outcomes), state.batch)
     telemetry.calls_ended(state.run_id, state.batch, done)
     # What each call returned, as a hash, for the no-progress gate (before the batch is cleared).

@@ -48,7 +48,8 @@ class LoopConfig:
     repair_attempts: int
     """Refused proposals (unknown tool, schema, semantics) the model may repair, a step each."""
     owns_ledger: bool = False
-    """The ledger is the graph's own (none was passed): runs that end are forgotten from it."""
+    """The ledger is an in-memory one fencepost made (none was passed): the graph's own, or its
+    saver's (``default_ledger.in_memory_ledger``). Runs that end are forgotten from it."""
     denial: DenialMode = "end_run"
     """What a capability or semantic denial does: end the run, or be an observation."""
     approver: Approver | None = None

@@ -87,6 +87,7 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
         require_citations=io.cfg.require_citations,
         pending=pending,
         produced=cited,
+        account_known=mine is not None,
     )
     state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
     # The report needs the batch the run stopped in: terminate() clears it.

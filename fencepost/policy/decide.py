@@ -24,6 +24,7 @@ from fencepost.policy.fingerprint import fits_checkpoint
 from fencepost.policy.manifest import Outcome
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import TerminationReason
+from fencepost.policy.reservations import stop_for_unknown_account
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.terminate import MissingCitation, UnsupportedCitation, validate_final_answer
@@ -127,6 +128,7 @@ def verified_stop(
     require_citations: bool,
     pending: Collection[str] | None = None,
     produced: Collection[str] | None = None,
+    account_known: bool = True,
 ) -> StopRequest:
     """The stop a run ends with, verified again against the state it ends in.
 
@@ -138,11 +140,15 @@ def verified_stop(
     ``pending``: the tasks accepted work still waits on as the ledger's completion markers tell
     it (``tasks.unfinished``); a receipt saying ``completed`` can be a caller's. ``produced``:
     the cited calls the ledger marks as having had their tool return a result; an observation
-    can be a caller's. ``None`` for either: only state is left to judge by (a non-durable
-    ledger lost with its process).
+    can be a caller's. ``None`` for either: only state is left to judge by (no ledger was
+    asked). ``account_known=False``: the ledger holds no account of the run (it never saw it,
+    or lost it with its process), so nothing can verify the answer and the run is refused as
+    every reservation on that ledger refuses it (``unknown_budget_account``).
     """
     if ending.reason is not TerminationReason.COMPLETED:
         return ending
+    if not account_known:
+        return stop_for_unknown_account()
     if ending.answer is None:
         return stop(TerminationReason.INVALID_PROPOSAL, InvalidProposal().code)
     if pending if pending is not None else pending_tasks(state.receipts):

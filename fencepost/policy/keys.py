@@ -83,11 +83,6 @@ def started_key(account: str, call_id: str, attempt: int) -> str:
     return f"{call_key(account, call_id, attempt)}:started"
 
 
-def carried_key(account: str) -> str:
-    """What a non-durable ledger re-opened after a restart carries over from the checkpoint."""
-    return f"{account}:carried"
-
-
 def completed_key(account: str, call_id: str) -> str:
     """The durable marker (zero amounts) that the task call ``call_id`` accepted was shown done.
 

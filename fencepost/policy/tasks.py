@@ -25,7 +25,7 @@ def pending_tasks(receipts: tuple[Receipt, ...]) -> tuple[Receipt, ...]:
 
 def recorded_done(receipts: tuple[Receipt, ...]) -> tuple[str, ...]:
     """The accepting calls whose current receipt says ``completed``: what the checkpoint claims
-    was shown done (to be carried into a non-durable ledger re-opened after a restart)."""
+    was shown done (each checked against the ledger's completion markers)."""
     accepted = {r.call_id for r in accepting(receipts)}
     return tuple(
         r.call_id

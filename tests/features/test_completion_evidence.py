@@ -8,9 +8,9 @@ A completion comes from a status check made after the acceptance, by a tool decl
 for that kind of task; two calls that accepted one task id each need their own. A completion a
 caller forges (a ``completed`` receipt, as a Receipt or as the JSON a server client sends; open
 tasks or receipts cleared or overwritten; a completed stop or termination written into state)
-never completes a run: on the graph's own ledger, on a durable one a new process reads, on a lost
-in-memory one reopened from the checkpoint, and on the async graph; and it never stops the
-genuine completion.
+never completes a run: on the graph's own ledger, on a durable one a new process reads, on the
+in-memory one every graph object on one saver shares, and on the async graph; and it never stops
+the genuine completion.
 """
 
 from __future__ import annotations
@@ -539,12 +539,12 @@ def test_a_forged_completion_receipt_never_completes_a_run_on_the_async_graph() 
     assert state.termination is TerminationReason.INSUFFICIENT_EVIDENCE
 
 
-def test_after_the_in_memory_ledger_is_reopened_a_completion_forged_later_is_refused() -> None:
+def test_a_completion_forged_through_a_second_graph_on_the_same_saver_is_refused() -> None:
     saver = InMemorySaver()
     config, ctx = thread(), context(caps=DOCS)
     h = upload_graph([UPLOAD], checkpointer=saver)
     start_upload(h, config, ctx)
-    # A new process: its first step re-opens the account (the checkpoint shows nothing done).
+    # The next request's graph object: the saver's ledger, which marks nothing done.
     again = upload_graph([STATUS, *REFUSED_TWICE], status={"status": "running"}, checkpointer=saver)
     _next_execute(again, config, ctx)
     forge_completion(again, config, "receipt")

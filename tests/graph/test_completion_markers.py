@@ -5,8 +5,10 @@ Receipts are append-only, but a caller holding the thread's config can append on
 marker outside state (``keys.completed_key``), written by the execute node, before the completion
 receipt, only when a later call's verified evidence shows the task done. These tests run real
 graphs on real checkpointers and ledgers: the in-memory pair, and SQLite files reopened by a
-fresh graph object (a new process). A non-durable ledger lost by a restart is re-opened from the
-checkpoint, which then carries the completions it recorded. A crash between the marker and the
+fresh graph object (a new process). Every graph built with no ledger on one ``InMemorySaver``
+shares that saver's ledger, so a second graph object finds the markers the first wrote; a ledger
+that never saw the run (lost with its process) re-opens nothing from the checkpoint: the run is
+refused, ``unknown_budget_account``, and nothing completes. A crash between the marker and the
 receipt, or a cancel that closes the account mid-batch, leaves the books right. That a forged
 completion never completes a run is pinned with the feature: ``tests/features/
 test_completion_evidence.py``.
@@ -121,13 +123,12 @@ def test_an_early_marker_a_crash_left_gets_its_receipt_when_the_task_is_shown_do
     ]
 
 
-# --- a non-durable ledger lost by a restart -----------------------------------------------------
+# --- a second graph object on the same saver, and a ledger that never saw the run -------------
 
 
-def test_after_the_in_memory_ledger_is_lost_a_completion_recorded_before_still_completes() -> None:
-    # Each graph keeps an InMemoryLedger of its own: the second is a new process whose ledger
-    # lost the first one's markers. Re-opening the run's account carries the completions the
-    # checkpoint recorded (as it carries what was spent), so the run is never stuck pending.
+def test_a_second_graph_on_the_same_saver_completes_a_completion_the_first_recorded() -> None:
+    # An app that builds its agent per request: each graph object is new, the saver is one, and
+    # so is its ledger, which holds the completion marker the first graph wrote.
     saver = InMemorySaver()
     config, ctx = thread(), context(caps=DOCS)
     h = upload_graph([UPLOAD, STATUS], checkpointer=saver)
@@ -138,15 +139,31 @@ def test_after_the_in_memory_ledger_is_lost_a_completion_recorded_before_still_c
     assert state.termination is TerminationReason.COMPLETED
 
 
+def test_a_ledger_that_lost_the_run_never_completes_it_from_the_checkpoints_receipts() -> None:
+    # A new process: the checkpoint records the completion, the new ledger holds nothing of the
+    # run. Nothing is re-opened from state: the run is refused, typed, and no model is asked.
+    saver = InMemorySaver()
+    config, ctx = thread(), context(caps=DOCS)
+    h = upload_graph([UPLOAD, STATUS], checkpointer=saver, ledger=fp.InMemoryLedger())
+    start_upload(h, config, ctx)
+    _next_execute(h, config, ctx)
+    again = upload_graph(
+        [final_citing_all, ABSTAIN], checkpointer=saver, ledger=fp.InMemoryLedger()
+    )
+    state = fp.run_output(again.graph.invoke(None, config, context=ctx))
+    assert state.termination is TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "unknown_budget_account"
+    assert again.model.calls == 0
+
+
 # --- a completed stop the terminal node judges ----------------------------------------------------
 
 
-def test_a_genuine_completed_stop_ends_the_run_completed_after_the_in_memory_ledger_is_lost() -> (
+def test_a_genuine_completed_stop_ends_the_run_completed_through_a_second_graph_on_the_saver() -> (
     None
 ):
-    # decide accepted the final answer (the task shown done, marked) and the process stopped
-    # before the terminal node ran. The new process's ledger has no account and no markers:
-    # nothing re-opens it before the terminal node, which judges by the receipts then.
+    # decide accepted the final answer (the task shown done, marked) and the graph object was
+    # dropped before the terminal node ran: the next one on the saver judges by its markers.
     saver = InMemorySaver()
     config, ctx = thread(), context(caps=DOCS)
     h = upload_graph([UPLOAD, STATUS, final_citing_all], checkpointer=saver)
@@ -160,6 +177,27 @@ def test_a_genuine_completed_stop_ends_the_run_completed_after_the_in_memory_led
     again = upload_graph([], checkpointer=saver)
     state = fp.run_output(again.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
+
+
+def test_a_completed_stop_the_ledger_never_saw_ends_unknown_budget_account_not_completed() -> None:
+    # The same stop, reached by a new process whose ledger holds no account and no markers: the
+    # terminal node cannot verify it, and says why (receipts in state are no proof).
+    saver = InMemorySaver()
+    config, ctx = thread(), context(caps=DOCS)
+    h = upload_graph(
+        [UPLOAD, STATUS, final_citing_all], checkpointer=saver, ledger=fp.InMemoryLedger()
+    )
+    h.graph.invoke(
+        fp.start("upload", budget(steps=6, tools=4)),
+        config,
+        context=ctx,
+        interrupt_before=["terminal"],
+    )
+    assert state_of(h, config).stop is not None
+    again = upload_graph([], checkpointer=saver, ledger=fp.InMemoryLedger())
+    state = fp.run_output(again.graph.invoke(None, config, context=ctx))
+    assert state.termination is TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "unknown_budget_account"
 
 
 # -- crashes, cancels and lost ledgers ---------------------------------------------------------
@@ -235,25 +273,21 @@ def test_an_account_closed_mid_batch_records_no_completion_and_ends_cancelled(mo
     assert h.model.calls == 2
 
 
-def test_a_lost_in_memory_ledger_before_the_status_check_still_lets_the_genuine_one_complete() -> (
+def test_a_second_graph_on_the_saver_before_the_status_check_lets_the_genuine_one_complete() -> (
     None
 ):
     saver = InMemorySaver()
     config, ctx = thread(), context(caps=DOCS)
     h = upload_graph([UPLOAD], checkpointer=saver)
     start_upload(h, config, ctx)
-    again = upload_graph(
-        [STATUS, final_citing_all], checkpointer=saver
-    )  # a new process's own ledger
+    again = upload_graph([STATUS, final_citing_all], checkpointer=saver)  # the next request's
     state = fp.run_output(again.graph.invoke(None, config, context=ctx))
     assert state.termination is TerminationReason.COMPLETED
 
 
-def test_a_lost_in_memory_ledger_after_an_accepted_call_still_completes_on_the_async_graph() -> (
-    None
-):
-    # The reopened account carries the started marker of the accepted upload: the genuine
-    # status check completes it, and a final answer before it is still held up.
+def test_a_second_async_graph_on_the_saver_after_an_accepted_call_still_completes() -> None:
+    # The saver's ledger holds the started marker of the accepted upload: the genuine status
+    # check completes it, and a final answer before it is still held up.
     saver = InMemorySaver()
     config, ctx = thread(), context(caps=DOCS)
     asyncio.run(astart_upload(upload_graph([UPLOAD], checkpointer=saver), config, ctx))

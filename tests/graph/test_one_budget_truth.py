@@ -363,7 +363,8 @@ class Plan:
 def plans(draw: st.DrawFn, *, crash: bool = False, restart: bool = False) -> Plan:
     """A random run. ``crash``: always on the SQLite files, always dying at some ledger write.
     ``restart``: paused for approval of a batch with a write in it, and every resume (approval
-    or crash) taken by a new graph object, on a backend whose ledger outlives it or is lost."""
+    or crash) taken by a new graph object, on a backend whose ledger outlives it (files, or the
+    saver's own in-memory ledger every graph object on it shares)."""
     budget = fp.RuntimeBudget(
         steps_remaining=draw(st.integers(2 if crash else 0, 7)),
         tool_calls_remaining=draw(st.integers(0, 6)),
@@ -398,12 +399,12 @@ def plans(draw: st.DrawFn, *, crash: bool = False, restart: bool = False) -> Pla
         # A read beside a write first: the write waits for a human, the read is reserved.
         first = tuple(draw(st.permutations(["search_logs", "write_note"])))
         turns = (Turn(kind="calls", tools=first), *turns)
-        backend = draw(st.sampled_from(["sqlite", "sqlite-default", "memory-lost"]))
+        backend = draw(st.sampled_from(["sqlite", "sqlite-default", "memory-default"]))
     else:
         backend = (
             "sqlite"
             if crash
-            else draw(st.sampled_from(["memory", "sqlite", "sqlite-default", "memory-lost"]))
+            else draw(st.sampled_from(["memory", "sqlite", "sqlite-default", "memory-default"]))
         )
     return Plan(
         budget=budget,
@@ -414,7 +415,8 @@ def plans(draw: st.DrawFn, *, crash: bool = False, restart: bool = False) -> Pla
         else draw(st.sampled_from(["terminate", "interrupt", "interrupt"])),
         answers=tuple(draw(st.lists(st.sampled_from(["approve", "reject"]), max_size=6))),
         # "sqlite-default": no ledger passed, the graph keeps its budget in the checkpoint
-        # file; "memory-lost": the graph's own in-memory ledger, lost by every new graph.
+        # file; "memory-default": no ledger passed, every graph object on the one InMemorySaver
+        # shares its in-memory ledger (an app building its agent per request).
         backend=backend,
         tokens_per_step=draw(st.sampled_from([0, 0, 5, 30])),
         crash_at=draw(crash_at if crash else st.none() | crash_at),  # see Run.open
@@ -474,8 +476,11 @@ class Run:
     saver: Any = None
     graph: Any = None
     crashed: bool = False
-    lost: bool = False
-    """The ledger is a new in-memory one that has not re-opened the run's account yet."""
+
+    @property
+    def forgets_ended(self) -> bool:
+        """The ledger is one fencepost made in memory: an ended run's account is dropped."""
+        return self.plan.backend == "memory-default"
 
     def open(self, *, crash_at: int | None) -> None:
         """Open the ledger and checkpointer (the same files again, for a sqlite backend). A
@@ -489,11 +494,9 @@ class Run:
             passed = CrashingSqliteLedger(self.root / "ledger.db") if backend == "sqlite" else None
             if passed is not None:
                 self.stack.callback(passed.close)
-        elif backend == "memory-lost":
+        elif backend == "memory-default":
             self.saver = self.saver or InMemorySaver()
-            passed = CrashingMemoryLedger()  # a new one with every graph: the last one is lost
-            self.lost = True
-            crash_at = None  # a crash the lost ledger never saw is not known (documented)
+            passed = None  # the saver's own: nothing to make crash
         else:
             passed = self.ledger if self.ledger is not None else CrashingMemoryLedger()
             self.saver = self.saver or InMemorySaver()
@@ -516,9 +519,10 @@ class Run:
         self.ledger = built.ledger
         if backend == "sqlite-default":
             assert isinstance(self.ledger, SqliteLedger)  # derived from the checkpoint file
+        if backend == "memory-default":
+            assert type(self.ledger) is fp.InMemoryLedger  # the saver's, whichever graph
         if self.plan.parent is not None:
-            # The application's pool, opened at every start (idempotent on a durable ledger;
-            # a lost in-memory one loses it too, and it is opened again, empty).
+            # The application's pool, opened at every start (idempotent: the same terms).
             self.ledger.open_account("parent", self.plan.parent)
 
     def reopen(self) -> None:
@@ -553,10 +557,9 @@ def check_superstep(
         balance = ledger.balance(account)
     except UnknownAccount:
         # Only a run refused at its very first step (its parent could not be found) has none,
-        # or one whose in-memory ledger was lost with its graph, until a node re-opens it.
-        assert run.lost or state.budget.used(BudgetAxis.STEPS) == 0
+        # or an ended one, dropped from a ledger fencepost made in memory.
+        assert (run.forgets_ended and state.is_terminal) or state.budget.used(BudgetAxis.STEPS) == 0
         return state
-    run.lost = False
     for axis in AXES:
         assert state.budget.used(axis) == pytest.approx(balance.held.get(axis.value, 0.0)), (
             f"after a superstep, {axis.value}: state {state.budget} vs ledger {balance.held}"
@@ -628,7 +631,7 @@ def check_random_run(plan: Plan) -> None:
             config = thread()
             state = drive(run, config, ctx)
             assert state.is_terminal
-            if not run.crashed:
+            if not run.crashed and not run.forgets_ended:
                 # With no crash every call reservation was a start: a call the ledger holds
                 # that never ran was charged twice somewhere (a resume counting it again).
                 held_calls = run.ledger.balance(account_of(config, state)).held

@@ -1,12 +1,14 @@
 """Invariant 4: budgets survive resume — ``Command(resume=...)`` or ``None`` in the same graph,
-a new graph object on the same files (a restarted worker, a second process), and the ledger lost.
+a new graph object on the same saver or files (a request's, a restarted worker's, a second
+process's), and never a fresh budget when the ledger was lost.
 
-A graph built with no ledger keeps one as durable as the checkpointer it is compiled with: a
-SQLite file's own ledger tables, so a new graph on the same file finds the run's account; a
+A graph built with no ledger keeps one as durable as the checkpointer it is compiled with, shared
+by every graph object compiled with it: an ``InMemorySaver``'s own in-memory ledger, a SQLite
+file's own ledger tables, so a new graph on the same saver or file finds the run's account; a
 checkpointer it cannot derive one from is refused at compile, saying what to pass. A ledger that
-was lost (an in-memory one, in a new process) is re-opened from the checkpoint, each call the
-checkpoint shows reserved carried under its own key, so none is charged twice. A run whose
-first step died after its account was opened resumes on that account, however it was started.
+never saw the run (an in-memory one lost with its process) re-opens nothing from the checkpoint:
+the run is refused, ``unknown_budget_account``, and nothing more runs. A run whose first step
+died after its account was opened resumes on that account, however it was started.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.settings import settings_of
-from fencepost.policy import TerminationReason
+from fencepost.policy import TerminationReason, UnknownAccount
 from fencepost.policy.keys import run_account
 from tests.graph.kit import (
     Calls,
@@ -101,11 +103,11 @@ def test_a_batch_paused_for_approval_on_a_sqlite_file_is_charged_each_call_once_
     assert ledger_held["tool_calls"] == 2.0
 
 
-def test_a_lost_ledger_reopened_from_the_checkpoint_carries_each_reserved_call_under_its_key(
+def test_a_run_whose_ledger_was_lost_is_refused_never_given_its_budget_again(
     tmp_path: Path,
 ) -> None:
-    # An in-memory ledger passed explicitly, lost with its graph: the new graph's ledger holds
-    # nothing of the run, and re-opens its account from what the checkpoint says.
+    # An in-memory ledger passed explicitly, lost with its process: the new graph's ledger holds
+    # nothing of the run, and opens nothing from what the checkpoint says.
     calls = Calls()
     config, ctx = thread(), context()
     with saver_on(tmp_path / "runs.db") as saver:
@@ -116,11 +118,12 @@ def test_a_lost_ledger_reopened_from_the_checkpoint_carries_each_reserved_call_u
         fresh = fp.InMemoryLedger()
         graph = new_graph(saver, calls, resumed=True, ledger=fresh)
         state = fp.run_output(graph.invoke(Command(resume="approve"), config, context=ctx))
-        assert state.termination is fp.TerminationReason.COMPLETED, state.last_error_code
-        assert sorted(name for name, _, _ in calls.log) == ["search_logs", "write_note"]
-        account = run_account(config["configurable"]["thread_id"], state.run_id)
-        assert fresh.balance(account).held["tool_calls"] == 2.0
-        assert state.budget.tool_calls_used == 2
+    assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert state.last_error_code == "unknown_budget_account"
+    assert calls.log == []
+    account = run_account(config["configurable"]["thread_id"], state.run_id)
+    with pytest.raises(UnknownAccount):
+        fresh.balance(account)
 
 
 def test_a_graph_with_no_ledger_keeps_its_budget_in_the_sqlite_file_it_checkpoints_to(
@@ -139,10 +142,21 @@ def test_a_graph_with_no_ledger_keeps_its_budget_in_the_sqlite_file_it_checkpoin
     assert accounts == (1,)
 
 
-def test_an_in_memory_checkpointer_keeps_an_in_memory_ledger() -> None:
-    graph = new_graph(InMemorySaver(), Calls())
-    cfg = settings_of(graph)
-    assert cfg is not None and type(cfg.ledger) is fp.InMemoryLedger
+def test_an_in_memory_checkpointer_keeps_one_in_memory_ledger_for_every_graph_on_it() -> None:
+    saver, other = InMemorySaver(), InMemorySaver()
+    ledgers = [settings_of(new_graph(s, Calls())) for s in (saver, saver, other)]
+    assert all(cfg is not None and type(cfg.ledger) is fp.InMemoryLedger for cfg in ledgers)
+    first, second, elsewhere = (cfg.ledger for cfg in ledgers if cfg is not None)
+    assert first is second
+    assert elsewhere is not first
+    # An in-memory SQLite database is gone with the process too: the same rule.
+    memory_db = SqliteSaver(sqlite3.connect(":memory:", check_same_thread=False))
+    try:
+        on_db = [settings_of(new_graph(memory_db, Calls())) for _ in range(2)]
+        assert on_db[0] is not None and on_db[1] is not None
+        assert type(on_db[0].ledger) is fp.InMemoryLedger and on_db[0].ledger is on_db[1].ledger
+    finally:
+        memory_db.conn.close()
 
 
 def test_a_checkpointer_no_ledger_can_be_derived_from_is_refused_at_compile_saying_what_to_pass(
@@ -229,9 +243,11 @@ async def test_a_run_on_an_async_store_fencepost_opened_resumes_in_a_new_graph_c
     assert state.budget.tool_calls_used == 2
 
 
-def test_a_call_approved_in_a_new_graph_after_the_ledger_was_lost_is_charged_not_carried() -> None:
-    # Two tool calls: the batch's read and write use them. The run's next write, approved by
-    # yet another new graph (the ledger lost again), finds none left and never runs.
+def test_a_call_approved_through_each_new_graph_on_one_saver_is_charged_on_the_runs_account() -> (
+    None
+):
+    # Two tool calls: the batch's read and write use them. The run's next write, approved
+    # through yet another graph object built per request, finds none left and never runs.
     calls, saver = Calls(), InMemorySaver()
     model = ScriptedDecisionModel(
         [
@@ -242,9 +258,9 @@ def test_a_call_approved_in_a_new_graph_after_the_ledger_was_lost_is_charged_not
     )
 
     def restarted() -> Any:
-        return fp.build_agent_graph(
-            make_registry(calls), model, approval="interrupt", ledger=fp.InMemoryLedger()
-        ).compile(checkpointer=saver)
+        return fp.build_agent_graph(make_registry(calls), model, approval="interrupt").compile(
+            checkpointer=saver
+        )
 
     config, ctx = thread(), context()
     restarted().invoke(fp.start("q", TWO_CALLS), config, context=ctx)
@@ -254,42 +270,6 @@ def test_a_call_approved_in_a_new_graph_after_the_ledger_was_lost_is_charged_not
     assert [name for name, _, _ in calls.log].count("write_note") == 1
     assert state.termination is fp.TerminationReason.TOOL_BUDGET_EXHAUSTED
     assert state.budget.tool_calls_used == 2
-
-
-def test_a_reopened_account_carries_open_calls_under_their_keys_and_never_more_than_was_spent() -> (
-    None
-):
-    from fencepost.policy.batch import BatchEntry
-    from fencepost.policy.carried import carried_over
-    from fencepost.policy.verdict import Verdict, VerdictCode
-
-    def entry(n: int, code: VerdictCode) -> BatchEntry:
-        proposal = call(n=n)
-        verdict = Verdict(
-            call_id=proposal.call_id, tool_name="search_logs", fingerprint="f", code=code
-        )
-        return BatchEntry(proposal=proposal, verdict=verdict)
-
-    batch = (
-        entry(1, VerdictCode.ALLOWED),
-        entry(2, VerdictCode.ALLOWED),
-        entry(3, VerdictCode.APPROVAL_PENDING),
-    )
-    state = fp.AgentState(
-        run_id="r",
-        question="q",
-        budget=fp.RuntimeBudget(
-            steps_remaining=3, tool_calls_remaining=3, steps_used=2, tool_calls_used=1
-        ),
-        batch=batch,
-    )
-    carried = carried_over(state, lambda name: {"tool_calls": 1.0})
-    # One call's worth was spent: the first open call is carried under its key, and the second
-    # (which the view does not account for) is not; the steps are the lump.
-    assert carried.open_calls == (("call-0001", {"tool_calls": 1.0}),)
-    assert carried.spent == {"steps": 2.0}
-    fresh = carried_over(state, lambda name: {"tool_calls": 1.0}, fresh=frozenset({"call-0001"}))
-    assert fresh.open_calls == (("call-0002", {"tool_calls": 1.0}),)
 
 
 # -- resumed in the same graph -----------------------------------------------------------------
