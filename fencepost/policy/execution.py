@@ -136,7 +136,10 @@ def not_run(
     """The outcome of a call that did not run (this time): refused, out of budget, uncertain."""
     return CallOutcome(
         event=ToolFailed(
-            call_id=entry.call_id, tool_name=entry.proposal.tool_name, error_code=code
+            call_id=entry.call_id,
+            tool_name=entry.proposal.tool_name,
+            error_code=code,
+            retryable=is_retryable(code),
         ),
         status=status,
         attempts=attempts,
@@ -225,6 +228,7 @@ def ran(
     value: Any = None,
     error: ErrorCode | None = None,
     cut_off: bool = False,
+    started: bool = True,
 ) -> CallOutcome:
     """The outcome of a call that ran: its result as JSON data, or its safe error code.
 
@@ -233,8 +237,13 @@ def ran(
     write or external call ``cut_off`` (it started, and its deadline came before it reported:
     cut at its await, left behind on its thread, or too late) may have had its effect, whatever
     its body's kind: ``uncertain``, never a plain failure. A malformed ``Accepted``/``Completed``
-    is the call's failure, ``unserializable_result``.
+    is the call's failure, ``unserializable_result``. A call whose body never ``started`` (no
+    thread took it before its deadline, or none was free) did nothing: ``denied`` with that
+    code, a call that never started (its attempt was claimed and stays charged).
     """
+    if not started:
+        code = error or ErrorCode.TIMEOUT
+        return not_run(entry, spec, code, ReceiptStatus.DENIED, attempts=attempt)
     if cut_off and spec.effect is not Effect.READ:
         return uncertain(entry, spec, attempt)
     if error is None:
