@@ -32,6 +32,7 @@ from fencepost.policy import (
     Deadline,
     ErrorCode,
     Phase,
+    ReceiptStatus,
     StopRequest,
     ToolContext,
     ToolSpec,
@@ -157,7 +158,8 @@ async def run_call(
                 started=not result.never_started,
             )
         traced.ended(outcome)
-    if outcome.succeeded:
+    if outcome.succeeded and outcome.status is not ReceiptStatus.DENIED:
+        # A result saying its run never began (a child unfunded) is no output to depend on.
         await mark_result(io, state, ctx, account, entry.call_id)
     settled = await io.settle(call_key(account, entry.call_id, attempt))
     if settled.balance is not None:

@@ -29,7 +29,13 @@ from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied, authorize
 from fencepost.policy.manifest import Outcome
 from fencepost.policy.observation import Observation
-from fencepost.policy.outcome import CallOutcome, MalformedMarker, checked_marker, result_status
+from fencepost.policy.outcome import (
+    CallOutcome,
+    MalformedMarker,
+    RunReport,
+    checked_marker,
+    result_status,
+)
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import Accepted, Completed, ReceiptStatus
 from fencepost.policy.recursion_limit import RECURSION_LIMIT
@@ -259,6 +265,7 @@ def ran(
                 attempts=attempt,
                 effect=spec.effect,
                 task_id=marker.task_id if isinstance(marker, Accepted) else None,
+                code=value.refusal_code() if _never_began(value) else None,
                 completes=completed_task(spec, marker),
                 evidence_for=spec.evidence_for,
             )
@@ -273,6 +280,11 @@ def ran(
         attempts=attempt,
         effect=spec.effect,
     )
+
+
+def _never_began(value: Any) -> bool:
+    """A result reporting that its run was refused before it began (a child run unfunded)."""
+    return isinstance(value, RunReport) and not value.started
 
 
 def completed_task(spec: ToolSpec, value: Any) -> str | None:
