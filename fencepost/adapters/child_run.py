@@ -22,7 +22,8 @@ is ``failed`` (``incomplete``), and the parent's answer cannot cite it as eviden
 Stopping is not undoing. Cancelling the parent closes its account; every account under it is then
 closed too, so a running child is refused its next step or call and ends ``cancelled``. No child
 starts under a closed parent, nor one whose parent cannot fund its first step: the call's result
-says so (``started=False``) and no checkpoint thread or ledger account is made for it. Cancelling
+says so (``started=False``), no checkpoint thread or ledger account is made for it, and the
+parent's receipt is ``denied``: the stop report lists the call among those that never started. Cancelling
 the task that runs a child (the parent's ``ainvoke``) writes the child's durable cancel record
 before ``CancelledError`` goes on. The ids of children already started stay in the parent's
 observations, with their receipts: what they did is reported, not rolled back.
@@ -106,7 +107,8 @@ class ChildRunResult(RunReport):
     started: bool = True
     """Whether a child run was started. ``False``: the call was refused before one began (its
     parent was closed, or could not fund the child's first step); ``termination`` and
-    ``error_code`` say why, and ``thread_id`` names a thread with nothing on it."""
+    ``error_code`` say why, and ``thread_id`` names a thread with nothing on it. The parent's
+    receipt is then ``denied`` (:meth:`refusal_code`): the call never started."""
     error_code: str | None = None
     """The child's safe stop code (``tool_calls_exhausted``, ``cancelled``, ...)."""
     receipts: Annotated[tuple[Receipt, ...], Strict(False)] = ()
@@ -117,6 +119,21 @@ class ChildRunResult(RunReport):
     """The child's final answer payload, if it gave one: the only text of the child's model here."""
     citations: Annotated[tuple[str, ...], Strict(False)] = ()
     """The child's call ids its answer cites (evidence in the child's thread, not the parent's)."""
+
+    def refusal_code(self) -> ErrorCode:
+        """Why no child began, as the parent's receipt says it: ``cancelled`` under a stopped
+        parent, ``budget_exhausted`` when the parent could not fund the first step, else
+        ``permission_denied`` (the parent's account was closed for another reason)."""
+        if self.termination is TerminationReason.CANCELLED:
+            return ErrorCode.CANCELLED
+        if self.termination in _UNFUNDED:
+            return ErrorCode.BUDGET_EXHAUSTED
+        return ErrorCode.PERMISSION_DENIED
+
+
+_UNFUNDED = frozenset(
+    {TerminationReason.STEP_BUDGET_EXHAUSTED, TerminationReason.TOOL_BUDGET_EXHAUSTED}
+)
 
 
 def _digest(*parts: str) -> str:
@@ -379,7 +396,8 @@ def child_run_tool(
     The call's result is a :class:`ChildRunResult` (JSON data in the parent's observation); one
     saying ``completed=False`` makes the parent's receipt ``failed`` (``incomplete``). No child
     starts under a closed parent account or one that cannot fund the child's first step: the
-    result then says ``started=False`` and why. The call fails only when no child could be run:
+    result then says ``started=False`` and why, and the call is receipted ``denied`` (it never
+    started), not ``failed``. The call fails only when no child could be run:
     a tool context without the parent's account (``permission_denied``) or a child thread held by
     another identity (``permission_denied``). Cancelling the call's task ends a running child
     ``cancelled``, durably, before ``CancelledError`` goes on.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -32,6 +33,7 @@ from fencepost.policy import (
     Deadline,
     ErrorCode,
     Phase,
+    ReceiptStatus,
     StopRequest,
     ToolContext,
     ToolSpec,
@@ -148,10 +150,17 @@ async def run_call(
             timeout = max(0.0, deadline.remaining_seconds(clock=cfg.clock))
             result = await io.run_tool(spec, args, tool_ctx, timeout_seconds=timeout)
             outcome = ran(
-                entry, spec, attempt, value=result.value, error=result.error, cut_off=result.cut_off
+                entry,
+                spec,
+                attempt,
+                value=result.value,
+                error=result.error,
+                cut_off=result.cut_off,
+                started=not result.never_started,
             )
         traced.ended(outcome)
-    if outcome.succeeded:
+    if outcome.succeeded and outcome.status is not ReceiptStatus.DENIED:
+        # A result saying its run never began (a child unfunded) is no output to depend on.
         await mark_result(io, state, ctx, account, entry.call_id)
     settled = await io.settle(call_key(account, entry.call_id, attempt))
     if settled.balance is not None:
@@ -212,7 +221,19 @@ async def run_batch(
         results[entry.call_id].set_result(result)
         return result
 
-    return list(await asyncio.gather(*(bounded(e, s) for e, s in runnable)))
+    tasks = [asyncio.ensure_future(bounded(e, s)) for e, s in runnable]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        # One call's failure (the ledger's, say) fails the batch, and gather leaves the other
+        # calls running: on the sync graph's per-thread loop a call still queued for a slot
+        # would start the next time that loop runs, after this run has ended. They are
+        # cancelled, and waited for, before the failure goes on.
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait(tasks)
+        raise
 
 
 async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:

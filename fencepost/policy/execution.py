@@ -29,7 +29,13 @@ from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied, authorize
 from fencepost.policy.manifest import Outcome
 from fencepost.policy.observation import Observation
-from fencepost.policy.outcome import CallOutcome, MalformedMarker, checked_marker, result_status
+from fencepost.policy.outcome import (
+    CallOutcome,
+    MalformedMarker,
+    RunReport,
+    checked_marker,
+    result_status,
+)
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import Accepted, Completed, ReceiptStatus
 from fencepost.policy.recursion_limit import RECURSION_LIMIT
@@ -136,7 +142,10 @@ def not_run(
     """The outcome of a call that did not run (this time): refused, out of budget, uncertain."""
     return CallOutcome(
         event=ToolFailed(
-            call_id=entry.call_id, tool_name=entry.proposal.tool_name, error_code=code
+            call_id=entry.call_id,
+            tool_name=entry.proposal.tool_name,
+            error_code=code,
+            retryable=is_retryable(code),
         ),
         status=status,
         attempts=attempts,
@@ -225,6 +234,7 @@ def ran(
     value: Any = None,
     error: ErrorCode | None = None,
     cut_off: bool = False,
+    started: bool = True,
 ) -> CallOutcome:
     """The outcome of a call that ran: its result as JSON data, or its safe error code.
 
@@ -233,8 +243,13 @@ def ran(
     write or external call ``cut_off`` (it started, and its deadline came before it reported:
     cut at its await, left behind on its thread, or too late) may have had its effect, whatever
     its body's kind: ``uncertain``, never a plain failure. A malformed ``Accepted``/``Completed``
-    is the call's failure, ``unserializable_result``.
+    is the call's failure, ``unserializable_result``. A call whose body never ``started`` (no
+    thread took it before its deadline, or none was free) did nothing: ``denied`` with that
+    code, a call that never started (its attempt was claimed and stays charged).
     """
+    if not started:
+        code = error or ErrorCode.TIMEOUT
+        return not_run(entry, spec, code, ReceiptStatus.DENIED, attempts=attempt)
     if cut_off and spec.effect is not Effect.READ:
         return uncertain(entry, spec, attempt)
     if error is None:
@@ -250,6 +265,7 @@ def ran(
                 attempts=attempt,
                 effect=spec.effect,
                 task_id=marker.task_id if isinstance(marker, Accepted) else None,
+                code=value.refusal_code() if _never_began(value) else None,
                 completes=completed_task(spec, marker),
                 evidence_for=spec.evidence_for,
             )
@@ -264,6 +280,11 @@ def ran(
         attempts=attempt,
         effect=spec.effect,
     )
+
+
+def _never_began(value: Any) -> bool:
+    """A result reporting that its run was refused before it began (a child run unfunded)."""
+    return isinstance(value, RunReport) and not value.started
 
 
 def completed_task(spec: ToolSpec, value: Any) -> str | None:

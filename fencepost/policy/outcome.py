@@ -27,13 +27,26 @@ class RunReport(Frozen):
 
     completed: bool
     """Whether the reported run completed: ``completed`` only with its end state verified."""
+    started: bool = True
+    """Whether the reported run began. ``False``: it was refused before it began (nothing left
+    to fund it, a stopped parent): no run did anything, so the call is receipted ``denied``
+    with :meth:`refusal_code`, among the calls that never started, never as a failure."""
+
+    def refusal_code(self) -> ErrorCode:
+        """With ``started=False``: the safe code of why the run never began (the receipt's).
+        A report that knows its run's reason names it (a child run's: cancelled, out of
+        budget)."""
+        return ErrorCode.PERMISSION_DENIED
 
 
 def result_status(value: object) -> ReceiptStatus:
     """The receipt status of a call whose tool returned ``value``: work only accepted (a task
-    id) is pending, a run reported not completed failed, anything else completed."""
+    id) is pending, a run reported never started denied, a run reported not completed failed,
+    anything else completed."""
     if isinstance(value, Accepted):
         return ReceiptStatus.ACCEPTED_PENDING
+    if isinstance(value, RunReport) and not value.started:
+        return ReceiptStatus.DENIED
     if isinstance(value, RunReport) and not value.completed:
         return ReceiptStatus.FAILED
     return ReceiptStatus.COMPLETED
@@ -59,6 +72,8 @@ class CallOutcome(Frozen):
     """Who answered the call's approval (see ``Receipt.approval``)."""
     rule: str | None = None
     """With a denial: the safe code of what denied it (see ``Receipt.rule``)."""
+    code: Annotated[ErrorCode | None, Strict(False)] = None
+    """The receipt's code where the event carries none: why a reported run never started."""
 
     @property
     def call_id(self) -> str:
@@ -78,7 +93,7 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
     code is ``incomplete``.
     """
     event = outcome.event
-    code = event.error_code if isinstance(event, ToolFailed) else None
+    code = event.error_code if isinstance(event, ToolFailed) else outcome.code
     if code is None and outcome.status is ReceiptStatus.FAILED:
         code = ErrorCode.INCOMPLETE
     return Receipt(

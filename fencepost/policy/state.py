@@ -93,9 +93,12 @@ class AgentState(Frozen):
 
     def evidence_ids(self) -> frozenset[str]:
         """Ids a final answer may cite: call ids of successful tool results whose work was done
-        (a result receipted ``failed``, a child run that did not complete, is not evidence)."""
+        (a result receipted ``failed``, a child run that did not complete, or ``denied``, one
+        that never started, is not evidence)."""
         failed = {
-            r.call_id for r in current_receipts(self.receipts) if r.status is ReceiptStatus.FAILED
+            r.call_id
+            for r in current_receipts(self.receipts)
+            if r.status in (ReceiptStatus.FAILED, ReceiptStatus.DENIED)
         }
         return frozenset(
             o.evidence_id for o in self.observations if o.is_evidence and o.call_id not in failed

@@ -294,11 +294,36 @@ def test_no_child_run_starts_when_the_parent_cannot_fund_its_first_step() -> Non
     assert not has_run(family.child_state(second.thread_id))
     with pytest.raises(fp.policy.UnknownAccount):
         family.ledger.balance(fp.policy.keys.run_account(second.thread_id, second.run_id))
-    receipts = {r.call_id: r for r in state.receipts}
-    assert receipts["child-call-2"].status is fp.ReceiptStatus.FAILED
-    assert receipts["child-call-2"].error_code is fp.ErrorCode.INCOMPLETE
     assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
     assert family.ledger.balance(parent_account(config, state)).held["steps"] == 4
+
+
+def test_a_child_its_parent_cannot_fund_is_reported_as_never_started_not_failed() -> None:
+    family = Family(
+        fp.ToolRegistry([lookup]),
+        ScriptedDecisionModel([answer_after("lookup", 2)] * 10),
+        [fp.ToolBatch(calls=(child_call(1), child_call(2)))],
+        child_budget=fp.RuntimeBudget(steps_remaining=60, tool_calls_remaining=60),
+        max_concurrent_tools=1,
+    )
+    out = family.parent.invoke(
+        fp.start("q", fp.RuntimeBudget(steps_remaining=4, tool_calls_remaining=10)),
+        thread(),
+        context=parent_context(),
+    )
+    state = fp.run_output(out)
+    receipts = {r.call_id: r for r in state.receipts}
+    assert receipts["child-call-2"].status is fp.ReceiptStatus.DENIED
+    assert receipts["child-call-2"].error_code is fp.ErrorCode.BUDGET_EXHAUSTED
+    report = state.report
+    assert report is not None
+    assert [(c.call_id, c.error_code) for c in report.never_started] == [
+        ("child-call-2", fp.ErrorCode.BUDGET_EXHAUSTED)
+    ]
+    assert "child-call-2" not in {c.call_id for c in report.failed}
+    # Its result (why no child began) is data the model is shown, never evidence to cite.
+    assert "child-call-1" in state.evidence_ids()
+    assert "child-call-2" not in state.evidence_ids()
 
 
 async def test_no_child_run_starts_under_a_cancelled_parent() -> None:

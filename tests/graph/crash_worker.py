@@ -39,8 +39,14 @@ if str(_ROOT) not in sys.path:
 
 import fencepost as fp  # noqa: E402
 
-HANG_SECONDS = 60.0
-"""How long a hang point sleeps: far longer than any test waits before it kills the process."""
+HANG_SECONDS = 600.0
+"""How long a hang point sleeps: the test kills the process as soon as it hears it is there
+(``HANDSHAKE_FD``); the bound only keeps an orphan from living forever."""
+
+HANDSHAKE_FD = "FENCEPOST_CRASH_HANDSHAKE_FD"
+"""The environment variable naming the pipe the crash phase writes one byte to once it is at
+its hang point: the test waits on that byte (or the pipe's end, if the process exits), never on
+a clock, so a loaded machine cannot make it give up early."""
 
 READ_TOOL = "search_logs"
 IDEMPOTENT_WRITE_TOOL = "record_note"
@@ -109,6 +115,9 @@ def _first_time(marker: Path) -> bool:
         os.fsync(fd)
     finally:
         os.close(fd)
+    handshake = os.environ.get(HANDSHAKE_FD)
+    if handshake:
+        os.write(int(handshake), b"!")
     return True
 
 

@@ -374,7 +374,7 @@ def test_at_the_hard_cap_a_call_fails_fast_as_unavailable_and_then_recovers(
     assert small_pool.stats() == (4, 4)
     # Four abandoned threads are the cap: no waiting for a thread that may never come back.
     assert finishes(lambda: run(healthy, timeout=60), within=3) == ToolRun(
-        error=ErrorCode.UNAVAILABLE
+        error=ErrorCode.UNAVAILABLE, never_started=True
     )
     assert ran == []
     release.set()
@@ -424,7 +424,7 @@ def test_a_call_that_finds_no_thread_before_its_deadline_never_runs(
         return [starved, *await asyncio.gather(*holders)]
 
     starved, *held = finishes(lambda: run_sync(scenario()))
-    assert starved == ToolRun(error=ErrorCode.UNAVAILABLE)
+    assert starved == ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)
     assert held == [ToolRun(value="busy")] * 2
     assert ran == []
 
@@ -544,8 +544,9 @@ async def test_no_time_left_never_starts_the_body() -> None:
     def body(_: NoArgs, __: ToolContext) -> None:
         ran.append("ran")
 
-    assert await arun_tool(body, timeout=0) == ToolRun(error=ErrorCode.TIMEOUT)
-    assert await arun_tool(body, timeout=float("nan")) == ToolRun(error=ErrorCode.TIMEOUT)
+    assert await arun_tool(body, timeout=0) == ToolRun(error=ErrorCode.TIMEOUT, never_started=True)
+    never = ToolRun(error=ErrorCode.TIMEOUT, never_started=True)
+    assert await arun_tool(body, timeout=float("nan")) == never
     assert ran == []
 
 

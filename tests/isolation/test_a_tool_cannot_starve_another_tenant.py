@@ -114,7 +114,7 @@ def test_a_tenants_bodies_left_behind_at_the_cap_leave_another_tenant_a_thread(
     runs = finishes(lambda: run_sync(abandon(A, 8, release)), within=30)
     left_behind = ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)
     assert left_behind in runs
-    assert set(runs) <= {left_behind, ToolRun(error=ErrorCode.UNAVAILABLE)}
+    assert set(runs) <= {left_behind, ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)}
     running, abandoned = pool.stats()
     assert running == abandoned == runs.count(left_behind) <= pool.tenant_cap < pool.cap
     ran: list[str] = []
@@ -139,7 +139,7 @@ def test_a_tenant_whose_share_is_all_left_behind_fails_fast_and_its_body_never_r
         lambda: run_tool_blocking(spec(healthy(ran)), NoArgs(), A, timeout_seconds=30),
         within=5,
     )
-    assert result == ToolRun(error=ErrorCode.UNAVAILABLE)
+    assert result == ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)
     assert ran == []
     release.set()
     wait_until(lambda: pool.stats() == (0, 0))
@@ -172,7 +172,7 @@ def test_tenants_minted_by_one_caller_never_hold_more_than_the_process_total(
         lambda: run_tool_blocking(spec(healthy(ran)), NoArgs(), tenant("late"), timeout_seconds=30),
         within=5,
     )
-    assert result == ToolRun(error=ErrorCode.UNAVAILABLE)
+    assert result == ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)
     assert ran == []
     release.set()
     wait_until(lambda: small.stats() == (0, 0))

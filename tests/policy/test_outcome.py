@@ -19,6 +19,10 @@ from fencepost.policy.terminate import terminate
 from tests.policy.factories import make_state
 
 
+def test_a_result_reporting_a_run_that_never_began_is_denied_never_failed() -> None:
+    assert result_status(RunReport(completed=False, started=False)) is ReceiptStatus.DENIED
+
+
 def test_a_result_reporting_a_run_not_completed_is_failed_and_incomplete() -> None:
     assert result_status(RunReport(completed=False)) is ReceiptStatus.FAILED
     assert result_status(RunReport(completed=True)) is ReceiptStatus.COMPLETED

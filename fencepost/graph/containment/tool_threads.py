@@ -55,6 +55,7 @@ from fencepost.policy import ErrorCode, error_code_for
 __all__ = [
     "BlockingJob",
     "Job",
+    "Left",
     "LoopJob",
     "Outcome",
     "ToolThreads",
@@ -127,7 +128,16 @@ class Job:
         self.tenant = tenant
         self.finished = False
         self.abandoned = False
+        self.started = False
+        """Set under the pool's lock as a worker takes the job: from then on its body runs."""
+        self.withdrawn = False
+        """Set under the pool's lock when its caller stopped waiting before a worker took it:
+        then its body never starts (a loaded machine may take a thread past the deadline)."""
         self.outcome: Outcome | None = None
+
+    def discard(self) -> None:
+        """A withdrawn job, as its worker takes it: the body is dropped, never called."""
+        del self.fn
 
     def run(self) -> None:
         try:
@@ -184,7 +194,10 @@ class _Worker:
     def _work(self) -> None:
         job = self.jobs.get()
         while job is not None:
-            job.run()
+            if self.pool._begin(job):
+                job.run()
+            else:
+                job.discard()
             keep = self.pool._finished(self, job)
             del job
             job = self.jobs.get() if keep else None
@@ -195,6 +208,17 @@ class _NoSlot(enum.Enum):
     """Abandoned bodies fill what this call may take: fail fast, do not queue."""
     WAIT = "wait"
     """What this call may take is busy with healthy bodies: wait for a thread until the deadline."""
+
+
+class Left(enum.Enum):
+    """What became of a job its caller stopped waiting for (:meth:`ToolThreads.abandon`)."""
+
+    WITHDRAWN = "withdrawn"
+    """No worker had taken it: its body never starts."""
+    ABANDONED = "abandoned"
+    """Its body is running: left behind on its thread (it may still act)."""
+    FINISHED = "finished"
+    """Its body had already ended: its outcome is on its way to the caller."""
 
 
 class _Slot(NamedTuple):
@@ -366,16 +390,34 @@ class ToolThreads:
             return False
         return True
 
-    def abandon(self, job: Job) -> bool:
-        """Leave ``job`` behind: its thread no longer counts against its tenant's healthy share."""
+    def _begin(self, job: Job) -> bool:
+        """Called by a worker as it takes ``job``: True to run its body, False if its caller
+        withdrew it first. The one place a body is let start, under the lock ``abandon`` takes,
+        so a call its caller gave up on never starts behind its back."""
         with self._lock:
-            if job.finished or job.abandoned:
+            if job.withdrawn:
                 return False
+            job.started = True
+            return True
+
+    def abandon(self, job: Job) -> Left:
+        """Stop waiting for ``job``: withdrawn if no worker has taken it yet (its body never
+        starts), else left behind (its thread no longer counts against its tenant's healthy
+        share), unless it has finished."""
+        with self._lock:
+            if job.finished:
+                return Left.FINISHED
+            if not job.started:
+                # Its slot stays taken until the worker drops it: that worker is on its way.
+                job.withdrawn = True
+                return Left.WITHDRAWN
+            if job.abandoned:
+                return Left.ABANDONED
             job.abandoned = True
             self._abandoned += 1
             self._shares[job.tenant].abandoned += 1
         self._wake_callers()
-        return True
+        return Left.ABANDONED
 
     def _finished(self, worker: _Worker, job: Job) -> bool:
         """Called by ``worker`` after ``job``: True to park and wait for more work."""

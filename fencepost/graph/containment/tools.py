@@ -16,7 +16,10 @@ whether it had to be left behind.
   process a bounded total (the rule and how it is keyed: :mod:`fencepost.graph.containment.tool_threads`),
   so one tenant's hung bodies never leave another tenant's tool waiting. A call the pool cannot
   take fails as ``unavailable`` without having run: at once where only bodies left behind stand
-  in its way, at its deadline where healthy ones held every thread it may take.
+  in its way, at its deadline where healthy ones held every thread it may take. A body no
+  thread has taken by its deadline (a loaded machine schedules a thread late) is withdrawn: it
+  never starts, not even after its run has ended (``never_started``); the worker that takes it
+  later drops it. Whether a body starts or is withdrawn is settled under the pool's lock.
 - ``cut_off``: the body started and its deadline came before it reported (cut at its await, left
   behind, or its value too late). Whatever it did may have happened: a write's outcome is unknown.
 - ``BaseException`` from a body (``SystemExit`` from argparse, ``KeyboardInterrupt``,
@@ -48,7 +51,14 @@ from pydantic import BaseModel
 from fencepost.graph.containment import tool_threads
 from fencepost.graph.containment.leash import GRACE_SECONDS, Leash
 from fencepost.graph.containment.shared_loop import run_sync
-from fencepost.graph.containment.tool_threads import Job, Outcome, ToolThreads, code_for, returned
+from fencepost.graph.containment.tool_threads import (
+    Job,
+    Left,
+    Outcome,
+    ToolThreads,
+    code_for,
+    returned,
+)
 from fencepost.graph.containment.waiting import thread_wait_seconds, within
 from fencepost.policy import ErrorCode, ToolContext, ToolError, ToolSpec
 from fencepost.policy.developer_log import TOOLS, CallScope, current_call, raised
@@ -81,6 +91,9 @@ class ToolRun:
     """It ignored cancellation or its timeout and was left behind (a sync body may still act)."""
     cut_off: bool = False
     """It started, and its deadline came before it reported: what it did may have happened."""
+    never_started: bool = False
+    """The body was never called: no thread could take it, or its deadline (or its caller's
+    cancellation) came before one did. Nothing it would have done happened."""
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -279,7 +292,7 @@ async def _run_async(spec: ToolSpec, args: BaseModel, ctx: ToolContext, deadline
         _abandon(task)
         return ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)
     _task_outcome(task)  # it stopped when told to; whatever it ended with is dropped
-    return ToolRun(error=ErrorCode.TIMEOUT, cut_off=body.started)
+    return ToolRun(error=ErrorCode.TIMEOUT, cut_off=body.started, never_started=not body.started)
 
 
 async def _run_sync_body(
@@ -288,7 +301,7 @@ async def _run_sync_body(
     pool = _threads
     job = await pool.start(_body(spec, args, ctx, deadline), deadline, _tenant_of(ctx))
     if job is None:
-        return ToolRun(error=ErrorCode.UNAVAILABLE)
+        return ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)
     try:
         await within(job.future, deadline - time.monotonic())
     except asyncio.CancelledError:
@@ -327,9 +340,14 @@ def _tenant_of(ctx: ToolContext) -> str:
 
 
 def _past_deadline(pool: ToolThreads, job: Job, deadline: float) -> ToolRun:
-    """A sync body not heard from by its deadline: left behind, unless it finished just now
-    (its outcome on its way to the caller), when it is judged by when it finished."""
-    if pool.abandon(job):
+    """A sync body not heard from by its deadline: withdrawn if no thread had taken it yet
+    (on a loaded machine a thread may come after the deadline, even after the run ended: the
+    body must then never start), left behind if it is running, and judged by when it finished
+    if it finished just now (its outcome on its way to the caller)."""
+    left = pool.abandon(job)
+    if left is Left.WITHDRAWN:
+        return ToolRun(error=ErrorCode.TIMEOUT, never_started=True)
+    if left is Left.ABANDONED:
         return ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)
     return _result(job.outcome or Outcome(error=ErrorCode.TIMEOUT), deadline)
 
@@ -348,7 +366,7 @@ async def run_tool(
     ``timeout_seconds`` from now; past it, the result is ``timeout`` whatever the body does.
     """
     if not timeout_seconds > 0:  # NaN included
-        return ToolRun(error=ErrorCode.TIMEOUT)  # no time left: the body never starts
+        return ToolRun(error=ErrorCode.TIMEOUT, never_started=True)  # no time left
     deadline = time.monotonic() + timeout_seconds
     try:
         if _is_async(spec.execute):
@@ -385,7 +403,7 @@ def run_tool_blocking(
     if _is_async(spec.execute):
         return run_sync(run_tool(spec, args, ctx, timeout_seconds=timeout_seconds))
     if not timeout_seconds > 0:  # NaN included
-        return ToolRun(error=ErrorCode.TIMEOUT)
+        return ToolRun(error=ErrorCode.TIMEOUT, never_started=True)
     deadline = time.monotonic() + timeout_seconds
     try:
         return _run_sync_body_blocking(spec, args, ctx, deadline)
@@ -400,7 +418,7 @@ def _run_sync_body_blocking(
     pool = _threads
     job = pool.start_blocking(_body(spec, args, ctx, deadline), deadline, _tenant_of(ctx))
     if job is None:
-        return ToolRun(error=ErrorCode.UNAVAILABLE)
+        return ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)
     try:
         finished = job.done.wait(thread_wait_seconds(deadline - time.monotonic()))
     except BaseException:
