@@ -344,6 +344,9 @@ def _async_body(name: str) -> Callable[[BaseModel, fp.ToolContext], Any]:
 def _guard(args: Any, state: fp.AgentState) -> None:
     # A semantic validator that misbehaves on some values: its text must not travel either.
     value = args.value
+    if value == -2:
+        # A rule given as a sentence: refused as ``unnamed_rule``, its text only logged.
+        raise ToolSemanticError(f"value {value} is below zero ({CANARY})")
     if value < 0:
         raise ToolSemanticError("negative")
     if value % 5 == 3:
@@ -643,7 +646,12 @@ usage_values = st.one_of(
 MODEL_EXCEPTIONS = TOOL_EXCEPTIONS + BASE_EXCEPTIONS
 """What a decision model may raise, ``BaseException`` included: every one is the step's failure
 (the model runs as a task of its own; see ``tests/fuzz/test_fuzz_regressions.py``)."""
-INVALID_CODES = ("malformed_decision", "truncated_stream", "invalid_tool_call")
+INVALID_CODES = (
+    "malformed_decision",
+    "truncated_stream",
+    "invalid_tool_call",
+    f"the model said {CANARY}",  # no safe code: the run ends malformed_decision
+)
 
 
 _ABSTAIN = st.builds(
