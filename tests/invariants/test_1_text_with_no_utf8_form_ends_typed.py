@@ -9,7 +9,9 @@ value and refuses it in a key) and UTF-8 hashing raises on it. So:
   ``unrepresentable_arguments``: refused before anything is fingerprinted, reserved or run;
 - a tool result holding one is kept as data, each such character shown as U+FFFD: the run goes
   on, and the body never runs again;
-- an approval's edited arguments holding one are asked again, as any edit no checkpoint holds.
+- an approval's edited arguments holding one are asked again, as any edit no checkpoint holds;
+- a caller's write to the run record holding one (`update_state`, `Command(update=...)`) is
+  taken as a value no checkpoint holds: it never escapes, and the run ends typed.
 
 A final answer, an abstention, a call id or a context field holding one is refused by pydantic
 (a ``str`` field takes no lone surrogate), and ``app_data`` is never written: the fuzz suite
@@ -176,3 +178,27 @@ def test_an_edit_holding_text_with_no_utf8_form_is_asked_again_and_the_right_ans
     assert state.termination is fp.TerminationReason.COMPLETED
     assert [args for name, args, _ in h.calls.log if name == "write_note"] == [{"note": "a"}]
     assert _reread(h.graph, config) == state
+
+
+@pytest.mark.parametrize(
+    "write",
+    [{"fingerprints": {"key" + ODD: 1}}, {"answered": {"call" + ODD: 1}}],
+    ids=["fingerprints", "answered"],
+)
+@pytest.mark.parametrize("how", ["command", "update_state"])
+def test_a_record_write_holding_text_with_no_utf8_form_never_escapes_and_the_run_ends_typed(
+    saver: Any, write: dict[str, Any], how: str
+) -> None:
+    h, config, ctx = paused_for_approval(checkpointer=saver)
+    if how == "command":
+        h.graph.invoke(Command(update={"run": write}, resume="approve"), config, context=ctx)
+    else:
+        h.graph.update_state(config, {"run": write}, as_node="decide")
+        h.graph.invoke(None, config, context=ctx)
+        if h.graph.get_state(config).next == ("approve",):
+            h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    snapshot = h.graph.get_state(config)
+    state = fp.run_output(snapshot.values)
+    assert snapshot.next == ()
+    assert state.termination is not None
+    assert h.calls.count("write_note") <= 1
