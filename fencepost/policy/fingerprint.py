@@ -118,8 +118,8 @@ def with_encodable_text(value: Any, *, max_depth: int = MAX_NESTING) -> Any:
     (:data:`REPLACEMENT`), as a UTF-8 decoder shows a byte it cannot read. For untrusted data
     (a tool's result): one bad character of a page need not cost the whole of it.
 
-    Levels below ``max_depth`` are returned as they are (:func:`fits_checkpoint` refuses them).
-    Keys that become one keep the last value.
+    Levels deeper than ``max_depth`` are returned as they are (:func:`fits_checkpoint` refuses
+    them). Keys that become one keep the last value.
     """
     if isinstance(value, str):
         return value if encodable(value) else _SURROGATE.sub(REPLACEMENT, value)
