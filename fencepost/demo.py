@@ -205,7 +205,7 @@ def _order_belongs_to_tenant(args: Any, state: AgentState) -> None:
     # Valid-looking arguments can still point at another tenant's order: a semantic rule.
     order = _ORDERS.get(args.order_id)
     if order is None or order[0] != state.tenant_id:
-        raise ToolSemanticError("order is not one of this tenant's orders")
+        raise ToolSemanticError("order_of_another_tenant")
 
 
 @tool(

@@ -39,6 +39,7 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from fencepost.policy import AgentState
+from fencepost.policy.fingerprint import encodable
 
 FIELDS: tuple[str, ...] = tuple(AgentState.model_fields)
 """AgentState's fields: the keys a run record may hold."""
@@ -129,8 +130,10 @@ the serializers' own limits (msgpack refuses 255 levels; a record inside a run a
 def storable(value: Any) -> bool:
     """Whether a plain value can be stored and counted on: JSON's types only (a map's keys
     text), nested at most :data:`MAX_DEPTH` deep, every integer a signed 64-bit one (a count a
-    step adds one to must still fit). What a serializer cannot write (a ``complex``, a map keyed
-    by tuples) would otherwise raise out of ``invoke`` when LangGraph stores the write."""
+    step adds one to must still fit), every string and key with a UTF-8 form (no lone
+    surrogate: the serializer raises on one in a key and writes ``?`` for one in a value). What
+    a serializer cannot write (a ``complex``, a map keyed by tuples) would otherwise raise out
+    of ``invoke`` when LangGraph stores the write."""
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -138,10 +141,13 @@ def storable(value: Any) -> bool:
         if kind is int:
             if not -(2**63) <= item < 2**63:
                 return False
+        elif kind is str:
+            if not encodable(item):
+                return False
         elif kind is dict or kind is list:
             if depth >= MAX_DEPTH:
                 return False
-            if kind is dict and not all(type(k) is str for k in item):
+            if kind is dict and not all(type(k) is str and encodable(k) for k in item):
                 return False
             children = item.values() if kind is dict else item
             stack.extend((child, depth + 1) for child in children)

@@ -30,7 +30,7 @@ from fencepost.graph.record import REPLACED, RunChannel, RunRecord, plain, recor
 from fencepost.policy import AgentState, RuntimeBudget, TerminationReason
 from fencepost.policy.budget import DEFAULT_STEPS, DEFAULT_TOOL_CALLS, default_budget
 from fencepost.policy.context import RunContext
-from fencepost.policy.contract import Frozen
+from fencepost.policy.contract import Frozen, field_names, without_values
 from fencepost.policy.state import stop
 from fencepost.policy.stop_report import paused_report
 
@@ -342,13 +342,27 @@ def require_state(values: Mapping[str, Any]) -> AgentState:
     return state
 
 
+_STATE_FIELDS = field_names(AgentState)
+
+
+def _validated_output(record: Mapping[str, Any]) -> AgentState:
+    try:
+        return AgentState.model_validate(dict(record))
+    except ValidationError as exc:
+        # A record a caller (or a hand edit) wrote may hold anything: pydantic's error quotes
+        # each value it refused, so the error raised names fields only.
+        refused = without_values(exc, _STATE_FIELDS)
+    raise refused
+
+
 def run_output(values: Mapping[str, Any]) -> AgentState:
     """A run's output (``invoke``'s return value or ``get_state(...).values``) as AgentState.
 
     Its ``report`` is the stop report of a run that ended, or, for a run paused for approval,
     the one policy derives from the calls that wait (``waiting_for`` names them); ``None`` while
     a run is still going. Raises :class:`NoRun` where no run has started, and for a record that
-    does not validate, pydantic's ``ValidationError`` (naming the fields, never their values).
+    does not validate, pydantic's ``ValidationError`` naming the fields, never their values
+    (none in its text or its ``errors()``; a key of a map shows as ``*``).
 
     >>> import fencepost as fp
     >>> out = {"run": {"run_id": "run-1", "question": "q",
@@ -361,7 +375,7 @@ def run_output(values: Mapping[str, Any]) -> AgentState:
         refuse_other_layouts(values)
         raise NoRun
     view = getattr(record, "view", None)
-    state = view if view is not None else AgentState.model_validate(dict(record))
+    state = view if view is not None else _validated_output(record)
     if state.report is None and not state.is_terminal:
         # Derived on the way out, never written: the checkpoint keeps the terminal node's
         # report as the only stored one.

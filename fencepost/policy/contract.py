@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from functools import cache
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import PydanticCustomError
+from pydantic_core.core_schema import ErrorType
 
 M = TypeVar("M", bound=BaseModel)
 _set = object.__setattr__
@@ -105,3 +107,47 @@ def no_unknown_keys(cls: type[BaseModel], data: Any) -> Any:
     close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
     fix = f"did you mean {close[0]}=?" if close else f"its fields are {', '.join(fields)}"
     raise ValueError(f"{cls.__name__} has no field {key[:64]!r}: {fix}")
+
+
+def field_names(model: type[BaseModel]) -> frozenset[str]:
+    """The field names of ``model`` and of every model its fields hold, at any depth of
+    containers, unions and optionals."""
+    names: set[str] = set()
+    seen: set[type[BaseModel]] = set()
+    stack: list[Any] = [model]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            if item not in seen:
+                seen.add(item)
+                for name, info in item.model_fields.items():
+                    names.add(name)
+                    stack.append(info.annotation)
+        else:
+            stack.extend(get_args(item))
+    return frozenset(names)
+
+
+_OWN_MESSAGES = frozenset(get_args(ErrorType)) - {"value_error", "assertion_error"}
+"""Error types whose message is pydantic's own template, which says what was expected and
+never what was given. A validator's own message (``value_error``) may quote what it was given."""
+
+
+def without_values(exc: ValidationError, known: AbstractSet[str]) -> ValidationError:
+    """``exc`` as one that names fields, never values: the same errors by location and type,
+    with no input value (not in its text, not in ``errors()``); a path part that is not one of
+    the ``known`` field names (a map's key is data) shown as ``*``; a validator's own message
+    replaced by its error type. Raise it outside the ``except`` that caught ``exc``, so the
+    original is not kept as its ``__context__``."""
+    details: list[Any] = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        kind = error["type"]
+        message = error["msg"] if kind in _OWN_MESSAGES else kind.replace("_", " ")
+        details.append(
+            {
+                "type": PydanticCustomError(kind, message),
+                "loc": tuple(p if isinstance(p, int) or p in known else "*" for p in error["loc"]),
+                "input": None,
+            }
+        )
+    return ValidationError.from_exception_data(exc.title, details, hide_input=True)

@@ -5,6 +5,7 @@ The node calls the model; these functions say what came back means.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from typing import Literal
 
@@ -19,6 +20,7 @@ from fencepost.policy.decision import (
     ToolProposal,
 )
 from fencepost.policy.decision_model import Decided
+from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import fits_checkpoint
 from fencepost.policy.manifest import Outcome
@@ -26,6 +28,7 @@ from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.reservations import stop_for_unknown_account
 from fencepost.policy.state import AgentState, StopRequest, stop
+from fencepost.policy.stop_report import SAFE_CODE
 from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.terminate import MissingCitation, UnsupportedCitation, validate_final_answer
 
@@ -45,6 +48,29 @@ def accept_decision(raw: object) -> Decided | InvalidProposal:
         # Valid JSON that no checkpoint could store: refused before it reaches state.
         return InvalidProposal("unrepresentable_arguments")
     return raw
+
+
+_SAFE = re.compile(SAFE_CODE)
+
+
+def invalid_code(invalid: InvalidProposal, run_id: str | None = None) -> str:
+    """The code an invalid proposal ends a run with: its own when it is a safe code, else
+    ``malformed_decision``. A model adapter names the code, and a code made of the model's text
+    (or holding what no checkpoint stores) would carry it into state, stream and report; that
+    one is logged on ``fencepost.model`` only."""
+    code = getattr(invalid, "code", None)
+    if type(code) is str and _SAFE.fullmatch(code):
+        return code
+    fallback = InvalidProposal().code
+    raised(
+        MODEL,
+        "the decision model (an InvalidProposal code that is no safe code)",
+        invalid,
+        run_id=run_id,
+        call_id=None,
+        code=fallback,
+    )
+    return fallback
 
 
 def calls_of(decided: Decided) -> tuple[ToolProposal, ...]:
@@ -106,7 +132,7 @@ def conclude(
     In the final turn kept for answering, tool calls end the run ``step_budget_exhausted``.
     """
     if isinstance(decided, InvalidProposal):
-        return stop(TerminationReason.INVALID_PROPOSAL, decided.code)
+        return stop(TerminationReason.INVALID_PROPOSAL, invalid_code(decided, state.run_id))
     decision = decided.decision
     if isinstance(decision, FinalProposal) and pending_tasks:
         return FinalRefused()

@@ -8,7 +8,7 @@ from pydantic import BaseModel, JsonValue, Strict, TypeAdapter
 
 from fencepost.policy.contract import Frozen
 from fencepost.policy.error_codes import ErrorCode
-from fencepost.policy.fingerprint import canonical_json, fits_checkpoint
+from fencepost.policy.fingerprint import canonical_json, fits_checkpoint, with_encodable_text
 from fencepost.policy.observation import Observation
 from fencepost.policy.phase import Phase
 from fencepost.policy.revised import revised
@@ -44,7 +44,11 @@ class UnserializableResult(TypeError):
 
 
 def serialize_tool_result(result: Any) -> JsonValue:
-    """A tool's return value as JSON data: pydantic models are dumped, everything else checked."""
+    """A tool's return value as JSON data: pydantic models are dumped, everything else checked.
+
+    Text with no UTF-8 form (a lone surrogate, valid JSON from any page) is kept with U+FFFD in
+    place of each such character: the result is untrusted data, shown to the model as such, and
+    no checkpoint stores the character as it is."""
     try:
         if isinstance(result, BaseModel):
             value: JsonValue = result.model_dump(mode="json")
@@ -56,7 +60,9 @@ def serialize_tool_result(result: Any) -> JsonValue:
     except Exception:
         raise UnserializableResult(type(result).__name__) from None
     if not fits_checkpoint(value):
-        raise UnserializableResult("integer out of range")
+        value = with_encodable_text(value)
+        if not fits_checkpoint(value):
+            raise UnserializableResult("integer out of range or nested too deep")
     return value
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import weakref
 from collections.abc import Callable, Mapping
 from datetime import date, datetime
@@ -24,6 +25,7 @@ from fencepost.policy.fingerprint import canonical_json, fingerprint_of, proposa
 from fencepost.policy.progress import last_run_at, repeat_key
 from fencepost.policy.registry import ToolRegistry, UnknownTool
 from fencepost.policy.state import AgentState
+from fencepost.policy.stop_report import SAFE_CODE
 from fencepost.policy.tool import Effect, Principal, ToolSpec
 from fencepost.policy.verdict import Verdict, VerdictCode
 
@@ -31,13 +33,24 @@ DEFAULT_REPEAT_LIMIT = 2
 
 
 class ToolSemanticError(ValueError):
-    """Arguments that pass the schema but make no sense (empty-like query, reversed range...)."""
+    """Arguments that pass the schema but make no sense (empty-like query, reversed range...).
+
+    ``rule`` names the rule as a safe code (``^[a-z][a-z0-9_]{0,63}$``: ``unknown_payee``), never
+    a sentence about the arguments: the verdict, the receipt, the step's manifest and the stream
+    record it. A rule that is no safe code is recorded as :data:`UNNAMED_RULE`, its text logged
+    on ``fencepost.gate`` only; the call is refused all the same.
+    """
 
     code = "invalid_tool_semantics"
 
     def __init__(self, rule: str) -> None:
         super().__init__(rule)
         self.rule = rule
+
+
+UNNAMED_RULE = "unnamed_rule"
+"""What a :class:`ToolSemanticError` whose rule is no safe code is recorded as."""
+_SAFE_RULE = re.compile(SAFE_CODE)
 
 
 class NoProgressDetected(Exception):
@@ -206,7 +219,9 @@ def check_semantics(
     tool's own ``semantic_validator``, if any: given ``context`` (the run's trusted
     :class:`RunContext`) too when it takes a third argument; one that raises anything else is
     the rule ``validator_failed``, and what it raised is logged with its traceback on
-    ``fencepost.gate`` (under the state's run and ``call_id``).
+    ``fencepost.gate`` (under the state's run and ``call_id``); one that raises a
+    :class:`ToolSemanticError` whose rule is no safe code, the rule :data:`UNNAMED_RULE`
+    (logged the same way).
     """
     values: Mapping[str, Any] = args.__dict__
     query_fields, range_pairs = _semantic_plan(type(args))
@@ -233,24 +248,39 @@ def check_semantics(
                 rule(args, state, context)
             else:
                 rule(args, state)
-        except ToolSemanticError:
-            raise
+        except ToolSemanticError as exc:
+            named = getattr(exc, "rule", None)
+            if type(named) is str and _SAFE_RULE.fullmatch(named):
+                raise
+            # A rule given as a sentence may quote the model's arguments: the developer reads
+            # it in the log; the verdict and everything made of it name no text.
+            refused_as = UNNAMED_RULE
+            raised(
+                GATE,
+                f"the semantic validator of {spec.name!r} (a rule that is no safe code)",
+                exc,
+                run_id=state.run_id,
+                call_id=call_id,
+                code=refused_as,
+            )
         except BaseException as exc:
             if cancelled_by_caller(exc):
                 raise
             # A validator that breaks is a denial, not a crash; its message (which may quote the
             # model's arguments) is never kept, only logged for the developer.
+            refused_as = "validator_failed"
             raised(
                 GATE,
                 f"the semantic validator of {spec.name!r}",
                 exc,
                 run_id=state.run_id,
                 call_id=call_id,
-                code="validator_failed",
+                code=refused_as,
             )
         else:
             return
-        raise ToolSemanticError("validator_failed")
+        # Raised outside the handler: the exception it stands for is not kept as its context.
+        raise ToolSemanticError(refused_as)
 
 
 def _declared_progress(spec: ToolSpec, proposal: ToolProposal, state: AgentState) -> bool:

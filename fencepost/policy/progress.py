@@ -26,7 +26,8 @@ def result_hash(outcome: CallOutcome) -> str:
     else:
         assert isinstance(event, ToolFailed)
         text = "error:" + event.error_code.value
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+    # surrogatepass: hashing must not raise on text with no UTF-8 form (see ``fingerprint_of``).
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
 def _parse(seen: str) -> tuple[int, str, str]:

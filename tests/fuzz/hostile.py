@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 import fencepost as fp
 from fencepost.policy import ToolSemanticError
+from tests.strategies import any_text, unencodable_text
 
 CANARY = "CANARYs3cr3t9f4e2b"
 """A secret only exceptions (and opaque values' ``repr``) carry: it must never be stored or
@@ -250,6 +251,9 @@ def _value(b: Behaviour, call_id: str) -> Any:
         return fp.Completed(task_id="task-1", evidence=evidence)
     if b.kind == "model":
         return Report(status="ok", count=3)
+    if b.kind == "text":
+        # A page holding text no checkpoint stores as it is (a lone surrogate), in a key too.
+        return {"page": b.param, b.param: [b.param]}
     return {"ok": True, "call": call_id[:40]}
 
 
@@ -292,6 +296,7 @@ behaviours = st.one_of(
     st.builds(Behaviour, st.just("accepted"), st.none() | st.sampled_from(["task-1", "t"])),
     st.builds(Behaviour, st.just("completed"), st.booleans()),
     st.just(Behaviour("model")),
+    st.builds(Behaviour, st.just("text"), unencodable_text()),
 )
 
 
@@ -352,6 +357,9 @@ def _async_body(name: str) -> Callable[[BaseModel, fp.ToolContext], Any]:
 def _guard(args: Any, state: fp.AgentState) -> None:
     # A semantic validator that misbehaves on some values: its text must not travel either.
     value = args.value
+    if value == -2:
+        # A rule given as a sentence: refused as ``unnamed_rule``, its text only logged.
+        raise ToolSemanticError(f"value {value} is below zero ({CANARY})")
     if value < 0:
         raise ToolSemanticError("negative")
     raising = {
@@ -446,12 +454,12 @@ json_leaf = (
     | st.booleans()
     | st.integers(-(2**63), 2**64 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=12)
+    | any_text(max_size=12)
 )
 json_values = st.recursive(
     json_leaf,
     lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+        st.lists(children, max_size=3) | st.dictionaries(any_text(max_size=8), children, max_size=3)
     ),
     max_leaves=8,
 )
@@ -472,7 +480,7 @@ raw_hostile_leaf = _hostile_leaf([5, 60, 200, 3_000])
 """The same, nested deeper than pydantic validates: only as raw output the parser must refuse."""
 
 
-_TEXT = st.text(min_size=1, max_size=12)
+_TEXT = any_text(min_size=1, max_size=12)
 _VALID_ARGS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "lookup": st.fixed_dictionaries(
         {"query": st.sampled_from(["checkout 500", "deploy 42", "api", "*", "null"]) | _TEXT}
@@ -506,11 +514,11 @@ def _arguments_for(draw: st.DrawFn, name: str) -> dict[str, Any]:
     if kind == "valid":
         return draw(_valid_args(name))
     if kind == "extra":
-        return {**draw(_valid_args(name)), draw(st.text(min_size=1, max_size=6)): draw(json_leaf)}
+        return {**draw(_valid_args(name)), draw(any_text(min_size=1, max_size=6)): draw(json_leaf)}
     if kind == "hostile":
         key = draw(st.sampled_from(["query", "key", "note", "n", "value", "x"]))
         return {key: draw(hostile_leaf)}
-    return draw(st.dictionaries(st.text(max_size=8), json_values, max_size=3))
+    return draw(st.dictionaries(any_text(max_size=8), json_values, max_size=3))
 
 
 _ARGUMENTS: dict[str, st.SearchStrategy[dict[str, Any]]] = {}
@@ -604,21 +612,30 @@ class Invalid:
 
 
 def _final(text: str, ids: list[str]) -> Any:
-    if ids and not text.strip():
-        # An empty answer cites nothing: as the model's raw output, an invalid proposal.
+    if (ids and not text.strip()) or not _encodable(text):
+        # An empty answer cites nothing, and no answer holds a lone surrogate: as the model's
+        # raw output, an invalid proposal.
         return {"kind": "final", "answer": {"text": text, "citations": ids}}
     return fp.FinalProposal(answer=fp.AnswerPayload(text=text, citations=tuple(ids)))
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 finals = st.builds(
     _final,
-    st.text(max_size=12),
+    any_text(max_size=12),
     st.lists(st.sampled_from(POOL_IDS) | st.text(max_size=10), max_size=3),
 )
 
 raw_outputs = st.one_of(
     json_values,
-    st.text(max_size=30),
+    any_text(max_size=30),
     st.fixed_dictionaries(
         {
             "kind": st.sampled_from(["tool", "final", "abstain", "batch", "other"]),
@@ -628,7 +645,7 @@ raw_outputs = st.one_of(
                 json_values,
                 st.just({"query": float("nan")}),
                 st.just({"n": float("inf")}),
-                st.dictionaries(st.text(max_size=5), raw_hostile_leaf, max_size=2),
+                st.dictionaries(any_text(max_size=5), raw_hostile_leaf, max_size=2),
             ),
         }
     ),
@@ -649,7 +666,12 @@ usage_values = st.one_of(
 MODEL_EXCEPTIONS = TOOL_EXCEPTIONS + BASE_EXCEPTIONS
 """What a decision model may raise, ``BaseException`` included: every one is the step's failure
 (the model runs as a task of its own; see ``tests/fuzz/test_fuzz_regressions.py``)."""
-INVALID_CODES = ("malformed_decision", "truncated_stream", "invalid_tool_call")
+INVALID_CODES = (
+    "malformed_decision",
+    "truncated_stream",
+    "invalid_tool_call",
+    f"the model said {CANARY}",  # no safe code: the run ends malformed_decision
+)
 
 
 _ABSTAIN = st.builds(

@@ -8,8 +8,11 @@ usage reports that are negative, huge or not numbers), tool behaviour (``Excepti
 sleeping past a short timeout or swallowing cancellation, ``Accepted``/``Completed``), a small
 random budget with or without a parent account, approval ``terminate`` or ``interrupt`` answered
 with random approve/reject/edit/garbage resumes, denials ending the run or as data, with or
-without an approver policy (approving, rejecting, asking, raising, answering junk) — and runs it through ``invoke``, ``ainvoke`` or
-``stream`` on a file-backed ``SqliteSaver`` and a durable ``SqliteLedger``.
+without an approver policy (approving, rejecting, asking, raising, answering junk), and the
+context's ``app_data`` — and runs it through ``invoke``, ``ainvoke`` or ``stream`` on a
+file-backed ``SqliteSaver`` and a durable ``SqliteLedger``. Text anywhere in model output, tool
+results, edits and contexts is drawn by ``tests.strategies.any_text``: now and then a lone
+surrogate, which hypothesis's own ``text()`` never draws.
 
 For every example:
 1. no exception escapes ``invoke``/``ainvoke``/``stream``;
@@ -72,8 +75,10 @@ from tests.fuzz.hostile import (
     answers,
     behaviours,
     exception,
+    json_values,
     turns,
 )
+from tests.strategies import any_text
 
 TOTAL_EXAMPLES = int(os.environ.get("FENCEPOST_FUZZ_EXAMPLES", "2000"))
 # The examples are split between the two properties below, 3:1.
@@ -366,6 +371,7 @@ class Plan:
     script: tuple[Any, ...]
     behaviours: tuple[Behaviour, ...]
     knock_again: bool
+    app_data: dict[str, Any]
 
 
 small_parent = st.fixed_dictionaries(
@@ -410,6 +416,7 @@ def plans(*, sync: bool) -> st.SearchStrategy[Plan]:
         script=st.lists(turns(sync=sync), min_size=1, max_size=6).map(tuple),
         behaviours=st.lists(behaviours, min_size=1, max_size=4).map(tuple),
         knock_again=st.sampled_from([False, False, False, True]),
+        app_data=st.dictionaries(any_text(max_size=6), json_values, max_size=2),
     )
 
 
@@ -480,6 +487,7 @@ def run_example(store: Store, plan: Plan, mode: str, data: st.DataObject) -> Non
         principal=fp.Principal(id="u-1", capabilities=CAPABILITIES),
         deadline=fp.Deadline.after(plan.deadline_seconds) if plan.deadline_seconds else None,
         budget_account=parent,
+        app_data=plan.app_data,
     )
     out = Outcome(config={"configurable": {"thread_id": f"t-{n}"}}, ctx=ctx, parent=parent)
     graph = store.graph(plan.build)

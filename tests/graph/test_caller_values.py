@@ -42,7 +42,7 @@ from tests.graph.kit import (
     terminal_manifests,
     thread,
 )
-from tests.strategies import json_tree
+from tests.strategies import any_text, json_tree
 
 
 def test_a_step_of_a_run_no_caller_wrote_to_reads_its_state_without_validating() -> None:
@@ -182,10 +182,10 @@ _json_leaf = (
     | st.booleans()
     | st.integers(-(2**63), 2**64 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
+    | any_text(max_size=8)
     | st.sampled_from(["terminal", "decide", "completed", "cancelled", "call-0001", ""])
 )
-_json = json_tree(_json_leaf, max_leaves=6)
+_json = json_tree(_json_leaf, max_leaves=6, keys=any_text(max_size=8))
 _writes = st.dictionaries(
     st.sampled_from(sorted(fp.AgentState.model_fields)), _json, min_size=1, max_size=3
 )

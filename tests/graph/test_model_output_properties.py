@@ -9,11 +9,13 @@ from hypothesis import strategies as st
 
 import fencepost as fp
 from tests.graph.kit import context, harness, thread
+from tests.strategies import any_text
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | any_text(max_size=20),
     lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+        st.lists(children, max_size=4)
+        | st.dictionaries(any_text(max_size=10), children, max_size=4)
     ),
     max_leaves=12,
 )
@@ -21,7 +23,7 @@ json_values = st.recursive(
 tool_like = st.fixed_dictionaries(
     {
         "kind": st.sampled_from(["tool", "final", "abstain", "other"]),
-        "call_id": st.text(max_size=20),
+        "call_id": any_text(max_size=20),
         "tool_name": st.sampled_from(
             ["search_logs", "write_note", "admin_reset", "Bad Name", "rm"]
         ),
@@ -29,7 +31,7 @@ tool_like = st.fixed_dictionaries(
     }
 )
 
-outputs = st.one_of(json_values, tool_like, st.text(max_size=40))
+outputs = st.one_of(json_values, tool_like, any_text(max_size=40))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
