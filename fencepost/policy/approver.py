@@ -165,7 +165,7 @@ def read_decision(value: object) -> ApproverDecision:
     fields = vars(value)
     action, code = fields.get("action"), fields.get("code")
     if action not in ("approve", "reject", "ask") or not (
-        code is None or (type(code) is str and _SAFE.match(code))
+        code is None or (type(code) is str and _SAFE.fullmatch(code))
     ):
         return ApproverDecision.reject(APPROVER_INVALID_DECISION)
     if action == "reject":

@@ -177,6 +177,8 @@ def test_an_async_approver_that_hangs_rejects_the_call_at_its_timeout(
         {"action": "approve"},
         fp.ApproverDecision.model_construct(action="approve", code="Not Safe!"),
         fp.ApproverDecision.model_construct(action="yes"),
+        # "$" alone matches before a final newline: a code is checked whole.
+        fp.ApproverDecision.model_construct(action="reject", code="ok\n"),
     ],
 )
 def test_an_approver_answering_anything_but_a_decision_rejects_the_call(answer: Any) -> None:
