@@ -6,7 +6,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from fencepost.adapters import telemetry
 from fencepost.graph.account import account_of, produced, reserve_batch
@@ -48,7 +48,7 @@ from fencepost.policy.gating import (
 )
 from fencepost.policy.manifest import verdict_outcome
 from fencepost.policy.outcome import receipt_for
-from fencepost.policy.remembered import ApprovalScope, matching_scope, new_scope
+from fencepost.policy.remembered import ApprovalScope, Remember, matching_scope, new_scope
 from fencepost.policy.repair import given_back, may_repair
 
 
@@ -120,7 +120,15 @@ async def gate(
             now=now,
         )
         gated = gated._replace(
-            batch=await remember_approvals(io, answered.batch, decisions, state, ctx, now),
+            batch=await remember_approvals(
+                io,
+                answered.batch,
+                {c: d.remember for c, d in decisions.items() if d.remember is not None},
+                state,
+                ctx,
+                now,
+                answered_by="approver",
+            ),
             fingerprints=answered.fingerprints,
             stop=answered.stop,
         )
@@ -222,29 +230,33 @@ async def remembered_approvals(
 async def remember_approvals(
     io: NodeIO,
     batch: Batch,
-    decisions: Mapping[str, ApproverDecision],
+    remember: Mapping[str, Remember],
     state: AgentState,
     ctx: RunContext,
     now: datetime,
+    *,
+    answered_by: Literal["approver", "human"],
 ) -> Batch:
-    """Store the scope of each "approve always" answer whose call the approver's approval let
-    through, and name it in that call's verdict (so its receipt names it too).
+    """Store the scope of each "approve always" answer (``remember``, by call id) whose call
+    the approval let through, and name it in that call's verdict (so its receipt names it too),
+    before the verdict is sealed. The scope is the trusted context's tenant's; its creator the
+    context's principal.
 
     The scope's id is derived from run and call, so a replayed gate stores it once. A ledger
     that keeps no scopes stores nothing: the call is still approved, once.
     """
     named: dict[str, str] = {}
     for entry in batch:
-        decision = decisions.get(entry.call_id)
-        if decision is None or decision.remember is None or not entry.verdict.allowed:
+        asked = remember.get(entry.call_id)
+        if asked is None or not entry.verdict.allowed:
             continue
         scope = new_scope(
-            decision.remember,
+            asked,
             tenant_id=ctx.tenant_id,
             tool_name=entry.verdict.tool_name,
             fingerprint=entry.verdict.fingerprint,
             created_by=ctx.principal.id,
-            answered_by="approver",
+            answered_by=answered_by,
             run_id=state.run_id,
             call_id=entry.call_id,
             now=now,

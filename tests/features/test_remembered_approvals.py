@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
 
 import fencepost as fp
 from fencepost.policy.remembered import ScopeKind, ScopeStore
@@ -85,3 +86,31 @@ def test_a_revoked_scope_approves_nothing_and_the_approver_is_asked_again() -> N
     second = fp.run_output(h.graph.invoke(fp.start("q", budget()), thread(), context=context()))
     assert len(approver.asked) == 2
     assert second.receipts[0].scope_id not in (None, scope_id)
+
+
+def test_a_humans_approve_always_answer_approves_the_next_run_without_pausing() -> None:
+    h = harness([note(1), DONE, note(1), DONE], approval="interrupt")
+    config = thread()
+    paused = h.graph.invoke(fp.start("q", budget()), config, context=context())
+    assert paused["__interrupt__"]
+    answer = {"decision": "approve", "remember": {"scope": "tool"}}
+    first = fp.run_output(h.graph.invoke(Command(resume=answer), config, context=context()))
+    [receipt] = first.receipts
+    assert (receipt.approval, receipt.status) == ("human", fp.ReceiptStatus.COMPLETED)
+    assert receipt.scope_id is not None
+    out = h.graph.invoke(fp.start("q", budget()), thread(), context=context())
+    assert "__interrupt__" not in out
+    second = fp.run_output(out)
+    assert second.termination is fp.TerminationReason.COMPLETED
+    assert (second.receipts[0].approval, second.receipts[0].scope_id) == ("human", receipt.scope_id)
+    assert h.calls.count("write_note") == 2
+
+
+def test_a_remember_answer_that_names_no_scope_is_asked_again_and_nothing_runs() -> None:
+    h = harness([note(1), DONE], approval="interrupt")
+    config = thread()
+    h.graph.invoke(fp.start("q", budget()), config, context=context())
+    answer = {"decision": "approve", "remember": {"scope": "everything"}}
+    out = h.graph.invoke(Command(resume=answer), config, context=context())
+    assert out["__interrupt__"][0].value["error"]["code"] == "unrecognized_answer"
+    assert h.calls.count("write_note") == 0
