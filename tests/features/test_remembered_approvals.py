@@ -106,11 +106,26 @@ def test_a_humans_approve_always_answer_approves_the_next_run_without_pausing() 
     assert h.calls.count("write_note") == 2
 
 
-def test_a_remember_answer_that_names_no_scope_is_asked_again_and_nothing_runs() -> None:
-    h = harness([note(1), DONE], approval="interrupt")
+def test_a_remember_answer_that_names_no_scope_is_asked_again_and_a_scope_with_until_is_kept() -> (
+    None
+):
+    ledger = fp.InMemoryLedger()
+    h = harness([note(1), DONE], approval="interrupt", ledger=ledger)
     config = thread()
     h.graph.invoke(fp.start("q", budget()), config, context=context())
-    answer = {"decision": "approve", "remember": {"scope": "everything"}}
-    out = h.graph.invoke(Command(resume=answer), config, context=context())
+    wrong = {"decision": "approve", "remember": {"scope": "everything"}}
+    out = h.graph.invoke(Command(resume=wrong), config, context=context())
     assert out["__interrupt__"][0].value["error"]["code"] == "unrecognized_answer"
     assert h.calls.count("write_note") == 0
+    until = "2099-06-01T00:00:00Z"
+    right = {"decision": "approve", "remember": {"scope": "arguments", "until": until}}
+    state = fp.run_output(h.graph.invoke(Command(resume=right), config, context=context()))
+    assert h.calls.count("write_note") == 1
+    [scope] = ledger.approval_scopes("acme")
+    assert (scope.scope_id, scope.kind, scope.answered_by, scope.created_by) == (
+        state.receipts[0].scope_id,
+        "arguments",
+        "human",
+        "u-1",
+    )
+    assert scope.until == datetime(2099, 6, 1, tzinfo=UTC)
