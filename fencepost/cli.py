@@ -1,4 +1,5 @@
-"""The ``fencepost`` command: demo, runs, show, report, graph.
+"""The ``fencepost`` command: demo, runs, show, report, graph; pending, approve, reject and
+approvals for approvers.
 
 Every command takes ``--json``. Errors are one line on stderr and a non-zero exit, never a
 traceback (with ``--json`` the line is a JSON object ``{"error": code, "message": text}``), and
@@ -17,7 +18,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
@@ -29,6 +30,8 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from fencepost.adapters.checkpointers import CheckpointerError, mask_url
+from fencepost.answering import GraphNotFound, answer_calls, default_graph_spec, load_graph
+from fencepost.graph.default_ledger import durable_ledger
 from fencepost.policy import (
     AgentState,
     BudgetAxis,
@@ -36,6 +39,7 @@ from fencepost.policy import (
     StopReport,
     error_code_for,
 )
+from fencepost.policy.remembered import ScopeStore
 from fencepost.policy.stop_report import call_rows, note_rows, report_head
 from fencepost.reporting import (
     DEFAULT_DB,
@@ -49,6 +53,7 @@ from fencepost.reporting import (
     load_runs,
     new_demo_batch,
     open_store,
+    pending_calls,
     select_batch,
 )
 
@@ -187,6 +192,8 @@ def _guarded(fn: Callable[P, R]) -> Callable[P, R]:
             raise
         except CheckpointerError as exc:
             # Checkpointer errors are fencepost's own sentences (URL masked); no driver text.
+            _fail(str(exc), exc.code, as_json=as_json)
+        except GraphNotFound as exc:
             _fail(str(exc), exc.code, as_json=as_json)
         except KeyboardInterrupt:
             _fail("interrupted", "interrupted", as_json=as_json, exit_code=130)
@@ -719,6 +726,262 @@ def report(db: Db = DEFAULT_DB, as_json: AsJson = False, batch: Batch = None) ->
         _print_json(result.model_dump(mode="json"))
     else:
         _print_report(result, mask_url(db))
+
+
+# --- approvers: pending, approve, reject, approvals -----------------------------------------------
+
+GraphSpec = Annotated[
+    str | None,
+    typer.Option(
+        "--graph",
+        help="The graph to resume, as langgraph.json names one (module:attribute or "
+        "./path.py:attribute): the uncompiled fp.build_agent_graph(...), or one compiled with its "
+        "checkpointer. Default: the one graph in ./langgraph.json.",
+    ),
+]
+AnsweringAs = Annotated[
+    str, typer.Option("--as", help="The principal id answering (the approver, not the requester).")
+]
+Tenant = Annotated[
+    str | None,
+    typer.Option("--tenant", help="The answering principal's tenant. Default: the run's tenant."),
+]
+Capabilities = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--capability",
+        help="A capability the answering principal holds (repeat for several), e.g. "
+        "approve:notes:write.",
+    ),
+]
+Calls = Annotated[
+    list[str],
+    typer.Option("--call", help="The waiting call id to answer (repeat for each waiting call)."),
+]
+
+
+@app.command()
+@_guarded
+def pending(db: Db = DEFAULT_DB, as_json: AsJson = False) -> None:
+    """The calls paused runs wait on a human to approve: run, thread, call id, tool, arguments,
+    requester and since when.
+
+    An operator's tool: it prints the calls' arguments, as the approver must see them.
+    """
+    with open_store(db) as saver:
+        calls = pending_calls(load_runs(saver, source=db))
+    if as_json:
+        _print_json([c.summary() for c in calls])
+        return
+    console = _console()
+    if not calls:
+        console.print(f"Nothing waits for approval in {mask_url(db)}.")
+        return
+    table = _table()
+    table.expand = True
+    table.add_column("run id", no_wrap=True)
+    table.add_column("call id", no_wrap=True)
+    table.add_column("tool", no_wrap=True)
+    table.add_column("requester", no_wrap=True)
+    table.add_column("since", no_wrap=True)
+    table.add_column("arguments", ratio=1, min_width=20, overflow="fold")
+    for c in calls:
+        who = f"{c.requester or '-'}\n{c.tenant_id or '-'}"
+        table.add_row(
+            c.run_id if c.run_id == c.thread_id else f"{c.run_id}\n(thread {c.thread_id})",
+            c.call_id,
+            c.tool_name,
+            who,
+            _when(c.since),
+            json.dumps(c.arguments, ensure_ascii=False, sort_keys=True),
+        )
+    console.print(table)
+
+
+def _answer(
+    decision: str,
+    run_id: str,
+    calls: list[str],
+    principal: str,
+    tenant: str | None,
+    capabilities: list[str] | None,
+    graph_spec: str | None,
+    db: str,
+    as_json: bool,
+) -> None:
+    with open_store(db, writable=True) as saver:
+        record = load_run(saver, run_id, source=db)
+        waiting = [c for c in pending_calls([record])]
+        ids = {c.call_id for c in waiting}
+        if not waiting:
+            _fail(
+                f"run {record.run_id} is not waiting for approval", "not_waiting", as_json=as_json
+            )
+        if set(calls) != ids:
+            # Every waiting call is answered at once (one left out would be rejected): name each.
+            listed = ", ".join(sorted(ids))
+            _fail(
+                f"run {record.run_id} waits on {listed}: name each waiting call with --call",
+                "calls_not_waiting" if set(calls) - ids else "calls_left_out",
+                as_json=as_json,
+            )
+        graph = load_graph(graph_spec or default_graph_spec(), saver)
+        out = answer_calls(
+            graph,
+            record.thread_id,
+            calls,
+            decision,
+            principal=principal,
+            tenant=tenant or record.state.tenant_id or "",
+            capabilities=capabilities or (),
+        )
+        after = load_run(saver, record.thread_id, source=db)
+    still = [c.call_id for c in pending_calls([after]) if c.call_id in ids]
+    problem = None
+    for interrupt in out.get("__interrupt__", ()) or ():
+        value = getattr(interrupt, "value", None)
+        if isinstance(value, dict) and isinstance(value.get("error"), dict):
+            problem = value["error"].get("code")
+    receipts = [r for r in after.state.receipts if r.call_id in ids]
+    data = {
+        "run_id": after.run_id,
+        "decision": decision,
+        "calls": sorted(ids),
+        "status": after.status,
+        "still_waiting": still,
+        "problem": problem,
+        "receipts": [r.model_dump(mode="json") for r in receipts],
+    }
+    if as_json:
+        _print_json(data)
+    else:
+        console = _console()
+        console.print(
+            Text.assemble(
+                (f"{decision} ", "bold"),
+                (", ".join(sorted(ids)), "bold"),
+                (" of run ", "dim"),
+                after.run_id,
+                (" → ", "dim"),
+                (after.status, _style(after.status)),
+            )
+        )
+        for r in receipts:
+            console.print(f"  {r.call_id} {r.tool_name}: {r.status.value}")
+    if still:
+        # The graph's own checks refused the answer: the run still waits, nothing was run.
+        _fail(
+            f"the answer was not taken: run {after.run_id} still waits on {', '.join(still)}"
+            + (f" ({problem})" if problem else ""),
+            problem or "answer_refused",
+            as_json=as_json,
+        )
+
+
+@app.command()
+@_guarded
+def approve(
+    run_id: Annotated[str, typer.Argument(help="A paused run id (or thread id).")],
+    call: Calls,
+    principal: AnsweringAs,
+    tenant: Tenant = None,
+    capability: Capabilities = None,
+    graph: GraphSpec = None,
+    db: Db = DEFAULT_DB,
+    as_json: AsJson = False,
+) -> None:
+    """Approve a waiting call: resumes the real graph with Command(resume=...) as --as, through
+    every check a resume passes. An operator's tool (see `fencepost pending`)."""
+    _answer("approve", run_id, call, principal, tenant, capability, graph, db, as_json)
+
+
+@app.command()
+@_guarded
+def reject(
+    run_id: Annotated[str, typer.Argument(help="A paused run id (or thread id).")],
+    call: Calls,
+    principal: AnsweringAs,
+    tenant: Tenant = None,
+    capability: Capabilities = None,
+    graph: GraphSpec = None,
+    db: Db = DEFAULT_DB,
+    as_json: AsJson = False,
+) -> None:
+    """Reject a waiting call: resumes the real graph with Command(resume=...) as --as; the call
+    never runs. An operator's tool (see `fencepost pending`)."""
+    _answer("reject", run_id, call, principal, tenant, capability, graph, db, as_json)
+
+
+approvals_app = typer.Typer(
+    help="Remembered approvals ('approve always' scopes) kept in the ledger beside --db.",
+    no_args_is_help=True,
+)
+app.add_typer(approvals_app, name="approvals")
+
+ScopeTenant = Annotated[str, typer.Option("--tenant", help="The tenant whose scopes these are.")]
+
+
+def _scope_store(saver: Any) -> ScopeStore:
+    ledger = durable_ledger(saver)
+    if not isinstance(ledger, ScopeStore):
+        raise GraphNotFound("the ledger beside this database keeps no remembered approvals")
+    return ledger
+
+
+@approvals_app.command("list")
+@_guarded
+def approvals_list(
+    tenant: ScopeTenant,
+    db: Db = DEFAULT_DB,
+    as_json: AsJson = False,
+    revoked: Annotated[bool, typer.Option("--revoked", help="Include revoked scopes.")] = False,
+) -> None:
+    """A tenant's remembered approvals: scope id, tool, scope, until, who created it."""
+    with open_store(db, writable=True) as saver:
+        scopes = _scope_store(saver).approval_scopes(tenant, include_revoked=revoked)
+    if as_json:
+        _print_json([s.model_dump(mode="json") for s in scopes])
+        return
+    console = _console()
+    if not scopes:
+        console.print(f"No remembered approvals for tenant {tenant}.")
+        return
+    table = _table()
+    for column in ("scope id", "tool", "scope", "until", "created by", "revoked"):
+        table.add_column(column, no_wrap=True)
+    for s in scopes:
+        table.add_row(
+            s.scope_id,
+            s.tool_name,
+            s.kind,
+            _when(s.until),
+            f"{s.created_by} ({s.answered_by})",
+            _when(s.revoked_at) if s.revoked_at else "",
+        )
+    console.print(table)
+
+
+@approvals_app.command("revoke")
+@_guarded
+def approvals_revoke(
+    scope_id: Annotated[str, typer.Argument(help="A scope id from `fencepost approvals list`.")],
+    tenant: ScopeTenant,
+    db: Db = DEFAULT_DB,
+    as_json: AsJson = False,
+) -> None:
+    """Revoke a tenant's remembered approval: it approves nothing from now on."""
+    with open_store(db, writable=True) as saver:
+        revoked = _scope_store(saver).revoke_scope(tenant, scope_id, at=datetime.now(UTC))
+    if revoked is None:
+        _fail(
+            f"tenant {tenant} has no remembered approval {scope_id}",
+            "no_such_scope",
+            as_json=as_json,
+        )
+    if as_json:
+        _print_json(revoked.model_dump(mode="json"))
+    else:
+        _console().print(f"revoked {revoked.scope_id} ({revoked.tool_name}, {revoked.kind})")
 
 
 # --- graph ----------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import re
 import statistics
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -49,7 +49,7 @@ from fencepost.adapters.checkpointers import (
 )
 from fencepost.graph import run_output
 from fencepost.graph.state import LayoutRefused, StartRequest, has_run
-from fencepost.policy import AgentState, BudgetAxis, StopReport, stop_report
+from fencepost.policy import AgentState, BudgetAxis, StopReport, VerdictCode, stop_report
 
 __all__ = [
     "ALL_BATCHES",
@@ -62,6 +62,7 @@ __all__ = [
     "NoSuchBatch",
     "NoSuchRun",
     "OlderLayoutStore",
+    "PendingCall",
     "RunRecord",
     "build_report",
     "demo_run_id",
@@ -69,6 +70,7 @@ __all__ = [
     "load_runs",
     "new_demo_batch",
     "open_store",
+    "pending_calls",
     "select_batch",
 ]
 
@@ -113,8 +115,13 @@ class OlderLayoutStore(CheckpointerError):
 
 
 @contextmanager
-def open_store(url: str, *, create: bool = False) -> Iterator[BaseCheckpointSaver[Any]]:
+def open_store(
+    url: str, *, create: bool = False, writable: bool = False
+) -> Iterator[BaseCheckpointSaver[Any]]:
     """A checkpointer for ``url`` with fencepost's serializer.
+
+    ``writable=True`` (an approver's answer) opens an existing database for writing: it must
+    exist, as for reading, and is not created.
 
     ``create=True`` (the demo) opens it with
     :func:`~fencepost.adapters.checkpointers.open_checkpointer`, making the SQLite file's
@@ -129,7 +136,10 @@ def open_store(url: str, *, create: bool = False) -> Iterator[BaseCheckpointSave
             saver = stack.enter_context(open_checkpointer(url))
         else:
             try:
-                saver = stack.enter_context(open_checkpointer(url, read_only=True))
+                if writable:
+                    # Checked to exist first: opening it for writing would create it.
+                    stack.enter_context(open_checkpointer(url, read_only=True))
+                saver = stack.enter_context(open_checkpointer(url, read_only=not writable))
             except NoSuchCheckpointDatabase as exc:
                 raise _missing(url, exc) from None
         yield saver
@@ -572,3 +582,54 @@ def build_report(
         tool_calls=Distribution.of([r.state.budget.tool_calls_used for r in ended]),
         budget=axes,
     )
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """One call a paused run waits on a human to approve (``fencepost pending``)."""
+
+    run_id: str
+    thread_id: str
+    call_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+    """The call's arguments as the model proposed them: what the approver judges."""
+    tenant_id: str | None
+    requester: str | None
+    """The principal the run acts for (who asked for the call)."""
+    since: datetime | None
+    """When the run paused (its latest checkpoint)."""
+
+    def summary(self) -> dict[str, Any]:
+        """The call as JSON."""
+        return {
+            "run_id": self.run_id,
+            "thread_id": self.thread_id,
+            "call_id": self.call_id,
+            "tool_name": self.tool_name,
+            "arguments": self.arguments,
+            "tenant_id": self.tenant_id,
+            "requester": self.requester,
+            "since": self.since.isoformat() if self.since else None,
+        }
+
+
+def pending_calls(records: Iterable[RunRecord]) -> list[PendingCall]:
+    """Every call that paused runs wait on a human for, oldest pause first."""
+    found = [
+        PendingCall(
+            run_id=r.run_id,
+            thread_id=r.thread_id,
+            call_id=entry.call_id,
+            tool_name=entry.proposal.tool_name,
+            arguments=dict(entry.proposal.arguments),
+            tenant_id=r.state.tenant_id,
+            requester=r.state.principal_id,
+            since=r.updated_at,
+        )
+        for r in records
+        if r.status == PAUSED
+        for entry in r.state.batch
+        if entry.verdict.code is VerdictCode.APPROVAL_PENDING
+    ]
+    return sorted(found, key=lambda p: (p.since is None, p.since or datetime.min, p.call_id))

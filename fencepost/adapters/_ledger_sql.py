@@ -1,6 +1,7 @@
 """What the SQL ledgers share: the tables, their migration, and the reserve/settle/release flow.
 
-Both backends keep the same five tables. :class:`SqlLedger` runs every operation as one
+Both backends keep the same five tables, and a sixth of their own for remembered approvals
+(:mod:`fencepost.policy.remembered`), read and written here for both. :class:`SqlLedger` runs every operation as one
 transaction of plain statements, deciding with the rules in :mod:`fencepost.policy.ledger`; the
 SQLite backend uses it as it is (its transactions are in-process, so a statement costs
 microseconds). The Postgres backend keeps the same tables but runs each operation as one call of a
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
@@ -40,10 +42,13 @@ from fencepost.policy.ledger import (
     validate_owner,
     walk_chain,
 )
+from fencepost.policy.remembered import ApprovalScope, ScopeStore, utc
 
 __all__ = [
     "ACCOUNT_COLUMNS",
     "SCHEMA",
+    "SCOPE_INSERT",
+    "SCOPE_REVOKE",
     "TABLES",
     "Cursor",
     "KeyRace",
@@ -52,6 +57,9 @@ __all__ = [
     "Transaction",
     "decode_owner",
     "encode_owner",
+    "read_scope",
+    "scope_query",
+    "scope_row",
 ]
 
 _T = TypeVar("_T")
@@ -64,6 +72,7 @@ TABLES = (
     "fencepost_ledger_held",
     "fencepost_ledger_reservations",
     "fencepost_ledger_reservation_amounts",
+    "fencepost_approval_scopes",
 )
 
 # Portable DDL: SQLite gives a ``double precision`` column REAL affinity, the same as ``REAL``.
@@ -109,7 +118,67 @@ SCHEMA = (
         PRIMARY KEY (key, axis)
     )
     """,
+    # Remembered approvals: the scope as JSON (``body``), with the columns it is found by.
+    # Instants are ISO 8601 UTC text, compared in Python, so both databases store them alike.
+    """
+    CREATE TABLE IF NOT EXISTS fencepost_approval_scopes (
+        scope_id text PRIMARY KEY,
+        tenant_id text NOT NULL,
+        tool_name text NOT NULL,
+        created_at text NOT NULL,
+        body text NOT NULL,
+        revoked_at text
+    )
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS fencepost_approval_scopes_by_tenant
+        ON fencepost_approval_scopes (tenant_id, tool_name)
+    """,
 )
+
+SCOPE_INSERT = (
+    "INSERT INTO fencepost_approval_scopes (scope_id, tenant_id, tool_name, created_at, body)"
+    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope_id) DO NOTHING"
+)
+SCOPE_SELECT = "SELECT body, revoked_at FROM fencepost_approval_scopes"
+SCOPE_REVOKE = (
+    "UPDATE fencepost_approval_scopes SET revoked_at = ?"
+    " WHERE scope_id = ? AND tenant_id = ? AND revoked_at IS NULL"
+)
+
+
+def scope_row(scope: ApprovalScope) -> tuple[str, str, str, str, str]:
+    """The values :data:`SCOPE_INSERT` stores for ``scope``."""
+    return (
+        scope.scope_id,
+        scope.tenant_id,
+        scope.tool_name,
+        utc(scope.created_at).isoformat(),
+        scope.model_dump_json(exclude={"revoked_at"}),
+    )
+
+
+def read_scope(body: str, revoked_at: str | None) -> ApprovalScope:
+    """A scope as stored: its JSON, with the revocation column's instant."""
+    scope = ApprovalScope.model_validate_json(body)
+    if revoked_at is None:
+        return scope
+    return scope.model_copy(update={"revoked_at": datetime.fromisoformat(revoked_at)})
+
+
+def scope_query(
+    tenant_id: str, tool_name: str | None, include_revoked: bool, *, mark: str = "?"
+) -> tuple[str, tuple[str, ...]]:
+    """The statement (placeholders ``mark``) listing a tenant's scopes, oldest first."""
+    sql = SCOPE_SELECT + f" WHERE tenant_id = {mark}"
+    params: tuple[str, ...] = (tenant_id,)
+    if tool_name is not None:
+        sql += f" AND tool_name = {mark}"
+        params += (tool_name,)
+    if not include_revoked:
+        sql += " AND revoked_at IS NULL"
+    return sql + " ORDER BY created_at, scope_id", params
+
 
 ACCOUNT_COLUMNS = {
     "owner": "text NOT NULL DEFAULT '{}'",
@@ -162,7 +231,7 @@ _Link = tuple[str, str | None, str, str | None]
 """One account of a chain as read: ``(name, parent, owner, closed)``."""
 
 
-class SqlLedger(Ledger):
+class SqlLedger(Ledger, ScopeStore):
     """The :class:`~fencepost.policy.ledger.Ledger` flow over SQL; see the module docstring."""
 
     _HELD: ClassVar[str]
@@ -519,3 +588,30 @@ class SqlLedger(Ledger):
     def balance(self, account: str) -> Balance:
         validate_name(account, "account")
         return self._run(lambda tx: self._balance(tx, account), read_only=True)
+
+    # -- remembered approvals ---------------------------------------------------------------------
+
+    def remember_scope(self, scope: ApprovalScope) -> ApprovalScope:
+        def work(tx: Transaction) -> ApprovalScope:
+            tx.execute(SCOPE_INSERT, scope_row(scope))
+            row = tx.execute(SCOPE_SELECT + " WHERE scope_id = ?", (scope.scope_id,)).fetchone()
+            return read_scope(row[0], row[1])
+
+        return self._run(work)
+
+    def approval_scopes(
+        self, tenant_id: str, *, tool_name: str | None = None, include_revoked: bool = False
+    ) -> list[ApprovalScope]:
+        sql, params = scope_query(tenant_id, tool_name, include_revoked)
+        rows = self._run(lambda tx: tx.execute(sql, params).fetchall(), read_only=True)
+        return [read_scope(body, revoked) for body, revoked in rows]
+
+    def revoke_scope(self, tenant_id: str, scope_id: str, *, at: datetime) -> ApprovalScope | None:
+        def work(tx: Transaction) -> ApprovalScope | None:
+            tx.execute(SCOPE_REVOKE, (utc(at).isoformat(), scope_id, tenant_id))
+            row = tx.execute(
+                SCOPE_SELECT + " WHERE scope_id = ? AND tenant_id = ?", (scope_id, tenant_id)
+            ).fetchone()
+            return None if row is None else read_scope(row[0], row[1])
+
+        return self._run(work)

@@ -46,6 +46,7 @@ import random
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -56,9 +57,14 @@ from psycopg_pool import ConnectionPool
 from fencepost.adapters._ledger_sql import (
     ACCOUNT_COLUMNS,
     SCHEMA,
+    SCOPE_INSERT,
+    SCOPE_REVOKE,
     TABLES,
     decode_owner,
     encode_owner,
+    read_scope,
+    scope_query,
+    scope_row,
 )
 from fencepost.policy.ledger import (
     AccountClosed,
@@ -75,6 +81,7 @@ from fencepost.policy.ledger import (
     validate_name,
     validate_owner,
 )
+from fencepost.policy.remembered import ApprovalScope, ScopeStore, utc
 
 __all__ = ["PostgresLedger"]
 
@@ -652,7 +659,7 @@ class _LoopConnections:
             self.idle.pop().pgconn.finish()
 
 
-class PostgresLedger(Ledger):
+class PostgresLedger(Ledger, ScopeStore):
     """Accounts and reservations in Postgres; atomic across connections, processes and machines.
 
     ``conninfo`` is a libpq connection string or URI. Sync calls take connections from a
@@ -660,6 +667,10 @@ class PostgresLedger(Ledger):
     keep up to ``max_size`` :class:`psycopg.AsyncConnection` per event loop. :meth:`close` (or
     leaving a ``with`` block) closes both. Deadlocks and serialisation failures (which the lock
     order should rule out) are retried up to ``max_retries`` times with jitter.
+
+    Remembered approvals (:class:`~fencepost.policy.remembered.ScopeStore`) are plain statements
+    on the sync pool (their async twins run them in a worker thread): they are read once per
+    call that needs approval, not on the reservation path.
     """
 
     def __init__(
@@ -984,3 +995,43 @@ class PostgresLedger(Ledger):
         row = await self._acall((_BALANCE, (validate_name(account, "account"),)))
         _raise_for(row)
         return _balance(row)
+
+    # -- remembered approvals ---------------------------------------------------------------------
+
+    def _scope_rows(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        if self._closed:
+            raise RuntimeError("the ledger is closed")
+        with self._pool.connection() as conn:
+            return list(conn.execute(sql.replace("?", "%s"), params).fetchall())
+
+    def remember_scope(self, scope: ApprovalScope) -> ApprovalScope:
+        if self._closed:
+            raise RuntimeError("the ledger is closed")
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute(SCOPE_INSERT.replace("?", "%s"), scope_row(scope))
+            row = conn.execute(
+                "SELECT body, revoked_at FROM fencepost_approval_scopes WHERE scope_id = %s",
+                (scope.scope_id,),
+            ).fetchone()
+        assert row is not None  # inserted, or there already
+        return read_scope(row[0], row[1])
+
+    def approval_scopes(
+        self, tenant_id: str, *, tool_name: str | None = None, include_revoked: bool = False
+    ) -> list[ApprovalScope]:
+        sql, params = scope_query(tenant_id, tool_name, include_revoked)
+        return [read_scope(body, revoked) for body, revoked in self._scope_rows(sql, params)]
+
+    def revoke_scope(self, tenant_id: str, scope_id: str, *, at: datetime) -> ApprovalScope | None:
+        if self._closed:
+            raise RuntimeError("the ledger is closed")
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute(
+                SCOPE_REVOKE.replace("?", "%s"), (utc(at).isoformat(), scope_id, tenant_id)
+            )
+            row = conn.execute(
+                "SELECT body, revoked_at FROM fencepost_approval_scopes"
+                " WHERE scope_id = %s AND tenant_id = %s",
+                (scope_id, tenant_id),
+            ).fetchone()
+        return None if row is None else read_scope(row[0], row[1])

@@ -47,11 +47,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from functools import partial
 from typing import Literal, TypeVar
 
 from fencepost.adapters._ledger_sql import ACCOUNT_COLUMNS, SCHEMA, SqlLedger, Transaction
 from fencepost.policy.ledger import Balance, Reservation
+from fencepost.policy.remembered import ApprovalScope
 
 try:
     import fcntl
@@ -348,3 +350,23 @@ class SqliteLedger(SqlLedger):
 
     async def abalance(self, account: str) -> Balance:
         return await self._in_thread(partial(self.balance, account))
+
+    async def aremember_scope(self, scope: ApprovalScope) -> ApprovalScope:
+        return await self._in_thread(partial(self.remember_scope, scope))
+
+    async def aapproval_scopes(
+        self, tenant_id: str, *, tool_name: str | None = None, include_revoked: bool = False
+    ) -> list[ApprovalScope]:
+        return await self._in_thread(
+            partial(
+                self.approval_scopes,
+                tenant_id,
+                tool_name=tool_name,
+                include_revoked=include_revoked,
+            )
+        )
+
+    async def arevoke_scope(
+        self, tenant_id: str, scope_id: str, *, at: datetime
+    ) -> ApprovalScope | None:
+        return await self._in_thread(partial(self.revoke_scope, tenant_id, scope_id, at=at))

@@ -9,6 +9,7 @@ from langgraph.types import interrupt
 
 from fencepost.adapters import telemetry
 from fencepost.graph.account import reserve_batch
+from fencepost.graph.gate import remember_approvals
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import Update
 from fencepost.graph.state import require_state
@@ -64,7 +65,14 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         asked=asked,
         context=ctx,
     )
-    state = before.model_copy(update={"batch": result.batch, "fingerprints": result.fingerprints})
+    remember = {c: a.remember for c, a in answers.items() if a.remember is not None}
+    batch = result.batch
+    if remember:
+        # Stored before the approved calls are sealed: their verdicts name the scope.
+        batch = await remember_approvals(
+            io, batch, remember, before, ctx, cfg.clock.now(), answered_by="human"
+        )
+    state = before.model_copy(update={"batch": batch, "fingerprints": result.fingerprints})
     telemetry.approvals_answered(state.run_id, asked, result.batch, cfg.registry)
     manifests = []
     for entry in asked:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Awaitable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Literal
 
 from fencepost.adapters import telemetry
 from fencepost.graph.account import account_of, produced, reserve_batch
@@ -33,17 +34,21 @@ from fencepost.policy.approver import (
     read_decision,
     to_approve,
 )
+from fencepost.policy.batch import Batch
 from fencepost.policy.cancellation import cancelled_by_caller
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import gate_record, settled_calls
 from fencepost.policy.developer_log import APPROVAL, raised
+from fencepost.policy.effect import Effect
 from fencepost.policy.execution import budget_refusals
+from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gating import (
     gate_batch,
     refused_batch,
 )
 from fencepost.policy.manifest import verdict_outcome
 from fencepost.policy.outcome import receipt_for
+from fencepost.policy.remembered import ApprovalScope, Remember, matching_scope, new_scope
 from fencepost.policy.repair import given_back, may_repair
 
 
@@ -77,6 +82,8 @@ async def gate(
         telemetry.batch_refused(state.run_id, calls, cfg.registry, refused.error_code or "")
         return state.model_copy(update={"phase": Phase.VALIDATE, "stop": refused}), [m]
     now = cfg.clock.now()
+    # Consulted before the approver or a human is asked: a live scope approves the call.
+    remembered = await remembered_approvals(io, calls, ctx, now)
     gated = gate_batch(
         cfg.registry,
         calls,
@@ -88,6 +95,7 @@ async def gate(
         context=ctx,
         denial=cfg.denial,
         approver=cfg.approver is not None,
+        remembered=remembered,
     )
     asked = to_approve(gated.batch) if gated.stop is None and cfg.approver is not None else []
     if asked:
@@ -112,7 +120,15 @@ async def gate(
             now=now,
         )
         gated = gated._replace(
-            batch=answered.batch,
+            batch=await remember_approvals(
+                io,
+                answered.batch,
+                {c: d.remember for c, d in decisions.items() if d.remember is not None},
+                state,
+                ctx,
+                now,
+                answered_by="approver",
+            ),
             fingerprints=answered.fingerprints,
             stop=answered.stop,
         )
@@ -172,6 +188,90 @@ async def gate(
     return state.model_copy(
         update={"receipts": state.receipts + unfunded, "stop": stopped}
     ), manifests
+
+
+async def remembered_approvals(
+    io: NodeIO, calls: Sequence[ToolProposal], ctx: RunContext, now: datetime
+) -> dict[str, ApprovalScope]:
+    """By call id, the live remembered approval scope of the run's tenant that matches each
+    call needing approval (a write or external tool), read from the ledger's database.
+
+    Keyed by the trusted context's tenant only, and matched by tool name and the canonical
+    fingerprint of the arguments (:mod:`fencepost.policy.remembered`): nothing the model or a
+    caller names picks the scope.
+    """
+    registry = io.cfg.registry
+    tools = {
+        c.tool_name
+        for c in calls
+        if type(c.tool_name) is str
+        and c.tool_name in registry
+        and registry.get(c.tool_name).effect is not Effect.READ
+    }
+    if not tools:
+        return {}
+    scopes = {name: await io.approval_scopes(ctx.tenant_id, name) for name in sorted(tools)}
+    found: dict[str, ApprovalScope] = {}
+    for call in calls:
+        if call.tool_name not in tools or not scopes[call.tool_name]:
+            continue
+        try:
+            fingerprint = proposal_fingerprint(call.tool_name, call.arguments)
+        except (TypeError, ValueError):
+            continue  # arguments no JSON holds: the gate refuses them, no scope approves them
+        scope = matching_scope(
+            scopes[call.tool_name], ctx.tenant_id, call.tool_name, fingerprint, now
+        )
+        if scope is not None:
+            found[call.call_id] = scope
+    return found
+
+
+async def remember_approvals(
+    io: NodeIO,
+    batch: Batch,
+    remember: Mapping[str, Remember],
+    state: AgentState,
+    ctx: RunContext,
+    now: datetime,
+    *,
+    answered_by: Literal["approver", "human"],
+) -> Batch:
+    """Store the scope of each "approve always" answer (``remember``, by call id) whose call
+    the approval let through, and name it in that call's verdict (so its receipt names it too),
+    before the verdict is sealed. The scope is the trusted context's tenant's; its creator the
+    context's principal.
+
+    The scope's id is derived from run and call, so a replayed gate stores it once. A ledger
+    that keeps no scopes stores nothing: the call is still approved, once.
+    """
+    named: dict[str, str] = {}
+    for entry in batch:
+        asked = remember.get(entry.call_id)
+        if asked is None or not entry.verdict.allowed:
+            continue
+        scope = new_scope(
+            asked,
+            tenant_id=ctx.tenant_id,
+            tool_name=entry.verdict.tool_name,
+            fingerprint=entry.verdict.fingerprint,
+            created_by=ctx.principal.id,
+            answered_by=answered_by,
+            run_id=state.run_id,
+            call_id=entry.call_id,
+            now=now,
+        )
+        stored = await io.remember_scope(scope)
+        if stored is not None:
+            named[entry.call_id] = stored.scope_id
+    if not named:
+        return batch
+    return tuple(
+        e.with_verdict(e.verdict.model_copy(update={"scope_id": named[e.call_id]}))
+        if e.call_id in named
+        else e
+        for e in batch
+    )
 
 
 async def ask_approver(io: NodeIO, request: ApproverInput) -> ApproverDecision:

@@ -24,6 +24,7 @@ from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import InvalidState
 from fencepost.graph.writes import refusal_writes, reset_prerun_values
 from fencepost.policy import Balance, InMemoryLedger, Reservation, ToolContext, ToolSpec
+from fencepost.policy.remembered import ApprovalScope, ScopeStore
 
 T = TypeVar("T")
 
@@ -66,6 +67,15 @@ class NodeIO:
 
     async def get(self, key: str) -> Reservation | None:
         """The reservation (or zero-amount marker) under ``key``, if the ledger holds one."""
+        raise NotImplementedError
+
+    async def approval_scopes(self, tenant_id: str, tool_name: str) -> list[ApprovalScope]:
+        """The tenant's live remembered approvals of ``tool_name`` (none when the ledger keeps
+        none: a ledger of the caller's own that is not a ``ScopeStore``)."""
+        raise NotImplementedError
+
+    async def remember_scope(self, scope: ApprovalScope) -> ApprovalScope | None:
+        """Store ``scope`` in the ledger's database; ``None`` when the ledger keeps no scopes."""
         raise NotImplementedError
 
     async def forget(self, account: str) -> None:
@@ -123,6 +133,16 @@ class SyncIO(NodeIO):
     async def get(self, key: str) -> Reservation | None:
         return self.ledger.get(key)
 
+    async def approval_scopes(self, tenant_id: str, tool_name: str) -> list[ApprovalScope]:
+        if not isinstance(self.ledger, ScopeStore):
+            return []
+        return self.ledger.approval_scopes(tenant_id, tool_name=tool_name)
+
+    async def remember_scope(self, scope: ApprovalScope) -> ApprovalScope | None:
+        if not isinstance(self.ledger, ScopeStore):
+            return None
+        return self.ledger.remember_scope(scope)
+
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         async def wrapped() -> T:
             return await make()
@@ -173,6 +193,16 @@ class AsyncIO(NodeIO):
 
     async def get(self, key: str) -> Reservation | None:
         return await self.ledger.aget(key)
+
+    async def approval_scopes(self, tenant_id: str, tool_name: str) -> list[ApprovalScope]:
+        if not isinstance(self.ledger, ScopeStore):
+            return []
+        return await self.ledger.aapproval_scopes(tenant_id, tool_name=tool_name)
+
+    async def remember_scope(self, scope: ApprovalScope) -> ApprovalScope | None:
+        if not isinstance(self.ledger, ScopeStore):
+            return None
+        return await self.ledger.aremember_scope(scope)
 
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         return await make()

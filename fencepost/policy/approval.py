@@ -7,6 +7,9 @@ answer. An answer is exactly one of these forms, for every waiting call at once 
 - ``{"decision": "approve" | "reject"}`` (``"type"`` is accepted for ``"decision"``, never both)
 - ``{"decision": "edit", "arguments": {...}}``: run with these arguments instead, which pass
   every gate again
+- ``{"decision": "approve", "remember": {"scope": "tool" | "arguments", "until": iso8601?}}``:
+  approve, and approve always — this tool for the run's tenant, or this tool with these very
+  arguments — until revoked or ``until`` (:mod:`fencepost.policy.remembered`)
 - ``{"<call id>": <one of the above>, ...}``: per call; a waiting call left out is rejected
 
 Anything else is not guessed at: a mapping with a key no form has (a per-call answer beside a
@@ -46,6 +49,7 @@ from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.remembered import Remember
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tool import Principal
 from fencepost.policy.verdict import VerdictCode, verdict_is_sealed
@@ -60,6 +64,7 @@ ACCEPTED_FORMS = (
     '{"decision": "approve"}',
     '{"decision": "reject"}',
     '{"decision": "edit", "arguments": {...}}',
+    '{"decision": "approve", "remember": {"scope": "tool" | "arguments", "until": iso8601?}}',
     '{"<call_id>": <any of the above>, ...} (a call left out is rejected)',
 )
 
@@ -74,6 +79,8 @@ class ApprovalAnswer(Frozen):
     arguments: dict[str, JsonValue] | None = None
     """With ``edit``: the arguments to run with; ``None`` when those given are no JSON object a
     checkpoint can hold (the edit is then asked again)."""
+    remember: Remember | None = None
+    """With ``approve``: approve always, for this scope (see :class:`Remember`)."""
 
 
 class InvalidEdit(Frozen):
@@ -131,7 +138,20 @@ def _one(value: Any) -> ApprovalAnswer | None:
         if not isinstance(arguments, Mapping):
             return None
         return ApprovalAnswer(decision="edit", arguments=_json_object(arguments))
+    if len(value) == 2 and str(decision) == "approve" and "remember" in value:
+        return _remembered(value["remember"])
     return None
+
+
+def _remembered(value: Any) -> ApprovalAnswer | None:
+    """An approval that is remembered for the scope ``value`` names (``None``: not a scope)."""
+    if not isinstance(value, Mapping) or not all(type(k) is str for k in value):
+        return None
+    try:
+        remember = Remember.model_validate(dict(value), strict=False)
+    except ValidationError:
+        return None
+    return ApprovalAnswer(decision="approve", remember=remember)
 
 
 def _json_object(arguments: Mapping[Any, Any]) -> dict[str, JsonValue] | None:

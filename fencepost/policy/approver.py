@@ -55,6 +55,7 @@ from fencepost.policy.phase import TerminationReason
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import Receipt
 from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.remembered import Remember, ScopeKind
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.stop_report import SAFE_CODE
 from fencepost.policy.tool import Principal, ToolSpec
@@ -92,11 +93,25 @@ class ApproverDecision(Frozen):
     """With ``reject``: why, as a safe code (``^[a-z][a-z0-9_]{0,63}$``: no free text, nothing
     of the arguments). The receipt and the manifest record it; the model is shown
     ``permission_denied``."""
+    remember: Remember | None = None
+    """With ``approve``: "approve always" — remember the approval for this scope, for the run's
+    tenant (:mod:`fencepost.policy.remembered`). Later calls it matches are approved by the
+    scope before the approver is asked; their receipts name it."""
 
     @classmethod
-    def approve(cls) -> ApproverDecision:
-        """Let the call run (it passes every gate again, as approved)."""
-        return _APPROVE
+    def approve(cls, *, remember: Remember | None = None) -> ApproverDecision:
+        """Let the call run (it passes every gate again, as approved); with ``remember``, also
+        approve every later call of the scope it names, for this tenant."""
+        return _APPROVE if remember is None else cls(action="approve", remember=remember)
+
+    @classmethod
+    def approve_always(
+        cls, scope: ScopeKind = "tool", *, until: datetime | None = None
+    ) -> ApproverDecision:
+        """``approve(remember=Remember(scope=scope, until=until))``: this tool for this tenant
+        (``"tool"``), or this tool with these very arguments (``"arguments"``), until revoked
+        or until ``until`` (a timezone-aware instant)."""
+        return cls.approve(remember=Remember(scope=scope, until=until))
 
     @classmethod
     def reject(cls, code: str = APPROVER_REJECTED) -> ApproverDecision:
@@ -170,7 +185,17 @@ def read_decision(value: object) -> ApproverDecision:
         return ApproverDecision.reject(APPROVER_INVALID_DECISION)
     if action == "reject":
         return ApproverDecision.reject(code or APPROVER_REJECTED)
-    return _APPROVE if action == "approve" else _ASK
+    if action == "ask":
+        return _ASK
+    remember = fields.get("remember")
+    if remember is None:
+        return _APPROVE
+    try:
+        # Checked again, as the decision itself: a copy made with model_copy may hold anything.
+        checked = Remember.model_validate(dict(vars(remember)))
+    except Exception:
+        return ApproverDecision.reject(APPROVER_INVALID_DECISION)
+    return ApproverDecision.approve(remember=checked)
 
 
 def to_approve(batch: Batch) -> list[BatchEntry]:

@@ -74,6 +74,7 @@ def denied_outcome(entry: BatchEntry, spec: ToolSpec | None) -> CallOutcome:
         attempts=0,
         effect=spec.effect if spec is not None else None,
         approval=verdict.approval,
+        scope_id=verdict.scope_id,
         rule=denial_rule(verdict),
     )
 

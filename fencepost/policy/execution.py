@@ -67,8 +67,10 @@ def admits(
         return False
     try:
         # A write is runnable only where it could have been approved: by a human (interrupt
-        # mode) or by the graph's approver; never in terminate mode without one.
-        authorize(spec, principal, approved=approval == "interrupt" or approver)
+        # mode), by the graph's approver, or by a remembered scope the gate named in the
+        # (sealed) verdict; never in terminate mode without one.
+        approvable = approval == "interrupt" or approver or verdict.scope_id is not None
+        authorize(spec, principal, approved=approvable)
     except (ToolPolicyDenied, HumanApprovalRequired):
         return False
     return True

@@ -451,6 +451,7 @@ def gate_with_findings(
                 "exhausted_axis": None,
                 "seal": None,
                 "approval": None,
+                "scope_id": None,
             },
         )
 

@@ -22,6 +22,7 @@ from fencepost.policy.gates import gate_with_findings, repeat_limit_of
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.remembered import ApprovalScope
 from fencepost.policy.reservations import stop_for_exhausted
 from fencepost.policy.revised import revised
 from fencepost.policy.state import AgentState, StopRequest, stop
@@ -107,6 +108,7 @@ def gate_batch(
     context: RunContext | None = None,
     denial: DenialMode = "end_run",
     approver: bool = False,
+    remembered: Mapping[str, ApprovalScope] | None = None,
 ) -> GatedBatch:
     """Gate every call of a batch in order; the first denial that ends a run stops it all.
 
@@ -115,6 +117,9 @@ def gate_batch(
     of its call (the same call denied past its repeat limit is ``no_progress``, which does
     stop). ``approver``: a call that needs approval is left ``approval_required`` for the
     graph's approver policy to answer (:mod:`fencepost.policy.approver`), stopping nothing.
+    ``remembered``: by call id, the live remembered approval scope that matches the call
+    (:mod:`fencepost.policy.remembered`): the call is gated as approved, and an allowed verdict
+    names the scope, as answered by whoever created it.
     """
     # Only the counts this batch raises: read through to the run's own (not copied per step).
     run_counts = state.fingerprints
@@ -126,17 +131,22 @@ def gate_batch(
     for call in calls:
         if raised and counts is run_counts:
             counts = ChainMap(raised, run_counts)  # made only for a call after an allowed one
+        scope = remembered.get(call.call_id) if remembered else None
         verdict, spec, counted = gate_with_findings(
             registry,
             call,
             state,
             principal,
             repeat_limit=repeat_limit,
-            approved=approved,
+            approved=approved or scope is not None,
             counts=counts,
             now=now,
             context=context,
         )
+        if scope is not None and verdict.allowed:
+            verdict = verdict.model_copy(
+                update={"approval": scope.answered_by, "scope_id": scope.scope_id}
+            )
         code = verdict.code
         if code is VerdictCode.APPROVAL_REQUIRED and approver:
             pass  # the approver answers it before anything of the batch is reserved

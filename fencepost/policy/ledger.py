@@ -11,6 +11,7 @@ import threading
 import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, NamedTuple
 
@@ -18,6 +19,7 @@ from pydantic import Field, Strict
 
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted, reason_for_axis
 from fencepost.policy.contract import Frozen, assemble
+from fencepost.policy.remembered import ApprovalScope, ScopeStore, utc
 
 MAX_NAME_LENGTH = 512
 """The longest key, account name, axis, owner field or close reason a ledger takes (characters)."""
@@ -444,8 +446,10 @@ class _Record(NamedTuple):
 _new_record = tuple.__new__
 
 
-class InMemoryLedger(Ledger):
+class InMemoryLedger(Ledger, ScopeStore):
     """A process-local ledger for tests and notebooks. Atomic under a lock; not durable.
+
+    It keeps remembered approvals (:class:`~fencepost.policy.remembered.ScopeStore`) in memory too.
 
     Its async twins run inline: the lock is only ever held for the microseconds a dict update
     takes, and nothing waits on I/O. Every value it returns is a fresh copy: changing a returned
@@ -464,6 +468,7 @@ class InMemoryLedger(Ledger):
         """Each account's reservation keys, so a closed account's can be forgotten in O(its own)."""
         self._valid_names: set[str] = set()
         """The names of open accounts that were opened as exact strs (validated then)."""
+        self._scopes: dict[str, ApprovalScope] = {}
 
     def open_account(
         self,
@@ -670,7 +675,49 @@ class InMemoryLedger(Ledger):
                 raise UnknownAccount(account)
             return self._balance(account)
 
+    # -- remembered approvals ---------------------------------------------------------------------
+
+    def remember_scope(self, scope: ApprovalScope) -> ApprovalScope:
+        with self._lock:
+            return self._scopes.setdefault(scope.scope_id, scope)
+
+    def approval_scopes(
+        self, tenant_id: str, *, tool_name: str | None = None, include_revoked: bool = False
+    ) -> list[ApprovalScope]:
+        with self._lock:
+            found = [
+                s
+                for s in self._scopes.values()
+                if s.tenant_id == tenant_id
+                and (tool_name is None or s.tool_name == tool_name)
+                and (include_revoked or s.revoked_at is None)
+            ]
+        return sorted(found, key=lambda s: (s.created_at, s.scope_id))
+
+    def revoke_scope(self, tenant_id: str, scope_id: str, *, at: datetime) -> ApprovalScope | None:
+        with self._lock:
+            scope = self._scopes.get(scope_id)
+            if scope is None or scope.tenant_id != tenant_id:
+                return None
+            if scope.revoked_at is None:
+                scope = scope.model_copy(update={"revoked_at": utc(at)})
+                self._scopes[scope_id] = scope
+            return scope
+
     # -- async twins: inline, the lock is held for microseconds and nothing waits on I/O ---------
+
+    async def aremember_scope(self, scope: ApprovalScope) -> ApprovalScope:
+        return self.remember_scope(scope)
+
+    async def aapproval_scopes(
+        self, tenant_id: str, *, tool_name: str | None = None, include_revoked: bool = False
+    ) -> list[ApprovalScope]:
+        return self.approval_scopes(tenant_id, tool_name=tool_name, include_revoked=include_revoked)
+
+    async def arevoke_scope(
+        self, tenant_id: str, scope_id: str, *, at: datetime
+    ) -> ApprovalScope | None:
+        return self.revoke_scope(tenant_id, scope_id, at=at)
 
     async def aopen_account(
         self,

@@ -70,6 +70,8 @@ class CallOutcome(Frozen):
     (``ToolSpec.evidence_for``)."""
     approval: Literal["approver", "human"] | None = None
     """Who answered the call's approval (see ``Receipt.approval``)."""
+    scope_id: str | None = None
+    """The remembered approval scope that approved it (see ``Receipt.scope_id``)."""
     rule: str | None = None
     """With a denial: the safe code of what denied it (see ``Receipt.rule``)."""
     code: Annotated[ErrorCode | None, Strict(False)] = None
@@ -105,6 +107,7 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
         effect=outcome.effect,
         task_id=outcome.task_id,
         approval=outcome.approval,
+        scope_id=outcome.scope_id,
         rule=outcome.rule,
     )
 
@@ -114,9 +117,13 @@ def with_approvers(
 ) -> list[CallOutcome]:
     """``outcomes`` with who answered each call's approval, as its verdict in ``batch`` says
     (the executor's outcomes know what ran, the verdicts who let it)."""
-    by_id = {e.call_id: e.verdict.approval for e in batch if e.verdict.approval is not None}
+    by_id = {
+        e.call_id: (e.verdict.approval, e.verdict.scope_id)
+        for e in batch
+        if e.verdict.approval is not None
+    }
     return [
-        o.model_copy(update={"approval": by_id[o.call_id]})
+        o.model_copy(update={"approval": by_id[o.call_id][0], "scope_id": by_id[o.call_id][1]})
         if o.approval is None and o.call_id in by_id
         else o
         for o in outcomes

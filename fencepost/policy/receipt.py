@@ -45,6 +45,9 @@ class Receipt(Frozen):
     approval: Literal["approver", "human"] | None = None
     """Who answered the call's approval: the graph's approver policy or a human (``None``: it
     needed none)."""
+    scope_id: str | None = None
+    """The remembered approval scope that approved the call (or that its "approve always"
+    answer created): see :mod:`fencepost.policy.remembered` and ``fencepost approvals``."""
     rule: str | None = None
     """With ``denied``: the safe code of what denied the call — the gate's verdict code
     (``capability_denied``), a semantic rule's name (``unknown_payee``) or the approver's own

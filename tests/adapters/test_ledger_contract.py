@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ import pytest
 
 from fencepost.adapters import PostgresLedger, SqliteLedger
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted
+from fencepost.policy.deadline import FakeClock
+from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.ledger import (
     MAX_NAME_LENGTH,
     AccountClosed,
@@ -36,6 +39,7 @@ from fencepost.policy.ledger import (
     UnknownReservation,
 )
 from fencepost.policy.phase import TerminationReason
+from fencepost.policy.remembered import ApprovalScope, ScopeStore, matching_scope
 
 Job = tuple[str, str, str, dict[str, float] | None]  # operation, account, key, amounts
 
@@ -1115,3 +1119,118 @@ async def test_async_reserves_gathered_against_a_limit_of_n_let_exactly_n_throug
     assert sum(isinstance(r, Reservation) for r in results) == 5
     assert sum(isinstance(r, BudgetExhausted) for r in results) == 7
     assert ledger.balance("run").held == {"tool_calls": 5.0}
+
+
+# -- remembered approvals: scopes per tenant, beside the ledger ----------------------------------
+
+
+def _scope(
+    scope_id: str = "scope-1",
+    *,
+    tenant: str = "acme",
+    tool: str = "send_refund",
+    kind: str = "tool",
+    fingerprint: str | None = None,
+    until: datetime | None = None,
+    at: datetime = datetime(2026, 1, 1, tzinfo=UTC),
+) -> ApprovalScope:
+    return ApprovalScope(
+        scope_id=scope_id,
+        tenant_id=tenant,
+        tool_name=tool,
+        kind=kind,  # type: ignore[arg-type]
+        fingerprint=fingerprint,
+        until=until,
+        created_at=at,
+        created_by="lead-1",
+        answered_by="human",
+        run_id="run-1",
+        call_id="call-1",
+    )
+
+
+def test_a_remembered_scope_is_stored_once_by_id_and_listed_for_its_tenant(ledger: Ledger) -> None:
+    assert isinstance(ledger, ScopeStore)
+    first = ledger.remember_scope(_scope())
+    again = ledger.remember_scope(_scope(tool="other_tool"))  # a replay: the first one stays
+    assert again == first
+    assert ledger.approval_scopes("acme") == [first]
+    assert ledger.approval_scopes("acme", tool_name="send_refund") == [first]
+    assert ledger.approval_scopes("acme", tool_name="other_tool") == []
+
+
+def test_a_scope_is_never_seen_nor_revoked_from_another_tenant(ledger: Ledger) -> None:
+    assert isinstance(ledger, ScopeStore)
+    scope = ledger.remember_scope(_scope())
+    assert ledger.approval_scopes("globex") == []
+    assert (
+        ledger.revoke_scope("globex", scope.scope_id, at=datetime(2026, 1, 2, tzinfo=UTC)) is None
+    )
+    assert ledger.approval_scopes("acme") == [scope]
+    assert not scope.matches("globex", "send_refund", "f" * 64, datetime(2026, 1, 2, tzinfo=UTC))
+    assert (
+        matching_scope(
+            ledger.approval_scopes("acme"), "globex", "send_refund", "f" * 64, scope.created_at
+        )
+        is None
+    )
+
+
+def test_a_revoked_scope_approves_nothing_and_keeps_its_first_revocation(ledger: Ledger) -> None:
+    assert isinstance(ledger, ScopeStore)
+    scope = ledger.remember_scope(_scope())
+    when = datetime(2026, 1, 2, tzinfo=UTC)
+    revoked = ledger.revoke_scope("acme", scope.scope_id, at=when)
+    assert revoked is not None and revoked.revoked_at == when
+    later = ledger.revoke_scope("acme", scope.scope_id, at=when + timedelta(days=1))
+    assert later is not None and later.revoked_at == when
+    assert ledger.approval_scopes("acme") == []
+    assert ledger.approval_scopes("acme", include_revoked=True) == [revoked]
+    assert not revoked.matches("acme", "send_refund", "f" * 64, when)
+
+
+def test_a_scope_until_an_instant_stops_approving_at_it(ledger: Ledger) -> None:
+    assert isinstance(ledger, ScopeStore)
+    clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
+    until = clock.now() + timedelta(hours=1)
+    ledger.remember_scope(_scope(until=until, at=clock.now()))
+    stored_scopes = ledger.approval_scopes("acme")
+    assert matching_scope(stored_scopes, "acme", "send_refund", "f" * 64, clock.now()) is not None
+    clock.advance(3600)
+    assert matching_scope(stored_scopes, "acme", "send_refund", "f" * 64, clock.now()) is None
+
+
+def test_an_arguments_scope_matches_only_the_same_canonical_arguments(ledger: Ledger) -> None:
+    assert isinstance(ledger, ScopeStore)
+    same = proposal_fingerprint("send_refund", {"order_id": "A-1", "amount": 5})
+    reordered = proposal_fingerprint("send_refund", {"amount": 5, "order_id": "A-1"})
+    other = proposal_fingerprint("send_refund", {"order_id": "A-2", "amount": 5})
+    ledger.remember_scope(_scope(kind="arguments", fingerprint=same))
+    scopes = ledger.approval_scopes("acme")
+    now = datetime(2026, 1, 1, 1, tzinfo=UTC)
+    assert matching_scope(scopes, "acme", "send_refund", reordered, now) is not None
+    assert matching_scope(scopes, "acme", "send_refund", other, now) is None
+
+
+def test_scopes_survive_a_new_instance_of_a_durable_ledger(backend: Backend) -> None:
+    if backend.durable is None:
+        pytest.skip("an in-memory ledger is not durable")
+    first = backend.durable()
+    backend.opened.append(first)
+    scope = first.remember_scope(_scope())
+    second = backend.durable()
+    backend.opened.append(second)
+    assert second.approval_scopes("acme") == [scope]
+
+
+def test_the_async_twins_of_the_scope_store_agree_with_the_sync_ones(ledger: Ledger) -> None:
+    assert isinstance(ledger, ScopeStore)
+
+    async def go() -> None:
+        scope = await ledger.aremember_scope(_scope())
+        assert await ledger.aapproval_scopes("acme") == [scope]
+        revoked = await ledger.arevoke_scope("acme", scope.scope_id, at=scope.created_at)
+        assert revoked is not None and revoked.revoked_at == scope.created_at
+        assert await ledger.aapproval_scopes("acme") == []
+
+    asyncio.run(go())
