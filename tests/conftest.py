@@ -46,3 +46,15 @@ def spans() -> Iterator[Any]:
 
     with span_recorder().recording() as exporter:
         yield exporter
+
+
+@pytest.fixture
+def on_time_pool(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh pool of the process's sizes in place of the process's own, whose bodies start
+    before their callers wait for them whatever the machine's load (``OnTimeThreads``)."""
+    from fencepost.graph.containment import tools as tool_runner
+    from tests.graph.kit import OnTimeThreads
+
+    pool = OnTimeThreads()
+    monkeypatch.setattr(tool_runner, "_threads", pool)
+    return pool

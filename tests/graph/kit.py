@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,10 +22,56 @@ from pydantic import BaseModel, ConfigDict
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
+from fencepost.graph.containment import tool_threads
 from fencepost.graph.settings import LoopConfig, settings_of
 from fencepost.policy.keys import run_account
 from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.tool_decorator import tool
+
+
+class OnTimeThreads(tool_threads.ToolThreads):
+    """The tool-thread pool of a machine that schedules its threads on time: a call's body has
+    started before its caller begins waiting for it, so its deadline always finds it running.
+
+    Under load a worker thread may take a body only after the body's deadline; that body is
+    withdrawn and never starts (``tests/graph/test_a_call_starts_only_while_its_run_is_live``).
+    A test pinning what becomes of a body that did start (left behind, its thread no longer
+    counted, its write uncertain) runs on this pool, so its body has started whatever the
+    machine's load. It waits for the body's own signal, never for the clock; what the pool
+    decides (slots, shares, withdrawn or left behind) is the real pool's.
+    """
+
+    async def start(
+        self, fn: Callable[[], Any], deadline: float, tenant: str
+    ) -> tool_threads.LoopJob | None:
+        began = threading.Event()
+        job = await super().start(_signalling(fn, began), deadline, tenant)
+        if job is not None:
+            # Held here, the caller's loop judges no deadline of this call before its body runs.
+            _until_began(began)
+        return job
+
+    def start_blocking(
+        self, fn: Callable[[], Any], deadline: float, tenant: str
+    ) -> tool_threads.BlockingJob | None:
+        began = threading.Event()
+        job = super().start_blocking(_signalling(fn, began), deadline, tenant)
+        if job is not None:
+            _until_began(began)
+        return job
+
+
+def _signalling(fn: Callable[[], Any], began: threading.Event) -> Callable[[], Any]:
+    def body() -> Any:
+        began.set()
+        return fn()
+
+    return body
+
+
+def _until_began(began: threading.Event) -> None:
+    # No caller withdraws a job before its start returns, so its worker is sure to come.
+    assert began.wait(30), "a body handed to a thread never started"
 
 
 class SearchArgs(BaseModel):

@@ -30,6 +30,7 @@ from fencepost.graph.containment import tools as tool_runner
 from fencepost.graph.containment.shared_loop import run_sync, run_sync_shared
 from fencepost.graph.containment.tools import ToolRun, run_tool
 from fencepost.policy import Deadline, Effect, ErrorCode, ToolContext, ToolError, ToolSpec
+from tests.graph.kit import OnTimeThreads
 
 T = TypeVar("T")
 SECRET = "password=hunter2"
@@ -102,8 +103,9 @@ def release() -> Iterator[threading.Event]:
 @pytest.fixture
 def small_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[tool_threads.ToolThreads]:
     """A pool of 2 threads that may grow to 4, all of them one tenant's: small enough to fill
-    in a test (a tenant's own share is pinned in ``tests/isolation``)."""
-    pool = tool_threads.ToolThreads(base=2, cap=4, tenant_cap=4)
+    in a test (a tenant's own share is pinned in ``tests/isolation``). Its bodies start before
+    their callers wait for them, whatever the machine's load (``OnTimeThreads``)."""
+    pool = OnTimeThreads(base=2, cap=4, tenant_cap=4)
     monkeypatch.setattr(tool_runner, "_threads", pool)
     yield pool
 
@@ -331,7 +333,7 @@ def test_each_call_runs_in_a_copy_of_its_callers_context() -> None:
 
 
 def test_fifty_timed_out_sync_tools_leave_room_for_a_healthy_tool(
-    release: threading.Event,
+    on_time_pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
     def stuck(_: NoArgs, __: ToolContext) -> None:
         release.wait(10)  # ignores its deadline, as a blocking call would
@@ -344,13 +346,13 @@ def test_fifty_timed_out_sync_tools_leave_room_for_a_healthy_tool(
             runs += await asyncio.gather(*(arun_tool(stuck, timeout=0.05) for _ in range(25)))
         return runs
 
-    runs = finishes(lambda: run_sync(fifty()))
+    runs = finishes(lambda: run_sync(fifty()), within=30)
     assert runs == [ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)] * 50
-    assert tool_runner._threads.stats() == (50, 50)
+    assert on_time_pool.stats() == (50, 50)
     healthy = finishes(lambda: run(ok, timeout=5))
     assert healthy == ToolRun(value="ok")
     release.set()
-    wait_until(lambda: tool_runner._threads.stats() == (0, 0))
+    wait_until(lambda: on_time_pool.stats() == (0, 0))
 
 
 def test_at_the_hard_cap_a_call_fails_fast_as_unavailable_and_then_recovers(

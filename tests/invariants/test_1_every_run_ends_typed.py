@@ -320,15 +320,19 @@ def gate() -> Iterator[threading.Event]:
 @pytest.mark.parametrize("kind", ["sync", "async"])
 @pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
 async def test_a_tool_body_that_breaks_out_is_contained_and_its_run_ends_typed(
-    behaviour: str, kind: str, mode: str, gate: threading.Event
+    behaviour: str, kind: str, mode: str, gate: threading.Event, on_time_pool: Any
 ) -> None:
+    # The pool starts a sync body before its deadline can be judged, whatever the load (else it
+    # is withdrawn, never started: another rule). Only a body that must be cut has a short
+    # deadline; one that raises is judged on what it raised, not on how soon a thread came.
+    cut = behaviour in BEHAVIOURS[4:]
     tool = fp.ToolSpec(
         name="hostile",
         description="A hostile tool.",
         args_model=NoArgs,
         effect=fp.Effect.READ,
         capability="logs:read",
-        timeout_seconds=0.1,
+        timeout_seconds=0.1 if cut else 10,
         execute=_hostile(kind, behaviour, gate),
     )
     saver = InMemorySaver()
@@ -342,7 +346,7 @@ async def test_a_tool_body_that_breaks_out_is_contained_and_its_run_ends_typed(
         )
     state = fp.run_output(out)
     assert state.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
-    code = fp.ErrorCode.TIMEOUT if behaviour in BEHAVIOURS[4:] else fp.ErrorCode.INTERNAL_ERROR
+    code = fp.ErrorCode.TIMEOUT if cut else fp.ErrorCode.INTERNAL_ERROR
     assert [(r.status, r.error_code) for r in state.receipts] == [(fp.ReceiptStatus.FAILED, code)]
     assert SECRET.encode() not in saver_bytes(saver)
 

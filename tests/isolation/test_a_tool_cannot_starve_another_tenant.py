@@ -23,7 +23,15 @@ from fencepost.graph.containment import tools as tool_runner
 from fencepost.graph.containment.shared_loop import run_sync
 from fencepost.graph.containment.tools import ToolRun, run_tool, run_tool_blocking
 from fencepost.policy import Deadline, ErrorCode, ToolContext
-from tests.graph.kit import Calls, call, context, final_citing_last, harness, make_registry
+from tests.graph.kit import (
+    Calls,
+    OnTimeThreads,
+    call,
+    context,
+    final_citing_last,
+    harness,
+    make_registry,
+)
 from tests.graph.test_tool_isolation import NoArgs, finishes, spec, wait_until
 
 
@@ -38,8 +46,10 @@ A, B = tenant("tenant-a"), tenant("tenant-b")
 
 @pytest.fixture
 def pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[tool_threads.ToolThreads]:
-    """A pool of the process's own sizes, with no other test's leftovers in it."""
-    fresh = tool_threads.ToolThreads()
+    """A pool of the process's own sizes, with no other test's leftovers in it, whose bodies
+    start before their callers wait for them whatever the machine's load (``OnTimeThreads``):
+    a body these tests leave behind has started."""
+    fresh = OnTimeThreads()
     monkeypatch.setattr(tool_runner, "_threads", fresh)
     yield fresh
 
@@ -109,14 +119,14 @@ def test_a_tenants_hung_bodies_inside_their_timeout_leave_another_tenant_a_threa
 def test_a_tenants_bodies_left_behind_at_the_cap_leave_another_tenant_a_thread(
     pool: tool_threads.ToolThreads, release: threading.Event
 ) -> None:
-    # 8 runs of 32 bodies, each left behind at its deadline: 256, the process's cap. A can fill
+    # 8 runs of 32 bodies, each left behind at its deadline: 256, the process's cap. A fills
     # its own share; what it tries past that fails at once, and never runs.
     runs = finishes(lambda: run_sync(abandon(A, 8, release)), within=30)
     left_behind = ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)
-    assert left_behind in runs
-    assert set(runs) <= {left_behind, ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)}
-    running, abandoned = pool.stats()
-    assert running == abandoned == runs.count(left_behind) <= pool.tenant_cap < pool.cap
+    refused = ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)
+    assert pool.tenant_cap < pool.cap == len(runs)
+    assert runs == [left_behind] * pool.tenant_cap + [refused] * (pool.cap - pool.tenant_cap)
+    assert pool.stats() == (pool.tenant_cap, pool.tenant_cap)
     ran: list[str] = []
     result = finishes(
         lambda: run_tool_blocking(spec(healthy(ran)), NoArgs(), B, timeout_seconds=3),
@@ -153,7 +163,7 @@ def test_tenants_minted_by_one_caller_never_hold_more_than_the_process_total(
 ) -> None:
     # The tenant id is the caller's to choose: a caller minting ids gets a share per id, but
     # never more threads than the process's total, and at that total every call fails fast.
-    small = tool_threads.ToolThreads(base=2, cap=8, tenant_cap=4)
+    small = OnTimeThreads(base=2, cap=8, tenant_cap=4)
     monkeypatch.setattr(tool_runner, "_threads", small)
 
     async def four_left_behind(ctx: ToolContext) -> list[ToolRun]:
