@@ -75,6 +75,7 @@ def denied_outcome(entry: BatchEntry, spec: ToolSpec | None) -> CallOutcome:
         effect=spec.effect if spec is not None else None,
         approval=verdict.approval,
         rule=denial_rule(verdict),
+        missing_capability=verdict.missing_capability,
     )
 
 

@@ -59,6 +59,9 @@ class CallOutcome(Frozen):
     """Who answered the call's approval (see ``Receipt.approval``)."""
     rule: str | None = None
     """With a denial: the safe code of what denied it (see ``Receipt.rule``)."""
+    missing_capability: str | None = None
+    """With a capability denial: the capability the principal lacks (see
+    ``Receipt.missing_capability``)."""
 
     @property
     def call_id(self) -> str:
@@ -91,6 +94,7 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
         task_id=outcome.task_id,
         approval=outcome.approval,
         rule=outcome.rule,
+        missing_capability=outcome.missing_capability,
     )
 
 

@@ -63,6 +63,10 @@ class Verdict(Frozen):
     approval: Literal["approver", "human"] | None = None
     """Who answered this call's approval: the graph's approver policy, or a human on resume
     (``None``: it needed none, or has not been answered). Sealed with the verdict."""
+    missing_capability: str | None = None
+    """With ``capability_denied``: the capability the trusted principal lacks (the registered
+    tool's, from trusted configuration). Named to the operator — the stop report, the log, the
+    span — and never to the model, whose observation keeps the safe code only."""
 
     @property
     def allowed(self) -> bool:
