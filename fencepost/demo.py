@@ -670,11 +670,16 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         name="unknown-tool",
-        title="the model invents a tool: never executed",
+        title="the model invents a tool, is told, invents it again: never executed",
         question="Clean up the noisy checkout logs.",
         expected=TerminationReason.INVALID_PROPOSAL,
         model=lambda clock: ScriptedDecisionModel(
-            [_call(1, "delete_all_logs", service="checkout")]
+            [
+                # The first is given back as data (repair_attempts=1, the default); the
+                # second ends the run.
+                _call(1, "delete_all_logs", service="checkout"),
+                _call(2, "delete_all_logs", service="checkout"),
+            ]
         ),
     ),
     Scenario(

@@ -182,7 +182,7 @@ def render(results: Results, *, command: str) -> str:
     w(
         "Every policy shares the per-tool guards written once per suite (`TOOL_GUARDS` in "
         "`benchmarks/agentdojo/tools.py`), otherwise fencepost's defaults (repeat limit 2, the "
-        "empty-query rule, no repair):"
+        "empty-query rule), and no repair (`repair_attempts=0`):"
     )
     w("")
     for suite_name, guards in TOOL_GUARDS.items():

@@ -33,6 +33,7 @@ from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
 from fencepost.policy.denial import DenialMode
 from fencepost.policy.registry import not_a_tool_spec
+from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import (
     DEFAULT_TOOL_TIMEOUT_SECONDS,
     ProgressPredicate,
@@ -249,7 +250,7 @@ def create_agent(
     ledger: Ledger | None = None,
     require_citations: bool = False,
     answer_margin: int = 1,
-    repair_attempts: int = 0,
+    repair_attempts: int = DEFAULT_REPAIR_ATTEMPTS,
     repeat_limit: int = DEFAULT_REPEAT_LIMIT,
     model_timeout_seconds: float = 120.0,
     model_retries: int = 2,

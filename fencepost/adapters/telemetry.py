@@ -18,8 +18,11 @@ conventions' opt-in content attributes are not emitted).
   invoke that raised has ``error.type`` (the exception's class) and an error status. Its events:
   ``fencepost.tool_call.refused`` for every call refused (at the gate, by the budget, by a human,
   or by the executor): ``gen_ai.tool.name`` (registered tools only), ``gen_ai.tool.call.id``,
-  ``fencepost.verdict`` and ``error.type`` (the safe code); ``fencepost.approval.requested`` and
-  ``fencepost.approval.answered``, with the tool, the call id and the verdict.
+  ``fencepost.verdict`` and ``error.type`` (the safe code), and for a call refused for a
+  capability ``fencepost.missing_capability`` (the registered tool's capability the principal
+  lacks: trusted configuration, shown to operators, never to the model);
+  ``fencepost.approval.requested`` and ``fencepost.approval.answered``, with the tool, the call
+  id and the verdict.
 - ``execute_tool {tool}``: one per call the executor ran, under the agent span.
   ``gen_ai.operation.name``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
   ``gen_ai.tool.type="function"``, ``fencepost.effect``, ``fencepost.attempt``,
@@ -86,6 +89,8 @@ DEFAULT_AGENT_NAME = "fencepost"
 _LANGGRAPH_DEFAULT_NAME = "LangGraph"
 
 REFUSED = "fencepost.tool_call.refused"
+MISSING_CAPABILITY = "fencepost.missing_capability"
+"""The refused event's attribute naming the capability a ``capability_denied`` call lacked."""
 APPROVAL_REQUESTED = "fencepost.approval.requested"
 APPROVAL_ANSWERED = "fencepost.approval.answered"
 
@@ -391,7 +396,12 @@ def _verdict(entry: BatchEntry) -> str:
 
 
 def _refusal(
-    run: AgentRun | None, call_id: str, tool: str | None, verdict: str | None, code: str
+    run: AgentRun | None,
+    call_id: str,
+    tool: str | None,
+    verdict: str | None,
+    code: str,
+    capability: str | None = None,
 ) -> None:
     if run is None:
         return
@@ -400,6 +410,8 @@ def _refusal(
         attributes["gen_ai.tool.name"] = tool
     if verdict is not None:
         attributes["fencepost.verdict"] = verdict
+    if capability is not None:
+        attributes[MISSING_CAPABILITY] = capability
     run.event(REFUSED, attributes)
 
 
@@ -435,7 +447,8 @@ def gated(run_id: str, batch: Sequence[BatchEntry], specs: Sequence[ToolSpec | N
                 code=code.value,
             )
             continue
-        _refused(run, run_id, entry.call_id, tool, code.value, code.value)
+        missing = entry.verdict.missing_capability if spec is not None else None
+        _refused(run, run_id, entry.call_id, tool, code.value, code.value, missing)
 
 
 def _refused(
@@ -445,19 +458,32 @@ def _refused(
     tool: str | None,
     verdict: str | None,
     code: str,
+    capability: str | None = None,
 ) -> None:
-    _refusal(run, call_id, tool, verdict, code)
-    _info(
-        GATE,
-        "run %s call %s (%s) refused: %s",
-        run_id,
-        call_id,
-        tool or "an unregistered tool",
-        code,
-        run_id=run_id,
-        call_id=call_id,
-        code=code,
-    )
+    _refusal(run, call_id, tool, verdict, code, capability)
+    if capability is None:
+        _info(
+            GATE,
+            "run %s call %s (%s) refused: %s",
+            run_id,
+            call_id,
+            tool or "an unregistered tool",
+            code,
+            run_id=run_id,
+            call_id=call_id,
+            code=code,
+        )
+        return
+    if GATE.isEnabledFor(logging.INFO):
+        GATE.info(
+            "run %s call %s (%s) refused: %s (the principal lacks the capability %r)",
+            run_id,
+            call_id,
+            tool,
+            code,
+            capability,
+            extra={"run_id": run_id, "call_id": call_id, "code": code, "capability": capability},
+        )
 
 
 def batch_refused(
@@ -672,7 +698,7 @@ def calls_ended(run_id: str, batch: Sequence[BatchEntry], done: Sequence[CallOut
             # dependency that failed), or not run again after a crash (``uncertain``).
             entry = verdicts.get(outcome.call_id)
             verdict = _verdict(entry) if entry is not None else None
-            _refusal(run, outcome.call_id, tool, verdict, error.value)
+            _refusal(run, outcome.call_id, tool, verdict, error.value, outcome.missing_capability)
 
 
 def _info(

@@ -40,6 +40,7 @@ from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import DENIAL_MODES, DenialMode
+from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 
 
 class GraphConfigError(ValueError):
@@ -65,7 +66,7 @@ def build_agent_graph(
     verdict_key: bytes | None = None,
     tokens_per_step: int | None = None,
     answer_margin: int = 1,
-    repair_attempts: int = 0,
+    repair_attempts: int = DEFAULT_REPAIR_ATTEMPTS,
     denial: DenialMode = "end_run",
     approver: Approver | None = None,
 ) -> StateGraph[Any, RunContext, Any, Any]:
@@ -120,9 +121,11 @@ def build_agent_graph(
       them, the model is told it is its final turn (``DecisionInput.final_turn``) and tool calls
       are refused; the run ends ``step_budget_exhausted`` (code ``answer_margin``) only if it
       does not answer or abstain then. ``0`` turns the margin off.
-    - ``repair_attempts`` (0): give an unknown tool or a schema or semantic violation back to the
+    - ``repair_attempts`` (1): give an unknown tool or a schema or semantic violation back to the
       model as data (``DecisionInput.repair``: call ids, field paths, rule names — never values)
       up to that many times, each try spending a step; then the run ends ``invalid_proposal``.
+      So ``{"order_id": 1002}`` for a string field costs one repair turn, not the run. ``0`` is
+      the strict ending: the first such proposal ends the run ``invalid_proposal``.
     - ``denial`` (``"end_run"``): what a capability or semantic denial does. ``"end_run"``
       ends the run (``policy_denied``, ``invalid_proposal``) and nothing of its batch runs;
       ``"observe"`` makes it an observation with a safe code (``permission_denied``,

@@ -21,6 +21,7 @@ from fencepost.policy import (
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
 from fencepost.policy.denial import DenialMode
+from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 
 T = TypeVar("T")
 Update = dict[str, Any]
@@ -45,7 +46,7 @@ class LoopConfig:
     """Tokens a model step reserves before the model is called (settled to what it reports)."""
     answer_margin: int
     """The last steps kept for answering: tool calls are refused in them."""
-    repair_attempts: int
+    repair_attempts: int = DEFAULT_REPAIR_ATTEMPTS
     """Refused proposals (unknown tool, schema, semantics) the model may repair, a step each."""
     owns_ledger: bool = False
     """The ledger is an in-memory one fencepost made (none was passed): the graph's own, or its

@@ -76,6 +76,7 @@ def denied_outcome(entry: BatchEntry, spec: ToolSpec | None) -> CallOutcome:
         approval=verdict.approval,
         scope_id=verdict.scope_id,
         rule=denial_rule(verdict),
+        missing_capability=verdict.missing_capability,
     )
 
 

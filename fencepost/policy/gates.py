@@ -64,9 +64,14 @@ class NoProgressDetected(Exception):
 
 
 class ToolPolicyDenied(Exception):
-    """The trusted principal lacks the tool's required capability."""
+    """The trusted principal lacks the tool's required capability (``capability``)."""
 
     code = "tool_policy_denied"
+
+    def __init__(self, tool: str, capability: str | None = None) -> None:
+        super().__init__(tool)
+        self.capability = capability
+        """The capability the principal lacks: the registered tool's, from trusted config."""
 
 
 class HumanApprovalRequired(Exception):
@@ -350,7 +355,7 @@ def authorize(spec: ToolSpec, principal: Principal, *, approved: bool = False) -
     Raises :class:`ToolPolicyDenied` or :class:`HumanApprovalRequired`.
     """
     if not principal.has(spec.capability):
-        raise ToolPolicyDenied(spec.name)
+        raise ToolPolicyDenied(spec.name, spec.capability)
     if spec.effect is not Effect.READ and not approved:
         raise HumanApprovalRequired(spec.name)
 
@@ -438,7 +443,9 @@ def gate_with_findings(
     canonical_arguments = canonical_json(proposal.arguments)
     fingerprint = fingerprint_of(proposal.tool_name, canonical_arguments)
 
-    def verdict(code: VerdictCode, problems: tuple[str, ...] = ()) -> Verdict:
+    def verdict(
+        code: VerdictCode, problems: tuple[str, ...] = (), missing: str | None = None
+    ) -> Verdict:
         # Every field is already a checked value: skip re-validating on the hot path.
         return assemble(
             Verdict,
@@ -452,6 +459,7 @@ def gate_with_findings(
                 "seal": None,
                 "approval": None,
                 "scope_id": None,
+                "missing_capability": missing,
             },
         )
 
@@ -488,7 +496,7 @@ def gate_with_findings(
     try:
         authorize(spec, principal, approved=approved)
     except ToolPolicyDenied:
-        return verdict(VerdictCode.CAPABILITY_DENIED), spec, key
+        return verdict(VerdictCode.CAPABILITY_DENIED, missing=spec.capability), spec, key
     except HumanApprovalRequired:
         return verdict(VerdictCode.APPROVAL_REQUIRED), spec, key
     return verdict(VerdictCode.ALLOWED), spec, key

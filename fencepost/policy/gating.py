@@ -159,7 +159,9 @@ def gate_batch(
             key = repeat_key(verdict.fingerprint, state) if counted is None else counted
             seen = raised[key] if key in raised else run_counts.get(key, 0)
             if seen >= repeat_limit_of(spec, repeat_limit):
-                verdict = verdict.model_copy(update={"code": VerdictCode.NO_PROGRESS})
+                verdict = verdict.model_copy(
+                    update={"code": VerdictCode.NO_PROGRESS, "missing_capability": None}
+                )
                 first_stop = first_stop or stop(TerminationReason.NO_PROGRESS, "no_progress")
             else:
                 raised[key] = seen + 1

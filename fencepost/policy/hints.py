@@ -59,6 +59,21 @@ HINTS: dict[str, str] = {
         'the run waits for a human: resume it with Command(resume="approve") or "reject" '
         "(or an edit), passing the same context"
     ),
+    "schema_violation": (
+        "the model's tool call did not match the tool's argument schema and no repair was "
+        "left: pass repair_attempts=N (default 1) to create_agent / build_agent_graph to show "
+        "the model the problem (field paths, never values) and let it try again"
+    ),
+    "unknown_tool": (
+        "the model called a tool that is not in the registry and no repair was left: pass "
+        "repair_attempts=N (default 1) to create_agent / build_agent_graph to show the model "
+        "the catalog again, or register the tool"
+    ),
+    "semantic_violation": (
+        "a tool's rule refused the model's arguments and no repair was left: pass "
+        "repair_attempts=N (default 1) to create_agent / build_agent_graph to show the model the "
+        "rule and let it try again"
+    ),
     "no_progress": (
         "the model repeated the same call with the same result: raise repeat_limit, or let the "
         "tool declare poll_interval_seconds if repeating it is polling"

@@ -76,6 +76,9 @@ class CallOutcome(Frozen):
     """With a denial: the safe code of what denied it (see ``Receipt.rule``)."""
     code: Annotated[ErrorCode | None, Strict(False)] = None
     """The receipt's code where the event carries none: why a reported run never started."""
+    missing_capability: str | None = None
+    """With a capability denial: the capability the principal lacks (see
+    ``Receipt.missing_capability``)."""
 
     @property
     def call_id(self) -> str:
@@ -109,6 +112,7 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
         approval=outcome.approval,
         scope_id=outcome.scope_id,
         rule=outcome.rule,
+        missing_capability=outcome.missing_capability,
     )
 
 

@@ -52,6 +52,10 @@ class Receipt(Frozen):
     """With ``denied``: the safe code of what denied the call — the gate's verdict code
     (``capability_denied``), a semantic rule's name (``unknown_payee``) or the approver's own
     code. Never text of the call's arguments."""
+    missing_capability: str | None = None
+    """With ``denied`` by ``capability_denied``: the capability the trusted principal lacks (the
+    registered tool's). For the operator (the stop report); the model's observation of the call
+    carries the safe code ``permission_denied`` only."""
 
 
 class Accepted(Frozen):

@@ -1,9 +1,10 @@
 """Repair: a refused proposal given back to the model as data, within a bounded number of tries.
 
-With ``repair_attempts=N`` (default 0: the seed's behaviour), an unknown tool or a schema or
-semantic violation does not end the run at once: the model is shown what was wrong — call ids,
-field paths and rule names, never the values it sent — and its next step may try again. Each
-attempt spends a step; when attempts run out the run ends ``invalid_proposal``.
+With ``repair_attempts=N`` (default 1), an unknown tool or a schema or semantic violation does
+not end the run at once: the model is shown what was wrong — call ids, field paths and rule
+names, never the values it sent — and its next step may try again. Each attempt spends a step;
+when attempts run out the run ends ``invalid_proposal``. ``repair_attempts=0`` is the seed's
+strict ending: the first such proposal ends the run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from fencepost.policy.batch import Batch
 from fencepost.policy.phase import Phase
 from fencepost.policy.state import AgentState
 from fencepost.policy.verdict import VerdictCode
+
+DEFAULT_REPAIR_ATTEMPTS = 1
+"""Refused proposals a run gives back to the model unless told otherwise: one wrong-typed
+argument costs a step, not the run."""
 
 REPAIRABLE = frozenset(
     {VerdictCode.UNKNOWN_TOOL, VerdictCode.SCHEMA_VIOLATION, VerdictCode.SEMANTIC_VIOLATION}

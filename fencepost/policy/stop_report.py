@@ -103,6 +103,9 @@ class ReportedCall(Frozen):
     """For a call with no receipt: the gate's verdict it was left with (why it never started)."""
     effect: Annotated[Effect | None, Strict(False)] = None
     """The tool's effect, when the receipt recorded it."""
+    missing_capability: str | None = None
+    """For a call refused for a capability: the one the principal lacks (the registered tool's,
+    from trusted configuration) — what to grant for it to run."""
 
 
 class Waiting(Frozen):
@@ -158,8 +161,20 @@ class StopReport(Frozen):
 
     @property
     def what_to_do(self) -> str | None:
-        """One sentence on what to do about this stop's code, where it has one."""
+        """One sentence on what to do about this stop's code, where it has one: for a capability
+        denial, which capability to grant."""
+        if self.error_code == VerdictCode.CAPABILITY_DENIED.value:
+            return capability_hint(self) or what_to_do(self.error_code)
         return what_to_do(self.error_code)
+
+    @property
+    def missing_capabilities(self) -> tuple[str, ...]:
+        """The capabilities calls of this run were refused for, each once, in call order."""
+        return tuple(
+            dict.fromkeys(
+                c.missing_capability for c in self.never_started if c.missing_capability is not None
+            )
+        )
 
     def rows(self) -> list[Row]:
         """The report as ``fencepost show`` lays it out: ``(label, ((text, style), ...))`` rows,
@@ -204,6 +219,34 @@ def _reported(receipt: Receipt) -> ReportedCall:
         tool_name=receipt.tool_name,
         error_code=receipt.error_code,
         effect=receipt.effect,
+        missing_capability=receipt.missing_capability,
+    )
+
+
+def _unstarted(entry: BatchEntry) -> ReportedCall:
+    """A proposal left without a receipt, with the verdict that held it back."""
+    verdict = entry.verdict
+    return ReportedCall(
+        call_id=entry.call_id,
+        tool_name=entry.proposal.tool_name,
+        verdict=verdict.code,
+        missing_capability=verdict.missing_capability,
+    )
+
+
+def capability_hint(report: StopReport) -> str | None:
+    """What to do about calls refused for a capability: the capabilities to grant, by name,
+    and where (``None`` when no call of ``report`` was). The names are the registered tools'
+    (trusted configuration), never anything the model sent."""
+    missing = report.missing_capabilities
+    if not missing:
+        return None
+    named = ", ".join(repr(c) for c in missing)
+    noun, pronoun = ("capability", "it") if len(missing) == 1 else ("capabilities", "them")
+    return (
+        f"the principal lacks the {noun} {named} the refused call needs: grant {pronoun} in the "
+        f"context the run is invoked with, fp.Principal(id=..., capabilities={{..., {named}}}), "
+        "or leave the tool out of the registry"
     )
 
 
@@ -234,8 +277,7 @@ def stop_report(state: Ended, *, unfinished: Sequence[BatchEntry] = ()) -> StopR
     receipted = {r.call_id for r in latest}
     left = [e for e in unfinished if e.call_id not in receipted]
     never_started = buckets[ReceiptStatus.DENIED] + [
-        ReportedCall(call_id=e.call_id, tool_name=e.proposal.tool_name, verdict=e.verdict.code)
-        for e in dict((e.call_id, e) for e in left).values()
+        _unstarted(e) for e in dict((e.call_id, e) for e in left).values()
     ]
     done = {c.call_id for c in buckets[ReceiptStatus.COMPLETED]}
     answer = state.final_answer
@@ -284,6 +326,8 @@ def _call_code(call: ReportedCall) -> tuple[tuple[str, str], ...]:
         parts.append(("allowed, not run", "dim") if allowed else (call.verdict.value, "yellow"))
     if call.effect is not None and call.effect is not Effect.READ:
         parts.append((call.effect.value, "yellow"))
+    if call.missing_capability is not None:
+        parts.append((f"missing capability {call.missing_capability}", "yellow"))
     return tuple(parts)
 
 
@@ -382,8 +426,7 @@ def paused_report(state: Paused) -> StopReport | None:
     receipted = {c.call_id for calls in buckets.values() for c in calls}
     left = [e for e in state.batch if e.call_id not in receipted]
     never_started = buckets[ReceiptStatus.DENIED] + [
-        ReportedCall(call_id=e.call_id, tool_name=e.proposal.tool_name, verdict=e.verdict.code)
-        for e in dict((e.call_id, e) for e in left).values()
+        _unstarted(e) for e in dict((e.call_id, e) for e in left).values()
     ]
     return StopReport(
         kind=StopKind.WAITING_FOR_INPUT,

@@ -66,6 +66,10 @@ class Verdict(Frozen):
     scope_id: str | None = None
     """The remembered approval scope that approved this call, or that its "approve always"
     answer created (:mod:`fencepost.policy.remembered`). Sealed with the verdict."""
+    missing_capability: str | None = None
+    """With ``capability_denied``: the capability the trusted principal lacks (the registered
+    tool's, from trusted configuration). Named to the operator — the stop report, the log, the
+    span — and never to the model, whose observation keeps the safe code only."""
 
     @property
     def allowed(self) -> bool:

@@ -74,7 +74,8 @@ async def test_a_scripted_model_that_obeys_is_stopped(
     with_delete: bool, reason: fp.TerminationReason, code: str
 ) -> None:
     deleted: list[str] = []
-    model = ScriptedDecisionModel([SEARCH, obey])
+    # It obeys again when an unknown tool is given back for repair (once, by default).
+    model = ScriptedDecisionModel([SEARCH, obey, obey])
     state = await arun(build(make_registry(deleted, with_delete=with_delete), model))
 
     assert state.termination is reason
@@ -114,8 +115,13 @@ async def test_a_chat_model_that_obeys_is_stopped_and_saw_the_text_only_as_data(
     with_delete: bool, reason: fp.TerminationReason, code: str
 ) -> None:
     deleted: list[str] = []
+    # It obeys again when an unknown tool is given back for repair (once, by default).
     model, chat = decider(
-        [ai_call("search_logs", {"query": "5xx"}, "call_srch_00001"), obeying_chat_model]
+        [
+            ai_call("search_logs", {"query": "5xx"}, "call_srch_00001"),
+            obeying_chat_model,
+            obeying_chat_model,
+        ]
     )
     state = await arun(build(make_registry(deleted, with_delete=with_delete), model))
 

@@ -39,7 +39,8 @@ def answer_last(inp: fp.DecisionInput) -> fp.FinalProposal:
 
 async def run_one(spec: fp.ToolSpec, arguments: dict[str, Any], **kw: Any) -> fp.AgentState:
     model = ScriptedDecisionModel([proposal(spec.name, **arguments), answer_last])
-    return await arun(build(fp.ToolRegistry([spec]), model), **kw)
+    # No repair: a call the gate refuses ends the run, so its reason is the refusal's.
+    return await arun(build(fp.ToolRegistry([spec]), model, repair_attempts=0), **kw)
 
 
 # -- required arguments -------------------------------------------------------------------------

@@ -58,9 +58,11 @@ def _pay(n: int = 1, **arguments: Any) -> fp.ToolProposal:
     return fp.ToolProposal(call_id=f"call-{n:04d}", tool_name="send_money", arguments=args)
 
 
-def _graph(script: list[Any], *tools: fp.ToolSpec) -> Any:
+def _graph(script: list[Any], *tools: fp.ToolSpec, repair_attempts: int = 1) -> Any:
     return fp.build_agent_graph(
-        fp.ToolRegistry(list(tools) or [send_money]), fp.ScriptedDecisionModel(script)
+        fp.ToolRegistry(list(tools) or [send_money]),
+        fp.ScriptedDecisionModel(script),
+        repair_attempts=repair_attempts,
     ).compile(checkpointer=InMemorySaver())
 
 
@@ -158,7 +160,8 @@ def test_a_json_context_without_injected_runs_on_the_tools_defaults() -> None:
 def test_a_model_can_never_supply_the_injected_dependency_itself(extra: Any) -> None:
     bank = Bank("trusted")
     arguments = {"recipient": "GB29", "amount": 5.0, "bank": extra}
-    out = _graph([_pay(1, **arguments), DONE]).invoke(
+    # No repair: the schema's refusal is the run's ending (given back, it would be DONE's).
+    out = _graph([_pay(1, **arguments), DONE], repair_attempts=0).invoke(
         fp.start("pay"), thread(), context=_ctx(bank=bank)
     )
     state = fp.run_output(out)

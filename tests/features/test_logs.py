@@ -225,7 +225,8 @@ def test_a_validator_or_predicate_that_raises_is_logged_once_on_fencepost_gate(
         fp.ToolProposal(call_id=f"call-000{n}", tool_name="order", arguments=same)
         for n in (1, 2, 3)
     ]
-    state = _run(_graph([spec], [*script, ABSTAIN], repeat_limit=1))
+    # No repair: the refused first call ends the run, so the hook raises once.
+    state = _run(_graph([spec], [*script, ABSTAIN], repeat_limit=1, repair_attempts=0))
     assert state.is_terminal
     record = assert_only_in_one_traceback(caplog.records, CANARY, "fencepost.gate")
     # The predicate is asked about the first repeat (the call past the repeat limit).

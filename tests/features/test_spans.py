@@ -275,6 +275,7 @@ def test_a_refused_call_is_an_event_on_the_agent_span_and_no_execute_tool_span(
             "gen_ai.tool.call.id": "call-0001",
             "fencepost.verdict": "capability_denied",
             "error.type": "capability_denied",
+            "fencepost.missing_capability": "admin",
         }
     ]
     assert agent.attributes is not None

@@ -60,8 +60,11 @@ def _ctx(**extra: Any) -> fp.RunContext:
 def _run(recipient: str, context: Any) -> tuple[fp.AgentState, list[str]]:
     sent: list[str] = []
     done = fp.FinalProposal(answer=fp.AnswerPayload(text=""))
+    # No repair: a refused payment ends the run (given back, the run would end with ``done``).
     graph = fp.build_agent_graph(
-        fp.ToolRegistry([_bank(sent)]), fp.ScriptedDecisionModel([_payment(recipient), done])
+        fp.ToolRegistry([_bank(sent)]),
+        fp.ScriptedDecisionModel([_payment(recipient), done]),
+        repair_attempts=0,
     ).compile(checkpointer=InMemorySaver())
     return fp.run_output(graph.invoke(fp.start("pay my rent"), thread(), context=context)), sent
 

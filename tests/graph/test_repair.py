@@ -1,20 +1,26 @@
-"""Optional repair: a refused proposal is shown to the model as data — call ids, field
-paths and rule names, never values — and the next step may try again; each try spends a step,
-and when the attempts run out the run ends ``invalid_proposal``. Default 0: the seed's way."""
+"""Repair: a refused proposal is shown to the model as data — call ids, field paths and rule
+names, never values — and the next step may try again; each try spends a step, and when the
+attempts run out the run ends ``invalid_proposal``. Once by default (``repair_attempts=1``);
+``repair_attempts=0`` is the seed's strict ending, and its stop report says repair exists."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+
 import fencepost as fp
 from tests.graph.kit import (
     ABSTAIN,
+    Calls,
     budget,
     call,
     context,
     final_citing_last,
     harness,
+    make_registry,
     thread,
 )
 
@@ -29,9 +35,65 @@ def _run(script: list[object], **kw: object) -> tuple[fp.AgentState, object]:
 
 def test_without_repair_a_schema_violation_ends_the_run_invalid_proposal() -> None:
     bad = call("search_logs", 1, query=42)
-    state, h = _run([bad, call(n=2), final_citing_last])
+    state, h = _run([bad, call(n=2), final_citing_last], repair_attempts=0)
     assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
+    assert state.last_error_code == "schema_violation"
     assert h.model.calls == 1  # type: ignore[attr-defined]
+
+
+def test_by_default_a_wrong_typed_argument_gets_one_repair_turn_and_the_run_completes() -> None:
+    # {"order_id": 1002} for a string field, here the search's query.
+    bad = call("search_logs", 1, query=1002)
+    state, h = _run([bad, call(n=2), final_citing_last])
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert h.model.calls == 3  # type: ignore[attr-defined]
+    (note,) = h.model.inputs[1].repair  # type: ignore[attr-defined]
+    assert note == "call-0001: schema_violation: query: string_type"
+    assert "1002" not in note
+    assert [r.call_id for r in state.receipts] == ["call-0002"]
+    assert (state.budget.steps_used, state.budget.tool_calls_used) == (3, 1)
+
+
+def test_by_default_a_second_refusal_in_a_row_ends_the_run_invalid_proposal() -> None:
+    bad = [call("search_logs", n, query=n) for n in range(1, 4)]
+    state, h = _run([*bad, final_citing_last])
+    assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
+    assert state.last_error_code == "schema_violation"
+    assert h.model.calls == 2  # type: ignore[attr-defined]
+
+
+def test_create_agent_repairs_once_by_default() -> None:
+    model = fp.ScriptedDecisionModel(
+        [call("search_logs", 1, query=1002), call(n=2), final_citing_last]
+    )
+    agent = fp.create_agent(model, make_registry(Calls()), checkpointer=InMemorySaver())
+    out = agent.invoke(fp.start("q", budget(steps=8, tools=4)), thread(), context=context())
+    assert fp.run_output(out).termination is fp.TerminationReason.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("first", "code"),
+    [
+        (call("search_logs", 1, query=1002), "schema_violation"),
+        (
+            fp.ToolProposal(call_id="call-0001", tool_name="drop_database", arguments={}),
+            "unknown_tool",
+        ),
+        (call("search_logs", 1, query="*"), "semantic_violation"),
+    ],
+)
+def test_without_repair_the_stop_report_says_repair_exists(
+    first: fp.ToolProposal, code: str
+) -> None:
+    state, _ = _run([first, call(n=2), final_citing_last], repair_attempts=0)
+    assert (state.termination, state.last_error_code) == (
+        fp.TerminationReason.INVALID_PROPOSAL,
+        code,
+    )
+    assert state.report is not None
+    hint = state.report.what_to_do
+    assert hint is not None and "repair_attempts=" in hint
+    assert f"what to do     {hint}" in str(state.report)
 
 
 def test_a_repaired_proposal_runs_and_the_model_saw_field_paths_not_values() -> None:

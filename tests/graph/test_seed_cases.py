@@ -19,7 +19,11 @@ def test_case_a_search_then_final_completes_in_two_steps_and_one_tool_call() -> 
 
 
 def test_case_b_unknown_tool_is_invalid_proposal_and_no_tool_body_runs() -> None:
-    h = harness([fp.ToolProposal(call_id="call-0001", tool_name="delete_everything", arguments={})])
+    # The seed's strict ending: repair_attempts=0 (by default the call is given back once).
+    h = harness(
+        [fp.ToolProposal(call_id="call-0001", tool_name="delete_everything", arguments={})],
+        repair_attempts=0,
+    )
     state = h.run()
     assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
     assert state.last_error_code == "unknown_tool"

@@ -158,7 +158,12 @@ async def test_an_args_validator_raising_what_pydantic_does_not_wrap_ends_as_a_s
     args_model: type[BaseModel], mode: str
 ) -> None:
     saver, ran = InMemorySaver(), []
-    h = harness([PROPOSAL, ABSTAIN], registry=_registry(args_model, ran), checkpointer=saver)
+    h = harness(
+        [PROPOSAL, ABSTAIN],
+        registry=_registry(args_model, ran),
+        checkpointer=saver,
+        repair_attempts=0,  # the refusal is the run's ending, not ABSTAIN's
+    )
     request = fp.start(
         "which service?", fp.RuntimeBudget(steps_remaining=4, tool_calls_remaining=2)
     )

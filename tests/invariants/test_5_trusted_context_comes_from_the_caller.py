@@ -55,7 +55,7 @@ def test_model_arguments_cannot_set_tenant_or_principal() -> None:
         tool_name="search_logs",
         arguments={"query": "x", "tenant_id": "globex"},
     )
-    h = harness([sneaky])
+    h = harness([sneaky], repair_attempts=0)  # the schema's refusal ends the run
     state = h.run()
     assert state.termination is fp.TerminationReason.INVALID_PROPOSAL
     assert state.last_error_code == "schema_violation"
