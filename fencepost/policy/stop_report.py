@@ -67,7 +67,9 @@ _KIND: dict[TerminationReason, StopKind] = {
 
 SAFE_CODE = r"^[a-z][a-z0-9_]{0,63}$"
 _SAFE_CODE = re.compile(SAFE_CODE)
-_MARKUP_TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
+_MARKUP_OPEN = re.compile(r"(\\*)\[")
+_MARKUP_TAG = re.compile(r"\[[a-z#/@][^[]*?]")
+_TRAILING_BACKSLASHES = re.compile(r"(\\+)$")
 _UNREADABLE_CODE = "unreadable_code"
 _WAITS_FOR_APPROVAL = frozenset({VerdictCode.APPROVAL_REQUIRED, VerdictCode.APPROVAL_PENDING})
 # Effects that may have reached the world: done, possibly done, or accepted and under way.
@@ -378,16 +380,35 @@ def report_rows(report: StopReport) -> list[Row]:
     return call_rows(report) + note_rows(report)
 
 
+def markup_escaped(text: str) -> str:
+    """``text`` as rich markup that renders as exactly ``text``, whatever it holds (a call id is
+    the model's: 8 to 128 characters of anything).
+
+    ``rich.markup.escape`` covers a ``[`` that reads as a tag; rich also drops a backslash before
+    any other ``[``, and one left at the end would escape the closing tag that follows (the
+    text is to be followed by one).
+    """
+
+    def bracket(match: re.Match[str]) -> str:
+        slashes = match.group(1)
+        if _MARKUP_TAG.match(text, match.end(1)):
+            return slashes * 2 + "\\["
+        return slashes + "\\["
+
+    text = _MARKUP_OPEN.sub(bracket, text)
+    return _TRAILING_BACKSLASHES.sub(lambda m: m.group(1) * 2, text)
+
+
 def render_text(report: StopReport, *, markup: bool = False) -> str:
     """The report as lines of text (with ``markup``: rich markup for the same text)."""
 
     def span(text: str, style: str) -> str:
         if not markup:
             return text
-        # A call id is the model's (8 to 128 characters of anything): escaped as rich.markup
-        # escapes, so no id can read as a tag.
-        text = _MARKUP_TAG.sub(r"\1\1\\\2", text)
-        return f"[{style}]{text}[/{style}]" if style else text
+        # Always inside a tag ("none" is rich's empty style): escaped text ending in backslashes
+        # is then always followed by a closing tag, which is what markup_escaped provides for.
+        style = style or "none"
+        return f"[{style}]{markup_escaped(text)}[/{style}]"
 
     head = "".join(span(t, s) for t, s in report_head(report))
     rows = report_rows(report)

@@ -197,6 +197,8 @@ def test_fencepost_show_reads_a_paused_runs_report_as_run_output_gives_it() -> N
 @settings(max_examples=200, deadline=None)
 @example(call_id="call-[bold red]0001[/]")
 @example(call_id="call-\\[link=x]0001")
+@example(call_id="000000\\[")  # rich drops a backslash before any "[", tag or not
+@example(call_id="call-0001\\\\")  # backslashes at the end would escape the closing tag
 @given(
     call_id=st.text(
         st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp", "Zs", "Cf", "Mn", "Me")),
