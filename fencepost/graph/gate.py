@@ -10,6 +10,7 @@ from typing import Any
 from fencepost.adapters import telemetry
 from fencepost.graph.account import account_of, produced, reserve_batch
 from fencepost.graph.containment.model import run_model
+from fencepost.graph.containment.tools import is_async, run_callable
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.trace import checked_manifest
 from fencepost.policy import (
@@ -179,7 +180,9 @@ async def ask_approver(io: NodeIO, request: ApproverInput) -> ApproverDecision:
     decision in time.
 
     The approver gets at most its timeout, within the run's deadline: an answer after it is
-    ``approver_timeout``, whatever it says. An ``async`` one runs as a task of its own on a
+    ``approver_timeout``, whatever it says. A sync one runs on a fencepost thread from its
+    tenant's share (:func:`~fencepost.graph.containment.tools.run_callable`), left behind at its
+    timeout as a sync tool body is. An ``async`` one runs as a task of its own on a
     leash, as a model call does (:func:`~fencepost.graph.containment.model.run_model`): past its
     timeout it is cancelled and left behind, never waited for, so one that ignores its
     cancellation neither holds the caller nor gets its late answer heard. Whatever it raises —
@@ -199,12 +202,28 @@ async def ask_approver(io: NodeIO, request: ApproverInput) -> ApproverDecision:
     if not timeout > 0:  # NaN included: no time left, the approver is not asked
         return ApproverDecision.reject(APPROVER_TIMEOUT)
     until = time.monotonic() + timeout
-    try:
-        answer = approver(request)
-    except BaseException as exc:
-        if cancelled_by_caller(exc):
-            raise
-        return _approver_failed(request, exc)
+    if is_async(approver):
+        try:
+            answer = approver(request)
+        except BaseException as exc:
+            if cancelled_by_caller(exc):
+                raise
+            return _approver_failed(request, exc)
+    else:
+        # A sync approver runs on a fencepost thread, as a sync tool body does: one that blocks
+        # is left behind at its timeout and never holds the node (nor invoke) while it blocks.
+        ran = await io.call(
+            lambda: run_callable(
+                lambda: approver(request),
+                timeout_seconds=timeout,
+                tenant=request.context.tenant_id,
+            )
+        )
+        if not ran.finished:
+            return ApproverDecision.reject(APPROVER_TIMEOUT)
+        if ran.raised is not None:
+            return _approver_failed(request, ran.raised)
+        answer = ran.value
     if inspect.isawaitable(answer):
         pending = answer
         run = await io.call(
