@@ -17,8 +17,9 @@ What is logged, once each, on loggers named for what they report (stable names t
   and whether it is retried (INFO).
 - ``fencepost.gate``: an arguments validator, semantic validator or progress predicate that
   raised (WARNING, with its traceback); each refused call with its verdict (INFO).
-- ``fencepost.approval``: an approver policy that raised (WARNING, with its traceback); calls
-  waiting for a human, and each answer, a human's or the approver's (INFO).
+- ``fencepost.approval``: an approver policy that raised (WARNING, with its traceback); an
+  answer refused and asked again (WARNING, its code only); calls waiting for a human, and each
+  answer, a human's or the approver's (INFO).
 - ``fencepost.run``: how each run ended (INFO), budget stops and cancels included, and a call
   retried after a crash (INFO).
 
