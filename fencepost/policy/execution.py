@@ -49,8 +49,10 @@ def admits(
     verdict_key: bytes | None,
     run_id: str,
     approver: bool = False,
+    conditional: bool = False,
 ) -> bool:
-    """The executor's own checks on one allowed call, whatever state says."""
+    """The executor's own checks on one allowed call, whatever state says. ``conditional``: the
+    graph has a ``needs_approval`` callable (every tool's calls were judged per call)."""
     verdict = entry.verdict
     proposal = entry.proposal
     if spec is None or verdict.tool_name != proposal.tool_name:
@@ -61,8 +63,10 @@ def admits(
         return False
     try:
         # A write is runnable only where it could have been approved: by a human (interrupt
-        # mode) or by the graph's approver; never in terminate mode without one.
-        authorize(spec, principal, approved=approval == "interrupt" or approver)
+        # mode) or by the graph's approver; never in terminate mode without one — unless its
+        # tool decides per call whether it needs approval (the gate asked it).
+        decided = spec.needs_approval is not None or conditional
+        authorize(spec, principal, approved=approval == "interrupt" or approver or decided)
     except (ToolPolicyDenied, HumanApprovalRequired):
         return False
     return True
@@ -86,6 +90,7 @@ def admit_batch(
     verdict_key: bytes | None,
     run_id: str,
     approver: bool = False,
+    conditional: bool = False,
 ) -> Admission:
     """Split a batch's allowed, not yet receipted calls into runnable ones; one refusal stops the
     whole batch, as one denial does at the gate (every allowed call is receipted denied, once).
@@ -112,6 +117,7 @@ def admit_batch(
             verdict_key=verdict_key,
             run_id=run_id,
             approver=approver,
+            conditional=conditional,
         )
         checked.append((entry, spec, ok))
     if not repeated and all(ok for _, _, ok in checked):

@@ -107,6 +107,7 @@ def gate_batch(
     context: RunContext | None = None,
     denial: DenialMode = "end_run",
     approver: bool = False,
+    needs_approval: Mapping[str, bool] | None = None,
 ) -> GatedBatch:
     """Gate every call of a batch in order; the first denial that ends a run stops it all.
 
@@ -115,6 +116,9 @@ def gate_batch(
     of its call (the same call denied past its repeat limit is ``no_progress``, which does
     stop). ``approver``: a call that needs approval is left ``approval_required`` for the
     graph's approver policy to answer (:mod:`fencepost.policy.approver`), stopping nothing.
+    ``needs_approval``: per call id, whether the call needs approval, as its tool's (or the
+    graph's) ``needs_approval`` callable answered (:mod:`fencepost.policy.conditional_approval`);
+    a call not in it needs approval by its effect.
     """
     # Only the counts this batch raises: read through to the run's own (not copied per step).
     run_counts = state.fingerprints
@@ -136,6 +140,7 @@ def gate_batch(
             counts=counts,
             now=now,
             context=context,
+            needs_approval=needs_approval.get(call.call_id) if needs_approval else None,
         )
         code = verdict.code
         if code is VerdictCode.APPROVAL_REQUIRED and approver:
