@@ -36,6 +36,7 @@ from fencepost.policy.registry import not_a_tool_spec
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import (
     DEFAULT_TOOL_TIMEOUT_SECONDS,
+    NeedsApproval,
     ProgressPredicate,
     SemanticValidator,
 )
@@ -74,6 +75,7 @@ def tool(
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
     timeout: float | None = None,
+    needs_approval: NeedsApproval | None = None,
 ) -> ToolSpec: ...
 
 
@@ -95,6 +97,7 @@ def tool(
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
     timeout: float | None = None,
+    needs_approval: NeedsApproval | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
@@ -115,9 +118,11 @@ def tool(
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
     timeout: float | None = None,
+    needs_approval: NeedsApproval | None = None,
 ) -> Any:
     """A :class:`ToolSpec`: what a tool does (``effect``), who may call it (``capability``), how
-    long a call may take (``timeout_seconds``).
+    long a call may take (``timeout_seconds``); and, optionally, which of its calls need approval
+    (``needs_approval``: :mod:`fencepost.policy.conditional_approval`).
 
     - ``@fp.tool(effect="read", capability="logs:read")`` over a function: its signature becomes
       the strict args model, its docstring the description (see
@@ -176,6 +181,7 @@ def tool(
             idempotent=idempotent,
             allow_empty_query=allow_empty_query,
             repeat_limit=repeat_limit,
+            needs_approval=needs_approval,
         )
     given = [
         k
@@ -201,6 +207,7 @@ def tool(
         allow_empty_query=allow_empty_query,
         repeat_limit=repeat_limit,
         timeout=timeout,
+        needs_approval=needs_approval,
     )
 
 
@@ -262,6 +269,7 @@ def create_agent(
     debug: bool = False,
     denial: DenialMode = "end_run",
     approver: Approver | None = None,
+    needs_approval: NeedsApproval | None = None,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The bounded agent, compiled: ``create_agent(model, tools, checkpointer=...)``.
 
@@ -277,7 +285,8 @@ def create_agent(
     its defaults: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
     ``require_citations``, ``answer_margin``, ``repair_attempts``, ``repeat_limit``,
     ``model_timeout_seconds``, ``model_retries``, ``max_concurrent_tools``, ``tokens_per_step``,
-    ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``approver``. A run's budget is given with its question:
+    ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``approver``,
+    ``needs_approval``. A run's budget is given with its question:
     ``fp.start(question, fp.RuntimeBudget(...))``.
 
     Example::
@@ -307,5 +316,6 @@ def create_agent(
         repair_attempts=repair_attempts,
         denial=denial,
         approver=approver,
+        needs_approval=needs_approval,
     )
     return graph.compile(checkpointer=checkpointer, store=store, name=name, debug=debug)

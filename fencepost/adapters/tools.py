@@ -41,7 +41,12 @@ from fencepost.policy import (
 )
 from fencepost.policy.decision import TOOL_NAME_PATTERN
 from fencepost.policy.developer_log import TOOLS, current_call, raised
-from fencepost.policy.tool import DEFAULT_TOOL_TIMEOUT_SECONDS, ProgressPredicate, SemanticValidator
+from fencepost.policy.tool import (
+    DEFAULT_TOOL_TIMEOUT_SECONDS,
+    NeedsApproval,
+    ProgressPredicate,
+    SemanticValidator,
+)
 
 if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
@@ -700,6 +705,7 @@ def tool_spec(
     idempotent: bool | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    needs_approval: NeedsApproval | None = None,
 ) -> ToolSpec:
     """Wrap a LangChain ``BaseTool`` (``@tool``, ``StructuredTool``, an MCP tool) as a ToolSpec.
 
@@ -817,4 +823,5 @@ def tool_spec(
         idempotent=idempotent,
         allow_empty_query=allow_empty_query,
         repeat_limit=repeat_limit,
+        needs_approval=needs_approval,
     )

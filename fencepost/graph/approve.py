@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from langgraph.errors import GraphInterrupt
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
@@ -19,9 +20,11 @@ from fencepost.policy import Phase, reduce_tool_events
 from fencepost.policy.approval import (
     ApprovalAnswer,
     ApprovalProblem,
+    answer_schema,
     apply_approvals,
     approval_request,
     read_answer,
+    refused_answer,
     waiting,
 )
 from fencepost.policy.context import coerce_context
@@ -43,8 +46,17 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     asked = waiting(before.batch, run_id=before.run_id, verdict_key=cfg.verdict_key)
     problem: ApprovalProblem | None = None
     answers: dict[str, ApprovalAnswer] = {}
+    schema = answer_schema(asked, cfg.registry) if asked else None
     while asked:
-        response = interrupt(approval_request(asked, cfg.registry, problem))
+        try:
+            response = interrupt(
+                approval_request(asked, cfg.registry, problem), response_schema=schema
+            )
+        except GraphInterrupt:
+            if problem is not None:
+                # Logged only as the run pauses again: a replayed answer was heard before.
+                refused_answer(before.run_id, problem)
+            raise
         read = read_answer(response, asked, cfg.registry)
         if not isinstance(read, ApprovalProblem):
             answers = read

@@ -41,6 +41,7 @@ from fencepost.policy.approver import Approver
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import DENIAL_MODES, DenialMode
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
+from fencepost.policy.tool import NeedsApproval
 
 
 class GraphConfigError(ValueError):
@@ -69,6 +70,7 @@ def build_agent_graph(
     repair_attempts: int = DEFAULT_REPAIR_ATTEMPTS,
     denial: DenialMode = "end_run",
     approver: Approver | None = None,
+    needs_approval: NeedsApproval | None = None,
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -139,6 +141,11 @@ def build_agent_graph(
       by ``approval``'s path). One that raises, hangs past its timeout or returns anything else
       rejects the call (fail closed). Its answers are in the verdicts, the receipts and the
       manifests (:mod:`fencepost.policy.approver`).
+    - ``needs_approval`` (``None``): decides per call, for every tool without a
+      ``needs_approval`` of its own, whether the call needs approval, from its arguments and
+      the trusted context: ``needs_approval(ApprovalQuestion) -> bool``, sync or ``async``. One
+      that raises, hangs or answers anything but a bool means the call needs approval
+      (:mod:`fencepost.policy.conditional_approval`).
 
     Example::
 
@@ -185,6 +192,10 @@ def build_agent_graph(
         raise GraphConfigError(
             "approver", "must be callable: approver(ApproverInput) -> ApproverDecision"
         )
+    if needs_approval is not None and not callable(needs_approval):
+        raise GraphConfigError(
+            "needs_approval", "must be callable: needs_approval(ApprovalQuestion) -> bool"
+        )
     if tokens_per_step is None:
         declared = getattr(model, "token_estimate", None)
         tokens_per_step = declared if isinstance(declared, int) and declared > 0 else 0
@@ -213,6 +224,7 @@ def build_agent_graph(
             owns_ledger=ledger is None,
             denial=denial,
             approver=approver,
+            needs_approval=needs_approval,
         ),
         twin=ledger is None,
     )

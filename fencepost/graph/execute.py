@@ -259,6 +259,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         verdict_key=cfg.verdict_key,
         run_id=state.run_id,
         approver=cfg.approver is not None,
+        conditional=cfg.needs_approval is not None,
     )
     outcomes: list[CallOutcome] = list(admission.refused)
     claim_stop: StopRequest | None = None

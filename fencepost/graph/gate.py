@@ -11,6 +11,7 @@ from typing import Any, Literal
 from fencepost.adapters import telemetry
 from fencepost.graph.account import account_of, produced, reserve_batch
 from fencepost.graph.containment.model import run_model
+from fencepost.graph.containment.tools import is_async, run_callable
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.trace import checked_manifest
 from fencepost.policy import (
@@ -36,6 +37,13 @@ from fencepost.policy.approver import (
 )
 from fencepost.policy.batch import Batch
 from fencepost.policy.cancellation import cancelled_by_caller
+from fencepost.policy.conditional_approval import (
+    NEEDS_APPROVAL_FAILED,
+    NEEDS_APPROVAL_TIMEOUT_SECONDS,
+    ApprovalQuestion,
+    deciding,
+    read_needs_approval,
+)
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import gate_record, settled_calls
 from fencepost.policy.developer_log import APPROVAL, raised
@@ -43,13 +51,16 @@ from fencepost.policy.effect import Effect
 from fencepost.policy.execution import budget_refusals
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gating import (
+    GatedBatch,
     gate_batch,
     refused_batch,
 )
 from fencepost.policy.manifest import verdict_outcome
 from fencepost.policy.outcome import receipt_for
+from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.remembered import ApprovalScope, Remember, matching_scope, new_scope
 from fencepost.policy.repair import given_back, may_repair
+from fencepost.policy.tool import NeedsApproval
 
 
 async def gate(
@@ -84,19 +95,36 @@ async def gate(
     now = cfg.clock.now()
     # Consulted before the approver or a human is asked: a live scope approves the call.
     remembered = await remembered_approvals(io, calls, ctx, now)
-    gated = gate_batch(
-        cfg.registry,
-        calls,
-        state,
-        ctx.principal,
-        repeat_limit=cfg.repeat_limit,
-        approval=cfg.approval,
-        now=now,
-        context=ctx,
-        denial=cfg.denial,
-        approver=cfg.approver is not None,
-        remembered=remembered,
-    )
+
+    def judged(needs_approval: dict[str, bool] | None = None) -> GatedBatch:
+        return gate_batch(
+            cfg.registry,
+            calls,
+            state,
+            ctx.principal,
+            repeat_limit=cfg.repeat_limit,
+            approval=cfg.approval,
+            now=now,
+            context=ctx,
+            denial=cfg.denial,
+            approver=cfg.approver is not None,
+            needs_approval=needs_approval,
+            remembered=remembered,
+        )
+
+    gated = judged()
+    decided = _decided_per_call(cfg.registry, calls, cfg.needs_approval)
+    if decided:
+        # Asked only about calls that passed every check before approval (their arguments are
+        # schema-valid), then the batch is judged again with the answers; a call of such a tool
+        # that was not asked needs approval (fail closed).
+        answers = dict.fromkeys(decided, True)
+        for entry, spec in zip(gated.batch, gated.specs, strict=True):
+            decider = decided.get(entry.call_id)
+            if spec is not None and decider is not None and entry.verdict.code in _REACHED:
+                question = ApprovalQuestion(proposal=entry.proposal, tool=spec, context=ctx)
+                answers[entry.call_id] = await ask_needs_approval(io, decider, question, state)
+        gated = judged(answers)
     asked = to_approve(gated.batch) if gated.stop is None and cfg.approver is not None else []
     if asked:
         # Asked before anything of the batch is reserved, and written with the batch: an answer
@@ -279,7 +307,9 @@ async def ask_approver(io: NodeIO, request: ApproverInput) -> ApproverDecision:
     decision in time.
 
     The approver gets at most its timeout, within the run's deadline: an answer after it is
-    ``approver_timeout``, whatever it says. An ``async`` one runs as a task of its own on a
+    ``approver_timeout``, whatever it says. A sync one runs on a fencepost thread from its
+    tenant's share (:func:`~fencepost.graph.containment.tools.run_callable`), left behind at its
+    timeout as a sync tool body is. An ``async`` one runs as a task of its own on a
     leash, as a model call does (:func:`~fencepost.graph.containment.model.run_model`): past its
     timeout it is cancelled and left behind, never waited for, so one that ignores its
     cancellation neither holds the caller nor gets its late answer heard. Whatever it raises —
@@ -299,12 +329,28 @@ async def ask_approver(io: NodeIO, request: ApproverInput) -> ApproverDecision:
     if not timeout > 0:  # NaN included: no time left, the approver is not asked
         return ApproverDecision.reject(APPROVER_TIMEOUT)
     until = time.monotonic() + timeout
-    try:
-        answer = approver(request)
-    except BaseException as exc:
-        if cancelled_by_caller(exc):
-            raise
-        return _approver_failed(request, exc)
+    if is_async(approver):
+        try:
+            answer = approver(request)
+        except BaseException as exc:
+            if cancelled_by_caller(exc):
+                raise
+            return _approver_failed(request, exc)
+    else:
+        # A sync approver runs on a fencepost thread, as a sync tool body does: one that blocks
+        # is left behind at its timeout and never holds the node (nor invoke) while it blocks.
+        ran = await io.call(
+            lambda: run_callable(
+                lambda: approver(request),
+                timeout_seconds=timeout,
+                tenant=request.context.tenant_id,
+            )
+        )
+        if not ran.finished:
+            return ApproverDecision.reject(APPROVER_TIMEOUT)
+        if ran.raised is not None:
+            return _approver_failed(request, ran.raised)
+        answer = ran.value
     if inspect.isawaitable(answer):
         pending = answer
         run = await io.call(
@@ -322,6 +368,108 @@ async def ask_approver(io: NodeIO, request: ApproverInput) -> ApproverDecision:
     if time.monotonic() > until:
         return ApproverDecision.reject(APPROVER_TIMEOUT)
     return read_decision(answer)
+
+
+_REACHED = frozenset(
+    {VerdictCode.ALLOWED, VerdictCode.APPROVAL_REQUIRED, VerdictCode.APPROVAL_PENDING}
+)
+"""Verdicts of a call that passed every check before approval."""
+
+
+def _decided_per_call(
+    registry: ToolRegistry, calls: Sequence[ToolProposal], graph: NeedsApproval | None
+) -> dict[str, NeedsApproval]:
+    """Per call id, the ``needs_approval`` callable that decides the call (its tool's, else
+    the graph's), for the calls of registered tools that have one."""
+    out: dict[str, NeedsApproval] = {}
+    for call in calls:
+        if call.tool_name in registry:
+            decider = deciding(registry.get(call.tool_name), graph)
+            if decider is not None:
+                out[call.call_id] = decider
+    return out
+
+
+async def ask_needs_approval(
+    io: NodeIO, decider: NeedsApproval, question: ApprovalQuestion, state: AgentState
+) -> bool:
+    """Whether one call needs approval, as ``decider`` answers, contained as an approver is
+    (:func:`ask_approver`): at most its timeout within the run's deadline, a sync one on a
+    fencepost thread and an ``async`` one on a leash, either left behind at its timeout. Fail
+    closed: anything but ``True`` or ``False`` in time — what it raised (its own
+    ``CancelledError``, ``GeneratorExit``, ``SystemExit`` included), a hang, another value —
+    means it does, logged on ``fencepost.approval``. Only the caller's own cancellation
+    propagates."""
+    cfg = io.cfg
+    call_id = question.proposal.call_id
+    run_deadline = question.context.deadline or Deadline.after(
+        NEEDS_APPROVAL_TIMEOUT_SECONDS, clock=cfg.clock
+    )
+    timeout = stage_deadline(
+        run_deadline, max_stage_seconds=NEEDS_APPROVAL_TIMEOUT_SECONDS, clock=cfg.clock
+    ).remaining_seconds(clock=cfg.clock)
+    what = f"needs_approval, for {question.tool.name!r},"
+    answer: object = None
+    if not timeout > 0:  # NaN included: no time left, it is not asked
+        return _fails_closed(what, "had no time left", state.run_id, call_id)
+    until = time.monotonic() + timeout
+    if is_async(decider):
+        try:
+            pending = decider(question)
+        except BaseException as exc:
+            if cancelled_by_caller(exc):
+                raise
+            return _raised_closed(what, exc, state.run_id, call_id)
+        run = await io.call(
+            lambda: run_model(lambda: _awaited(pending), max(0.0, until - time.monotonic()))
+        )
+        if not run.finished:
+            return _fails_closed(what, "did not answer in time", state.run_id, call_id)
+        if run.error is not None:
+            error = run.error
+            cause = error.raised if isinstance(error, _ApproverRaised) else error
+            return _raised_closed(what, cause, state.run_id, call_id)
+        answer = run.value
+    else:
+        ran = await io.call(
+            lambda: run_callable(
+                lambda: decider(question),
+                timeout_seconds=timeout,
+                tenant=question.context.tenant_id,
+            )
+        )
+        if not ran.finished:
+            return _fails_closed(what, "did not answer in time", state.run_id, call_id)
+        if ran.raised is not None:
+            return _raised_closed(what, ran.raised, state.run_id, call_id)
+        answer = ran.value
+        if inspect.isawaitable(answer):  # a sync callable handing back work nobody awaits
+            if inspect.iscoroutine(answer):
+                answer.close()
+            answer = None
+    if time.monotonic() > until:
+        return _fails_closed(what, "did not answer in time", state.run_id, call_id)
+    read = read_needs_approval(answer)
+    if read is None:
+        return _fails_closed(what, "answered no bool", state.run_id, call_id)
+    return read
+
+
+def _raised_closed(what: str, exc: BaseException, run_id: str, call_id: str) -> bool:
+    raised(APPROVAL, what, exc, run_id=run_id, call_id=call_id, code=NEEDS_APPROVAL_FAILED)
+    return True
+
+
+def _fails_closed(what: str, why: str, run_id: str, call_id: str) -> bool:
+    APPROVAL.warning(
+        "%s %s (run %s, call %s): the call needs approval",
+        what,
+        why,
+        run_id,
+        call_id,
+        extra={"run_id": run_id, "call_id": call_id, "code": NEEDS_APPROVAL_FAILED},
+    )
+    return True
 
 
 class _ApproverRaised(Exception):

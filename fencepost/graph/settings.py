@@ -22,6 +22,7 @@ from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
 from fencepost.policy.denial import DenialMode
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
+from fencepost.policy.tool import NeedsApproval
 
 T = TypeVar("T")
 Update = dict[str, Any]
@@ -55,6 +56,8 @@ class LoopConfig:
     """What a capability or semantic denial does: end the run, or be an observation."""
     approver: Approver | None = None
     """The approver policy asked first about each call that needs approval."""
+    needs_approval: NeedsApproval | None = None
+    """Decides per call whether it needs approval, for every tool without its own."""
 
 
 # The settings of each built graph, found again from the graph object (never from a name a

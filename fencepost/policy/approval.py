@@ -11,6 +11,19 @@ answer. An answer is exactly one of these forms, for every waiting call at once 
   approve, and approve always — this tool for the run's tenant, or this tool with these very
   arguments — until revoked or ``until`` (:mod:`fencepost.policy.remembered`)
 - ``{"<call id>": <one of the above>, ...}``: per call; a waiting call left out is rejected
+- LangChain's HITL response (what Agent Chat UI sends): ``{"decisions": [<decision>, ...]}``, one
+  decision per waiting call in the order of the request's ``action_requests`` (a count that
+  differs is ``decision_count_mismatch``), each ``{"type": "approve"}``, ``{"type": "reject"}``
+  (a ``"message"`` is taken and dropped: the model is told ``permission_denied``, never a
+  person's text) or ``{"type": "edit", "edited_action": {"name": <the call's tool>, "args":
+  {...}}}`` (an edit never changes the tool). A HITL decision may also stand alone or per call.
+
+``"yes"``, ``True`` and other words are refused, not read as an approval: an approval lets a
+write run, so it is said in one of these forms and never inferred from a truthy value a client
+sent for something else. The refusal is typed (``unrecognized_answer``) in the next request,
+logged on ``fencepost.approval`` (the code and the forms, never the value), and the request's
+``response_schema`` (LangGraph's typed interrupt, outside the value) is the JSON schema of every
+accepted answer, so a client can show the form before anything is sent.
 
 Anything else is not guessed at: a mapping with a key no form has (a per-call answer beside a
 global one, ``"decision"`` beside ``"type"``, ``"arguments"`` on an approval), an answer naming
@@ -24,7 +37,9 @@ for its very arguments (and, with a ``verdict_key``, sealed by the gate) is not 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -35,6 +50,7 @@ from fencepost.policy.batch import Batch, BatchEntry, replace_entries
 from fencepost.policy.context import RunContext
 from fencepost.policy.contract import Frozen, assemble
 from fencepost.policy.decision import ToolProposal
+from fencepost.policy.developer_log import APPROVAL
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.events import ToolFailed
@@ -66,6 +82,8 @@ ACCEPTED_FORMS = (
     '{"decision": "edit", "arguments": {...}}',
     '{"decision": "approve", "remember": {"scope": "tool" | "arguments", "until": iso8601?}}',
     '{"<call_id>": <any of the above>, ...} (a call left out is rejected)',
+    '{"decisions": [{"type": "approve" | "reject"} | {"type": "edit", "edited_action": '
+    '{"name": <tool>, "args": {...}}}, ...]} (LangChain HITL: one per call, in order)',
 )
 
 _DECISION_KEYS = ("decision", "type")
@@ -106,12 +124,17 @@ def storable_answer(response: Any) -> bool:
 class ApprovalProblem(Frozen):
     """An answer fencepost does not take; sent back with the next approval request."""
 
-    code: Literal["unrecognized_answer", "invalid_arguments", "unrepresentable_answer"] = (
-        "unrecognized_answer"
-    )
+    code: Literal[
+        "unrecognized_answer",
+        "invalid_arguments",
+        "unrepresentable_answer",
+        "decision_count_mismatch",
+    ] = "unrecognized_answer"
     accepted_forms: tuple[str, ...] = ACCEPTED_FORMS
     invalid: tuple[InvalidEdit, ...] = ()
     """With ``invalid_arguments``: each edited call whose arguments failed, and why."""
+    expected_decisions: int | None = None
+    """With ``decision_count_mismatch``: how many HITL decisions the waiting calls take."""
 
 
 _REJECT = ApprovalAnswer(decision="reject")
@@ -119,8 +142,9 @@ _PLAIN = {"approve": ApprovalAnswer(decision="approve"), "reject": _REJECT}
 """The two answers that are a plain word (or a mapping of the decision alone)."""
 
 
-def _one(value: Any) -> ApprovalAnswer | None:
-    """``value`` as one call's answer, if it is exactly one accepted form."""
+def _one(value: Any, tools: AbstractSet[str] = frozenset()) -> ApprovalAnswer | None:
+    """``value`` as one call's answer, if it is exactly one accepted form. ``tools``: the tool
+    names of the calls it answers; a HITL edit must name the one tool they all call."""
     if isinstance(value, str):
         return _PLAIN.get(str(value))
     if not isinstance(value, Mapping):
@@ -140,6 +164,10 @@ def _one(value: Any) -> ApprovalAnswer | None:
         return ApprovalAnswer(decision="edit", arguments=_json_object(arguments))
     if len(value) == 2 and str(decision) == "approve" and "remember" in value:
         return _remembered(value["remember"])
+    if len(value) == 2 and str(decision) == "reject" and isinstance(value.get("message"), str):
+        return _REJECT  # a person's text never reaches the model or the checkpoint
+    if len(value) == 2 and str(decision) == "edit" and "edited_action" in value:
+        return _hitl_edit(value["edited_action"], tools)
     return None
 
 
@@ -154,6 +182,19 @@ def _remembered(value: Any) -> ApprovalAnswer | None:
     return ApprovalAnswer(decision="approve", remember=remember)
 
 
+def _hitl_edit(action: Any, tools: AbstractSet[str]) -> ApprovalAnswer | None:
+    """A LangChain HITL ``edited_action`` (``{"name": ..., "args": {...}}``) as an edit of the
+    calls of ``tools``' one tool; one naming another tool (or none) is no edit fencepost takes."""
+    if not isinstance(action, Mapping) or set(action) != {"name", "args"}:
+        return None
+    name, arguments = action["name"], action["args"]
+    if len(tools) != 1 or not isinstance(name, str) or str(name) not in tools:
+        return None
+    if not isinstance(arguments, Mapping):
+        return None
+    return ApprovalAnswer(decision="edit", arguments=_json_object(arguments))
+
+
 def _json_object(arguments: Mapping[Any, Any]) -> dict[str, JsonValue] | None:
     # Depth and integer range first (iteratively): a value nested past what a checkpoint holds
     # must be refused before anything tries to validate, store or fingerprint it.
@@ -166,11 +207,14 @@ def _json_object(arguments: Mapping[Any, Any]) -> dict[str, JsonValue] | None:
 
 
 def parse_approval(
-    response: Any, call_ids: Sequence[str]
+    response: Any, call_ids: Sequence[str], tool_names: Sequence[str] | None = None
 ) -> dict[str, ApprovalAnswer] | ApprovalProblem:
     """Each waiting call's answer, or the problem with an answer that is not exactly one of the
-    accepted forms. A per-call answer never mixes with a global one."""
-    whole = _one(response)
+    accepted forms. A per-call answer never mixes with a global one. ``tool_names``: each
+    waiting call's tool, in order (a HITL edit must name its call's tool; without them, none
+    is taken)."""
+    tools = dict(zip(call_ids, tool_names, strict=True)) if tool_names is not None else {}
+    whole = _one(response, frozenset(tools.values()))
     per_call: dict[str, ApprovalAnswer] | None = None
     if (
         isinstance(response, Mapping)
@@ -178,14 +222,66 @@ def parse_approval(
         and all(isinstance(k, str) and k in call_ids for k in response)
     ):
         # A call the answer leaves out is rejected: it never runs by default.
-        read = {cid: _one(response[cid]) if cid in response else _REJECT for cid in call_ids}
+        read = {
+            cid: _one(response[cid], _tool_of(tools, cid)) if cid in response else _REJECT
+            for cid in call_ids
+        }
         if all(a is not None for a in read.values()):
             per_call = {cid: a for cid, a in read.items() if a is not None}
+    hitl = _hitl_decisions(response, call_ids, tools)
+    if hitl is not None:
+        # A list is no answer of any other form: the HITL reading is the only one.
+        return hitl
     if whole is not None:
         answers = {cid: whole for cid in call_ids}
         # Read both ways (a call id may be spelt like a key of a form), they must agree.
         return answers if per_call is None or per_call == answers else ApprovalProblem()
     return per_call if per_call is not None else ApprovalProblem()
+
+
+def _tool_of(tools: Mapping[str, str], call_id: str) -> AbstractSet[str]:
+    return frozenset((tools[call_id],)) if call_id in tools else frozenset()
+
+
+def _hitl_decisions(
+    response: Any, call_ids: Sequence[str], tools: Mapping[str, str]
+) -> dict[str, ApprovalAnswer] | ApprovalProblem | None:
+    """LangChain's HITL response (``{"decisions": [...]}``), one decision per waiting call in
+    request order; ``None`` when ``response`` is not of that shape."""
+    if not (
+        isinstance(response, Mapping)
+        and len(response) == 1
+        and "decisions" in response
+        and isinstance(response["decisions"], list | tuple)
+    ):
+        return None
+    decisions = response["decisions"]
+    if len(decisions) != len(call_ids):
+        return ApprovalProblem(code="decision_count_mismatch", expected_decisions=len(call_ids))
+    answers: dict[str, ApprovalAnswer] = {}
+    for cid, decision in zip(call_ids, decisions, strict=True):
+        # Only the HITL spelling (``type``) in a HITL list: a list of fencepost's own forms is
+        # a guess at what was meant.
+        if not isinstance(decision, Mapping) or "type" not in decision:
+            return ApprovalProblem()
+        answer = _one(decision, _tool_of(tools, cid))
+        if answer is None:
+            return ApprovalProblem()
+        answers[cid] = answer
+    return answers
+
+
+def refused_answer(run_id: str, problem: ApprovalProblem) -> None:
+    """Log, on ``fencepost.approval`` (WARNING), that an answer was refused and the run asks
+    again: the code and the forms it takes, never the value given (it may hold anything)."""
+    if APPROVAL.isEnabledFor(logging.WARNING):
+        APPROVAL.warning(
+            "approval answer refused (run %s): %s; the run waits again for one of: %s",
+            run_id,
+            problem.code,
+            "; ".join(problem.accepted_forms),
+            extra={"run_id": run_id, "call_id": None, "code": problem.code},
+        )
 
 
 def edit_problems(
@@ -228,7 +324,9 @@ def read_answer(
     the answer asked again (:func:`parse_approval`, then :func:`edit_problems`)."""
     if isinstance(response, str) and response == UNREPRESENTABLE_ANSWER:
         return ApprovalProblem(code="unrepresentable_answer")
-    answers = parse_approval(response, [e.call_id for e in entries])
+    answers = parse_approval(
+        response, [e.call_id for e in entries], [e.proposal.tool_name for e in entries]
+    )
     if isinstance(answers, ApprovalProblem):
         return answers
     return edit_problems(answers, entries, registry) or answers
@@ -279,8 +377,12 @@ def unasked(batch: Batch, asked: Sequence[BatchEntry]) -> Batch:
 def approval_request(
     entries: Sequence[BatchEntry], registry: ToolRegistry, problem: ApprovalProblem | None = None
 ) -> dict[str, Any]:
-    """The interrupt payload a human sees: each waiting call's tool, arguments and effect."""
+    """The interrupt payload a human sees: each waiting call's tool, arguments and effect; and
+    the same calls as LangChain's HITL request (``action_requests`` and ``review_configs``, in
+    the order a ``{"decisions": [...]}`` answer follows), which Agent Chat UI renders."""
     calls = []
+    actions = []
+    reviews = []
     for entry in entries:
         name = entry.proposal.tool_name
         spec = registry.get(name) if name in registry else None
@@ -293,10 +395,154 @@ def approval_request(
                 "capability": spec.capability if spec else None,
             }
         )
-    payload: dict[str, Any] = {"fencepost": "approval", "calls": calls}
+        effect = spec.effect.value if spec else "unknown"
+        actions.append(
+            {
+                "name": name,
+                "args": entry.proposal.arguments,
+                "description": f"Approve this {effect} call of {name} (call {entry.call_id})?",
+            }
+        )
+        reviews.append({"action_name": name, "allowed_decisions": list(_HITL_DECISIONS)})
+    payload: dict[str, Any] = {
+        "fencepost": "approval",
+        "calls": calls,
+        "action_requests": actions,
+        "review_configs": reviews,
+    }
     if problem is not None:
         payload["error"] = problem.model_dump(mode="json")
     return payload
+
+
+_HITL_DECISIONS = ("approve", "edit", "reject")
+"""The HITL decision types fencepost takes (``respond``, a person answering for the tool, is
+not one: a call either runs, as approved or edited, or does not)."""
+
+
+def answer_schema(entries: Sequence[BatchEntry], registry: ToolRegistry) -> dict[str, Any]:
+    """The JSON schema of every answer the waiting ``entries`` accept: the request's
+    ``response_schema`` (LangGraph's typed interrupt), so a client sees the form to send. An
+    edit's arguments follow its tool's own schema."""
+    defs: dict[str, Any] = {}
+    names = [e.proposal.tool_name for e in entries]
+    args = {name: _arguments_schema(name, registry, defs) for name in dict.fromkeys(names)}
+    plain = [
+        {"enum": ["approve", "reject"]},
+        {
+            "type": "object",
+            "properties": {"decision": {"enum": ["approve", "reject"]}},
+            "required": ["decision"],
+            "additionalProperties": False,
+        },
+    ]
+
+    remember = {
+        "type": "object",
+        "properties": {
+            "decision": {"const": "approve"},
+            "remember": {
+                "type": "object",
+                "properties": {
+                    "scope": {"enum": ["tool", "arguments"]},
+                    "until": {"type": "string", "format": "date-time"},
+                },
+                "required": ["scope"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["decision", "remember"],
+        "additionalProperties": False,
+    }
+
+    def ours(arguments: dict[str, Any]) -> dict[str, Any]:
+        edit = {
+            "type": "object",
+            "properties": {"decision": {"const": "edit"}, "arguments": arguments},
+            "required": ["decision", "arguments"],
+            "additionalProperties": False,
+        }
+        return {"anyOf": [*plain, remember, edit]}
+
+    def hitl(name: str) -> dict[str, Any]:
+        return {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"type": {"const": "approve"}},
+                    "required": ["type"],
+                    "additionalProperties": False,
+                },
+                {
+                    "type": "object",
+                    "properties": {"type": {"const": "reject"}, "message": {"type": "string"}},
+                    "required": ["type"],
+                    "additionalProperties": False,
+                },
+                {
+                    "type": "object",
+                    "properties": {
+                        "type": {"const": "edit"},
+                        "edited_action": {
+                            "type": "object",
+                            "properties": {"name": {"const": name}, "args": args[name]},
+                            "required": ["name", "args"],
+                            "additionalProperties": False,
+                        },
+                    },
+                    "required": ["type", "edited_action"],
+                    "additionalProperties": False,
+                },
+            ]
+        }
+
+    one_tool = args[names[0]] if len(args) == 1 else {"type": "object"}
+    per_call = {e.call_id: ours(args[e.proposal.tool_name]) for e in entries}
+    schema: dict[str, Any] = {
+        "title": "fencepost approval answer",
+        "description": "One answer for every waiting call, per call id, or LangChain HITL "
+        "decisions in the order of action_requests. A call a per-call answer leaves out is "
+        "rejected.",
+        "anyOf": [
+            ours(one_tool),
+            {"type": "object", "properties": per_call, "additionalProperties": False},
+            {
+                "type": "object",
+                "properties": {
+                    "decisions": {
+                        "type": "array",
+                        "prefixItems": [hitl(name) for name in names],
+                        "items": False,
+                        "minItems": len(names),
+                        "maxItems": len(names),
+                    }
+                },
+                "required": ["decisions"],
+                "additionalProperties": False,
+            },
+        ],
+    }
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def _arguments_schema(name: str, registry: ToolRegistry, defs: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of ``name``'s arguments, its definitions moved into ``defs`` under names
+    of the tool's own (two tools' models may share a name)."""
+    if name not in registry:
+        return {"type": "object"}
+    try:
+        schema = dict(
+            registry.get(name).args_model.model_json_schema(
+                ref_template=f"#/$defs/{name}.{{model}}"
+            )
+        )
+    except Exception:  # a type pydantic has no JSON schema for: any object, the gate judges it
+        return {"type": "object"}
+    for key, value in schema.pop("$defs", {}).items():
+        defs[f"{name}.{key}"] = value
+    return schema
 
 
 @dataclass(frozen=True, slots=True)

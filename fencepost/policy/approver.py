@@ -16,8 +16,9 @@ and the run's evidence so far. It answers with an :class:`ApproverDecision`:
 Every answer is recorded: the verdict, the receipt and the step's manifest name ``approver``
 (and a human's answer ``human``). The approver may be a plain function or a policy object (any
 callable), sync or ``async``; it is given at most :data:`APPROVER_TIMEOUT_SECONDS` (or the run's
-deadline, if sooner), and an ``async`` one still running then is cancelled and left behind, as a
-tool body is. Fail closed: an approver that raises (its own ``CancelledError`` or
+deadline, if sooner), and one still running then is left behind, as a tool body is (a sync
+one runs on a thread of its own, so one that blocks never holds the run; an ``async`` one is
+cancelled). Fail closed: an approver that raises (its own ``CancelledError`` or
 ``SystemExit`` included), answers after its timeout, or returns anything but an
 :class:`ApproverDecision` has rejected the call, with the code ``approver_failed``,
 ``approver_timeout`` or ``approver_invalid_decision`` — never its exception text.

@@ -19,8 +19,9 @@ What is logged, once each, on loggers named for what they report (stable names t
   raised (WARNING, with its traceback); each refused call with its verdict (INFO), a call
   refused for a capability naming the capability the principal lacks (in the message and as
   the record attribute ``capability``: trusted configuration, never shown to the model).
-- ``fencepost.approval``: an approver policy that raised (WARNING, with its traceback); calls
-  waiting for a human, and each answer, a human's or the approver's (INFO).
+- ``fencepost.approval``: an approver policy that raised (WARNING, with its traceback); an
+  answer refused and asked again (WARNING, its code only); calls waiting for a human, and each
+  answer, a human's or the approver's (INFO).
 - ``fencepost.run``: how each run ended (INFO), budget stops and cancels included, and a call
   retried after a crash (INFO).
 

@@ -55,8 +55,10 @@ def admits(
     verdict_key: bytes | None,
     run_id: str,
     approver: bool = False,
+    conditional: bool = False,
 ) -> bool:
-    """The executor's own checks on one allowed call, whatever state says."""
+    """The executor's own checks on one allowed call, whatever state says. ``conditional``: the
+    graph has a ``needs_approval`` callable (every tool's calls were judged per call)."""
     verdict = entry.verdict
     proposal = entry.proposal
     if spec is None or verdict.tool_name != proposal.tool_name:
@@ -68,8 +70,10 @@ def admits(
     try:
         # A write is runnable only where it could have been approved: by a human (interrupt
         # mode), by the graph's approver, or by a remembered scope the gate named in the
-        # (sealed) verdict; never in terminate mode without one.
-        approvable = approval == "interrupt" or approver or verdict.scope_id is not None
+        # (sealed) verdict; never in terminate mode without one — unless its tool decides per
+        # call whether it needs approval (the gate asked it).
+        decided = spec.needs_approval is not None or conditional
+        approvable = approval == "interrupt" or approver or decided or verdict.scope_id is not None
         authorize(spec, principal, approved=approvable)
     except (ToolPolicyDenied, HumanApprovalRequired):
         return False
@@ -94,6 +98,7 @@ def admit_batch(
     verdict_key: bytes | None,
     run_id: str,
     approver: bool = False,
+    conditional: bool = False,
 ) -> Admission:
     """Split a batch's allowed, not yet receipted calls into runnable ones; one refusal stops the
     whole batch, as one denial does at the gate (every allowed call is receipted denied, once).
@@ -120,6 +125,7 @@ def admit_batch(
             verdict_key=verdict_key,
             run_id=run_id,
             approver=approver,
+            conditional=conditional,
         )
         checked.append((entry, spec, ok))
     if not repeated and all(ok for _, _, ok in checked):

@@ -349,14 +349,23 @@ def check_progress(
     return key
 
 
-def authorize(spec: ToolSpec, principal: Principal, *, approved: bool = False) -> None:
-    """Gate 5: the principal holds the capability, and a write/external effect is approved.
+def authorize(
+    spec: ToolSpec,
+    principal: Principal,
+    *,
+    approved: bool = False,
+    needs_approval: bool | None = None,
+) -> None:
+    """Gate 5: the principal holds the capability, and a call that needs approval is approved.
 
+    ``needs_approval``: what the call's ``needs_approval`` callable answered
+    (:mod:`fencepost.policy.conditional_approval`); ``None``: a write/external effect needs it.
     Raises :class:`ToolPolicyDenied` or :class:`HumanApprovalRequired`.
     """
     if not principal.has(spec.capability):
         raise ToolPolicyDenied(spec.name, spec.capability)
-    if spec.effect is not Effect.READ and not approved:
+    needed = spec.effect is not Effect.READ if needs_approval is None else needs_approval
+    if needed and not approved:
         raise HumanApprovalRequired(spec.name)
 
 
@@ -434,11 +443,13 @@ def gate_with_findings(
     counts: Mapping[str, int] | None = None,
     now: datetime | None = None,
     context: RunContext | None = None,
+    needs_approval: bool | None = None,
 ) -> tuple[Verdict, ToolSpec | None, str | None]:
     """:func:`gate_proposal`, with what it found on the way, so a batch does not work either
     out again: the registered spec (``None`` for an unknown tool), and the key the call's
     repeats count under when the repeat check reached it (``repeat_key`` of the fingerprint;
-    ``None`` when not reached, or for a polling tool, whose check keys by time)."""
+    ``None`` when not reached, or for a polling tool, whose check keys by time).
+    ``needs_approval``: this call's answer of its ``needs_approval`` callable, if asked."""
     # One canonical text of the arguments serves the fingerprint and the schema check.
     canonical_arguments = canonical_json(proposal.arguments)
     fingerprint = fingerprint_of(proposal.tool_name, canonical_arguments)
@@ -494,7 +505,7 @@ def gate_with_findings(
     if spec.poll_interval_seconds is not None:
         key = None
     try:
-        authorize(spec, principal, approved=approved)
+        authorize(spec, principal, approved=approved, needs_approval=needs_approval)
     except ToolPolicyDenied:
         return verdict(VerdictCode.CAPABILITY_DENIED, missing=spec.capability), spec, key
     except HumanApprovalRequired:

@@ -109,6 +109,7 @@ def gate_batch(
     denial: DenialMode = "end_run",
     approver: bool = False,
     remembered: Mapping[str, ApprovalScope] | None = None,
+    needs_approval: Mapping[str, bool] | None = None,
 ) -> GatedBatch:
     """Gate every call of a batch in order; the first denial that ends a run stops it all.
 
@@ -120,6 +121,9 @@ def gate_batch(
     ``remembered``: by call id, the live remembered approval scope that matches the call
     (:mod:`fencepost.policy.remembered`): the call is gated as approved, and an allowed verdict
     names the scope, as answered by whoever created it.
+    ``needs_approval``: per call id, whether the call needs approval, as its tool's (or the
+    graph's) ``needs_approval`` callable answered (:mod:`fencepost.policy.conditional_approval`);
+    a call not in it needs approval by its effect.
     """
     # Only the counts this batch raises: read through to the run's own (not copied per step).
     run_counts = state.fingerprints
@@ -142,6 +146,7 @@ def gate_batch(
             counts=counts,
             now=now,
             context=context,
+            needs_approval=needs_approval.get(call.call_id) if needs_approval else None,
         )
         if scope is not None and verdict.allowed:
             verdict = verdict.model_copy(

@@ -99,6 +99,11 @@ SemanticValidator = Callable[[Any, "AgentState"], None] | Callable[[Any, "AgentS
 :class:`~fencepost.policy.context.RunContext` too (its ``app_data``: known payees, allowed
 domains); ``context`` is ``None`` only when a proposal is gated outside a run. Which form is
 read from the signature: one that takes a third positional argument gets the context."""
+NeedsApproval = Callable[[Any], Any]
+"""``needs_approval(question) -> bool`` (sync or ``async``): whether this one call needs approval,
+judged from its arguments and the run's trusted context; the ``question`` is a
+:class:`~fencepost.policy.conditional_approval.ApprovalQuestion`. Contained as an approver is:
+anything but ``True`` or ``False`` in time means it does (see that module)."""
 ProgressPredicate = Callable[["ToolProposal", "AgentState"], bool]
 """True when repeating this exact call is still progress (polling a durable task, say)."""
 
@@ -197,6 +202,11 @@ class ToolSpec(BaseModel):
     """Turn the built-in empty-query rule off for this tool: its query-like field (``query``,
     ``q``, ``search``...) may be ``""`` or ``"*"``, as for a search that filters by another
     argument (a sender, a date). The reversed-range rule and ``semantic_validator`` still apply."""
+    needs_approval: NeedsApproval | None = None
+    """Whether each call needs approval, decided per call (:data:`NeedsApproval`); ``None``:
+    exactly the calls of a ``write`` or ``external`` tool do. It may ask approval of a read,
+    or let a write run unasked (then the executor runs this tool's writes on the gate's
+    verdict in every approval mode: seal verdicts with ``verdict_key``)."""
     repeat_limit: Annotated[int | None, Field(ge=1)] = None
     """This tool's own repeat limit: how often the same call (same arguments, same last
     result) may be allowed before the run ends ``no_progress``. ``None``: the graph's

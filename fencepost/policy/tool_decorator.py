@@ -49,6 +49,7 @@ from fencepost.policy.tool import (
     DEFAULT_TOOL_TIMEOUT_SECONDS,
     Effect,
     Injected,
+    NeedsApproval,
     ProgressPredicate,
     SemanticValidator,
     ToolContext,
@@ -86,6 +87,7 @@ def tool(
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
     timeout: float | None = None,
+    needs_approval: NeedsApproval | None = None,
 ) -> ToolSpec: ...
 
 
@@ -105,6 +107,7 @@ def tool(
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
     timeout: float | None = None,
+    needs_approval: NeedsApproval | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
@@ -123,6 +126,7 @@ def tool(
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
     timeout: float | None = None,
+    needs_approval: NeedsApproval | None = None,
 ) -> Any:
     """Turn the decorated function into a :class:`ToolSpec`.
 
@@ -133,7 +137,7 @@ def tool(
     with a DeprecationWarning until the next release). ``name`` defaults to the function's name
     and ``description`` to its docstring (without its ``Args:`` section, whose lines become the
     fields' descriptions). ``idempotent``, ``semantic_validator``, ``progress_predicate``,
-    ``allow_empty_query`` and ``repeat_limit`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
+    ``allow_empty_query``, ``repeat_limit`` and ``needs_approval`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
     ``tool_spec`` take.
 
     ``tool(fn, effect=..., capability=...)`` (the function given directly) is the same as the
@@ -195,6 +199,7 @@ def tool(
                 idempotent=idempotent,
                 allow_empty_query=allow_empty_query,
                 repeat_limit=repeat_limit,
+                needs_approval=needs_approval,
             )
         except ValidationError as exc:
             # A keyword of the decorator out of range (timeout_seconds=0, repeat_limit=0):

@@ -65,7 +65,7 @@ from fencepost.policy.developer_log import TOOLS, CallScope, current_call, raise
 
 T = TypeVar("T")
 
-__all__ = ["ToolRun", "run_tool", "run_tool_blocking"]
+__all__ = ["CallableRun", "ToolRun", "is_async", "run_callable", "run_tool", "run_tool_blocking"]
 
 # The pool in use (tests swap it); a forked child gets the fresh pool tool_threads makes for it.
 _threads: ToolThreads = tool_threads.pool()
@@ -428,3 +428,93 @@ def _run_sync_body_blocking(
     if not finished:
         return _past_deadline(pool, job, deadline)
     return _result(job.outcome or Outcome(error=ErrorCode.TIMEOUT), deadline)
+
+
+# ---------------------------------------------------------------------------------------------
+# One sync callable with a deadline: an approver, a needs-approval predicate
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CallableRun:
+    """How one sync callable handed to :func:`run_callable` ended."""
+
+    finished: bool
+    """It returned or raised by its deadline; ``False``: left behind at it, or never started
+    (no time left, or no thread for its tenant)."""
+    value: Any = None
+    """What it returned in time, as it returned it (an awaitable is not judged here)."""
+    raised: BaseException | None = None
+    """What it raised in time, for the caller to log and fail closed on; never kept."""
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` makes a coroutine (an ``async def`` function or ``__call__``):
+    such a callable runs on the caller's loop, any other on a thread (:func:`run_callable`)."""
+    return _is_async(fn)
+
+
+class _Returned:
+    """A callable's value, boxed so the pool hands it back as it is."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class _Raised:
+    """What a callable raised, boxed: the pool keeps only a code for what a body raises."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _boxed(fn: Callable[[], Any]) -> Callable[[], Any]:
+    context = contextvars.copy_context()
+
+    def run() -> Any:
+        try:
+            return _Returned(context.run(fn))
+        except BaseException as exc:  # contained: the caller decides what it means
+            return _Raised(exc)
+
+    return run
+
+
+def _callable_ended(outcome: Outcome, deadline: float) -> CallableRun:
+    boxed = outcome.value
+    if outcome.finished > deadline or outcome.error is not None:
+        return CallableRun(finished=False)
+    if isinstance(boxed, _Raised):
+        return CallableRun(finished=True, raised=boxed.exc)
+    return CallableRun(finished=True, value=boxed.value if isinstance(boxed, _Returned) else None)
+
+
+async def run_callable(
+    fn: Callable[[], Any], *, timeout_seconds: float, tenant: str
+) -> CallableRun:
+    """Run the sync callable ``fn`` on a fencepost thread from ``tenant``'s share, as a sync tool
+    body runs, and wait for it no longer than ``timeout_seconds``: past it, it is left behind
+    (its thread is abandoned, its late answer never heard) and the caller goes on. Never raises
+    except the caller's own cancellation."""
+    if not timeout_seconds > 0:  # NaN included
+        return CallableRun(finished=False)
+    deadline = time.monotonic() + timeout_seconds
+    pool = _threads
+    job = await pool.start(_boxed(fn), deadline, str.__str__(tenant))
+    if job is None:
+        return CallableRun(finished=False)
+    try:
+        await within(job.future, deadline - time.monotonic())
+    except asyncio.CancelledError:
+        pool.abandon(job)
+        raise
+    if job.future.done():
+        return _callable_ended(job.future.result(), deadline)
+    job.future.cancel()
+    if pool.abandon(job):
+        return CallableRun(finished=False)
+    return _callable_ended(job.outcome or Outcome(error=ErrorCode.TIMEOUT), deadline)
