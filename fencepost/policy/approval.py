@@ -21,10 +21,10 @@ for its very arguments (and, with a ``verdict_key``, sealed by the gate) is not 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import JsonValue, ValidationError
 
@@ -42,12 +42,13 @@ from fencepost.policy.gates import (
     gate_proposal,
     schema_problems,
 )
+from fencepost.policy.may_go_on import context_refusal
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.state import AgentState, StopRequest, stop
-from fencepost.policy.tool import Principal
+from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import VerdictCode, verdict_is_sealed
 
 ApprovalMode = Literal["terminate", "interrupt"]
@@ -299,11 +300,14 @@ def apply_approvals(
     now: datetime | None = None,
     asked: Sequence[BatchEntry] | None = None,
     context: RunContext | None = None,
+    approved_by: str | None = None,
 ) -> ApprovalResult:
     """Apply the answers to the waiting calls (``asked``; :func:`waiting` of the state's batch
     when not given): a rejected call is receipted ``denied`` and never runs; an approved or
     edited one passes every gate again (capability included, with the principal that answered).
-    A pending entry that was not asked about leaves the batch (:func:`unasked`)."""
+    A pending entry that was not asked about leaves the batch (:func:`unasked`).
+    ``approved_by``: the principal who answered, recorded in each answered call's verdict."""
+    answered = {"approval": "human", "approved_by": approved_by}
     counts = dict(state.fingerprints)
     changed: list[BatchEntry] = []
     rejected: list[CallOutcome] = []
@@ -314,12 +318,10 @@ def apply_approvals(
         answer = answers[entry.call_id]
         name = entry.proposal.tool_name
         if answer.decision == "reject":
-            verdict = entry.verdict.model_copy(
-                update={"code": VerdictCode.REJECTED, "approval": "human"}
-            )
+            verdict = entry.verdict.model_copy(update={"code": VerdictCode.REJECTED, **answered})
             changed.append(entry.with_verdict(verdict))
             effect = registry.get(name).effect if name in registry else None
-            rejected.append(_rejection(entry, effect))
+            rejected.append(_rejection(entry, effect, approved_by))
             continue
         proposal = entry.proposal
         if answer.decision == "edit":
@@ -342,7 +344,7 @@ def apply_approvals(
             counts=counts,
             now=now,
             context=context,
-        ).model_copy(update={"approval": "human"})
+        ).model_copy(update=answered)
         if verdict.allowed:
             key = repeat_key(verdict.fingerprint, state)
             counts[key] = counts.get(key, 0) + 1
@@ -357,7 +359,7 @@ def apply_approvals(
     )
 
 
-def _rejection(entry: BatchEntry, effect: Effect | None) -> CallOutcome:
+def _rejection(entry: BatchEntry, effect: Effect | None, approved_by: str | None) -> CallOutcome:
     return CallOutcome(
         event=ToolFailed(
             call_id=entry.call_id,
@@ -368,5 +370,132 @@ def _rejection(entry: BatchEntry, effect: Effect | None) -> CallOutcome:
         attempts=0,
         effect=effect,
         approval="human",
+        approved_by=approved_by,
         rule=VerdictCode.REJECTED.value,
     )
+
+
+# -- who may answer ------------------------------------------------------------------------------
+
+AnswerRefusal = Literal[
+    "missing_context",
+    "invalid_context",
+    "wrong_tenant",
+    "approval_right_missing",
+    "own_approval_refused",
+]
+"""Why an answer was not taken from the one who gave it. The run stays paused, nothing of the
+answer is written, and the right person can still answer."""
+
+ANSWER_REFUSALS: frozenset[str] = frozenset(get_args(AnswerRefusal))
+
+APPROVE_PREFIX = "approve:"
+"""The default approval right of a tool is this prefix and the tool's capability."""
+
+
+def approval_right(spec: ToolSpec, *, graph_right: str | None = None) -> str:
+    """The capability a principal other than the requester must hold to answer ``spec``'s
+    approval: the tool's own ``approval_right``, else the graph's, else
+    ``approve:<capability>``."""
+    return spec.approval_right or graph_right or APPROVE_PREFIX + spec.capability
+
+
+def needs_four_eyes(spec: ToolSpec, *, graph_four_eyes: bool = False) -> bool:
+    """Whether the requester's own answer to ``spec``'s approval is refused: the tool's own
+    ``four_eyes`` when it sets one, else the graph's."""
+    return graph_four_eyes if spec.four_eyes is None else spec.four_eyes
+
+
+class Answerer(Frozen):
+    """Who answered a run's approval: recorded in the verdicts, receipts, manifests and spans."""
+
+    principal_id: str
+    requester: bool
+    """Whether the requester answered its own call (``False``: an approver of its tenant)."""
+
+
+def may_answer(
+    run_owner: Mapping[str, str],
+    answerer: RunContext | None,
+    rights: Iterable[str],
+    *,
+    four_eyes: bool = False,
+    given: object = None,
+) -> AnswerRefusal | None:
+    """Whether the principal in ``answerer`` may answer a run's waiting calls (``None``) or why
+    not. ``run_owner`` is the identity the run's ledger account records (``{"tenant": ...,
+    "principal": ...}``, never state, which any update rewrites); ``rights`` the approval right
+    of each waiting call (:func:`approval_right`); ``given`` the context as it was passed.
+
+    The requester may answer its own calls, unless ``four_eyes``; any other principal of the
+    run's tenant may answer when it holds every right. A missing or malformed context, another
+    tenant's, or a principal without the right is refused, and so is the requester's own
+    answer under four-eyes: the answer is not taken and the run keeps waiting.
+    """
+    if answerer is None:
+        return (
+            "invalid_context" if context_refusal(given) == "invalid_context" else "missing_context"
+        )
+    if answerer.tenant_id != run_owner.get("tenant"):
+        return "wrong_tenant"
+    if answerer.principal.id == run_owner.get("principal"):
+        return "own_approval_refused" if four_eyes else None
+    if all(answerer.principal.has(right) for right in rights):
+        return None
+    return "approval_right_missing"
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerJudgement:
+    """The approve node's plan for who answered: the refusal that keeps the run waiting, or
+    the answerer and the context the run goes on with (the requester's identity)."""
+
+    refusal: AnswerRefusal | None
+    answerer: Answerer | None = None
+    acting: RunContext | None = None
+    """The context the approval acts in: the caller's own when the requester answered; for an
+    approver, the caller's with the requester's identity (the run's identity never becomes the
+    approver's), holding the capabilities of the waiting calls only (the gate found the
+    requester held them when it asked)."""
+
+
+def judge_answerer(
+    run_owner: Mapping[str, str],
+    answerer: RunContext | None,
+    entries: Sequence[BatchEntry],
+    registry: ToolRegistry,
+    *,
+    graph_right: str | None = None,
+    graph_four_eyes: bool = False,
+    given: object = None,
+) -> AnswerJudgement:
+    """Who answered the waiting ``entries`` and whether the answer is taken
+    (:func:`may_answer`), with the rights and four-eyes each waiting call's tool names."""
+    specs = [
+        registry.get(e.proposal.tool_name) for e in entries if e.proposal.tool_name in registry
+    ]
+    refusal = may_answer(
+        run_owner,
+        answerer,
+        [approval_right(s, graph_right=graph_right) for s in specs],
+        four_eyes=any(needs_four_eyes(s, graph_four_eyes=graph_four_eyes) for s in specs),
+        given=given,
+    )
+    if refusal is not None or answerer is None:
+        return AnswerJudgement(refusal=refusal or "missing_context")
+    requester = run_owner.get("principal", answerer.principal.id)
+    own = answerer.principal.id == requester
+    acting = answerer if own else as_requester(answerer, requester, (s.capability for s in specs))
+    return AnswerJudgement(
+        refusal=None,
+        answerer=Answerer(principal_id=answerer.principal.id, requester=own),
+        acting=acting,
+    )
+
+
+def as_requester(ctx: RunContext, requester: str, capabilities: Iterable[str]) -> RunContext:
+    """``ctx`` acting for the run's ``requester``: its principal replaced by the requester
+    holding ``capabilities`` only (the approver's own rights never act for the run). The
+    deadline, app data and injected dependencies stay the caller's (the application's)."""
+    principal = Principal(id=requester, capabilities=frozenset(capabilities))
+    return ctx.model_copy(update={"principal": principal})

@@ -57,6 +57,8 @@ class CallOutcome(Frozen):
     (``ToolSpec.evidence_for``)."""
     approval: Literal["approver", "human"] | None = None
     """Who answered the call's approval (see ``Receipt.approval``)."""
+    approved_by: str | None = None
+    """The principal who answered it (see ``Receipt.approved_by``)."""
     rule: str | None = None
     """With a denial: the safe code of what denied it (see ``Receipt.rule``)."""
 
@@ -90,6 +92,7 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
         effect=outcome.effect,
         task_id=outcome.task_id,
         approval=outcome.approval,
+        approved_by=outcome.approved_by,
         rule=outcome.rule,
     )
 
@@ -99,9 +102,14 @@ def with_approvers(
 ) -> list[CallOutcome]:
     """``outcomes`` with who answered each call's approval, as its verdict in ``batch`` says
     (the executor's outcomes know what ran, the verdicts who let it)."""
-    by_id = {e.call_id: e.verdict.approval for e in batch if e.verdict.approval is not None}
+    by_id = {e.call_id: e.verdict for e in batch if e.verdict.approval is not None}
     return [
-        o.model_copy(update={"approval": by_id[o.call_id]})
+        o.model_copy(
+            update={
+                "approval": by_id[o.call_id].approval,
+                "approved_by": by_id[o.call_id].approved_by,
+            }
+        )
         if o.approval is None and o.call_id in by_id
         else o
         for o in outcomes

@@ -45,6 +45,9 @@ class Receipt(Frozen):
     approval: Literal["approver", "human"] | None = None
     """Who answered the call's approval: the graph's approver policy or a human (``None``: it
     needed none)."""
+    approved_by: str | None = None
+    """With ``approval="human"``: the id of the principal who answered (the requester, or an
+    approver of the run's tenant holding the approval right)."""
     rule: str | None = None
     """With ``denied``: the safe code of what denied the call — the gate's verdict code
     (``capability_denied``), a semantic rule's name (``unknown_payee``) or the approver's own

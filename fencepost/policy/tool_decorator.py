@@ -85,6 +85,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
 ) -> ToolSpec: ...
 
@@ -104,6 +106,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
@@ -122,6 +126,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
 ) -> Any:
     """Turn the decorated function into a :class:`ToolSpec`.
@@ -133,7 +139,7 @@ def tool(
     with a DeprecationWarning until the next release). ``name`` defaults to the function's name
     and ``description`` to its docstring (without its ``Args:`` section, whose lines become the
     fields' descriptions). ``idempotent``, ``semantic_validator``, ``progress_predicate``,
-    ``allow_empty_query`` and ``repeat_limit`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
+    ``allow_empty_query``, ``repeat_limit``, ``approval_right`` and ``four_eyes`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
     ``tool_spec`` take.
 
     ``tool(fn, effect=..., capability=...)`` (the function given directly) is the same as the
@@ -195,6 +201,8 @@ def tool(
                 idempotent=idempotent,
                 allow_empty_query=allow_empty_query,
                 repeat_limit=repeat_limit,
+                approval_right=approval_right,
+                four_eyes=four_eyes,
             )
         except ValidationError as exc:
             # A keyword of the decorator out of range (timeout_seconds=0, repeat_limit=0):

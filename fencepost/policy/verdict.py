@@ -63,6 +63,9 @@ class Verdict(Frozen):
     approval: Literal["approver", "human"] | None = None
     """Who answered this call's approval: the graph's approver policy, or a human on resume
     (``None``: it needed none, or has not been answered). Sealed with the verdict."""
+    approved_by: str | None = None
+    """With ``approval="human"``: the id of the principal whose answer this is (the requester,
+    or another principal of the run's tenant holding the approval right). Sealed too."""
 
     @property
     def allowed(self) -> bool:
@@ -80,6 +83,8 @@ def _mac(key: bytes, run_id: str, verdict: Verdict) -> str:
     if verdict.approval is not None:
         # Who approved is part of what is sealed (a verdict without one keeps its old seal).
         parts.append("approval:" + verdict.approval)
+    if verdict.approved_by is not None:
+        parts.append("approved_by:" + verdict.approved_by)
     if verdict.code is VerdictCode.APPROVAL_PENDING:
         # Its own message: a pending verdict's seal never passes for an allowed one's.
         parts.append(VerdictCode.APPROVAL_PENDING.value)
