@@ -72,6 +72,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
 ) -> ToolSpec: ...
 
@@ -93,6 +95,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
@@ -113,6 +117,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
 ) -> Any:
     """A :class:`ToolSpec`: what a tool does (``effect``), who may call it (``capability``), how
@@ -126,7 +132,8 @@ def tool(
       :func:`~fencepost.adapters.tools.tool_spec`.
 
     ``effect`` and ``capability`` have no safe default: without them a one-sentence error says
-    what is missing. ``timeout=`` is the old name of ``timeout_seconds=`` (a DeprecationWarning).
+    what is missing. ``approval_right`` and ``four_eyes`` say who may answer the tool's
+    approval (see ``ToolSpec``). ``timeout=`` is the old name of ``timeout_seconds=`` (a DeprecationWarning).
     ``inject`` and ``tool_exception_code`` are a LangChain tool's (what ``tool_spec`` does with
     them); a function marks its injected parameters ``Annotated[T, fp.Injected("name")]`` and
     raises :class:`~fencepost.policy.ToolError` for a code of its own, so given for a function
@@ -175,6 +182,8 @@ def tool(
             idempotent=idempotent,
             allow_empty_query=allow_empty_query,
             repeat_limit=repeat_limit,
+            approval_right=approval_right,
+            four_eyes=four_eyes,
         )
     given = [
         k
@@ -199,6 +208,8 @@ def tool(
         progress_predicate=progress_predicate,
         allow_empty_query=allow_empty_query,
         repeat_limit=repeat_limit,
+        approval_right=approval_right,
+        four_eyes=four_eyes,
         timeout=timeout,
     )
 
@@ -261,6 +272,8 @@ def create_agent(
     debug: bool = False,
     denial: DenialMode = "end_run",
     approver: Approver | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool = False,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The bounded agent, compiled: ``create_agent(model, tools, checkpointer=...)``.
 
@@ -276,7 +289,8 @@ def create_agent(
     its defaults: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
     ``require_citations``, ``answer_margin``, ``repair_attempts``, ``repeat_limit``,
     ``model_timeout_seconds``, ``model_retries``, ``max_concurrent_tools``, ``tokens_per_step``,
-    ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``approver``. A run's budget is given with its question:
+    ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``approver``, ``approval_right``,
+    ``four_eyes``. A run's budget is given with its question:
     ``fp.start(question, fp.RuntimeBudget(...))``.
 
     Example::
@@ -306,5 +320,7 @@ def create_agent(
         repair_attempts=repair_attempts,
         denial=denial,
         approver=approver,
+        approval_right=approval_right,
+        four_eyes=four_eyes,
     )
     return graph.compile(checkpointer=checkpointer, store=store, name=name, debug=debug)

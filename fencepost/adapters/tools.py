@@ -700,6 +700,8 @@ def tool_spec(
     idempotent: bool | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
 ) -> ToolSpec:
     """Wrap a LangChain ``BaseTool`` (``@tool``, ``StructuredTool``, an MCP tool) as a ToolSpec.
 
@@ -817,4 +819,6 @@ def tool_spec(
         idempotent=idempotent,
         allow_empty_query=allow_empty_query,
         repeat_limit=repeat_limit,
+        approval_right=approval_right,
+        four_eyes=four_eyes,
     )

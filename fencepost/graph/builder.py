@@ -68,6 +68,8 @@ def build_agent_graph(
     repair_attempts: int = 0,
     denial: DenialMode = "end_run",
     approver: Approver | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool = False,
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -136,6 +138,15 @@ def build_agent_graph(
       by ``approval``'s path). One that raises, hangs past its timeout or returns anything else
       rejects the call (fail closed). Its answers are in the verdicts, the receipts and the
       manifests (:mod:`fencepost.policy.approver`).
+    - ``approval_right`` (``None``: ``approve:<the tool's capability>``): who may answer an
+      approval besides the requester. With ``approval="interrupt"`` a resume may come from any
+      principal of the run's tenant holding this capability (a tool's own ``approval_right``
+      wins); the run keeps the requester's identity, and who answered is in the verdicts,
+      receipts (``approved_by``), manifests and spans. An answer from no context, another
+      tenant, or a principal without the right is not taken: the run keeps waiting, asking
+      again with the refusal's code, and the right person can still answer.
+    - ``four_eyes`` (``False``): refuse the requester's own answer (a tool's own ``four_eyes``
+      wins): someone else of its tenant holding the right must answer.
 
     Example::
 
@@ -182,6 +193,10 @@ def build_agent_graph(
         raise GraphConfigError(
             "approver", "must be callable: approver(ApproverInput) -> ApproverDecision"
         )
+    if approval_right is not None and (not isinstance(approval_right, str) or not approval_right):
+        raise GraphConfigError("approval_right", "must be a non-empty capability name")
+    if not isinstance(four_eyes, bool):
+        raise GraphConfigError("four_eyes", "must be True or False")
     if tokens_per_step is None:
         declared = getattr(model, "token_estimate", None)
         tokens_per_step = declared if isinstance(declared, int) and declared > 0 else 0
@@ -210,6 +225,8 @@ def build_agent_graph(
             owns_ledger=ledger is None,
             denial=denial,
             approver=approver,
+            approval_right=approval_right,
+            four_eyes=four_eyes,
         ),
         twin=ledger is None,
     )

@@ -54,6 +54,11 @@ class LoopConfig:
     """What a capability or semantic denial does: end the run, or be an observation."""
     approver: Approver | None = None
     """The approver policy asked first about each call that needs approval."""
+    approval_right: str | None = None
+    """The capability another principal than the requester must hold to answer an approval
+    (``None``: ``approve:<the tool's capability>``); a tool's own ``approval_right`` wins."""
+    four_eyes: bool = False
+    """Refuse the requester's own answer to its approvals (a tool's own ``four_eyes`` wins)."""
 
 
 # The settings of each built graph, found again from the graph object (never from a name a

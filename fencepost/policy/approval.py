@@ -499,3 +499,78 @@ def as_requester(ctx: RunContext, requester: str, capabilities: Iterable[str]) -
     deadline, app data and injected dependencies stay the caller's (the application's)."""
     principal = Principal(id=requester, capabilities=frozenset(capabilities))
     return ctx.model_copy(update={"principal": principal})
+
+
+class AnswerRefused(Frozen):
+    """Why the last answer was not taken from whoever gave it; sent with the next approval
+    request (the run kept waiting, nothing of the answer was written)."""
+
+    code: AnswerRefusal
+    rights: tuple[str, ...] = ()
+    """The approval right a principal other than the requester must hold for each waiting
+    call."""
+    four_eyes: bool = False
+    """Whether the requester's own answer is refused."""
+
+
+def answer_refused(
+    code: AnswerRefusal,
+    entries: Sequence[BatchEntry],
+    registry: ToolRegistry,
+    *,
+    graph_right: str | None = None,
+    graph_four_eyes: bool = False,
+) -> AnswerRefused:
+    """The refusal shown with the next approval request: its code, and who may answer."""
+    specs = [
+        registry.get(e.proposal.tool_name) for e in entries if e.proposal.tool_name in registry
+    ]
+    return AnswerRefused(
+        code=code,
+        rights=tuple(dict.fromkeys(approval_right(s, graph_right=graph_right) for s in specs)),
+        four_eyes=any(needs_four_eyes(s, graph_four_eyes=graph_four_eyes) for s in specs),
+    )
+
+
+def acting_context(
+    state: AgentState,
+    ctx: RunContext | None,
+    registry: ToolRegistry,
+    answered: Iterable[Any] | None = None,
+) -> RunContext | None:
+    """The context a node acts in: ``ctx``, or, when ``ctx`` is an approver of the run's
+    tenant whose answer the current batch records (``approved_by``), ``ctx`` acting for the
+    requester (:func:`as_requester`) with the capabilities of the batch's allowed calls only
+    (the gate judged them under the requester's). Anyone else's context is returned as it is,
+    and refused by :func:`~fencepost.policy.may_go_on.check_before_acting`; the run's account
+    owner is checked at every reservation, whatever state says. ``answered``: where the
+    answer is looked for (the batch, by default; the terminal node also reads receipts)."""
+    if answered is None:
+        answered = state.batch
+    if ctx is None or state.principal_id is None or not approver_of(state, ctx, answered):
+        return ctx
+    names = {e.proposal.tool_name for e in state.batch if e.verdict.allowed}
+    capabilities = (registry.get(n).capability for n in names if n in registry)
+    return as_requester(ctx, state.principal_id, capabilities)
+
+
+def approver_of(state: AgentState, ctx: RunContext | None, answered: Iterable[Any]) -> bool:
+    """Whether ``ctx`` is another principal of the run's tenant than the requester who answered
+    one of ``answered`` (batch entries' verdicts or receipts recording ``approved_by``)."""
+    if ctx is None or ctx.tenant_id != state.tenant_id or ctx.principal.id == state.principal_id:
+        return False
+    for item in answered:
+        record = getattr(item, "verdict", item)
+        if getattr(record, "approved_by", None) == ctx.principal.id:
+            return True
+    return False
+
+
+def waiting_for_requester(state: AgentState) -> dict[str, Any]:
+    """What a run shows while it waits for its requester: an approver's answer ran the calls
+    it approved, and the model's next step is the requester's own to take."""
+    return {
+        "fencepost": "waiting_for_requester",
+        "run_id": state.run_id,
+        "requester": state.principal_id,
+    }

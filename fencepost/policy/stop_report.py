@@ -103,6 +103,11 @@ class ReportedCall(Frozen):
     """For a call with no receipt: the gate's verdict it was left with (why it never started)."""
     effect: Annotated[Effect | None, Strict(False)] = None
     """The tool's effect, when the receipt recorded it."""
+    approval: Literal["approver", "human"] | None = None
+    """Who answered the call's approval: the approver policy or a human (``None``: none)."""
+    approved_by: str | None = None
+    """With a human's answer: the id of the principal who gave it (the requester, or an
+    approver of its tenant)."""
 
 
 class Waiting(Frozen):
@@ -204,6 +209,8 @@ def _reported(receipt: Receipt) -> ReportedCall:
         tool_name=receipt.tool_name,
         error_code=receipt.error_code,
         effect=receipt.effect,
+        approval=receipt.approval,
+        approved_by=receipt.approved_by,
     )
 
 
@@ -308,6 +315,8 @@ def call_rows(report: StopReport) -> list[Row]:
             joined = tuple(
                 (("· " if i else "") + text, style) for i, (text, style) in enumerate(code)
             )
+            if call.approved_by is not None:
+                joined += (("· approved by " + call.approved_by, "dim"),)
             rows.append(("" if n else label, ((call.call_id, ""), (call.tool_name, ""), *joined)))
     return rows
 
