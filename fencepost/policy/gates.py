@@ -421,6 +421,7 @@ def gate_with_findings(
                 "exhausted_axis": None,
                 "seal": None,
                 "approval": None,
+                "approved_by": None,
             },
         )
 

@@ -151,9 +151,7 @@ def test_a_tool_may_name_its_own_approval_right_and_four_eyes() -> None:
 
 
 def test_the_fp_tool_decorator_takes_the_approval_right_and_four_eyes() -> None:
-    @fp.tool(
-        effect="write", capability="notes:write", approval_right="notes:sign", four_eyes=True
-    )
+    @fp.tool(effect="write", capability="notes:write", approval_right="notes:sign", four_eyes=True)
     def sign(note: str) -> str:
         """Sign a note."""
         return note
@@ -261,4 +259,3 @@ def test_may_answer_is_one_policy_question() -> None:
     assert may_answer(owner, OTHER_TENANT_LEAD, right) == "wrong_tenant"
     assert may_answer(owner, None, right) == "missing_context"
     assert may_answer(owner, None, right, given="acme") == "invalid_context"
-
