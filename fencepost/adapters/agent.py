@@ -18,7 +18,8 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
-from fencepost.graph.builder import GraphConfigError, build_agent_graph
+from fencepost.graph.builder import build_agent_graph
+from fencepost.graph.settings import GraphConfigError
 from fencepost.policy import (
     DEFAULT_REPEAT_LIMIT,
     Clock,

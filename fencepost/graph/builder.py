@@ -24,7 +24,7 @@ from fencepost.graph.routing import (
     route_after_terminal,
     route_start,
 )
-from fencepost.graph.settings import LoopConfig, remember
+from fencepost.graph.settings import GraphConfigError, LoopConfig, remember
 from fencepost.graph.state import GraphState, InputState
 from fencepost.graph.terminal import terminal
 from fencepost.policy import (
@@ -40,14 +40,6 @@ from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import DENIAL_MODES, DenialMode
-
-
-class GraphConfigError(ValueError):
-    """``build_agent_graph`` was given a bad setting; the message names the field."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
 
 
 def build_agent_graph(
