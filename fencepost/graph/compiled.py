@@ -48,6 +48,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import ensure_config
 from langgraph.channels.last_value import LastValue
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -489,7 +490,9 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         settings = settings_of(self)
         if settings is None or settings.approval != "interrupt" or self.checkpointer:
             return
-        if ((config or {}).get("configurable") or {}).get("checkpoint_ns"):
+        # A graph invoked inside a parent's node inherits the parent's config (and its saver)
+        # from the running context even when no config is passed.
+        if (ensure_config(config).get("configurable") or {}).get("checkpoint_ns"):
             return
         raise GraphConfigError("checkpointer", NO_CHECKPOINTER)
 
