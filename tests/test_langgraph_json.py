@@ -68,10 +68,19 @@ def test_the_named_graph_loads_by_path_without_its_own_checkpointer() -> None:
     assert {"decide", "execute", "approve", "terminal"} <= set(graph.get_graph().nodes)
 
 
-def test_the_named_graph_investigates_an_incident_with_a_json_context() -> None:
+def served_graph() -> Any:
+    """The named graph as the server runs it: with the server's own persistence attached (an
+    approval graph run with none is refused, its pause could never be resumed)."""
     graph = load_graph(config()["graphs"]["fencepost_demo"])
+    return graph.copy(update={"checkpointer": InMemorySaver()})
+
+
+def test_the_named_graph_investigates_an_incident_with_a_json_context() -> None:
+    graph = served_graph()
     out = graph.invoke(
-        fp.start("Why is checkout returning 500s since 14:00?"), context=server_context()
+        fp.start("Why is checkout returning 500s since 14:00?"),
+        {"configurable": {"thread_id": "t-1"}},
+        context=server_context(),
     )
     state = fp.run_output(out)
     assert state.termination is fp.TerminationReason.COMPLETED
@@ -81,8 +90,9 @@ def test_the_named_graph_investigates_an_incident_with_a_json_context() -> None:
 
 
 def test_the_named_graph_without_a_context_denies_instead_of_running_tools() -> None:
-    graph = load_graph(config()["graphs"]["fencepost_demo"])
-    state = fp.run_output(graph.invoke(fp.start("Why is checkout returning 500s?")))
+    graph = served_graph()
+    thread = {"configurable": {"thread_id": "t-1"}}
+    state = fp.run_output(graph.invoke(fp.start("Why is checkout returning 500s?"), thread))
     assert state.termination is fp.TerminationReason.POLICY_DENIED
     assert state.last_error_code == "missing_context"
     assert state.observations == ()

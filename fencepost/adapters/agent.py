@@ -18,7 +18,8 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
-from fencepost.graph.builder import GraphConfigError, build_agent_graph
+from fencepost.graph.builder import build_agent_graph
+from fencepost.graph.settings import GraphConfigError
 from fencepost.policy import (
     DEFAULT_REPEAT_LIMIT,
     Clock,
@@ -74,6 +75,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> ToolSpec: ...
@@ -96,6 +99,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
@@ -117,6 +122,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> Any:
@@ -132,7 +139,8 @@ def tool(
       :func:`~fencepost.adapters.tools.tool_spec`.
 
     ``effect`` and ``capability`` have no safe default: without them a one-sentence error says
-    what is missing. ``timeout=`` is the old name of ``timeout_seconds=`` (a DeprecationWarning).
+    what is missing. ``approval_right`` and ``four_eyes`` say who may answer the tool's
+    approval (see ``ToolSpec``). ``timeout=`` is the old name of ``timeout_seconds=`` (a DeprecationWarning).
     ``inject`` and ``tool_exception_code`` are a LangChain tool's (what ``tool_spec`` does with
     them); a function marks its injected parameters ``Annotated[T, fp.Injected("name")]`` and
     raises :class:`~fencepost.policy.ToolError` for a code of its own, so given for a function
@@ -182,6 +190,8 @@ def tool(
             allow_empty_query=allow_empty_query,
             repeat_limit=repeat_limit,
             needs_approval=needs_approval,
+            approval_right=approval_right,
+            four_eyes=four_eyes,
         )
     given = [
         k
@@ -206,6 +216,8 @@ def tool(
         progress_predicate=progress_predicate,
         allow_empty_query=allow_empty_query,
         repeat_limit=repeat_limit,
+        approval_right=approval_right,
+        four_eyes=four_eyes,
         timeout=timeout,
         needs_approval=needs_approval,
     )
@@ -270,6 +282,8 @@ def create_agent(
     denial: DenialMode = "end_run",
     approver: Approver | None = None,
     needs_approval: NeedsApproval | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool = False,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The bounded agent, compiled: ``create_agent(model, tools, checkpointer=...)``.
 
@@ -286,7 +300,8 @@ def create_agent(
     ``require_citations``, ``answer_margin``, ``repair_attempts``, ``repeat_limit``,
     ``model_timeout_seconds``, ``model_retries``, ``max_concurrent_tools``, ``tokens_per_step``,
     ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``approver``,
-    ``needs_approval``. A run's budget is given with its question:
+    ``needs_approval``, ``approval_right``, ``four_eyes``. A run's budget is given with its
+    question:
     ``fp.start(question, fp.RuntimeBudget(...))``.
 
     Example::
@@ -317,5 +332,7 @@ def create_agent(
         denial=denial,
         approver=approver,
         needs_approval=needs_approval,
+        approval_right=approval_right,
+        four_eyes=four_eyes,
     )
     return graph.compile(checkpointer=checkpointer, store=store, name=name, debug=debug)

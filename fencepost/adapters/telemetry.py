@@ -70,6 +70,7 @@ from fencepost.policy.outcome import CallOutcome
 __all__ = [
     "AgentRun",
     "ToolCall",
+    "answer_refused",
     "approvals_answered",
     "atraced",
     "batch_refused",
@@ -93,6 +94,7 @@ MISSING_CAPABILITY = "fencepost.missing_capability"
 """The refused event's attribute naming the capability a ``capability_denied`` call lacked."""
 APPROVAL_REQUESTED = "fencepost.approval.requested"
 APPROVAL_ANSWERED = "fencepost.approval.answered"
+APPROVAL_REFUSED = "fencepost.approval.refused"
 
 
 # -- OpenTelemetry, looked for once -------------------------------------------------------------
@@ -416,11 +418,22 @@ def _refusal(
 
 
 def _approval(
-    run: AgentRun | None, name: str, call_id: str, tool: str | None, verdict: str
+    run: AgentRun | None,
+    name: str,
+    call_id: str,
+    tool: str | None,
+    verdict: str,
+    *,
+    who: str | None = None,
+    human: bool | None = None,
 ) -> None:
     if run is None:
         return
     attributes: dict[str, Any] = {"gen_ai.tool.call.id": call_id, "fencepost.verdict": verdict}
+    if human is not None:
+        attributes["fencepost.approval.kind"] = "human" if human else "approver"
+    if who is not None:
+        attributes["fencepost.approval.by"] = who
     if tool is not None:
         attributes["gen_ai.tool.name"] = tool
     run.event(name, attributes)
@@ -517,9 +530,32 @@ def approvals_answered(
     asked: Sequence[BatchEntry],
     batch: Sequence[BatchEntry],
     registry: ToolRegistry,
+    *,
+    by: str | None = None,
 ) -> None:
-    """A human answered the calls ``asked`` about; ``batch`` holds their new verdicts."""
-    _answered(run_id, asked, batch, registry, by="", refusals=True)
+    """A human answered the calls ``asked`` about; ``batch`` holds their new verdicts; ``by``
+    is the principal who answered (on the span event as ``fencepost.approval.by``, with
+    ``fencepost.approval.kind="human"``)."""
+    _answered(run_id, asked, batch, registry, by=f" by {by}" if by else "", refusals=True, who=by)
+
+
+def answer_refused(run_id: str, asked: Sequence[BatchEntry], code: str) -> None:
+    """An answer to the calls ``asked`` about was not taken from whoever gave it (``code``):
+    the run waits again. A span event ``fencepost.approval.refused`` per call, and a log."""
+    run = _CURRENT.get()
+    for entry in asked:
+        if run is not None:
+            run.event(APPROVAL_REFUSED, {"gen_ai.tool.call.id": entry.call_id, "error.type": code})
+        _info(
+            APPROVAL,
+            "run %s call %s: an answer was not taken (%s); it still waits",
+            run_id,
+            entry.call_id,
+            code,
+            run_id=run_id,
+            call_id=entry.call_id,
+            code=code,
+        )
 
 
 def approver_answered(
@@ -530,7 +566,7 @@ def approver_answered(
 ) -> None:
     """The graph's approver policy answered the calls ``asked`` about (``batch`` holds their
     new verdicts). A rejection is reported as a refusal by :func:`gated`, with the batch."""
-    _answered(run_id, asked, batch, registry, by=" by the approver", refusals=False)
+    _answered(run_id, asked, batch, registry, by=" by the approver", refusals=False, who=None)
 
 
 def _answered(
@@ -541,6 +577,7 @@ def _answered(
     *,
     by: str,
     refusals: bool,
+    who: str | None,
 ) -> None:
     run = _CURRENT.get()
     now = {e.call_id: e for e in batch}
@@ -549,7 +586,7 @@ def _answered(
         name = answered.proposal.tool_name
         tool = registry.get(name).name if name in registry else None
         verdict = _verdict(answered)
-        _approval(run, APPROVAL_ANSWERED, entry.call_id, tool, verdict)
+        _approval(run, APPROVAL_ANSWERED, entry.call_id, tool, verdict, who=who, human=refusals)
         _info(
             APPROVAL,
             "run %s call %s (%s) answered%s: %s",

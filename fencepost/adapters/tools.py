@@ -706,6 +706,8 @@ def tool_spec(
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
     needs_approval: NeedsApproval | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
 ) -> ToolSpec:
     """Wrap a LangChain ``BaseTool`` (``@tool``, ``StructuredTool``, an MCP tool) as a ToolSpec.
 
@@ -824,4 +826,6 @@ def tool_spec(
         allow_empty_query=allow_empty_query,
         repeat_limit=repeat_limit,
         needs_approval=needs_approval,
+        approval_right=approval_right,
+        four_eyes=four_eyes,
     )

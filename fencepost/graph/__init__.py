@@ -1,10 +1,11 @@
 """The LangGraph binding: state schema, nodes, routing, builder, run context, serializer."""
 
-from fencepost.graph.builder import GraphConfigError, build_agent_graph
+from fencepost.graph.builder import build_agent_graph
 from fencepost.graph.cancel import CancelRefused, NestedRunUnreachable, acancel, cancel
 from fencepost.graph.compiled import CommandRefused, ForkRefused
 from fencepost.graph.context import RunContext
 from fencepost.graph.serde import fencepost_serializer
+from fencepost.graph.settings import GraphConfigError
 from fencepost.graph.state import (
     GraphState,
     InputState,

@@ -9,7 +9,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from fencepost.adapters import telemetry
-from fencepost.graph.account import reserve_batch
+from fencepost.graph.account import account_of, account_owner, reserve_batch
 from fencepost.graph.gate import remember_approvals
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import Update
@@ -18,11 +18,14 @@ from fencepost.graph.trace import manifest, recorded
 from fencepost.graph.writes import step_writes
 from fencepost.policy import Phase, reduce_tool_events
 from fencepost.policy.approval import (
+    ANSWER_REFUSALS,
     ApprovalAnswer,
     ApprovalProblem,
+    answer_refused,
     answer_schema,
     apply_approvals,
     approval_request,
+    judge_answerer,
     read_answer,
     refused_answer,
     waiting,
@@ -40,18 +43,37 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
 
     Only the calls the gate left waiting are asked about (``approval.waiting``): a pending entry
     written into the batch by anyone else is dropped, never asked about, never run.
+
+    Who answered is judged by policy (``approval.judge_answerer``) against the owner the run's
+    ledger account records: an answer from no context, another tenant's, a principal without
+    the approval right (or the requester's own, under four-eyes) is not taken. The node then
+    ends without a change but the refusal's code, so the run waits again in a fresh approval
+    (the refused answer is spent with this task: it is never read again for the next one).
     """
     cfg = io.cfg
     before = require_state(values)
     asked = waiting(before.batch, run_id=before.run_id, verdict_key=cfg.verdict_key)
+    last = before.last_error_code
+    refusal = (
+        answer_refused(
+            last,  # type: ignore[arg-type]
+            asked,
+            cfg.registry,
+            graph_right=cfg.approval_right,
+            graph_four_eyes=cfg.four_eyes,
+        )
+        if last in ANSWER_REFUSALS
+        else None
+    )
     problem: ApprovalProblem | None = None
     answers: dict[str, ApprovalAnswer] = {}
     schema = answer_schema(asked, cfg.registry) if asked else None
     while asked:
+        request = approval_request(asked, cfg.registry, problem)
+        if problem is None and refusal is not None:
+            request["error"] = refusal.model_dump(mode="json")
         try:
-            response = interrupt(
-                approval_request(asked, cfg.registry, problem), response_schema=schema
-            )
+            response = interrupt(request, response_schema=schema)
         except GraphInterrupt:
             if problem is not None:
                 # Logged only as the run pauses again: a replayed answer was heard before.
@@ -63,10 +85,29 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
             break
         problem = read
     # Everything below runs only on resume, with the context passed on resume.
-    ctx = coerce_context(runtime.context)
-    refused = check_before_acting(before, ctx, clock=cfg.clock)
-    if refused is not None or ctx is None:
+    given = coerce_context(runtime.context)
+    if not asked:
+        refused = check_before_acting(before, given, clock=cfg.clock, given=runtime.context)
+        if refused is not None or given is None:
+            return step_writes(before, before.model_copy(update={"stop": refused}))
+    owner = await account_owner(io, account_of(before))
+    judged = judge_answerer(
+        owner or {"tenant": before.tenant_id or "", "principal": before.principal_id or ""},
+        given,
+        asked,
+        cfg.registry,
+        graph_right=cfg.approval_right,
+        graph_four_eyes=cfg.four_eyes,
+        given=runtime.context,
+    )
+    if judged.refusal is not None and asked:
+        telemetry.answer_refused(before.run_id, asked, judged.refusal)
+        return step_writes(before, before.model_copy(update={"last_error_code": judged.refusal}))
+    ctx = judged.acting
+    refused = check_before_acting(before, ctx, clock=cfg.clock, given=runtime.context)
+    if refused is not None or ctx is None or judged.answerer is None:
         return step_writes(before, before.model_copy(update={"stop": refused}))
+    answerer = judged.answerer.principal_id
     result = apply_approvals(
         before,
         answers,
@@ -76,16 +117,20 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         now=cfg.clock.now(),
         asked=asked,
         context=ctx,
+        approved_by=answerer,
     )
     remember = {c: a.remember for c, a in answers.items() if a.remember is not None}
     batch = result.batch
     if remember:
-        # Stored before the approved calls are sealed: their verdicts name the scope.
+        # Stored before the approved calls are sealed: their verdicts name the scope. Its
+        # creator is whoever answered (a lead, say), under the run's tenant (judged above).
         batch = await remember_approvals(
-            io, batch, remember, before, ctx, cfg.clock.now(), answered_by="human"
+            io, batch, remember, before, given or ctx, cfg.clock.now(), answered_by="human"
         )
     state = before.model_copy(update={"batch": batch, "fingerprints": result.fingerprints})
-    telemetry.approvals_answered(state.run_id, asked, result.batch, cfg.registry)
+    if last in ANSWER_REFUSALS:
+        state = state.model_copy(update={"last_error_code": None})
+    telemetry.approvals_answered(state.run_id, asked, result.batch, cfg.registry, by=answerer)
     manifests = []
     for entry in asked:
         now = next(e for e in result.batch if e.call_id == entry.call_id)
@@ -103,6 +148,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
                 effect=spec.effect if spec else None,
                 verdict=now.verdict.code,
                 approval="human",
+                approved_by=answerer,
             )
         )
     stopped = result.stop

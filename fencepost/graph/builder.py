@@ -24,7 +24,7 @@ from fencepost.graph.routing import (
     route_after_terminal,
     route_start,
 )
-from fencepost.graph.settings import LoopConfig, remember
+from fencepost.graph.settings import GraphConfigError, LoopConfig, remember
 from fencepost.graph.state import GraphState, InputState
 from fencepost.graph.terminal import terminal
 from fencepost.policy import (
@@ -42,14 +42,6 @@ from fencepost.policy.context import RunContext
 from fencepost.policy.denial import DENIAL_MODES, DenialMode
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import NeedsApproval
-
-
-class GraphConfigError(ValueError):
-    """``build_agent_graph`` was given a bad setting; the message names the field."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
 
 
 def build_agent_graph(
@@ -71,6 +63,8 @@ def build_agent_graph(
     denial: DenialMode = "end_run",
     approver: Approver | None = None,
     needs_approval: NeedsApproval | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool = False,
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -146,6 +140,15 @@ def build_agent_graph(
       the trusted context: ``needs_approval(ApprovalQuestion) -> bool``, sync or ``async``. One
       that raises, hangs or answers anything but a bool means the call needs approval
       (:mod:`fencepost.policy.conditional_approval`).
+    - ``approval_right`` (``None``: ``approve:<the tool's capability>``): who may answer an
+      approval besides the requester. With ``approval="interrupt"`` a resume may come from any
+      principal of the run's tenant holding this capability (a tool's own ``approval_right``
+      wins); the run keeps the requester's identity, and who answered is in the verdicts,
+      receipts (``approved_by``), manifests and spans. An answer from no context, another
+      tenant, or a principal without the right is not taken: the run keeps waiting, asking
+      again with the refusal's code, and the right person can still answer.
+    - ``four_eyes`` (``False``): refuse the requester's own answer (a tool's own ``four_eyes``
+      wins): someone else of its tenant holding the right must answer.
 
     Example::
 
@@ -196,6 +199,10 @@ def build_agent_graph(
         raise GraphConfigError(
             "needs_approval", "must be callable: needs_approval(ApprovalQuestion) -> bool"
         )
+    if approval_right is not None and (not isinstance(approval_right, str) or not approval_right):
+        raise GraphConfigError("approval_right", "must be a non-empty capability name")
+    if not isinstance(four_eyes, bool):
+        raise GraphConfigError("four_eyes", "must be True or False")
     if tokens_per_step is None:
         declared = getattr(model, "token_estimate", None)
         tokens_per_step = declared if isinstance(declared, int) and declared > 0 else 0
@@ -225,6 +232,8 @@ def build_agent_graph(
             denial=denial,
             approver=approver,
             needs_approval=needs_approval,
+            approval_right=approval_right,
+            four_eyes=four_eyes,
         ),
         twin=ledger is None,
     )

@@ -48,6 +48,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import ensure_config
 from langgraph.channels.last_value import LastValue
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -59,6 +60,12 @@ from langgraph.types import Command, Send, StateUpdate
 
 from fencepost.adapters import telemetry
 from fencepost.graph.record import FIELDS, caller_write, record_of
+from fencepost.graph.settings import (
+    NO_CHECKPOINTER,
+    SYNC_SAVER,
+    GraphConfigError,
+    settings_of,
+)
 from fencepost.graph.state import RetiredChannel, refuse_older_checkpoint
 from fencepost.policy import Phase
 from fencepost.policy.approval import UNREPRESENTABLE_ANSWER, storable_answer
@@ -344,6 +351,12 @@ class BoundedStateGraph(StateGraph[Any, Any, Any, Any]):
     def compile(
         self, checkpointer: Any = None, **kwargs: Any
     ) -> CompiledStateGraph[Any, Any, Any, Any]:
+        settings = settings_of(self)
+        if checkpointer is False and settings is not None and settings.approval == "interrupt":
+            # Checkpointing turned off, even as a subgraph: a pause could never be resumed.
+            # (``None`` is legitimate: a subgraph inherits its parent's saver, and LangGraph
+            # Server supplies one; an invoke that has none is refused then, see ``stream``.)
+            raise GraphConfigError("checkpointer", NO_CHECKPOINTER)
         twin = self.durable_twin(checkpointer) if self.durable_twin is not None else None
         if twin is not None:
             return twin.compile(checkpointer, **kwargs)
@@ -470,9 +483,23 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     ) -> Iterator[Any]:
         return telemetry.traced(self._bounded_stream(input, config, **kwargs), self, config)
 
+    def _refuse_unresumable(self, config: RunnableConfig | None) -> None:
+        """Refuse a top-level run of an ``approval="interrupt"`` graph with no checkpointer: its
+        pause could never be resumed. A graph run inside a parent graph (a checkpoint
+        namespace) is resumed by its parent's saver."""
+        settings = settings_of(self)
+        if settings is None or settings.approval != "interrupt" or self.checkpointer:
+            return
+        # A graph invoked inside a parent's node inherits the parent's config (and its saver)
+        # from the running context even when no config is passed.
+        if (ensure_config(config).get("configurable") or {}).get("checkpoint_ns"):
+            return
+        raise GraphConfigError("checkpointer", NO_CHECKPOINTER)
+
     def _bounded_stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
+        self._refuse_unresumable(config)
         self._check_thread(config)
         if isinstance(input, Command):
             why = _refusal(
@@ -500,7 +527,15 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     async def _bounded_astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        await self._acheck_thread(config)
+        self._refuse_unresumable(config)
+        try:
+            await self._acheck_thread(config)
+        except NotImplementedError:
+            # A saver with sync methods only (SqliteSaver): LangGraph's own error would name
+            # its async twin's module; the public fix is fencepost's async opener.
+            raise GraphConfigError(
+                "checkpointer", SYNC_SAVER.format(saver=type(self.checkpointer).__name__)
+            ) from None
         if isinstance(input, Command):
             why = _refusal(
                 input,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from langgraph.runtime import Runtime
+from langgraph.types import interrupt
 
 from fencepost.graph.account import (
     account_of,
@@ -37,6 +38,7 @@ from fencepost.policy import (
     error_code_for,
     stage_deadline,
 )
+from fencepost.policy.approval import approver_of, waiting_for_requester
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import (
     FinalRefused,
@@ -167,6 +169,12 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         return step_writes(before, await unverified_ending(io, state) or state)
     if state.stop is not None:
         return step_writes(before, state)
+    if approver_of(state, ctx, state.receipts):
+        # An approver's answer ran the calls it approved; the model's next step is the
+        # requester's to take, under its own capabilities: the run waits for the requester
+        # (``invoke(None, config, context=<the requester's>)``), whatever anyone else resumes.
+        while True:
+            interrupt(waiting_for_requester(state))
     refused = check_before_acting(state, ctx, clock=cfg.clock, given=runtime.context)
     refused = refused or recursion_stop(values.get("remaining_steps"), NEEDS_DECIDE)
     if refused is not None or ctx is None:

@@ -42,6 +42,7 @@ from fencepost.policy import (
     reduce_tool_events,
     stage_deadline,
 )
+from fencepost.policy.approval import acting_context
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.execution import (
@@ -239,8 +240,9 @@ async def run_batch(
 async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
     """Run only calls whose recorded verdict allows them; receipt every call of the batch."""
     cfg = io.cfg
-    ctx = coerce_context(runtime.context)
     before = require_state(values)
+    # An approver whose answer let these calls run acts for the requester, never as itself.
+    ctx = acting_context(before, coerce_context(runtime.context), cfg.registry)
     refused = check_before_acting(before, ctx, clock=cfg.clock, given=runtime.context)
     refused = refused or recursion_stop(values.get("remaining_steps"), NEEDS_EXECUTE)
     if refused is not None or ctx is None:

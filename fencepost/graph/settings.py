@@ -28,6 +28,27 @@ T = TypeVar("T")
 Update = dict[str, Any]
 
 
+class GraphConfigError(ValueError):
+    """``build_agent_graph`` was given a bad setting, or the graph was compiled or invoked in a
+    way it cannot run (an approval no checkpointer could resume, a sync saver under
+    ``ainvoke``); the message names the field and the public fix."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+NO_CHECKPOINTER = (
+    "approval='interrupt' pauses a run that only a checkpointer can resume: pass one, "
+    "fp.create_agent(..., checkpointer=...) or graph.compile(checkpointer=...)"
+)
+
+SYNC_SAVER = (
+    "{saver} has no async methods, and ainvoke/astream need them: open the checkpointer with "
+    "`async with fp.aopen_checkpointer(url) as saver` and compile with that saver"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class LoopConfig:
     """What the nodes need from the builder."""
@@ -58,6 +79,11 @@ class LoopConfig:
     """The approver policy asked first about each call that needs approval."""
     needs_approval: NeedsApproval | None = None
     """Decides per call whether it needs approval, for every tool without its own."""
+    approval_right: str | None = None
+    """The capability another principal than the requester must hold to answer an approval
+    (``None``: ``approve:<the tool's capability>``); a tool's own ``approval_right`` wins."""
+    four_eyes: bool = False
+    """Refuse the requester's own answer to its approvals (a tool's own ``four_eyes`` wins)."""
 
 
 # The settings of each built graph, found again from the graph object (never from a name a

@@ -30,6 +30,7 @@ from fencepost.policy import (
     stop_report,
     terminate,
 )
+from fencepost.policy.approval import acting_context
 from fencepost.policy.context import coerce_context
 from fencepost.policy.decide import verified_stop
 from fencepost.policy.recursion_limit import NEEDS_DECIDE
@@ -47,6 +48,9 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     account refuses every later reservation, so no state edit can reopen the run."""
     before = load_state(values)
     ctx = coerce_context(runtime.context)
+    if before is not None:
+        # An approver whose answer ended the run closes it for the requester.
+        ctx = acting_context(before, ctx, io.cfg.registry, (*before.batch, *before.receipts))
     current: AgentState
     if before is None:
         # The recursion limit left no room even for a first decision: the run still ends with a

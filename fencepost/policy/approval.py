@@ -38,11 +38,11 @@ for its very arguments (and, with a ``verdict_key``, sealed by the gate) is not 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import JsonValue, ValidationError
 
@@ -61,13 +61,14 @@ from fencepost.policy.gates import (
     gate_proposal,
     schema_problems,
 )
+from fencepost.policy.may_go_on import context_refusal
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.remembered import Remember
 from fencepost.policy.state import AgentState, StopRequest, stop
-from fencepost.policy.tool import Principal
+from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import VerdictCode, verdict_is_sealed
 
 ApprovalMode = Literal["terminate", "interrupt"]
@@ -565,11 +566,14 @@ def apply_approvals(
     now: datetime | None = None,
     asked: Sequence[BatchEntry] | None = None,
     context: RunContext | None = None,
+    approved_by: str | None = None,
 ) -> ApprovalResult:
     """Apply the answers to the waiting calls (``asked``; :func:`waiting` of the state's batch
     when not given): a rejected call is receipted ``denied`` and never runs; an approved or
     edited one passes every gate again (capability included, with the principal that answered).
-    A pending entry that was not asked about leaves the batch (:func:`unasked`)."""
+    A pending entry that was not asked about leaves the batch (:func:`unasked`).
+    ``approved_by``: the principal who answered, recorded in each answered call's verdict."""
+    answered = {"approval": "human", "approved_by": approved_by}
     counts = dict(state.fingerprints)
     changed: list[BatchEntry] = []
     rejected: list[CallOutcome] = []
@@ -580,12 +584,10 @@ def apply_approvals(
         answer = answers[entry.call_id]
         name = entry.proposal.tool_name
         if answer.decision == "reject":
-            verdict = entry.verdict.model_copy(
-                update={"code": VerdictCode.REJECTED, "approval": "human"}
-            )
+            verdict = entry.verdict.model_copy(update={"code": VerdictCode.REJECTED, **answered})
             changed.append(entry.with_verdict(verdict))
             effect = registry.get(name).effect if name in registry else None
-            rejected.append(_rejection(entry, effect))
+            rejected.append(_rejection(entry, effect, approved_by))
             continue
         proposal = entry.proposal
         if answer.decision == "edit":
@@ -608,7 +610,7 @@ def apply_approvals(
             counts=counts,
             now=now,
             context=context,
-        ).model_copy(update={"approval": "human"})
+        ).model_copy(update=answered)
         if verdict.allowed:
             key = repeat_key(verdict.fingerprint, state)
             counts[key] = counts.get(key, 0) + 1
@@ -623,7 +625,7 @@ def apply_approvals(
     )
 
 
-def _rejection(entry: BatchEntry, effect: Effect | None) -> CallOutcome:
+def _rejection(entry: BatchEntry, effect: Effect | None, approved_by: str | None) -> CallOutcome:
     return CallOutcome(
         event=ToolFailed(
             call_id=entry.call_id,
@@ -634,5 +636,207 @@ def _rejection(entry: BatchEntry, effect: Effect | None) -> CallOutcome:
         attempts=0,
         effect=effect,
         approval="human",
+        approved_by=approved_by,
         rule=VerdictCode.REJECTED.value,
     )
+
+
+# -- who may answer ------------------------------------------------------------------------------
+
+AnswerRefusal = Literal[
+    "missing_context",
+    "invalid_context",
+    "wrong_tenant",
+    "approval_right_missing",
+    "own_approval_refused",
+]
+"""Why an answer was not taken from the one who gave it. The run stays paused, nothing of the
+answer is written, and the right person can still answer."""
+
+ANSWER_REFUSALS: frozenset[str] = frozenset(get_args(AnswerRefusal))
+
+APPROVE_PREFIX = "approve:"
+"""The default approval right of a tool is this prefix and the tool's capability."""
+
+
+def approval_right(spec: ToolSpec, *, graph_right: str | None = None) -> str:
+    """The capability a principal other than the requester must hold to answer ``spec``'s
+    approval: the tool's own ``approval_right``, else the graph's, else
+    ``approve:<capability>``."""
+    return spec.approval_right or graph_right or APPROVE_PREFIX + spec.capability
+
+
+def needs_four_eyes(spec: ToolSpec, *, graph_four_eyes: bool = False) -> bool:
+    """Whether the requester's own answer to ``spec``'s approval is refused: the tool's own
+    ``four_eyes`` when it sets one, else the graph's."""
+    return graph_four_eyes if spec.four_eyes is None else spec.four_eyes
+
+
+class Answerer(Frozen):
+    """Who answered a run's approval: recorded in the verdicts, receipts, manifests and spans."""
+
+    principal_id: str
+    requester: bool
+    """Whether the requester answered its own call (``False``: an approver of its tenant)."""
+
+
+def may_answer(
+    run_owner: Mapping[str, str],
+    answerer: RunContext | None,
+    rights: Iterable[str],
+    *,
+    four_eyes: bool = False,
+    given: object = None,
+) -> AnswerRefusal | None:
+    """Whether the principal in ``answerer`` may answer a run's waiting calls (``None``) or why
+    not. ``run_owner`` is the identity the run's ledger account records (``{"tenant": ...,
+    "principal": ...}``, never state, which any update rewrites); ``rights`` the approval right
+    of each waiting call (:func:`approval_right`); ``given`` the context as it was passed.
+
+    The requester may answer its own calls, unless ``four_eyes``; any other principal of the
+    run's tenant may answer when it holds every right. A missing or malformed context, another
+    tenant's, or a principal without the right is refused, and so is the requester's own
+    answer under four-eyes: the answer is not taken and the run keeps waiting.
+    """
+    if answerer is None:
+        return (
+            "invalid_context" if context_refusal(given) == "invalid_context" else "missing_context"
+        )
+    if answerer.tenant_id != run_owner.get("tenant"):
+        return "wrong_tenant"
+    if answerer.principal.id == run_owner.get("principal"):
+        return "own_approval_refused" if four_eyes else None
+    if all(answerer.principal.has(right) for right in rights):
+        return None
+    return "approval_right_missing"
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerJudgement:
+    """The approve node's plan for who answered: the refusal that keeps the run waiting, or
+    the answerer and the context the run goes on with (the requester's identity)."""
+
+    refusal: AnswerRefusal | None
+    answerer: Answerer | None = None
+    acting: RunContext | None = None
+    """The context the approval acts in: the caller's own when the requester answered; for an
+    approver, the caller's with the requester's identity (the run's identity never becomes the
+    approver's), holding the capabilities of the waiting calls only (the gate found the
+    requester held them when it asked)."""
+
+
+def judge_answerer(
+    run_owner: Mapping[str, str],
+    answerer: RunContext | None,
+    entries: Sequence[BatchEntry],
+    registry: ToolRegistry,
+    *,
+    graph_right: str | None = None,
+    graph_four_eyes: bool = False,
+    given: object = None,
+) -> AnswerJudgement:
+    """Who answered the waiting ``entries`` and whether the answer is taken
+    (:func:`may_answer`), with the rights and four-eyes each waiting call's tool names."""
+    specs = [
+        registry.get(e.proposal.tool_name) for e in entries if e.proposal.tool_name in registry
+    ]
+    refusal = may_answer(
+        run_owner,
+        answerer,
+        [approval_right(s, graph_right=graph_right) for s in specs],
+        four_eyes=any(needs_four_eyes(s, graph_four_eyes=graph_four_eyes) for s in specs),
+        given=given,
+    )
+    if refusal is not None or answerer is None:
+        return AnswerJudgement(refusal=refusal or "missing_context")
+    requester = run_owner.get("principal", answerer.principal.id)
+    own = answerer.principal.id == requester
+    acting = answerer if own else as_requester(answerer, requester, (s.capability for s in specs))
+    return AnswerJudgement(
+        refusal=None,
+        answerer=Answerer(principal_id=answerer.principal.id, requester=own),
+        acting=acting,
+    )
+
+
+def as_requester(ctx: RunContext, requester: str, capabilities: Iterable[str]) -> RunContext:
+    """``ctx`` acting for the run's ``requester``: its principal replaced by the requester
+    holding ``capabilities`` only (the approver's own rights never act for the run). The
+    deadline, app data and injected dependencies stay the caller's (the application's)."""
+    principal = Principal(id=requester, capabilities=frozenset(capabilities))
+    return ctx.model_copy(update={"principal": principal})
+
+
+class AnswerRefused(Frozen):
+    """Why the last answer was not taken from whoever gave it; sent with the next approval
+    request (the run kept waiting, nothing of the answer was written)."""
+
+    code: AnswerRefusal
+    rights: tuple[str, ...] = ()
+    """The approval right a principal other than the requester must hold for each waiting
+    call."""
+    four_eyes: bool = False
+    """Whether the requester's own answer is refused."""
+
+
+def answer_refused(
+    code: AnswerRefusal,
+    entries: Sequence[BatchEntry],
+    registry: ToolRegistry,
+    *,
+    graph_right: str | None = None,
+    graph_four_eyes: bool = False,
+) -> AnswerRefused:
+    """The refusal shown with the next approval request: its code, and who may answer."""
+    specs = [
+        registry.get(e.proposal.tool_name) for e in entries if e.proposal.tool_name in registry
+    ]
+    return AnswerRefused(
+        code=code,
+        rights=tuple(dict.fromkeys(approval_right(s, graph_right=graph_right) for s in specs)),
+        four_eyes=any(needs_four_eyes(s, graph_four_eyes=graph_four_eyes) for s in specs),
+    )
+
+
+def acting_context(
+    state: AgentState,
+    ctx: RunContext | None,
+    registry: ToolRegistry,
+    answered: Iterable[Any] | None = None,
+) -> RunContext | None:
+    """The context a node acts in: ``ctx``, or, when ``ctx`` is an approver of the run's
+    tenant whose answer the current batch records (``approved_by``), ``ctx`` acting for the
+    requester (:func:`as_requester`) with the capabilities of the batch's allowed calls only
+    (the gate judged them under the requester's). Anyone else's context is returned as it is,
+    and refused by :func:`~fencepost.policy.may_go_on.check_before_acting`; the run's account
+    owner is checked at every reservation, whatever state says. ``answered``: where the
+    answer is looked for (the batch, by default; the terminal node also reads receipts)."""
+    if answered is None:
+        answered = state.batch
+    if ctx is None or state.principal_id is None or not approver_of(state, ctx, answered):
+        return ctx
+    names = {e.proposal.tool_name for e in state.batch if e.verdict.allowed}
+    capabilities = (registry.get(n).capability for n in names if n in registry)
+    return as_requester(ctx, state.principal_id, capabilities)
+
+
+def approver_of(state: AgentState, ctx: RunContext | None, answered: Iterable[Any]) -> bool:
+    """Whether ``ctx`` is another principal of the run's tenant than the requester who answered
+    one of ``answered`` (batch entries' verdicts or receipts recording ``approved_by``)."""
+    if ctx is None or ctx.tenant_id != state.tenant_id or ctx.principal.id == state.principal_id:
+        return False
+    for item in answered:
+        record = getattr(item, "verdict", item)
+        if getattr(record, "approved_by", None) == ctx.principal.id:
+            return True
+    return False
+
+
+def waiting_for_requester(state: AgentState) -> dict[str, Any]:
+    """What a run shows while it waits for its requester: an approver's answer ran the calls
+    it approved, and the model's next step is the requester's own to take."""
+    return {
+        "fencepost": "waiting_for_requester",
+        "run_id": state.run_id,
+        "requester": state.principal_id,
+    }

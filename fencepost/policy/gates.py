@@ -471,6 +471,7 @@ def gate_with_findings(
                 "approval": None,
                 "scope_id": None,
                 "missing_capability": missing,
+                "approved_by": None,
             },
         )
 

@@ -32,7 +32,8 @@ HINTS: dict[str, str] = {
         "create_agent / build_agent_graph"
     ),
     "missing_context": (
-        "no trusted context was given: invoke with context=fp.RunContext(tenant_id=..., "
+        "no trusted context was given, so this run ended (resuming it returns the same ending): "
+        "send new input, or start a new thread, with context=fp.RunContext(tenant_id=..., "
         "principal=fp.Principal(id=..., capabilities={...}))"
     ),
     "invalid_context": (
@@ -41,8 +42,9 @@ HINTS: dict[str, str] = {
         "injected dependencies are never sent as JSON: pass fp.RunContext(injected=...) in-process"
     ),
     "context_mismatch": (
-        "this run was started for another tenant or principal: resume it with the same "
-        "fp.RunContext it started with"
+        "this run was started for another tenant or principal, so it ended (resuming it "
+        "returns the same ending): start a new run with your own fp.RunContext; a paused "
+        "approval may be answered by another principal of its tenant holding approve:<capability>"
     ),
     "script_exhausted": (
         "the ScriptedDecisionModel ran out of entries before the run ended: add entries, or "
@@ -57,7 +59,8 @@ HINTS: dict[str, str] = {
     ),
     "approval_pending": (
         'the run waits for a human: resume it with Command(resume="approve") or "reject" '
-        "(or an edit), passing the same context"
+        "(or an edit), passing the requester's context or that of a principal of its tenant "
+        "holding approve:<the tool's capability>"
     ),
     "schema_violation": (
         "the model's tool call did not match the tool's argument schema and no repair was "

@@ -47,6 +47,8 @@ class StepManifest(Frozen):
     approval: Literal["approver", "human"] | None = None
     """Who answered this call's approval, on the record of the answer: the approver policy or
     a human."""
+    approved_by: str | None = None
+    """With ``approval="human"``: the id of the principal who answered."""
 
 
 def verdict_outcome(code: VerdictCode) -> Outcome:

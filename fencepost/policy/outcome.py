@@ -72,6 +72,8 @@ class CallOutcome(Frozen):
     """Who answered the call's approval (see ``Receipt.approval``)."""
     scope_id: str | None = None
     """The remembered approval scope that approved it (see ``Receipt.scope_id``)."""
+    approved_by: str | None = None
+    """The principal who answered it (see ``Receipt.approved_by``)."""
     rule: str | None = None
     """With a denial: the safe code of what denied it (see ``Receipt.rule``)."""
     code: Annotated[ErrorCode | None, Strict(False)] = None
@@ -111,6 +113,7 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
         task_id=outcome.task_id,
         approval=outcome.approval,
         scope_id=outcome.scope_id,
+        approved_by=outcome.approved_by,
         rule=outcome.rule,
         missing_capability=outcome.missing_capability,
     )
@@ -121,13 +124,15 @@ def with_approvers(
 ) -> list[CallOutcome]:
     """``outcomes`` with who answered each call's approval, as its verdict in ``batch`` says
     (the executor's outcomes know what ran, the verdicts who let it)."""
-    by_id = {
-        e.call_id: (e.verdict.approval, e.verdict.scope_id)
-        for e in batch
-        if e.verdict.approval is not None
-    }
+    by_id = {e.call_id: e.verdict for e in batch if e.verdict.approval is not None}
     return [
-        o.model_copy(update={"approval": by_id[o.call_id][0], "scope_id": by_id[o.call_id][1]})
+        o.model_copy(
+            update={
+                "approval": by_id[o.call_id].approval,
+                "approved_by": by_id[o.call_id].approved_by,
+                "scope_id": by_id[o.call_id].scope_id,
+            }
+        )
         if o.approval is None and o.call_id in by_id
         else o
         for o in outcomes

@@ -48,6 +48,9 @@ class Receipt(Frozen):
     scope_id: str | None = None
     """The remembered approval scope that approved the call (or that its "approve always"
     answer created): see :mod:`fencepost.policy.remembered` and ``fencepost approvals``."""
+    approved_by: str | None = None
+    """With ``approval="human"``: the id of the principal who answered (the requester, or an
+    approver of the run's tenant holding the approval right)."""
     rule: str | None = None
     """With ``denied``: the safe code of what denied the call — the gate's verdict code
     (``capability_denied``), a semantic rule's name (``unknown_payee``) or the approver's own

@@ -108,6 +108,11 @@ class ReportedCall(Frozen):
     missing_capability: str | None = None
     """For a call refused for a capability: the one the principal lacks (the registered tool's,
     from trusted configuration) — what to grant for it to run."""
+    approval: Literal["approver", "human"] | None = None
+    """Who answered the call's approval: the approver policy or a human (``None``: none)."""
+    approved_by: str | None = None
+    """With a human's answer: the id of the principal who gave it (the requester, or an
+    approver of its tenant)."""
 
 
 class Waiting(Frozen):
@@ -221,6 +226,8 @@ def _reported(receipt: Receipt) -> ReportedCall:
         tool_name=receipt.tool_name,
         error_code=receipt.error_code,
         effect=receipt.effect,
+        approval=receipt.approval,
+        approved_by=receipt.approved_by,
         missing_capability=receipt.missing_capability,
     )
 
@@ -354,6 +361,8 @@ def call_rows(report: StopReport) -> list[Row]:
             joined = tuple(
                 (("· " if i else "") + text, style) for i, (text, style) in enumerate(code)
             )
+            if call.approved_by is not None:
+                joined += (("· approved by " + call.approved_by, "dim"),)
             rows.append(("" if n else label, ((call.call_id, ""), (call.tool_name, ""), *joined)))
     return rows
 

@@ -211,6 +211,14 @@ class ToolSpec(BaseModel):
     """This tool's own repeat limit: how often the same call (same arguments, same last
     result) may be allowed before the run ends ``no_progress``. ``None``: the graph's
     ``repeat_limit``. Three equal transfers may be legitimate (``repeat_limit=3``)."""
+    approval_right: Annotated[str | None, Field(min_length=1)] = None
+    """The capability a principal other than the requester must hold to answer this tool's
+    approval. ``None``: the graph's ``approval_right``, else ``approve:<capability>``
+    (``approve:notes:write`` for a ``notes:write`` tool)."""
+    four_eyes: bool | None = None
+    """``True``: the requester's own answer to this tool's approval is refused (someone else
+    of the run's tenant holding the approval right must answer). ``None``: the graph's
+    ``four_eyes``."""
 
     @model_validator(mode="before")
     @classmethod

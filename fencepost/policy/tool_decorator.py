@@ -86,6 +86,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> ToolSpec: ...
@@ -106,6 +108,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
@@ -125,6 +129,8 @@ def tool(
     progress_predicate: ProgressPredicate | None = None,
     allow_empty_query: bool = False,
     repeat_limit: int | None = None,
+    approval_right: str | None = None,
+    four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> Any:
@@ -137,7 +143,7 @@ def tool(
     with a DeprecationWarning until the next release). ``name`` defaults to the function's name
     and ``description`` to its docstring (without its ``Args:`` section, whose lines become the
     fields' descriptions). ``idempotent``, ``semantic_validator``, ``progress_predicate``,
-    ``allow_empty_query``, ``repeat_limit`` and ``needs_approval`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
+    ``allow_empty_query``, ``repeat_limit``, ``needs_approval``, ``approval_right`` and ``four_eyes`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
     ``tool_spec`` take.
 
     ``tool(fn, effect=..., capability=...)`` (the function given directly) is the same as the
@@ -200,6 +206,8 @@ def tool(
                 allow_empty_query=allow_empty_query,
                 repeat_limit=repeat_limit,
                 needs_approval=needs_approval,
+                approval_right=approval_right,
+                four_eyes=four_eyes,
             )
         except ValidationError as exc:
             # A keyword of the decorator out of range (timeout_seconds=0, repeat_limit=0):

@@ -70,6 +70,9 @@ class Verdict(Frozen):
     """With ``capability_denied``: the capability the trusted principal lacks (the registered
     tool's, from trusted configuration). Named to the operator — the stop report, the log, the
     span — and never to the model, whose observation keeps the safe code only."""
+    approved_by: str | None = None
+    """With ``approval="human"``: the id of the principal whose answer this is (the requester,
+    or another principal of the run's tenant holding the approval right). Sealed too."""
 
     @property
     def allowed(self) -> bool:
@@ -89,6 +92,8 @@ def _mac(key: bytes, run_id: str, verdict: Verdict) -> str:
         parts.append("approval:" + verdict.approval)
     if verdict.scope_id is not None:
         parts.append("scope:" + verdict.scope_id)
+    if verdict.approved_by is not None:
+        parts.append("approved_by:" + verdict.approved_by)
     if verdict.code is VerdictCode.APPROVAL_PENDING:
         # Its own message: a pending verdict's seal never passes for an allowed one's.
         parts.append(VerdictCode.APPROVAL_PENDING.value)

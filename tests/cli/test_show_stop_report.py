@@ -65,7 +65,10 @@ def test_show_reports_an_accepted_upload_as_pending_when_the_budget_stops_the_ru
     assert "stopped" in block and "tool_calls_exhausted" in block
     rows = [line.split() for line in block.splitlines()]
     assert ["completed", "call-0002", "search_logs"] in rows
-    assert ["pending", "call-0001", "upload_postmortem", "write"] in rows
+    # Who answered its approval is on its row.
+    assert ["pending", "call-0001", "upload_postmortem", "write", "·", "approved", "by"] in [
+        r[:7] for r in rows
+    ]
     assert ["never", "started", "call-0003", "upload_status", "budget_exhausted"] in rows
     # Stopping is not undoing: the accepted upload is an effect under way.
     assert "effects made call-0001" in block

@@ -376,6 +376,8 @@ def test_an_approval_pause_and_its_resume_are_two_agent_spans_of_one_conversatio
         "gen_ai.tool.name": "write_note",
         "gen_ai.tool.call.id": "call-0001",
         "fencepost.verdict": "allowed" if answer == "approve" else "rejected",
+        "fencepost.approval.kind": "human",
+        "fencepost.approval.by": "u-1",
     }
     tools = by_name(found, "execute_tool")
     if answer == "approve":

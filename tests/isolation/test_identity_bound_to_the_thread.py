@@ -95,10 +95,14 @@ def test_a_state_update_cannot_rebind_a_paused_write_to_another_tenant(key: byte
     )
     update = {"run": {"tenant_id": "other-tenant", "principal_id": "intruder"}}
     out = h.graph.invoke(Command(update=update, resume="approve"), config, context=intruder)
-    state = fp.run_output(out)
     assert h.calls.count("write_note") == 0
-    assert state.termination is fp.TerminationReason.POLICY_DENIED
-    assert state.last_error_code == "context_mismatch"
+    # The ledger's owner, not the rewritten state, says whose run it is: not taken.
+    assert out["__interrupt__"][0].value["error"]["code"] == "wrong_tenant"
+    assert fp.run_output(out).termination is None
+    # The owner can still answer; the run is the owner's again only if state says so too.
+    out = h.graph.invoke(Command(resume="approve"), config, context=owner)
+    assert h.calls.count("write_note") == 0
+    assert fp.run_output(out).termination is fp.TerminationReason.POLICY_DENIED
 
 
 INTRUDER = fp.RunContext(
@@ -118,7 +122,7 @@ def test_rebinding_a_paused_write_by_renaming_the_run_is_refused_on_the_default_
     h.graph.invoke(fp.start("q", budget()), config, context=context())
     out = h.graph.invoke(Command(update=REBIND, resume="approve"), config, context=INTRUDER)
     assert h.calls.count("write_note") == 0
-    assert fp.run_output(out).termination is fp.TerminationReason.POLICY_DENIED
+    assert out["__interrupt__"][0].value["error"]["code"] == "wrong_tenant"
 
 
 def _rebind_paused_write(**build: Any) -> tuple[Any, fp.AgentState]:
@@ -134,7 +138,7 @@ def test_rebinding_a_paused_write_by_renaming_the_run_is_refused_with_a_durable_
 ) -> None:
     h, state = _rebind_paused_write(ledger=SqliteLedger(str(tmp_path / "ledger.db")))
     assert h.calls.count("write_note") == 0
-    assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert state.termination is None and state.last_error_code == "wrong_tenant"
 
 
 def test_with_a_verdict_key_renaming_the_run_cannot_rebind_a_paused_write() -> None:
