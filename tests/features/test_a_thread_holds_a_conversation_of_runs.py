@@ -222,7 +222,7 @@ def test_cli_runs_lists_both_runs_and_show_takes_either_id(
     assert runs[first.run_id]["thread_id"] == runs[second.run_id]["thread_id"]
     shown = CliRunner().invoke(app, ["show", first.run_id, "--db", db, "--json"])
     assert shown.exit_code == 0, shown.output
-    assert json.loads(shown.output)["run_id"] == first.run_id
+    assert json.loads(shown.output)["run"]["run_id"] == first.run_id
     thread_id = config["configurable"]["thread_id"]
     latest = CliRunner().invoke(app, ["show", thread_id, "--db", db, "--json"])
-    assert json.loads(latest.output)["run_id"] == second.run_id
+    assert json.loads(latest.output)["run"]["run_id"] == second.run_id
