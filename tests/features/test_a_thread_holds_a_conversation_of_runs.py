@@ -25,7 +25,9 @@ from typer.testing import CliRunner
 import fencepost as fp
 from fencepost.cli import app
 from fencepost.policy.budget import default_budget
-from tests.graph.kit import ABSTAIN, budget, call, context, final_citing_last, harness, thread
+from fencepost.policy.turns import TURN_WINDOW, Turn, shown_turns
+from tests.adapters import fakes
+from tests.graph.kit import budget, call, context, final_citing_last, harness, thread
 
 
 @pytest.fixture
@@ -40,6 +42,12 @@ def store(tmp_path: Path) -> Iterator[tuple[SqliteSaver, Path]]:
 def count_checkpoints(path: Path) -> int:
     with sqlite3.connect(path) as conn:
         return int(conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0])
+
+
+@fp.tool(effect="read", capability="logs:read")
+def search_logs(query: str) -> dict[str, Any]:
+    """Search the service logs."""
+    return {"hits": [f"500 on /checkout ({query})"]}
 
 
 def final(text: str) -> Any:
@@ -142,15 +150,14 @@ def test_a_citation_in_a_later_run_must_name_a_call_of_that_run() -> None:
     cite_first_run = fp.FinalProposal(
         answer=fp.AnswerPayload(text="deploy 42, as before", citations=("call-0001",))
     )
-    h = harness(
-        [call(n=1), final_citing_last, cite_first_run, ABSTAIN], checkpointer=InMemorySaver()
-    )
+    h = harness([call(n=1), final_citing_last, cite_first_run], checkpointer=InMemorySaver())
     config = thread()
     assert h.run(config=config).termination is fp.TerminationReason.COMPLETED
     second = fp.run_output(
         h.graph.invoke({"messages": [HumanMessage("so?")]}, config, context=context())
     )
-    assert second.termination is not fp.TerminationReason.COMPLETED
+    assert second.termination is fp.TerminationReason.INVALID_PROPOSAL
+    assert second.last_error_code == "unsupported_citation"
     assert second.final_answer is None
 
 
@@ -226,3 +233,73 @@ def test_cli_runs_lists_both_runs_and_show_takes_either_id(
     thread_id = config["configurable"]["thread_id"]
     latest = CliRunner().invoke(app, ["show", thread_id, "--db", db, "--json"])
     assert json.loads(latest.output)["run"]["run_id"] == second.run_id
+
+
+def _conversation_block(messages: list[Any]) -> dict[str, Any] | None:
+    for m in messages:
+        if isinstance(m, HumanMessage) and "fencepost_conversation" in str(m.content):
+            text = str(m.content)
+            block: dict[str, Any] = json.loads(text[text.index("{") : text.rindex("}") + 1])
+            return block["fencepost_conversation"]
+    return None
+
+
+def test_a_chat_model_is_shown_the_earlier_turns_as_a_data_block_before_the_question() -> None:
+    chat = fakes.fake_model(
+        [
+            fakes.ai_call("search_logs", {"query": "checkout"}, "call-0001"),
+            fakes.final_citing_all,
+            fakes.ai_final("roll back deploy 42", ["call-0001"]),
+        ]
+    )
+    agent = fp.create_agent(chat, [search_logs], checkpointer=InMemorySaver())
+    config = fakes.thread()
+    user = fakes.ctx()
+    agent.invoke({"messages": [HumanMessage("why is checkout failing?")]}, config, context=user)
+    assert _conversation_block(chat.received[0]) is None
+    second = fp.run_output(
+        agent.invoke({"messages": [HumanMessage("what now?")]}, config, context=user)
+    )
+    shown = chat.received[2]
+    block = _conversation_block(shown)
+    assert block is not None
+    assert [(t["question"], t["answer"]) for t in block["earlier_turns"]] == [
+        ("why is checkout failing?", "deploy 42 broke checkout")
+    ]
+    assert "fencepost_notice" not in block
+    # The earlier run's tool result is not shown, and citing it is no evidence for this run.
+    assert not any(isinstance(m, ToolMessage) for m in shown)
+    assert [type(m).__name__ for m in shown][-1] == "HumanMessage"
+    assert shown[-1].content == "what now?"
+    assert second.termination is fp.TerminationReason.INVALID_PROPOSAL
+    assert second.last_error_code == "unsupported_citation"
+
+
+def test_turns_past_the_window_are_left_out_with_a_notice() -> None:
+    turns = tuple(
+        Turn(
+            run_id=f"run-{n}",
+            question=f"q{n}",
+            budget=budget(),
+            final_answer=fp.AnswerPayload(text=f"a{n}"),
+            termination=fp.TerminationReason.COMPLETED,
+        )
+        for n in range(TURN_WINDOW + 3)
+    )
+    shown, left_out = shown_turns(turns)
+    assert left_out == 3
+    assert [t.question for t in shown] == [f"q{n}" for n in range(3, TURN_WINDOW + 3)]
+    inp = fp.DecisionInput(
+        run_id="run-x",
+        question="q",
+        observations=(),
+        catalog=(),
+        budget=budget(),
+        step=1,
+        turns=shown,
+        turns_left_out=left_out,
+    )
+    block = _conversation_block(fp.ChatModelDecider(fakes.fake_model([])).messages(inp))
+    assert block is not None
+    assert block["fencepost_notice"] == {"earlier_turns_not_shown": 3}
+    assert len(block["earlier_turns"]) == TURN_WINDOW
