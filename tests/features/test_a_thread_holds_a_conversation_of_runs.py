@@ -224,13 +224,16 @@ def test_cli_runs_lists_both_runs_and_show_takes_either_id(
     listed = CliRunner().invoke(app, ["runs", "--db", db, "--json"])
     assert listed.exit_code == 0, listed.output
     rows = json.loads(listed.output)
-    runs = {r["run_id"]: r for r in rows}
-    assert {first.run_id, second.run_id} <= set(runs)
-    assert runs[first.run_id]["thread_id"] == runs[second.run_id]["thread_id"]
+    thread_id = config["configurable"]["thread_id"]
+    # Both runs of the thread, newest first, each with its own ending.
+    assert [(r["run_id"], r["status"]) for r in rows if r["thread_id"] == thread_id] == [
+        (second.run_id, "completed"),
+        (first.run_id, "completed"),
+    ]
+    assert first.run_id != second.run_id
     shown = CliRunner().invoke(app, ["show", first.run_id, "--db", db, "--json"])
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.output)["run"]["run_id"] == first.run_id
-    thread_id = config["configurable"]["thread_id"]
     latest = CliRunner().invoke(app, ["show", thread_id, "--db", db, "--json"])
     assert json.loads(latest.output)["run"]["run_id"] == second.run_id
 
