@@ -47,6 +47,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from langchain_core.messages import convert_to_messages
 from langchain_core.runnables import RunnableConfig
 from langgraph.channels.last_value import LastValue
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
@@ -337,20 +338,51 @@ def _turn_input(input: dict[str, Any], values: Mapping[str, Any], thread: str, p
     """An ``invoke`` input (a map, already checked) on a thread whose latest state is ``values``:
     on a thread whose run ended, one that asks a question starts the next run (``turn`` names the
     ended run; a ``messages`` input also clears the ended run's start request, so its question is
-    the new message's); on a thread whose run has not ended, :class:`RunInProgress`. A caller's
-    own ``turn`` is never taken."""
+    the new message's; a start request naming a run the thread already holds is that start sent
+    again, and starts nothing); on a thread whose run has not ended, :class:`RunInProgress`. A
+    caller's own ``turn`` is never taken."""
     given = {k: v for k, v in input.items() if k != "turn"}
     record = record_of(values)
     if not run_started(record):
         return given
     run_id = str(record.get("run_id"))
+    request = given.get("request")
+    if request is not None and _named_run(request) in _run_ids(record):
+        # The same start sent again (a retry): that run, not a new one; one still going
+        # continues, as it would from ``invoke(None)``.
+        return given
     if record.get("phase") != Phase.TERMINAL.value:
         raise RunInProgress(thread, run_id, paused=paused)
-    if given.get("request") is None:
-        if request_from(given, required=False) is None:
+    if request is None:
+        if not _asks(given.get("messages")):
             return given  # no question: nothing to start (as an update of the messages)
         given["request"] = None
     return {**given, "turn": run_id}
+
+
+def _asks(messages: Any) -> bool:
+    """Whether a ``messages`` input holds a human message with a question, in any form LangGraph
+    takes (a message, a ``{"role": "user", ...}`` map, a ``("user", text)`` pair, a string)."""
+    given = messages if isinstance(messages, list) else [messages]
+    try:
+        converted = convert_to_messages(given) if messages is not None else []
+    except Exception:
+        return False  # no message: the conversation drops it too
+    return request_from({"messages": converted}, required=False) is not None
+
+
+def _named_run(request: Any) -> str | None:
+    """The run id a start request names (None where it names none)."""
+    named = request.get("run_id") if isinstance(request, Mapping) else None
+    named = getattr(request, "run_id", None) if named is None else named
+    return named if isinstance(named, str) else None
+
+
+def _run_ids(record: Mapping[str, Any]) -> set[Any]:
+    """The run ids a thread's record holds: its latest run's and each earlier turn's."""
+    turns = record.get("turns")
+    earlier = [t.get("run_id") for t in turns if isinstance(t, Mapping)] if turns else []
+    return {record.get("run_id"), *earlier} - {None}
 
 
 def _thread_head(config: RunnableConfig | None) -> RunnableConfig:

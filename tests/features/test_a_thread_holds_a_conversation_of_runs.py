@@ -70,9 +70,12 @@ def two_turns(saver: Any) -> tuple[Any, dict[str, Any], fp.AgentState, fp.AgentS
             {"messages": [HumanMessage("why is checkout failing?")]}, config, context=context()
         )
     )
+    # The second message as a chat UI sends it: a role/content map.
     second = fp.run_output(
         h.graph.invoke(
-            {"messages": [HumanMessage("what should we do?")]}, config, context=context()
+            {"messages": [{"role": "user", "content": "what should we do?"}]},
+            config,
+            context=context(),
         )
     )
     return h, config, first, second
@@ -306,3 +309,14 @@ def test_turns_past_the_window_are_left_out_with_a_notice() -> None:
     assert block is not None
     assert block["fencepost_notice"] == {"earlier_turns_not_shown": 3}
     assert len(block["earlier_turns"]) == TURN_WINDOW
+
+
+def test_the_same_start_sent_again_is_that_run_not_a_new_one() -> None:
+    h = harness([call(n=1), final_citing_last], checkpointer=InMemorySaver())
+    config = thread()
+    given = fp.start("why is checkout failing?", budget(), run_id="run-checkout-1")
+    first = fp.run_output(h.graph.invoke(given, config, context=context()))
+    again = fp.run_output(h.graph.invoke(given, config, context=context()))
+    assert again == first
+    assert again.turns == ()
+    assert h.calls.count("search_logs") == 1
