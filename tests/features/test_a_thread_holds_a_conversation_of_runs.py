@@ -320,3 +320,42 @@ def test_the_same_start_sent_again_is_that_run_not_a_new_one() -> None:
     assert again == first
     assert again.turns == ()
     assert h.calls.count("search_logs") == 1
+
+
+@pytest.mark.parametrize("saver", ["memory", "sqlite"])
+def test_a_later_run_pauses_for_approval_resumes_once_and_cancels_on_its_own_account(
+    saver: str, store: tuple[SqliteSaver, Path]
+) -> None:
+    h = harness(
+        [
+            call(n=1),
+            final_citing_last,
+            call("write_note", n=2, note="roll back"),
+            final_citing_last,
+            call("write_note", n=3, note="page oncall"),
+        ],
+        checkpointer=InMemorySaver() if saver == "memory" else store[0],
+        approval="interrupt",
+    )
+    config = thread()
+    first = h.run(config=config)
+    h.graph.invoke({"messages": [HumanMessage("note it")]}, config, context=context())
+    assert h.graph.get_state(config).next == ("approve",)
+    paused = fp.run_output(h.graph.get_state(config).values)
+    assert paused.run_id != first.run_id and paused.report is not None
+    out = h.graph.invoke(Command(resume="approve"), config, context=context())
+    second = fp.run_output(out)
+    assert second.termination is fp.TerminationReason.COMPLETED
+    assert [r.call_id for r in second.receipts] == ["call-0002"]
+    assert h.calls.count("write_note") == 1
+    # A third run, paused, then cancelled: it ends cancelled, the earlier two keep their endings.
+    h.graph.invoke({"messages": [HumanMessage("page them")]}, config, context=context())
+    cancelled = fp.cancel(h.graph, config, context=context())
+    assert cancelled is not None and cancelled.termination is fp.TerminationReason.CANCELLED
+    assert [t.termination for t in cancelled.turns] == [
+        fp.TerminationReason.COMPLETED,
+        fp.TerminationReason.COMPLETED,
+    ]
+    assert h.calls.count("write_note") == 1
+    out = h.graph.invoke(None, config, context=context())
+    assert fp.run_output(out).termination is fp.TerminationReason.CANCELLED
