@@ -85,7 +85,7 @@ def started_run_id() -> str | None:
 def account_of(state: AgentState) -> str:
     """The ledger account of the run in ``state`` on this node's thread (and namespace)."""
     thread, namespace = _thread()
-    return run_account(thread, state.run_id, namespace)
+    return run_account(thread, state.run_id, namespace, len(state.turns))
 
 
 async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopRequest | AgentState:

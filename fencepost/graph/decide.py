@@ -22,7 +22,7 @@ from fencepost.graph.endings import unverified_ending
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import LoopConfig, Update
-from fencepost.graph.state import load_state, new_run_state, request_from
+from fencepost.graph.state import follows_input, load_state, new_run_state, request_from
 from fencepost.graph.trace import manifest, recorded
 from fencepost.graph.writes import step_writes
 from fencepost.policy import (
@@ -61,6 +61,7 @@ from fencepost.policy.reservations import (
     step_hold,
     stop_for_exceeded,
 )
+from fencepost.policy.turns import shown_turns
 from fencepost.policy.usage import UsageKind, UsageReport, reply_size, step_settlement, usage_report
 
 
@@ -75,7 +76,9 @@ async def step_estimate(io: NodeIO, state: AgentState, ctx: RunContext) -> int:
 
 
 def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
-    """What the model is shown: the question, the observations as data, the tool catalog."""
+    """What the model is shown: the question, the observations as data, the tool catalog, and
+    the thread's earlier turns (question and answer) within a window."""
+    shown = shown_turns(state.turns)
     return DecisionInput.model_construct(
         run_id=state.run_id,
         question=state.question,
@@ -88,6 +91,8 @@ def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
         final_turn=final_turn(state.budget.steps_remaining, cfg.answer_margin),
         repair=state.repair_notes,
         answered=state.answered,
+        turns=shown[0],
+        turns_left_out=shown[1],
     )
 
 
@@ -155,8 +160,11 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     cfg = io.cfg
     ctx = coerce_context(runtime.context)
     before = load_state(values)
-    if before is None:
-        state = new_run_state(request_from(values, run_id=started_run_id()), ctx)
+    ended = before if before is not None and follows_input(before, values) else None
+    if before is None or ended is not None:
+        # A thread's first run, or its next one after new input (the ended run kept as a turn).
+        state = new_run_state(request_from(values, run_id=started_run_id()), ctx, ended)
+        before = None
         if ctx is not None:
             opened = await open_run(io, state, ctx)
             if isinstance(opened, StopRequest):
