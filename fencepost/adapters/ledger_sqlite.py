@@ -348,3 +348,6 @@ class SqliteLedger(SqlLedger):
 
     async def abalance(self, account: str) -> Balance:
         return await self._in_thread(partial(self.balance, account))
+
+    async def ain_flight(self, account: str) -> dict[str, float]:
+        return await self._in_thread(partial(self.in_flight, account))

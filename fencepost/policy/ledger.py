@@ -104,15 +104,28 @@ class AccountClosed(Exception):
         return (type(self), (self.account, self.reason))
 
 
-def exhausted(account: str, axis: str, limit: float, requested: float) -> BudgetExhausted:
-    """The ``BudgetExhausted`` for ``account`` unable to hold ``requested`` more on ``axis``."""
+def exhausted(
+    account: str, axis: str, limit: float, requested: float, *, busy: bool = False
+) -> BudgetExhausted:
+    """The ``BudgetExhausted`` for ``account`` unable to hold ``requested`` more on ``axis``
+    (``busy``: only because reservations in flight hold the room, see ``BudgetExhausted.busy``)."""
     try:
         known = BudgetAxis(axis)
     except ValueError:
         known = BudgetAxis.COST
     return BudgetExhausted(
-        reason_for_axis(known), axis=known, limit=limit, requested=requested, account=account
+        reason_for_axis(known),
+        axis=known,
+        limit=limit,
+        requested=requested,
+        account=account,
+        busy=busy,
     )
+
+
+def spent(held: Mapping[str, float], in_flight: Mapping[str, float]) -> dict[str, float]:
+    """What an account has spent per axis: what it holds less what reservations in flight hold."""
+    return {axis: amount - in_flight.get(axis, 0.0) for axis, amount in held.items()}
 
 
 # -- the rules every backend applies --------------------------------------------------------------
@@ -196,20 +209,40 @@ def check_open(chain: Iterable[tuple[str, str | None]]) -> None:
             raise AccountClosed(account, closed)
 
 
-def check_room(
+def _short(
     chain: Iterable[tuple[str, Mapping[str, float], Mapping[str, float]]],
     amounts: Mapping[str, float],
-) -> None:
-    """Raise ``BudgetExhausted`` unless every ``(account, limits, held)`` can also hold ``amounts``.
-
-    Accounts are checked nearest first, so the error names the first one that cannot pay; an axis
-    an account does not limit never exhausts it.
-    """
+) -> tuple[str, str, float, float] | None:
+    """The first ``(account, axis, limit, amount)`` of ``chain`` that cannot hold ``amounts``."""
     for account, limits, held in chain:
         for axis, amount in amounts.items():
             limit = limits.get(axis)
             if limit is not None and held.get(axis, 0.0) + amount > limit:
-                raise exhausted(account, axis, limit, amount)
+                return account, axis, limit, amount
+    return None
+
+
+def check_room(
+    chain: Iterable[tuple[str, Mapping[str, float], Mapping[str, float]]],
+    amounts: Mapping[str, float],
+    in_flight: Mapping[str, Mapping[str, float]] | None = None,
+) -> None:
+    """Raise ``BudgetExhausted`` unless every ``(account, limits, held)`` can also hold ``amounts``.
+
+    Accounts are checked nearest first, so the error names the first one that cannot pay; an axis
+    an account does not limit never exhausts it. ``in_flight`` (account -> what its reservations
+    in flight hold) says whether the refusal is ``busy``: no account of the chain would refuse
+    were only what it spent counted.
+    """
+    links = list(chain)
+    short = _short(links, amounts)
+    if short is None:
+        return
+    busy = False
+    if in_flight is not None:
+        unspent = [(a, limits, spent(held, in_flight.get(a, {}))) for a, limits, held in links]
+        busy = _short(unspent, amounts) is None
+    raise exhausted(*short, busy=busy)
 
 
 def over_limit(
@@ -362,6 +395,21 @@ class Ledger(ABC):
     def balance(self, account: str) -> Balance:
         """Limits and holdings of ``account``."""
 
+    def in_flight(self, account: str) -> dict[str, float]:
+        """What reservations still in flight (reserved, not yet settled or released) hold on
+        ``account``, per axis, its descendants' included: the part of ``Balance.held`` that is
+        held but not spent. ``UnknownAccount`` if it was never opened.
+
+        The default, for a backend that does not track it, is nothing: all it holds counts as
+        spent (a refusal is then never ``busy``).
+        """
+        self.balance(account)
+        return {}
+
+    async def ain_flight(self, account: str) -> dict[str, float]:
+        """Async twin of :meth:`in_flight`."""
+        return await asyncio.to_thread(self.in_flight, account)
+
     async def aopen_account(
         self,
         account: str,
@@ -459,6 +507,8 @@ class InMemoryLedger(Ledger):
         self._owners: dict[str, dict[str, str]] = {}
         self._closed: dict[str, str] = {}
         self._held: dict[str, dict[str, float]] = {}
+        self._in_flight: dict[str, dict[str, float]] = {}
+        """Per account, what reservations in flight (reserved, not settled or released) hold."""
         self._reservations: dict[str, _Record] = {}
         self._keys: dict[str, list[str]] = {}
         """Each account's reservation keys, so a closed account's can be forgotten in O(its own)."""
@@ -489,6 +539,7 @@ class InMemoryLedger(Ledger):
                 self._limits[account] = clean
                 self._owners[account] = who
                 self._held[account] = {}
+                self._in_flight[account] = {}
                 if type(account) is str:
                     self._valid_names.add(account)
             return self._balance(account)
@@ -545,8 +596,13 @@ class InMemoryLedger(Ledger):
                 return self._out(key, prior, existing=True)
             chain = walk_chain(account, self._parents)
             check_open((name, self._closed.get(name)) for name in chain)
-            check_room(((name, self._limits[name], self._held[name]) for name in chain), clean)
+            check_room(
+                ((name, self._limits[name], self._held[name]) for name in chain),
+                clean,
+                self._in_flight,
+            )
             self._add_held(chain, clean)
+            self._add_in_flight(chain, clean)
             stored = _new_record(_Record, (account, clean, ReservationStatus.RESERVED))
             self._reservations[key] = stored
             keys = self._keys.get(account)
@@ -608,9 +664,17 @@ class InMemoryLedger(Ledger):
             for axis, amount in delta.items():
                 held[axis] = held.get(axis, 0.0) + amount
 
+    def _add_in_flight(self, chain: list[str], delta: Mapping[str, float]) -> None:
+        for name in chain:
+            flying = self._in_flight[name]
+            for axis, amount in delta.items():
+                flying[axis] = flying.get(axis, 0.0) + amount
+
     def _refund(self, reservation: _Record, refund: Mapping[str, float]) -> None:
+        """Give back ``refund`` of a reservation in flight, which lands (settled or released)."""
         chain = walk_chain(reservation.account, self._parents)
         self._add_held(chain, {axis: -amount for axis, amount in refund.items()})
+        self._add_in_flight(chain, {axis: -amount for axis, amount in reservation.amounts.items()})
 
     def _stored(self, key: str) -> _Record:
         reservation = self._reservations.get(key)
@@ -670,6 +734,13 @@ class InMemoryLedger(Ledger):
                 raise UnknownAccount(account)
             return self._balance(account)
 
+    def in_flight(self, account: str) -> dict[str, float]:
+        validate_name(account, "account")
+        with self._lock:
+            if account not in self._parents:
+                raise UnknownAccount(account)
+            return dict(self._in_flight[account])
+
     # -- async twins: inline, the lock is held for microseconds and nothing waits on I/O ---------
 
     async def aopen_account(
@@ -702,3 +773,6 @@ class InMemoryLedger(Ledger):
 
     async def abalance(self, account: str) -> Balance:
         return self.balance(account)
+
+    async def ain_flight(self, account: str) -> dict[str, float]:
+        return self.in_flight(account)
