@@ -27,6 +27,7 @@ from fencepost.graph.routing import (
 from fencepost.graph.settings import LoopConfig, remember
 from fencepost.graph.state import GraphState, InputState
 from fencepost.graph.terminal import terminal
+from fencepost.graph.token_count import text_counter
 from fencepost.policy import (
     DEFAULT_REPEAT_LIMIT,
     Clock,
@@ -185,6 +186,7 @@ def build_agent_graph(
         or tokens_per_step < 0
     ):
         raise GraphConfigError("tokens_per_step", "must be an integer >= 0")
+    text_counter()  # chosen (a tokenizer loaded) now, never while a node runs
     return _assemble(
         LoopConfig(
             registry=registry,

@@ -9,6 +9,8 @@ the whole body and no policy is written twice.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -68,6 +70,14 @@ class NodeIO:
         """The reservation (or zero-amount marker) under ``key``, if the ledger holds one."""
         raise NotImplementedError
 
+    async def in_flight(self, account: str) -> dict[str, float]:
+        """What reservations in flight hold on ``account`` (``Ledger.in_flight``)."""
+        raise NotImplementedError
+
+    async def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` without holding the CPU (a step waiting for room in the budget)."""
+        raise NotImplementedError
+
     async def forget(self, account: str) -> None:
         """Drop an ended run's account from a process-local ledger (an ``InMemoryLedger``
         would otherwise keep every run it ever held); a durable ledger keeps it."""
@@ -123,6 +133,12 @@ class SyncIO(NodeIO):
     async def get(self, key: str) -> Reservation | None:
         return self.ledger.get(key)
 
+    async def in_flight(self, account: str) -> dict[str, float]:
+        return self.ledger.in_flight(account)
+
+    async def pause(self, seconds: float) -> None:
+        time.sleep(seconds)
+
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         async def wrapped() -> T:
             return await make()
@@ -173,6 +189,12 @@ class AsyncIO(NodeIO):
 
     async def get(self, key: str) -> Reservation | None:
         return await self.ledger.aget(key)
+
+    async def in_flight(self, account: str) -> dict[str, float]:
+        return await self.ledger.ain_flight(account)
+
+    async def pause(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         return await make()
