@@ -1,6 +1,6 @@
 """What the SQL ledgers share: the tables, their migration, and the reserve/settle/release flow.
 
-Both backends keep the same five tables. :class:`SqlLedger` runs every operation as one
+Both backends keep the same six tables. :class:`SqlLedger` runs every operation as one
 transaction of plain statements, deciding with the rules in :mod:`fencepost.policy.ledger`; the
 SQLite backend uses it as it is (its transactions are in-process, so a statement costs
 microseconds). The Postgres backend keeps the same tables but runs each operation as one call of a

@@ -322,6 +322,11 @@ class Ledger(ABC):
     reservation that ``reserve``, ``settle``, ``release`` or ``charge`` returns carries the
     reserving account's :class:`Balance` right after the operation.
 
+    Held is not spent: ``in_flight`` says what reservations not yet settled or released hold on
+    an account, and a refusal says whether it is ``busy`` (``BudgetExhausted.busy``: only
+    reservations in flight take the room, so waiting for them may let it through) or caused by
+    what was spent. Every backend gives the same answer.
+
     Keys, account names, axes and owner fields are checked by :func:`validate_name`
     (``InvalidLedgerKey``) before a backend sees them. A reservation of ``{}`` is legal: a durable
     "attempt started" marker, idempotent by key like any other.
