@@ -195,7 +195,9 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         usage_report(
             outcome.input_tokens,
             outcome.output_tokens,
-            counted=sent + count_tokens(reply_text(outcome.decision)),
+            # Where nothing limits tokens nothing was held, and an unreported step is not
+            # counted either: a reported one is still charged.
+            counted=sent + count_tokens(reply_text(outcome.decision)) if estimate else 0,
             reply_chars=reply_size(outcome.decision),
         )
         if isinstance(outcome, Decided)

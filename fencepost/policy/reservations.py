@@ -53,19 +53,20 @@ def step_hold(input_tokens: int, output_cap: int, headroom: float | None) -> int
     tokenizer or at ``usage.CHARACTERS_PER_TOKEN``); ``output_cap`` the most the model may
     write (``tokens_per_step``, or the model's ``token_estimate``: a chat model's
     ``max_tokens``; :data:`DEFAULT_OUTPUT_TOKENS` when 0). ``headroom`` is the fewest tokens
-    any account of the run's chain has not *spent* (``None``: none limits tokens): what others
+    any account of the run's chain has not *spent* (``None``: none limits tokens, and the step
+    holds none): what others
     hold in flight is theirs for now, not gone, so it does not shrink the hold (a reservation
     it crowds out waits for it: see :func:`after_step_refused`). At least one token while a
     limit applies: a chain whose spending left none is refused before the model is asked.
 
     >>> step_hold(100, 400, None), step_hold(100, 0, 10_000.0), step_hold(100, 400, 250.0)
-    (500, 4196, 250)
+    (0, 4196, 250)
     >>> step_hold(100, 400, 0.0)
     1
     """
-    estimate = max(0, input_tokens) + (output_cap if output_cap > 0 else DEFAULT_OUTPUT_TOKENS)
     if headroom is None:
-        return estimate
+        return 0  # nothing limits tokens: nothing to hold (nor to count, see usage)
+    estimate = max(0, input_tokens) + (output_cap if output_cap > 0 else DEFAULT_OUTPUT_TOKENS)
     if headroom >= math.inf:
         return estimate
     return max(1, min(estimate, math.floor(headroom)))

@@ -185,12 +185,12 @@ def usage_report(
     30
     """
     floor = -(-max(0, reply_chars) // MOST_CHARACTERS_PER_TOKEN)
-    counted = max(0, counted, floor)
     counts = (_count(input_tokens), _count(output_tokens))
     if any(c is False for c in counts) or sum(c or 0 for c in counts) > MAX_PLAUSIBLE_TOKENS:
-        return UsageReport(kind=UsageKind.IMPLAUSIBLE, charged=counted)
+        return UsageReport(kind=UsageKind.IMPLAUSIBLE, charged=max(0, counted, floor))
     if all(c is None for c in counts):
-        return UsageReport(kind=UsageKind.UNREPORTED, charged=counted)
+        return UsageReport(kind=UsageKind.UNREPORTED, charged=max(0, counted))
+    counted = max(0, counted, floor)
     tokens_in = counts[0] if isinstance(counts[0], int) else None
     tokens_out = counts[1] if isinstance(counts[1], int) else None
     if (tokens_out or 0) < floor:

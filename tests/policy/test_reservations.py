@@ -190,7 +190,7 @@ def test_a_step_holds_what_it_sends_plus_the_output_cap_never_more_than_is_unspe
     estimate = sent + (cap or DEFAULT_OUTPUT_TOKENS)
     hold = step_hold(sent, cap, headroom)
     if headroom is None:
-        assert hold == estimate  # nothing limits tokens: the estimate, for the settlement
+        assert hold == 0  # nothing limits tokens: nothing to hold
     else:
         # Bounded by the estimate, capped at what the chain has not spent, one at the least.
         assert hold == max(1, min(estimate, math.floor(headroom)))
