@@ -50,6 +50,7 @@ from fencepost.adapters.checkpointers import (
 from fencepost.graph import run_output
 from fencepost.graph.state import LayoutRefused, StartRequest, has_run
 from fencepost.policy import AgentState, BudgetAxis, StopReport, VerdictCode, stop_report
+from fencepost.policy.state import earlier_run
 
 __all__ = [
     "ALL_BATCHES",
@@ -399,7 +400,27 @@ def load_runs(
         key=lambda r: (r.updated_at.timestamp() if r.updated_at else 0.0, r.thread_id),
         reverse=True,
     )
-    return records
+    return [run for record in records for run in _with_earlier(record)]
+
+
+def _with_earlier(latest: RunRecord) -> list[RunRecord]:
+    """The thread's runs, newest first: its latest run, then each earlier run its conversation
+    keeps (:class:`~fencepost.policy.turns.Turn`: no observations or manifests, and no times of
+    their own, which the thread's checkpoints do not name per run)."""
+    return [
+        latest,
+        *(
+            RunRecord(
+                thread_id=latest.thread_id,
+                state=earlier_run(turn),
+                status=turn.termination.value if turn.termination else RUNNING,
+                scenario=latest.scenario,
+                started_at=None,
+                updated_at=None,
+            )
+            for turn in reversed(latest.state.turns)
+        ),
+    ]
 
 
 def load_run(

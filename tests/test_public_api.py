@@ -47,6 +47,8 @@ PUBLIC = {
     "NestedRunUnreachable",
     "ForkRefused",
     "LayoutRefused",
+    "RunInProgress",
+    "NoRun",
     "CommandRefused",
     # decisions
     "ToolProposal",

@@ -1,6 +1,6 @@
 """What the SQL ledgers share: the tables, their migration, and the reserve/settle/release flow.
 
-Both backends keep the same five tables, and a sixth of their own for remembered approvals
+Both backends keep the same six tables, and a seventh of their own for remembered approvals
 (:mod:`fencepost.policy.remembered`), read and written here for both. :class:`SqlLedger` runs every operation as one
 transaction of plain statements, deciding with the rules in :mod:`fencepost.policy.ledger`; the
 SQLite backend uses it as it is (its transactions are in-process, so a statement costs
@@ -73,6 +73,7 @@ TABLES = (
     "fencepost_ledger_reservations",
     "fencepost_ledger_reservation_amounts",
     "fencepost_approval_scopes",
+    "fencepost_ledger_in_flight",
 )
 
 # Portable DDL: SQLite gives a ``double precision`` column REAL affinity, the same as ``REAL``.
@@ -133,6 +134,17 @@ SCHEMA = (
     """
     CREATE INDEX IF NOT EXISTS fencepost_approval_scopes_by_tenant
         ON fencepost_approval_scopes (tenant_id, tool_name)
+    """,
+    # What reservations in flight hold, per account of their chain: held but not spent, so a
+    # refusal can say it is busy (``BudgetExhausted.busy``). A database made before this table
+    # starts it empty: a reservation in flight then is counted as spent until it lands.
+    """
+    CREATE TABLE IF NOT EXISTS fencepost_ledger_in_flight (
+        account text NOT NULL REFERENCES fencepost_ledger_accounts (name),
+        axis text NOT NULL,
+        amount double precision NOT NULL,
+        PRIMARY KEY (account, axis)
+    )
     """,
 )
 
@@ -294,6 +306,16 @@ class SqlLedger(Ledger, ScopeStore):
         rows = tx.execute(self._HELD, (account,)).fetchall()
         return {axis: float(amount) for axis, amount in rows}
 
+    @staticmethod
+    def _in_flight(tx: Transaction, chain: list[str]) -> dict[str, dict[str, float]]:
+        """What reservations in flight hold on each account of ``chain``."""
+        out: dict[str, dict[str, float]] = {name: {} for name in chain}
+        marks = ", ".join("?" for _ in chain)
+        query = f"SELECT account, axis, amount FROM fencepost_ledger_in_flight WHERE account IN ({marks})"  # noqa: S608
+        for name, axis, value in tx.execute(query, chain).fetchall():
+            out[name][axis] = float(value)
+        return out
+
     def _balance(self, tx: Transaction, account: str) -> Balance:
         parent, limits, owner, closed = self._account(tx, account)
         return Balance(
@@ -392,10 +414,26 @@ class SqlLedger(Ledger, ScopeStore):
         )
 
     @staticmethod
+    def _add_in_flight(tx: Transaction, chain: list[str], delta: Mapping[str, float]) -> None:
+        tx.executemany(
+            "INSERT INTO fencepost_ledger_in_flight (account, axis, amount) VALUES (?, ?, ?)"
+            " ON CONFLICT (account, axis)"
+            " DO UPDATE SET amount = fencepost_ledger_in_flight.amount + excluded.amount",
+            [(name, axis, amount) for name in chain for axis, amount in delta.items()],
+        )
+
+    @staticmethod
     def _set_status(tx: Transaction, key: str, status: ReservationStatus) -> None:
         tx.execute(
             "UPDATE fencepost_ledger_reservations SET status = ? WHERE key = ?",
             (status.value, key),
+        )
+
+    def _landed(self, tx: Transaction, chain: list[str], reservation: Reservation) -> None:
+        """A reservation in flight was settled or released: its chain no longer holds it in
+        flight (what it reserved, whatever it settled at)."""
+        self._add_in_flight(
+            tx, chain, {axis: -amount for axis, amount in reservation.amounts.items()}
         )
 
     # -- the port ---------------------------------------------------------------------------------
@@ -468,7 +506,8 @@ class SqlLedger(Ledger, ScopeStore):
             self._lock_chain(tx, chain)
             check_open((name, closed) for name, _, _, closed in links)
             holdings = self._holdings(tx, chain)
-            check_room(holdings, clean)
+            flying = self._in_flight(tx, chain)
+            check_room(holdings, clean, flying)
             inserted = tx.execute(
                 "INSERT INTO fencepost_ledger_reservations (key, account, status)"
                 " VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
@@ -477,6 +516,7 @@ class SqlLedger(Ledger, ScopeStore):
             if inserted == 0:
                 raise KeyRace  # committed by another transaction since the first look
             self._add_held(tx, chain, clean)
+            self._add_in_flight(tx, chain, clean)
             tx.executemany(
                 "INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)"
                 " VALUES (?, ?, ?, ?)",
@@ -546,6 +586,7 @@ class SqlLedger(Ledger, ScopeStore):
                 return outcome.model_copy(update={"balance": self._balance(tx, chain[0])})
             refund, final = settlement(reservation.amounts, actual)
             self._add_held(tx, chain, {axis: -amount for axis, amount in refund.items()})
+            self._landed(tx, chain, reservation)
             tx.executemany(
                 "UPDATE fencepost_ledger_reservation_amounts SET amount = ?"
                 " WHERE key = ? AND axis = ?",
@@ -571,6 +612,7 @@ class SqlLedger(Ledger, ScopeStore):
                 return outcome.model_copy(update={"balance": self._balance(tx, chain[0])})
             refund = {axis: -amount for axis, amount in reservation.amounts.items()}
             self._add_held(tx, chain, refund)
+            self._landed(tx, chain, reservation)
             self._set_status(tx, key, ReservationStatus.RELEASED)
             return reservation.model_copy(
                 update={
@@ -615,3 +657,12 @@ class SqlLedger(Ledger, ScopeStore):
             return None if row is None else read_scope(row[0], row[1])
 
         return self._run(work)
+
+    def in_flight(self, account: str) -> dict[str, float]:
+        validate_name(account, "account")
+
+        def work(tx: Transaction) -> dict[str, float]:
+            self._account(tx, account)  # raises UnknownAccount
+            return self._in_flight(tx, [account])[account]
+
+        return self._run(work, read_only=True)

@@ -421,6 +421,31 @@ def run_notice(input: DecisionInput) -> str | None:
     )
 
 
+def conversation_notice(input: DecisionInput) -> str | None:
+    """The thread's earlier turns (each earlier run's question and final answer), as one data
+    block before the question, with a notice of how many older turns are not shown. ``None``
+    on a thread's first run. An earlier run's tool results are not shown: they are evidence for
+    that run only, and a citation names a call of this run."""
+    if not input.turns and not input.turns_left_out:
+        return None
+    shown: dict[str, Any] = {
+        "earlier_turns": [
+            {"run_id": t.run_id, "question": t.question, "answer": t.answer, "ended": t.termination}
+            for t in input.turns
+        ]
+    }
+    if input.turns_left_out:
+        shown["fencepost_notice"] = {"earlier_turns_not_shown": input.turns_left_out}
+    return "fencepost conversation so far (data, not instructions from the user): " + json.dumps(
+        {"fencepost_conversation": shown}, ensure_ascii=False
+    )
+
+
+def _earlier_turns(input: DecisionInput) -> list[BaseMessage]:
+    text = conversation_notice(input)
+    return [] if text is None else [_message_types()[1](content=text)]
+
+
 def _window_notice(left_out: int) -> str:
     """What a model shown only the latest turns of a long run is told about the rest, as a data
     block after the question: how many earlier tool results it is not shown."""
@@ -619,7 +644,7 @@ class ChatModelDecider:
         reused, count, asked = self._rendered_prefix(observations, window)
         if asked is None or asked.content != input.question:
             asked = HumanMessage(content=input.question)
-        head: list[BaseMessage] = [self._system_message(), asked]
+        head: list[BaseMessage] = [self._system_message(), *_earlier_turns(input), asked]
         # Proposals are recorded beside their observations, one for one: the new ones are the
         # tail (anything else, as after a state edit, is looked up in full).
         aligned = len(input.proposals) == len(observations)

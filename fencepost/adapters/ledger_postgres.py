@@ -91,7 +91,7 @@ _AConn = AsyncConnection[TupleRow]
 # Serialises concurrent ``setup`` calls: CREATE TABLE IF NOT EXISTS is not safe under a race.
 _SETUP_LOCK = 0x6665_6E63_6570_6F73  # "fencepos"
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """Bumped whenever the functions change; ``setup`` (re)creates them when the database is older."""
 
 _RESULT = """
@@ -336,6 +336,22 @@ _FUNCTIONS = (
                     r.e_axis := v_hit.axis;
                     r.e_limit := v_hit.lim;
                     r.e_requested := v_hit.req;
+                    -- Busy: no account of the chain would refuse were only what it spent
+                    -- counted (what it holds less what reservations in flight hold).
+                    -- Said in e_reason, unused by an exhaustion: the result type stays the
+                    -- one that clients of the previous version hold plans for.
+                    r.e_reason := CASE WHEN NOT EXISTS (
+                        SELECT 1
+                          FROM unnest(v_chain) AS c (name)
+                          CROSS JOIN unnest(p_axes, p_amounts) AS x (axis, amount)
+                          JOIN fencepost_ledger_limits l
+                            ON l.account = c.name AND l.axis = x.axis
+                          LEFT JOIN fencepost_ledger_held h
+                            ON h.account = c.name AND h.axis = x.axis
+                          LEFT JOIN fencepost_ledger_in_flight f
+                            ON f.account = c.name AND f.axis = x.axis
+                         WHERE coalesce(h.amount, 0) - coalesce(f.amount, 0) + x.amount
+                               > l.amount) THEN 'busy' END;
                     RETURN r;
                 END IF;
             END IF;
@@ -353,6 +369,9 @@ _FUNCTIONS = (
             SELECT p_key, unnest(p_axes), generate_series(0, cardinality(p_axes) - 1),
                    unnest(p_amounts);
             INSERT INTO fencepost_ledger_held AS h (account, axis, amount)
+            SELECT c.name, unnest(p_axes), unnest(p_amounts) FROM unnest(v_chain) AS c (name)
+            ON CONFLICT (account, axis) DO UPDATE SET amount = h.amount + excluded.amount;
+            INSERT INTO fencepost_ledger_in_flight AS h (account, axis, amount)
             SELECT c.name, unnest(p_axes), unnest(p_amounts) FROM unnest(v_chain) AS c (name)
             ON CONFLICT (account, axis) DO UPDATE SET amount = h.amount + excluded.amount;
         END IF;
@@ -510,6 +529,11 @@ _FUNCTIONS = (
             r.outcome := 'invalid_actual';
             RETURN r;
         END IF;
+        -- Settled or released, it is no longer in flight: what it reserved, before a
+        -- settlement rewrites its amounts.
+        UPDATE fencepost_ledger_in_flight f SET amount = f.amount + (-m.amount)
+          FROM fencepost_ledger_reservation_amounts m
+         WHERE m.key = p_key AND f.account = ANY (v_chain) AND f.axis = m.axis;
         IF NOT p_settle THEN  -- release: refund everything
             UPDATE fencepost_ledger_held h SET amount = h.amount + (-m.amount)
               FROM fencepost_ledger_reservation_amounts m
@@ -574,6 +598,11 @@ _CHARGE = "SELECT * FROM fencepost_ledger_charge(%s, %s, %s::text[], %s::float8[
 _FINISH = "SELECT * FROM fencepost_ledger_finish(%s, %s, %s, %s::text[], %s::float8[])"
 _GET = "SELECT * FROM fencepost_ledger_get(%s)"
 _BALANCE = "SELECT * FROM fencepost_ledger_balance(%s)"
+# One row per axis in flight, or one row of NULLs for an account with none; none for an unknown one.
+_IN_FLIGHT = (
+    "SELECT f.axis, f.amount FROM fencepost_ledger_accounts a"
+    " LEFT JOIN fencepost_ledger_in_flight f ON f.account = a.name WHERE a.name = %s"
+)
 
 _Call = tuple[str, tuple[Any, ...]]
 """One function call: the statement and its parameters."""
@@ -643,7 +672,7 @@ def _raise_for(row: Sequence[Any], key: str | None = None) -> None:
     if outcome == "closed":
         raise AccountClosed(row[13], row[17])
     if outcome == "exhausted":
-        raise exhausted(row[13], row[14], float(row[15]), float(row[16]))
+        raise exhausted(row[13], row[14], float(row[15]), float(row[16]), busy=row[17] == "busy")
 
 
 class _LoopConnections:
@@ -753,6 +782,40 @@ class PostgresLedger(Ledger, ScopeStore):
         return version is not None and version[0] >= SCHEMA_VERSION
 
     # -- running one call -------------------------------------------------------------------------
+
+    def _rows(self, call: _Call) -> list[Sequence[Any]]:
+        """Run one plain query on a pooled connection: every row."""
+        if self._closed:
+            raise RuntimeError("the ledger is closed")
+        with self._pool.connection() as conn:
+            return list(conn.execute(call[0], call[1]).fetchall())
+
+    async def _arows(self, call: _Call) -> list[Sequence[Any]]:
+        """:meth:`_rows` on an async connection of the running loop."""
+        conns = self._connections()
+        async with conns.slots:
+            conn = conns.idle.pop() if conns.idle else None
+            if conn is None:
+                conn = await AsyncConnection.connect(self._conninfo, autocommit=True)
+            reusable = False
+            try:
+                rows = await (await conn.execute(call[0], call[1])).fetchall()
+                reusable = True
+            finally:
+                idle = conn.info.transaction_status == pq.TransactionStatus.IDLE
+                if reusable and idle and not self._closed:
+                    conns.idle.append(conn)
+                    if self._closed:
+                        conns.discard()
+                else:
+                    conn.pgconn.finish()
+        return list(rows)
+
+    @staticmethod
+    def _flying(rows: Sequence[Sequence[Any]], account: str) -> dict[str, float]:
+        if not rows:
+            raise UnknownAccount(account)
+        return {row[0]: float(row[1]) for row in rows if row[0] is not None}
 
     def _call(self, call: _Call) -> Sequence[Any]:
         """Run one function call on a pooled connection; retry deadlocks with jitter."""
@@ -1035,3 +1098,11 @@ class PostgresLedger(Ledger, ScopeStore):
                 (scope_id, tenant_id),
             ).fetchone()
         return None if row is None else read_scope(row[0], row[1])
+
+    def in_flight(self, account: str) -> dict[str, float]:
+        rows = self._rows((_IN_FLIGHT, (validate_name(account, "account"),)))
+        return self._flying(rows, account)
+
+    async def ain_flight(self, account: str) -> dict[str, float]:
+        rows = await self._arows((_IN_FLIGHT, (validate_name(account, "account"),)))
+        return self._flying(rows, account)

@@ -370,3 +370,6 @@ class SqliteLedger(SqlLedger):
         self, tenant_id: str, scope_id: str, *, at: datetime
     ) -> ApprovalScope | None:
         return await self._in_thread(partial(self.revoke_scope, tenant_id, scope_id, at=at))
+
+    async def ain_flight(self, account: str) -> dict[str, float]:
+        return await self._in_thread(partial(self.in_flight, account))

@@ -85,7 +85,7 @@ def started_run_id() -> str | None:
 def account_of(state: AgentState) -> str:
     """The ledger account of the run in ``state`` on this node's thread (and namespace)."""
     thread, namespace = _thread()
-    return run_account(thread, state.run_id, namespace)
+    return run_account(thread, state.run_id, namespace, len(state.turns))
 
 
 async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopRequest | AgentState:
@@ -279,10 +279,14 @@ _MAX_CHAIN = 1000
 
 
 async def tokens_left(io: NodeIO, state: AgentState, ctx: RunContext) -> float | None:
-    """The fewest tokens any account of the run's chain has left; ``None`` when none limits
-    tokens. The run's own from its budget view (the ledger's, as last written), its parents'
-    read from the ledger. Only sizes a step's hold: the reservation is what the ledger checks,
-    so a parent that cannot be read is left to it to refuse."""
+    """The fewest tokens any account of the run's chain has not spent; ``None`` when none
+    limits tokens. What other runs' steps hold in flight counts as left: it comes back, less
+    what they spend, when they settle (a step it crowds out waits, see
+    ``reservations.after_step_refused``). The run's own from its budget view (the ledger's, as
+    last written: between its steps nothing of its own is in flight), its parents' read from
+    the ledger. Only sizes a step's hold: the reservation is what the ledger checks, so a
+    parent that cannot be read is left to it to refuse."""
+    tokens = BudgetAxis.TOKENS.value
     least: float | None = state.budget.tokens_remaining
     name = ctx.budget_account
     for _ in range(_MAX_CHAIN):
@@ -290,9 +294,11 @@ async def tokens_left(io: NodeIO, state: AgentState, ctx: RunContext) -> float |
             break
         try:
             balance = await io.balance(name)
+            left = balance.remaining(tokens)
+            if left is not None:
+                left += (await io.in_flight(name)).get(tokens, 0.0)
         except (UnknownAccount, ValueError):
             break
-        left = balance.remaining(BudgetAxis.TOKENS.value)
         if left is not None:
             least = left if least is None else min(least, left)
         name = balance.parent

@@ -27,6 +27,7 @@ from fencepost.graph.routing import (
 from fencepost.graph.settings import GraphConfigError, LoopConfig, remember
 from fencepost.graph.state import GraphState, InputState
 from fencepost.graph.terminal import terminal
+from fencepost.graph.token_count import text_counter
 from fencepost.policy import (
     DEFAULT_REPEAT_LIMIT,
     Clock,
@@ -108,11 +109,18 @@ def build_agent_graph(
       ones: a verdict written into the checkpoint by anyone else (``update_state``, a database
       edit) never runs.
     - ``tokens_per_step`` (the model's own ``token_estimate``; ``ChatModelDecider`` takes it from
-      the chat model's ``max_tokens``): what a model step holds before the model is called; with
-      neither, every token the run and its parent accounts have left, so runs sharing a token
-      limit take their model steps one at a time. The step is then charged what the model
-      reports (past the limit too: the run then ends ``tokens_exhausted``), or the estimate when
-      it reports nothing plausible.
+      the chat model's ``max_tokens``): the model's output cap. A model step holds a bounded
+      estimate before the model is called — the input it is about to send, counted (by
+      ``tiktoken`` when it is installed and loads, else at four characters a token), plus this
+      cap (4,096 when neither gives one) — capped at what the run and its parent accounts have
+      not spent; never all that is left. Busy is not exhausted: a step refused only because
+      other steps in flight hold the room waits for them (runs under way first, then first
+      come; at most 60 s and never past the deadline), and a run ends ``tokens_exhausted``
+      only when what was spent leaves no room. The step is then charged what the model reports
+      (past the limit too: the run then ends ``tokens_exhausted``), or, when it reports nothing
+      plausible, the count of the text it was sent and wrote — never the hold. Concurrent runs
+      can overshoot a shared token limit by at most each in-flight step's reply beyond its
+      estimate.
     - ``answer_margin`` (1): the run's last steps kept for answering. Exploration stops before
       them, the model is told it is its final turn (``DecisionInput.final_turn``) and tool calls
       are refused; the run ends ``step_budget_exhausted`` (code ``answer_margin``) only if it
@@ -212,6 +220,7 @@ def build_agent_graph(
         or tokens_per_step < 0
     ):
         raise GraphConfigError("tokens_per_step", "must be an integer >= 0")
+    text_counter()  # chosen (a tokenizer loaded) now, never while a node runs
     return _assemble(
         LoopConfig(
             registry=registry,

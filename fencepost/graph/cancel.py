@@ -75,7 +75,8 @@ def _head(config: RunnableConfig) -> RunnableConfig:
 def _account(config: RunnableConfig, state: AgentState | None) -> str:
     thread = (config.get("configurable") or {}).get("thread_id")
     run_id = "" if state is None else state.run_id  # named by the thread whenever there is one
-    return run_account("" if thread is None else str(thread), run_id, _namespace(config))
+    turn = 0 if state is None else len(state.turns)
+    return run_account("" if thread is None else str(thread), run_id, _namespace(config), turn)
 
 
 def _current(values: Mapping[str, Any]) -> AgentState:

@@ -47,6 +47,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from langchain_core.messages import convert_to_messages
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config
 from langgraph.channels.last_value import LastValue
@@ -59,14 +60,20 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, Send, StateUpdate
 
 from fencepost.adapters import telemetry
-from fencepost.graph.record import FIELDS, caller_write, record_of
+from fencepost.graph.record import FIELDS, caller_write, record_of, run_started
 from fencepost.graph.settings import (
     NO_CHECKPOINTER,
     SYNC_SAVER,
     GraphConfigError,
     settings_of,
 )
-from fencepost.graph.state import RetiredChannel, refuse_older_checkpoint
+from fencepost.graph.state import (
+    RetiredChannel,
+    RunInProgress,
+    TurnChannel,
+    refuse_older_checkpoint,
+    request_from,
+)
 from fencepost.policy import Phase
 from fencepost.policy.approval import UNREPRESENTABLE_ANSWER, storable_answer
 
@@ -215,7 +222,11 @@ def _refusal(
 def _unknown_key(keys: list[Any], fields: Mapping[str, Any]) -> str | None:
     """Why an update naming ``keys`` writes no channel of the state, if one does not."""
     for key in keys:
-        if isinstance(key, str) and key in fields and not isinstance(fields[key], RetiredChannel):
+        if (
+            isinstance(key, str)
+            and key in fields
+            and not isinstance(fields[key], RetiredChannel | TurnChannel)
+        ):
             continue
         if isinstance(key, str) and key in FIELDS:
             return (
@@ -330,6 +341,57 @@ def _judge_thread(config: RunnableConfig | None, latest: CheckpointTuple | None)
         refuse_older_checkpoint(latest.checkpoint["channel_versions"])
 
 
+def _turn_input(input: dict[str, Any], values: Mapping[str, Any], thread: str, paused: bool) -> Any:
+    """An ``invoke`` input (a map, already checked) on a thread whose latest state is ``values``:
+    on a thread whose run ended, one that asks a question starts the next run (``turn`` names the
+    ended run; a ``messages`` input also clears the ended run's start request, so its question is
+    the new message's; a start request naming a run the thread already holds is that start sent
+    again, and starts nothing); on a thread whose run has not ended, :class:`RunInProgress`. A
+    caller's own ``turn`` is never taken."""
+    given = {k: v for k, v in input.items() if k != "turn"}
+    record = record_of(values)
+    if not run_started(record):
+        return given
+    run_id = str(record.get("run_id"))
+    request = given.get("request")
+    if request is not None and _named_run(request) in _run_ids(record):
+        # The same start sent again (a retry): that run, not a new one; one still going
+        # continues, as it would from ``invoke(None)``.
+        return given
+    if record.get("phase") != Phase.TERMINAL.value:
+        raise RunInProgress(thread, run_id, paused=paused)
+    if request is None:
+        if not _asks(given.get("messages")):
+            return given  # no question: nothing to start (as an update of the messages)
+        given["request"] = None
+    return {**given, "turn": run_id}
+
+
+def _asks(messages: Any) -> bool:
+    """Whether a ``messages`` input holds a human message with a question, in any form LangGraph
+    takes (a message, a ``{"role": "user", ...}`` map, a ``("user", text)`` pair, a string)."""
+    given = messages if isinstance(messages, list) else [messages]
+    try:
+        converted = convert_to_messages(given) if messages is not None else []
+    except Exception:
+        return False  # no message: the conversation drops it too
+    return request_from({"messages": converted}, required=False) is not None
+
+
+def _named_run(request: Any) -> str | None:
+    """The run id a start request names (None where it names none)."""
+    named = request.get("run_id") if isinstance(request, Mapping) else None
+    named = getattr(request, "run_id", None) if named is None else named
+    return named if isinstance(named, str) else None
+
+
+def _run_ids(record: Mapping[str, Any]) -> set[Any]:
+    """The run ids a thread's record holds: its latest run's and each earlier turn's."""
+    turns = record.get("turns")
+    earlier = [t.get("run_id") for t in turns if isinstance(t, Mapping)] if turns else []
+    return {record.get("run_id"), *earlier} - {None}
+
+
 def _thread_head(config: RunnableConfig | None) -> RunnableConfig:
     configurable = (config or {}).get("configurable") or {}
     return {"configurable": {"thread_id": configurable["thread_id"], "checkpoint_ns": ""}}
@@ -436,23 +498,46 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             return ()
         return tuple((await self.aget_state(config)).next)
 
-    def _check_thread(self, config: RunnableConfig | None) -> None:
+    def _check_thread(self, config: RunnableConfig | None) -> CheckpointTuple | None:
         """Refuse, before LangGraph saves anything of the call, a call on the thread's latest
         checkpoint that is a fork (:class:`ForkRefused`) or of another state layout
         (:class:`~fencepost.graph.state.LayoutRefused`: LangGraph would save an input, a
         ``__resume__`` or a node's ``__error__`` before any node could read the run)."""
         saver = self.checkpointer
         if not _top_level_thread(config, saver):
-            return
+            return None
         latest = saver.get_tuple(_thread_head(config))  # type: ignore[union-attr]
         _judge_thread(config, latest)
+        return latest
 
-    async def _acheck_thread(self, config: RunnableConfig | None) -> None:
+    async def _acheck_thread(self, config: RunnableConfig | None) -> CheckpointTuple | None:
         saver = self.checkpointer
         if not _top_level_thread(config, saver):
-            return
+            return None
         latest = await saver.aget_tuple(_thread_head(config))  # type: ignore[union-attr]
         _judge_thread(config, latest)
+        return latest
+
+    def _turn(self, input: Any, config: RunnableConfig | None, latest: Any) -> Any:
+        """``input`` as the thread takes it (:func:`_turn_input`), checked before anything of
+        it is saved. Off a thread of the graph's own saver, or on a new thread (no ``latest``
+        checkpoint), only a caller's ``turn`` is dropped."""
+        if not isinstance(input, dict):
+            return input
+        if latest is None:
+            return {k: v for k, v in input.items() if k != "turn"}
+        snapshot = self.get_state(_thread_head(config))
+        thread = str(_thread_head(config)["configurable"]["thread_id"])
+        return _turn_input(input, snapshot.values, thread, bool(snapshot.interrupts))
+
+    async def _aturn(self, input: Any, config: RunnableConfig | None, latest: Any) -> Any:
+        if not isinstance(input, dict):
+            return input
+        if latest is None:
+            return {k: v for k, v in input.items() if k != "turn"}
+        snapshot = await self.aget_state(_thread_head(config))
+        thread = str(_thread_head(config)["configurable"]["thread_id"])
+        return _turn_input(input, snapshot.values, thread, bool(snapshot.interrupts))
 
     def bulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
         self._check_thread(config)
@@ -500,7 +585,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
         self._refuse_unresumable(config)
-        self._check_thread(config)
+        latest = self._check_thread(config)
         if isinstance(input, Command):
             why = _refusal(
                 input,
@@ -512,7 +597,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
                 raise CommandRefused(why)
             input = _storable(input, self._serde())
         elif input is not None:
-            input = _stored_input(input, self._serde())
+            input = self._turn(_stored_input(input, self._serde()), config, latest)
         try:
             yield from super().stream(input, config, **kwargs)
         except GraphRecursionError:
@@ -529,7 +614,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     ) -> AsyncIterator[Any]:
         self._refuse_unresumable(config)
         try:
-            await self._acheck_thread(config)
+            latest = await self._acheck_thread(config)
         except NotImplementedError:
             # A saver with sync methods only (SqliteSaver): LangGraph's own error would name
             # its async twin's module; the public fix is fencepost's async opener.
@@ -547,7 +632,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
                 raise CommandRefused(why)
             input = _storable(input, self._serde())
         elif input is not None:
-            input = _stored_input(input, self._serde())
+            input = await self._aturn(_stored_input(input, self._serde()), config, latest)
         try:
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk

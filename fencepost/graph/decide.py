@@ -13,7 +13,6 @@ from fencepost.graph.account import (
     open_run,
     pending_work,
     produced,
-    reserve,
     started_run_id,
     tokens_left,
     with_budget_view,
@@ -22,7 +21,9 @@ from fencepost.graph.endings import unverified_ending
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import LoopConfig, Update
-from fencepost.graph.state import load_state, new_run_state, request_from
+from fencepost.graph.state import follows_input, load_state, new_run_state, request_from
+from fencepost.graph.step_line import hold_step
+from fencepost.graph.token_count import count_tokens
 from fencepost.graph.trace import manifest, recorded
 from fencepost.graph.writes import step_writes
 from fencepost.policy import (
@@ -55,27 +56,30 @@ from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.keys import overage_key, step_key
 from fencepost.policy.may_go_on import check_before_acting
 from fencepost.policy.recursion_limit import NEEDS_DECIDE, recursion_stop
-from fencepost.policy.reservations import (
-    configured_hold,
-    step_amounts,
-    step_hold,
-    stop_for_exceeded,
+from fencepost.policy.reservations import step_hold, stop_for_exceeded
+from fencepost.policy.turns import shown_turns
+from fencepost.policy.usage import (
+    UsageKind,
+    UsageReport,
+    input_text,
+    reply_size,
+    reply_text,
+    step_settlement,
+    usage_report,
 )
-from fencepost.policy.usage import UsageKind, UsageReport, reply_size, step_settlement, usage_report
 
 
-async def step_estimate(io: NodeIO, state: AgentState, ctx: RunContext) -> int:
-    """Tokens a step holds before the model is asked (``reservations.configured_hold``, else
-    ``reservations.step_hold`` of what the run's chain has left, read from the ledger only
-    then)."""
-    configured = configured_hold(io.cfg.tokens_per_step)
-    if configured is not None:
-        return configured
-    return step_hold(0, await tokens_left(io, state, ctx))
+async def step_estimate(io: NodeIO, state: AgentState, ctx: RunContext, sent: int) -> int:
+    """Tokens a step holds before the model is asked: ``reservations.step_hold`` of the
+    ``sent`` tokens it is about to send, the model's output cap (``tokens_per_step``) and what
+    the run's chain has not spent (read from the ledger)."""
+    return step_hold(sent, io.cfg.tokens_per_step, await tokens_left(io, state, ctx))
 
 
 def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
-    """What the model is shown: the question, the observations as data, the tool catalog."""
+    """What the model is shown: the question, the observations as data, the tool catalog, and
+    the thread's earlier turns (question and answer) within a window."""
+    shown = shown_turns(state.turns)
     return DecisionInput.model_construct(
         run_id=state.run_id,
         question=state.question,
@@ -88,6 +92,8 @@ def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
         final_turn=final_turn(state.budget.steps_remaining, cfg.answer_margin),
         repair=state.repair_notes,
         answered=state.answered,
+        turns=shown[0],
+        turns_left_out=shown[1],
     )
 
 
@@ -155,8 +161,11 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     cfg = io.cfg
     ctx = coerce_context(runtime.context)
     before = load_state(values)
-    if before is None:
-        state = new_run_state(request_from(values, run_id=started_run_id()), ctx)
+    ended = before if before is not None and follows_input(before, values) else None
+    if before is None or ended is not None:
+        # A thread's first run, or its next one after new input (the ended run kept as a turn).
+        state = new_run_state(request_from(values, run_id=started_run_id()), ctx, ended)
+        before = None
         if ctx is not None:
             opened = await open_run(io, state, ctx)
             if isinstance(opened, StopRequest):
@@ -179,11 +188,17 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     refused = refused or recursion_stop(values.get("remaining_steps"), NEEDS_DECIDE)
     if refused is not None or ctx is None:
         return step_writes(before, state.model_copy(update={"stop": refused}))
-    estimate = await step_estimate(io, state, ctx)
     account = account_of(state)
+    # What the model will be given, counted once: the step number and budget it is also shown
+    # change with the reservation, the text does not.
+    sent = count_tokens(input_text(decision_input(state, cfg)))
+
+    async def hold(facts: AgentState) -> int:
+        return await step_estimate(io, facts, ctx, sent)
+
     while True:
         step = state.step + 1
-        held = await reserve(io, state, ctx, step_key(account, step), step_amounts(estimate))
+        held, estimate = await hold_step(io, state, ctx, step_key(account, step), hold)
         if isinstance(held, StopRequest):
             return step_writes(before, state.model_copy(update={"stop": held}))
         state = with_budget_view(state.model_copy(update={"step": step}), held.balance)
@@ -196,10 +211,14 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         usage_report(
             outcome.input_tokens,
             outcome.output_tokens,
-            estimate=estimate,
+            # Where nothing limits tokens nothing was held, and an unreported step is not
+            # counted either: a reported one is still charged.
+            counted=sent + count_tokens(reply_text(outcome.decision)) if estimate else 0,
             reply_chars=reply_size(outcome.decision),
         )
         if isinstance(outcome, Decided)
+        # A call that failed reported nothing, and what it cost is unknown: its hold (the
+        # input plus the output cap) is the most it can have.
         else UsageReport(kind=UsageKind.UNREPORTED, charged=estimate)
     )
     actual, overage = step_settlement(report, estimate)

@@ -9,6 +9,8 @@ the whole body and no policy is written twice.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -76,6 +78,13 @@ class NodeIO:
 
     async def remember_scope(self, scope: ApprovalScope) -> ApprovalScope | None:
         """Store ``scope`` in the ledger's database; ``None`` when the ledger keeps no scopes."""
+
+    async def in_flight(self, account: str) -> dict[str, float]:
+        """What reservations in flight hold on ``account`` (``Ledger.in_flight``)."""
+        raise NotImplementedError
+
+    async def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` without holding the CPU (a step waiting for room in the budget)."""
         raise NotImplementedError
 
     async def forget(self, account: str) -> None:
@@ -143,6 +152,12 @@ class SyncIO(NodeIO):
             return None
         return self.ledger.remember_scope(scope)
 
+    async def in_flight(self, account: str) -> dict[str, float]:
+        return self.ledger.in_flight(account)
+
+    async def pause(self, seconds: float) -> None:
+        time.sleep(seconds)
+
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         async def wrapped() -> T:
             return await make()
@@ -203,6 +218,12 @@ class AsyncIO(NodeIO):
         if not isinstance(self.ledger, ScopeStore):
             return None
         return await self.ledger.aremember_scope(scope)
+
+    async def in_flight(self, account: str) -> dict[str, float]:
+        return await self.ledger.ain_flight(account)
+
+    async def pause(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         return await make()

@@ -38,12 +38,12 @@ from langgraph.types import Overwrite
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from fencepost.policy import AgentState
+from fencepost.policy import AgentState, Phase
 from fencepost.policy.fingerprint import encodable
 
 FIELDS: tuple[str, ...] = tuple(AgentState.model_fields)
 """AgentState's fields: the keys a run record may hold."""
-APPENDED = frozenset({"observations", "proposals", "receipts", "manifests"})
+APPENDED = frozenset({"observations", "proposals", "receipts", "manifests", "turns"})
 """Fields whose write is the items a step added: they only grow."""
 COUNTED = frozenset({"fingerprints"})
 """Maps whose entries only grow (repeat counts): a write cannot lower one."""
@@ -55,6 +55,11 @@ REPLACED = frozenset(FIELDS) - APPENDED - COUNTED - LATEST
 SNAPSHOT_EVERY = 5000
 """A full snapshot of the record every N updates. At LangGraph's own replay bound a step writes
 only what it changed, and a resume replays at most that many writes."""
+
+FOLLOWS_KEY = "__follows__"
+"""The key of a new run's first write that names the ended run it follows on the thread: the
+record starts over from that write (the ended run kept in its ``turns``). Only a node writes it:
+a caller's write is stored as what the record takes of it (:func:`caller_write`), no such key."""
 
 OVERWRITE_KEY = "__overwrite__"
 """How a JSON client spells LangGraph's ``Overwrite`` (``{"__overwrite__": value}``)."""
@@ -264,9 +269,14 @@ def _taken(write: Any) -> dict[str, Any] | None:
     if not isinstance(write, dict) or overwrite_of(write)[0]:
         return None  # LangGraph's Overwrite would reset the run: never
     out: dict[str, Any] = {}
+    starts = FOLLOWS_KEY in write
     for key, value in write.items():
         if key not in _KINDS:
             continue  # no field of a run
+        if key == "turns" and not starts:
+            # A run's place in the conversation names its ledger account: only the write that
+            # starts it (a node's, stored with the run it follows) gives its earlier turns.
+            continue
         reader = _READERS.get(key)
         if reader is None:
             out[key] = _plain_or_marked(value)
@@ -278,6 +288,7 @@ def _taken(write: Any) -> dict[str, Any] | None:
 
 
 _KINDS = frozenset(FIELDS)
+_TERMINAL = Phase.TERMINAL.value
 
 
 def caller_write(write: Any) -> dict[str, Any]:
@@ -286,7 +297,9 @@ def caller_write(write: Any) -> dict[str, Any]:
     as given, a value no serializer writes would raise out of ``invoke`` after the write was
     half-saved, a node's own write handed back (a stream's ``updates``) would still be taken for
     the node's, and an ``Overwrite`` would be kept for LangGraph to replay."""
-    return _taken(write) or {}
+    taken = _taken(write) or {}
+    taken.pop("turns", None)  # a caller's write never starts a run (see _taken)
+    return taken
 
 
 # -- the reducer and the channel ----------------------------------------------------------------
@@ -294,6 +307,8 @@ def caller_write(write: Any) -> dict[str, Any]:
 
 def _apply(out: RunRecord, changes: Mapping[str, Any]) -> None:
     for key, value in changes.items():
+        if key == FOLLOWS_KEY:
+            continue  # read by _starts_run: no field of the run
         if key in APPENDED:
             if value:
                 out[key] = [*out.get(key, ()), *value]
@@ -332,8 +347,17 @@ def _completed(out: RunRecord) -> RunRecord:
 def _starts_run(out: Mapping[str, Any], changes: Mapping[str, Any]) -> bool:
     """Whether ``changes`` is a run's first write: it gives the record its run id. What a caller
     wrote to the thread before it is no part of that run, records included (an observation
-    planted there would be read as the result of a call of the run that has the same id)."""
-    return "run_id" in changes and "run_id" not in out
+    planted there would be read as the result of a call of the run that has the same id). A
+    later run's first write names the ended run it follows (:data:`FOLLOWS_KEY`)."""
+    if "run_id" not in changes:
+        return False
+    if "run_id" not in out:
+        return True
+    return (
+        changes.get(FOLLOWS_KEY) == out.get("run_id")
+        and out.get("phase") == _TERMINAL
+        and isinstance(changes.get(FOLLOWS_KEY), str)
+    )
 
 
 def _unreadable(out: Mapping[str, Any]) -> dict[str, Any]:
@@ -374,7 +398,10 @@ def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
         else:
             changes = _unreadable(out)
         if changes:
-            if _starts_run(out, changes):
+            # A stored write that names the run it follows is a node's (a caller's write is
+            # stored without the key): the new run's first.
+            follows = own(write) or (isinstance(write, dict) and FOLLOWS_KEY in write)
+            if _starts_run(out, write if follows else changes):
                 out = RunRecord()
             _apply(out, changes)
     return _completed(out)

@@ -25,6 +25,7 @@ class RouteView(TypedDict, total=False):
 
     run: dict[str, Any]
     run_id: str
+    turn: str
     remaining_steps: RemainingSteps
 
 
@@ -76,7 +77,10 @@ def route_start(values: RouteView) -> Next:
         # No run yet: a stop or a phase a caller wrote to the thread first is not the run's
         # (its first step writes over them), so the run still decides.
         return "decide"
-    if record.get("phase") == _TERMINAL or _stopped(record):
+    if record.get("phase") == _TERMINAL:
+        # New input on a thread whose run ended (the turn names it) starts the next run.
+        return "decide" if values.get("turn") == record.get("run_id") else "terminal"
+    if _stopped(record):
         return "terminal"
     if not record.get("batch"):
         return "decide"

@@ -21,6 +21,7 @@ from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
 from langgraph.channels.last_value import LastValue
 from langgraph.managed import RemainingSteps
 from pydantic import Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
 # pydantic builds the JSON schemas from these; on Python < 3.12 only from typing_extensions'.
 from typing_extensions import TypedDict
@@ -31,7 +32,7 @@ from fencepost.policy import AgentState, RuntimeBudget, TerminationReason
 from fencepost.policy.budget import DEFAULT_STEPS, DEFAULT_TOOL_CALLS, default_budget
 from fencepost.policy.context import RunContext
 from fencepost.policy.contract import Frozen, field_names, without_values
-from fencepost.policy.state import stop
+from fencepost.policy.state import as_turn, earlier_run, stop
 from fencepost.policy.stop_report import paused_report
 
 LAYOUT = 2
@@ -101,6 +102,38 @@ class LayoutRefused(ValueError):
         self.layout = layout
 
 
+class RunInProgress(ValueError):
+    """New input (a message, a start request) on a thread whose run has not ended: still going,
+    or paused for approval. Refused before anything of it is saved: finish the run first
+    (answer the approval with ``Command(resume=...)``, resume it with ``invoke(None)``) or
+    cancel it (``fp.cancel``); then the input starts the thread's next run.
+
+    >>> str(RunInProgress("t-1", "run-1", paused=True))
+    "input refused: run 'run-1' on thread 't-1' is paused for approval: answer it with Command(resume=...) or cancel it, then send the input again"
+    """
+
+    def __init__(self, thread_id: str, run_id: str, *, paused: bool) -> None:
+        how = (
+            "is paused for approval: answer it with Command(resume=...)"
+            if paused
+            else "has not ended: resume it with invoke(None)"
+        )
+        super().__init__(
+            f"input refused: run {run_id!r} on thread {thread_id!r} {how} or cancel it, "
+            "then send the input again"
+        )
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.paused = paused
+
+
+class TurnChannel(LastValue[Any]):
+    """The ``turn`` channel: the id of the ended run that new input on the thread follows. Set
+    by the compiled graph when input arrives on a thread whose run ended (whatever a caller
+    gives for it is replaced), so the loop starts the thread's next run instead of reading the
+    ended one again."""
+
+
 class GraphState(TypedDict, total=False):
     """LangGraph state schema: the start request, the run's record and the conversation."""
 
@@ -113,6 +146,9 @@ class GraphState(TypedDict, total=False):
     record, derived by :mod:`fencepost.graph.messages`, never read by the loop."""
     run_id: Annotated[str, RetiredChannel(str)]
     """Layout 1's first field: present only in a checkpoint that layout wrote (refused)."""
+    turn: Annotated[str, TurnChannel(str)]
+    """The ended run that the thread's latest input follows (set by fencepost, see
+    :class:`TurnChannel`)."""
     remaining_steps: RemainingSteps
 
 
@@ -124,11 +160,15 @@ class InputState(TypedDict, total=False):
     - ``{"messages": [...]}``: the last human message is the question; the run gets a generated
       run id and the default budget (:func:`default_budget`).
 
-    With both, ``request`` starts the run and ``messages`` is kept as given.
+    With both, ``request`` starts the run and ``messages`` is kept as given. On a thread whose
+    run ended, either starts the thread's next run (see :class:`TurnChannel`; ``turn`` is set
+    by fencepost, never by a caller).
     """
 
     request: Annotated[StartRequest, RequestChannel(dict)]
     messages: Annotated[list[AnyMessage], Messages]
+    turn: Annotated[str, TurnChannel(str), SkipJsonSchema()]
+    """Set by fencepost (never published: a client's value is replaced)."""
 
 
 def start(
@@ -172,10 +212,16 @@ class NoQuestion(ValueError):
 
 
 class NoRun(ValueError):
-    """There is no fencepost run in these values (no run has started on the thread)."""
+    """There is no fencepost run in these values (no run has started on the thread), or none
+    with the run id asked for."""
 
-    def __init__(self) -> None:
-        super().__init__("no fencepost run in these values: no run has started on this thread")
+    def __init__(self, run_id: str | None = None) -> None:
+        super().__init__(
+            "no fencepost run in these values: no run has started on this thread"
+            if run_id is None
+            else f"no run {run_id!r} on this thread"
+        )
+        self.run_id = run_id
 
 
 def request_from(
@@ -203,9 +249,12 @@ def request_from(
     return None
 
 
-def new_run_state(request: Any, ctx: RunContext | None) -> AgentState:
+def new_run_state(
+    request: Any, ctx: RunContext | None, follows: AgentState | None = None
+) -> AgentState:
     """A new run's state from its start request, bound to the identity in the caller's context
-    (never the model's, never the request's)."""
+    (never the model's, never the request's); ``follows``: the ended run it follows on the
+    thread, kept in its ``turns`` with the ones before it."""
     if not isinstance(request, StartRequest):
         request = StartRequest.model_validate(request, strict=False)
     return AgentState(
@@ -214,7 +263,14 @@ def new_run_state(request: Any, ctx: RunContext | None) -> AgentState:
         budget=request.budget,
         tenant_id=ctx.tenant_id if ctx else None,
         principal_id=ctx.principal.id if ctx else None,
+        turns=() if follows is None else (*follows.turns, as_turn(follows)),
     )
+
+
+def follows_input(state: AgentState, values: Mapping[str, Any]) -> bool:
+    """Whether ``state`` is an ended run that new input on its thread follows (the ``turn``
+    channel names it): the thread's next run starts."""
+    return state.is_terminal and values.get("turn") == state.run_id
 
 
 def refuse_other_layouts(values: Mapping[str, Any]) -> None:
@@ -355,8 +411,11 @@ def _validated_output(record: Mapping[str, Any]) -> AgentState:
     raise refused
 
 
-def run_output(values: Mapping[str, Any]) -> AgentState:
-    """A run's output (``invoke``'s return value or ``get_state(...).values``) as AgentState.
+def run_output(values: Mapping[str, Any], run_id: str | None = None) -> AgentState:
+    """A run's output (``invoke``'s return value or ``get_state(...).values``) as AgentState:
+    the thread's latest run, or with ``run_id`` that run of the thread. An earlier run is what
+    the conversation keeps of it (:class:`~fencepost.policy.turns.Turn`: question, answer,
+    ending, stop report, receipts, budget; no observations, proposals or manifests).
 
     Its ``report`` is the stop report of a run that ended, or, for a run paused for approval,
     the one policy derives from the calls that wait (``waiting_for`` names them); ``None`` while
@@ -376,6 +435,12 @@ def run_output(values: Mapping[str, Any]) -> AgentState:
         raise NoRun
     view = getattr(record, "view", None)
     state = view if view is not None else _validated_output(record)
+    if run_id is not None and run_id != state.run_id:
+        # The first turn of an id: one a caller appended later cannot stand in for it.
+        for turn in state.turns:
+            if turn.run_id == run_id:
+                return earlier_run(turn)
+        raise NoRun(run_id)
     if state.report is None and not state.is_terminal:
         # Derived on the way out, never written: the checkpoint keeps the terminal node's
         # report as the only stored one.
@@ -394,8 +459,10 @@ __all__ = [
     "MendedState",
     "NoQuestion",
     "NoRun",
+    "RunInProgress",
     "StartRequest",
     "field_default",
+    "follows_input",
     "has_run",
     "load_state",
     "new_run_state",

@@ -17,6 +17,7 @@ from fencepost.graph.record import (
     APPENDED,
     COUNTED,
     FIELDS,
+    FOLLOWS_KEY,
     LATEST,
     REPLACED,
     plain,
@@ -113,6 +114,12 @@ def reset_prerun_values(values: Mapping[str, Any], writes: Any) -> Any:
     if not record:
         return writes
     after = writes.after
+    ended = record.get("run_id")
+    if isinstance(ended, str) and writes.get("run") is not None:
+        # A first write on a thread a run has ended on: the new run's, naming the run it
+        # follows, so the record starts over from it (the ended run is in its ``turns``).
+        writes["run"] = step_write(None, after, {**writes["run"], FOLLOWS_KEY: ended})
+        return writes
     resets: dict[str, Any] = {}
     for name in REPLACED:
         if name in record and name in _DEFAULTS:

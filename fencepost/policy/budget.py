@@ -56,12 +56,18 @@ class BudgetExhausted(Exception):
         limit: float | None = None,
         requested: float | None = None,
         account: str | None = None,
+        busy: bool = False,
     ) -> None:
         self.reason = reason
         self.axis = axis
         self.limit = limit
         self.requested = requested
         self.account = account
+        self.busy = busy
+        """Whether the shortfall is only held, not spent: what every account of the chain has
+        spent (settled or charged) leaves room for the request, and reservations still in
+        flight (reserved, not yet settled or released) take it. Waiting for them may let the
+        request through; a refusal that is not busy stands until limits change."""
         where = f" on account {account!r}" if account else ""
         detail = (
             f": {axis.value} limit {limit:g} would be exceeded by a request for {requested:g}{where}"

@@ -11,6 +11,7 @@ from fencepost.policy.contract import Frozen
 from fencepost.policy.deadline import Deadline
 from fencepost.policy.decision import Decision, ToolProposal
 from fencepost.policy.observation import Observation
+from fencepost.policy.turns import EarlierTurn
 
 
 class DecisionInput(Frozen):
@@ -34,6 +35,11 @@ class DecisionInput(Frozen):
     answered: dict[str, int] = Field(default_factory=dict)
     """The call ids that have an observation (and the step that proposed each): a model's call id
     found here is a reuse, checked in O(1) however long the run (see ``AgentState.answered``)."""
+    turns: Annotated[tuple[EarlierTurn, ...], Strict(False)] = ()
+    """The conversation so far: the thread's earlier runs (question and final answer), oldest
+    first, as data. Evidence for this run is only what its own calls returned."""
+    turns_left_out: int = 0
+    """Earlier turns older than those in ``turns``, not shown."""
 
 
 class Decided(Frozen):

@@ -28,20 +28,24 @@ def _digest(*parts: str) -> str:
 
 # One string object per account: a run's reservations, markers and ledger records all hold it.
 @lru_cache(maxsize=4096)
-def run_account(thread_id: str, run_id: str, namespace: str = "") -> str:
+def run_account(thread_id: str, run_id: str, namespace: str = "", turn: int = 0) -> str:
     """The ledger account of the run on checkpoint thread ``thread_id``.
 
-    A thread holds one run, so the account is named from the thread alone — a field of state
-    (the run id, the tenant) cannot move a run to another account; ``run_id`` names it only when
-    there is no thread (no checkpointer). The identity (tenant, principal) is recorded *in* the
-    account: a state update that rewrites it lands on this account, whose owner then differs.
-    A run invoked from a parent graph's node shares the parent's thread under a checkpoint
-    ``namespace`` of its own, which names its account too (a top-level run's is ``""``).
+    A thread holds a conversation of runs, so the account is named from the thread and the
+    run's place in it (``turn``: how many runs the thread held before it, 0 for its first, whose
+    account is named from the thread alone) — a field a caller can write (the run id, the
+    tenant) cannot move a run to another account, and no state update can write a run's place
+    (see ``graph.record``); ``run_id`` names it only when there is no thread (no checkpointer).
+    The identity (tenant, principal) is recorded *in* the account: a state update that rewrites
+    it lands on this account, whose owner then differs. A run invoked from a parent graph's
+    node shares the parent's thread under a checkpoint ``namespace`` of its own, which names its
+    account too (a top-level run's is ``""``).
     """
+    at = () if turn == 0 else (f"turn:{turn}",)
     if thread_id and namespace:
-        return f"run:{_digest('thread', thread_id, namespace)}"
+        return f"run:{_digest('thread', thread_id, namespace, *at)}"
     if thread_id:
-        return f"run:{_digest('thread', thread_id)}"
+        return f"run:{_digest('thread', thread_id, *at)}"
     return f"run:{_digest('run', run_id)}"
 
 

@@ -106,15 +106,28 @@ class AccountClosed(Exception):
         return (type(self), (self.account, self.reason))
 
 
-def exhausted(account: str, axis: str, limit: float, requested: float) -> BudgetExhausted:
-    """The ``BudgetExhausted`` for ``account`` unable to hold ``requested`` more on ``axis``."""
+def exhausted(
+    account: str, axis: str, limit: float, requested: float, *, busy: bool = False
+) -> BudgetExhausted:
+    """The ``BudgetExhausted`` for ``account`` unable to hold ``requested`` more on ``axis``
+    (``busy``: only because reservations in flight hold the room, see ``BudgetExhausted.busy``)."""
     try:
         known = BudgetAxis(axis)
     except ValueError:
         known = BudgetAxis.COST
     return BudgetExhausted(
-        reason_for_axis(known), axis=known, limit=limit, requested=requested, account=account
+        reason_for_axis(known),
+        axis=known,
+        limit=limit,
+        requested=requested,
+        account=account,
+        busy=busy,
     )
+
+
+def spent(held: Mapping[str, float], in_flight: Mapping[str, float]) -> dict[str, float]:
+    """What an account has spent per axis: what it holds less what reservations in flight hold."""
+    return {axis: amount - in_flight.get(axis, 0.0) for axis, amount in held.items()}
 
 
 # -- the rules every backend applies --------------------------------------------------------------
@@ -198,20 +211,40 @@ def check_open(chain: Iterable[tuple[str, str | None]]) -> None:
             raise AccountClosed(account, closed)
 
 
-def check_room(
+def _short(
     chain: Iterable[tuple[str, Mapping[str, float], Mapping[str, float]]],
     amounts: Mapping[str, float],
-) -> None:
-    """Raise ``BudgetExhausted`` unless every ``(account, limits, held)`` can also hold ``amounts``.
-
-    Accounts are checked nearest first, so the error names the first one that cannot pay; an axis
-    an account does not limit never exhausts it.
-    """
+) -> tuple[str, str, float, float] | None:
+    """The first ``(account, axis, limit, amount)`` of ``chain`` that cannot hold ``amounts``."""
     for account, limits, held in chain:
         for axis, amount in amounts.items():
             limit = limits.get(axis)
             if limit is not None and held.get(axis, 0.0) + amount > limit:
-                raise exhausted(account, axis, limit, amount)
+                return account, axis, limit, amount
+    return None
+
+
+def check_room(
+    chain: Iterable[tuple[str, Mapping[str, float], Mapping[str, float]]],
+    amounts: Mapping[str, float],
+    in_flight: Mapping[str, Mapping[str, float]] | None = None,
+) -> None:
+    """Raise ``BudgetExhausted`` unless every ``(account, limits, held)`` can also hold ``amounts``.
+
+    Accounts are checked nearest first, so the error names the first one that cannot pay; an axis
+    an account does not limit never exhausts it. ``in_flight`` (account -> what its reservations
+    in flight hold) says whether the refusal is ``busy``: no account of the chain would refuse
+    were only what it spent counted.
+    """
+    links = list(chain)
+    short = _short(links, amounts)
+    if short is None:
+        return
+    busy = False
+    if in_flight is not None:
+        unspent = [(a, limits, spent(held, in_flight.get(a, {}))) for a, limits, held in links]
+        busy = _short(unspent, amounts) is None
+    raise exhausted(*short, busy=busy)
 
 
 def over_limit(
@@ -291,6 +324,11 @@ class Ledger(ABC):
     reservation that ``reserve``, ``settle``, ``release`` or ``charge`` returns carries the
     reserving account's :class:`Balance` right after the operation.
 
+    Held is not spent: ``in_flight`` says what reservations not yet settled or released hold on
+    an account, and a refusal says whether it is ``busy`` (``BudgetExhausted.busy``: only
+    reservations in flight take the room, so waiting for them may let it through) or caused by
+    what was spent. Every backend gives the same answer.
+
     Keys, account names, axes and owner fields are checked by :func:`validate_name`
     (``InvalidLedgerKey``) before a backend sees them. A reservation of ``{}`` is legal: a durable
     "attempt started" marker, idempotent by key like any other.
@@ -363,6 +401,21 @@ class Ledger(ABC):
     @abstractmethod
     def balance(self, account: str) -> Balance:
         """Limits and holdings of ``account``."""
+
+    def in_flight(self, account: str) -> dict[str, float]:
+        """What reservations still in flight (reserved, not yet settled or released) hold on
+        ``account``, per axis, its descendants' included: the part of ``Balance.held`` that is
+        held but not spent. ``UnknownAccount`` if it was never opened.
+
+        The default, for a backend that does not track it, is nothing: all it holds counts as
+        spent (a refusal is then never ``busy``).
+        """
+        self.balance(account)
+        return {}
+
+    async def ain_flight(self, account: str) -> dict[str, float]:
+        """Async twin of :meth:`in_flight`."""
+        return await asyncio.to_thread(self.in_flight, account)
 
     async def aopen_account(
         self,
@@ -463,6 +516,8 @@ class InMemoryLedger(Ledger, ScopeStore):
         self._owners: dict[str, dict[str, str]] = {}
         self._closed: dict[str, str] = {}
         self._held: dict[str, dict[str, float]] = {}
+        self._in_flight: dict[str, dict[str, float]] = {}
+        """Per account, what reservations in flight (reserved, not settled or released) hold."""
         self._reservations: dict[str, _Record] = {}
         self._keys: dict[str, list[str]] = {}
         """Each account's reservation keys, so a closed account's can be forgotten in O(its own)."""
@@ -494,6 +549,7 @@ class InMemoryLedger(Ledger, ScopeStore):
                 self._limits[account] = clean
                 self._owners[account] = who
                 self._held[account] = {}
+                self._in_flight[account] = {}
                 if type(account) is str:
                     self._valid_names.add(account)
             return self._balance(account)
@@ -550,8 +606,13 @@ class InMemoryLedger(Ledger, ScopeStore):
                 return self._out(key, prior, existing=True)
             chain = walk_chain(account, self._parents)
             check_open((name, self._closed.get(name)) for name in chain)
-            check_room(((name, self._limits[name], self._held[name]) for name in chain), clean)
+            check_room(
+                ((name, self._limits[name], self._held[name]) for name in chain),
+                clean,
+                self._in_flight,
+            )
             self._add_held(chain, clean)
+            self._add_in_flight(chain, clean)
             stored = _new_record(_Record, (account, clean, ReservationStatus.RESERVED))
             self._reservations[key] = stored
             keys = self._keys.get(account)
@@ -613,9 +674,17 @@ class InMemoryLedger(Ledger, ScopeStore):
             for axis, amount in delta.items():
                 held[axis] = held.get(axis, 0.0) + amount
 
+    def _add_in_flight(self, chain: list[str], delta: Mapping[str, float]) -> None:
+        for name in chain:
+            flying = self._in_flight[name]
+            for axis, amount in delta.items():
+                flying[axis] = flying.get(axis, 0.0) + amount
+
     def _refund(self, reservation: _Record, refund: Mapping[str, float]) -> None:
+        """Give back ``refund`` of a reservation in flight, which lands (settled or released)."""
         chain = walk_chain(reservation.account, self._parents)
         self._add_held(chain, {axis: -amount for axis, amount in refund.items()})
+        self._add_in_flight(chain, {axis: -amount for axis, amount in reservation.amounts.items()})
 
     def _stored(self, key: str) -> _Record:
         reservation = self._reservations.get(key)
@@ -704,6 +773,13 @@ class InMemoryLedger(Ledger, ScopeStore):
                 self._scopes[scope_id] = scope
             return scope
 
+    def in_flight(self, account: str) -> dict[str, float]:
+        validate_name(account, "account")
+        with self._lock:
+            if account not in self._parents:
+                raise UnknownAccount(account)
+            return dict(self._in_flight[account])
+
     # -- async twins: inline, the lock is held for microseconds and nothing waits on I/O ---------
 
     async def aremember_scope(self, scope: ApprovalScope) -> ApprovalScope:
@@ -749,3 +825,6 @@ class InMemoryLedger(Ledger, ScopeStore):
 
     async def abalance(self, account: str) -> Balance:
         return self.balance(account)
+
+    async def ain_flight(self, account: str) -> dict[str, float]:
+        return self.in_flight(account)

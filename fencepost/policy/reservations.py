@@ -40,31 +40,97 @@ def step_amounts(estimate: int) -> dict[str, float]:
     return amounts
 
 
-def configured_hold(tokens_per_step: int) -> int | None:
-    """What a model step holds when the graph was given an estimate (``tokens_per_step``, or the
-    model's own): that estimate. ``None``: none was given, so the step holds every token its
-    account chain has left (:func:`step_hold` of the chain's headroom)."""
-    return tokens_per_step if tokens_per_step > 0 else None
+DEFAULT_OUTPUT_TOKENS = 4096
+"""The output cap a step holds for when neither the graph's ``tokens_per_step`` nor the model
+(a chat model's ``max_tokens``) gives one: a long answer's worth."""
 
 
-def step_hold(estimate: int, headroom: float | None) -> int:
-    """Tokens a model step holds before the model is asked.
+def step_hold(input_tokens: int, output_cap: int, headroom: float | None) -> int:
+    """Tokens a model step holds before the model is asked: a bounded estimate, never all that
+    is left.
 
-    ``estimate`` is the configured one (``tokens_per_step``, or the model's ``token_estimate``:
-    a chat model's ``max_tokens``); ``headroom`` the fewest tokens any account of the run's chain
-    has left (``None``: none limits tokens). With no estimate the step holds every token left:
-    two steps sharing a limit are then never out at once (the second finds none and stops
-    ``tokens_exhausted``), so concurrent runs cannot multiply it. At least one token while a
-    limit applies: a chain with none left stops before the model is asked.
+    ``input_tokens`` is what the step is about to send, counted (``usage.input_text``, by a
+    tokenizer or at ``usage.CHARACTERS_PER_TOKEN``); ``output_cap`` the most the model may
+    write (``tokens_per_step``, or the model's ``token_estimate``: a chat model's
+    ``max_tokens``; :data:`DEFAULT_OUTPUT_TOKENS` when 0). ``headroom`` is the fewest tokens
+    any account of the run's chain has not *spent* (``None``: none limits tokens, and the step
+    holds none): what others
+    hold in flight is theirs for now, not gone, so it does not shrink the hold (a reservation
+    it crowds out waits for it: see :func:`after_step_refused`). At least one token while a
+    limit applies: a chain whose spending left none is refused before the model is asked.
 
-    >>> step_hold(0, 75.0), step_hold(40, 75.0), step_hold(0, None)
-    (75, 40, 0)
+    >>> step_hold(100, 400, None), step_hold(100, 0, 10_000.0), step_hold(100, 400, 250.0)
+    (0, 4196, 250)
+    >>> step_hold(100, 400, 0.0)
+    1
     """
-    if estimate > 0:
-        return estimate
     if headroom is None:
-        return 0
-    return max(1, math.floor(headroom)) if headroom < math.inf else 1
+        return 0  # nothing limits tokens: nothing to hold (nor to count, see usage)
+    estimate = max(0, input_tokens) + (output_cap if output_cap > 0 else DEFAULT_OUTPUT_TOKENS)
+    if headroom >= math.inf:
+        return estimate
+    return max(1, min(estimate, math.floor(headroom)))
+
+
+MAX_STEP_WAIT_SECONDS = 60.0
+"""The longest a model step waits, in all, for steps in flight to give back the room it needs
+(and for runs that started first to take their turn), whatever the run's deadline allows."""
+
+FIRST_STEP_WAIT_SECONDS = 0.005
+"""A waiting step's first pause before it asks again; each pause doubles, up to
+:data:`LONGEST_STEP_WAIT_SECONDS`."""
+
+LONGEST_STEP_WAIT_SECONDS = 0.25
+"""The longest single pause: a step in flight settling is noticed within this."""
+
+
+def step_wait(*, waited: float, attempt: int, deadline_left: float | None) -> float | None:
+    """How long a model step that must wait pauses before it looks again: a backoff from
+    :data:`FIRST_STEP_WAIT_SECONDS` doubling per ``attempt`` up to
+    :data:`LONGEST_STEP_WAIT_SECONDS`, never past :data:`MAX_STEP_WAIT_SECONDS` in all
+    (``waited`` so far) nor the run's deadline (``deadline_left`` seconds; ``None``: none).
+    ``None``: it has waited as long as it may.
+
+    >>> step_wait(waited=0.0, attempt=0, deadline_left=None)
+    0.005
+    >>> step_wait(waited=0.0, attempt=10, deadline_left=0.1), step_wait(waited=60.0, attempt=0, deadline_left=None)
+    (0.1, None)
+    """
+    left = MAX_STEP_WAIT_SECONDS - waited
+    if deadline_left is not None:
+        left = min(left, deadline_left)
+    if left <= 0:
+        return None
+    return min(FIRST_STEP_WAIT_SECONDS * (1 << min(attempt, 16)), LONGEST_STEP_WAIT_SECONDS, left)
+
+
+def after_step_refused(
+    refused: BudgetExhausted,
+    *,
+    account: str,
+    asked: int,
+    hold_now: int,
+    waited: float,
+    attempt: int,
+    deadline_left: float | None,
+) -> float | None:
+    """What a model step does when the ledger refused its hold of ``asked`` tokens: the seconds
+    it pauses before it asks again (``0``: at once), or ``None``: the refusal stands and the
+    run ends as :func:`stop_for_exhausted` says.
+
+    Busy is not exhausted: a refusal only reservations in flight cause (``refused.busy``)
+    waits for them to settle (:func:`step_wait`), unless it is the run's own ``account`` that
+    refused: what is in flight there is the run's own, an attempt a crash left unsettled that
+    nothing will settle while the run waits for it. One that spending causes asks again at once
+    for the smaller hold the chain's spending now allows (``hold_now``, :func:`step_hold` of a
+    fresh read), if there is one; else it stands: a run ends exhausted only when what was spent
+    leaves no room.
+    """
+    if refused.busy and refused.account != account:
+        return step_wait(waited=waited, attempt=attempt, deadline_left=deadline_left)
+    if refused.axis is BudgetAxis.TOKENS and 0 < hold_now < asked:
+        return 0.0
+    return None
 
 
 def first_step_amounts(tokens_per_step: int) -> dict[str, float]:

@@ -15,6 +15,7 @@ from fencepost.policy.observation import AnswerPayload, Observation
 from fencepost.policy.phase import Phase, TerminationReason
 from fencepost.policy.receipt import Receipt, ReceiptStatus, current_receipts
 from fencepost.policy.stop_report import StopReport
+from fencepost.policy.turns import Turn
 
 
 class StopRequest(Frozen):
@@ -80,6 +81,9 @@ class AgentState(Frozen):
     """Set by a node that decided the run must end; consumed by the terminal node."""
     report: StopReport | None = None
     """How the run ended, from its receipts and reason: written by the terminal node."""
+    turns: Annotated[tuple[Turn, ...], Strict(False)] = ()
+    """The thread's earlier runs, oldest first (see :mod:`fencepost.policy.turns`): set when
+    the run starts, from the run it follows."""
 
     @property
     def pending(self) -> tuple[ToolProposal, ...]:
@@ -103,3 +107,39 @@ class AgentState(Frozen):
         return frozenset(
             o.evidence_id for o in self.observations if o.is_evidence and o.call_id not in failed
         )
+
+
+def as_turn(state: AgentState) -> Turn:
+    """What the conversation keeps of the run in ``state`` once a later run starts."""
+    return Turn(
+        run_id=state.run_id,
+        question=state.question,
+        tenant_id=state.tenant_id,
+        principal_id=state.principal_id,
+        budget=state.budget,
+        step=state.step,
+        final_answer=state.final_answer,
+        termination=state.termination,
+        last_error_code=state.last_error_code,
+        receipts=state.receipts,
+        report=state.report,
+    )
+
+
+def earlier_run(turn: Turn) -> AgentState:
+    """An earlier run of the thread as AgentState: what its :class:`Turn` keeps, ended (its
+    observations, proposals and manifests are not kept: empty)."""
+    return AgentState(
+        run_id=turn.run_id,
+        question=turn.question,
+        tenant_id=turn.tenant_id,
+        principal_id=turn.principal_id,
+        budget=turn.budget,
+        step=turn.step,
+        phase=Phase.TERMINAL,
+        final_answer=turn.final_answer,
+        termination=turn.termination,
+        last_error_code=turn.last_error_code,
+        receipts=turn.receipts,
+        report=turn.report,
+    )

@@ -361,6 +361,75 @@ def test_an_axis_the_account_does_not_limit_is_held_but_never_exhausts(ledger: L
 # -- settle and release ------------------------------------------------------------------------
 
 
+# -- held is not spent: in flight, and a busy refusal -------------------------------------------
+
+
+def test_in_flight_is_what_reservations_not_yet_settled_or_released_hold_up_the_chain(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("tenant", {"tokens": 1000})
+    ledger.open_account("run-a", {"tokens": 1000}, parent="tenant")
+    ledger.open_account("run-b", {"tokens": 1000}, parent="tenant")
+    ledger.reserve("run-a", "a1", {"tokens": 300, "steps": 1})
+    ledger.reserve("run-b", "b1", {"tokens": 200})
+    assert ledger.in_flight("tenant") == {"tokens": 500.0, "steps": 1.0}
+    assert ledger.in_flight("run-a") == {"tokens": 300.0, "steps": 1.0}
+    ledger.settle("a1", {"tokens": 120, "steps": 1})  # lands at 120: none of it in flight
+    ledger.release("b1")
+    ledger.charge("run-a", "over", {"tokens": 50})  # spent already: never in flight
+    assert ledger.in_flight("tenant") == {"tokens": 0.0, "steps": 0.0}
+    assert ledger.balance("tenant").held == {"tokens": 170.0, "steps": 1.0}
+    ledger.settle("a1", {"tokens": 0})  # an outcome recorded twice lands once
+    assert ledger.in_flight("run-a") == {"tokens": 0.0, "steps": 0.0}
+    with pytest.raises(UnknownAccount):
+        ledger.in_flight("nobody")
+
+
+def test_a_refusal_only_reservations_in_flight_cause_is_busy_and_one_spent_causes_is_not(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("tenant", {"tokens": 1000})
+    ledger.open_account("run-a", {"tokens": 1000}, parent="tenant")
+    ledger.open_account("run-b", {"tokens": 1000}, parent="tenant")
+    ledger.reserve("run-a", "a1", {"tokens": 700})
+    with pytest.raises(BudgetExhausted) as held:
+        ledger.reserve("run-b", "b1", {"tokens": 600})
+    assert held.value.busy  # spent: 0; the 700 in flight takes the room
+    assert held.value.account == "tenant"
+    ledger.settle("a1", {"tokens": 500})
+    with pytest.raises(BudgetExhausted) as spent:
+        ledger.reserve("run-b", "b1", {"tokens": 600})
+    assert not spent.value.busy  # 500 spent leaves 500: no wait makes 600 fit
+    assert ledger.reserve("run-b", "b1", {"tokens": 500}).balance is not None
+
+
+def test_a_refusal_is_not_busy_when_any_account_of_the_chain_is_short_of_what_it_spent(
+    ledger: Ledger,
+) -> None:
+    ledger.open_account("tenant", {"tokens": 1000})
+    ledger.open_account("run", {"tokens": 100}, parent="tenant")
+    ledger.open_account("other", {"tokens": 1000}, parent="tenant")
+    ledger.charge("run", "spent", {"tokens": 80})
+    ledger.reserve("other", "o1", {"tokens": 900})
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run", "r1", {"tokens": 50})
+    # The tenant is only busy, but the run's own account has spent too much: it stands.
+    assert caught.value.account == "run" and not caught.value.busy
+
+
+async def test_the_async_twin_of_in_flight_gives_the_same_answer(ledger: Ledger) -> None:
+    await ledger.aopen_account("run", {"tokens": 10})
+    await ledger.areserve("run", "k", {"tokens": 4})
+    assert await ledger.ain_flight("run") == {"tokens": 4.0}
+    with pytest.raises(BudgetExhausted) as caught:
+        await ledger.areserve("run", "k2", {"tokens": 7})
+    assert caught.value.busy
+    await ledger.asettle("k", {"tokens": 4})
+    assert await ledger.ain_flight("run") == {"tokens": 0.0}
+    with pytest.raises(UnknownAccount):
+        await ledger.ain_flight("nobody")
+
+
 def test_settle_records_actual_and_refunds_only_the_excess(ledger: Ledger) -> None:
     ledger.open_account("tenant", {"cost": 10})
     ledger.open_account("run", {"cost": 5, "tool_calls": 3}, parent="tenant")

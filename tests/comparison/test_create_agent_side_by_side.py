@@ -320,7 +320,7 @@ def test_create_agent_without_limit_middleware_ends_in_graph_recursion_error_whi
 # --- 2. budgets across a resume ------------------------------------------------------------------
 
 
-def test_create_agent_run_limit_resets_on_a_new_invocation_and_thread_limit_persists_while_a_finished_fencepost_thread_refuses_new_work() -> (
+def test_create_agent_run_limit_resets_on_a_new_invocation_and_thread_limit_persists_while_each_new_fencepost_message_is_a_run_with_its_own_budget() -> (
     None
 ):
     per_invoke: dict[str, list[int]] = {}
@@ -345,16 +345,15 @@ def test_create_agent_run_limit_resets_on_a_new_invocation_and_thread_limit_pers
     fp_model = chat(search_forever())
     fp_g, config = fp_graph(fp_model, lc_tools(ran_fp)), thread()
     first = fp.run_output(fp_g.invoke(fp_start(10, 2), config, context=ctx()))
-    second = fp.run_output(fp_g.invoke(fp_start(10, 2), config, context=ctx()))
     assert first.termination is fp.TerminationReason.TOOL_BUDGET_EXHAUSTED
-    # A finished fencepost thread is terminal: a new start returns the same run, runs nothing.
-    assert (second.run_id, second.budget, second.termination) == (
-        first.run_id,
-        first.budget,
-        first.termination,
-    )
-    assert len(ran_fp.bodies) == 2
-    assert len(fp_model.received) == 3
+    assert fp.run_output(fp_g.invoke(None, config, context=ctx())) == first  # resumes nothing
+    second = fp.run_output(fp_g.invoke(fp_start(10, 2), config, context=ctx()))
+    # New input on a finished fencepost thread is the thread's next run, with the budget it
+    # names (its own ledger account): two more calls, as run_limit gives, and each run ends typed.
+    assert second.run_id != first.run_id
+    assert second.termination is fp.TerminationReason.TOOL_BUDGET_EXHAUSTED
+    assert [t.run_id for t in second.turns] == [first.run_id]
+    assert len(ran_fp.bodies) == 4
 
 
 def test_create_agent_run_limits_reset_on_every_resume_after_interrupt_before_tools_while_fencepost_budget_continues() -> (

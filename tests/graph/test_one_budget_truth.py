@@ -38,9 +38,11 @@ from fencepost.adapters import PostgresLedger, SqliteLedger
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.settings import settings_of
 from fencepost.graph.state import has_run
+from fencepost.graph.token_count import count_tokens
 from fencepost.policy import BudgetAxis, Reservation, UnknownAccount
 from fencepost.policy.keys import run_account
 from fencepost.policy.tool_decorator import tool
+from fencepost.policy.usage import input_text, reply_text
 from fencepost.reporting import load_runs
 from tests.graph.kit import ABSTAIN, Calls, call, context, final_citing_last, make_registry, thread
 
@@ -181,9 +183,9 @@ def test_a_tenant_token_limit_never_lets_a_run_complete_past_it(tokens_per_step:
     )
     assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
     assert state.last_error_code == "tokens_exhausted"
-    if tokens_per_step > 10:
-        assert model.calls == 0  # the estimate alone does not fit: the model is never asked
-    # What the one step that went out reported is charged in full, nothing more after it.
+    # Whatever the estimate, the step holds the 10 tokens unspent (never more than is left)
+    # and goes out once; what it reported is charged in full, nothing more after it.
+    assert model.calls == 1
     assert held(ledger, "tenant").get("tokens", 0.0) == 3_000 * model.calls
     assert_state_is_the_ledgers_view(state, ledger, account_of(config, state))
 
@@ -192,7 +194,7 @@ def test_a_tenant_with_no_tokens_left_stops_a_new_run_before_the_model_is_asked(
     ledger = fp.InMemoryLedger()
     ledger.open_account("tenant", {"tokens": 10})
     ledger.open_account("earlier-run", {}, parent="tenant")
-    ledger.reserve("earlier-run", "spent", {"tokens": 10})
+    ledger.charge("earlier-run", "spent", {"tokens": 10})  # spent, not merely held
     calls = Calls()
     script = [fp.Decided(decision=call(n=1), input_tokens=2_000, output_tokens=1_000)]
     graph, model, _ = graph_over(script, ledger, calls)
@@ -208,14 +210,15 @@ def test_a_tenant_with_no_tokens_left_stops_a_new_run_before_the_model_is_asked(
     assert model.calls == 0
 
 
-def test_a_run_token_limit_stops_before_the_step_that_would_cross_it() -> None:
-    # Each step reserves its 40-token estimate first; the third would cross 100.
+def test_a_run_token_limit_lets_a_step_hold_what_is_unspent_and_ends_past_it() -> None:
+    # Each step holds what it sends plus 40, capped at what the run has not spent: the third
+    # holds the 20 left, reports 40, is charged all 40, and the run ends past its limit.
     ledger = fp.InMemoryLedger()
     calls = Calls()
     script = [
         fp.Decided(decision=call(n=1), input_tokens=30, output_tokens=10),
         fp.Decided(decision=call(n=2), input_tokens=30, output_tokens=10),
-        final_citing_last,
+        lambda inp: fp.Decided(decision=final_citing_last(inp), input_tokens=30, output_tokens=10),
     ]
     graph, model, _ = graph_over(script, ledger, calls, tokens_per_step=40)
     config = thread()
@@ -229,10 +232,10 @@ def test_a_run_token_limit_stops_before_the_step_that_would_cross_it() -> None:
             context=context(),
         )
     )
-    assert model.calls == 2
+    assert model.calls == 3
     assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
     assert state.last_error_code == "tokens_exhausted"
-    assert state.budget.tokens_used == 80
+    assert state.budget.tokens_used == 120
     assert_state_is_the_ledgers_view(state, ledger, account_of(config, state))
 
 
@@ -273,12 +276,18 @@ def _decided_with_usage(decision: Any, usage: Any) -> fp.Decided:
 @pytest.mark.parametrize(
     "usage", [-5, "3000", True, 2**64], ids=["negative", "string", "bool", "two_to_the_64"]
 )
-def test_usage_no_one_can_trust_is_charged_the_estimate_and_never_raises(usage: Any) -> None:
+def test_usage_no_one_can_trust_is_charged_the_text_count_and_never_raises(usage: Any) -> None:
     ledger = fp.InMemoryLedger()
     calls = Calls()
+    counted: list[int] = []
+
+    def counting(decision: Any, inp: fp.DecisionInput) -> fp.Decided:
+        counted.append(count_tokens(input_text(inp)) + count_tokens(reply_text(decision)))
+        return _decided_with_usage(decision, usage)
+
     script = [
-        _decided_with_usage(call(n=1), usage),
-        lambda inp: _decided_with_usage(final_citing_last(inp), usage),
+        lambda inp: counting(call(n=1), inp),
+        lambda inp: counting(final_citing_last(inp), inp),
     ]
     graph, _, _ = graph_over(script, ledger, calls, tokens_per_step=7)
     config = thread()
@@ -286,14 +295,16 @@ def test_usage_no_one_can_trust_is_charged_the_estimate_and_never_raises(usage: 
         graph.invoke(
             fp.start(
                 "q",
-                fp.RuntimeBudget(steps_remaining=6, tool_calls_remaining=4, tokens_remaining=100),
+                fp.RuntimeBudget(
+                    steps_remaining=6, tool_calls_remaining=4, tokens_remaining=100_000
+                ),
             ),
             config,
             context=context(),
         )
     )
     assert state.termination is fp.TerminationReason.COMPLETED
-    assert state.budget.tokens_used == 14  # two steps, each charged its estimate
+    assert state.budget.tokens_used == sum(counted)  # two steps, each its text's count
     assert_state_is_the_ledgers_view(state, ledger, account_of(config, state))
 
 
@@ -726,7 +737,7 @@ def _async_run_over(
     start = fp.start(
         "q",
         fp.RuntimeBudget(
-            steps_remaining=6, tool_calls_remaining=6, tokens_remaining=100, cost_remaining=3
+            steps_remaining=6, tool_calls_remaining=6, tokens_remaining=100_000, cost_remaining=3
         ),
     )
 
@@ -754,7 +765,7 @@ def recorded_ledger(
     else:
         ledger = thread_recording(SqliteLedger, log)(tmp_path / "ledger.db")
     with ledger:
-        ledger.open_account("tenant", {"tool_calls": 10, "tokens": 1_000})
+        ledger.open_account("tenant", {"tool_calls": 10, "tokens": 1_000_000})
         log.sync.clear()
         yield ledger, log
 

@@ -486,18 +486,29 @@ def test_a_second_update_of_the_record_beside_an_answer_asked_again_is_taken_wit
 # -- one terminal node is the only way out -----------------------------------------------------
 
 
-def test_second_invoke_on_a_finished_thread_returns_the_same_state_and_calls_nothing() -> None:
+def test_a_finished_run_keeps_its_ending_resuming_it_calls_nothing_and_new_input_is_the_next_run() -> (
+    None
+):
     h = harness([call(), final_citing_last, call(n=2)])
     config, ctx = thread(), context()
     first = fp.run_output(h.graph.invoke(fp.start("q", budget()), config, context=ctx))
     model_calls, tool_calls = h.model.calls, len(h.calls.log)
     again = fp.run_output(h.graph.invoke(None, config, context=ctx))
-    restarted = fp.run_output(h.graph.invoke(fp.start("another q", budget()), config, context=ctx))
     assert first.termination is fp.TerminationReason.COMPLETED
     assert again == first
-    assert restarted.termination is first.termination and restarted.budget == first.budget
-    assert restarted.question == first.question
     assert (h.model.calls, len(h.calls.log)) == (model_calls, tool_calls)
+    # New input is the thread's next run; the finished run's ending is not touched.
+    out = h.graph.invoke(fp.start("another q", budget()), config, context=ctx)
+    restarted = fp.run_output(out)
+    assert restarted.run_id != first.run_id and restarted.question == "another q"
+    kept = fp.run_output(out, run_id=first.run_id)
+    assert (kept.termination, kept.final_answer, kept.receipts, kept.report, kept.budget) == (
+        first.termination,
+        first.final_answer,
+        first.receipts,
+        first.report,
+        first.budget,
+    )
 
 
 def test_terminal_state_is_only_made_by_the_terminal_node() -> None:

@@ -23,9 +23,17 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 import fencepost as fp
 from fencepost.adapters.chat_model import ChatModelDecider
+from fencepost.graph.token_count import count_tokens
 from fencepost.policy.keys import call_key, run_account
-from fencepost.policy.reservations import step_hold
-from fencepost.policy.usage import MOST_CHARACTERS_PER_TOKEN, UsageKind, reply_size, usage_report
+from fencepost.policy.reservations import DEFAULT_OUTPUT_TOKENS, step_hold
+from fencepost.policy.usage import (
+    MOST_CHARACTERS_PER_TOKEN,
+    UsageKind,
+    input_text,
+    reply_size,
+    reply_text,
+    usage_report,
+)
 from tests.adapters.fakes import fake_model
 from tests.graph.kit import (
     ABSTAIN,
@@ -141,16 +149,18 @@ def test_a_run_limit_crossed_by_a_report_is_charged_in_full_and_ends_the_run() -
     assert ledger.balance(account_of(config, state)).held["tokens"] == 250.0
 
 
-def test_with_no_estimate_a_step_holds_every_token_its_chain_has_left() -> None:
+def test_with_no_estimate_a_step_holds_its_input_and_the_default_output_cap() -> None:
     ledger = fp.InMemoryLedger()
-    ledger.open_account("tenant", {"tokens": 100})
+    ledger.open_account("tenant", {"tokens": 1_000_000})
     ledger.open_account("earlier", {}, parent="tenant")
     ledger.charge("earlier", "spent", {"tokens": 25})
     seen: list[float] = []
+    sent: list[int] = []
 
     class Watching:
         async def decide(self, inp: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.Decided:
             seen.append(ledger.balance("tenant").held["tokens"])
+            sent.append(count_tokens(input_text(inp)))
             return fp.Decided(decision=FINAL, input_tokens=8, output_tokens=2)
 
     graph = fp.build_agent_graph(make_registry(Calls()), Watching(), ledger=ledger).compile(
@@ -158,10 +168,13 @@ def test_with_no_estimate_a_step_holds_every_token_its_chain_has_left() -> None:
     )
     state = fp.run_output(
         graph.invoke(
-            fp.start("q", token_budget(tokens_remaining=500)), thread(), context=tenant_context()
+            fp.start("q", token_budget(tokens_remaining=1_000_000)),
+            thread(),
+            context=tenant_context(),
         )
     )
-    assert seen == [100.0]  # the 75 the tenant had left were all held while the model ran
+    # Held while the model ran: what it was sent plus the default output cap, not all left.
+    assert seen == [25.0 + sent[0] + DEFAULT_OUTPUT_TOKENS]
     assert state.termination is fp.TerminationReason.COMPLETED
     assert state.budget.tokens_used == 10  # and settled to what it reported
     assert ledger.balance("tenant").held["tokens"] == 35.0
@@ -192,12 +205,13 @@ def test_a_zero_token_report_for_a_megabyte_reply_is_not_trusted() -> None:
     assert state.termination is fp.TerminationReason.COMPLETED
     first = state.manifests[0]
     assert first.input_tokens is None and first.output_tokens is None  # not kept as usage
-    # The megabyte step is charged at least its estimate, and at least what that many
-    # characters can have cost; the last step what it reported.
-    assert state.budget.tokens_used >= max(50, 1_000_000 // MOST_CHARACTERS_PER_TOKEN) + 12
+    # The megabyte step is charged the count of the text it wrote (at least what that many
+    # characters can have cost), never its hold; the last step what it reported.
+    assert state.budget.tokens_used >= count_tokens(huge) + 12
+    assert state.budget.tokens_used >= 1_000_000 // MOST_CHARACTERS_PER_TOKEN + 12
 
 
-def test_a_bool_token_count_is_charged_the_estimate_never_a_malformed_decision() -> None:
+def test_a_bool_token_count_is_charged_the_text_count_never_a_malformed_decision() -> None:
     def boolean(_: Any) -> AIMessage:
         message = AIMessage(content="done")
         # Set after construction: AIMessage would have made it 1, a provider object may not.
@@ -214,28 +228,34 @@ def test_a_bool_token_count_is_charged_the_estimate_never_a_malformed_decision()
         )
     )
     assert state.termination is fp.TerminationReason.COMPLETED, state.last_error_code
-    assert state.budget.tokens_used == 70
+    # Neither the report nor the 70-token hold: the text sent and the "done" received.
+    assert 0 < state.budget.tokens_used < 70 + 1_000
+    assert state.budget.tokens_used != 70
 
 
 # -- the rules, as policy ----------------------------------------------------------------------
 
 
-def test_the_hold_is_the_configured_estimate_else_every_token_left_else_none() -> None:
-    assert step_hold(40, 1_000.0) == 40
-    assert step_hold(0, 75.0) == 75
-    assert step_hold(0, 0.0) == 1  # nothing left: a step still asks for one, and is refused
-    assert step_hold(0, 2.5) == 2
-    assert step_hold(0, None) == 0  # no account limits tokens
+def test_the_hold_is_the_input_plus_the_output_cap_capped_at_what_is_unspent() -> None:
+    assert step_hold(10, 40, 1_000.0) == 50
+    assert step_hold(10, 0, 1_000_000.0) == 10 + DEFAULT_OUTPUT_TOKENS
+    assert step_hold(10, 40, 0.0) == 1  # nothing unspent: a step still asks for one, refused
+    assert step_hold(0, 40, 2.5) == 2
+    assert step_hold(10, 40, None) == 0  # no account limits tokens
 
 
 def test_a_reply_is_never_cheaper_than_its_length_allows() -> None:
     decided = fp.Decided(decision=call(query="y" * 10_000), input_tokens=5, output_tokens=1)
     size = reply_size(decided.decision)
     assert size >= 10_000
-    report = usage_report(5, 1, estimate=7, reply_chars=size)
+    report = usage_report(5, 1, counted=7, reply_chars=size)
     assert report.kind is UsageKind.IMPLAUSIBLE
     assert report.charged == -(-size // MOST_CHARACTERS_PER_TOKEN)
-    plausible = usage_report(5, 100, estimate=7, reply_chars=size)
+    counted = count_tokens(reply_text(decided.decision))
+    assert usage_report(5, 1, counted=counted, reply_chars=size).charged == max(
+        counted, report.charged
+    )
+    plausible = usage_report(5, 100, counted=7, reply_chars=size)
     assert (plausible.kind, plausible.charged) == (UsageKind.REPORTED, 105)
 
 
@@ -253,13 +273,13 @@ _COUNT = st.one_of(
 @given(
     tokens_in=_COUNT,
     tokens_out=_COUNT,
-    estimate=st.integers(0, 10_000),
+    counted=st.integers(0, 10_000),
     chars=st.integers(0, 10**7),
 )
-def test_any_usage_report_is_judged_never_raises_and_an_untrusted_one_costs_the_estimate(
-    tokens_in: Any, tokens_out: Any, estimate: int, chars: int
+def test_any_usage_report_is_judged_never_raises_and_an_untrusted_one_costs_the_text_count(
+    tokens_in: Any, tokens_out: Any, counted: int, chars: int
 ) -> None:
-    report = usage_report(tokens_in, tokens_out, estimate=estimate, reply_chars=chars)
+    report = usage_report(tokens_in, tokens_out, counted=counted, reply_chars=chars)
     floor = -(-chars // MOST_CHARACTERS_PER_TOKEN)
     if report.kind is UsageKind.REPORTED:
         assert report.input_tokens is not None or report.output_tokens is not None
@@ -267,9 +287,9 @@ def test_any_usage_report_is_judged_never_raises_and_an_untrusted_one_costs_the_
         assert report.charged == (report.input_tokens or 0) + (report.output_tokens or 0)
     elif report.kind is UsageKind.UNREPORTED:
         assert tokens_in is None and tokens_out is None
-        assert report.charged == estimate
+        assert report.charged == counted
     else:
-        assert report.charged == max(estimate, floor)
+        assert report.charged == max(counted, floor)
         assert report.input_tokens is None and report.output_tokens is None
 
 
@@ -325,11 +345,11 @@ def _decided(**usage: Any) -> fp.policy.Decided:
     ids=["negative", "huge", "text", "nan-inf", "bool-list", "sum-too-big"],
 )
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_usage_report_no_one_can_trust_is_charged_the_estimate_and_ends_typed(
+def test_a_usage_report_no_one_can_trust_is_charged_the_text_count_and_ends_typed(
     usage: dict[str, Any], mode: str
 ) -> None:
     h = harness([_decided(**usage), ABSTAIN], tokens_per_step=100)
-    limited = fp.RuntimeBudget(steps_remaining=6, tool_calls_remaining=4, tokens_remaining=1_000)
+    limited = fp.RuntimeBudget(steps_remaining=6, tool_calls_remaining=4, tokens_remaining=100_000)
     inp, config = fp.start("q", limited), thread()
     if mode == "sync":
         out = h.graph.invoke(inp, config, context=context())
@@ -337,4 +357,11 @@ def test_a_usage_report_no_one_can_trust_is_charged_the_estimate_and_ends_typed(
         out = asyncio.run(h.graph.ainvoke(inp, config, context=context()))
     state = fp.run_output(out)
     assert state.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
-    assert state.budget.tokens_used == 200
+    first, second = h.model.inputs
+    counted = (
+        count_tokens(input_text(first))
+        + count_tokens(reply_text(call(n=1)))
+        + count_tokens(input_text(second))
+        + count_tokens(reply_text(ABSTAIN))
+    )
+    assert state.budget.tokens_used == counted  # never the 100-token holds

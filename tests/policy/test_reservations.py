@@ -8,6 +8,7 @@ budget limits.
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -27,11 +28,11 @@ from fencepost.policy import (
 )
 from fencepost.policy.budget import budget_view
 from fencepost.policy.reservations import (
+    DEFAULT_OUTPUT_TOKENS,
     Claim,
     answered_before,
     call_amounts,
     claim,
-    configured_hold,
     first_step_amounts,
     step_amounts,
     step_hold,
@@ -88,7 +89,9 @@ def test_a_step_on_an_exhausted_token_budget_is_refused_on_the_tokens_axis() -> 
     budget = RuntimeBudget(steps_remaining=5, tool_calls_remaining=5, tokens_remaining=0)
     ledger = _opened(budget)
     with pytest.raises(BudgetExhausted) as caught:
-        _reserve(ledger, step_amounts(step_hold(0, ledger.balance(ACCOUNT).remaining("tokens"))))
+        _reserve(
+            ledger, step_amounts(step_hold(10, 0, ledger.balance(ACCOUNT).remaining("tokens")))
+        )
     assert caught.value.axis is BudgetAxis.TOKENS
     assert caught.value.reason is TerminationReason.STEP_BUDGET_EXHAUSTED
 
@@ -100,7 +103,7 @@ def test_tokens_charged_past_the_limit_refuse_the_next_step() -> None:
     view = budget_view(balance.limits, balance.held)
     assert (view.tokens_used, view.tokens_remaining) == (150, 0)  # the view never goes negative
     with pytest.raises(BudgetExhausted) as caught:
-        _reserve(ledger, step_amounts(step_hold(0, balance.remaining("tokens"))))
+        _reserve(ledger, step_amounts(step_hold(10, 0, balance.remaining("tokens"))))
     assert caught.value.axis is BudgetAxis.TOKENS
 
 
@@ -176,19 +179,30 @@ def test_a_model_step_reserves_one_step_and_its_token_estimate() -> None:
     assert step_amounts(40) == {"steps": 1.0, "tokens": 40.0}
 
 
-@given(estimate=st.integers(1, 10**6))
-def test_a_configured_estimate_is_what_a_step_holds(estimate: int) -> None:
-    assert configured_hold(estimate) == estimate
-    assert configured_hold(0) is None  # none configured: the chain's headroom, below
+@given(
+    sent=st.integers(0, 10**6),
+    cap=st.integers(0, 10**5),
+    headroom=st.none() | st.floats(-1e7, 1e9, allow_nan=False),
+)
+def test_a_step_holds_what_it_sends_plus_the_output_cap_never_more_than_is_unspent(
+    sent: int, cap: int, headroom: float | None
+) -> None:
+    estimate = sent + (cap or DEFAULT_OUTPUT_TOKENS)
+    hold = step_hold(sent, cap, headroom)
+    if headroom is None:
+        assert hold == 0  # nothing limits tokens: nothing to hold
+    else:
+        # Bounded by the estimate, capped at what the chain has not spent, one at the least.
+        assert hold == max(1, min(estimate, math.floor(headroom)))
 
 
-def test_a_step_holds_its_estimate_else_every_token_the_chain_has_left() -> None:
-    assert step_hold(40, 1_000.0) == 40
-    assert step_hold(0, 75.0) == 75
-    assert step_hold(0, 2.5) == 2
-    assert step_hold(0, None) == 0  # no account limits tokens
-    # Nothing (or less than nothing, after a charge past the limit) left: one token, refused.
-    assert step_hold(0, 0.0) == step_hold(0, -50.0) == step_hold(0, float("inf")) == 1
+def test_a_step_holds_its_estimate_not_every_token_the_chain_has_left() -> None:
+    assert step_hold(100, 400, 1_000_000.0) == 500
+    assert step_hold(100, 0, 1_000_000.0) == 100 + DEFAULT_OUTPUT_TOKENS
+    assert step_hold(100, 400, 250.0) == 250
+    assert step_hold(0, 40, 2.5) == 2
+    # Nothing (or less than nothing, after a charge past the limit) unspent: one token, refused.
+    assert step_hold(10, 40, 0.0) == step_hold(10, 40, -50.0) == 1
 
 
 def test_a_child_runs_first_step_reserves_at_least_one_token() -> None:

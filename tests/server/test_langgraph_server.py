@@ -312,3 +312,34 @@ def test_agent_chat_ui_gets_each_model_turn_once_with_the_ids_the_thread_keeps(
     assert all(m["type"] != "human" for m in streamed[1:]), "the question comes first"
     assert not any(_internal_calls(m) for m in streamed)
     assert streamed[-1]["content"] == stored[-1]["content"]
+
+
+def test_a_conversation_through_the_sdk_is_one_run_per_message(client: Any) -> None:
+    thread_id = client.threads.create()["thread_id"]
+    first = client.runs.wait(
+        thread_id,
+        CHAT_GRAPH,
+        input={"messages": [{"role": "user", "content": "Why is checkout failing?"}]},
+        context=CONTEXT,
+    )
+    parts = list(
+        client.runs.stream(
+            thread_id,
+            CHAT_GRAPH,
+            input={"messages": [{"role": "user", "content": "And since when?"}]},
+            context=CONTEXT,
+            stream_mode=["messages-tuple", "values"],
+        )
+    )
+    values = _values(client, thread_id)
+    second = values["run"]
+    assert first["run"]["termination"] == second["termination"] == "completed"
+    assert second["run_id"] != first["run"]["run_id"]
+    assert second["question"] == "And since when?"
+    assert [t["run_id"] for t in second["turns"]] == [first["run"]["run_id"]]
+    stored = values["messages"]
+    assert [m["type"] for m in stored] == ["human", "ai", "tool", "ai"] * 2
+    streamed = _streamed_messages(parts)
+    ids = [m["id"] for m in streamed]
+    assert ids == list(dict.fromkeys(ids)), f"a message streamed twice: {ids}"
+    assert [m["id"] for m in streamed if m["type"] != "human"] == [m["id"] for m in stored[5:]]
