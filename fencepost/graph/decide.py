@@ -221,8 +221,13 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     # change with the reservation, the text does not.
     sent = count_tokens(input_text(decision_input(state, cfg)))
 
-    if cfg.price is None and await left_on(io, state, ctx, BudgetAxis.MONEY) is not None:
-        # A money limit the graph cannot price: refused, never guessed.
+    if (
+        cfg.price is None
+        and state.step == 0
+        and await left_on(io, state, ctx, BudgetAxis.MONEY) is not None
+    ):
+        # A money limit the graph cannot price: refused before the run's first step, never
+        # guessed (an account's limits are fixed when it opens: once is enough).
         unpriced = stop(TerminationReason.POLICY_DENIED, "money_unpriced")
         return step_writes(before, state.model_copy(update={"stop": unpriced}))
 

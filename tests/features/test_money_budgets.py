@@ -30,6 +30,7 @@ from fencepost.graph.settings import GraphConfigError
 from fencepost.graph.token_count import count_tokens
 from fencepost.policy.pricing import MICROS, price_micros
 from fencepost.policy.usage import UsageKind, UsageReport, input_text, reply_text, step_settlement
+from tests.adapters import fakes
 from tests.graph.kit import Calls, call, context, final_citing_last, make_registry, thread
 
 PRICE = fp.ModelPrice(input=Decimal("0.15"), output=Decimal("0.60"), cached_input=Decimal("0.075"))
@@ -222,3 +223,49 @@ def test_a_step_settles_exactly_its_priced_usage_in_whole_micro_units(
     actual, overage = step_settlement(report, 0, money=(held, cost))
     charged = actual["money"] + overage.get("money", 0.0)
     assert charged == cost and charged.is_integer()
+
+
+class NamedChatModel(fakes.FakeToolChatModel):
+    model_name: str = "gpt-4o-mini-2024-07-18"
+
+
+def usage(tokens_in: int, tokens_out: int, cached: int) -> dict[str, Any]:
+    return {
+        "input_tokens": tokens_in,
+        "output_tokens": tokens_out,
+        "total_tokens": tokens_in + tokens_out,
+        "input_token_details": {"cache_read": cached},
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "ending"), [("gpt-4o-mini-2024-07-18", None), ("ours-1", "money_unpriced")]
+)
+def test_a_chat_model_is_priced_by_its_own_name_and_its_cached_input(
+    ledger: fp.Ledger, name: str, ending: str | None
+) -> None:
+    chat = NamedChatModel(
+        model_name=name,
+        messages=iter(
+            [
+                fakes.ai_call(
+                    "search_logs",
+                    {"query": "500"},
+                    "call-model-01",
+                    usage_metadata=usage(1000, 100, 1000),
+                ),
+                lambda messages: fakes.ai_final("deploy 42", ["call-model-01"]).model_copy(
+                    update={"usage_metadata": usage(1000, 100, 0)}
+                ),
+            ]
+        ),
+    )
+    log = fakes.ToolLog()
+    graph = fakes.build(fakes.langchain_registry(log), fp.ChatModelDecider(chat), ledger=ledger)
+    state = fp.run_output(
+        graph.invoke(fp.start("why?", money_budget("1")), fakes.thread(), context=fakes.ctx())
+    )
+    assert state.last_error_code == ending
+    if ending is None:
+        # gpt-4o-mini's row: 1000 cached in + 100 out = 135, then 1000 in + 100 out = 210.
+        assert state.budget.money_used == Decimal(135 + 210) / MICROS
