@@ -79,6 +79,12 @@ from fencepost.policy import (
     ToolRegistry,
     ToolSpec,
 )
+from fencepost.policy.conversation_budget import (
+    ConversationBudgetDenied,
+    aconversation_account,
+    conversation_account,
+)
+from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
 from fencepost.policy.receipt import current_receipts
 
 if TYPE_CHECKING:
@@ -86,6 +92,12 @@ if TYPE_CHECKING:
     from fencepost.adapters.ledger_sqlite import SqliteLedger
 
 __all__ = [
+    "PRICES",
+    "ConversationBudgetDenied",
+    "ModelPrice",
+    "PriceTable",
+    "aconversation_account",
+    "conversation_account",
     "AbstainProposal",
     "Accepted",
     "AgentState",

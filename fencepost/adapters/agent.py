@@ -33,6 +33,7 @@ from fencepost.policy import (
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
 from fencepost.policy.denial import DenialMode
+from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
 from fencepost.policy.registry import not_a_tool_spec
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import (
@@ -284,6 +285,8 @@ def create_agent(
     needs_approval: NeedsApproval | None = None,
     approval_right: str | None = None,
     four_eyes: bool = False,
+    price: str | ModelPrice | None = None,
+    prices: PriceTable = PRICES,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The bounded agent, compiled: ``create_agent(model, tools, checkpointer=...)``.
 
@@ -300,7 +303,7 @@ def create_agent(
     ``require_citations``, ``answer_margin``, ``repair_attempts``, ``repeat_limit``,
     ``model_timeout_seconds``, ``model_retries``, ``max_concurrent_tools``, ``tokens_per_step``,
     ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``approver``,
-    ``needs_approval``, ``approval_right``, ``four_eyes``. A run's budget is given with its
+    ``needs_approval``, ``approval_right``, ``four_eyes``, ``price`` and ``prices``. A run's budget is given with its
     question:
     ``fp.start(question, fp.RuntimeBudget(...))``.
 
@@ -334,5 +337,7 @@ def create_agent(
         needs_approval=needs_approval,
         approval_right=approval_right,
         four_eyes=four_eyes,
+        price=price,
+        prices=prices,
     )
     return graph.compile(checkpointer=checkpointer, store=store, name=name, debug=debug)

@@ -223,6 +223,9 @@ def _parse(
     input_tokens = usage.get("input_tokens")
     output_tokens = usage.get("output_tokens")
     tokens_in, tokens_out = _counts(input_tokens, output_tokens)
+    details = usage.get("input_token_details")
+    cached = details.get("cache_read") if isinstance(details, Mapping) else None
+    cached_in = cached if isinstance(cached, int) and not isinstance(cached, bool) else None
     for call in calls:
         if not isinstance(call.get("args"), dict):
             raise InvalidProposal("non_object_arguments")
@@ -243,12 +246,18 @@ def _parse(
                 decision=FinalProposal(answer=answer),
                 input_tokens=tokens_in,
                 output_tokens=tokens_out,
+                cached_input_tokens=cached_in,
             )
         try:
             abstain = AbstainProposal.model_validate(call["args"])
         except ValidationError:
             raise InvalidProposal("malformed_abstention") from None
-        return Decided(decision=abstain, input_tokens=tokens_in, output_tokens=tokens_out)
+        return Decided(
+            decision=abstain,
+            input_tokens=tokens_in,
+            output_tokens=tokens_out,
+            cached_input_tokens=cached_in,
+        )
 
     if not calls:
         text = _text_of(message.content).strip()
@@ -259,7 +268,10 @@ def _parse(
         except ValidationError:
             raise InvalidProposal("malformed_final_answer") from None
         return Decided(
-            decision=FinalProposal(answer=answer), input_tokens=tokens_in, output_tokens=tokens_out
+            decision=FinalProposal(answer=answer),
+            input_tokens=tokens_in,
+            output_tokens=tokens_out,
+            cached_input_tokens=cached_in,
         )
 
     proposals: list[ToolProposal] = []
@@ -295,6 +307,7 @@ def _parse(
         generated_call_ids=tuple(generated),
         input_tokens=tokens_in,
         output_tokens=tokens_out,
+        cached_input_tokens=cached_in,
     )
 
 
@@ -560,6 +573,10 @@ class ChatModelDecider:
         ):
             raise DeciderConfigError("token_estimate must be an integer >= 0")
         self.token_estimate = token_estimate or 0
+        named = getattr(chat_model, "model_name", None) or getattr(chat_model, "model", None)
+        self.model_name: str | None = named if isinstance(named, str) and named else None
+        """The chat model's name (its ``model_name`` or ``model``): a graph with no ``price``
+        of its own prices its steps by this name in its price table, when the table has it."""
         """Tokens a step reserves before the model is called (the chat model's ``max_tokens``
         where it has one); the reported usage is settled after."""
         self._history_size = history_size

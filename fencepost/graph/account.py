@@ -44,6 +44,7 @@ from fencepost.policy.keys import (
 from fencepost.policy.ledger import AccountClosed
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.ownership import check_funding, check_owner, run_owner
+from fencepost.policy.pricing import to_micros
 from fencepost.policy.reservations import (
     call_amounts,
     stop_for_closed,
@@ -286,17 +287,27 @@ async def tokens_left(io: NodeIO, state: AgentState, ctx: RunContext) -> float |
     last written: between its steps nothing of its own is in flight), its parents' read from
     the ledger. Only sizes a step's hold: the reservation is what the ledger checks, so a
     parent that cannot be read is left to it to refuse."""
-    tokens = BudgetAxis.TOKENS.value
-    least: float | None = state.budget.tokens_remaining
+    return await left_on(io, state, ctx, BudgetAxis.TOKENS)
+
+
+async def left_on(io: NodeIO, state: AgentState, ctx: RunContext, axis: BudgetAxis) -> float | None:
+    """As :func:`tokens_left`, on ``axis`` (money in the ledger's micro-units)."""
+    name_of = axis.value
+    own = state.budget.remaining(axis)
+    least: float | None = (
+        float(to_micros(state.budget.money_remaining))
+        if axis is BudgetAxis.MONEY and state.budget.money_remaining is not None
+        else own
+    )
     name = ctx.budget_account
     for _ in range(_MAX_CHAIN):
         if name is None:
             break
         try:
             balance = await io.balance(name)
-            left = balance.remaining(tokens)
+            left = balance.remaining(name_of)
             if left is not None:
-                left += (await io.in_flight(name)).get(tokens, 0.0)
+                left += (await io.in_flight(name)).get(name_of, 0.0)
         except (UnknownAccount, ValueError):
             break
         if left is not None:

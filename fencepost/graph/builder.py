@@ -41,6 +41,7 @@ from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import DENIAL_MODES, DenialMode
+from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import NeedsApproval
 
@@ -66,6 +67,8 @@ def build_agent_graph(
     needs_approval: NeedsApproval | None = None,
     approval_right: str | None = None,
     four_eyes: bool = False,
+    price: str | ModelPrice | None = None,
+    prices: PriceTable = PRICES,
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -157,6 +160,16 @@ def build_agent_graph(
       again with the refusal's code, and the right person can still answer.
     - ``four_eyes`` (``False``): refuse the requester's own answer (a tool's own ``four_eyes``
       wins): someone else of its tenant holding the right must answer.
+    - ``price`` (the model's own ``model_name`` in ``prices``, when there): what the model's
+      tokens cost, a :class:`~fencepost.policy.pricing.ModelPrice` or a model name in
+      ``prices`` (``GraphConfigError`` naming ``price`` when the table has none: never a
+      guess). A priced graph charges each model step on the ``money`` axis as tokens are
+      charged (the hold priced, settled to the reported usage priced, cached input at the
+      cached price), in integer micro-units; a run whose account chain limits money
+      (``RuntimeBudget(money_remaining=...)``, a parent account's ``money`` limit) on an
+      unpriced graph ends before its first step, ``policy_denied`` (``money_unpriced``).
+    - ``prices`` (``fp.PRICES``, dated ``PRICES.as_of``): the price table ``price`` is looked
+      up in; pass your own when it is out of date.
 
     Example::
 
@@ -211,6 +224,7 @@ def build_agent_graph(
         raise GraphConfigError("approval_right", "must be a non-empty capability name")
     if not isinstance(four_eyes, bool):
         raise GraphConfigError("four_eyes", "must be True or False")
+    priced = _price(model, price, prices)
     if tokens_per_step is None:
         declared = getattr(model, "token_estimate", None)
         tokens_per_step = declared if isinstance(declared, int) and declared > 0 else 0
@@ -243,9 +257,37 @@ def build_agent_graph(
             needs_approval=needs_approval,
             approval_right=approval_right,
             four_eyes=four_eyes,
+            price=priced,
         ),
         twin=ledger is None,
     )
+
+
+def _price(model: object, price: object, prices: object) -> ModelPrice | None:
+    """The price a graph's model steps are charged at: ``price`` itself, the table's row for the
+    model ``price`` names, or (no ``price``) the table's row for the model's own name
+    (``model_name``) when it has one; ``None``: unpriced. Never a guess: a named model the
+    table does not price is refused."""
+    if not isinstance(prices, PriceTable):
+        raise GraphConfigError("prices", "must be a fp.PriceTable")
+    if price is None:
+        named = getattr(model, "model_name", None)
+        return prices.price_of(named) if isinstance(named, str) and named else None
+    if isinstance(price, ModelPrice):
+        return price
+    if not isinstance(price, str) or not price:
+        raise GraphConfigError(
+            "price", "must be a model name in the price table or a fp.ModelPrice"
+        )
+    found = prices.price_of(price)
+    if found is None:
+        raise GraphConfigError(
+            "price",
+            f"the price table ({prices.source}, as of {prices.as_of.isoformat()}) has no price "
+            f"for model {price!r}: pass price=fp.ModelPrice(input=..., output=...) in "
+            f"{prices.currency} per million tokens, or prices=fp.PriceTable(...)",
+        )
+    return found
 
 
 def _assemble(cfg: LoopConfig, *, twin: bool = False) -> StateGraph[Any, RunContext, Any, Any]:

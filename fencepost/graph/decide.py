@@ -10,6 +10,7 @@ from langgraph.types import interrupt
 from fencepost.graph.account import (
     account_of,
     charge,
+    left_on,
     open_run,
     pending_work,
     produced,
@@ -28,6 +29,7 @@ from fencepost.graph.trace import manifest, recorded
 from fencepost.graph.writes import step_writes
 from fencepost.policy import (
     AgentState,
+    BudgetAxis,
     Deadline,
     Decided,
     DecisionInput,
@@ -36,6 +38,7 @@ from fencepost.policy import (
     InvalidProposal,
     Phase,
     StopRequest,
+    TerminationReason,
     error_code_for,
     stage_deadline,
 )
@@ -55,8 +58,10 @@ from fencepost.policy.decide import (
 from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.keys import overage_key, step_key
 from fencepost.policy.may_go_on import check_before_acting
+from fencepost.policy.pricing import ModelPrice, price_micros, step_money_hold
 from fencepost.policy.recursion_limit import NEEDS_DECIDE, recursion_stop
-from fencepost.policy.reservations import step_hold, stop_for_exceeded
+from fencepost.policy.reservations import DEFAULT_OUTPUT_TOKENS, step_hold, stop_for_exceeded
+from fencepost.policy.state import stop
 from fencepost.policy.turns import shown_turns
 from fencepost.policy.usage import (
     UsageKind,
@@ -74,6 +79,29 @@ async def step_estimate(io: NodeIO, state: AgentState, ctx: RunContext, sent: in
     ``sent`` tokens it is about to send, the model's output cap (``tokens_per_step``) and what
     the run's chain has not spent (read from the ledger)."""
     return step_hold(sent, io.cfg.tokens_per_step, await tokens_left(io, state, ctx))
+
+
+async def money_estimate(io: NodeIO, state: AgentState, ctx: RunContext, sent: int) -> int:
+    """Micro-units of money a step holds (``pricing.step_money_hold``): the ``sent`` tokens and
+    the model's output cap priced, capped at what the chain has not spent; 0 unpriced."""
+    price = io.cfg.price
+    if price is None:
+        return 0
+    cap = io.cfg.tokens_per_step or DEFAULT_OUTPUT_TOKENS
+    return step_money_hold(price, sent, cap, await left_on(io, state, ctx, BudgetAxis.MONEY))
+
+
+def step_cost(price: ModelPrice, report: UsageReport, sent: int, received: int) -> int:
+    """Micro-units a step that answered costs: its reported usage priced (cached input at the
+    cached price), or, when the report was not trusted, the text sent and received priced."""
+    if report.kind is UsageKind.REPORTED:
+        return price_micros(
+            price,
+            report.input_tokens or 0,
+            report.output_tokens or 0,
+            report.cached_input_tokens or 0,
+        )
+    return price_micros(price, sent, received)
 
 
 def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
@@ -193,12 +221,27 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     # change with the reservation, the text does not.
     sent = count_tokens(input_text(decision_input(state, cfg)))
 
-    async def hold(facts: AgentState) -> int:
-        return await step_estimate(io, facts, ctx, sent)
+    if (
+        cfg.price is None
+        and state.step == 0
+        and await left_on(io, state, ctx, BudgetAxis.MONEY) is not None
+    ):
+        # A money limit the graph cannot price: refused before the run's first step, never
+        # guessed (an account's limits are fixed when it opens: once is enough).
+        unpriced = stop(TerminationReason.POLICY_DENIED, "money_unpriced")
+        return step_writes(before, state.model_copy(update={"stop": unpriced}))
+
+    async def hold(facts: AgentState) -> tuple[int, int]:
+        return (
+            await step_estimate(io, facts, ctx, sent),
+            await money_estimate(io, facts, ctx, sent),
+        )
 
     while True:
         step = state.step + 1
-        held, estimate = await hold_step(io, state, ctx, step_key(account, step), hold)
+        held, (estimate, money_held) = await hold_step(
+            io, state, ctx, step_key(account, step), hold
+        )
         if isinstance(held, StopRequest):
             return step_writes(before, state.model_copy(update={"stop": held}))
         state = with_budget_view(state.model_copy(update={"step": step}), held.balance)
@@ -207,21 +250,35 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     state = state.model_copy(update={"phase": Phase.DECIDE})
     asked = state
     outcome = await ask_model(io, asked, ctx)
+    received = (
+        count_tokens(reply_text(outcome.decision))
+        if isinstance(outcome, Decided) and (estimate or cfg.price is not None)
+        else 0
+    )
     report = (
         usage_report(
             outcome.input_tokens,
             outcome.output_tokens,
             # Where nothing limits tokens nothing was held, and an unreported step is not
             # counted either: a reported one is still charged.
-            counted=sent + count_tokens(reply_text(outcome.decision)) if estimate else 0,
+            counted=sent + received if estimate else 0,
             reply_chars=reply_size(outcome.decision),
+            cached_input_tokens=outcome.cached_input_tokens,
         )
         if isinstance(outcome, Decided)
         # A call that failed reported nothing, and what it cost is unknown: its hold (the
         # input plus the output cap) is the most it can have.
         else UsageReport(kind=UsageKind.UNREPORTED, charged=estimate)
     )
-    actual, overage = step_settlement(report, estimate)
+    money: tuple[int, int] | None = None
+    if cfg.price is not None:
+        cost = (
+            step_cost(cfg.price, report, sent, received)
+            if isinstance(outcome, Decided)
+            else money_held  # a failed call: its hold, as for tokens
+        )
+        money = (money_held, cost)
+    actual, overage = step_settlement(report, estimate, money=money)
     state = with_budget_view(
         state, (await io.settle(step_key(account, state.step), actual)).balance
     )

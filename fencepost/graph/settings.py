@@ -21,6 +21,7 @@ from fencepost.policy import (
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
 from fencepost.policy.denial import DenialMode
+from fencepost.policy.pricing import ModelPrice
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import NeedsApproval
 
@@ -84,6 +85,9 @@ class LoopConfig:
     (``None``: ``approve:<the tool's capability>``); a tool's own ``approval_right`` wins."""
     four_eyes: bool = False
     """Refuse the requester's own answer to its approvals (a tool's own ``four_eyes`` wins)."""
+    price: ModelPrice | None = None
+    """What the model's tokens cost (``None``: unpriced, and a run whose chain limits money is
+    refused, ``money_unpriced``)."""
 
 
 # The settings of each built graph, found again from the graph object (never from a name a

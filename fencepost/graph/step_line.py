@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from fencepost.graph.account import account_of, reserve_or_exhausted
 from fencepost.graph.node_io import NodeIO
-from fencepost.policy import AgentState, BudgetExhausted, Reservation, StopRequest
+from fencepost.policy import AgentState, BudgetAxis, BudgetExhausted, Reservation, StopRequest
 from fencepost.policy.context import RunContext
 from fencepost.policy.ledger import Ledger
 from fencepost.policy.reservations import (
@@ -86,12 +86,13 @@ async def hold_step(
     state: AgentState,
     ctx: RunContext,
     key: str,
-    hold: Callable[[AgentState], Awaitable[int]],
-) -> tuple[Reservation | StopRequest, int]:
-    """Reserve a model step under ``key``, holding what ``hold`` says (``reservations.step_hold``
-    of the facts it gathers, read again after every refusal), waiting its turn and for steps in
-    flight while the ledger says it is busy; the reservation, or the stop its refusal means,
-    and the tokens held."""
+    hold: Callable[[AgentState], Awaitable[tuple[int, int]]],
+) -> tuple[Reservation | StopRequest, tuple[int, int]]:
+    """Reserve a model step under ``key``, holding what ``hold`` says (tokens, by
+    ``reservations.step_hold``, and money's micro-units, by ``pricing.step_money_hold``, of the
+    facts it gathers, read again after every refusal), waiting its turn and for steps in flight
+    while the ledger says it is busy; the reservation, or the stop its refusal means, and the
+    tokens and money held."""
     line = _line(io.ledger)
     account = account_of(state)
     under_way = state.step > 0
@@ -113,14 +114,15 @@ async def hold_step(
                     waited, attempt = waited + pause, attempt + 1
                     continue
                 # waited as long as it may: it asks the ledger, out of turn, once
-            held = await reserve_or_exhausted(io, state, ctx, key, step_amounts(estimate))
+            held = await reserve_or_exhausted(io, state, ctx, key, step_amounts(*estimate))
             if not isinstance(held, BudgetExhausted):
                 return held, estimate
+            on = 1 if held.axis is BudgetAxis.MONEY else 0
             pause = after_step_refused(
                 held,
                 account=account,
-                asked=estimate,
-                hold_now=await hold(state) if not held.busy else estimate,
+                asked=estimate[on],
+                hold_now=(await hold(state))[on] if not held.busy else estimate[on],
                 waited=waited,
                 attempt=attempt,
                 deadline_left=deadline_left,

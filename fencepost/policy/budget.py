@@ -6,6 +6,7 @@ reserves, and the stop a refusal means, is :mod:`fencepost.policy.reservations`.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -13,6 +14,7 @@ from pydantic import Field, Strict, model_validator
 
 from fencepost.policy.contract import Frozen, assemble, no_unknown_keys
 from fencepost.policy.phase import TerminationReason
+from fencepost.policy.pricing import from_micros, to_micros
 
 
 class BudgetAxis(StrEnum):
@@ -23,6 +25,9 @@ class BudgetAxis(StrEnum):
     TOKENS = "tokens"
     COST = "cost"
     MUTATIONS = "mutations"
+    MONEY = "money"
+    """Model spend in a currency, priced from token usage (:mod:`fencepost.policy.pricing`); the
+    ledger holds it in integer micro-units."""
 
 
 # Model-side axes end a run as a step-budget stop, tool-side axes as a tool-budget stop: the twelve
@@ -33,6 +38,7 @@ _REASON_FOR_AXIS = {
     BudgetAxis.TOOL_CALLS: TerminationReason.TOOL_BUDGET_EXHAUSTED,
     BudgetAxis.COST: TerminationReason.TOOL_BUDGET_EXHAUSTED,
     BudgetAxis.MUTATIONS: TerminationReason.TOOL_BUDGET_EXHAUSTED,
+    BudgetAxis.MONEY: TerminationReason.STEP_BUDGET_EXHAUSTED,
 }
 
 
@@ -79,6 +85,7 @@ class BudgetExhausted(Exception):
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
+Money = Annotated[Decimal, Strict(False), Field(ge=0, allow_inf_nan=False)]
 
 
 class RuntimeBudget(Frozen):
@@ -102,6 +109,10 @@ class RuntimeBudget(Frozen):
     """Cost units the run may still spend (``None``: not limited)."""
     mutations_remaining: NonNegativeInt | None = None
     """Write or external effects the run may still start (``None``: not limited)."""
+    money_remaining: Money | None = None
+    """Money the run's model steps may still spend, in the graph's price table's currency
+    (``Decimal("0.50")``; ``None``: not limited). A graph with no price refuses a run that
+    limits it (:mod:`fencepost.policy.pricing`)."""
     steps_used: NonNegativeInt = 0
     """Model decisions reserved so far (attempts, not successes)."""
     tool_calls_used: NonNegativeInt = 0
@@ -112,6 +123,8 @@ class RuntimeBudget(Frozen):
     """Cost units spent so far."""
     mutations_used: NonNegativeInt = 0
     """Write or external effects reserved so far."""
+    money_used: Money = Decimal(0)
+    """Money the run's model steps were charged so far (held, for a step in flight)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -126,7 +139,10 @@ class RuntimeBudget(Frozen):
         return self
 
     def remaining(self, axis: BudgetAxis) -> float | None:
-        """What is left on ``axis``; ``None`` when the axis is not limited."""
+        """What is left on ``axis``; ``None`` when the axis is not limited (money in units of
+        its currency, as a float for display: the ledger keeps it exact)."""
+        if axis is BudgetAxis.MONEY:
+            return None if self.money_remaining is None else float(self.money_remaining)
         return {
             BudgetAxis.STEPS: self.steps_remaining,
             BudgetAxis.TOOL_CALLS: self.tool_calls_remaining,
@@ -136,7 +152,9 @@ class RuntimeBudget(Frozen):
         }[axis]
 
     def used(self, axis: BudgetAxis) -> float:
-        """What has been spent on ``axis``."""
+        """What has been spent on ``axis`` (money as :meth:`remaining` gives it)."""
+        if axis is BudgetAxis.MONEY:
+            return float(self.money_used)
         return {
             BudgetAxis.STEPS: self.steps_used,
             BudgetAxis.TOOL_CALLS: self.tool_calls_used,
@@ -148,7 +166,12 @@ class RuntimeBudget(Frozen):
     def limits(self) -> dict[str, float]:
         """Each limited axis's total (used + remaining): the shape a :class:`Ledger` account takes."""
         out: dict[str, float] = {}
+        if self.money_remaining is not None:
+            # Whole micro-units, exact in a float: no drift in a ledger.
+            out[BudgetAxis.MONEY.value] = float(to_micros(self.money_used + self.money_remaining))
         for axis in BudgetAxis:
+            if axis is BudgetAxis.MONEY:
+                continue
             left = self.remaining(axis)
             if left is not None:
                 out[axis.value] = self.used(axis) + left
@@ -160,7 +183,9 @@ _INTEGER_AXES = (BudgetAxis.STEPS, BudgetAxis.TOOL_CALLS, BudgetAxis.TOKENS, Bud
 _VIEW_FIELDS = tuple(
     (axis.value, f"{axis.value}_used", f"{axis.value}_remaining", axis in _INTEGER_AXES)
     for axis in BudgetAxis
+    if axis is not BudgetAxis.MONEY
 )
+_MONEY = BudgetAxis.MONEY.value
 _ALWAYS_LIMITED = ("steps_remaining", "tool_calls_remaining")
 
 
@@ -181,6 +206,12 @@ def budget_view(limits: dict[str, float], held: dict[str, float]) -> RuntimeBudg
         else:
             spent[used_field] = used
             remaining[remaining_field] = left
+    money_limit = limits.get(_MONEY)
+    money_used = held.get(_MONEY, 0.0)
+    remaining["money_remaining"] = (
+        None if money_limit is None else from_micros(max(0.0, money_limit - money_used))
+    )
+    spent["money_used"] = from_micros(money_used)
     for required in _ALWAYS_LIMITED:
         if remaining[required] is None:
             remaining[required] = 0

@@ -48,6 +48,9 @@ class Decided(Frozen):
     decision: Decision
     input_tokens: int | None = None
     output_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    """Of ``input_tokens``, those the provider read from its prompt cache (priced at a model's
+    cached price, :mod:`fencepost.policy.pricing`), when it says."""
     generated_call_ids: Annotated[tuple[str, ...], Strict(False)] = ()
     """Call ids the adapter had to make up because the model's were missing or too short."""
 

@@ -23,6 +23,14 @@ HINTS: dict[str, str] = {
         "the run used its model tokens: raise RuntimeBudget(tokens_remaining=...) in fp.start"
     ),
     "cost_exhausted": "the run spent its cost budget: raise RuntimeBudget(cost_remaining=...)",
+    "money_exhausted": (
+        "the run (or an account funding it) spent its money: raise "
+        "RuntimeBudget(money_remaining=...), or the money limit of the account it names"
+    ),
+    "money_unpriced": (
+        "the run has a money limit but the graph has no price for its model: pass "
+        "price=fp.ModelPrice(input=..., output=...) or a model name in fp.PRICES to create_agent"
+    ),
     "mutations_exhausted": (
         "the run made all the writes it was allowed: raise RuntimeBudget(mutations_remaining=...)"
     ),

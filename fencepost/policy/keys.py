@@ -57,6 +57,12 @@ def task_run_id(thread_id: str, task_namespace: str) -> str:
     return f"run-{_digest('task-run', thread_id, task_namespace)[:16]}"
 
 
+def conversation_account_name(tenant_id: str, thread_id: str) -> str:
+    """The ledger account a conversation (checkpoint thread ``thread_id``) of tenant
+    ``tenant_id`` shares between its runs: a hash of both, so no tenant names another's."""
+    return f"conversation:{_digest('conversation', tenant_id, thread_id)}"
+
+
 def run_tag(run_id: str) -> str:
     """The run an account was opened for, as its owner records it: a hash, since a run id is
     the caller's text and an owner holds only clean names."""

@@ -29,14 +29,18 @@ _TOKENS = BudgetAxis.TOKENS.value
 _TOOL_CALLS = BudgetAxis.TOOL_CALLS.value
 _MUTATIONS = BudgetAxis.MUTATIONS.value
 _COST = BudgetAxis.COST.value
+_MONEY = BudgetAxis.MONEY.value
 
 
-def step_amounts(estimate: int) -> dict[str, float]:
-    """What a model step reserves before the model is called: one step and its token estimate
-    (:func:`step_hold`; none when it is 0)."""
+def step_amounts(estimate: int, money: int = 0) -> dict[str, float]:
+    """What a model step reserves before the model is called: one step, its token estimate
+    (:func:`step_hold`; none when it is 0) and its money estimate in micro-units
+    (``pricing.step_money_hold``; none when it is 0)."""
     amounts: dict[str, float] = {_STEPS: 1.0}
     if estimate > 0:
         amounts[_TOKENS] = float(estimate)
+    if money > 0:
+        amounts[_MONEY] = float(money)
     return amounts
 
 
@@ -124,11 +128,12 @@ def after_step_refused(
     nothing will settle while the run waits for it. One that spending causes asks again at once
     for the smaller hold the chain's spending now allows (``hold_now``, :func:`step_hold` of a
     fresh read), if there is one; else it stands: a run ends exhausted only when what was spent
-    leaves no room.
+    leaves no room. ``asked`` and ``hold_now`` are on the refused axis (tokens, or money's
+    micro-units).
     """
     if refused.busy and refused.account != account:
         return step_wait(waited=waited, attempt=attempt, deadline_left=deadline_left)
-    if refused.axis is BudgetAxis.TOKENS and 0 < hold_now < asked:
+    if refused.axis in (BudgetAxis.TOKENS, BudgetAxis.MONEY) and 0 < hold_now < asked:
         return 0.0
     return None
 

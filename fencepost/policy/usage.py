@@ -121,6 +121,9 @@ class UsageReport(Frozen):
     """The provider's input count, when plausible (kept for the trace)."""
     output_tokens: int | None = None
     """The provider's output count, when plausible (kept for the trace)."""
+    cached_input_tokens: int | None = None
+    """Of the input count, what the provider read from its cache, when plausible (at most the
+    input count): priced at the model's cached price."""
 
 
 def _count(value: Any) -> int | bool | None:
@@ -171,7 +174,12 @@ def reply_size(decision: object) -> int:
 
 
 def usage_report(
-    input_tokens: Any, output_tokens: Any, *, counted: int, reply_chars: int = 0
+    input_tokens: Any,
+    output_tokens: Any,
+    *,
+    counted: int,
+    reply_chars: int = 0,
+    cached_input_tokens: Any = None,
 ) -> UsageReport:
     """Check a provider's usage report for one step whose text sent and received counts
     ``counted`` tokens (:func:`input_text` and :func:`reply_text`, counted), and whose reply was
@@ -195,25 +203,39 @@ def usage_report(
     tokens_out = counts[1] if isinstance(counts[1], int) else None
     if (tokens_out or 0) < floor:
         return UsageReport(kind=UsageKind.IMPLAUSIBLE, charged=counted)
+    cached = _count(cached_input_tokens)
     return UsageReport(
         kind=UsageKind.REPORTED,
         charged=(tokens_in or 0) + (tokens_out or 0),
         input_tokens=tokens_in,
         output_tokens=tokens_out,
+        # A cache count above the input count cannot be right: the input is priced in full.
+        cached_input_tokens=cached
+        if isinstance(cached, int) and cached <= (tokens_in or 0)
+        else None,
     )
 
 
 def step_settlement(
-    report: UsageReport, estimate: int
+    report: UsageReport, estimate: int, *, money: tuple[int, int] | None = None
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """``(actual, overage)`` for settling a step reserved at ``estimate``.
+    """``(actual, overage)`` for settling a step reserved at ``estimate`` tokens (and, given
+    ``money``, ``(held, charged)`` micro-units of money: :mod:`fencepost.policy.pricing`).
 
     ``actual`` settles the step's reservation (the unused estimate is refunded); ``overage`` is
-    reported usage beyond the estimate, reserved on its own so that it, too, must fit the limits.
+    usage beyond the estimate, charged on its own: spent already, it crosses a limit if it must.
     """
     charged = float(report.charged)
     actual: dict[str, float] = {BudgetAxis.STEPS.value: 1.0}
+    overages: dict[str, float] = {}
     if estimate > 0:
         actual[BudgetAxis.TOKENS.value] = min(charged, float(estimate))
     overage = charged - float(estimate)
-    return actual, ({BudgetAxis.TOKENS.value: overage} if overage > 0 else {})
+    if overage > 0:
+        overages[BudgetAxis.TOKENS.value] = overage
+    if money is not None:
+        held, cost = money
+        actual[BudgetAxis.MONEY.value] = float(min(held, cost))
+        if cost > held:
+            overages[BudgetAxis.MONEY.value] = float(cost - held)
+    return actual, overages
