@@ -86,7 +86,7 @@ from fencepost.policy.reservations import (
     stop_for_conflict,
     stop_for_unknown_account,
 )
-from fencepost.policy.state import stop
+from fencepost.policy.state import as_turn, stop
 from fencepost.policy.tool import NeedsApproval
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     (default: 8 model steps, 8 tool calls). The other settings are ``fp.create_agent``'s, with
     its defaults and checks: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
     ``repeat_limit``, ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``),
-    ``needs_approval``, ``approval_right``, ``four_eyes``. ``approver`` is not taken yet (a
+    ``approval_right``, ``four_eyes``. ``approver`` and ``needs_approval`` are not taken yet (a
     ``GraphConfigError`` says so): with ``approval="interrupt"`` a person answers.
 
     Example::
@@ -167,12 +167,13 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         four_eyes: bool = False,
     ) -> None:
         super().__init__()
-        if approver is not None:
-            raise GraphConfigError(
-                "approver",
-                "is not taken by FencepostMiddleware yet: use approval='interrupt' (a person "
-                "answers) or fp.create_agent(..., approver=...)",
-            )
+        for field, value in (("approver", approver), ("needs_approval", needs_approval)):
+            if value is not None:
+                raise GraphConfigError(
+                    field,
+                    "is not taken by FencepostMiddleware yet: use approval='interrupt' (a "
+                    f"person answers) or fp.create_agent(..., {field}=...)",
+                )
         if budget is not None and not isinstance(budget, RuntimeBudget):
             raise GraphConfigError("budget", "must be an fp.RuntimeBudget")
         self.budget = budget or default_budget()
@@ -188,7 +189,6 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             answer_margin=0,
             repair_attempts=0,
             denial=denial,
-            needs_approval=needs_approval,
             approval_right=approval_right,
             four_eyes=four_eyes,
         )
@@ -280,6 +280,8 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             principal_id=ctx.principal.id if ctx else None,
             question=_question(values.get("messages", [])),
             budget=self.budget,
+            # The thread's earlier runs: the run's place in the thread names its account.
+            turns=() if record is None else (*record.turns, as_turn(record)),
         )
         if ctx is None:
             return _end(run, stop(_DENIED, "invalid_context"))
