@@ -56,3 +56,13 @@ def test_new_input_on_an_ended_thread_is_a_new_run_with_its_own_budget() -> None
     assert first["termination"] == second["termination"] == "tool_budget_exhausted"
     assert first["fencepost_run"]["run_id"] != second["fencepost_run"]["run_id"]
     assert len(ran.bodies) == 4
+
+
+async def test_under_ainvoke_the_same_budget_ends_the_run_with_its_reason() -> None:
+    ran = Ran()
+    mw = fp.FencepostMiddleware(specs(lc_tools(ran)), budget=budget(steps=10, tools=2))
+    out = await agent(chat(search_forever()), lc_tools(ran), [mw]).ainvoke(
+        ask(), thread(), context=ctx()
+    )
+    assert out["termination"] == fp.TerminationReason.TOOL_BUDGET_EXHAUSTED.value
+    assert len(ran.bodies) == 2
