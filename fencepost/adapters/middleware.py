@@ -134,8 +134,8 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     (default: 8 model steps, 8 tool calls). The other settings are ``fp.create_agent``'s, with
     its defaults and checks: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
     ``repeat_limit``, ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``),
-    ``approval_right``, ``four_eyes``. ``approver`` and ``needs_approval`` are not taken yet (a
-    ``GraphConfigError`` says so): with ``approval="interrupt"`` a person answers.
+    ``approver``, ``needs_approval``, ``approval_right`` and ``four_eyes`` are not taken yet (a
+    ``GraphConfigError`` says so): with ``approval="interrupt"`` the requester answers.
 
     Example::
 
@@ -167,7 +167,13 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         four_eyes: bool = False,
     ) -> None:
         super().__init__()
-        for field, value in (("approver", approver), ("needs_approval", needs_approval)):
+        not_taken = (
+            ("approver", approver),
+            ("needs_approval", needs_approval),
+            ("approval_right", approval_right),
+            ("four_eyes", four_eyes or None),
+        )
+        for field, value in not_taken:
             if value is not None:
                 raise GraphConfigError(
                     field,

@@ -52,3 +52,19 @@ def test_a_rejected_write_never_runs(tmp_path: Path) -> None:
     ran, _, out = _run(tmp_path, {"decisions": [{"type": "reject"}]})
     assert ran.bodies == []
     assert out["termination"] is not None
+
+
+def test_a_resume_with_another_tenants_context_runs_nothing(tmp_path: Path) -> None:
+    ran = Ran()
+    tools = lc_tools(ran)
+    mw = fp.FencepostMiddleware(specs(tools), budget=budget(), approval="interrupt")
+    model = chat(then_answer(call("write_note", {"note": "rollback deploy 42"}, 1)))
+    graph, config = agent(model, tools, [mw]), thread()
+    graph.invoke(ask(), config, context=ctx())
+    other = fp.RunContext(
+        tenant_id="evil",
+        principal=fp.Principal(id="u-1", capabilities=frozenset({"logs:read", "notes:write"})),
+    )
+    out = graph.invoke(Command(resume="approve"), config, context=other)
+    assert ran.bodies == []
+    assert out["termination"] == fp.TerminationReason.POLICY_DENIED.value
