@@ -35,6 +35,7 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMes
 from langgraph.types import Command, interrupt
 from pydantic import ValidationError
 
+from fencepost.adapters import telemetry
 from fencepost.adapters.agent import registry_of
 from fencepost.graph.account import (
     account_of,
@@ -350,6 +351,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return await self._close(io, run, stop(_INVALID, "invalid_tool_call"), message)
         refused = refused_batch(calls, run.answered, frozenset())
         if refused is not None:
+            telemetry.batch_refused(run.run_id, calls, self.cfg.registry, refused.error_code or "")
             return await self._close(io, run, refused, message)
         cfg = self.cfg
         gated = gate_batch(
@@ -363,6 +365,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             context=ctx,
             denial=cfg.denial,
         )
+        telemetry.gated(run.run_id, gated.batch, gated.specs)
         if gated.stop is not None:
             return await self._close(io, run, gated.stop, message)
         update = {"phase": Phase.VALIDATE, "batch": gated.batch, "fingerprints": gated.fingerprints}
