@@ -41,6 +41,7 @@ from typing import Any
 import common
 from common import (
     FINAL_TEXT,
+    LC_TOOL,
     QUESTION,
     TALLY,
     TOOL_NAME,
@@ -58,6 +59,7 @@ from common import (
     describe,
     interleave,
     memory_saver,
+    messages_check,
     ratio,
     search_logs,
     sqlite_saver,
@@ -263,6 +265,31 @@ def build_fencepost(
     return fencepost_system(name, graph, model)
 
 
+def build_create_agent_fencepost(saver: BaseCheckpointSaver[Any], *, limit: int) -> System:
+    """(d) ``langchain.agents.create_agent`` with ``fp.FencepostMiddleware`` as its one
+    middleware (the budget in its in-memory ledger), in place of the limit middlewares."""
+    from langchain.agents import create_agent
+
+    graph = create_agent(
+        ToolLoopChatModel(),
+        [LC_TOOL],
+        middleware=[
+            fp.FencepostMiddleware(
+                REGISTRY,
+                budget=fp.RuntimeBudget(steps_remaining=limit, tool_calls_remaining=limit),
+            )
+        ],
+        checkpointer=saver,
+    )
+    return System(
+        name="create_agent+fencepost",
+        graph=graph,
+        make_input=lambda n: {"messages": [HumanMessage(content=QUESTION)]},
+        check=messages_check,
+        kwargs={"context": RUN_CONTEXT},
+    )
+
+
 def build_fencepost_floor(saver: BaseCheckpointSaver[Any]) -> System:
     """fencepost driven by :class:`BenchDecisionModel` (no LangChain messages)."""
     system = build_fencepost(saver, decider=BenchDecisionModel(), name="fencepost (scripted)")
@@ -401,7 +428,7 @@ def build_fencepost_gate(saver: BaseCheckpointSaver[Any]) -> System:
 # The loop part: its two tables.
 # --------------------------------------------------------------------------------------------
 
-SYSTEMS = ("fencepost", "create_agent", "bare")
+SYSTEMS = ("fencepost", "create_agent", "bare", "create_agent+fencepost")
 SAVER_LABELS = {
     ("memory", "sync"): "InMemorySaver",
     ("memory", "async"): "InMemorySaver",
@@ -435,6 +462,7 @@ def run_loop(
         systems += [
             build_create_agent(saver("create_agent"), limit=n + 5),
             build_bare(saver("bare")),
+            build_create_agent_fencepost(saver("create_agent-fp"), limit=n + 5),
         ]
         sync[saver_name] = systems
     entries: list[Entry] = []
@@ -448,6 +476,7 @@ def run_loop(
                         build_fencepost(memory_saver()),
                         build_create_agent(memory_saver(), limit=n + 5),
                         build_bare(memory_saver()),
+                        build_create_agent_fencepost(memory_saver(), limit=n + 5),
                     ],
                     "sqlite": [
                         build_fencepost(await async_sqlite_saver(tmp / "loop-async-fp.db")),
@@ -455,6 +484,9 @@ def run_loop(
                             await async_sqlite_saver(tmp / "loop-async-ca.db"), limit=n + 5
                         ),
                         build_bare(await async_sqlite_saver(tmp / "loop-async-bare.db")),
+                        build_create_agent_fencepost(
+                            await async_sqlite_saver(tmp / "loop-async-ca-fp.db"), limit=n + 5
+                        ),
                     ],
                 }
 
@@ -501,19 +533,24 @@ def loop_table(cells: dict[Key, Cell], n: int, rounds: int) -> str:
         "(one tool call per turn), the same trivial tool, the same saver kind, the same "
         "serializer. Tool calls and model calls were counted and verified for every run.",
         "",
+        "(d) is `create_agent` with `fp.FencepostMiddleware` in place of the two limit "
+        "middlewares (its budget in an in-memory ledger whatever the saver).",
+        "",
         "| saver | mode | (a) fencepost | (b) create_agent + limits | (c) bare loop "
-        "| a/b (target <= 0.75) | a/c (target <= 1.3) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| (d) create_agent + fp.FencepostMiddleware "
+        "| a/b (target <= 0.75) | a/c (target <= 1.3) | d/b |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for saver_name in ("memory", "sqlite"):
         for mode in ("sync", "async"):
-            a, b, c = (cells.get((saver_name, mode, s)) for s in SYSTEMS)
-            if a is None and b is None and c is None:
+            a, b, c, d = (cells.get((saver_name, mode, s)) for s in SYSTEMS)
+            if a is None and b is None and c is None and d is None:
                 continue
             lines.append(
                 f"| {SAVER_LABELS[saver_name, mode]} | {'invoke' if mode == 'sync' else 'ainvoke'} "
                 f"| {a.fmt() if a else 'n/a'} | {b.fmt() if b else 'n/a'} "
-                f"| {c.fmt() if c else 'n/a'} | {ratio(a, b, 0.75)} | {ratio(a, c, 1.3)} |"
+                f"| {c.fmt() if c else 'n/a'} | {d.fmt() if d else 'n/a'} "
+                f"| {ratio(a, b, 0.75)} | {ratio(a, c, 1.3)} | {ratio(d, b, None)} |"
             )
     lines += [
         "",

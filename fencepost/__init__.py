@@ -90,6 +90,7 @@ from fencepost.policy.receipt import current_receipts
 if TYPE_CHECKING:
     from fencepost.adapters.ledger_postgres import PostgresLedger
     from fencepost.adapters.ledger_sqlite import SqliteLedger
+    from fencepost.adapters.middleware import FencepostMiddleware
 
 __all__ = [
     "PRICES",
@@ -110,6 +111,7 @@ __all__ = [
     "CommandRefused",
     "Completed",
     "Deadline",
+    "FencepostMiddleware",
     "Decided",
     "DecisionInput",
     "Effect",
@@ -165,6 +167,7 @@ logging.getLogger("fencepost").addHandler(logging.NullHandler())
 # The durable ledgers load their database drivers on first use, so `import fencepost` works
 # without the postgres extra.
 _LAZY = {
+    "FencepostMiddleware": "fencepost.adapters.middleware",
     "PostgresLedger": "fencepost.adapters.ledger_postgres",
     "SqliteLedger": "fencepost.adapters.ledger_sqlite",
 }

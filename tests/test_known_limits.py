@@ -208,6 +208,51 @@ def test_a_wrong_answer_that_rewrites_the_runs_identity_still_leaves_the_request
     assert h.calls.count("write_note") == 1
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="LangChain composes wrap_tool_call first-listed outermost and shows no middleware the "
+    "list: a retry wrapper listed after FencepostMiddleware calls the tool itself, inside it",
+)
+def test_a_retry_wrapper_listed_inside_fencepost_middleware_runs_a_failing_write_once() -> None:
+    """Invariant 9 (a write runs at most once per call id), in the middleware binding.
+    ``ToolRetryMiddleware`` listed after ``FencepostMiddleware`` is inside its
+    ``wrap_tool_call``: the retries call the tool under fencepost's one admission. Not fixed:
+    the list is not visible to a middleware, so it cannot be refused at build
+    (``docs/middleware.md``, "Its place in the list: last")."""
+    from tests.middleware.test_place_in_the_middleware_list import _failing_write_run
+
+    ran, _ = _failing_write_run("fencepost_first")
+    assert len(ran.bodies) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SummarizationMiddleware calls its own model inside before_model, which no hook of "
+    "FencepostMiddleware wraps: its calls are not model steps of the budget",
+)
+def test_model_calls_other_middleware_make_are_reserved_as_steps() -> None:
+    """Invariant 3 (reserve before the call: a model step is reserved before the model is
+    called), in the middleware binding. The summarizer's model calls are made by another
+    middleware on its own, unseen. Not fixed: LangChain offers no hook around a model call
+    another middleware makes (``docs/middleware.md``, "What it cannot see")."""
+    from langchain.agents.middleware import SummarizationMiddleware
+    from langchain_core.messages import HumanMessage
+
+    from tests.middleware.kit import Ran, agent, budget, chat, ctx, lc_tools, search_forever, specs
+    from tests.middleware.kit import thread as mw_thread
+
+    ran = Ran()
+    tools = lc_tools(ran)
+    summarizer = chat(iter([AIMessage("summary")] * 50))
+    summarize = SummarizationMiddleware(summarizer, trigger=("messages", 4), keep=("messages", 2))
+    model = chat(search_forever())
+    mw = fp.FencepostMiddleware(specs(tools), budget=budget(steps=4, tools=50))
+    agent(model, tools, [summarize, mw]).invoke(
+        {"messages": [HumanMessage("why?")]}, mw_thread(), context=ctx()
+    )
+    assert len(model.received) + len(summarizer.received) <= 4
+
+
 def test_no_test_outside_this_module_is_an_xfail() -> None:
     elsewhere = [
         str(path.relative_to(TESTS))
@@ -225,7 +270,7 @@ def test_every_known_limit_is_strict_and_names_the_design_rule_it_breaks() -> No
         if isinstance(node, ast.FunctionDef)
     }
     limits = {name: found for name, found in marks.items() if found}
-    assert len(limits) == 5
+    assert len(limits) == 7
     for name, (mark,) in limits.items():
         assert isinstance(mark, ast.Call), name
         strict = {k.arg: k.value for k in mark.keywords}.get("strict")

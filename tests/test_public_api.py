@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = {
     # building an agent
     "create_agent",
+    "FencepostMiddleware",
     "build_agent_graph",
     "GraphConfigError",
     "ScriptedDecisionModel",

@@ -17,12 +17,14 @@ if TYPE_CHECKING:
     from fencepost.adapters.child_run import ChildRunResult, child_run_tool
     from fencepost.adapters.ledger_postgres import PostgresLedger
     from fencepost.adapters.ledger_sqlite import SqliteLedger
+    from fencepost.adapters.middleware import FencepostMiddleware
     from fencepost.adapters.tools import ToolAdapterError, tool_spec
 
 __all__ = [
     "ChatModelDecider",
     "CheckpointerError",
     "ChildRunResult",
+    "FencepostMiddleware",
     "MissingExtra",
     "PostgresLedger",
     "ScriptedDecisionModel",
@@ -47,6 +49,7 @@ _LAZY = {
     "ChildRunResult": "fencepost.adapters.child_run",
     "child_run_tool": "fencepost.adapters.child_run",
     "ToolAdapterError": "fencepost.adapters.tools",
+    "FencepostMiddleware": "fencepost.adapters.middleware",
     "tool_spec": "fencepost.adapters.tools",
 }
 
@@ -56,6 +59,7 @@ _EXTRAS = {
     "psycopg": "postgres",
     "psycopg_pool": "postgres",
     "langgraph.checkpoint.postgres": "postgres",
+    "langchain": "langchain",
 }
 
 

@@ -224,7 +224,8 @@ def tool(
     )
 
 
-def _registry(tools: ToolRegistry | Iterable[Any]) -> ToolRegistry:
+def registry_of(tools: ToolRegistry | Iterable[Any]) -> ToolRegistry:
+    """A ready registry, or one built of ``ToolSpec`` s (``GraphConfigError`` naming what is not one)."""
     if isinstance(tools, ToolRegistry):
         return tools
     if isinstance(tools, str | bytes) or not isinstance(tools, Iterable):
@@ -318,7 +319,7 @@ def create_agent(
         options["history_window"] = history_window
     decider = _decision_model(model, system_prompt, **options)
     graph = build_agent_graph(
-        _registry(tools),
+        registry_of(tools),
         decider,
         approval=approval,
         repeat_limit=repeat_limit,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import replace
 from functools import partial
@@ -24,23 +23,21 @@ from fencepost.graph.routing import (
     route_after_terminal,
     route_start,
 )
-from fencepost.graph.settings import GraphConfigError, LoopConfig, remember
+from fencepost.graph.settings import GraphConfigError, LoopConfig, loop_config, remember
 from fencepost.graph.state import GraphState, InputState
 from fencepost.graph.terminal import terminal
-from fencepost.graph.token_count import text_counter
 from fencepost.policy import (
     DEFAULT_REPEAT_LIMIT,
     Clock,
     DecisionModel,
     InMemoryLedger,
     Ledger,
-    SystemClock,
     ToolRegistry,
 )
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
 from fencepost.policy.context import RunContext
-from fencepost.policy.denial import DENIAL_MODES, DenialMode
+from fencepost.policy.denial import DenialMode
 from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import NeedsApproval
@@ -179,70 +176,15 @@ def build_agent_graph(
         out = graph.invoke(start("question", budget), config, context=RunContext(...))
         run_output(out).termination
     """
-    if not isinstance(registry, ToolRegistry):
-        raise GraphConfigError("registry", "must be a ToolRegistry")
-    if not callable(getattr(model, "decide", None)):
-        raise GraphConfigError("model", "must implement DecisionModel.decide(input, *, deadline)")
-    if approval not in ("terminate", "interrupt"):
-        raise GraphConfigError("approval", "must be 'terminate' or 'interrupt'")
-    if not isinstance(repeat_limit, int) or isinstance(repeat_limit, bool) or repeat_limit < 1:
-        raise GraphConfigError("repeat_limit", "must be an integer >= 1")
-    if ledger is not None and not isinstance(ledger, Ledger):
-        raise GraphConfigError("ledger", "must be a fencepost Ledger")
-    if not isinstance(model_retries, int) or isinstance(model_retries, bool) or model_retries < 0:
-        raise GraphConfigError("model_retries", "must be an integer >= 0")
-    if (
-        not isinstance(max_concurrent_tools, int)
-        or isinstance(max_concurrent_tools, bool)
-        or max_concurrent_tools < 1
-    ):
-        raise GraphConfigError("max_concurrent_tools", "must be an integer >= 1")
-    if verdict_key is not None and (not isinstance(verdict_key, bytes) or len(verdict_key) < 16):
-        raise GraphConfigError("verdict_key", "must be bytes, at least 16 of them")
-    if not (model_timeout_seconds > 0 and math.isfinite(model_timeout_seconds)):
-        # An infinite timeout has no deadline to compute: it failed at the first model step.
-        raise GraphConfigError("model_timeout_seconds", "must be > 0 and finite")
-    if (
-        not isinstance(repair_attempts, int)
-        or isinstance(repair_attempts, bool)
-        or repair_attempts < 0
-    ):
-        raise GraphConfigError("repair_attempts", "must be an integer >= 0")
-    if not isinstance(answer_margin, int) or isinstance(answer_margin, bool) or answer_margin < 0:
-        raise GraphConfigError("answer_margin", "must be an integer >= 0")
-    if denial not in DENIAL_MODES:
-        raise GraphConfigError("denial", "must be 'end_run' or 'observe'")
-    if approver is not None and not callable(approver):
-        raise GraphConfigError(
-            "approver", "must be callable: approver(ApproverInput) -> ApproverDecision"
-        )
-    if needs_approval is not None and not callable(needs_approval):
-        raise GraphConfigError(
-            "needs_approval", "must be callable: needs_approval(ApprovalQuestion) -> bool"
-        )
-    if approval_right is not None and (not isinstance(approval_right, str) or not approval_right):
-        raise GraphConfigError("approval_right", "must be a non-empty capability name")
-    if not isinstance(four_eyes, bool):
-        raise GraphConfigError("four_eyes", "must be True or False")
     priced = _price(model, price, prices)
-    if tokens_per_step is None:
-        declared = getattr(model, "token_estimate", None)
-        tokens_per_step = declared if isinstance(declared, int) and declared > 0 else 0
-    if (
-        not isinstance(tokens_per_step, int)
-        or isinstance(tokens_per_step, bool)
-        or tokens_per_step < 0
-    ):
-        raise GraphConfigError("tokens_per_step", "must be an integer >= 0")
-    text_counter()  # chosen (a tokenizer loaded) now, never while a node runs
     return _assemble(
-        LoopConfig(
-            registry=registry,
-            model=model,
+        loop_config(
+            registry,
+            model,
             approval=approval,
             repeat_limit=repeat_limit,
-            ledger=ledger if ledger is not None else InMemoryLedger(),
-            clock=clock or SystemClock(),
+            ledger=ledger,
+            clock=clock,
             model_timeout_seconds=model_timeout_seconds,
             require_citations=require_citations,
             model_retries=model_retries,
@@ -251,7 +193,6 @@ def build_agent_graph(
             tokens_per_step=tokens_per_step,
             answer_margin=answer_margin,
             repair_attempts=repair_attempts,
-            owns_ledger=ledger is None,
             denial=denial,
             approver=approver,
             needs_approval=needs_approval,

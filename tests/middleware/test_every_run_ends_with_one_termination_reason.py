@@ -1,0 +1,68 @@
+"""Invariant 1 in the middleware binding: every run ends with one TerminationReason in the
+agent's state, a step budget long before LangGraph's recursion limit, never GraphRecursionError."""
+
+from __future__ import annotations
+
+import fencepost as fp
+from tests.middleware.kit import (
+    Ran,
+    agent,
+    ask,
+    budget,
+    chat,
+    ctx,
+    lc_tools,
+    search_forever,
+    specs,
+    then_answer,
+    thread,
+)
+
+
+def test_a_model_that_never_stops_ends_step_budget_exhausted_before_the_recursion_limit() -> None:
+    ran = Ran()
+    mw = fp.FencepostMiddleware(specs(lc_tools(ran)), budget=budget(steps=4, tools=50))
+    model = chat(search_forever())
+    out = agent(model, lc_tools(ran), [mw]).invoke(
+        ask(), {**thread(), "recursion_limit": 40}, context=ctx()
+    )
+    assert out["termination"] == fp.TerminationReason.STEP_BUDGET_EXHAUSTED.value
+    assert len(model.received) == 4
+    assert len(ran.bodies) == 4
+
+
+def test_a_final_answer_ends_completed() -> None:
+    ran = Ran()
+    mw = fp.FencepostMiddleware(specs(lc_tools(ran)), budget=budget())
+    out = agent(chat(then_answer()), lc_tools(ran), [mw]).invoke(ask(), thread(), context=ctx())
+    assert out["termination"] == fp.TerminationReason.COMPLETED.value
+
+
+def test_a_run_without_a_trusted_context_ends_policy_denied_before_the_model_is_called() -> None:
+    ran = Ran()
+    model = chat(then_answer())
+    mw = fp.FencepostMiddleware(specs(lc_tools(ran)), budget=budget())
+    out = agent(model, lc_tools(ran), [mw]).invoke(ask(), thread())
+    assert out["termination"] == fp.TerminationReason.POLICY_DENIED.value
+    assert model.received == []
+
+
+def test_new_input_on_an_ended_thread_is_a_new_run_with_its_own_budget() -> None:
+    ran = Ran()
+    mw = fp.FencepostMiddleware(specs(lc_tools(ran)), budget=budget(steps=10, tools=2))
+    graph, config = agent(chat(search_forever()), lc_tools(ran), [mw]), thread()
+    first = graph.invoke(ask(), config, context=ctx())
+    second = graph.invoke(ask(), config, context=ctx())
+    assert first["termination"] == second["termination"] == "tool_budget_exhausted"
+    assert first["fencepost_run"]["run_id"] != second["fencepost_run"]["run_id"]
+    assert len(ran.bodies) == 4
+
+
+async def test_under_ainvoke_the_same_budget_ends_the_run_with_its_reason() -> None:
+    ran = Ran()
+    mw = fp.FencepostMiddleware(specs(lc_tools(ran)), budget=budget(steps=10, tools=2))
+    out = await agent(chat(search_forever()), lc_tools(ran), [mw]).ainvoke(
+        ask(), thread(), context=ctx()
+    )
+    assert out["termination"] == fp.TerminationReason.TOOL_BUDGET_EXHAUSTED.value
+    assert len(ran.bodies) == 2
