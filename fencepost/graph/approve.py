@@ -70,7 +70,13 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     answers: dict[str, ApprovalAnswer] = {}
     schema = answer_schema(asked, cfg.registry) if asked else None
     while asked:
-        request = approval_request(asked, cfg.registry, problem)
+        request = approval_request(
+            asked,
+            cfg.registry,
+            problem,
+            graph_right=cfg.approval_right,
+            graph_four_eyes=cfg.four_eyes,
+        )
         if problem is None and refusal is not None:
             request["error"] = refusal.model_dump(mode="json")
         try:

@@ -377,11 +377,18 @@ def unasked(batch: Batch, asked: Sequence[BatchEntry]) -> Batch:
 
 
 def approval_request(
-    entries: Sequence[BatchEntry], registry: ToolRegistry, problem: ApprovalProblem | None = None
+    entries: Sequence[BatchEntry],
+    registry: ToolRegistry,
+    problem: ApprovalProblem | None = None,
+    *,
+    graph_right: str | None = None,
+    graph_four_eyes: bool = False,
 ) -> dict[str, Any]:
-    """The interrupt payload a human sees: each waiting call's tool, arguments and effect; and
-    the same calls as LangChain's HITL request (``action_requests`` and ``review_configs``, in
-    the order a ``{"decisions": [...]}`` answer follows), which Agent Chat UI renders."""
+    """The interrupt payload a human sees: each waiting call's tool, arguments and effect, and
+    who may answer it (``approval_right``: the right a principal other than the requester must
+    hold; ``four_eyes``: whether the requester's own answer is refused); and the same calls as
+    LangChain's HITL request (``action_requests`` and ``review_configs``, in the order a
+    ``{"decisions": [...]}`` answer follows), which Agent Chat UI renders."""
     calls = []
     actions = []
     reviews = []
@@ -395,6 +402,10 @@ def approval_request(
                 "arguments": entry.proposal.arguments,
                 "effect": spec.effect.value if spec else None,
                 "capability": spec.capability if spec else None,
+                "approval_right": approval_right(spec, graph_right=graph_right) if spec else None,
+                "four_eyes": needs_four_eyes(spec, graph_four_eyes=graph_four_eyes)
+                if spec
+                else graph_four_eyes,
             }
         )
         effect = spec.effect.value if spec else "unknown"

@@ -40,11 +40,12 @@ from tests.graph.kit import (
     thread,
 )
 
-ENGINEER = context(principal="oncall-ana")
-LEAD = context(principal="lead-bo", caps=frozenset({"approve:notes:write"}))
-PEER = context(principal="peer-cy", caps=frozenset({"notes:write", "logs:read"}))
+# Made at import: no deadline, which would run out while other test files run first.
+ENGINEER = context(principal="oncall-ana", seconds=None)
+LEAD = context(principal="lead-bo", caps=frozenset({"approve:notes:write"}), seconds=None)
+PEER = context(principal="peer-cy", caps=frozenset({"notes:write", "logs:read"}), seconds=None)
 OTHER_TENANT_LEAD = context(
-    tenant="globex", principal="lead-bo", caps=frozenset({"approve:notes:write"})
+    tenant="globex", principal="lead-bo", caps=frozenset({"approve:notes:write"}), seconds=None
 )
 SCRIPT = [call("write_note", 1, note="restart checkout"), final_citing_last]
 
@@ -123,7 +124,9 @@ def test_after_a_leads_approval_later_calls_are_gated_by_the_requesters_capabili
 ) -> None:
     # The lead holds "admin"; the engineer does not: the admin call after the approved write
     # is denied, whoever's invoke goes on.
-    lead = context(principal="lead-bo", caps=frozenset({"approve:notes:write", "admin"}))
+    lead = context(
+        principal="lead-bo", caps=frozenset({"approve:notes:write", "admin"}), seconds=None
+    )
     script = [call("write_note", 1, note="restart checkout"), call("admin_reset", 2)]
     with SqliteSaver.from_conn_string(str(tmp_path / "cp.db")) as sqlite:
         saver = InMemorySaver() if saver_kind == "memory" else sqlite
