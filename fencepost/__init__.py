@@ -77,7 +77,9 @@ from fencepost.policy import (
     ToolRegistry,
     ToolSpec,
 )
+from fencepost.policy.conditional_approval import ApprovalQuestion
 from fencepost.policy.receipt import current_receipts
+from fencepost.policy.remembered import ApprovalScope, Remember
 
 if TYPE_CHECKING:
     from fencepost.adapters.ledger_postgres import PostgresLedger
@@ -88,6 +90,8 @@ __all__ = [
     "Accepted",
     "AgentState",
     "AnswerPayload",
+    "ApprovalQuestion",
+    "ApprovalScope",
     "ApproverDecision",
     "ApproverInput",
     "CancelRefused",
@@ -113,6 +117,7 @@ __all__ = [
     "Principal",
     "Receipt",
     "ReceiptStatus",
+    "Remember",
     "RunContext",
     "RuntimeBudget",
     "ScriptedDecisionModel",

@@ -39,6 +39,9 @@ PUBLIC = {
     # approval policies
     "ApproverInput",
     "ApproverDecision",
+    "ApprovalQuestion",
+    "Remember",
+    "ApprovalScope",
     "Deadline",
     "RuntimeBudget",
     "cancel",
