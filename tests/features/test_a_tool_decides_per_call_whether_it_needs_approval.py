@@ -86,7 +86,8 @@ def test_a_read_its_tool_judges_sensitive_waits_for_a_human_and_runs_once_approv
 
 
 def test_the_callable_is_asked_only_about_calls_whose_arguments_passed_the_schema() -> None:
-    h, _, out, asked = run([call("send_payment", 1, amount="lots")])
+    # The strict ending (no repair turn): the refused call alone is what is judged here.
+    h, _, out, asked = run([call("send_payment", 1, amount="lots")], repair_attempts=0)
     assert asked == [] and h.calls.log == []
     assert fp.run_output(out).termination is fp.TerminationReason.INVALID_PROPOSAL
 

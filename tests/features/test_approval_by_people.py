@@ -40,12 +40,15 @@ from tests.graph.kit import (
     thread,
 )
 
-# Made at import: no deadline, which would run out while other test files run first.
+# No deadline: a deadline made at import would have passed by the time a long suite runs these.
 ENGINEER = context(principal="oncall-ana", seconds=None)
 LEAD = context(principal="lead-bo", caps=frozenset({"approve:notes:write"}), seconds=None)
 PEER = context(principal="peer-cy", caps=frozenset({"notes:write", "logs:read"}), seconds=None)
 OTHER_TENANT_LEAD = context(
-    tenant="globex", principal="lead-bo", caps=frozenset({"approve:notes:write"}), seconds=None
+    tenant="globex",
+    principal="lead-bo",
+    caps=frozenset({"approve:notes:write"}),
+    seconds=None,
 )
 SCRIPT = [call("write_note", 1, note="restart checkout"), final_citing_last]
 

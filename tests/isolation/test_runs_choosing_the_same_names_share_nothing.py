@@ -64,7 +64,7 @@ def test_two_runs_whose_names_share_a_separator_do_not_share_an_account() -> Non
     assert second.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
 
 
-BETA = context(tenant="beta", principal="b-1")
+BETA = context(tenant="beta", principal="b-1", seconds=None)
 
 
 def test_another_tenant_choosing_the_same_names_cannot_close_a_paused_run() -> None:

@@ -118,7 +118,7 @@ def test_a_run_account_is_never_another_principals_parent_even_if_it_grants() ->
     assert other is not None and other.error_code == "budget_account_denied"
 
 
-BETA = context(tenant="beta", principal="b-1")
+BETA = context(tenant="beta", principal="b-1", seconds=None)
 
 
 def test_a_run_cannot_open_under_another_tenants_budget_account() -> None:

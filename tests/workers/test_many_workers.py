@@ -389,14 +389,22 @@ def approve_as_intruder(workers: Pool, *, rebind: bool) -> tuple[RunSpec, fp.Age
 
 
 @pytest.mark.parametrize("rebind", [False, True], ids=["as_is", "state_rewritten"])
-def test_approval_on_another_worker_by_another_principal_is_denied_and_runs_nothing(
+def test_approval_on_another_worker_by_a_principal_without_the_right_runs_nothing_and_loses_nothing(
     workers: Pool, rebind: bool
 ) -> None:
     spec, state = approve_as_intruder(workers, rebind=rebind)
 
-    assert state.termination is fp.TerminationReason.POLICY_DENIED
-    assert state.last_error_code == "context_mismatch"
+    # Not taken: the run still waits for an answer, saying why (DESIGN, "Approvals and
+    # provenance"); the owner's own answer, on yet another worker, is then heard once.
+    assert state.termination is None
+    assert state.last_error_code == "approval_right_missing"
     assert workers.effects(spec.run_id) == []
+    if rebind:
+        # The rewrite itself was stored: tests/test_known_limits.py names that limit.
+        return
+    approved = workers.run(uuid.uuid4().hex, "approve", spec)
+    assert len(workers.effects(spec.run_id)) == 1
+    assert state_of(approved).receipts[-1].approved_by == spec.principal
 
 
 @pytest.mark.parametrize(
@@ -409,7 +417,7 @@ def test_approval_denied_to_another_principal_charges_the_owners_budget_nothing(
 ) -> None:
     spec, state = approve_as_intruder(workers, rebind=rebind)
 
-    assert state.termination is fp.TerminationReason.POLICY_DENIED
+    assert state.termination is None
     assert_budget_exact(workers, spec, state)
 
 
