@@ -25,7 +25,7 @@ import fencepost as fp
 from fencepost.policy import TerminationReason
 from fencepost.policy.approval import may_answer
 from fencepost.policy.keys import run_account, run_tag
-from fencepost.policy.ownership import RUN
+from fencepost.policy.ownership import RUN, recorded_capabilities, run_owner
 from tests.graph.kit import (
     Calls,
     budget,
@@ -163,6 +163,22 @@ def test_an_account_that_records_no_capabilities_waits_for_the_requester() -> No
     out = h.graph.invoke(None, config, context=ENGINEER)
     assert fp.run_output(out).termination is TerminationReason.COMPLETED
     assert h.calls.count("write_note") == 1
+
+
+def test_a_first_step_run_again_with_other_capabilities_keeps_those_recorded_first() -> None:
+    # A crash after the account was opened, before the first checkpoint: the step runs again
+    # for the same caller and run, now holding other capabilities. The run is not refused as
+    # another's (account_conflict); the capabilities recorded first stand.
+    ledger = fp.InMemoryLedger()
+    h = harness(list(SCRIPT), approval="interrupt", ledger=ledger)
+    config = thread()
+    account = run_account(config["configurable"]["thread_id"], "run-again")
+    limits = fp.AgentState(run_id="run-again", question="q", budget=budget()).budget.limits()
+    first = context(principal="oncall-ana", caps=frozenset({"notes:write"}), seconds=None)
+    ledger.open_account(account, limits, owner=run_owner(first, "run-again"))
+    h.graph.invoke(fp.start("fix checkout", budget(), run_id="run-again"), config, context=ENGINEER)
+    assert h.graph.get_state(config).next == ("approve",)
+    assert recorded_capabilities(ledger.balance(account).owner) == {"notes:write"}
 
 
 def test_a_principal_the_ledger_does_not_mark_as_an_approver_never_acts_for_the_run() -> None:
