@@ -79,6 +79,7 @@ from fencepost.policy import (
     ToolRegistry,
     ToolSpec,
 )
+from fencepost.policy.conditional_approval import ApprovalQuestion
 from fencepost.policy.conversation_budget import (
     ConversationBudgetDenied,
     aconversation_account,
@@ -86,6 +87,7 @@ from fencepost.policy.conversation_budget import (
 )
 from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
 from fencepost.policy.receipt import current_receipts
+from fencepost.policy.remembered import ApprovalScope, Remember
 
 if TYPE_CHECKING:
     from fencepost.adapters.ledger_postgres import PostgresLedger
@@ -103,6 +105,8 @@ __all__ = [
     "Accepted",
     "AgentState",
     "AnswerPayload",
+    "ApprovalQuestion",
+    "ApprovalScope",
     "ApproverDecision",
     "ApproverInput",
     "CancelRefused",
@@ -131,6 +135,7 @@ __all__ = [
     "Principal",
     "Receipt",
     "ReceiptStatus",
+    "Remember",
     "RunContext",
     "RuntimeBudget",
     "ScriptedDecisionModel",

@@ -486,9 +486,10 @@ def _spans(parts: tuple[tuple[str, str], ...], sep: str = " ") -> Text:
     return text
 
 
-def _print_stop_report(console: Console, report: StopReport) -> None:
+def _print_stop_report(console: Console, report: StopReport, what_to_do: str | None = None) -> None:
     """The report of the contract's table: ids, tools and codes only, every call in one row.
-    The rows are the report's own (``str(report)`` prints the same), the calls in a table."""
+    The rows are the report's own (``str(report)`` prints the same), the calls in a table;
+    ``what_to_do``, when given, says it in place of the report's own sentence."""
     head = Text.assemble(*report_head(report))
     if report.reason is not None:
         start = len("stop report ")
@@ -505,7 +506,39 @@ def _print_stop_report(console: Console, report: StopReport) -> None:
             calls.add_row(label, call_id, tool, _spans(tuple(code)))
         console.print(calls)
     for label, parts in note_rows(report):
+        if label == "what to do" and what_to_do is not None:
+            parts = ((what_to_do, ""),)
         console.print(Text.assemble((f"  {label} ", "dim"), _spans(parts)))
+
+
+def _who_may_answer(record: RunRecord) -> str:
+    """Who may answer a paused run's approval, in words: the requester (unless four-eyes) or a
+    principal of its tenant holding the right the approval request names."""
+    tenant = record.state.tenant_id or "its tenant"
+    requester = record.state.principal_id or "the requester"
+    right = " and ".join(record.approval_rights) or "the call's approval right"
+    if record.four_eyes:
+        return f"a principal of {tenant} other than {requester} holding {right} (four-eyes)"
+    return f"{requester} (the requester) or a principal of {tenant} holding {right}"
+
+
+def _approve_command(record: RunRecord, db: str) -> str:
+    """The ``fencepost approve`` line that answers a paused run as an approver."""
+    calls = [e.call_id for e in record.state.batch if e.verdict.code.value == "approval_pending"]
+    parts = ["fencepost approve", record.run_id, *(f"--call {c}" for c in dict.fromkeys(calls))]
+    parts.append("--as <principal>")
+    parts.extend(f"--capability {r}" for r in record.approval_rights)
+    if db != DEFAULT_DB:
+        parts.append(f"--db {mask_url(db)}")
+    return " ".join(parts)
+
+
+def _answer_hint(record: RunRecord, db: str) -> str:
+    """What to do about a paused run: who may answer, and the command that answers."""
+    return (
+        f"answer as {_who_may_answer(record)}: {_approve_command(record, db)} "
+        "(or fencepost reject; fencepost pending shows the arguments)"
+    )
 
 
 @app.command()
@@ -520,6 +553,14 @@ def show(
     with open_store(db) as saver:
         record = load_run(saver, run_id, source=db)
     data = _show_data(record)
+    if record.status == PAUSED:
+        data["answer"] = {
+            "rights": list(record.approval_rights),
+            "four_eyes": record.four_eyes,
+            "requester": record.state.principal_id,
+            "who_may_answer": _who_may_answer(record),
+            "command": _approve_command(record, db),
+        }
     if as_json:
         _print_json(data)
         return
@@ -608,7 +649,8 @@ def show(
         )
     if record.report is not None:
         console.print()
-        _print_stop_report(console, record.report)
+        hint = _answer_hint(record, db) if record.status == PAUSED else None
+        _print_stop_report(console, record.report, hint)
     # Exception text is in none of the above (only its code): the developer's log has it.
     console.print()
     console.print(Text.assemble(("logs ", "dim"), LOGS_WHERE))

@@ -207,6 +207,12 @@ class RunRecord:
     updated_at: datetime | None
     waiting_for: tuple[str, ...] = ()
     """Tools a paused run waits for approval of."""
+    approval_rights: tuple[str, ...] = ()
+    """The approval right a principal other than the requester must hold to answer a paused
+    run's waiting calls, each once, as the approval request names them (none from a request
+    that names none: an older fencepost's)."""
+    four_eyes: bool = False
+    """Whether the paused run refuses its requester's own answer."""
 
     @property
     def run_id(self) -> str:
@@ -292,6 +298,20 @@ def _state_of(values: dict[str, Any]) -> AgentState | None:
     return None
 
 
+def _approval_calls(latest: CheckpointTuple) -> list[dict[str, Any]]:
+    """The waiting calls the latest approval request names (its interrupt value's ``calls``)."""
+    found: list[dict[str, Any]] = []
+    for write in latest.pending_writes or ():
+        if write[1] != _INTERRUPT_CHANNEL:
+            continue
+        values = write[2] if isinstance(write[2], list | tuple) else (write[2],)
+        for interrupt in values:
+            value = getattr(interrupt, "value", None)
+            if isinstance(value, dict) and value.get("fencepost") == "approval":
+                found.extend(c for c in value.get("calls") or () if isinstance(c, dict))
+    return found
+
+
 def _waiting_for_human(latest: CheckpointTuple) -> bool:
     # An interrupt with no resume value yet. (A crash right after a resume can leave the resume
     # written next to the interrupt: that run was answered and continues when invoked again.)
@@ -337,6 +357,8 @@ def _record(latest: CheckpointTuple, started_at: datetime | None, reader: Any) -
     if state is None:
         return None
     waiting: tuple[str, ...] = ()
+    rights: tuple[str, ...] = ()
+    four_eyes = False
     if state.termination is not None:
         status = state.termination.value
     elif _waiting_for_human(latest):
@@ -344,6 +366,11 @@ def _record(latest: CheckpointTuple, started_at: datetime | None, reader: Any) -
         waiting = tuple(
             e.proposal.tool_name for e in state.batch if e.verdict.code.value == "approval_pending"
         )
+        asked = _approval_calls(latest)
+        rights = tuple(
+            dict.fromkeys(str(c["approval_right"]) for c in asked if c.get("approval_right"))
+        )
+        four_eyes = any(c.get("four_eyes") is True for c in asked)
     else:
         status = RUNNING
     scenario = (latest.metadata or {}).get("scenario")
@@ -355,6 +382,8 @@ def _record(latest: CheckpointTuple, started_at: datetime | None, reader: Any) -
         started_at=started_at,
         updated_at=_ts(latest),
         waiting_for=waiting,
+        approval_rights=rights,
+        four_eyes=four_eyes,
     )
 
 

@@ -40,6 +40,9 @@ PUBLIC = {
     # approval policies
     "ApproverInput",
     "ApproverDecision",
+    "ApprovalQuestion",
+    "Remember",
+    "ApprovalScope",
     "Deadline",
     "RuntimeBudget",
     "ModelPrice",

@@ -29,11 +29,13 @@ from fencepost.policy import (
     TerminationReason,
     UnknownAccount,
 )
+from fencepost.policy.approval import Acting, acting_context
 from fencepost.policy.batch import Batch
 from fencepost.policy.budget import budget_view
 from fencepost.policy.context import RunContext
 from fencepost.policy.gating import after_reservations
 from fencepost.policy.keys import (
+    approver_key,
     call_key,
     completed_key,
     result_key,
@@ -107,9 +109,31 @@ async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopReques
         )
     except UnknownAccount:
         return stop_for_unknown_account()
-    except (LedgerConflict, ValueError):
+    except LedgerConflict:
+        again = await _opened_before(io, state, ctx)
+        if again is None:
+            return stop_for_conflict()
+        balance = again
+    except ValueError:
         return stop_for_conflict()
     return with_budget_view(state, balance)
+
+
+async def _opened_before(io: NodeIO, state: AgentState, ctx: RunContext) -> Balance | None:
+    """The run's account as an earlier attempt of this same first step opened it (a crash
+    before its checkpoint), for the same caller and run holding other capabilities now: the
+    capabilities recorded first stand. ``None``: the account is somebody else's, or was opened
+    with another parent or other limits (a conflict)."""
+    account = account_of(state)
+    try:
+        opened = await io.balance(account)
+        if check_owner(opened.owner, ctx, state.run_id) is not None:
+            return None
+        return await io.open_account(
+            account, state.budget.limits(), parent=ctx.budget_account, owner=opened.owner
+        )
+    except (UnknownAccount, LedgerConflict, ValueError):
+        return None
 
 
 async def check_parent(io: NodeIO, ctx: RunContext) -> StopRequest | None:
@@ -385,6 +409,23 @@ async def account_owner(io: NodeIO, account: str) -> Mapping[str, str] | None:
         return (await io.balance(account)).owner
     except (UnknownAccount, ValueError):
         return None
+
+
+async def acting_in(
+    io: NodeIO, state: AgentState, ctx: RunContext | None, fallback: Iterable[str] = ()
+) -> Acting:
+    """The context a node of the run acts in (``approval.acting_context``): the caller's, or,
+    for an approver the run's ledger marks as having answered one of its approvals, the
+    requester's identity holding the capabilities its account recorded.
+
+    The ledger is read only for a caller other than the one state names: the requester's
+    context acts as itself (and every reservation checks it against the account's owner)."""
+    if ctx is None or (ctx.tenant_id, ctx.principal.id) == (state.tenant_id, state.principal_id):
+        return Acting(ctx)
+    account = account_of(state)
+    owner = await account_owner(io, account)
+    marked = owner is not None and await io.get(approver_key(account, ctx.principal.id)) is not None
+    return acting_context(owner, ctx, approver=marked, fallback=fallback)
 
 
 async def account_open(io: NodeIO, account: str) -> bool:

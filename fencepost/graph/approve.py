@@ -9,14 +9,14 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from fencepost.adapters import telemetry
-from fencepost.graph.account import account_of, account_owner, reserve_batch
+from fencepost.graph.account import account_of, account_owner, reserve, reserve_batch
 from fencepost.graph.gate import remember_approvals
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import Update
 from fencepost.graph.state import require_state
 from fencepost.graph.trace import manifest, recorded
 from fencepost.graph.writes import step_writes
-from fencepost.policy import Phase, reduce_tool_events
+from fencepost.policy import Phase, StopRequest, reduce_tool_events
 from fencepost.policy.approval import (
     ANSWER_REFUSALS,
     ApprovalAnswer,
@@ -31,6 +31,7 @@ from fencepost.policy.approval import (
     waiting,
 )
 from fencepost.policy.context import coerce_context
+from fencepost.policy.keys import approver_key
 from fencepost.policy.manifest import verdict_outcome
 from fencepost.policy.may_go_on import check_before_acting
 from fencepost.policy.outcome import receipt_for
@@ -69,7 +70,13 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     answers: dict[str, ApprovalAnswer] = {}
     schema = answer_schema(asked, cfg.registry) if asked else None
     while asked:
-        request = approval_request(asked, cfg.registry, problem)
+        request = approval_request(
+            asked,
+            cfg.registry,
+            problem,
+            graph_right=cfg.approval_right,
+            graph_four_eyes=cfg.four_eyes,
+        )
         if problem is None and refusal is not None:
             request["error"] = refusal.model_dump(mode="json")
         try:
@@ -108,6 +115,12 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     if refused is not None or ctx is None or judged.answerer is None:
         return step_writes(before, before.model_copy(update={"stop": refused}))
     answerer = judged.answerer.principal_id
+    if not judged.answerer.requester:
+        # Marked in the ledger before anything is written: the later nodes of the run act for
+        # the requester only for an approver the ledger marks (``account.acting_in``).
+        marked = await reserve(io, before, ctx, approver_key(account_of(before), answerer), {})
+        if isinstance(marked, StopRequest):
+            return step_writes(before, before.model_copy(update={"stop": marked}))
     result = apply_approvals(
         before,
         answers,

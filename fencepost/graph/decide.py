@@ -9,6 +9,7 @@ from langgraph.types import interrupt
 
 from fencepost.graph.account import (
     account_of,
+    acting_in,
     charge,
     left_on,
     open_run,
@@ -42,7 +43,7 @@ from fencepost.policy import (
     error_code_for,
     stage_deadline,
 )
-from fencepost.policy.approval import approver_of, waiting_for_requester
+from fencepost.policy.approval import waiting_for_requester
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import (
     FinalRefused,
@@ -206,12 +207,12 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         return step_writes(before, await unverified_ending(io, state) or state)
     if state.stop is not None:
         return step_writes(before, state)
-    if approver_of(state, ctx, state.receipts):
-        # An approver's answer ran the calls it approved; the model's next step is the
-        # requester's to take, under its own capabilities: the run waits for the requester
-        # (``invoke(None, config, context=<the requester's>)``), whatever anyone else resumes.
-        while True:
-            interrupt(waiting_for_requester(state))
+    # After an approver's answer the run goes on for the requester, with the capabilities its
+    # account recorded; an older account records none, and the run waits for the requester.
+    acting = await acting_in(io, state, ctx)
+    while acting.waits_for_requester:
+        interrupt(waiting_for_requester(state))
+    ctx = acting.context
     refused = check_before_acting(state, ctx, clock=cfg.clock, given=runtime.context)
     refused = refused or recursion_stop(values.get("remaining_steps"), NEEDS_DECIDE)
     if refused is not None or ctx is None:

@@ -12,6 +12,7 @@ from pydantic import JsonValue
 from fencepost.adapters import telemetry
 from fencepost.graph.account import (
     account_of,
+    acting_in,
     balance_of,
     certify,
     mark_result,
@@ -42,7 +43,7 @@ from fencepost.policy import (
     reduce_tool_events,
     stage_deadline,
 )
-from fencepost.policy.approval import acting_context
+from fencepost.policy.approval import allowed_capabilities
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.execution import (
@@ -242,7 +243,9 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     cfg = io.cfg
     before = require_state(values)
     # An approver whose answer let these calls run acts for the requester, never as itself.
-    ctx = acting_context(before, coerce_context(runtime.context), cfg.registry)
+    given = coerce_context(runtime.context)
+    fallback = allowed_capabilities(before.batch, cfg.registry)
+    ctx = (await acting_in(io, before, given, fallback)).context
     refused = check_before_acting(before, ctx, clock=cfg.clock, given=runtime.context)
     refused = refused or recursion_stop(values.get("remaining_steps"), NEEDS_EXECUTE)
     if refused is not None or ctx is None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from fencepost.graph.account import account_of, open_run, started_run_id
+from fencepost.graph.account import account_of, acting_in, open_run, started_run_id
 from fencepost.graph.endings import (
     owned,
     pending_at_end,
@@ -30,7 +30,6 @@ from fencepost.policy import (
     stop_report,
     terminate,
 )
-from fencepost.policy.approval import acting_context
 from fencepost.policy.context import coerce_context
 from fencepost.policy.decide import verified_stop
 from fencepost.policy.recursion_limit import NEEDS_DECIDE
@@ -50,7 +49,7 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     ctx = coerce_context(runtime.context)
     if before is not None:
         # An approver whose answer ended the run closes it for the requester.
-        ctx = acting_context(before, ctx, io.cfg.registry, (*before.batch, *before.receipts))
+        ctx = (await acting_in(io, before, ctx)).context
     current: AgentState
     if before is None:
         # The recursion limit left no room even for a first decision: the run still ends with a

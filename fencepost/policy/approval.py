@@ -63,6 +63,7 @@ from fencepost.policy.gates import (
 )
 from fencepost.policy.may_go_on import context_refusal
 from fencepost.policy.outcome import CallOutcome
+from fencepost.policy.ownership import recorded_capabilities
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
@@ -376,11 +377,18 @@ def unasked(batch: Batch, asked: Sequence[BatchEntry]) -> Batch:
 
 
 def approval_request(
-    entries: Sequence[BatchEntry], registry: ToolRegistry, problem: ApprovalProblem | None = None
+    entries: Sequence[BatchEntry],
+    registry: ToolRegistry,
+    problem: ApprovalProblem | None = None,
+    *,
+    graph_right: str | None = None,
+    graph_four_eyes: bool = False,
 ) -> dict[str, Any]:
-    """The interrupt payload a human sees: each waiting call's tool, arguments and effect; and
-    the same calls as LangChain's HITL request (``action_requests`` and ``review_configs``, in
-    the order a ``{"decisions": [...]}`` answer follows), which Agent Chat UI renders."""
+    """The interrupt payload a human sees: each waiting call's tool, arguments and effect, and
+    who may answer it (``approval_right``: the right a principal other than the requester must
+    hold; ``four_eyes``: whether the requester's own answer is refused); and the same calls as
+    LangChain's HITL request (``action_requests`` and ``review_configs``, in the order a
+    ``{"decisions": [...]}`` answer follows), which Agent Chat UI renders."""
     calls = []
     actions = []
     reviews = []
@@ -394,6 +402,10 @@ def approval_request(
                 "arguments": entry.proposal.arguments,
                 "effect": spec.effect.value if spec else None,
                 "capability": spec.capability if spec else None,
+                "approval_right": approval_right(spec, graph_right=graph_right) if spec else None,
+                "four_eyes": needs_four_eyes(spec, graph_four_eyes=graph_four_eyes)
+                if spec
+                else graph_four_eyes,
             }
         )
         effect = spec.effect.value if spec else "unknown"
@@ -721,8 +733,9 @@ class AnswerJudgement:
     acting: RunContext | None = None
     """The context the approval acts in: the caller's own when the requester answered; for an
     approver, the caller's with the requester's identity (the run's identity never becomes the
-    approver's), holding the capabilities of the waiting calls only (the gate found the
-    requester held them when it asked)."""
+    approver's), holding the capabilities the run's account recorded for the requester (on an
+    account that records none, those of the waiting calls only: the gate found the requester
+    held them when it asked)."""
 
 
 def judge_answerer(
@@ -751,7 +764,10 @@ def judge_answerer(
         return AnswerJudgement(refusal=refusal or "missing_context")
     requester = run_owner.get("principal", answerer.principal.id)
     own = answerer.principal.id == requester
-    acting = answerer if own else as_requester(answerer, requester, (s.capability for s in specs))
+    held = recorded_capabilities(run_owner)
+    if held is None:  # an account opened before capabilities were recorded
+        held = frozenset(s.capability for s in specs)
+    acting = answerer if own else as_requester(answerer, requester, held)
     return AnswerJudgement(
         refusal=None,
         answerer=Answerer(principal_id=answerer.principal.id, requester=own),
@@ -798,43 +814,70 @@ def answer_refused(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Acting:
+    """The context a node acts in (:func:`acting_context`), or that the run waits for its
+    requester instead."""
+
+    context: RunContext | None
+    waits_for_requester: bool = False
+    """An approver's answer was taken on an account that records no capabilities (opened
+    before they were recorded): the approved calls ran, and the model's next step waits for
+    the requester's own context (:func:`waiting_for_requester`)."""
+
+
 def acting_context(
-    state: AgentState,
+    owner: Mapping[str, str] | None,
     ctx: RunContext | None,
-    registry: ToolRegistry,
-    answered: Iterable[Any] | None = None,
-) -> RunContext | None:
-    """The context a node acts in: ``ctx``, or, when ``ctx`` is an approver of the run's
-    tenant whose answer the current batch records (``approved_by``), ``ctx`` acting for the
-    requester (:func:`as_requester`) with the capabilities of the batch's allowed calls only
-    (the gate judged them under the requester's). Anyone else's context is returned as it is,
-    and refused by :func:`~fencepost.policy.may_go_on.check_before_acting`; the run's account
-    owner is checked at every reservation, whatever state says. ``answered``: where the
-    answer is looked for (the batch, by default; the terminal node also reads receipts)."""
-    if answered is None:
-        answered = state.batch
-    if ctx is None or state.principal_id is None or not approver_of(state, ctx, answered):
-        return ctx
-    names = {e.proposal.tool_name for e in state.batch if e.verdict.allowed}
-    capabilities = (registry.get(n).capability for n in names if n in registry)
-    return as_requester(ctx, state.principal_id, capabilities)
+    *,
+    approver: bool,
+    fallback: Iterable[str] = (),
+) -> Acting:
+    """The context a node of the run acts in, given the caller's ``ctx`` and what the run's
+    ledger account records: its ``owner`` (``ownership.run_owner``) and, as ``approver``,
+    whether it marks ``ctx``'s principal as having answered one of the run's approvals
+    (``keys.approver_key``).
+
+    Such an approver, of the owner's tenant and not the requester, carries the run on acting
+    for the requester: the requester's identity, holding the capabilities the account recorded
+    when the run started (the approver's own never act for the run); deadline, app data and
+    injected dependencies stay the caller's (the application's). Where the account records no
+    capabilities, it acts with ``fallback`` (the capabilities of the calls the gate judged
+    under the requester's) and the model's next step waits for the requester. Anyone else's
+    context is returned as it is, and refused by
+    :func:`~fencepost.policy.may_go_on.check_before_acting` and by the owner check at every
+    reservation, whatever state says.
+    """
+    if ctx is None or owner is None or not approver or not _another_of_tenant(owner, ctx):
+        return Acting(ctx)
+    requester = owner["principal"]
+    held = recorded_capabilities(owner)
+    if held is None:
+        return Acting(as_requester(ctx, requester, fallback), waits_for_requester=True)
+    return Acting(as_requester(ctx, requester, held))
 
 
-def approver_of(state: AgentState, ctx: RunContext | None, answered: Iterable[Any]) -> bool:
-    """Whether ``ctx`` is another principal of the run's tenant than the requester who answered
-    one of ``answered`` (batch entries' verdicts or receipts recording ``approved_by``)."""
-    if ctx is None or ctx.tenant_id != state.tenant_id or ctx.principal.id == state.principal_id:
-        return False
-    for item in answered:
-        record = getattr(item, "verdict", item)
-        if getattr(record, "approved_by", None) == ctx.principal.id:
-            return True
-    return False
+def _another_of_tenant(owner: Mapping[str, str], ctx: RunContext) -> bool:
+    """Whether ``ctx`` names a principal of the owner's tenant other than its requester."""
+    principal = owner.get("principal")
+    return (
+        principal is not None
+        and ctx.tenant_id == owner.get("tenant")
+        and ctx.principal.id != principal
+    )
+
+
+def allowed_capabilities(batch: Batch, registry: ToolRegistry) -> frozenset[str]:
+    """The capabilities of the batch's allowed calls: what the gate found the requester held."""
+    names = {e.proposal.tool_name for e in batch if e.verdict.allowed}
+    return frozenset(registry.get(n).capability for n in names if n in registry)
 
 
 def waiting_for_requester(state: AgentState) -> dict[str, Any]:
     """What a run shows while it waits for its requester: an approver's answer ran the calls
-    it approved, and the model's next step is the requester's own to take."""
+    it approved, on an account that records no capabilities of the requester (opened by a
+    version that did not record them), so the model's next step is the requester's own to
+    take, under its own context."""
     return {
         "fencepost": "waiting_for_requester",
         "run_id": state.run_id,

@@ -112,3 +112,15 @@ def result_key(account: str, call_id: str) -> str:
     forged, so a citation names, and a dependency waits on, only a call the ledger marks so.
     """
     return f"{account}:result:{_digest(call_id)}"
+
+
+def approver_key(account: str, principal_id: str) -> str:
+    """The durable marker (zero amounts) that principal ``principal_id``, not the requester,
+    answered an approval of the run's ``account``.
+
+    Written by the approve node once the answer is taken: a later node of the run acts for the
+    requester (with the capabilities the account recorded) only for a caller the ledger marks
+    so, never for one a ``approved_by`` in state names (a caller's ``update_state`` away from
+    forged).
+    """
+    return f"{account}:approver:{_digest(principal_id)}"

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from fencepost.policy.context import RunContext
 from fencepost.policy.keys import run_tag
+from fencepost.policy.ledger import InvalidLedgerKey, validate_owner
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.state import StopRequest, stop
 
@@ -19,9 +20,49 @@ RUN = "run"
 """The owner key naming the run an account was opened for (beside the caller's identity)."""
 
 
+CAPABILITIES = "capabilities"
+"""The owner key saying the requester's capabilities are recorded (its value: how many), each
+under a key of its own, ``capability:<name>``. An account opened before they were recorded
+has neither, and an approver's answer cannot carry such a run on (:func:`recorded_capabilities`)."""
+
+CAPABILITY = "capability:"
+"""The owner key prefix of one capability the requester held when the run started."""
+
+_HELD = "held"
+
+
 def run_owner(ctx: RunContext, run_id: str) -> dict[str, str]:
-    """What a run's ledger account records as its owner: the caller's identity and the run."""
-    return {**ctx.owner(), RUN: run_tag(run_id)}
+    """What a run's ledger account records as its owner: the caller's identity, the run, and
+    the capabilities the caller held when the run started.
+
+    The capabilities are what an approver's answer goes on with: LangGraph does not checkpoint
+    ``context``, the approver's own must never act for the run, and state can be rewritten. A
+    capability no ledger can store as a name (too long, a control character) leaves them all
+    unrecorded: such a run waits for its requester after an approver's answer, as an older
+    account's does.
+    """
+    owner = {**ctx.owner(), RUN: run_tag(run_id)}
+    held = sorted(ctx.principal.capabilities)
+    recorded = {CAPABILITIES: str(len(held)), **{CAPABILITY + c: _HELD for c in held}}
+    try:
+        return {**owner, **validate_owner(recorded)}
+    except InvalidLedgerKey:
+        return owner
+
+
+def recorded_capabilities(owner: Mapping[str, str]) -> frozenset[str] | None:
+    """The capabilities the run's requester held when its account was opened; ``None`` where
+    the account records none (an account opened before they were recorded)."""
+    if CAPABILITIES not in owner:
+        return None
+    return frozenset(k[len(CAPABILITY) :] for k in owner if k.startswith(CAPABILITY))
+
+
+def identity(owner: Mapping[str, str]) -> dict[str, str]:
+    """The identity an account's owner records (tenant and principal, those it names): what a
+    caller's context is compared with; the run and the capabilities recorded beside it are not
+    part of it."""
+    return {k: owner[k] for k in ("tenant", "principal") if k in owner}
 
 
 GRANT = "grant:"
@@ -64,7 +105,7 @@ def check_owner(
     """
     if not owner:
         return None
-    if {k: v for k, v in owner.items() if k != RUN} != ctx.owner():
+    if identity(owner) != ctx.owner():
         return stop(TerminationReason.POLICY_DENIED, "context_mismatch")
     if run_id is not None and owner.get(RUN, run_tag(run_id)) != run_tag(run_id):
         return stop(TerminationReason.POLICY_DENIED, "account_conflict")

@@ -156,3 +156,35 @@ def test_approvals_lists_a_tenants_scopes_and_revokes_them_never_another_tenants
         json.loads(cli("approvals", "list", "--tenant", "acme", "--db", paused, "--json").stdout)
         == []
     )
+
+
+def test_show_of_a_paused_run_says_who_may_answer_and_points_at_fencepost_approve(
+    paused: str,
+) -> None:
+    data = json.loads(cli("show", "run-note", "--db", paused, "--json").stdout)
+    assert data["answer"]["rights"] == ["approve:notes:write"]
+    assert data["answer"]["four_eyes"] is False
+    assert data["answer"]["requester"] == "oncall-ana"
+    assert data["answer"]["command"] == (
+        "fencepost approve run-note --call call-0001 --as <principal> "
+        f"--capability approve:notes:write --db {paused}"
+    )
+    text = " ".join(cli("show", "run-note", "--db", paused).stdout.split())
+    assert (
+        "what to do answer as oncall-ana (the requester) or a principal of acme holding "
+        "approve:notes:write: fencepost approve run-note --call call-0001" in text
+    )
+
+
+def test_a_lead_approving_at_the_command_line_carries_the_run_to_its_end_as_the_requester(
+    paused: str,
+) -> None:
+    result = cli(
+        "approve", "run-note", "--call", "call-0001", "--as", "lead-bo",
+        "--capability", "approve:notes:write", "--graph", GRAPH, "--db", paused, "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["status"] == "completed"
+    assert [(r["status"], r["approved_by"]) for r in data["receipts"]] == [("completed", "lead-bo")]
+    assert approval_graph.written == ["call-0001"]

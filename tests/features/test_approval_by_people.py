@@ -12,6 +12,7 @@ answer — the write then runs once.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,15 @@ from langgraph.types import Command
 import fencepost as fp
 from fencepost.policy import TerminationReason
 from fencepost.policy.approval import may_answer
+from fencepost.policy.keys import run_account, run_tag
+from fencepost.policy.ownership import RUN, recorded_capabilities, run_owner
 from tests.graph.kit import (
     Calls,
     budget,
     call,
     context,
     final_citing_last,
+    forge_batch,
     harness,
     interrupt_payload,
     make_registry,
@@ -68,61 +72,132 @@ def _still_waiting(h: Any, config: dict[str, Any], out: dict[str, Any], code: st
 # -- who may answer ------------------------------------------------------------------------------
 
 
+def _seeing(calls: Calls) -> tuple[fp.ToolRegistry, list[tuple[str, str]]]:
+    """The kit's registry whose tools record whom their ``ToolContext`` names."""
+    seen: list[tuple[str, str]] = []
+    base = make_registry(calls)
+
+    def seeing(spec: fp.ToolSpec) -> fp.ToolSpec:
+        body = spec.execute
+
+        async def run(args: Any, ctx: fp.ToolContext) -> Any:
+            seen.append((spec.name, ctx.principal_id))
+            out = body(args, ctx)
+            return await out if inspect.isawaitable(out) else out
+
+        return spec.model_copy(update={"execute": run})
+
+    return fp.ToolRegistry([seeing(base.get(n)) for n in base.names()]), seen
+
+
 @pytest.mark.parametrize("saver_kind", ["memory", "sqlite"])
-def test_a_lead_of_the_tenant_with_the_approval_right_approves_an_engineers_write(
+def test_after_a_leads_approval_the_run_goes_on_as_the_requester_in_the_same_invoke(
     saver_kind: str, tmp_path: Path
 ) -> None:
+    # The lead holds only the approval right: the read after the write runs because the
+    # engineer holds logs:read, as the run's ledger account recorded when it started.
+    calls = Calls()
+    registry, seen = _seeing(calls)
+    script = [call("write_note", 1, note="restart checkout"), call(n=2), final_citing_last]
     with SqliteSaver.from_conn_string(str(tmp_path / "cp.db")) as sqlite:
         saver = InMemorySaver() if saver_kind == "memory" else sqlite
-        h, config = _paused(saver)
-        h.graph.invoke(Command(resume="approve"), config, context=LEAD)
-        assert h.calls.count("write_note") == 1
-        state = state_of(h, config)
-        # The run is still the engineer's: it waits for the engineer's next step.
-        assert (state.tenant_id, state.principal_id) == ("acme", "oncall-ana")
-        (receipt,) = state.receipts
-        assert (receipt.approval, receipt.approved_by) == ("human", "lead-bo")
-        answered = [m for m in state.manifests if m.approved_by is not None]
-        assert [m.approved_by for m in answered] == ["lead-bo"]
-        out = h.graph.invoke(None, config, context=ENGINEER)
+        h = harness(
+            script, approval="interrupt", checkpointer=saver, registry=registry, calls=calls
+        )
+        config = thread()
+        h.graph.invoke(fp.start("fix checkout", budget()), config, context=ENGINEER)
+        assert h.graph.get_state(config).next == ("approve",)
+        out = h.graph.invoke(Command(resume="approve"), config, context=LEAD)
         final = fp.run_output(out)
+        assert "__interrupt__" not in out
         assert final.termination is TerminationReason.COMPLETED
+        assert seen == [("write_note", "oncall-ana"), ("search_logs", "oncall-ana")]
         assert h.calls.count("write_note") == 1
+        # The run is still the engineer's, and who approved is on record.
+        assert (final.tenant_id, final.principal_id) == ("acme", "oncall-ana")
+        write = next(r for r in final.receipts if r.call_id == "call-0001")
+        assert (write.approval, write.approved_by) == ("human", "lead-bo")
+        answered = [m for m in final.manifests if m.approved_by is not None]
+        assert [m.approved_by for m in answered] == ["lead-bo"]
 
 
-def test_the_tool_sees_the_requester_not_the_approver() -> None:
-    calls = Calls()
-    seen: list[tuple[str | None, str | None]] = []
-    registry = make_registry(calls)
-    spec = registry.get("write_note")
-    body = spec.execute
-
-    def remembering(args: Any, ctx: fp.ToolContext) -> Any:
-        seen.append((ctx.tenant_id, ctx.principal_id))
-        return body(args, ctx)
-
-    registry = fp.ToolRegistry(
-        [registry.get(n) for n in registry.names() if n != "write_note"]
-        + [spec.model_copy(update={"execute": remembering})]
+@pytest.mark.parametrize("saver_kind", ["memory", "sqlite"])
+def test_after_a_leads_approval_later_calls_are_gated_by_the_requesters_capabilities(
+    saver_kind: str, tmp_path: Path
+) -> None:
+    # The lead holds "admin"; the engineer does not: the admin call after the approved write
+    # is denied, whoever's invoke goes on.
+    lead = context(
+        principal="lead-bo", caps=frozenset({"approve:notes:write", "admin"}), seconds=None
     )
-    h = harness(list(SCRIPT), approval="interrupt", registry=registry, calls=calls)
+    script = [call("write_note", 1, note="restart checkout"), call("admin_reset", 2)]
+    with SqliteSaver.from_conn_string(str(tmp_path / "cp.db")) as sqlite:
+        saver = InMemorySaver() if saver_kind == "memory" else sqlite
+        h = harness(script, approval="interrupt", checkpointer=saver)
+        config = thread()
+        h.graph.invoke(fp.start("fix checkout", budget()), config, context=ENGINEER)
+        final = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=lead))
+        assert h.calls.count("write_note") == 1 and h.calls.count("admin_reset") == 0
+        assert final.termination is TerminationReason.POLICY_DENIED
+        assert final.last_error_code == "capability_denied"
+        assert final.report is not None and "admin" in str(final.report)
+
+
+def test_an_account_that_records_no_capabilities_waits_for_the_requester() -> None:
+    # An account opened before the requester's capabilities were recorded (owner: identity
+    # and run only): the approved write runs, and the model's next step is the engineer's.
+    ledger = fp.InMemoryLedger()
+    h = harness(list(SCRIPT), approval="interrupt", ledger=ledger)
     config = thread()
-    h.graph.invoke(fp.start("q", budget()), config, context=ENGINEER)
-    h.graph.invoke(Command(resume="approve"), config, context=LEAD)
-    assert seen == [("acme", "oncall-ana")]
-
-
-def test_the_approver_never_takes_the_requesters_next_step() -> None:
-    h, config = _paused()
+    start = fp.start("fix checkout", budget(), run_id="run-older")
+    account = run_account(config["configurable"]["thread_id"], "run-older")
+    limits = fp.AgentState(run_id="run-older", question="q", budget=budget()).budget.limits()
+    ledger.open_account(account, limits, owner={**ENGINEER.owner(), RUN: run_tag("run-older")})
+    h.graph.invoke(start, config, context=ENGINEER)
     out = h.graph.invoke(Command(resume="approve"), config, context=LEAD)
+    assert h.calls.count("write_note") == 1
     assert interrupt_payload(out)["fencepost"] == "waiting_for_requester"
-    # The lead resuming again changes nothing: no model step is taken for the engineer.
     steps = state_of(h, config).step
     h.graph.invoke(Command(resume="go on"), config, context=LEAD)
     assert state_of(h, config).step == steps
-    assert fp.run_output(h.graph.invoke(None, config, context=ENGINEER)).termination is (
-        TerminationReason.COMPLETED
+    out = h.graph.invoke(None, config, context=ENGINEER)
+    assert fp.run_output(out).termination is TerminationReason.COMPLETED
+    assert h.calls.count("write_note") == 1
+
+
+def test_a_first_step_run_again_with_other_capabilities_keeps_those_recorded_first() -> None:
+    # A crash after the account was opened, before the first checkpoint: the step runs again
+    # for the same caller and run, now holding other capabilities. The run is not refused as
+    # another's (account_conflict); the capabilities recorded first stand.
+    ledger = fp.InMemoryLedger()
+    h = harness(list(SCRIPT), approval="interrupt", ledger=ledger)
+    config = thread()
+    account = run_account(config["configurable"]["thread_id"], "run-again")
+    limits = fp.AgentState(run_id="run-again", question="q", budget=budget()).budget.limits()
+    first = context(principal="oncall-ana", caps=frozenset({"notes:write"}), seconds=None)
+    ledger.open_account(account, limits, owner=run_owner(first, "run-again"))
+    h.graph.invoke(fp.start("fix checkout", budget(), run_id="run-again"), config, context=ENGINEER)
+    assert h.graph.get_state(config).next == ("approve",)
+    assert recorded_capabilities(ledger.balance(account).owner) == {"notes:write"}
+
+
+def test_a_principal_the_ledger_does_not_mark_as_an_approver_never_acts_for_the_run() -> None:
+    # State says the peer approved (a caller's update_state can write that); the ledger marks
+    # only the lead, so the peer's context is refused, not turned into the engineer's.
+    h, config = _paused()
+    (entry,) = state_of(h, config).batch
+    verdict = entry.verdict.model_copy(
+        update={
+            "code": fp.policy.VerdictCode.ALLOWED,
+            "approval": "human",
+            "approved_by": "peer-cy",
+        }
     )
+    h.graph.update_state(config, forge_batch(h, config, verdicts=(verdict,)), as_node="approve")
+    final = fp.run_output(h.graph.invoke(None, config, context=PEER))
+    assert h.calls.count("write_note") == 0
+    assert final.termination is TerminationReason.POLICY_DENIED
+    assert final.last_error_code == "context_mismatch"
 
 
 def test_a_graph_may_name_its_own_approval_right() -> None:
@@ -201,8 +276,7 @@ def test_who_answered_is_in_the_span_event(spans: Any) -> None:
 
 def test_who_answered_is_in_the_stop_report() -> None:
     h, config = _paused()
-    h.graph.invoke(Command(resume="approve"), config, context=LEAD)
-    out = h.graph.invoke(None, config, context=ENGINEER)
+    out = h.graph.invoke(Command(resume="approve"), config, context=LEAD)
     report = fp.run_output(out).report
     assert report is not None
     assert [(c.call_id, c.approved_by, c.approval) for c in report.completed] == [
@@ -237,12 +311,10 @@ def test_a_wrong_answer_changes_nothing_and_the_lead_can_still_approve(
             out = h.graph.invoke(Command(resume=answer), config, context=given)
             _still_waiting(h, config, out, code)
         assert state_of(h, config).budget == budget_before
-        h.graph.invoke(Command(resume="approve"), config, context=LEAD)
+        out = h.graph.invoke(Command(resume="approve"), config, context=LEAD)
         assert h.calls.count("write_note") == 1
         assert state_of(h, config).last_error_code is None
-        out = h.graph.invoke(None, config, context=ENGINEER)
         assert fp.run_output(out).termination is TerminationReason.COMPLETED
-        assert h.calls.count("write_note") == 1
 
 
 async def test_a_wrong_answer_changes_nothing_under_ainvoke_too() -> None:

@@ -235,6 +235,8 @@ def test_interrupt_payload_names_call_tool_arguments_effect_and_capability() -> 
             "arguments": {"note": "hi"},
             "effect": "write",
             "capability": "notes:write",
+            "approval_right": "approve:notes:write",
+            "four_eyes": False,
         }
     ]
     assert h.calls.log == []

@@ -30,6 +30,7 @@ from fencepost.adapters.child_run import ChildRunConfigError, ChildRunResult, ch
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.state import has_run
 from fencepost.policy.keys import run_account, run_tag
+from fencepost.policy.ownership import RUN, identity, recorded_capabilities
 from fencepost.policy.stop_report import StopKind
 from fencepost.policy.tool_decorator import tool
 from tests.graph.child_kit import (
@@ -500,7 +501,9 @@ async def test_a_childs_reason_and_receipts_come_back_as_typed_data_not_its_text
     assert ctx.deadline is not None and inner.deadline.at <= ctx.deadline.at
     balance = family.ledger.balance(run_account(child.thread_id, child.run_id))
     assert balance.parent == account
-    assert balance.owner == {"tenant": "acme", "principal": "u-1", "run": run_tag(child.run_id)}
+    assert identity(balance.owner) == {"tenant": "acme", "principal": "u-1"}
+    assert balance.owner[RUN] == run_tag(child.run_id)
+    assert recorded_capabilities(balance.owner) == {"logs:read"}  # what the child holds
 
 
 def test_a_child_holds_only_the_capabilities_its_tool_grants() -> None:

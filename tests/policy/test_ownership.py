@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 
 import fencepost as fp
 from fencepost.policy.keys import run_tag
-from fencepost.policy.ownership import GRANT, RUN, check_funding, check_owner, run_owner
+from fencepost.policy.ledger import validate_owner
+from fencepost.policy.ownership import (
+    GRANT,
+    RUN,
+    check_funding,
+    check_owner,
+    recorded_capabilities,
+    run_owner,
+)
 
 CTX = fp.RunContext(tenant_id="acme", principal=fp.Principal(id="u-1"))
 
@@ -63,3 +71,27 @@ def test_a_run_account_funds_only_its_own_principals_runs_whatever_it_grants() -
     owner = {**run_owner(CTX, "run-a"), f"{GRANT}u-2": ""}
     assert _funds(owner, "u-1")
     assert not _funds(owner, "u-2")
+
+
+@given(capabilities=st.frozensets(st.text(max_size=600), max_size=8))
+def test_a_run_owner_records_the_requesters_capabilities_and_is_compared_by_identity_alone(
+    capabilities: frozenset[str],
+) -> None:
+    ctx = fp.RunContext(
+        tenant_id="acme", principal=fp.Principal(id="u-1", capabilities=capabilities)
+    )
+    owner = run_owner(ctx, "run-a")
+    assert validate_owner(owner) == owner  # every ledger backend stores it as it is
+    recorded = recorded_capabilities(owner)
+    # Recorded exactly, or (a name no ledger stores) not at all: never a part of them.
+    assert recorded == capabilities or (
+        recorded is None and owner == {**ctx.owner(), RUN: run_tag("run-a")}
+    )
+    # Another set of capabilities is the same caller: the owner check is on identity alone.
+    assert check_owner(owner, CTX, "run-a") is None
+    assert check_owner(run_owner(CTX, "run-a"), ctx, "run-a") is None
+
+
+def test_an_owner_recorded_before_capabilities_records_none() -> None:
+    assert recorded_capabilities({**CTX.owner(), RUN: run_tag("run-a")}) is None
+    assert recorded_capabilities(run_owner(CTX, "run-a")) == frozenset()
