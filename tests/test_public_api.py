@@ -45,7 +45,6 @@ PUBLIC = {
     "acancel",
     "CancelRefused",
     "NestedRunUnreachable",
-    "ForkRefused",
     "LayoutRefused",
     "RunInProgress",
     "NoRun",

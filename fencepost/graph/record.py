@@ -61,6 +61,14 @@ FOLLOWS_KEY = "__follows__"
 record starts over from that write (the ended run kept in its ``turns``). Only a node writes it:
 a caller's write is stored as what the record takes of it (:func:`caller_write`), no such key."""
 
+FORK_KEY = "__fork__"
+"""The key of a node's write that names where the run's branch was forked from (``forked_from``,
+``branch``): fields no caller's write sets, since they name the run's ledger account. A caller's
+write is stored as what the record takes of it (:func:`caller_write`), no such key."""
+
+FORK_FIELDS = frozenset({"forked_from", "branch"})
+"""The fields only a node's write that carries :data:`FORK_KEY` (or starts a run) sets."""
+
 OVERWRITE_KEY = "__overwrite__"
 """How a JSON client spells LangGraph's ``Overwrite`` (``{"__overwrite__": value}``)."""
 
@@ -270,9 +278,12 @@ def _taken(write: Any) -> dict[str, Any] | None:
         return None  # LangGraph's Overwrite would reset the run: never
     out: dict[str, Any] = {}
     starts = FOLLOWS_KEY in write
+    forks = starts or FORK_KEY in write
     for key, value in write.items():
         if key not in _KINDS:
             continue  # no field of a run
+        if key in FORK_FIELDS and not forks:
+            continue  # a run's branch names its ledger account: only a node's write sets it
         if key == "turns" and not starts:
             # A run's place in the conversation names its ledger account: only the write that
             # starts it (a node's, stored with the run it follows) gives its earlier turns.
@@ -299,6 +310,8 @@ def caller_write(write: Any) -> dict[str, Any]:
     the node's, and an ``Overwrite`` would be kept for LangGraph to replay."""
     taken = _taken(write) or {}
     taken.pop("turns", None)  # a caller's write never starts a run (see _taken)
+    for name in FORK_FIELDS:
+        taken.pop(name, None)  # nor forks one
     return taken
 
 
@@ -307,8 +320,8 @@ def caller_write(write: Any) -> dict[str, Any]:
 
 def _apply(out: RunRecord, changes: Mapping[str, Any]) -> None:
     for key, value in changes.items():
-        if key == FOLLOWS_KEY:
-            continue  # read by _starts_run: no field of the run
+        if key in (FOLLOWS_KEY, FORK_KEY):
+            continue  # read by _starts_run and _taken: no field of the run
         if key in APPENDED:
             if value:
                 out[key] = [*out.get(key, ()), *value]

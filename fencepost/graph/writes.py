@@ -18,6 +18,8 @@ from fencepost.graph.record import (
     COUNTED,
     FIELDS,
     FOLLOWS_KEY,
+    FORK_FIELDS,
+    FORK_KEY,
     LATEST,
     REPLACED,
     plain,
@@ -82,6 +84,9 @@ def step_writes(before: AgentState | None, after: AgentState) -> Writes:
             for name in before.rewrite:
                 changes.setdefault(name, plain(getattr(after, name)))
     if changes:
+        if not FORK_FIELDS.isdisjoint(changes):
+            # Stored, then read back by the record as a node's write that may set them.
+            changes[FORK_KEY] = True
         writes["run"] = step_write(before, after, changes)
     return writes
 
