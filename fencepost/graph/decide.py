@@ -10,6 +10,7 @@ from langgraph.types import interrupt
 from fencepost.graph.account import (
     account_of,
     charge,
+    node_thread,
     open_run,
     pending_work,
     produced,
@@ -170,6 +171,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
             ctx,
             ended,
             fork if isinstance(fork, str) else None,
+            node_thread()[0] or None,
         )
         before = None
         if ctx is not None:

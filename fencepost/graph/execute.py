@@ -286,7 +286,10 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     claim_stop: StopRequest | None = None
     if admission.runnable:
         account = account_of(state)
-        where = node_thread()  # read here: a batch runs off the node's context
+        # Read here (a batch runs off the node's context); call ids are claimed on the thread
+        # the conversation began on, which a copy of the thread shares.
+        where = node_thread()
+        where = (state.origin_thread or where[0], where[1])
         runnable = admission.runnable
         seen: list[Balance] = []
         if len(runnable) == 1 and not runnable[0][0].proposal.depends_on:

@@ -66,7 +66,7 @@ FORK_KEY = "__fork__"
 ``branch``): fields no caller's write sets, since they name the run's ledger account. A caller's
 write is stored as what the record takes of it (:func:`caller_write`), no such key."""
 
-FORK_FIELDS = frozenset({"forked_from", "branch"})
+FORK_FIELDS = frozenset({"forked_from", "branch", "origin_thread"})
 """The fields only a node's write that carries :data:`FORK_KEY` (or starts a run) sets."""
 
 OVERWRITE_KEY = "__overwrite__"

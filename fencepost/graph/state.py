@@ -279,12 +279,14 @@ def new_run_state(
     ctx: RunContext | None,
     follows: AgentState | None = None,
     fork: str | None = None,
+    thread: str | None = None,
 ) -> AgentState:
     """A new run's state from its start request, bound to the identity in the caller's context
     (never the model's, never the request's); ``follows``: the ended run it follows on the
     thread, kept in its ``turns`` with the ones before it; ``fork``: the checkpoint the thread's
     branch was forked from (the ``fork`` channel), which this run was forked from where the run
-    it follows is of another branch."""
+    it follows is of another branch; ``thread``: the checkpoint thread the run starts on (its
+    conversation's origin, unless the run it follows names one)."""
     if not isinstance(request, StartRequest):
         request = StartRequest.model_validate(request, strict=False)
     return AgentState(
@@ -295,6 +297,7 @@ def new_run_state(
         principal_id=ctx.principal.id if ctx else None,
         turns=() if follows is None else (*follows.turns, as_turn(follows)),
         branch=fork,
+        origin_thread=(follows.origin_thread if follows is not None else None) or thread,
         forked_from=forked_checkpoint(fork)
         if fork is not None and fork != (None if follows is None else follows.branch)
         else None,

@@ -91,6 +91,11 @@ class AgentState(Frozen):
     """The latest fork in this run's history on the thread (its own, or one an earlier run of
     its branch was forked from): it names the run's ledger account with the thread and the
     run's place, so no branch's run shares another's account. Set by fencepost only."""
+    origin_thread: str | None = None
+    """The checkpoint thread the run's conversation began on, where its call ids are claimed
+    (``keys.claim_key``): a copy of the thread, and any fork of the copy, claims on the same
+    one, so a call the original ran never runs on a copy. Set by fencepost only (None in a
+    record written before it was kept: the node's thread)."""
 
     @property
     def pending(self) -> tuple[ToolProposal, ...]:

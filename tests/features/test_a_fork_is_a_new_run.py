@@ -30,6 +30,7 @@ from fencepost.cli import app
 from fencepost.graph.default_ledger import durable_ledger
 from fencepost.policy.keys import run_account
 from tests.graph.kit import (
+    ABSTAIN,
     budget,
     call,
     context,
@@ -304,3 +305,77 @@ def test_an_async_fork_and_a_streamed_one_are_new_runs_too() -> None:
     assert streamed.final_answer is not None and streamed.final_answer.text == "streamed"
     assert first.termination is fp.TerminationReason.COMPLETED
     assert h.calls.count("search_logs") == 1
+
+
+def copy_thread(saver: Any, source: str, target: str) -> None:
+    """What ``copy_thread`` (langgraph-checkpoint 4.3) makes, through the saver's public
+    methods (no installed saver implements it): every checkpoint of ``source``, and its pending
+    writes, under ``target``."""
+    saved = sorted(
+        saver.list({"configurable": {"thread_id": source}}),
+        key=lambda t: t.config["configurable"]["checkpoint_id"],
+    )
+    for tup in saved:
+        at = tup.config["configurable"]
+        parent = ((tup.parent_config or {}).get("configurable") or {}).get("checkpoint_id")
+        config = {"configurable": {"thread_id": target, "checkpoint_ns": at["checkpoint_ns"]}}
+        if parent is not None:
+            config["configurable"]["checkpoint_id"] = parent
+        stored = saver.put(
+            config, tup.checkpoint, tup.metadata, dict(tup.checkpoint["channel_versions"])
+        )
+        by_task: dict[str, list[tuple[str, Any]]] = {}
+        for task, channel, value in tup.pending_writes or ():
+            by_task.setdefault(task, []).append((channel, value))
+        for task, writes in by_task.items():
+            saver.put_writes(stored, writes, task)
+
+
+def test_a_copy_of_a_thread_paused_before_a_write_runs_it_at_most_once_in_total(
+    saver: Any,
+) -> None:
+    h = harness(
+        [call("write_note", 1, note="a"), final_citing_last, answer("copy"), answer("more")],
+        checkpointer=saver,
+        approval="interrupt",
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    source = config["configurable"]["thread_id"]
+    copy = {"configurable": {"thread_id": f"{source}-copy"}}
+    copy_thread(saver, source, copy["configurable"]["thread_id"])
+    paused = h.graph.get_state(copy)
+    assert paused.next == ("approve",)
+    # The copy is history: its paused run has no account on the copy's thread.
+    refused = fp.run_output(h.graph.invoke(Command(resume="approve"), copy, context=ctx))
+    assert refused.termination is fp.TerminationReason.POLICY_DENIED
+    assert refused.last_error_code == "unknown_budget_account"
+    assert h.calls.count("write_note") == 0
+    ran = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    assert ran.termination is fp.TerminationReason.COMPLETED
+    assert h.calls.count("write_note") == 1
+    # A fork of the copy's pause is a run with an account of its own: the call id was claimed
+    # on the thread the conversation began on, so it never runs there again.
+    forked = fp.run_output(h.graph.invoke(Command(resume="approve"), paused.config, context=ctx))
+    assert forked.forked_from == checkpoint_id(paused)
+    assert h.calls.count("write_note") == 1
+    (receipt,) = [r for r in forked.receipts if r.call_id == "call-0001"]
+    assert receipt.status is fp.ReceiptStatus.UNCERTAIN
+    # New input on the copy starts a run of its own there.
+    more = fp.run_output(h.graph.invoke({"messages": [HumanMessage("more?")]}, copy, context=ctx))
+    assert more.termination is fp.TerminationReason.COMPLETED
+    assert more.final_answer is not None and more.final_answer.text == "more"
+
+
+def test_a_later_run_of_the_conversation_never_runs_a_call_id_an_earlier_one_ran(
+    saver: Any,
+) -> None:
+    # A model that numbers its calls from 1 in each run: the second run's call-0001 is not run.
+    h = harness([call(n=1), final_citing_last, call(n=1), ABSTAIN], checkpointer=saver)
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    assert h.calls.count("search_logs") == 1
+    later = fp.run_output(h.graph.invoke(fp.start("again", budget()), config, context=ctx))
+    assert h.calls.count("search_logs") == 1
+    (receipt,) = [r for r in later.receipts if r.call_id == "call-0001"]
+    assert receipt.status is fp.ReceiptStatus.UNCERTAIN
