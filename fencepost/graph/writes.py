@@ -22,6 +22,7 @@ from fencepost.graph.record import (
     FORK_KEY,
     LATEST,
     REPLACED,
+    TURNS_KEPT_KEY,
     plain,
     record_of,
     step_write,
@@ -123,7 +124,14 @@ def reset_prerun_values(values: Mapping[str, Any], writes: Any) -> Any:
     if isinstance(ended, str) and writes.get("run") is not None:
         # A first write on a thread a run has ended on: the new run's, naming the run it
         # follows, so the record starts over from it (the ended run is in its ``turns``).
-        writes["run"] = step_write(None, after, {**writes["run"], FOLLOWS_KEY: ended})
+        changes = {**writes["run"], FOLLOWS_KEY: ended}
+        kept = record.get("turns")
+        if isinstance(kept, list) and kept and len(after.turns) > len(kept):
+            # The earlier turns are in the record already: only the run it follows is written,
+            # so each run's first write stays one turn long however long the conversation.
+            changes["turns"] = plain(after.turns[len(kept) :])
+            changes[TURNS_KEPT_KEY] = len(kept)
+        writes["run"] = step_write(None, after, changes)
         return writes
     resets: dict[str, Any] = {}
     for name in REPLACED:
