@@ -310,6 +310,16 @@ def follows_input(state: AgentState, values: Mapping[str, Any]) -> bool:
     return state.is_terminal and values.get("turn") == state.run_id
 
 
+def with_pending_fork(values: Mapping[str, Any], state: AgentState) -> AgentState:
+    """``state`` as the fork its thread's ``fork`` channel names will make it, where no node
+    has taken that fork yet (a fork of a pause, paused again before any node wrote): the run is
+    the fork's (its branch, its account), not the one it branched from."""
+    fork = values.get("fork")
+    if not isinstance(fork, str) or state.is_terminal or state.branch == fork:
+        return state
+    return state.model_copy(update={"branch": fork, "forked_from": forked_checkpoint(fork)})
+
+
 def refuse_other_layouts(values: Mapping[str, Any]) -> None:
     """Raise :class:`LayoutRefused` for channel values a checkpoint of layout 1 holds."""
     if "run_id" in values and not run_started(record_of(values)):
@@ -478,6 +488,7 @@ def run_output(values: Mapping[str, Any], run_id: str | None = None) -> AgentSta
             if turn.run_id == run_id:
                 return earlier_run(turn)
         raise NoRun(run_id)
+    state = with_pending_fork(values, state)
     if state.report is None and not state.is_terminal:
         # Derived on the way out, never written: the checkpoint keeps the terminal node's
         # report as the only stored one.
@@ -513,4 +524,5 @@ __all__ = [
     "require_state",
     "run_output",
     "start",
+    "with_pending_fork",
 ]

@@ -379,3 +379,54 @@ def test_a_later_run_of_the_conversation_never_runs_a_call_id_an_earlier_one_ran
     assert h.calls.count("search_logs") == 1
     (receipt,) = [r for r in later.receipts if r.call_id == "call-0001"]
     assert receipt.status is fp.ReceiptStatus.UNCERTAIN
+
+
+def test_a_fork_of_a_pause_replayed_pauses_as_the_fork_and_cancels_on_its_own_account(
+    saver: Any,
+) -> None:
+    h = harness(
+        [call("write_note", 1, note="a"), final_citing_last],
+        checkpointer=saver,
+        approval="interrupt",
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    paused = h.graph.get_state(config)
+    done = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
+    # Replayed from the pause with no answer: the fork pauses there again, as the fork.
+    h.graph.invoke(None, paused.config, context=ctx)
+    assert h.graph.get_state(config).next == ("approve",)
+    waiting = fp.run_output(h.graph.get_state(config).values)
+    assert waiting.forked_from == checkpoint_id(paused)
+    assert waiting.report is not None and waiting.report.forked_from == checkpoint_id(paused)
+    cancelled = fp.cancel(h.graph, config, context=ctx)
+    assert cancelled is not None
+    assert cancelled.termination is fp.TerminationReason.CANCELLED
+    assert cancelled.forked_from == checkpoint_id(paused)
+    thread_id = config["configurable"]["thread_id"]
+    ledger = ledger_of(saver)
+    assert ledger.balance(run_account(thread_id, done.run_id, "", 0)).closed == "completed"
+    fork_account = run_account(thread_id, done.run_id, "", 0, cancelled.branch)
+    assert ledger.balance(fork_account).closed == "cancelled"
+    assert h.calls.count("write_note") == 1
+
+
+def test_a_replay_of_an_ended_run_s_checkpoint_moves_the_head_there_and_the_next_run_forks(
+    saver: Any,
+) -> None:
+    h = harness([answer("one"), answer("two"), answer("three")], checkpointer=saver)
+    config, ctx = thread(), context()
+    first = fp.run_output(h.graph.invoke({"messages": [HumanMessage("1?")]}, config, context=ctx))
+    second = fp.run_output(h.graph.invoke({"messages": [HumanMessage("2?")]}, config, context=ctx))
+    at = ended_at(h.graph, config, first.run_id)
+    # Nothing is left to run there: LangGraph makes that state the thread's head, as it is.
+    out = fp.run_output(h.graph.invoke(None, at.config, context=ctx))
+    assert out.run_id == first.run_id and out.termination is fp.TerminationReason.COMPLETED
+    # The next message there is a run of the fork, on an account of its own.
+    third = fp.run_output(h.graph.invoke({"messages": [HumanMessage("3?")]}, config, context=ctx))
+    assert third.termination is fp.TerminationReason.COMPLETED
+    assert third.forked_from == checkpoint_id(at)
+    assert [t.run_id for t in third.turns] == [first.run_id]
+    thread_id = config["configurable"]["thread_id"]
+    ledger = ledger_of(saver)
+    assert ledger.balance(run_account(thread_id, second.run_id, "", 1)).held.get("steps") == 1
