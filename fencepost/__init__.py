@@ -32,7 +32,6 @@ from fencepost.adapters.tools import tool_spec
 from fencepost.graph import (
     CancelRefused,
     CommandRefused,
-    ForkRefused,
     GraphConfigError,
     LayoutRefused,
     NestedRunUnreachable,
@@ -121,7 +120,6 @@ __all__ = [
     "Effect",
     "ErrorCode",
     "FinalProposal",
-    "ForkRefused",
     "LayoutRefused",
     "RunInProgress",
     "NoRun",

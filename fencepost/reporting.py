@@ -390,7 +390,9 @@ def _record(latest: CheckpointTuple, started_at: datetime | None, reader: Any) -
 def load_runs(
     saver: BaseCheckpointSaver[Any], *, source: str = "the checkpoint database"
 ) -> list[RunRecord]:
-    """Every fencepost run in the database, newest first.
+    """Every fencepost run in the database, newest first: each thread's latest run and the
+    runs its conversation keeps, then the runs of each branch a fork left behind (the run a
+    fork branched from, as it ended or paused).
 
     ``source`` is the database's URL, named (password masked) in error messages. Raises
     :class:`~fencepost.adapters.checkpointers.NotACheckpointStore` when the database holds
@@ -398,12 +400,20 @@ def load_runs(
     """
     latest: dict[str, CheckpointTuple] = {}
     first_ts: dict[str, datetime] = {}
+    # Every checkpoint and its parent, per thread: a checkpoint no other one follows heads a
+    # branch (a fork, LangGraph's time travel, leaves the branch it left behind as it was).
+    seen: dict[str, set[str]] = {}
+    parents: dict[str, set[str]] = {}
     with checkpointer_errors(source):
         for tup in saver.list(None):
             conf = tup.config["configurable"]
             if conf.get("checkpoint_ns", ""):
                 continue  # subgraph checkpoints belong to their parent's run
             thread = str(conf["thread_id"])
+            seen.setdefault(thread, set()).add(str(conf["checkpoint_id"]))
+            parent = ((tup.parent_config or {}).get("configurable") or {}).get("checkpoint_id")
+            if parent is not None:
+                parents.setdefault(thread, set()).add(str(parent))
             held = latest.get(thread)
             if held is None or conf["checkpoint_id"] > held.config["configurable"]["checkpoint_id"]:
                 latest[thread] = tup
@@ -413,6 +423,13 @@ def load_runs(
     reader = _reader(saver)
     with checkpointer_errors(source):
         records = [r for t, tup in latest.items() if (r := _record(tup, first_ts.get(t), reader))]
+        left = [
+            r
+            for t, tup in latest.items()
+            for head in sorted(seen[t] - parents.get(t, set()), reverse=True)
+            if head != tup.config["configurable"]["checkpoint_id"]
+            and (r := _branch_record(saver, t, head, first_ts.get(t), reader))
+        ]
     if latest and not records:
         shown = mask_url(source)
         older = sum(1 for tup in latest.values() if _older_layout(tup))
@@ -429,7 +446,29 @@ def load_runs(
         key=lambda r: (r.updated_at.timestamp() if r.updated_at else 0.0, r.thread_id),
         reverse=True,
     )
-    return [run for record in records for run in _with_earlier(record)]
+    out: list[RunRecord] = []
+    shown_runs: set[tuple[str, str, str | None]] = set()
+    for run in (run for record in [*records, *left] for run in _with_earlier(record)):
+        key = (run.thread_id, run.state.run_id, run.state.branch)
+        if key not in shown_runs:
+            shown_runs.add(key)
+            out.append(run)
+    return out
+
+
+def _branch_record(
+    saver: BaseCheckpointSaver[Any],
+    thread: str,
+    head: str,
+    started_at: datetime | None,
+    reader: Any,
+) -> RunRecord | None:
+    """The run at the head of a branch of ``thread`` other than its latest one (where a fork
+    left it)."""
+    tup = saver.get_tuple(
+        {"configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": head}}
+    )
+    return None if tup is None else _record(tup, started_at, reader)
 
 
 def _with_earlier(latest: RunRecord) -> list[RunRecord]:

@@ -55,7 +55,6 @@ PUBLIC = {
     "acancel",
     "CancelRefused",
     "NestedRunUnreachable",
-    "ForkRefused",
     "LayoutRefused",
     "RunInProgress",
     "NoRun",

@@ -2,7 +2,7 @@
 
 from fencepost.graph.builder import build_agent_graph
 from fencepost.graph.cancel import CancelRefused, NestedRunUnreachable, acancel, cancel
-from fencepost.graph.compiled import CommandRefused, ForkRefused
+from fencepost.graph.compiled import CommandRefused
 from fencepost.graph.context import RunContext
 from fencepost.graph.serde import fencepost_serializer
 from fencepost.graph.settings import GraphConfigError
@@ -20,7 +20,6 @@ from fencepost.graph.state import (
 __all__ = [
     "CancelRefused",
     "CommandRefused",
-    "ForkRefused",
     "GraphConfigError",
     "GraphState",
     "InputState",

@@ -37,6 +37,7 @@ from fencepost.policy.gating import after_reservations
 from fencepost.policy.keys import (
     approver_key,
     call_key,
+    claim_key,
     completed_key,
     result_key,
     run_account,
@@ -88,7 +89,7 @@ def started_run_id() -> str | None:
 def account_of(state: AgentState) -> str:
     """The ledger account of the run in ``state`` on this node's thread (and namespace)."""
     thread, namespace = _thread()
-    return run_account(thread, state.run_id, namespace, len(state.turns))
+    return run_account(thread, state.run_id, namespace, len(state.turns), state.branch)
 
 
 async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopRequest | AgentState:
@@ -164,6 +165,36 @@ async def mark_result(
     unmarked, so never citable, and is no stop of its own: the call did run, and its outcome
     stands (the closed account refuses the run's next step)."""
     await reserve(io, state, ctx, result_key(account, call_id), {}, account=account)
+
+
+def node_thread() -> tuple[str, str]:
+    """The node's checkpoint thread and its graph's namespace (``("", "")`` off a thread):
+    read in the node, for work that runs off its context (a batch on its own event loop)."""
+    return _thread()
+
+
+async def claim_call(
+    io: NodeIO, account: str, call_id: str, where: tuple[str, str]
+) -> bool | StopRequest:
+    """Claim ``call_id`` for this run on its checkpoint thread (``keys.claim_key``) before its
+    first attempt starts: True where the claim is this run's (made now, or before a crash),
+    False where another run of the thread holds it (the run a fork branches from, or another
+    branch: it ran there, or may have). Off a thread (no checkpointer) there is no fork: True.
+    ``where``: the node's thread and namespace (:func:`node_thread`)."""
+    thread, namespace = where
+    if not thread:
+        return True
+    try:
+        await io.reserve(account, claim_key(thread, namespace, call_id), {})
+    except LedgerConflict:
+        return False
+    except AccountClosed as exc:
+        return stop_for_closed(exc.reason)
+    except UnknownAccount:
+        return stop_for_unknown_account()
+    except ValueError:
+        return stop_for_conflict()
+    return True
 
 
 async def marked_done(io: NodeIO, account: str, calls: Iterable[str]) -> frozenset[str]:

@@ -14,7 +14,7 @@ from fencepost.graph.account import account_open, account_owner, close_cancelled
 from fencepost.graph.node_io import AsyncIO, SyncIO, drive
 from fencepost.graph.record import plain
 from fencepost.graph.settings import LoopConfig, settings_of
-from fencepost.graph.state import has_run, load_state, run_output
+from fencepost.graph.state import has_run, load_state, run_output, with_pending_fork
 from fencepost.policy import (
     AgentState,
     StopRequest,
@@ -76,7 +76,10 @@ def _account(config: RunnableConfig, state: AgentState | None) -> str:
     thread = (config.get("configurable") or {}).get("thread_id")
     run_id = "" if state is None else state.run_id  # named by the thread whenever there is one
     turn = 0 if state is None else len(state.turns)
-    return run_account("" if thread is None else str(thread), run_id, _namespace(config), turn)
+    branch = None if state is None else state.branch
+    return run_account(
+        "" if thread is None else str(thread), run_id, _namespace(config), turn, branch
+    )
 
 
 def _current(values: Mapping[str, Any]) -> AgentState:
@@ -88,7 +91,7 @@ def _current(values: Mapping[str, Any]) -> AgentState:
     state = load_state(values)
     if state is None:  # has_run said there is one
         raise RuntimeError("no run on this thread")
-    return state
+    return with_pending_fork(values, state)
 
 
 def _writer(pending: Sequence[str]) -> str:

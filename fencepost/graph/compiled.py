@@ -26,13 +26,13 @@ in any other form (an object LangGraph reads by its class's annotations, a bare 
 refused, and a ``Command`` given to ``update_state`` is checked as one given to ``invoke``. An
 ``invoke`` input is a map, its values checked as an update's.
 
-Time travel is refused too (:class:`ForkRefused`): an invoke, stream or state update whose
-config names a checkpoint other than its thread's latest would fork the thread there, and a
-fork of a fencepost run is no run at all (its ledger account is closed, or still the
-original's), so nothing of it is written and the thread keeps the ending it has. A thread
-whose latest checkpoint another state layout wrote is refused the same way, before anything is
-saved (:class:`~fencepost.graph.state.LayoutRefused`): LangGraph saves an input, a resume value
-or a node's error before any node could read the run and refuse it.
+An invoke, stream or state update whose config names a checkpoint other than its thread's latest
+forks the thread there (time travel): the call is given a write of the ``fork`` channel naming
+that checkpoint (an input of ``None``, a replay, becomes that write alone), and the next node
+goes on as a new run (:mod:`fencepost.graph.fork`). A thread whose latest checkpoint another
+state layout wrote is refused before anything is saved
+(:class:`~fencepost.graph.state.LayoutRefused`): LangGraph saves an input, a resume value or a
+node's error before any node could read the run and refuse it.
 
 Every invoke, stream or resume is one ``invoke_agent`` span when OpenTelemetry is installed
 (:mod:`fencepost.adapters.telemetry`); ``invoke`` and ``ainvoke`` run through ``stream`` and
@@ -68,9 +68,11 @@ from fencepost.graph.settings import (
     settings_of,
 )
 from fencepost.graph.state import (
+    ForkChannel,
     RetiredChannel,
     RunInProgress,
     TurnChannel,
+    fork_token,
     refuse_older_checkpoint,
     request_from,
 )
@@ -91,24 +93,6 @@ class CommandRefused(ValueError):
     def __init__(self, why: str) -> None:
         super().__init__(f"command refused: {why}")
         self.why = why
-
-
-class ForkRefused(ValueError):
-    """An invoke, stream or state update named a checkpoint that is not its thread's latest:
-    LangGraph would fork the thread there (time travel). A fencepost run's budget is its ledger
-    account, closed when the run ended, so a fork is never that run, nor a new one: it is
-    refused before anything is written, and the thread keeps the ending it has.
-
-    >>> str(ForkRefused("ck-1"))
-    "fork refused: checkpoint 'ck-1' is not the thread's latest; invoke the thread's config (without a checkpoint_id) or start a new thread"
-    """
-
-    def __init__(self, checkpoint_id: str) -> None:
-        super().__init__(
-            f"fork refused: checkpoint {checkpoint_id!r} is not the thread's latest; invoke "
-            "the thread's config (without a checkpoint_id) or start a new thread"
-        )
-        self.checkpoint_id = checkpoint_id
 
 
 def ended(values: Mapping[str, Any]) -> bool:
@@ -225,7 +209,7 @@ def _unknown_key(keys: list[Any], fields: Mapping[str, Any]) -> str | None:
         if (
             isinstance(key, str)
             and key in fields
-            and not isinstance(fields[key], RetiredChannel | TurnChannel)
+            and not isinstance(fields[key], RetiredChannel | TurnChannel | ForkChannel)
         ):
             continue
         if isinstance(key, str) and key in FIELDS:
@@ -330,15 +314,38 @@ def _top_level_thread(config: RunnableConfig | None, checkpointer: Any) -> bool:
     return configurable.get("thread_id") is not None and not configurable.get("checkpoint_ns")
 
 
-def _judge_thread(config: RunnableConfig | None, latest: CheckpointTuple | None) -> None:
-    """Raise :class:`ForkRefused` where ``config`` names a checkpoint other than the thread's
-    ``latest``, and :class:`~fencepost.graph.state.LayoutRefused` where ``latest`` is of another
+def _judge_thread(config: RunnableConfig | None, latest: CheckpointTuple | None) -> str | None:
+    """The checkpoint ``config`` forks the thread at (one other than the thread's ``latest``),
+    or None; raises :class:`~fencepost.graph.state.LayoutRefused` where ``latest`` is of another
     state layout."""
-    named = ((config or {}).get("configurable") or {}).get("checkpoint_id")
-    if named and (latest is None or _id_of(latest.config) != str(named)):
-        raise ForkRefused(str(named))
     if latest is not None:
         refuse_older_checkpoint(latest.checkpoint["channel_versions"])
+    named = ((config or {}).get("configurable") or {}).get("checkpoint_id")
+    if named and (latest is None or _id_of(latest.config) != str(named)):
+        return fork_token(str(named))
+    return None
+
+
+def _forked(update: Any, fork: str) -> Any:
+    """A state update (or ``Command``) that also records the fork it is made at: the next node
+    starts the fork's run (see :mod:`fencepost.graph.fork`)."""
+    if isinstance(update, Command):
+        return dataclasses.replace(update, update=_forked(update.update, fork))
+    if not update:
+        return {"fork": fork}
+    if isinstance(update, dict):
+        return {**update, "fork": fork}
+    return [*update, ("fork", fork)]
+
+
+def _with_fork(supersteps: list[Any], fork: str | None) -> list[Any]:
+    """A state update's supersteps, the first update recording the fork it is made at."""
+    if fork is None or not supersteps or not supersteps[0]:
+        return supersteps
+    first = supersteps[0][0]
+    values = _forked(getattr(first, "values", None), fork)
+    first = first._replace(values=values) if isinstance(first, StateUpdate) else values
+    return [[first, *supersteps[0][1:]], *supersteps[1:]]
 
 
 def _turn_input(input: dict[str, Any], values: Mapping[str, Any], thread: str, paused: bool) -> Any:
@@ -348,7 +355,7 @@ def _turn_input(input: dict[str, Any], values: Mapping[str, Any], thread: str, p
     the new message's; a start request naming a run the thread already holds is that start sent
     again, and starts nothing); on a thread whose run has not ended, :class:`RunInProgress`. A
     caller's own ``turn`` is never taken."""
-    given = {k: v for k, v in input.items() if k != "turn"}
+    given = {k: v for k, v in input.items() if k not in _FENCEPOST_SET}
     record = record_of(values)
     if not run_started(record):
         return given
@@ -365,6 +372,10 @@ def _turn_input(input: dict[str, Any], values: Mapping[str, Any], thread: str, p
             return given  # no question: nothing to start (as an update of the messages)
         given["request"] = None
     return {**given, "turn": run_id}
+
+
+_FENCEPOST_SET = frozenset({"turn", "fork"})
+"""Input channels only fencepost sets: a caller's value for them is dropped."""
 
 
 def _asks(messages: Any) -> bool:
@@ -498,59 +509,74 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
             return ()
         return tuple((await self.aget_state(config)).next)
 
-    def _check_thread(self, config: RunnableConfig | None) -> CheckpointTuple | None:
-        """Refuse, before LangGraph saves anything of the call, a call on the thread's latest
-        checkpoint that is a fork (:class:`ForkRefused`) or of another state layout
-        (:class:`~fencepost.graph.state.LayoutRefused`: LangGraph would save an input, a
-        ``__resume__`` or a node's ``__error__`` before any node could read the run)."""
+    def _check_thread(
+        self, config: RunnableConfig | None
+    ) -> tuple[CheckpointTuple | None, str | None]:
+        """The thread's latest checkpoint and the checkpoint ``config`` forks it at (None: no
+        fork), read before LangGraph saves anything of the call; a latest checkpoint of another
+        state layout is refused (:class:`~fencepost.graph.state.LayoutRefused`: LangGraph would
+        save an input, a ``__resume__`` or a node's ``__error__`` before any node could read
+        the run)."""
         saver = self.checkpointer
         if not _top_level_thread(config, saver):
-            return None
+            return None, None
         latest = saver.get_tuple(_thread_head(config))  # type: ignore[union-attr]
-        _judge_thread(config, latest)
-        return latest
+        return latest, _judge_thread(config, latest)
 
-    async def _acheck_thread(self, config: RunnableConfig | None) -> CheckpointTuple | None:
+    async def _acheck_thread(
+        self, config: RunnableConfig | None
+    ) -> tuple[CheckpointTuple | None, str | None]:
         saver = self.checkpointer
         if not _top_level_thread(config, saver):
-            return None
+            return None, None
         latest = await saver.aget_tuple(_thread_head(config))  # type: ignore[union-attr]
-        _judge_thread(config, latest)
-        return latest
+        return latest, _judge_thread(config, latest)
 
-    def _turn(self, input: Any, config: RunnableConfig | None, latest: Any) -> Any:
+    def _turn(self, input: Any, config: RunnableConfig | None, latest: Any, fork: Any) -> Any:
         """``input`` as the thread takes it (:func:`_turn_input`), checked before anything of
-        it is saved. Off a thread of the graph's own saver, or on a new thread (no ``latest``
-        checkpoint), only a caller's ``turn`` is dropped."""
+        it is saved, at the checkpoint it is given at (the thread's latest, or the one it
+        forks). Off a thread of the graph's own saver, or on a new thread (no ``latest``
+        checkpoint), only a caller's ``turn`` and ``fork`` are dropped."""
         if not isinstance(input, dict):
             return input
         if latest is None:
-            return {k: v for k, v in input.items() if k != "turn"}
-        snapshot = self.get_state(_thread_head(config))
+            return {k: v for k, v in input.items() if k not in _FENCEPOST_SET}
+        at = config if fork else _thread_head(config)
+        snapshot = self.get_state(at)  # type: ignore[arg-type]
         thread = str(_thread_head(config)["configurable"]["thread_id"])
         return _turn_input(input, snapshot.values, thread, bool(snapshot.interrupts))
 
-    async def _aturn(self, input: Any, config: RunnableConfig | None, latest: Any) -> Any:
+    async def _aturn(
+        self, input: Any, config: RunnableConfig | None, latest: Any, fork: Any
+    ) -> Any:
         if not isinstance(input, dict):
             return input
         if latest is None:
-            return {k: v for k, v in input.items() if k != "turn"}
-        snapshot = await self.aget_state(_thread_head(config))
+            return {k: v for k, v in input.items() if k not in _FENCEPOST_SET}
+        at = config if fork else _thread_head(config)
+        snapshot = await self.aget_state(at)  # type: ignore[arg-type]
         thread = str(_thread_head(config)["configurable"]["thread_id"])
         return _turn_input(input, snapshot.values, thread, bool(snapshot.interrupts))
+
+    def _taken_input(self, input: Any, fork: str | None) -> Any:
+        """The input of a call that forks the thread at ``fork``, recording the fork (an input
+        of ``None``, a replay, becomes an update of the ``fork`` channel alone)."""
+        if fork is None:
+            return input
+        return _forked(input, fork) if input is not None else Command(update={"fork": fork})
 
     def bulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
-        self._check_thread(config)
+        _, fork = self._check_thread(config)
         supersteps = _state_updates(
             list(supersteps),
             self.builder.channels,
             self._serde(),
             lambda command: self._waiting(command, config),
         )
-        return super().bulk_update_state(config, supersteps)
+        return super().bulk_update_state(config, _with_fork(supersteps, fork))
 
     async def abulk_update_state(self, config: RunnableConfig, supersteps: Any) -> RunnableConfig:
-        await self._acheck_thread(config)
+        _, fork = await self._acheck_thread(config)
         supersteps = list(supersteps)
         goes = any(
             isinstance(getattr(u, "values", None), Command) and _targets(u.values)
@@ -561,7 +587,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         supersteps = _state_updates(
             supersteps, self.builder.channels, self._serde(), lambda command: waiting
         )
-        return await super().abulk_update_state(config, supersteps)
+        return await super().abulk_update_state(config, _with_fork(supersteps, fork))
 
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
@@ -585,7 +611,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
         self._refuse_unresumable(config)
-        latest = self._check_thread(config)
+        latest, fork = self._check_thread(config)
         if isinstance(input, Command):
             why = _refusal(
                 input,
@@ -597,7 +623,8 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
                 raise CommandRefused(why)
             input = _storable(input, self._serde())
         elif input is not None:
-            input = self._turn(_stored_input(input, self._serde()), config, latest)
+            input = self._turn(_stored_input(input, self._serde()), config, latest, fork)
+        input = self._taken_input(input, fork)
         try:
             yield from super().stream(input, config, **kwargs)
         except GraphRecursionError:
@@ -614,7 +641,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     ) -> AsyncIterator[Any]:
         self._refuse_unresumable(config)
         try:
-            latest = await self._acheck_thread(config)
+            latest, fork = await self._acheck_thread(config)
         except NotImplementedError:
             # A saver with sync methods only (SqliteSaver): LangGraph's own error would name
             # its async twin's module; the public fix is fencepost's async opener.
@@ -632,7 +659,8 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
                 raise CommandRefused(why)
             input = _storable(input, self._serde())
         elif input is not None:
-            input = await self._aturn(_stored_input(input, self._serde()), config, latest)
+            input = await self._aturn(_stored_input(input, self._serde()), config, latest, fork)
+        input = self._taken_input(input, fork)
         try:
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk

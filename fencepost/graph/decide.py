@@ -12,6 +12,7 @@ from fencepost.graph.account import (
     acting_in,
     charge,
     left_on,
+    node_thread,
     open_run,
     pending_work,
     produced,
@@ -193,7 +194,14 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     ended = before if before is not None and follows_input(before, values) else None
     if before is None or ended is not None:
         # A thread's first run, or its next one after new input (the ended run kept as a turn).
-        state = new_run_state(request_from(values, run_id=started_run_id()), ctx, ended)
+        fork = values.get("fork")
+        state = new_run_state(
+            request_from(values, run_id=started_run_id()),
+            ctx,
+            ended,
+            fork if isinstance(fork, str) else None,
+            node_thread()[0] or None,
+        )
         before = None
         if ctx is not None:
             opened = await open_run(io, state, ctx)

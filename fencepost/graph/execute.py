@@ -15,7 +15,9 @@ from fencepost.graph.account import (
     acting_in,
     balance_of,
     certify,
+    claim_call,
     mark_result,
+    node_thread,
     produced,
     release_reserved,
     reserve,
@@ -83,6 +85,7 @@ async def run_call(
     spec: ToolSpec,
     seen: list[Balance],
     dependencies: dict[str, JsonValue] | None = None,
+    where: tuple[str, str] = ("", ""),
 ) -> CallOutcome | StopRequest:
     """Claim an attempt of one call in the ledger, run it, settle it.
 
@@ -96,7 +99,9 @@ async def run_call(
     attempt is settled: that mark, not the observation in state, is what a citation may name.
     ``seen`` collects the run account's balance as each settlement leaves it (the last one is
     the state's new budget view). ``dependencies``: what the call may read of the calls it
-    depends on (``ToolContext.dependencies``).
+    depends on (``ToolContext.dependencies``). ``where``: the node's thread and namespace,
+    where the call id is claimed for the thread before its first attempt (``keys.claim_key``):
+    one another run of the thread claimed (a fork's origin) is ``uncertain``, never run here.
     """
     cfg = io.cfg
     attempt = 1
@@ -116,6 +121,17 @@ async def run_call(
                 return finished_before(
                     entry, spec, attempt, started=more.status is ReservationStatus.SETTLED
                 )
+        if attempt == 1:
+            claimed = await claim_call(io, account, entry.call_id, where)
+            if isinstance(claimed, StopRequest):
+                return claimed
+            if not claimed:
+                # Another run of the thread (a fork's origin, another branch) claimed this call
+                # id: it ran there, or may have. Nothing of it runs here, and nothing is spent.
+                freed = await release_reserved(io, key)
+                if freed is not None:
+                    seen.append(freed)
+                return uncertain(entry, spec, 0)
         marker = await reserve(
             io, state, ctx, started_key(account, entry.call_id, attempt), {}, account=account
         )
@@ -178,6 +194,7 @@ async def run_batch(
     runnable: tuple[tuple[BatchEntry, ToolSpec], ...],
     seen: list[Balance],
     earlier: dict[str, JsonValue],
+    where: tuple[str, str] = ("", ""),
 ) -> list[CallOutcome | StopRequest]:
     """Run a batch's calls concurrently, at most ``max_concurrent_tools`` in flight.
 
@@ -216,7 +233,9 @@ async def run_batch(
             else:
                 inputs = dependency_inputs(entry, outcomes, earlier)
                 async with gate:
-                    result = await run_call(io, state, ctx, account, entry, spec, seen, inputs)
+                    result = await run_call(
+                        io, state, ctx, account, entry, spec, seen, inputs, where
+                    )
         except BaseException:
             results[entry.call_id].cancel()
             raise
@@ -270,19 +289,23 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     claim_stop: StopRequest | None = None
     if admission.runnable:
         account = account_of(state)
+        # Read here (a batch runs off the node's context); call ids are claimed on the thread
+        # the conversation began on, which a copy of the thread shares.
+        where = node_thread()
+        where = (state.origin_thread or where[0], where[1])
         runnable = admission.runnable
         seen: list[Balance] = []
         if len(runnable) == 1 and not runnable[0][0].proposal.depends_on:
             # One call needs no event loop of its own: the sync graph runs it on its thread.
             entry, spec = runnable[0]
-            results = [await run_call(io, state, ctx, account, entry, spec, seen)]
+            results = [await run_call(io, state, ctx, account, entry, spec, seen, where=where)]
         else:
             inside = {e.call_id for e, _ in runnable}
             outside = {d for e, _ in runnable for d in e.proposal.depends_on if d not in inside}
             made = await produced(io, account, outside) if outside else frozenset()
             earlier = earlier_outputs(state.observations, made)
             results = await io.call(
-                lambda: run_batch(cfg, state, ctx, account, runnable, seen, earlier)
+                lambda: run_batch(cfg, state, ctx, account, runnable, seen, earlier, where)
             )
         for (entry, spec), result in zip(admission.runnable, results, strict=True):
             if isinstance(result, StopRequest):

@@ -287,20 +287,34 @@ def loop_node(cfg: LoopConfig, name: str, body: NodeBody) -> LoopNode:
     is not run; only the stop that ends the run is written (``writes.refusal_writes``), routing it to
     the terminal node, as a node ends a run on a missing or mismatched context.
     """
+    # Imported here: the fork module opens accounts through this module's I/O.
+    from fencepost.graph.fork import fork_written, take_fork
+
     sync_io, async_io = SyncIO(cfg), AsyncIO(cfg)
 
     def run(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
+        # A fork of the thread (time travel) is taken first: its run goes on on its own account.
+        forked = drive(take_fork(sync_io, values, runtime))
+        if forked is not None:
+            values = forked[0]
         try:
             writes = drive(body(sync_io, values, runtime))
         except InvalidState as invalid:
             writes = refusal_writes(invalid.state)
+        if forked is not None:
+            writes = fork_written(writes, forked[1])
         return with_messages(values, reset_prerun_values(values, writes))
 
     async def arun(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
+        forked = await take_fork(async_io, values, runtime)
+        if forked is not None:
+            values = forked[0]
         try:
             writes = await body(async_io, values, runtime)
         except InvalidState as invalid:
             writes = refusal_writes(invalid.state)
+        if forked is not None:
+            writes = fork_written(writes, forked[1])
         return with_messages(values, reset_prerun_values(values, writes))
 
     return LoopNode(name, run, arun)

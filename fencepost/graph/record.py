@@ -61,6 +61,20 @@ FOLLOWS_KEY = "__follows__"
 record starts over from that write (the ended run kept in its ``turns``). Only a node writes it:
 a caller's write is stored as what the record takes of it (:func:`caller_write`), no such key."""
 
+TURNS_KEPT_KEY = "__turns_kept__"
+"""The key of a new run's first write (one naming :data:`FOLLOWS_KEY`) saying how many of the
+ended run's ``turns`` the new record keeps: the write carries only the turns after them (the run
+it follows), so a conversation's storage grows by one turn per run. A first write without it
+(an older version's) gives every earlier turn."""
+
+FORK_KEY = "__fork__"
+"""The key of a node's write that names where the run's branch was forked from (``forked_from``,
+``branch``): fields no caller's write sets, since they name the run's ledger account. A caller's
+write is stored as what the record takes of it (:func:`caller_write`), no such key."""
+
+FORK_FIELDS = frozenset({"forked_from", "branch", "origin_thread"})
+"""The fields only a node's write that carries :data:`FORK_KEY` (or starts a run) sets."""
+
 OVERWRITE_KEY = "__overwrite__"
 """How a JSON client spells LangGraph's ``Overwrite`` (``{"__overwrite__": value}``)."""
 
@@ -270,9 +284,12 @@ def _taken(write: Any) -> dict[str, Any] | None:
         return None  # LangGraph's Overwrite would reset the run: never
     out: dict[str, Any] = {}
     starts = FOLLOWS_KEY in write
+    forks = starts or FORK_KEY in write
     for key, value in write.items():
         if key not in _KINDS:
             continue  # no field of a run
+        if key in FORK_FIELDS and not forks:
+            continue  # a run's branch names its ledger account: only a node's write sets it
         if key == "turns" and not starts:
             # A run's place in the conversation names its ledger account: only the write that
             # starts it (a node's, stored with the run it follows) gives its earlier turns.
@@ -299,6 +316,8 @@ def caller_write(write: Any) -> dict[str, Any]:
     the node's, and an ``Overwrite`` would be kept for LangGraph to replay."""
     taken = _taken(write) or {}
     taken.pop("turns", None)  # a caller's write never starts a run (see _taken)
+    for name in FORK_FIELDS:
+        taken.pop(name, None)  # nor forks one
     return taken
 
 
@@ -307,8 +326,8 @@ def caller_write(write: Any) -> dict[str, Any]:
 
 def _apply(out: RunRecord, changes: Mapping[str, Any]) -> None:
     for key, value in changes.items():
-        if key == FOLLOWS_KEY:
-            continue  # read by _starts_run: no field of the run
+        if key in (FOLLOWS_KEY, FORK_KEY, TURNS_KEPT_KEY):
+            continue  # read by _starts_run and _taken: no field of the run
         if key in APPENDED:
             if value:
                 out[key] = [*out.get(key, ()), *value]
@@ -374,6 +393,17 @@ def _unreadable(out: Mapping[str, Any]) -> dict[str, Any]:
     return changes
 
 
+def _started_over(out: Mapping[str, Any], write: Any) -> RunRecord:
+    """The record a run's first write starts from: empty, but for the earlier turns a later
+    run's first write keeps (:data:`TURNS_KEPT_KEY`)."""
+    fresh = RunRecord()
+    kept = write.get(TURNS_KEPT_KEY) if isinstance(write, dict) else None
+    turns = out.get("turns")
+    if type(kept) is int and kept > 0 and isinstance(turns, list):
+        fresh["turns"] = turns[:kept]
+    return fresh
+
+
 def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
     """The record after ``writes`` (a step's, or a checkpoint's history replayed) in order."""
     base = current if isinstance(current, dict) else {}
@@ -382,7 +412,7 @@ def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
         write: StepWrite = writes[0]
         started = _starts_run(out, write)
         if started:
-            out = RunRecord()
+            out = _started_over(out, write)
         _apply(out, write)
         view = getattr(base, "view", None)
         if (write.before is not None and view is write.before) or (
@@ -402,7 +432,7 @@ def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
             # stored without the key): the new run's first.
             follows = own(write) or (isinstance(write, dict) and FOLLOWS_KEY in write)
             if _starts_run(out, write if follows else changes):
-                out = RunRecord()
+                out = _started_over(out, write if follows else changes)
             _apply(out, changes)
     return _completed(out)
 

@@ -134,6 +134,26 @@ class TurnChannel(LastValue[Any]):
     ended one again."""
 
 
+class ForkChannel(LastValue[Any]):
+    """The ``fork`` channel: the checkpoint the thread's latest branch was forked from (time
+    travel: an invoke, stream or state update naming a checkpoint other than the thread's
+    latest). Set by the compiled graph, never by a caller (a caller's value is refused); the
+    next node starts the fork's run from the state as it stood there (see
+    :mod:`fencepost.graph.fork`)."""
+
+
+def fork_token(checkpoint_id: str) -> str:
+    """What the ``fork`` channel holds for one fork at ``checkpoint_id``: the checkpoint and a
+    fresh suffix, so two forks of one checkpoint are two branches (two runs, two accounts).
+    Stored with the fork's first checkpoint, so a resume reads the same one."""
+    return f"{checkpoint_id}#{uuid.uuid4().hex[:16]}"
+
+
+def forked_checkpoint(token: str) -> str:
+    """The checkpoint a ``fork`` channel value names (see :func:`fork_token`)."""
+    return token.rpartition("#")[0] or token
+
+
 class GraphState(TypedDict, total=False):
     """LangGraph state schema: the start request, the run's record and the conversation."""
 
@@ -149,6 +169,9 @@ class GraphState(TypedDict, total=False):
     turn: Annotated[str, TurnChannel(str)]
     """The ended run that the thread's latest input follows (set by fencepost, see
     :class:`TurnChannel`)."""
+    fork: Annotated[str, ForkChannel(str)]
+    """The checkpoint the thread's latest branch was forked from (set by fencepost, see
+    :class:`ForkChannel`)."""
     remaining_steps: RemainingSteps
 
 
@@ -169,6 +192,8 @@ class InputState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], Messages]
     turn: Annotated[str, TurnChannel(str), SkipJsonSchema()]
     """Set by fencepost (never published: a client's value is replaced)."""
+    fork: Annotated[str, ForkChannel(str), SkipJsonSchema()]
+    """Set by fencepost on a fork (never published: a client's value is replaced)."""
 
 
 def start(
@@ -250,11 +275,18 @@ def request_from(
 
 
 def new_run_state(
-    request: Any, ctx: RunContext | None, follows: AgentState | None = None
+    request: Any,
+    ctx: RunContext | None,
+    follows: AgentState | None = None,
+    fork: str | None = None,
+    thread: str | None = None,
 ) -> AgentState:
     """A new run's state from its start request, bound to the identity in the caller's context
     (never the model's, never the request's); ``follows``: the ended run it follows on the
-    thread, kept in its ``turns`` with the ones before it."""
+    thread, kept in its ``turns`` with the ones before it; ``fork``: the checkpoint the thread's
+    branch was forked from (the ``fork`` channel), which this run was forked from where the run
+    it follows is of another branch; ``thread``: the checkpoint thread the run starts on (its
+    conversation's origin, unless the run it follows names one)."""
     if not isinstance(request, StartRequest):
         request = StartRequest.model_validate(request, strict=False)
     return AgentState(
@@ -264,6 +296,11 @@ def new_run_state(
         tenant_id=ctx.tenant_id if ctx else None,
         principal_id=ctx.principal.id if ctx else None,
         turns=() if follows is None else (*follows.turns, as_turn(follows)),
+        branch=fork,
+        origin_thread=(follows.origin_thread if follows is not None else None) or thread,
+        forked_from=forked_checkpoint(fork)
+        if fork is not None and fork != (None if follows is None else follows.branch)
+        else None,
     )
 
 
@@ -271,6 +308,16 @@ def follows_input(state: AgentState, values: Mapping[str, Any]) -> bool:
     """Whether ``state`` is an ended run that new input on its thread follows (the ``turn``
     channel names it): the thread's next run starts."""
     return state.is_terminal and values.get("turn") == state.run_id
+
+
+def with_pending_fork(values: Mapping[str, Any], state: AgentState) -> AgentState:
+    """``state`` as the fork its thread's ``fork`` channel names will make it, where no node
+    has taken that fork yet (a fork of a pause, paused again before any node wrote): the run is
+    the fork's (its branch, its account), not the one it branched from."""
+    fork = values.get("fork")
+    if not isinstance(fork, str) or state.is_terminal or state.branch == fork:
+        return state
+    return state.model_copy(update={"branch": fork, "forked_from": forked_checkpoint(fork)})
 
 
 def refuse_other_layouts(values: Mapping[str, Any]) -> None:
@@ -441,6 +488,7 @@ def run_output(values: Mapping[str, Any], run_id: str | None = None) -> AgentSta
             if turn.run_id == run_id:
                 return earlier_run(turn)
         raise NoRun(run_id)
+    state = with_pending_fork(values, state)
     if state.report is None and not state.is_terminal:
         # Derived on the way out, never written: the checkpoint keeps the terminal node's
         # report as the only stored one.
@@ -452,7 +500,10 @@ def run_output(values: Mapping[str, Any], run_id: str | None = None) -> AgentSta
 
 __all__ = [
     "LAYOUT",
+    "ForkChannel",
     "GraphState",
+    "fork_token",
+    "forked_checkpoint",
     "InputState",
     "InvalidState",
     "LayoutRefused",
@@ -473,4 +524,5 @@ __all__ = [
     "require_state",
     "run_output",
     "start",
+    "with_pending_fork",
 ]

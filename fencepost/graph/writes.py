@@ -18,8 +18,11 @@ from fencepost.graph.record import (
     COUNTED,
     FIELDS,
     FOLLOWS_KEY,
+    FORK_FIELDS,
+    FORK_KEY,
     LATEST,
     REPLACED,
+    TURNS_KEPT_KEY,
     plain,
     record_of,
     step_write,
@@ -82,6 +85,9 @@ def step_writes(before: AgentState | None, after: AgentState) -> Writes:
             for name in before.rewrite:
                 changes.setdefault(name, plain(getattr(after, name)))
     if changes:
+        if not FORK_FIELDS.isdisjoint(changes):
+            # Stored, then read back by the record as a node's write that may set them.
+            changes[FORK_KEY] = True
         writes["run"] = step_write(before, after, changes)
     return writes
 
@@ -118,7 +124,14 @@ def reset_prerun_values(values: Mapping[str, Any], writes: Any) -> Any:
     if isinstance(ended, str) and writes.get("run") is not None:
         # A first write on a thread a run has ended on: the new run's, naming the run it
         # follows, so the record starts over from it (the ended run is in its ``turns``).
-        writes["run"] = step_write(None, after, {**writes["run"], FOLLOWS_KEY: ended})
+        changes = {**writes["run"], FOLLOWS_KEY: ended}
+        kept = record.get("turns")
+        if isinstance(kept, list) and kept and len(after.turns) > len(kept):
+            # The earlier turns are in the record already: only the run it follows is written,
+            # so each run's first write stays one turn long however long the conversation.
+            changes["turns"] = plain(after.turns[len(kept) :])
+            changes[TURNS_KEPT_KEY] = len(kept)
+        writes["run"] = step_write(None, after, changes)
         return writes
     resets: dict[str, Any] = {}
     for name in REPLACED:

@@ -28,7 +28,9 @@ def _digest(*parts: str) -> str:
 
 # One string object per account: a run's reservations, markers and ledger records all hold it.
 @lru_cache(maxsize=4096)
-def run_account(thread_id: str, run_id: str, namespace: str = "", turn: int = 0) -> str:
+def run_account(
+    thread_id: str, run_id: str, namespace: str = "", turn: int = 0, branch: str | None = None
+) -> str:
     """The ledger account of the run on checkpoint thread ``thread_id``.
 
     A thread holds a conversation of runs, so the account is named from the thread and the
@@ -42,6 +44,8 @@ def run_account(thread_id: str, run_id: str, namespace: str = "", turn: int = 0)
     account too (a top-level run's is ``""``).
     """
     at = () if turn == 0 else (f"turn:{turn}",)
+    if branch is not None:
+        at = (*at, f"fork:{branch}")
     if thread_id and namespace:
         return f"run:{_digest('thread', thread_id, namespace, *at)}"
     if thread_id:
@@ -91,6 +95,24 @@ def started_key(account: str, call_id: str, attempt: int) -> str:
     never reported, so its effect may have happened.
     """
     return f"{call_key(account, call_id, attempt)}:started"
+
+
+def claim_key(thread_id: str, namespace: str, call_id: str) -> str:
+    """The durable marker (zero amounts) that a run of checkpoint thread ``thread_id`` claimed
+    call id ``call_id`` before its first attempt started.
+
+    Named from the thread, not the run's account: a fork of the thread (time travel) is a new
+    run with an account of its own, and a call id it re-proposes that another run of the thread
+    claimed (it ran, or may have) is held by that run's account, so the ledger refuses it here
+    (``LedgerConflict``) and it never runs twice, whichever branch asks.
+    """
+    return f"thread:{_digest('claims', thread_id, namespace)}:call:{_digest(call_id)}"
+
+
+def is_claim_key(key: str) -> bool:
+    """Whether ``key`` is a thread's claim of a call id (:func:`claim_key`): kept when a
+    process-local ledger forgets an ended run's markers, since a fork may still ask."""
+    return key.startswith("thread:") and ":call:" in key
 
 
 def completed_key(account: str, call_id: str) -> str:

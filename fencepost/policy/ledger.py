@@ -19,6 +19,7 @@ from pydantic import Field, Strict
 
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted, reason_for_axis
 from fencepost.policy.contract import Frozen, assemble
+from fencepost.policy.keys import is_claim_key
 from fencepost.policy.remembered import ApprovalScope, ScopeStore, utc
 
 MAX_NAME_LENGTH = 512
@@ -564,7 +565,8 @@ class InMemoryLedger(Ledger, ScopeStore):
             return self._balance(account)
 
     def forget(self, account: str) -> int:
-        """Drop a closed account's finished reservations and attempt markers; return how many.
+        """Drop a closed account's finished reservations and attempt markers (not its thread's
+        claims of call ids: ``keys.claim_key``); return how many.
 
         A process-local ledger otherwise keeps every reservation for its lifetime. What the
         account holds (its balance, and so its parents') is unchanged; a reservation still
@@ -580,7 +582,11 @@ class InMemoryLedger(Ledger, ScopeStore):
                 stored = self._reservations.get(key)
                 if stored is None:
                     continue
-                if stored.status is ReservationStatus.RESERVED and any(stored.amounts.values()):
+                if (
+                    stored.status is ReservationStatus.RESERVED and any(stored.amounts.values())
+                ) or is_claim_key(key):
+                    # An outstanding call, or the thread's claim of a call id: a fork of the
+                    # thread asks for that one after the run has ended.
                     kept.append(key)
                     continue
                 del self._reservations[key]

@@ -84,6 +84,18 @@ class AgentState(Frozen):
     turns: Annotated[tuple[Turn, ...], Strict(False)] = ()
     """The thread's earlier runs, oldest first (see :mod:`fencepost.policy.turns`): set when
     the run starts, from the run it follows."""
+    forked_from: str | None = None
+    """The checkpoint this run was forked from (time travel), or None for a run that was not:
+    a fork is a new run, on a ledger account of its own."""
+    branch: str | None = None
+    """The latest fork in this run's history on the thread (its own, or one an earlier run of
+    its branch was forked from): it names the run's ledger account with the thread and the
+    run's place, so no branch's run shares another's account. Set by fencepost only."""
+    origin_thread: str | None = None
+    """The checkpoint thread the run's conversation began on, where its call ids are claimed
+    (``keys.claim_key``): a copy of the thread, and any fork of the copy, claims on the same
+    one, so a call the original ran never runs on a copy. Set by fencepost only (None in a
+    record written before it was kept: the node's thread)."""
 
     @property
     def pending(self) -> tuple[ToolProposal, ...]:
@@ -123,6 +135,8 @@ def as_turn(state: AgentState) -> Turn:
         last_error_code=state.last_error_code,
         receipts=state.receipts,
         report=state.report,
+        forked_from=state.forked_from,
+        branch=state.branch,
     )
 
 
@@ -142,4 +156,6 @@ def earlier_run(turn: Turn) -> AgentState:
         last_error_code=turn.last_error_code,
         receipts=turn.receipts,
         report=turn.report,
+        forked_from=turn.forked_from,
+        branch=turn.branch,
     )

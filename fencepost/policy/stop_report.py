@@ -165,6 +165,8 @@ class StopReport(Frozen):
     """Call ids of completed calls the final answer cites as its evidence."""
     waiting_for: Waiting | None = None
     """With ``waiting_for_input``: the one condition needed."""
+    forked_from: str | None = None
+    """The checkpoint the run was forked from (time travel), for a run that is a fork."""
 
     @property
     def what_to_do(self) -> str | None:
@@ -303,6 +305,7 @@ def stop_report(state: Ended, *, unfinished: Sequence[BatchEntry] = ()) -> StopR
         effects_made=tuple(effects),
         cited=tuple(c for c in (answer.citations if answer else ()) if c in done),
         waiting_for=_waiting(reason, left),
+        forked_from=getattr(state, "forked_from", None),
     )
 
 
@@ -469,4 +472,5 @@ def paused_report(state: Paused) -> StopReport | None:
         pending=tuple(buckets[ReceiptStatus.ACCEPTED_PENDING]),
         effects_made=tuple(effects),
         waiting_for=Waiting(condition="approval", calls=tuple(e.call_id for e in unique)),
+        forked_from=getattr(state, "forked_from", None),
     )

@@ -43,6 +43,10 @@ class Turn(Frozen):
     last_error_code: str | None = None
     receipts: Annotated[tuple[Receipt, ...], Strict(False)] = ()
     report: StopReport | None = None
+    forked_from: str | None = None
+    """The checkpoint the run was forked from, if it was a fork."""
+    branch: str | None = None
+    """The latest fork in the run's history on the thread (see ``AgentState.branch``)."""
 
 
 class EarlierTurn(Frozen):

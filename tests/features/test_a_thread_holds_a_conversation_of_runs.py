@@ -359,3 +359,45 @@ def test_a_later_run_pauses_for_approval_resumes_once_and_cancels_on_its_own_acc
     assert h.calls.count("write_note") == 1
     out = h.graph.invoke(None, config, context=context())
     assert fp.run_output(out).termination is fp.TerminationReason.CANCELLED
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_each_later_run_s_first_write_stores_only_the_run_it_follows(
+    kind: str, tmp_path: Path
+) -> None:
+    conn = sqlite3.connect(tmp_path / "runs.db", check_same_thread=False)
+    try:
+        saver = InMemorySaver() if kind == "memory" else SqliteSaver(conn)
+        h = harness(
+            [fp.FinalProposal(answer=fp.AnswerPayload(text=f"answer {n}")) for n in range(4)],
+            checkpointer=saver,
+        )
+        config, ctx = thread(), context()
+        for n in range(4):
+            h.graph.invoke({"messages": [HumanMessage(f"question {n}?")]}, config, context=ctx)
+        firsts = [
+            value
+            for tup in saver.list(config)
+            for _, channel, value in tup.pending_writes or ()
+            if channel == "run" and isinstance(value, dict) and "__follows__" in value
+        ]
+        # Three later runs, each first write one turn long: storage grows by a turn a run.
+        assert sorted(len(w["turns"]) for w in firsts) == [1, 1, 1]
+        latest = fp.run_output(h.graph.get_state(config).values)
+        assert [t.question for t in latest.turns] == [f"question {n}?" for n in range(3)]
+        assert [t.final_answer.text for t in latest.turns if t.final_answer] == [
+            f"answer {n}" for n in range(3)
+        ]
+        # Every checkpoint still reads its run's whole conversation.
+        history = [
+            fp.run_output(s.values)
+            for s in h.graph.get_state_history(config)
+            if "run_id" in s.values.get("run", {})
+        ]
+        assert sorted({len(s.turns) for s in history}) == [0, 1, 2, 3]
+        assert all(
+            [t.question for t in s.turns] == [f"question {n}?" for n in range(len(s.turns))]
+            for s in history
+        )
+    finally:
+        conn.close()

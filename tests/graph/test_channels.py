@@ -70,9 +70,10 @@ def _observation(n: int) -> dict[str, Any]:
 
 
 def test_a_run_is_three_channels_the_request_the_record_and_the_conversation() -> None:
-    # ``turn`` only names the ended run that new input on the thread follows.
+    # ``turn`` only names the ended run that new input on the thread follows; ``fork`` the
+    # checkpoint the thread's latest branch was forked from.
     written = {n for n, c in _channels().items() if type(c).__name__ != "RetiredChannel"}
-    assert written == {"request", "run", "messages", "turn"}
+    assert written == {"request", "run", "messages", "turn", "fork"}
 
 
 def test_every_agent_state_field_has_one_way_to_be_written() -> None:
