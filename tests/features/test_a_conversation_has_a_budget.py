@@ -28,7 +28,9 @@ class ReportingModel:
     async def decide(self, inp: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.Decided:
         self.steps += 1
         await asyncio.sleep(0)
-        decision: Any = final_citing_last(inp) if inp.observations else call(n=1)
+        # A fresh call id each step, as a provider issues: a call id is claimed on its thread,
+        # and a later run of the same conversation never runs one again.
+        decision: Any = final_citing_last(inp) if inp.observations else call(n=self.steps)
         half = self.tokens // 2
         return fp.Decided(decision=decision, input_tokens=half, output_tokens=self.tokens - half)
 
