@@ -174,7 +174,7 @@ def node_thread() -> tuple[str, str]:
 
 
 async def claim_call(
-    io: NodeIO, account: str, call_id: str, where: tuple[str, str]
+    io: NodeIO, account: str, run_id: str, call_id: str, where: tuple[str, str]
 ) -> bool | StopRequest:
     """Claim ``call_id`` for this run on its checkpoint thread (``keys.claim_key``) before its
     first attempt starts: True where the claim is this run's (made now, or before a crash),
@@ -185,7 +185,7 @@ async def claim_call(
     if not thread:
         return True
     try:
-        await io.reserve(account, claim_key(thread, namespace, call_id), {})
+        await io.reserve(account, claim_key(thread, namespace, run_id, call_id), {})
     except LedgerConflict:
         return False
     except AccountClosed as exc:

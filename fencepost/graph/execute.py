@@ -122,7 +122,7 @@ async def run_call(
                     entry, spec, attempt, started=more.status is ReservationStatus.SETTLED
                 )
         if attempt == 1:
-            claimed = await claim_call(io, account, entry.call_id, where)
+            claimed = await claim_call(io, account, state.run_id, entry.call_id, where)
             if isinstance(claimed, StopRequest):
                 return claimed
             if not claimed:

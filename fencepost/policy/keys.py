@@ -97,16 +97,18 @@ def started_key(account: str, call_id: str, attempt: int) -> str:
     return f"{call_key(account, call_id, attempt)}:started"
 
 
-def claim_key(thread_id: str, namespace: str, call_id: str) -> str:
-    """The durable marker (zero amounts) that a run of checkpoint thread ``thread_id`` claimed
-    call id ``call_id`` before its first attempt started.
+def claim_key(thread_id: str, namespace: str, run_id: str, call_id: str) -> str:
+    """The durable marker (zero amounts) that run ``run_id`` of checkpoint thread ``thread_id``
+    claimed call id ``call_id`` before its first attempt started.
 
-    Named from the thread, not the run's account: a fork of the thread (time travel) is a new
-    run with an account of its own, and a call id it re-proposes that another run of the thread
-    claimed (it ran, or may have) is held by that run's account, so the ledger refuses it here
-    (``LedgerConflict``) and it never runs twice, whichever branch asks.
+    Named from the thread and the run, not the run's account: a fork of a run (time travel to
+    one of its checkpoints) keeps its run id on an account of its own, and a call id it
+    re-proposes that another branch of the run claimed (it ran, or may have) is held by that
+    branch's account, so the ledger refuses it here (``LedgerConflict``) and it never runs
+    twice, whichever branch asks. A later run of the conversation has a run id of its own: a
+    model that numbers its calls from 1 in each run (a scripted or fake model) is not refused.
     """
-    return f"thread:{_digest('claims', thread_id, namespace)}:call:{_digest(call_id)}"
+    return f"thread:{_digest('claims', thread_id, namespace, run_id)}:call:{_digest(call_id)}"
 
 
 def is_claim_key(key: str) -> bool:

@@ -30,7 +30,6 @@ from fencepost.cli import app
 from fencepost.graph.default_ledger import durable_ledger
 from fencepost.policy.keys import run_account
 from tests.graph.kit import (
-    ABSTAIN,
     budget,
     call,
     context,
@@ -367,18 +366,18 @@ def test_a_copy_of_a_thread_paused_before_a_write_runs_it_at_most_once_in_total(
     assert more.final_answer is not None and more.final_answer.text == "more"
 
 
-def test_a_later_run_of_the_conversation_never_runs_a_call_id_an_earlier_one_ran(
+def test_a_later_run_of_the_conversation_runs_its_own_call_ids_whatever_they_are_named(
     saver: Any,
 ) -> None:
-    # A model that numbers its calls from 1 in each run: the second run's call-0001 is not run.
-    h = harness([call(n=1), final_citing_last, call(n=1), ABSTAIN], checkpointer=saver)
+    # A model that numbers its calls from 1 in each run (a scripted or fake chat model): the
+    # second run's call-0001 is its own call, not a branch of the first run's, and it runs.
+    h = harness([call(n=1), final_citing_last, call(n=1), final_citing_last], checkpointer=saver)
     config, ctx = thread(), context()
     h.graph.invoke(fp.start("q", budget()), config, context=ctx)
     assert h.calls.count("search_logs") == 1
     later = fp.run_output(h.graph.invoke(fp.start("again", budget()), config, context=ctx))
-    assert h.calls.count("search_logs") == 1
-    (receipt,) = [r for r in later.receipts if r.call_id == "call-0001"]
-    assert receipt.status is fp.ReceiptStatus.UNCERTAIN
+    assert h.calls.count("search_logs") == 2
+    assert later.termination is fp.TerminationReason.COMPLETED
 
 
 def test_a_fork_of_a_pause_replayed_pauses_as_the_fork_and_cancels_on_its_own_account(
