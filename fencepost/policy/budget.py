@@ -6,6 +6,7 @@ reserves, and the stop a refusal means, is :mod:`fencepost.policy.reservations`.
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -57,6 +58,8 @@ class BudgetExhausted(Exception):
         requested: float | None = None,
         account: str | None = None,
         busy: bool = False,
+        window: str | None = None,
+        resets_at: datetime | None = None,
     ) -> None:
         self.reason = reason
         self.axis = axis
@@ -68,7 +71,16 @@ class BudgetExhausted(Exception):
         spent (settled or charged) leaves room for the request, and reservations still in
         flight (reserved, not yet settled or released) take it. Waiting for them may let the
         request through; a refusal that is not busy stands until limits change."""
+        self.window = window
+        """The spend window that refused (its :attr:`Window.label
+        <fencepost.policy.windows.Window.label>`), or ``None`` when a plain limit did."""
+        self.resets_at = resets_at
+        """When that window next frees what it holds (UTC); ``None`` for a plain limit."""
         where = f" on account {account!r}" if account else ""
+        if window is not None:
+            where += f" in window {window!r}"
+            if resets_at is not None:
+                where += f" (frees at {resets_at.isoformat()})"
         detail = (
             f": {axis.value} limit {limit:g} would be exceeded by a request for {requested:g}{where}"
             if axis is not None and limit is not None and requested is not None
