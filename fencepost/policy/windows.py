@@ -103,8 +103,10 @@ class Window(Frozen):
         return self.bucket(now)
 
     def resets_at(self, now: float) -> datetime:
-        """The next instant after ``now`` at which the window frees what it holds (a calendar
-        window's next period; a rolling window's oldest step ageing out), in UTC."""
+        """The next instant after ``now`` at which the window frees usage, in UTC: a calendar
+        window's next period (it frees everything then); a rolling window's next step boundary,
+        when its oldest step ages out (it frees what was made in that step, if anything: usage
+        made at ``t`` is freed by ``t + period + period / ROLLING_STEPS``)."""
         if isinstance(self.period, timedelta):
             step = self.seconds / ROLLING_STEPS
             return datetime.fromtimestamp(self.since(now) + step + self.seconds, UTC)
