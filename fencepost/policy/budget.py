@@ -210,3 +210,51 @@ DEFAULT_TOOL_CALLS = 8
 def default_budget() -> RuntimeBudget:
     """The budget of a run whose start request names none: 8 model steps, 8 tool calls."""
     return RuntimeBudget(steps_remaining=DEFAULT_STEPS, tool_calls_remaining=DEFAULT_TOOL_CALLS)
+
+
+class BudgetStop(Frozen):
+    """Which limit stopped a run: the ledger account, the axis and, when a spend window refused,
+    which window and when it next frees usage. Carried by the stop and the stop report."""
+
+    account: str | None = None
+    """The account of the run's chain that refused (the run's own, or a parent's: a tenant's)."""
+    axis: str
+    """The axis that ran out (``"tokens"``, ``"steps"``, ...)."""
+    limit: Annotated[float, Strict(False)]
+    """The limit (of the account, or of the window) the request would have crossed."""
+    window: str | None = None
+    """The spend window that refused (``"tokens per day (Europe/Berlin)"``); ``None``: a plain
+    limit of the account did."""
+    resets_at: Annotated[datetime | None, Strict(False)] = None
+    """When that window next frees usage (UTC); ``None`` for a plain limit."""
+
+    @classmethod
+    def of(cls, exc: BudgetExhausted) -> BudgetStop | None:
+        """What ``exc`` says stopped the run; ``None`` when it names no axis or limit."""
+        if exc.axis is None or exc.limit is None:
+            return None
+        return cls(
+            account=exc.account,
+            axis=exc.axis.value,
+            limit=exc.limit,
+            window=exc.window,
+            resets_at=exc.resets_at,
+        )
+
+    def what_to_do(self) -> str:
+        """What to do about it: wait until the window frees usage, or raise which limit."""
+        where = f"account {self.account!r}" if self.account else "the run's account"
+        if self.window is not None:
+            wait = (
+                f"wait until {self.resets_at.isoformat()} (when it next frees usage), or "
+                if self.resets_at is not None
+                else ""
+            )
+            return (
+                f"the {self.window} window of {where} is spent (limit {self.limit:g}): "
+                f"{wait}raise that window's limit (Window(limit=...) in its open_account)"
+            )
+        return (
+            f"{where} ran out of {self.axis} (limit {self.limit:g}): raise that account's "
+            f"{self.axis} limit (in its open_account, or RuntimeBudget for the run's own)"
+        )

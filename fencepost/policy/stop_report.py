@@ -27,6 +27,7 @@ from typing import Annotated, Literal, Protocol
 from pydantic import Field, Strict
 
 from fencepost.policy.batch import BatchEntry
+from fencepost.policy.budget import BudgetStop
 from fencepost.policy.contract import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
@@ -165,6 +166,8 @@ class StopReport(Frozen):
     """Call ids of completed calls the final answer cites as its evidence."""
     waiting_for: Waiting | None = None
     """With ``waiting_for_input``: the one condition needed."""
+    budget: BudgetStop | None = None
+    """For a budget stop the ledger refused: which account, axis and spend window stopped it."""
 
     @property
     def what_to_do(self) -> str | None:
@@ -172,6 +175,8 @@ class StopReport(Frozen):
         denial, which capability to grant."""
         if self.error_code == VerdictCode.CAPABILITY_DENIED.value:
             return capability_hint(self) or what_to_do(self.error_code)
+        if self.budget is not None:
+            return self.budget.what_to_do()
         return what_to_do(self.error_code)
 
     @property
@@ -265,13 +270,16 @@ def _safe(code: str | None) -> str | None:
     return _UNREADABLE_CODE
 
 
-def stop_report(state: Ended, *, unfinished: Sequence[BatchEntry] = ()) -> StopReport:
+def stop_report(
+    state: Ended, *, unfinished: Sequence[BatchEntry] = (), budget: BudgetStop | None = None
+) -> StopReport:
     """The stop report of a run that ended.
 
     ``unfinished`` is the batch the run was carrying out when it stopped (a terminal state no
     longer holds it): its proposals without a receipt never started, and those waiting for an
-    approval are the condition an ``approval_required`` run needs. Raises ``ValueError`` for a
-    state with no terminal reason.
+    approval are the condition an ``approval_required`` run needs. ``budget`` is what the ledger
+    said stopped it (account, axis, window). Raises ``ValueError`` for a state with no terminal
+    reason.
     """
     reason = state.termination
     if reason is None:
@@ -303,6 +311,7 @@ def stop_report(state: Ended, *, unfinished: Sequence[BatchEntry] = ()) -> StopR
         effects_made=tuple(effects),
         cited=tuple(c for c in (answer.citations if answer else ()) if c in done),
         waiting_for=_waiting(reason, left),
+        budget=budget,
     )
 
 
@@ -375,6 +384,8 @@ def note_rows(report: StopReport) -> list[Row]:
     if report.waiting_for is not None:
         tools = {c.call_id: c.tool_name for c in report.never_started}
         rows.append(("waiting for", ((report.waiting_for.described(tools), "cyan"),)))
+    if report.budget is not None:
+        rows.append(("stopped by", _budget_parts(report.budget)))
     if report.kind is not StopKind.COMPLETED or report.effects_made:
         # Stopping is not undoing: say which effects are out there, or that none are.
         rows.append(("effects made", ((", ".join(report.effects_made) or "none", ""),)))
@@ -382,6 +393,16 @@ def note_rows(report: StopReport) -> list[Row]:
     if hint:
         rows.append(("what to do", ((hint, ""),)))
     return rows
+
+
+def _budget_parts(budget: BudgetStop) -> tuple[tuple[str, str], ...]:
+    parts = [(f"account {budget.account}" if budget.account else "the run's account", "")]
+    if budget.window is not None:
+        parts.append((f"· window {budget.window}", "yellow"))
+    parts.append((f"· {budget.axis} limit {budget.limit:g}", ""))
+    if budget.resets_at is not None:
+        parts.append((f"· frees at {budget.resets_at.isoformat()}", "cyan"))
+    return tuple(parts)
 
 
 def report_rows(report: StopReport) -> list[Row]:
