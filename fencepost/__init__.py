@@ -78,6 +78,7 @@ from fencepost.policy import (
     ToolProposal,
     ToolRegistry,
     ToolSpec,
+    Window,
 )
 from fencepost.policy.receipt import current_receipts
 
@@ -131,6 +132,7 @@ __all__ = [
     "ToolProposal",
     "ToolRegistry",
     "ToolSpec",
+    "Window",
     "acancel",
     "aopen_checkpointer",
     "build_agent_graph",

@@ -73,6 +73,7 @@ PUBLIC = {
     "InMemoryLedger",
     "SqliteLedger",
     "PostgresLedger",
+    "Window",
     "open_checkpointer",
     "aopen_checkpointer",
     "fencepost_serializer",

@@ -227,6 +227,8 @@ class BudgetStop(Frozen):
     limit of the account did."""
     resets_at: Annotated[datetime | None, Strict(False)] = None
     """When that window next frees usage (UTC); ``None`` for a plain limit."""
+    own: bool = False
+    """Whether the account is the run's own (its ``RuntimeBudget``), not a parent's."""
 
     @classmethod
     def of(cls, exc: BudgetExhausted) -> BudgetStop | None:
@@ -241,8 +243,9 @@ class BudgetStop(Frozen):
             resets_at=exc.resets_at,
         )
 
-    def what_to_do(self) -> str:
-        """What to do about it: wait until the window frees usage, or raise which limit."""
+    def what_to_do(self) -> str | None:
+        """What to do about it: wait until the window frees usage, or raise which limit;
+        ``None`` for the run's own plain limit (the stop code's hint says it)."""
         where = f"account {self.account!r}" if self.account else "the run's account"
         if self.window is not None:
             wait = (
@@ -254,7 +257,9 @@ class BudgetStop(Frozen):
                 f"the {self.window} window of {where} is spent (limit {self.limit:g}): "
                 f"{wait}raise that window's limit (Window(limit=...) in its open_account)"
             )
+        if self.own:
+            return None
         return (
             f"{where} ran out of {self.axis} (limit {self.limit:g}): raise that account's "
-            f"{self.axis} limit (in its open_account, or RuntimeBudget for the run's own)"
+            f"{self.axis} limit (where it is opened: ledger.open_account)"
         )

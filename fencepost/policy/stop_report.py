@@ -176,7 +176,7 @@ class StopReport(Frozen):
         if self.error_code == VerdictCode.CAPABILITY_DENIED.value:
             return capability_hint(self) or what_to_do(self.error_code)
         if self.budget is not None:
-            return self.budget.what_to_do()
+            return self.budget.what_to_do() or what_to_do(self.error_code)
         return what_to_do(self.error_code)
 
     @property
@@ -396,7 +396,8 @@ def note_rows(report: StopReport) -> list[Row]:
 
 
 def _budget_parts(budget: BudgetStop) -> tuple[tuple[str, str], ...]:
-    parts = [(f"account {budget.account}" if budget.account else "the run's account", "")]
+    own = budget.own or not budget.account
+    parts = [("the run's account" if own else f"account {budget.account}", "")]
     if budget.window is not None:
         parts.append((f"· window {budget.window}", "yellow"))
     parts.append((f"· {budget.axis} limit {budget.limit:g}", ""))
