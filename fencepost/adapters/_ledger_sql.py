@@ -428,6 +428,19 @@ class SqlLedger(Ledger, ScopeStore):
                 rows,
             )
 
+    def _charged_at(self, tx: Transaction, account: str, of: str | None) -> float:
+        """The instant a charge counts at: that of the reservation ``of`` of ``account``, else now."""
+        if of is not None:
+            row = tx.execute(
+                "SELECT t.at FROM fencepost_ledger_reservation_at t"
+                " JOIN fencepost_ledger_reservations s ON s.key = t.key"
+                " WHERE t.key = ? AND s.account = ?",
+                (of, account),
+            ).fetchone()
+            if row is not None:
+                return float(row[0])
+        return self._clock.now().timestamp()
+
     def _refund_windows(
         self, tx: Transaction, key: str, chain: list[str], refund: Mapping[str, float]
     ) -> None:
@@ -683,9 +696,13 @@ class SqlLedger(Ledger, ScopeStore):
 
         return self._run(work)
 
-    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+    def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
         validate_name(account, "account")
         validate_name(key)
+        if of is not None:
+            validate_name(of)
         clean = validate_amounts(amounts)
 
         def work(tx: Transaction) -> Reservation:
@@ -706,7 +723,7 @@ class SqlLedger(Ledger, ScopeStore):
                 self._add_held(tx, chain, clean)
                 windows = self._windows(tx, chain)
                 if windows:
-                    self._add_windows(tx, windows, clean, self._clock.now().timestamp())
+                    self._add_windows(tx, windows, clean, self._charged_at(tx, account, of))
                 tx.executemany(
                     "INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)"
                     " VALUES (?, ?, ?, ?)",

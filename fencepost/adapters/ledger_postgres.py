@@ -561,7 +561,7 @@ _FUNCTIONS = (
     """
     CREATE FUNCTION fencepost_ledger_charge(
         p_account text, p_key text, p_axes text[], p_amounts double precision[],
-        p_now double precision
+        p_now double precision, p_of text
     ) RETURNS fencepost_ledger_outcome LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan AS $$
     -- Usage already spent: held on the account and every ancestor whatever their limits and
@@ -618,7 +618,11 @@ _FUNCTIONS = (
                 INSERT INTO fencepost_ledger_held AS h (account, axis, amount)
                 SELECT c.name, unnest(p_axes), unnest(p_amounts) FROM unnest(v_chain) AS c (name)
                 ON CONFLICT (account, axis) DO UPDATE SET amount = h.amount + excluded.amount;
-                PERFORM fencepost_ledger_add_windows(v_chain, p_axes, p_amounts, p_now);
+                -- Counted in the windows at the instant of the reservation it belongs to.
+                PERFORM fencepost_ledger_add_windows(v_chain, p_axes, p_amounts, coalesce(
+                    (SELECT t.at FROM fencepost_ledger_reservation_at t
+                       JOIN fencepost_ledger_reservations s ON s.key = t.key
+                      WHERE t.key = p_of AND s.account = p_account), p_now));
             END IF;
             r.outcome := 'ok';
             r.r_account := p_account;
@@ -788,7 +792,7 @@ _FUNCTIONS = (
     ) RETURNS fencepost_ledger_result LANGUAGE sql AS $$
         SELECT fencepost_ledger_old(fencepost_ledger_charge(
             p_account, p_key, p_axes, p_amounts,
-            extract(epoch FROM clock_timestamp())::double precision))
+            extract(epoch FROM clock_timestamp())::double precision, NULL))
     $$
     """,
     """
@@ -822,7 +826,7 @@ _OPEN = (
 )
 _CLOSE = "SELECT * FROM fencepost_ledger_close(%s, %s, %s)"
 _RESERVE = "SELECT * FROM fencepost_ledger_reserve(%s, %s, %s::text[], %s::float8[], %s)"
-_CHARGE = "SELECT * FROM fencepost_ledger_charge(%s, %s, %s::text[], %s::float8[], %s)"
+_CHARGE = "SELECT * FROM fencepost_ledger_charge(%s, %s, %s::text[], %s::float8[], %s, %s::text)"
 _FINISH = "SELECT * FROM fencepost_ledger_finish(%s, %s, %s, %s::text[], %s::float8[], %s)"
 _GET = "SELECT * FROM fencepost_ledger_get(%s)"
 _BALANCE = "SELECT * FROM fencepost_ledger_balance(%s, %s)"
@@ -1233,12 +1237,16 @@ class PostgresLedger(Ledger, ScopeStore):
         _raise_for(row, key, now)
         return _reservation(row, key, now)
 
-    def _charge_call(self, account: str, key: str, amounts: Mapping[str, float]) -> _Call:
+    def _charge_call(
+        self, account: str, key: str, amounts: Mapping[str, float], of: str | None
+    ) -> _Call:
         validate_name(account, "account")
         validate_name(key)
+        if of is not None:
+            validate_name(of)
         clean = validate_amounts(amounts)
         axes, values = _text_array(clean), _float_array(clean.values())
-        return _CHARGE, (account, key, axes, values, self._now())
+        return _CHARGE, (account, key, axes, values, self._now(), of)
 
     @staticmethod
     def _finished(
@@ -1304,9 +1312,11 @@ class PostgresLedger(Ledger, ScopeStore):
         call, invalid = self._settle_call(key, actual)
         return self._finished(self._call(call), call, key, invalid)
 
-    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        call = self._charge_call(account, key, amounts)
-        return _charged(self._call(call), key, call[1][-1])
+    def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
+        call = self._charge_call(account, key, amounts, of)
+        return _charged(self._call(call), key, call[1][-2])
 
     def release(self, key: str) -> Reservation:
         call = self._release_call(key)
@@ -1346,9 +1356,11 @@ class PostgresLedger(Ledger, ScopeStore):
         call, invalid = self._settle_call(key, actual)
         return self._finished(await self._acall(call), call, key, invalid)
 
-    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        call = self._charge_call(account, key, amounts)
-        return _charged(await self._acall(call), key, call[1][-1])
+    async def acharge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
+        call = self._charge_call(account, key, amounts, of)
+        return _charged(await self._acall(call), key, call[1][-2])
 
     async def arelease(self, key: str) -> Reservation:
         call = self._release_call(key)

@@ -347,8 +347,10 @@ class SqliteLedger(SqlLedger):
     async def arelease(self, key: str) -> Reservation:
         return await self._in_thread(partial(self.release, key))
 
-    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        return await self._in_thread(partial(self.charge, account, key, amounts))
+    async def acharge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
+        return await self._in_thread(partial(self.charge, account, key, amounts, of=of))
 
     async def aget(self, key: str) -> Reservation | None:
         return await self._in_thread(partial(self.get, key))

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from enum import StrEnum
+from functools import partial
 from typing import Annotated, NamedTuple
 
 from pydantic import Field, Strict
@@ -455,9 +456,15 @@ class Ledger(ABC):
         """Record the outcome; refund what was held beyond ``actual`` (default: keep it all)."""
 
     @abstractmethod
-    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+    def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
         """Record ``amounts`` already spent on ``account`` and every ancestor, past any limit and
         on a closed account alike: usage that happened is never charged nowhere.
+
+        ``of`` names the reservation (of the same account) the usage belongs to (a model step's
+        tokens beyond its hold): spend windows count it at the instant that reservation was made,
+        in its window even after a reset; without it (or for a key it does not know), now.
 
         Returns the charge as a settled reservation (idempotent by key like ``reserve``: a key
         reserved or charged before returns that one, marked ``existing``; ``LedgerConflict`` if
@@ -523,9 +530,11 @@ class Ledger(ABC):
         """Async twin of :meth:`release`."""
         return await asyncio.to_thread(self.release, key)
 
-    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+    async def acharge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
         """Async twin of :meth:`charge`."""
-        return await asyncio.to_thread(self.charge, account, key, amounts)
+        return await asyncio.to_thread(partial(self.charge, account, key, amounts, of=of))
 
     async def aget(self, key: str) -> Reservation | None:
         """Async twin of :meth:`get`."""
@@ -720,9 +729,13 @@ class InMemoryLedger(Ledger, ScopeStore):
                 keys.append(key)
             return self._out(key, stored)
 
-    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+    def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
         validate_name(account, "account")
         validate_name(key)
+        if of is not None:
+            validate_name(of)
         clean = validate_amounts(amounts)
         with self._lock:
             chain = walk_chain(account, self._parents)
@@ -731,6 +744,9 @@ class InMemoryLedger(Ledger, ScopeStore):
                 # Neither closed accounts nor limits refuse it: the usage already happened.
                 self._add_held(chain, clean)
                 now = self._chain_now(chain)
+                belongs = self._reservations.get(of) if of is not None else None
+                if belongs is not None and belongs.account == account:
+                    now = belongs.at
                 self._add_windows(chain, clean, now)
                 prior = _new_record(_Record, (account, clean, ReservationStatus.SETTLED, now))
                 self._reservations[key] = prior
@@ -952,8 +968,10 @@ class InMemoryLedger(Ledger, ScopeStore):
     async def arelease(self, key: str) -> Reservation:
         return self.release(key)
 
-    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        return self.charge(account, key, amounts)
+    async def acharge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
+        return self.charge(account, key, amounts, of=of)
 
     async def aget(self, key: str) -> Reservation | None:
         return self.get(key)

@@ -238,9 +238,11 @@ class _ThreadRecordingLedger(Ledger):
         self._seen()
         return self.inner.release(key)
 
-    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+    def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
         self._seen()
-        return self.inner.charge(account, key, amounts)
+        return self.inner.charge(account, key, amounts, of=of)
 
     def get(self, key: str) -> Reservation | None:
         self._seen()

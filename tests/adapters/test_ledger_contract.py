@@ -1449,6 +1449,21 @@ def test_usage_charged_past_a_window_is_recorded_and_refuses_the_next_reservatio
     assert (caught.value.account, caught.value.busy) == ("tenant", False)
 
 
+def test_usage_charged_for_a_reservation_counts_in_that_reservations_window(
+    clocked: tuple[Ledger, FakeClock],
+) -> None:
+    ledger, clock = clocked
+    ledger.open_account("tenant", {}, windows=[_daily()])
+    ledger.reserve("tenant", "step-1", {"tokens": 100})
+    clock.advance(3600)  # the reply comes back the next day in Berlin
+    ledger.settle("step-1")
+    ledger.charge("tenant", "step-1-over", {"tokens": 400}, of="step-1")
+    assert ledger.balance("tenant").windows[0].held == 0.0  # all of it yesterday's
+    ledger.charge("tenant", "unattached", {"tokens": 300})
+    assert ledger.balance("tenant").windows[0].held == 300.0  # counted when it was charged
+    assert ledger.balance("tenant").held == {"tokens": 800.0}
+
+
 def test_every_window_of_the_chain_is_checked_nearest_first(
     clocked: tuple[Ledger, FakeClock],
 ) -> None:
