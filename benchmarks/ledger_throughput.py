@@ -14,6 +14,11 @@ Measures, for each backend, and prints one markdown table:
   reservation locks the one tenant row until its commit is durable, so these rows are serial.
 - **8 processes, independent accounts**: the same, each process on a top-level account of its
   own (limit ``per_process``): nothing shared, so commits can overlap (Postgres groups them).
+- **spend windows** (rows marked ``+ 2 spend windows``, SQLite ``FULL`` and Postgres
+  ``synchronous_commit=on``): the same one-process and shared-parent rows with a tenant carrying
+  two windows on the axis reserved (a calendar day in Europe/Berlin and a rolling hour), so
+  every reservation checks and counts in both; in the shared row the windows are the tenant's
+  only limit, and overspend is what a window holds beyond it. ``--windows-only`` runs just these.
 
 Durability settings are part of each row: SQLite ``synchronous=FULL`` (the default: a commit is
 on disk when ``reserve`` returns) and ``NORMAL`` (not synced per commit: survives a crash of the
@@ -53,19 +58,22 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 from fencepost.adapters.ledger_postgres import PostgresLedger
 from fencepost.adapters.ledger_sqlite import SqliteLedger
 from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.ledger import InMemoryLedger, Ledger
+from fencepost.policy.windows import Window
 
 PROCESSES = 8
 WARM_UP_SECONDS = 1.5
 """Reservations made and discarded before a one-process row is timed."""
-BENCH_SECONDS = 120
+BENCH_SECONDS = 150
 """What ``make bench`` gives this script: every backend, Postgres included, takes about a
-minute on a 2-core machine, longer than the bench's default share."""
+minute on a 2-core machine (and the spend-window rows half a minute more), longer than the
+bench's default share."""
 
 
 # -- backends --------------------------------------------------------------------------------------
@@ -80,6 +88,7 @@ class Spec:
     target: str = ""  # file path or DSN
     setting: str = ""  # SQLite synchronous, or Postgres synchronous_commit ("" = default)
     schema: str = ""  # Postgres: the throwaway schema every table and function goes in
+    windows: bool = False  # the tenant carries spend windows (a day and a rolling hour)
 
     def open(self) -> Ledger:
         if self.kind == "memory":
@@ -94,6 +103,17 @@ class Spec:
             options += f"%20-csynchronous_commit%3D{self.setting}"
         sep = "&" if "?" in self.target else "?"
         return PostgresLedger(f"{self.target}{sep}options={options}", min_size=1, max_size=8)
+
+
+def tenant_windows(spec: Spec, limit: float) -> list[Window]:
+    """The spend windows a windowed row's tenant carries: a calendar day and a rolling hour,
+    both on the axis reserved, so every reservation checks (and counts in) both."""
+    if not spec.windows:
+        return []
+    return [
+        Window(axis="tool_calls", limit=limit, period="day", tz="Europe/Berlin"),
+        Window(axis="tool_calls", limit=limit, period=timedelta(hours=1)),
+    ]
 
 
 def close(ledger: Ledger) -> None:
@@ -132,7 +152,7 @@ def one_process(spec: Spec, seconds: float) -> Single:
     ledger = spec.open()
     run = f"run-{uuid.uuid4().hex[:8]}"
     try:
-        ledger.open_account("tenant", {"tool_calls": 1e12})
+        ledger.open_account("tenant", {"tool_calls": 1e12}, windows=tenant_windows(spec, 1e12))
         ledger.open_account(run, {"tool_calls": 1e12}, parent="tenant")
         # Warm-up, discarded: prepared statements and caches, and on a small machine the
         # scheduler settling the client and the server on their cores (Postgres climbs from
@@ -237,7 +257,9 @@ def contended(
     runs = [f"{'lane' if shared else 'solo'}-{lane}" for lane in range(PROCESSES)]
     setup = spec.open()
     try:
-        if shared:
+        if shared and spec.windows:  # the windows are the tenant's only limit: they must hold
+            setup.open_account("shared-tenant", {}, windows=tenant_windows(spec, limit))
+        elif shared:
             setup.open_account("shared-tenant", {"tool_calls": limit})
         for run in runs:
             if shared:
@@ -253,7 +275,8 @@ def contended(
     check = spec.open()
     try:
         if shared:
-            held = check.balance("shared-tenant").held.get("tool_calls", 0.0)
+            tenant = check.balance("shared-tenant")
+            held = max([tenant.held.get("tool_calls", 0.0)] + [use.held for use in tenant.windows])
             overspend = max(0.0, held - limit)
         else:
             overspend = sum(
@@ -314,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", choices=("memory", "sqlite", "postgres"), action="append", help="backends"
     )
+    parser.add_argument(
+        "--windows-only", action="store_true", help="only the rows of tenants with spend windows"
+    )
     args = parser.parse_args(argv)
     watchdog(args.timeout)
 
@@ -338,7 +364,7 @@ def run(args: argparse.Namespace, dsn: str | None, workdir: str) -> int:
     with ProcessPoolExecutor(max_workers=PROCESSES, mp_context=ctx) as pool:
         list(pool.map(_warm, [0.5] * PROCESSES))  # start and import every worker first
 
-        def measure(spec: Spec, *, contend: bool = True) -> None:
+        def measure(spec: Spec, *, contend: bool = True, solo: bool = True) -> None:
             disk = fsync_latency_us(workdir, 50)  # the disk varies: measured next to each row
             single = one_process(spec, args.seconds)
             rows.append(
@@ -357,24 +383,34 @@ def run(args: argparse.Namespace, dsn: str | None, workdir: str) -> int:
                 f"{'yes' if result.finished else 'no (time cap)'} |"
             )
             print(f"  contended {spec.label}: {result.total_per_s:,.0f} reserve/s", flush=True)
-            solo = contended(spec, pool, args.per_process, args.contention_seconds, shared=False)
+            if not solo:
+                return
+            alone = contended(spec, pool, args.per_process, args.contention_seconds, shared=False)
             independent_rows.append(
-                f"| {spec.label} | {solo.total_per_s:,.0f} | {solo.overspend:g} | "
-                f"{'yes' if solo.finished else 'no (time cap)'} |"
+                f"| {spec.label} | {alone.total_per_s:,.0f} | {alone.overspend:g} | "
+                f"{'yes' if alone.finished else 'no (time cap)'} |"
             )
-            print(f"  independent {spec.label}: {solo.total_per_s:,.0f} reserve/s", flush=True)
+            print(f"  independent {spec.label}: {alone.total_per_s:,.0f} reserve/s", flush=True)
 
         only = set(args.only or ("memory", "sqlite", "postgres"))
-        if "memory" in only:
+        plain = not args.windows_only
+        if "memory" in only and plain:
             measure(Spec("memory", "InMemoryLedger"), contend=False)
-        for setting in ("FULL", "NORMAL") if "sqlite" in only else ():
+        for setting in ("FULL", "NORMAL") if "sqlite" in only and plain else ():
             path = str(Path(workdir) / f"ledger-{setting.lower()}.db")
             measure(Spec("sqlite", f"SqliteLedger synchronous={setting}", path, setting))
+        if "sqlite" in only:
+            path = str(Path(workdir) / "ledger-windows.db")
+            label = "SqliteLedger synchronous=FULL + 2 spend windows"
+            measure(Spec("sqlite", label, path, "FULL", windows=True), solo=False)
         if dsn and "postgres" in only:
-            for setting in ("", "off"):
+            for setting in ("", "off") if plain else ():
                 label = f"PostgresLedger synchronous_commit={setting or 'on'}"
                 with postgres_schema(dsn) as schema:
                     measure(Spec("postgres", label, dsn, setting, schema))
+            with postgres_schema(dsn) as schema:
+                label = "PostgresLedger synchronous_commit=on + 2 spend windows"
+                measure(Spec("postgres", label, dsn, "", schema, windows=True), solo=False)
         elif "postgres" in only:
             print("  (Postgres rows skipped: set FENCEPOST_BENCH_POSTGRES_DSN)")
 

@@ -77,6 +77,7 @@ from fencepost.policy import (
     ToolProposal,
     ToolRegistry,
     ToolSpec,
+    Window,
 )
 from fencepost.policy.conditional_approval import ApprovalQuestion
 from fencepost.policy.conversation_budget import (
@@ -148,6 +149,7 @@ __all__ = [
     "ToolProposal",
     "ToolRegistry",
     "ToolSpec",
+    "Window",
     "acancel",
     "aopen_checkpointer",
     "build_agent_graph",

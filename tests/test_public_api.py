@@ -82,6 +82,7 @@ PUBLIC = {
     "InMemoryLedger",
     "SqliteLedger",
     "PostgresLedger",
+    "Window",
     "open_checkpointer",
     "aopen_checkpointer",
     "fencepost_serializer",

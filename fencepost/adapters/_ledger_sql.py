@@ -22,6 +22,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
+from fencepost.policy.deadline import Clock, SystemClock
 from fencepost.policy.ledger import (
     Balance,
     Ledger,
@@ -33,6 +34,7 @@ from fencepost.policy.ledger import (
     check_open,
     check_room,
     check_same_terms,
+    check_windows,
     existing_outcome,
     existing_reservation,
     over_limit,
@@ -40,9 +42,12 @@ from fencepost.policy.ledger import (
     validate_amounts,
     validate_name,
     validate_owner,
+    validate_windows,
     walk_chain,
+    window_uses,
 )
 from fencepost.policy.remembered import ApprovalScope, ScopeStore, utc
+from fencepost.policy.windows import Window, WindowUse, stored_terms, stored_window
 
 __all__ = [
     "ACCOUNT_COLUMNS",
@@ -74,6 +79,9 @@ TABLES = (
     "fencepost_ledger_reservation_amounts",
     "fencepost_approval_scopes",
     "fencepost_ledger_in_flight",
+    "fencepost_ledger_windows",
+    "fencepost_ledger_window_held",
+    "fencepost_ledger_reservation_at",
 )
 
 # Portable DDL: SQLite gives a ``double precision`` column REAL affinity, the same as ``REAL``.
@@ -144,6 +152,37 @@ SCHEMA = (
         axis text NOT NULL,
         amount double precision NOT NULL,
         PRIMARY KEY (account, axis)
+    )
+    """,
+    # Spend windows (:mod:`fencepost.policy.windows`): an account's, in its opening order, and
+    # what each bucket of each holds. A database made before these tables has no windows.
+    """
+    CREATE TABLE IF NOT EXISTS fencepost_ledger_windows (
+        account text NOT NULL REFERENCES fencepost_ledger_accounts (name),
+        position integer NOT NULL,
+        axis text NOT NULL,
+        lim double precision NOT NULL,
+        kind text NOT NULL CHECK (kind IN ('day', 'month', 'rolling')),
+        seconds double precision NOT NULL,
+        tz text NOT NULL,
+        PRIMARY KEY (account, position)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS fencepost_ledger_window_held (
+        account text NOT NULL REFERENCES fencepost_ledger_accounts (name),
+        position integer NOT NULL,
+        bucket double precision NOT NULL,
+        amount double precision NOT NULL,
+        PRIMARY KEY (account, position, bucket)
+    )
+    """,
+    # When a reservation on a chain with windows was made (epoch seconds): settling it (or
+    # releasing it) gives back in the buckets it was counted in.
+    """
+    CREATE TABLE IF NOT EXISTS fencepost_ledger_reservation_at (
+        key text PRIMARY KEY REFERENCES fencepost_ledger_reservations (key),
+        at double precision NOT NULL
     )
     """,
 )
@@ -255,6 +294,9 @@ class SqlLedger(Ledger, ScopeStore):
     _RESERVATION_FOR_UPDATE: ClassVar[str] = _RESERVATION
     """``_RESERVATION`` that also locks the row, where the database has row locks."""
 
+    _clock: Clock = SystemClock()
+    """Where the instant a reservation is counted at in spend windows comes from."""
+
     # -- what a backend supplies ------------------------------------------------------------------
 
     @abstractmethod
@@ -325,7 +367,91 @@ class SqlLedger(Ledger, ScopeStore):
             held=self._held(tx, account),
             owner=decode_owner(owner),
             closed=closed,
+            windows=self._window_uses(tx, account),
         )
+
+    @staticmethod
+    def _windows(tx: Transaction, chain: list[str]) -> dict[str, list[tuple[int, Window]]]:
+        """The windows of each account of ``chain`` that has any, as ``(position, window)``."""
+        out: dict[str, list[tuple[int, Window]]] = {}
+        marks = ", ".join("?" for _ in chain)
+        query = (
+            "SELECT account, position, axis, lim, kind, seconds, tz FROM fencepost_ledger_windows"  # noqa: S608
+            f" WHERE account IN ({marks}) ORDER BY account, position"
+        )
+        for name, position, axis, lim, kind, seconds, tz in tx.execute(query, chain).fetchall():
+            window = stored_window(axis, float(lim), kind, float(seconds), tz)
+            out.setdefault(name, []).append((int(position), window))
+        return out
+
+    @staticmethod
+    def _window_held(
+        tx: Transaction, account: str, windows: list[tuple[int, Window]], now: float
+    ) -> list[tuple[Window, float]]:
+        """Each window of ``account`` with what it holds at ``now``."""
+        out: list[tuple[Window, float]] = []
+        for position, window in windows:
+            row = tx.execute(
+                "SELECT coalesce(sum(amount), 0) FROM fencepost_ledger_window_held"
+                " WHERE account = ? AND position = ? AND bucket >= ?",
+                (account, position, window.since(now)),
+            ).fetchone()
+            out.append((window, float(row[0])))
+        return out
+
+    def _window_uses(self, tx: Transaction, account: str) -> tuple[WindowUse, ...]:
+        windows = self._windows(tx, [account]).get(account)
+        if not windows:
+            return ()
+        now = self._clock.now().timestamp()
+        return window_uses(self._window_held(tx, account, windows, now), now)
+
+    @staticmethod
+    def _add_windows(
+        tx: Transaction,
+        windows: Mapping[str, list[tuple[int, Window]]],
+        delta: Mapping[str, float],
+        at: float,
+    ) -> None:
+        """Count ``delta`` in every window of ``windows`` (by account), in the buckets of ``at``."""
+        rows = [
+            (name, position, window.bucket(at), delta[window.axis])
+            for name, spans in windows.items()
+            for position, window in spans
+            if delta.get(window.axis)
+        ]
+        if rows:
+            tx.executemany(
+                "INSERT INTO fencepost_ledger_window_held (account, position, bucket, amount)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (account, position, bucket)"
+                " DO UPDATE SET amount = fencepost_ledger_window_held.amount + excluded.amount",
+                rows,
+            )
+
+    def _charged_at(self, tx: Transaction, account: str, of: str | None) -> float:
+        """The instant a charge counts at: that of the reservation ``of`` of ``account``, else now."""
+        if of is not None:
+            row = tx.execute(
+                "SELECT t.at FROM fencepost_ledger_reservation_at t"
+                " JOIN fencepost_ledger_reservations s ON s.key = t.key"
+                " WHERE t.key = ? AND s.account = ?",
+                (of, account),
+            ).fetchone()
+            if row is not None:
+                return float(row[0])
+        return self._clock.now().timestamp()
+
+    def _refund_windows(
+        self, tx: Transaction, key: str, chain: list[str], refund: Mapping[str, float]
+    ) -> None:
+        """Give ``refund`` back in the buckets the reservation under ``key`` was counted in."""
+        row = tx.execute(
+            "SELECT at FROM fencepost_ledger_reservation_at WHERE key = ?", (key,)
+        ).fetchone()
+        if row is None or not refund:
+            return
+        windows = self._windows(tx, chain)
+        self._add_windows(tx, windows, {a: -v for a, v in refund.items()}, float(row[0]))
 
     @staticmethod
     def _chain(tx: Transaction, account: str) -> list[_Link]:
@@ -445,12 +571,14 @@ class SqlLedger(Ledger, ScopeStore):
         *,
         parent: str | None = None,
         owner: Mapping[str, str] | None = None,
+        windows: Iterable[Window] | None = None,
     ) -> Balance:
         validate_name(account, "account")
         if parent is not None:
             validate_name(parent, "parent")
         clean = validate_amounts(limits)
         who = validate_owner(owner)
+        spans = validate_windows(windows)
 
         def work(tx: Transaction) -> Balance:
             if parent is not None:
@@ -462,16 +590,25 @@ class SqlLedger(Ledger, ScopeStore):
             ).rowcount
             if inserted == 0:
                 opened_parent, opened_limits, opened_owner, _ = self._account(tx, account)
+                opened_windows = [w for _, w in self._windows(tx, [account]).get(account, [])]
                 check_same_terms(
                     account,
                     (opened_parent, opened_limits, decode_owner(opened_owner)),
                     (parent, clean, who),
+                    opened_windows,
+                    spans,
                 )
             else:
                 tx.executemany(
                     "INSERT INTO fencepost_ledger_limits (account, axis, position, amount)"
                     " VALUES (?, ?, ?, ?)",
                     [(account, axis, i, value) for i, (axis, value) in enumerate(clean.items())],
+                )
+                tx.executemany(
+                    "INSERT INTO fencepost_ledger_windows"
+                    " (account, position, axis, lim, kind, seconds, tz)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(account, i, *stored_terms(w)) for i, w in enumerate(spans)],
                 )
             return self._balance(tx, account)
 
@@ -508,6 +645,19 @@ class SqlLedger(Ledger, ScopeStore):
             holdings = self._holdings(tx, chain)
             flying = self._in_flight(tx, chain)
             check_room(holdings, clean, flying)
+            windows = self._windows(tx, chain)
+            now = self._clock.now().timestamp() if windows else 0.0
+            if windows:
+                check_windows(
+                    (
+                        (name, self._window_held(tx, name, windows[name], now))
+                        for name in chain
+                        if name in windows
+                    ),
+                    clean,
+                    now,
+                    flying,
+                )
             inserted = tx.execute(
                 "INSERT INTO fencepost_ledger_reservations (key, account, status)"
                 " VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
@@ -517,6 +667,12 @@ class SqlLedger(Ledger, ScopeStore):
                 raise KeyRace  # committed by another transaction since the first look
             self._add_held(tx, chain, clean)
             self._add_in_flight(tx, chain, clean)
+            if windows:
+                self._add_windows(tx, windows, clean, now)
+                tx.execute(
+                    "INSERT INTO fencepost_ledger_reservation_at (key, at) VALUES (?, ?)",
+                    (key, now),
+                )
             tx.executemany(
                 "INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)"
                 " VALUES (?, ?, ?, ?)",
@@ -534,14 +690,19 @@ class SqlLedger(Ledger, ScopeStore):
                 limits=limits,
                 held=after,
                 owner=decode_owner(owner),
+                windows=self._window_uses(tx, account) if account in windows else (),
             )
             return Reservation(account=account, key=key, amounts=clean, balance=balance)
 
         return self._run(work)
 
-    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+    def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
         validate_name(account, "account")
         validate_name(key)
+        if of is not None:
+            validate_name(of)
         clean = validate_amounts(amounts)
 
         def work(tx: Transaction) -> Reservation:
@@ -560,6 +721,9 @@ class SqlLedger(Ledger, ScopeStore):
                 if inserted == 0:
                     raise KeyRace  # committed by another transaction since the first look
                 self._add_held(tx, chain, clean)
+                windows = self._windows(tx, chain)
+                if windows:
+                    self._add_windows(tx, windows, clean, self._charged_at(tx, account, of))
                 tx.executemany(
                     "INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)"
                     " VALUES (?, ?, ?, ?)",
@@ -586,6 +750,7 @@ class SqlLedger(Ledger, ScopeStore):
                 return outcome.model_copy(update={"balance": self._balance(tx, chain[0])})
             refund, final = settlement(reservation.amounts, actual)
             self._add_held(tx, chain, {axis: -amount for axis, amount in refund.items()})
+            self._refund_windows(tx, key, chain, refund)
             self._landed(tx, chain, reservation)
             tx.executemany(
                 "UPDATE fencepost_ledger_reservation_amounts SET amount = ?"
@@ -612,6 +777,7 @@ class SqlLedger(Ledger, ScopeStore):
                 return outcome.model_copy(update={"balance": self._balance(tx, chain[0])})
             refund = {axis: -amount for axis, amount in reservation.amounts.items()}
             self._add_held(tx, chain, refund)
+            self._refund_windows(tx, key, chain, reservation.amounts)
             self._landed(tx, chain, reservation)
             self._set_status(tx, key, ReservationStatus.RELEASED)
             return reservation.model_copy(

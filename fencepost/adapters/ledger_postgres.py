@@ -66,6 +66,7 @@ from fencepost.adapters._ledger_sql import (
     scope_query,
     scope_row,
 )
+from fencepost.policy.deadline import Clock, SystemClock
 from fencepost.policy.ledger import (
     AccountClosed,
     Balance,
@@ -80,8 +81,11 @@ from fencepost.policy.ledger import (
     validate_amounts,
     validate_name,
     validate_owner,
+    validate_windows,
+    window_uses,
 )
 from fencepost.policy.remembered import ApprovalScope, ScopeStore, utc
+from fencepost.policy.windows import ROLLING_STEPS, Window, stored_terms, stored_window
 
 __all__ = ["PostgresLedger"]
 
@@ -91,11 +95,13 @@ _AConn = AsyncConnection[TupleRow]
 # Serialises concurrent ``setup`` calls: CREATE TABLE IF NOT EXISTS is not safe under a race.
 _SETUP_LOCK = 0x6665_6E63_6570_6F73  # "fencepos"
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """Bumped whenever the functions change; ``setup`` (re)creates them when the database is older."""
 
-_RESULT = """
-CREATE TYPE fencepost_ledger_result AS (
+# The result type of the version-9 functions, unchanged (a session of an older client holds
+# plans for it), and the one every function of this version returns: the same fields and the
+# spend windows' (what refused, and the balance's windows).
+_OLD_FIELDS = """\
     outcome text,
     r_account text,
     r_status text,
@@ -113,16 +119,102 @@ CREATE TYPE fencepost_ledger_result AS (
     e_axis text,
     e_limit double precision,
     e_requested double precision,
-    e_reason text
+    e_reason text\
+"""
+
+_RESULT = f"""
+CREATE TYPE fencepost_ledger_result AS (
+{_OLD_FIELDS}
+)
+"""
+_OUTCOME = f"""
+CREATE TYPE fencepost_ledger_outcome AS (
+{_OLD_FIELDS},
+    e_w_kind text,
+    e_w_seconds double precision,
+    e_w_tz text,
+    b_w_axes text[],
+    b_w_limits double precision[],
+    b_w_kinds text[],
+    b_w_seconds double precision[],
+    b_w_tzs text[],
+    b_w_held double precision[]
 )
 """
 
 # Outcomes: ok | existing | missing | unknown_account | unknown_reservation | conflict |
 # exhausted | closed | invalid_actual. Every function reads under the caller's search_path.
 _FUNCTIONS = (
+    # The bucket usage made at p_at is counted in, and the oldest bucket a window counts at
+    # p_now: the rules of fencepost.policy.windows.Window.bucket and .since, in SQL (our own
+    # integer constant is the only thing formatted in).
+    f"""
+    CREATE OR REPLACE FUNCTION fencepost_ledger_bucket(
+        p_kind text, p_seconds double precision, p_tz text, p_at double precision
+    ) RETURNS double precision LANGUAGE sql STABLE AS $$
+        SELECT CASE WHEN p_kind = 'rolling'
+            THEN floor(p_at / (p_seconds / {ROLLING_STEPS})) * (p_seconds / {ROLLING_STEPS})
+            ELSE extract(epoch FROM
+                date_trunc(p_kind, to_timestamp(p_at) AT TIME ZONE p_tz) AT TIME ZONE p_tz
+            )::double precision
+        END
+    $$
+    """,  # noqa: S608
     """
-    CREATE FUNCTION fencepost_ledger_with_balance(r fencepost_ledger_result, p_account text)
-    RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    CREATE OR REPLACE FUNCTION fencepost_ledger_since(
+        p_kind text, p_seconds double precision, p_tz text, p_now double precision
+    ) RETURNS double precision LANGUAGE sql STABLE AS $$
+        SELECT fencepost_ledger_bucket(p_kind, p_seconds, p_tz,
+            CASE WHEN p_kind = 'rolling' THEN p_now - p_seconds ELSE p_now END)
+    $$
+    """,
+    """
+    CREATE OR REPLACE FUNCTION fencepost_ledger_window_held(
+        p_account text, p_position integer, p_kind text, p_seconds double precision,
+        p_tz text, p_now double precision
+    ) RETURNS double precision LANGUAGE sql STABLE AS $$
+        SELECT coalesce(sum(b.amount), 0) FROM fencepost_ledger_window_held b
+         WHERE b.account = p_account AND b.position = p_position
+           AND b.bucket >= fencepost_ledger_since(p_kind, p_seconds, p_tz, p_now)
+    $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_with_windows(
+        r fencepost_ledger_outcome, p_account text, p_now double precision
+    ) RETURNS fencepost_ledger_outcome LANGUAGE plpgsql AS $$
+    BEGIN
+        SELECT coalesce(array_agg(w.axis ORDER BY w.position), '{}'),
+               coalesce(array_agg(w.lim ORDER BY w.position), '{}'),
+               coalesce(array_agg(w.kind ORDER BY w.position), '{}'),
+               coalesce(array_agg(w.seconds ORDER BY w.position), '{}'),
+               coalesce(array_agg(w.tz ORDER BY w.position), '{}'),
+               coalesce(array_agg(fencepost_ledger_window_held(
+                   w.account, w.position, w.kind, w.seconds, w.tz, p_now) ORDER BY w.position),
+                   '{}')
+          INTO r.b_w_axes, r.b_w_limits, r.b_w_kinds, r.b_w_seconds, r.b_w_tzs, r.b_w_held
+          FROM fencepost_ledger_windows w WHERE w.account = p_account;
+        RETURN r;
+    END $$
+    """,
+    # Count p_axes/p_amounts in every window of the chain on those axes, in the buckets of p_at.
+    """
+    CREATE OR REPLACE FUNCTION fencepost_ledger_add_windows(
+        p_chain text[], p_axes text[], p_amounts double precision[], p_at double precision
+    ) RETURNS void LANGUAGE sql AS $$
+        INSERT INTO fencepost_ledger_window_held AS h (account, position, bucket, amount)
+        SELECT w.account, w.position, fencepost_ledger_bucket(w.kind, w.seconds, w.tz, p_at),
+               sum(x.amount)
+          FROM fencepost_ledger_windows w
+          JOIN unnest(p_axes, p_amounts) AS x (axis, amount) ON x.axis = w.axis
+         WHERE w.account = ANY (p_chain) AND x.amount <> 0
+         GROUP BY 1, 2, 3
+        ON CONFLICT (account, position, bucket) DO UPDATE SET amount = h.amount + excluded.amount
+    $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_with_balance(
+        r fencepost_ledger_outcome, p_account text, p_now double precision
+    ) RETURNS fencepost_ledger_outcome LANGUAGE plpgsql AS $$
     BEGIN
         -- Three index reads, each planned once per session (a join of the three, aggregating
         -- laterally, cost twice as much at every call).
@@ -142,12 +234,12 @@ _FUNCTIONS = (
                coalesce(array_agg(x.amount ORDER BY x.axis), '{}')
           INTO r.b_held_axes, r.b_held_amounts
           FROM fencepost_ledger_held x WHERE x.account = p_account;
-        RETURN r;
+        RETURN fencepost_ledger_with_windows(r, p_account, p_now);
     END $$
     """,
     """
-    CREATE FUNCTION fencepost_ledger_with_reservation(r fencepost_ledger_result, p_key text)
-    RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    CREATE FUNCTION fencepost_ledger_with_reservation(r fencepost_ledger_outcome, p_key text)
+    RETURNS fencepost_ledger_outcome LANGUAGE plpgsql AS $$
     BEGIN
         SELECT s.account, s.status INTO r.r_account, r.r_status
           FROM fencepost_ledger_reservations s WHERE s.key = p_key;
@@ -159,10 +251,12 @@ _FUNCTIONS = (
     END $$
     """,
     """
-    CREATE FUNCTION fencepost_ledger_existing(p_key text, p_account text, p_holder text)
-    RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    CREATE FUNCTION fencepost_ledger_existing(
+        p_key text, p_account text, p_holder text, p_now double precision
+    )
+    RETURNS fencepost_ledger_outcome LANGUAGE plpgsql AS $$
     DECLARE
-        r fencepost_ledger_result;
+        r fencepost_ledger_outcome;
     BEGIN
         IF p_holder <> p_account THEN
             r.outcome := 'conflict';
@@ -170,32 +264,36 @@ _FUNCTIONS = (
         END IF;
         r := fencepost_ledger_with_reservation(r, p_key);
         r.outcome := 'existing';
-        RETURN fencepost_ledger_with_balance(r, p_account);
+        RETURN fencepost_ledger_with_balance(r, p_account, p_now);
     END $$
     """,
     """
-    CREATE FUNCTION fencepost_ledger_reserved_before(p_key text, p_account text)
-    RETURNS fencepost_ledger_result LANGUAGE plpgsql AS $$
+    CREATE FUNCTION fencepost_ledger_reserved_before(
+        p_key text, p_account text, p_now double precision
+    )
+    RETURNS fencepost_ledger_outcome LANGUAGE plpgsql AS $$
     -- A key reserved before comes back as it was (existing, or a conflict if another account
     -- holds it), whatever has happened to the account since; no outcome if it is new.
     DECLARE
-        r fencepost_ledger_result;
+        r fencepost_ledger_outcome;
         v_holder text;
     BEGIN
         SELECT s.account INTO v_holder FROM fencepost_ledger_reservations s WHERE s.key = p_key;
         IF FOUND THEN
-            RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
+            RETURN fencepost_ledger_existing(p_key, p_account, v_holder, p_now);
         END IF;
         RETURN r;
     END $$
     """,
     """
     CREATE FUNCTION fencepost_ledger_open(
-        p_account text, p_parent text, p_owner text, p_axes text[], p_amounts double precision[]
-    ) RETURNS fencepost_ledger_result LANGUAGE plpgsql
+        p_account text, p_parent text, p_owner text, p_axes text[], p_amounts double precision[],
+        p_w_axes text[], p_w_limits double precision[], p_w_kinds text[],
+        p_w_seconds double precision[], p_w_tzs text[], p_now double precision
+    ) RETURNS fencepost_ledger_outcome LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan AS $$
     DECLARE
-        r fencepost_ledger_result;
+        r fencepost_ledger_outcome;
     BEGIN
         IF p_parent IS NOT NULL
            AND NOT EXISTS (SELECT 1 FROM fencepost_ledger_accounts a WHERE a.name = p_parent) THEN
@@ -209,34 +307,39 @@ _FUNCTIONS = (
             INSERT INTO fencepost_ledger_limits (account, axis, position, amount)
             SELECT p_account, x.axis, x.n - 1, x.amount
               FROM unnest(p_axes, p_amounts) WITH ORDINALITY AS x (axis, amount, n);
+            INSERT INTO fencepost_ledger_windows (account, position, axis, lim, kind, seconds, tz)
+            SELECT p_account, x.n - 1, x.axis, x.lim, x.kind, x.seconds, x.tz
+              FROM unnest(p_w_axes, p_w_limits, p_w_kinds, p_w_seconds, p_w_tzs)
+                   WITH ORDINALITY AS x (axis, lim, kind, seconds, tz, n);
             r.outcome := 'ok';
         ELSE
             r.outcome := 'existing';
         END IF;
-        RETURN fencepost_ledger_with_balance(r, p_account);
+        RETURN fencepost_ledger_with_balance(r, p_account, p_now);
     END $$
     """,
     """
-    CREATE FUNCTION fencepost_ledger_close(p_account text, p_reason text)
-    RETURNS fencepost_ledger_result LANGUAGE plpgsql
+    CREATE FUNCTION fencepost_ledger_close(p_account text, p_reason text, p_now double precision)
+    RETURNS fencepost_ledger_outcome LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan AS $$
     DECLARE
-        r fencepost_ledger_result;
+        r fencepost_ledger_outcome;
     BEGIN
         UPDATE fencepost_ledger_accounts a SET closed = p_reason
          WHERE a.name = p_account AND a.closed IS NULL;
         r.outcome := 'ok';
-        RETURN fencepost_ledger_with_balance(r, p_account);
+        RETURN fencepost_ledger_with_balance(r, p_account, p_now);
     END $$
     """,
     """
     CREATE FUNCTION fencepost_ledger_reserve(
-        p_account text, p_key text, p_axes text[], p_amounts double precision[]
-    ) RETURNS fencepost_ledger_result LANGUAGE plpgsql
+        p_account text, p_key text, p_axes text[], p_amounts double precision[],
+        p_now double precision
+    ) RETURNS fencepost_ledger_outcome LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan AS $$
     DECLARE
-        r fencepost_ledger_result;
-        v_before fencepost_ledger_result;
+        r fencepost_ledger_outcome;
+        v_before fencepost_ledger_outcome;
         v_holder text;
         v_parent text;
         v_owner text;
@@ -245,6 +348,7 @@ _FUNCTIONS = (
         v_top text;
         v_hit record;
         v_closed_at integer;
+        v_windowed boolean := false;
     BEGIN
         -- Every statement costs about as much to start as to run (a reservation's server time
         -- is mostly executor set-up), so the usual path runs as few and as small ones as it can.
@@ -255,7 +359,7 @@ _FUNCTIONS = (
           INTO v_parent, v_owner, v_holder
           FROM fencepost_ledger_accounts a WHERE a.name = p_account;
         IF NOT FOUND THEN
-            v_before := fencepost_ledger_reserved_before(p_key, p_account);
+            v_before := fencepost_ledger_reserved_before(p_key, p_account, p_now);
             IF v_before.outcome IS NOT NULL THEN
                 RETURN v_before;
             END IF;
@@ -264,7 +368,7 @@ _FUNCTIONS = (
             RETURN r;
         END IF;
         IF v_holder IS NOT NULL THEN
-            RETURN fencepost_ledger_existing(p_key, p_account, v_holder);
+            RETURN fencepost_ledger_existing(p_key, p_account, v_holder, p_now);
         END IF;
         -- The chain, nearest first: one index read per ancestor (a recursive query cost more
         -- than the whole walk for the usual two or three accounts).
@@ -298,7 +402,7 @@ _FUNCTIONS = (
         IF v_closed_at IS NOT NULL THEN
             -- The key may have been reserved by the transaction this one waited on for the lock
             -- (before it closed the account): what was reserved before comes back as existing.
-            v_before := fencepost_ledger_reserved_before(p_key, p_account);
+            v_before := fencepost_ledger_reserved_before(p_key, p_account, p_now);
             IF v_before.outcome IS NOT NULL THEN
                 RETURN v_before;
             END IF;
@@ -327,7 +431,7 @@ _FUNCTIONS = (
                  ORDER BY c.n, x.m LIMIT 1;
                 IF FOUND THEN
                     -- As for a close: the room may be gone to this very key, reserved meanwhile.
-                    v_before := fencepost_ledger_reserved_before(p_key, p_account);
+                    v_before := fencepost_ledger_reserved_before(p_key, p_account, p_now);
                     IF v_before.outcome IS NOT NULL THEN
                         RETURN v_before;
                     END IF;
@@ -355,13 +459,50 @@ _FUNCTIONS = (
                     RETURN r;
                 END IF;
             END IF;
+            -- Spend windows of the chain, nearest account first, each in its opening order:
+            -- what each holds now plus the request must stay within its limit.
+            v_windowed := EXISTS (
+                SELECT 1 FROM fencepost_ledger_windows w WHERE w.account = ANY (v_chain));
+            IF v_windowed THEN
+                SELECT y.* INTO v_hit FROM (
+                    SELECT c.n, w.position, c.name, w.axis, w.lim, x.amount AS req,
+                           w.kind, w.seconds, w.tz,
+                           fencepost_ledger_window_held(
+                               w.account, w.position, w.kind, w.seconds, w.tz, p_now) AS held
+                      FROM unnest(v_chain) WITH ORDINALITY AS c (name, n)
+                      JOIN fencepost_ledger_windows w ON w.account = c.name
+                      JOIN unnest(p_axes, p_amounts) AS x (axis, amount) ON x.axis = w.axis
+                ) AS y WHERE y.held + y.req > y.lim ORDER BY y.n, y.position LIMIT 1;
+                IF FOUND THEN
+                    v_before := fencepost_ledger_reserved_before(p_key, p_account, p_now);
+                    IF v_before.outcome IS NOT NULL THEN
+                        RETURN v_before;
+                    END IF;
+                    r.outcome := 'exhausted';
+                    r.e_account := v_hit.name;
+                    r.e_axis := v_hit.axis;
+                    r.e_limit := v_hit.lim;
+                    r.e_requested := v_hit.req;
+                    r.e_w_kind := v_hit.kind;
+                    r.e_w_seconds := v_hit.seconds;
+                    r.e_w_tz := v_hit.tz;
+                    -- Busy as the other backends judge it: in-flight reservations on the
+                    -- account (made moments ago, so in this window) would make the room.
+                    SELECT CASE WHEN f.amount > 0 AND v_hit.held - f.amount + v_hit.req
+                                     <= v_hit.lim THEN 'busy' END
+                      INTO r.e_reason
+                      FROM fencepost_ledger_in_flight f
+                     WHERE f.account = v_hit.name AND f.axis = v_hit.axis;
+                    RETURN r;
+                END IF;
+            END IF;
         END IF;
         -- Plain statements, not one statement of data-modifying CTEs (whose scans and joins
         -- cost more to set up than the extra statements), and none for a request of nothing.
         INSERT INTO fencepost_ledger_reservations (key, account, status)
         VALUES (p_key, p_account, 'reserved') ON CONFLICT (key) DO NOTHING;
         IF NOT FOUND THEN  -- committed by another transaction since the first look
-            RETURN fencepost_ledger_reserved_before(p_key, p_account);
+            RETURN fencepost_ledger_reserved_before(p_key, p_account, p_now);
         END IF;
         IF cardinality(p_axes) > 0 THEN
             -- Set-returning functions in the select list run in step, element by element.
@@ -374,6 +515,10 @@ _FUNCTIONS = (
             INSERT INTO fencepost_ledger_in_flight AS h (account, axis, amount)
             SELECT c.name, unnest(p_axes), unnest(p_amounts) FROM unnest(v_chain) AS c (name)
             ON CONFLICT (account, axis) DO UPDATE SET amount = h.amount + excluded.amount;
+            IF v_windowed THEN
+                PERFORM fencepost_ledger_add_windows(v_chain, p_axes, p_amounts, p_now);
+                INSERT INTO fencepost_ledger_reservation_at (key, at) VALUES (p_key, p_now);
+            END IF;
         END IF;
         r.outcome := 'ok';
         r.r_account := p_account;
@@ -407,19 +552,23 @@ _FUNCTIONS = (
                 r.b_held_amounts := r.b_held_amounts || v_hit.amount;
             END IF;
         END LOOP;
+        IF v_windowed THEN
+            RETURN fencepost_ledger_with_windows(r, p_account, p_now);
+        END IF;
         RETURN r;
     END $$
     """,
     """
     CREATE FUNCTION fencepost_ledger_charge(
-        p_account text, p_key text, p_axes text[], p_amounts double precision[]
-    ) RETURNS fencepost_ledger_result LANGUAGE plpgsql
+        p_account text, p_key text, p_axes text[], p_amounts double precision[],
+        p_now double precision, p_of text
+    ) RETURNS fencepost_ledger_outcome LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan AS $$
     -- Usage already spent: held on the account and every ancestor whatever their limits and
     -- closes say. Reports the nearest account (then axis, in the request's order) left past a
     -- limit on a charged axis, in the e_ fields of an 'ok' or 'existing' outcome.
     DECLARE
-        r fencepost_ledger_result;
+        r fencepost_ledger_outcome;
         v_parent text;
         v_chain text[];
         v_name text;
@@ -460,7 +609,7 @@ _FUNCTIONS = (
             INSERT INTO fencepost_ledger_reservations (key, account, status)
             VALUES (p_key, p_account, 'settled') ON CONFLICT (key) DO NOTHING;
             IF NOT FOUND THEN  -- committed by another transaction since the first look
-                RETURN fencepost_ledger_reserved_before(p_key, p_account);
+                RETURN fencepost_ledger_reserved_before(p_key, p_account, p_now);
             END IF;
             IF cardinality(p_axes) > 0 THEN
                 INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)
@@ -469,6 +618,11 @@ _FUNCTIONS = (
                 INSERT INTO fencepost_ledger_held AS h (account, axis, amount)
                 SELECT c.name, unnest(p_axes), unnest(p_amounts) FROM unnest(v_chain) AS c (name)
                 ON CONFLICT (account, axis) DO UPDATE SET amount = h.amount + excluded.amount;
+                -- Counted in the windows at the instant of the reservation it belongs to.
+                PERFORM fencepost_ledger_add_windows(v_chain, p_axes, p_amounts, coalesce(
+                    (SELECT t.at FROM fencepost_ledger_reservation_at t
+                       JOIN fencepost_ledger_reservations s ON s.key = t.key
+                      WHERE t.key = p_of AND s.account = p_account), p_now));
             END IF;
             r.outcome := 'ok';
             r.r_account := p_account;
@@ -489,21 +643,24 @@ _FUNCTIONS = (
             r.e_limit := v_hit.lim;
             r.e_requested := v_hit.held;
         END IF;
-        RETURN fencepost_ledger_with_balance(r, p_account);
+        RETURN fencepost_ledger_with_balance(r, p_account, p_now);
     END $$
     """,
     """
     CREATE FUNCTION fencepost_ledger_finish(
         p_key text, p_settle boolean, p_invalid boolean,
-        p_axes text[], p_amounts double precision[]
-    ) RETURNS fencepost_ledger_result LANGUAGE plpgsql
+        p_axes text[], p_amounts double precision[], p_now double precision
+    ) RETURNS fencepost_ledger_outcome LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan AS $$
     DECLARE
-        r fencepost_ledger_result;
+        r fencepost_ledger_outcome;
         v_account text;
         v_chain text[] := '{}';
         v_name text;
         v_status text;
+        v_at double precision;
+        v_back_axes text[];
+        v_back_amounts double precision[];
     BEGIN
         SELECT s.account INTO v_account FROM fencepost_ledger_reservations s WHERE s.key = p_key;
         IF NOT FOUND THEN
@@ -523,7 +680,7 @@ _FUNCTIONS = (
         IF v_status <> 'reserved' THEN  -- an outcome is recorded once; never refunded twice
             r := fencepost_ledger_with_reservation(r, p_key);
             r.outcome := 'existing';
-            RETURN fencepost_ledger_with_balance(r, v_account);
+            RETURN fencepost_ledger_with_balance(r, v_account, p_now);
         END IF;
         IF p_invalid THEN
             r.outcome := 'invalid_actual';
@@ -534,6 +691,20 @@ _FUNCTIONS = (
         UPDATE fencepost_ledger_in_flight f SET amount = f.amount + (-m.amount)
           FROM fencepost_ledger_reservation_amounts m
          WHERE m.key = p_key AND f.account = ANY (v_chain) AND f.axis = m.axis;
+        -- What goes back to the spend windows, in the buckets the reservation was counted in
+        -- (read before a settlement rewrites its amounts).
+        SELECT t.at INTO v_at FROM fencepost_ledger_reservation_at t WHERE t.key = p_key;
+        IF v_at IS NOT NULL THEN
+            SELECT array_agg(m.axis),
+                   array_agg(CASE WHEN p_settle THEN x.amount - m.amount ELSE -m.amount END)
+              INTO v_back_axes, v_back_amounts
+              FROM fencepost_ledger_reservation_amounts m
+              LEFT JOIN unnest(p_axes, p_amounts) AS x (axis, amount) ON x.axis = m.axis
+             WHERE m.key = p_key AND (NOT p_settle OR x.amount < m.amount);
+            IF v_back_axes IS NOT NULL THEN
+                PERFORM fencepost_ledger_add_windows(v_chain, v_back_axes, v_back_amounts, v_at);
+            END IF;
+        END IF;
         IF NOT p_settle THEN  -- release: refund everything
             UPDATE fencepost_ledger_held h SET amount = h.amount + (-m.amount)
               FROM fencepost_ledger_reservation_amounts m
@@ -557,7 +728,7 @@ _FUNCTIONS = (
         END IF;
         r := fencepost_ledger_with_reservation(r, p_key);
         r.outcome := 'ok';
-        RETURN fencepost_ledger_with_balance(r, v_account);
+        RETURN fencepost_ledger_with_balance(r, v_account, p_now);
     END $$
     """,
     """
@@ -565,23 +736,81 @@ _FUNCTIONS = (
     RETURNS fencepost_ledger_result LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan AS $$
     DECLARE
-        r fencepost_ledger_result;
+        r fencepost_ledger_outcome;
     BEGIN
         r := fencepost_ledger_with_reservation(r, p_key);
         r.outcome := CASE WHEN r.r_account IS NULL THEN 'missing' ELSE 'ok' END;
-        RETURN r;
+        RETURN fencepost_ledger_old(r);
     END $$
     """,
     """
-    CREATE FUNCTION fencepost_ledger_balance(p_account text)
-    RETURNS fencepost_ledger_result LANGUAGE plpgsql
+    CREATE FUNCTION fencepost_ledger_balance(p_account text, p_now double precision)
+    RETURNS fencepost_ledger_outcome LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan AS $$
     DECLARE
-        r fencepost_ledger_result;
+        r fencepost_ledger_outcome;
     BEGIN
         r.outcome := 'ok';
-        RETURN fencepost_ledger_with_balance(r, p_account);
+        RETURN fencepost_ledger_with_balance(r, p_account, p_now);
     END $$
+    """,
+    # The version-9 entry points, for a client that has not upgraded: the same signatures and
+    # result type, run by this version's functions at the database's clock.
+    """
+    CREATE FUNCTION fencepost_ledger_old(fencepost_ledger_outcome)
+    RETURNS fencepost_ledger_result LANGUAGE sql IMMUTABLE AS
+    'SELECT ROW(($1).outcome, ($1).r_account, ($1).r_status, ($1).r_axes, ($1).r_amounts, ($1).b_account, ($1).b_parent, ($1).b_owner, ($1).b_closed, ($1).b_limit_axes, ($1).b_limit_amounts, ($1).b_held_axes, ($1).b_held_amounts, ($1).e_account, ($1).e_axis, ($1).e_limit, ($1).e_requested, ($1).e_reason)::fencepost_ledger_result'
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_open(
+        p_account text, p_parent text, p_owner text, p_axes text[], p_amounts double precision[]
+    ) RETURNS fencepost_ledger_result LANGUAGE sql AS $$
+        SELECT fencepost_ledger_old(fencepost_ledger_open(
+            p_account, p_parent, p_owner, p_axes, p_amounts, '{}', '{}', '{}', '{}', '{}',
+            extract(epoch FROM clock_timestamp())::double precision))
+    $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_close(p_account text, p_reason text)
+    RETURNS fencepost_ledger_result LANGUAGE sql AS $$
+        SELECT fencepost_ledger_old(fencepost_ledger_close(
+            p_account, p_reason, extract(epoch FROM clock_timestamp())::double precision))
+    $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_reserve(
+        p_account text, p_key text, p_axes text[], p_amounts double precision[]
+    ) RETURNS fencepost_ledger_result LANGUAGE sql AS $$
+        SELECT fencepost_ledger_old(fencepost_ledger_reserve(
+            p_account, p_key, p_axes, p_amounts,
+            extract(epoch FROM clock_timestamp())::double precision))
+    $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_charge(
+        p_account text, p_key text, p_axes text[], p_amounts double precision[]
+    ) RETURNS fencepost_ledger_result LANGUAGE sql AS $$
+        SELECT fencepost_ledger_old(fencepost_ledger_charge(
+            p_account, p_key, p_axes, p_amounts,
+            extract(epoch FROM clock_timestamp())::double precision, NULL))
+    $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_finish(
+        p_key text, p_settle boolean, p_invalid boolean,
+        p_axes text[], p_amounts double precision[]
+    ) RETURNS fencepost_ledger_result LANGUAGE sql AS $$
+        SELECT fencepost_ledger_old(fencepost_ledger_finish(
+            p_key, p_settle, p_invalid, p_axes, p_amounts,
+            extract(epoch FROM clock_timestamp())::double precision))
+    $$
+    """,
+    """
+    CREATE FUNCTION fencepost_ledger_balance(p_account text)
+    RETURNS fencepost_ledger_result LANGUAGE sql AS $$
+        SELECT fencepost_ledger_old(fencepost_ledger_balance(
+            p_account, extract(epoch FROM clock_timestamp())::double precision))
+    $$
     """,
     f"""
     CREATE FUNCTION fencepost_ledger_version() RETURNS integer
@@ -591,13 +820,16 @@ _FUNCTIONS = (
 
 # Arrays travel as literals (see _text_array): psycopg adapting a Python list inspects it at
 # every call, more client time than the rest of the parameters together.
-_OPEN = "SELECT * FROM fencepost_ledger_open(%s, %s, %s, %s::text[], %s::float8[])"
-_CLOSE = "SELECT * FROM fencepost_ledger_close(%s, %s)"
-_RESERVE = "SELECT * FROM fencepost_ledger_reserve(%s, %s, %s::text[], %s::float8[])"
-_CHARGE = "SELECT * FROM fencepost_ledger_charge(%s, %s, %s::text[], %s::float8[])"
-_FINISH = "SELECT * FROM fencepost_ledger_finish(%s, %s, %s, %s::text[], %s::float8[])"
+_OPEN = (
+    "SELECT * FROM fencepost_ledger_open(%s, %s, %s, %s::text[], %s::float8[],"
+    " %s::text[], %s::float8[], %s::text[], %s::float8[], %s::text[], %s)"
+)
+_CLOSE = "SELECT * FROM fencepost_ledger_close(%s, %s, %s)"
+_RESERVE = "SELECT * FROM fencepost_ledger_reserve(%s, %s, %s::text[], %s::float8[], %s)"
+_CHARGE = "SELECT * FROM fencepost_ledger_charge(%s, %s, %s::text[], %s::float8[], %s, %s::text)"
+_FINISH = "SELECT * FROM fencepost_ledger_finish(%s, %s, %s, %s::text[], %s::float8[], %s)"
 _GET = "SELECT * FROM fencepost_ledger_get(%s)"
-_BALANCE = "SELECT * FROM fencepost_ledger_balance(%s)"
+_BALANCE = "SELECT * FROM fencepost_ledger_balance(%s, %s)"
 # One row per axis in flight, or one row of NULLs for an account with none; none for an unknown one.
 _IN_FLIGHT = (
     "SELECT f.axis, f.amount FROM fencepost_ledger_accounts a"
@@ -629,7 +861,7 @@ def _pairs(axes: Sequence[str] | None, amounts: Sequence[float] | None) -> dict[
     return {axis: float(amount) for axis, amount in zip(axes or (), amounts or (), strict=True)}
 
 
-def _balance(row: Sequence[Any]) -> Balance:
+def _balance(row: Sequence[Any], now: float) -> Balance:
     return Balance(
         account=row[5],
         parent=row[6],
@@ -637,30 +869,39 @@ def _balance(row: Sequence[Any]) -> Balance:
         closed=row[8],
         limits=_pairs(row[9], row[10]),
         held=_pairs(row[11], row[12]),
+        windows=window_uses(
+            (
+                (stored_window(axis, float(lim), kind, float(seconds), tz), float(held))
+                for axis, lim, kind, seconds, tz, held in zip(
+                    *(row[i] or () for i in range(21, 27)), strict=True
+                )
+            ),
+            now,
+        ),
     )
 
 
-def _reservation(row: Sequence[Any], key: str) -> Reservation:
+def _reservation(row: Sequence[Any], key: str, now: float) -> Reservation:
     return Reservation(
         account=row[1],
         key=key,
         status=ReservationStatus(row[2]),
         amounts=_pairs(row[3], row[4]),
         existing=row[0] == "existing",
-        balance=_balance(row) if row[5] is not None else None,
+        balance=_balance(row, now) if row[5] is not None else None,
     )
 
 
-def _charged(row: Sequence[Any], key: str) -> Reservation:
+def _charged(row: Sequence[Any], key: str, now: float) -> Reservation:
     """A charge's reservation, with the account its e_ fields name as past a limit."""
     _raise_for(row, key)
-    reservation = _reservation(row, key)
+    reservation = _reservation(row, key, now)
     if row[13] is None or row[14] is None:
         return reservation
     return reservation.model_copy(update={"exceeded": (row[13], row[14])})
 
 
-def _raise_for(row: Sequence[Any], key: str | None = None) -> None:
+def _raise_for(row: Sequence[Any], key: str | None = None, now: float | None = None) -> None:
     """Raise what the function's outcome means, as the in-memory ledger would."""
     outcome = row[0]
     if outcome == "unknown_account":
@@ -672,7 +913,20 @@ def _raise_for(row: Sequence[Any], key: str | None = None) -> None:
     if outcome == "closed":
         raise AccountClosed(row[13], row[17])
     if outcome == "exhausted":
-        raise exhausted(row[13], row[14], float(row[15]), float(row[16]), busy=row[17] == "busy")
+        window = (
+            stored_window(row[14], float(row[15]), row[18], float(row[19]), row[20])
+            if row[18] is not None
+            else None
+        )
+        raise exhausted(
+            row[13],
+            row[14],
+            float(row[15]),
+            float(row[16]),
+            busy=row[17] == "busy",
+            window=window,
+            now=now,
+        )
 
 
 class _LoopConnections:
@@ -709,7 +963,9 @@ class PostgresLedger(Ledger, ScopeStore):
         min_size: int = 1,
         max_size: int = 4,
         max_retries: int = 5,
+        clock: Clock | None = None,
     ) -> None:
+        self._clock: Clock = clock or SystemClock()
         self._conninfo = conninfo
         self._max_size = max(min_size, max_size, 1)
         self._max_retries = max(1, max_retries)
@@ -763,9 +1019,11 @@ class PostgresLedger(Ledger, ScopeStore):
                 )
             # The functions depend on the type: dropping it drops an older version's functions.
             conn.execute("DROP TYPE IF EXISTS fencepost_ledger_result CASCADE")
+            conn.execute("DROP TYPE IF EXISTS fencepost_ledger_outcome CASCADE")
             conn.execute("DROP FUNCTION IF EXISTS fencepost_ledger_chain(text)")
             conn.execute("DROP FUNCTION IF EXISTS fencepost_ledger_version()")
             conn.execute(_RESULT)
+            conn.execute(_OUTCOME)
             for statement in _FUNCTIONS:
                 conn.execute(statement)
 
@@ -898,12 +1156,16 @@ class PostgresLedger(Ledger, ScopeStore):
 
     # -- the calls --------------------------------------------------------------------------------
 
-    @staticmethod
+    def _now(self) -> float:
+        return self._clock.now().timestamp()
+
     def _open_call(
+        self,
         account: str,
         limits: Mapping[str, float],
         parent: str | None,
         owner: Mapping[str, str] | None,
+        windows: Iterable[Window] | None,
     ) -> tuple[_Call, Balance]:
         """The call, and the terms (as a Balance with nothing held) reopening must match."""
         validate_name(account, "account")
@@ -911,73 +1173,118 @@ class PostgresLedger(Ledger, ScopeStore):
             validate_name(parent, "parent")
         clean = validate_amounts(limits)
         who = validate_owner(owner)
+        spans = validate_windows(windows)
         axes, amounts = _text_array(clean), _float_array(clean.values())
-        params = (account, parent, encode_owner(who), axes, amounts)
-        return (_OPEN, params), Balance(account=account, parent=parent, limits=clean, owner=who)
+        terms = [stored_terms(w) for w in spans]
+        params = (
+            account,
+            parent,
+            encode_owner(who),
+            axes,
+            amounts,
+            _text_array(t[0] for t in terms),
+            _float_array(t[1] for t in terms),
+            _text_array(t[2] for t in terms),
+            _float_array(t[3] for t in terms),
+            _text_array(t[4] for t in terms),
+            self._now(),
+        )
+        opened = Balance(
+            account=account,
+            parent=parent,
+            limits=clean,
+            owner=who,
+            windows=window_uses(((w, 0.0) for w in spans), 0.0),
+        )
+        return (_OPEN, params), opened
 
     @staticmethod
-    def _opened(row: Sequence[Any], terms: Balance) -> Balance:
+    def _opened(row: Sequence[Any], call: _Call, terms: Balance) -> Balance:
         _raise_for(row)
-        balance = _balance(row)
+        balance = _balance(row, call[1][-1])
         if row[0] == "existing":
             check_same_terms(
                 terms.account,
                 (balance.parent, balance.limits, balance.owner),
                 (terms.parent, terms.limits, terms.owner),
+                [use.window for use in balance.windows],
+                [use.window for use in terms.windows],
             )
         return balance
 
-    @staticmethod
-    def _close_call(account: str, reason: str) -> _Call:
-        return _CLOSE, (validate_name(account, "account"), validate_name(reason, "reason"))
+    def _close_call(self, account: str, reason: str) -> _Call:
+        return _CLOSE, (
+            validate_name(account, "account"),
+            validate_name(reason, "reason"),
+            self._now(),
+        )
 
     @staticmethod
-    def _closed_balance(row: Sequence[Any]) -> Balance:
+    def _closed_balance(row: Sequence[Any], call: _Call) -> Balance:
         _raise_for(row)
-        return _balance(row)
+        return _balance(row, call[1][-1])
 
-    @staticmethod
-    def _reserve_call(account: str, key: str, amounts: Mapping[str, float]) -> _Call:
+    def _reserve_call(self, account: str, key: str, amounts: Mapping[str, float]) -> _Call:
         validate_name(account, "account")
         validate_name(key)
         clean = validate_amounts(amounts)
-        return _RESERVE, (account, key, _text_array(clean), _float_array(clean.values()))
+        axes, values = _text_array(clean), _float_array(clean.values())
+        return _RESERVE, (account, key, axes, values, self._now())
 
     @staticmethod
-    def _charge_call(account: str, key: str, amounts: Mapping[str, float]) -> _Call:
+    def _reserved(row: Sequence[Any], call: _Call, key: str) -> Reservation:
+        now = call[1][-1]
+        _raise_for(row, key, now)
+        return _reservation(row, key, now)
+
+    def _charge_call(
+        self, account: str, key: str, amounts: Mapping[str, float], of: str | None
+    ) -> _Call:
         validate_name(account, "account")
         validate_name(key)
+        if of is not None:
+            validate_name(of)
         clean = validate_amounts(amounts)
-        return _CHARGE, (account, key, _text_array(clean), _float_array(clean.values()))
+        axes, values = _text_array(clean), _float_array(clean.values())
+        return _CHARGE, (account, key, axes, values, self._now(), of)
 
     @staticmethod
-    def _finished(row: Sequence[Any], key: str, invalid: ValueError | None) -> Reservation:
+    def _finished(
+        row: Sequence[Any], call: _Call, key: str, invalid: ValueError | None
+    ) -> Reservation:
         if row[0] == "invalid_actual" and invalid is not None:
             raise invalid  # as the in-memory ledger: only a reservation still open checks it
         _raise_for(row, key)
-        return _reservation(row, key)
+        return _reservation(row, key, call[1][-1])
 
-    @staticmethod
     def _settle_call(
-        key: str, actual: Mapping[str, float] | None
+        self, key: str, actual: Mapping[str, float] | None
     ) -> tuple[_Call, ValueError | None]:
         validate_name(key)
+        now = self._now()
         if actual is None:
-            return (_FINISH, (key, True, False, None, None)), None
+            return (_FINISH, (key, True, False, None, None, now)), None
         try:
             clean = validate_amounts(actual)
         except ValueError as invalid:
-            return (_FINISH, (key, True, True, None, None)), invalid
+            return (_FINISH, (key, True, True, None, None, now)), invalid
         axes, amounts = _text_array(clean), _float_array(clean.values())
-        return (_FINISH, (key, True, False, axes, amounts)), None
+        return (_FINISH, (key, True, False, axes, amounts, now)), None
 
-    @staticmethod
-    def _release_call(key: str) -> _Call:
-        return _FINISH, (validate_name(key), False, False, None, None)
+    def _release_call(self, key: str) -> _Call:
+        return _FINISH, (validate_name(key), False, False, None, None, self._now())
 
     @staticmethod
     def _got(row: Sequence[Any], key: str) -> Reservation | None:
-        return None if row[0] == "missing" else _reservation(row, key)
+        return None if row[0] == "missing" else _reservation(row, key, 0.0)
+
+    def _balance_call(self, account: str) -> _Call:
+        return _BALANCE, (validate_name(account, "account"), self._now())
+
+    @staticmethod
+    def _balanced(row: Sequence[Any], call: _Call) -> Balance:
+        _raise_for(row)
+        return _balance(row, call[1][-1])
 
     # -- the port ---------------------------------------------------------------------------------
 
@@ -988,36 +1295,40 @@ class PostgresLedger(Ledger, ScopeStore):
         *,
         parent: str | None = None,
         owner: Mapping[str, str] | None = None,
+        windows: Iterable[Window] | None = None,
     ) -> Balance:
-        call, terms = self._open_call(account, limits, parent, owner)
-        return self._opened(self._call(call), terms)
+        call, terms = self._open_call(account, limits, parent, owner, windows)
+        return self._opened(self._call(call), call, terms)
 
     def close_account(self, account: str, reason: str) -> Balance:
-        return self._closed_balance(self._call(self._close_call(account, reason)))
+        call = self._close_call(account, reason)
+        return self._closed_balance(self._call(call), call)
 
     def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        row = self._call(self._reserve_call(account, key, amounts))
-        _raise_for(row, key)
-        return _reservation(row, key)
+        call = self._reserve_call(account, key, amounts)
+        return self._reserved(self._call(call), call, key)
 
     def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         call, invalid = self._settle_call(key, actual)
-        return self._finished(self._call(call), key, invalid)
+        return self._finished(self._call(call), call, key, invalid)
 
-    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        return _charged(self._call(self._charge_call(account, key, amounts)), key)
+    def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
+        call = self._charge_call(account, key, amounts, of)
+        return _charged(self._call(call), key, call[1][-2])
 
     def release(self, key: str) -> Reservation:
-        return self._finished(self._call(self._release_call(key)), key, None)
+        call = self._release_call(key)
+        return self._finished(self._call(call), call, key, None)
 
     def get(self, key: str) -> Reservation | None:
         row = self._call((_GET, (validate_name(key),)))
         return self._got(row, key)
 
     def balance(self, account: str) -> Balance:
-        row = self._call((_BALANCE, (validate_name(account, "account"),)))
-        _raise_for(row)
-        return _balance(row)
+        call = self._balance_call(account)
+        return self._balanced(self._call(call), call)
 
     # -- async twins: the same calls on an AsyncConnection ----------------------------------------
 
@@ -1028,36 +1339,40 @@ class PostgresLedger(Ledger, ScopeStore):
         *,
         parent: str | None = None,
         owner: Mapping[str, str] | None = None,
+        windows: Iterable[Window] | None = None,
     ) -> Balance:
-        call, terms = self._open_call(account, limits, parent, owner)
-        return self._opened(await self._acall(call), terms)
+        call, terms = self._open_call(account, limits, parent, owner, windows)
+        return self._opened(await self._acall(call), call, terms)
 
     async def aclose_account(self, account: str, reason: str) -> Balance:
-        return self._closed_balance(await self._acall(self._close_call(account, reason)))
+        call = self._close_call(account, reason)
+        return self._closed_balance(await self._acall(call), call)
 
     async def areserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        row = await self._acall(self._reserve_call(account, key, amounts))
-        _raise_for(row, key)
-        return _reservation(row, key)
+        call = self._reserve_call(account, key, amounts)
+        return self._reserved(await self._acall(call), call, key)
 
     async def asettle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         call, invalid = self._settle_call(key, actual)
-        return self._finished(await self._acall(call), key, invalid)
+        return self._finished(await self._acall(call), call, key, invalid)
 
-    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        return _charged(await self._acall(self._charge_call(account, key, amounts)), key)
+    async def acharge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
+        call = self._charge_call(account, key, amounts, of)
+        return _charged(await self._acall(call), key, call[1][-2])
 
     async def arelease(self, key: str) -> Reservation:
-        return self._finished(await self._acall(self._release_call(key)), key, None)
+        call = self._release_call(key)
+        return self._finished(await self._acall(call), call, key, None)
 
     async def aget(self, key: str) -> Reservation | None:
         row = await self._acall((_GET, (validate_name(key),)))
         return self._got(row, key)
 
     async def abalance(self, account: str) -> Balance:
-        row = await self._acall((_BALANCE, (validate_name(account, "account"),)))
-        _raise_for(row)
-        return _balance(row)
+        call = self._balance_call(account)
+        return self._balanced(await self._acall(call), call)
 
     # -- remembered approvals ---------------------------------------------------------------------
 

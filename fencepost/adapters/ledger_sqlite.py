@@ -45,15 +45,17 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from functools import partial
 from typing import Literal, TypeVar
 
 from fencepost.adapters._ledger_sql import ACCOUNT_COLUMNS, SCHEMA, SqlLedger, Transaction
+from fencepost.policy.deadline import Clock, SystemClock
 from fencepost.policy.ledger import Balance, Reservation
 from fencepost.policy.remembered import ApprovalScope
+from fencepost.policy.windows import Window
 
 try:
     import fcntl
@@ -148,9 +150,11 @@ class SqliteLedger(SqlLedger):
         *,
         busy_timeout: float = 30.0,
         synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        clock: Clock | None = None,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
+        self._clock = clock or SystemClock()
         self._path = os.fspath(path)
         self._busy_timeout = busy_timeout
         self._synchronous = synchronous
@@ -325,9 +329,10 @@ class SqliteLedger(SqlLedger):
         *,
         parent: str | None = None,
         owner: Mapping[str, str] | None = None,
+        windows: Iterable[Window] | None = None,
     ) -> Balance:
         return await self._in_thread(
-            partial(self.open_account, account, limits, parent=parent, owner=owner)
+            partial(self.open_account, account, limits, parent=parent, owner=owner, windows=windows)
         )
 
     async def aclose_account(self, account: str, reason: str) -> Balance:
@@ -342,8 +347,10 @@ class SqliteLedger(SqlLedger):
     async def arelease(self, key: str) -> Reservation:
         return await self._in_thread(partial(self.release, key))
 
-    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        return await self._in_thread(partial(self.charge, account, key, amounts))
+    async def acharge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
+        return await self._in_thread(partial(self.charge, account, key, amounts, of=of))
 
     async def aget(self, key: str) -> Reservation | None:
         return await self._in_thread(partial(self.get, key))

@@ -317,13 +317,18 @@ async def release_reserved(io: NodeIO, key: str) -> Balance | None:
 
 
 async def charge(
-    io: NodeIO, key: str, amounts: Mapping[str, float], *, account: str
+    io: NodeIO,
+    key: str,
+    amounts: Mapping[str, float],
+    *,
+    account: str,
+    of: str | None = None,
 ) -> Reservation | StopRequest:
     """Charge usage already spent on the run's ``account`` (``Ledger.charge``: past any limit,
-    even closed), or the stop a refusal means. Called after a reservation on the same account
-    checked its owner in the same node."""
+    even closed; counted in the spend windows of reservation ``of``), or the stop a refusal
+    means. Called after a reservation on the same account checked its owner in the same node."""
     try:
-        return await io.charge(account, key, amounts)
+        return await io.charge(account, key, amounts, of=of)
     except UnknownAccount:
         return stop_for_unknown_account()
     except (LedgerConflict, ValueError):

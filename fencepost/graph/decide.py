@@ -294,7 +294,13 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     over_stop: StopRequest | None = None
     if overage:
         # Spent already: charged whatever the limits say, and a limit it crosses ends the run.
-        extra = await charge(io, overage_key(account, state.step), overage, account=account)
+        extra = await charge(
+            io,
+            overage_key(account, state.step),
+            overage,
+            account=account,
+            of=step_key(account, state.step),  # in the window the step was held in
+        )
         if isinstance(extra, StopRequest):
             over_stop = extra
         else:

@@ -57,7 +57,9 @@ class NodeIO:
     async def release(self, key: str) -> Reservation:
         raise NotImplementedError
 
-    async def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+    async def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
         """Usage already spent, held past any limit (``Ledger.charge``)."""
         raise NotImplementedError
 
@@ -130,8 +132,10 @@ class SyncIO(NodeIO):
     async def release(self, key: str) -> Reservation:
         return self.ledger.release(key)
 
-    async def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        return self.ledger.charge(account, key, amounts)
+    async def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
+        return self.ledger.charge(account, key, amounts, of=of)
 
     async def close_account(self, account: str, reason: str) -> Balance:
         return self.ledger.close_account(account, reason)
@@ -197,8 +201,10 @@ class AsyncIO(NodeIO):
     async def release(self, key: str) -> Reservation:
         return await self.ledger.arelease(key)
 
-    async def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        return await self.ledger.acharge(account, key, amounts)
+    async def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
+        return await self.ledger.acharge(account, key, amounts, of=of)
 
     async def close_account(self, account: str, reason: str) -> Balance:
         return await self.ledger.aclose_account(account, reason)

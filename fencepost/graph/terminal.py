@@ -94,7 +94,11 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     )
     state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
     # The report needs the batch the run stopped in: terminate() clears it.
-    state = state.model_copy(update={"report": stop_report(state, unfinished=current.batch)})
+    budget = ending.budget
+    if budget is not None:
+        budget = budget.model_copy(update={"own": budget.account == account})
+    report = stop_report(state, unfinished=current.batch, budget=budget)
+    state = state.model_copy(update={"report": report})
     if may_close_account(ending.error_code, owned=bool(mine)):
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
             closed = (await io.close_account(account, ending.reason.value)).closed

@@ -91,6 +91,7 @@ from fencepost.policy.terminate import (
 from fencepost.policy.tool import Effect, Injected, Principal, ToolContext, ToolSpec
 from fencepost.policy.usage import UsageKind, UsageReport, usage_report
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict, verdict_is_sealed
+from fencepost.policy.windows import Window
 
 # ToolSpec's callable fields name AgentState and ToolProposal; resolve them once both exist.
 ToolSpec.model_rebuild(_types_namespace={"AgentState": AgentState, "ToolProposal": ToolProposal})
@@ -133,6 +134,7 @@ __all__ = [
     "FinalProposal",
     "HumanApprovalRequired",
     "InMemoryLedger",
+    "Window",
     "Injected",
     "InvalidLedgerKey",
     "InvalidProposal",

@@ -6,6 +6,7 @@ reserves, and the stop a refusal means, is :mod:`fencepost.policy.reservations`.
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any
@@ -63,6 +64,8 @@ class BudgetExhausted(Exception):
         requested: float | None = None,
         account: str | None = None,
         busy: bool = False,
+        window: str | None = None,
+        resets_at: datetime | None = None,
     ) -> None:
         self.reason = reason
         self.axis = axis
@@ -74,7 +77,16 @@ class BudgetExhausted(Exception):
         spent (settled or charged) leaves room for the request, and reservations still in
         flight (reserved, not yet settled or released) take it. Waiting for them may let the
         request through; a refusal that is not busy stands until limits change."""
+        self.window = window
+        """The spend window that refused (its :attr:`Window.label
+        <fencepost.policy.windows.Window.label>`), or ``None`` when a plain limit did."""
+        self.resets_at = resets_at
+        """When that window next frees what it holds (UTC); ``None`` for a plain limit."""
         where = f" on account {account!r}" if account else ""
+        if window is not None:
+            where += f" in window {window!r}"
+            if resets_at is not None:
+                where += f" (frees at {resets_at.isoformat()})"
         detail = (
             f": {axis.value} limit {limit:g} would be exceeded by a request for {requested:g}{where}"
             if axis is not None and limit is not None and requested is not None
@@ -229,3 +241,56 @@ DEFAULT_TOOL_CALLS = 8
 def default_budget() -> RuntimeBudget:
     """The budget of a run whose start request names none: 8 model steps, 8 tool calls."""
     return RuntimeBudget(steps_remaining=DEFAULT_STEPS, tool_calls_remaining=DEFAULT_TOOL_CALLS)
+
+
+class BudgetStop(Frozen):
+    """Which limit stopped a run: the ledger account, the axis and, when a spend window refused,
+    which window and when it next frees usage. Carried by the stop and the stop report."""
+
+    account: str | None = None
+    """The account of the run's chain that refused (the run's own, or a parent's: a tenant's)."""
+    axis: str
+    """The axis that ran out (``"tokens"``, ``"steps"``, ...)."""
+    limit: Annotated[float, Strict(False)]
+    """The limit (of the account, or of the window) the request would have crossed."""
+    window: str | None = None
+    """The spend window that refused (``"tokens per day (Europe/Berlin)"``); ``None``: a plain
+    limit of the account did."""
+    resets_at: Annotated[datetime | None, Strict(False)] = None
+    """When that window next frees usage (UTC); ``None`` for a plain limit."""
+    own: bool = False
+    """Whether the account is the run's own (its ``RuntimeBudget``), not a parent's."""
+
+    @classmethod
+    def of(cls, exc: BudgetExhausted) -> BudgetStop | None:
+        """What ``exc`` says stopped the run; ``None`` when it names no axis or limit."""
+        if exc.axis is None or exc.limit is None:
+            return None
+        return cls(
+            account=exc.account,
+            axis=exc.axis.value,
+            limit=exc.limit,
+            window=exc.window,
+            resets_at=exc.resets_at,
+        )
+
+    def what_to_do(self) -> str | None:
+        """What to do about it: wait until the window frees usage, or raise which limit;
+        ``None`` for the run's own plain limit (the stop code's hint says it)."""
+        where = f"account {self.account!r}" if self.account else "the run's account"
+        if self.window is not None:
+            wait = (
+                f"wait until {self.resets_at.isoformat()} (when it next frees usage), or "
+                if self.resets_at is not None
+                else ""
+            )
+            return (
+                f"the {self.window} window of {where} is spent (limit {self.limit:g}): "
+                f"{wait}raise that window's limit (Window(limit=...) in its open_account)"
+            )
+        if self.own:
+            return None
+        return (
+            f"{where} ran out of {self.axis} (limit {self.limit:g}): raise that account's "
+            f"{self.axis} limit (where it is opened: ledger.open_account)"
+        )

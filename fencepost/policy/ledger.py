@@ -13,14 +13,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from enum import StrEnum
+from functools import partial
 from typing import Annotated, NamedTuple
 
 from pydantic import Field, Strict
 
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted, reason_for_axis
 from fencepost.policy.contract import Frozen, assemble
+from fencepost.policy.deadline import Clock, SystemClock
 from fencepost.policy.keys import is_claim_key
 from fencepost.policy.remembered import ApprovalScope, ScopeStore, utc
+from fencepost.policy.windows import Window, WindowUse, window_terms
 
 MAX_NAME_LENGTH = 512
 """The longest key, account name, axis, owner field or close reason a ledger takes (characters)."""
@@ -46,12 +49,19 @@ class Balance(Frozen):
     """Who the account belongs to (e.g. ``{"tenant": "acme", "principal": "u-1"}``), fixed at open."""
     closed: str | None = None
     """Why the account was closed (the first reason given), or ``None`` while it is open."""
+    windows: Annotated[tuple[WindowUse, ...], Strict(False)] = ()
+    """The account's spend windows as of the operation, in the order it was opened with."""
 
     def remaining(self, axis: str) -> float | None:
-        """What is left on ``axis``; ``None`` if the account does not limit it."""
-        if axis not in self.limits:
-            return None
-        return self.limits[axis] - self.held.get(axis, 0.0)
+        """What is left on ``axis`` (the least of its limit's and its windows' room); ``None``
+        if the account neither limits it nor has a window on it."""
+        left: float | None = None
+        if axis in self.limits:
+            left = self.limits[axis] - self.held.get(axis, 0.0)
+        for use in self.windows:
+            if use.window.axis == axis and (left is None or use.remaining < left):
+                left = use.remaining
+        return left
 
 
 class Reservation(Frozen):
@@ -108,10 +118,18 @@ class AccountClosed(Exception):
 
 
 def exhausted(
-    account: str, axis: str, limit: float, requested: float, *, busy: bool = False
+    account: str,
+    axis: str,
+    limit: float,
+    requested: float,
+    *,
+    busy: bool = False,
+    window: Window | None = None,
+    now: float | None = None,
 ) -> BudgetExhausted:
     """The ``BudgetExhausted`` for ``account`` unable to hold ``requested`` more on ``axis``
-    (``busy``: only because reservations in flight hold the room, see ``BudgetExhausted.busy``)."""
+    (``busy``: only because reservations in flight hold the room, see ``BudgetExhausted.busy``;
+    ``window``: the spend window that refused, with when it next frees as of ``now``)."""
     try:
         known = BudgetAxis(axis)
     except ValueError:
@@ -123,6 +141,8 @@ def exhausted(
         requested=requested,
         account=account,
         busy=busy,
+        window=window.label if window is not None else None,
+        resets_at=window.resets_at(now) if window is not None and now is not None else None,
     )
 
 
@@ -178,14 +198,67 @@ Terms = tuple[str | None, Mapping[str, float], Mapping[str, str]]
 """What an account is opened with: ``(parent, limits, owner)``."""
 
 
-def check_same_terms(account: str, opened: Terms, requested: Terms) -> None:
-    """Reopening ``account`` is idempotent only with the (parent, limits, owner) it was opened with."""
-    if (opened[0], dict(opened[1]), dict(opened[2])) != (
+def check_same_terms(
+    account: str,
+    opened: Terms,
+    requested: Terms,
+    opened_windows: Iterable[Window] = (),
+    requested_windows: Iterable[Window] = (),
+) -> None:
+    """Reopening ``account`` is idempotent only with the (parent, limits, owner, windows) it was
+    opened with."""
+    if (opened[0], dict(opened[1]), dict(opened[2]), tuple(opened_windows)) != (
         requested[0],
         dict(requested[1]),
         dict(requested[2]),
+        tuple(requested_windows),
     ):
         raise LedgerConflict(f"account {account!r} already open with other terms")
+
+
+def validate_windows(windows: Iterable[Window] | None) -> tuple[Window, ...]:
+    """``windows`` as a tuple, each a :class:`Window` on a valid axis name (``TypeError``,
+    ``InvalidLedgerKey``)."""
+    out = window_terms(windows)
+    for window in out:
+        validate_name(window.axis, "window axis")
+    return out
+
+
+WindowHeld = tuple[Window, float]
+"""One window of an account and what it holds at the instant of the check."""
+
+
+def check_windows(
+    chain: Iterable[tuple[str, Iterable[WindowHeld]]],
+    amounts: Mapping[str, float],
+    now: float,
+    in_flight: Mapping[str, Mapping[str, float]] | None = None,
+) -> None:
+    """Raise ``BudgetExhausted`` (naming the window) unless every window of every account of the
+    chain, nearest first, can also hold ``amounts``.
+
+    Busy when what the account's reservations in flight hold on the axis would make the room:
+    reservations in flight were made moments ago, so they are counted in the current window.
+    """
+    for account, windows in chain:
+        for window, held in windows:
+            amount = amounts.get(window.axis)
+            if amount is None or held + amount <= window.limit:
+                continue
+            flying = (in_flight or {}).get(account, {}).get(window.axis, 0.0)
+            busy = flying > 0 and held - flying + amount <= window.limit
+            raise exhausted(
+                account, window.axis, window.limit, amount, busy=busy, window=window, now=now
+            )
+
+
+def window_uses(windows: Iterable[WindowHeld], now: float) -> tuple[WindowUse, ...]:
+    """The :attr:`Balance.windows` of ``(window, held)`` pairs at ``now``."""
+    return tuple(
+        assemble(WindowUse, {"window": w, "held": held, "resets_at": w.resets_at(now)})
+        for w, held in windows
+    )
 
 
 def walk_chain(account: str, parents: Mapping[str, str | None]) -> list[str]:
@@ -354,10 +427,14 @@ class Ledger(ABC):
         *,
         parent: str | None = None,
         owner: Mapping[str, str] | None = None,
+        windows: Iterable[Window] | None = None,
     ) -> Balance:
-        """Create ``account`` (idempotent when parent, limits and owner are the same).
+        """Create ``account`` (idempotent when parent, limits, owner and windows are the same).
 
-        Reopening with other terms raises ``LedgerConflict``; an unknown parent ``UnknownAccount``.
+        ``windows`` are spend windows (:class:`~fencepost.policy.windows.Window`): limits per
+        day, per month or over a rolling duration, checked by every reservation on the account
+        or a descendant atomically with the limits. Reopening with other terms raises
+        ``LedgerConflict``; an unknown parent ``UnknownAccount``.
         """
 
     @abstractmethod
@@ -380,9 +457,15 @@ class Ledger(ABC):
         """Record the outcome; refund what was held beyond ``actual`` (default: keep it all)."""
 
     @abstractmethod
-    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+    def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
         """Record ``amounts`` already spent on ``account`` and every ancestor, past any limit and
         on a closed account alike: usage that happened is never charged nowhere.
+
+        ``of`` names the reservation (of the same account) the usage belongs to (a model step's
+        tokens beyond its hold): spend windows count it at the instant that reservation was made,
+        in its window even after a reset; without it (or for a key it does not know), now.
 
         Returns the charge as a settled reservation (idempotent by key like ``reserve``: a key
         reserved or charged before returns that one, marked ``existing``; ``LedgerConflict`` if
@@ -425,10 +508,11 @@ class Ledger(ABC):
         *,
         parent: str | None = None,
         owner: Mapping[str, str] | None = None,
+        windows: Iterable[Window] | None = None,
     ) -> Balance:
         """Async twin of :meth:`open_account`."""
         return await asyncio.to_thread(
-            self.open_account, account, limits, parent=parent, owner=owner
+            self.open_account, account, limits, parent=parent, owner=owner, windows=windows
         )
 
     async def aclose_account(self, account: str, reason: str) -> Balance:
@@ -447,9 +531,11 @@ class Ledger(ABC):
         """Async twin of :meth:`release`."""
         return await asyncio.to_thread(self.release, key)
 
-    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+    async def acharge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
         """Async twin of :meth:`charge`."""
-        return await asyncio.to_thread(self.charge, account, key, amounts)
+        return await asyncio.to_thread(partial(self.charge, account, key, amounts, of=of))
 
     async def aget(self, key: str) -> Reservation | None:
         """Async twin of :meth:`get`."""
@@ -494,6 +580,8 @@ class _Record(NamedTuple):
     amounts: dict[str, float]
     """Never handed out: every Reservation made from it gets its own copy."""
     status: ReservationStatus
+    at: float
+    """When it was made (epoch seconds): the instant its spend windows count it at."""
 
 
 # A record made from its three fields without the NamedTuple's Python-level __new__.
@@ -510,7 +598,12 @@ class InMemoryLedger(Ledger, ScopeStore):
     dict never changes the books.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self._clock: Clock = clock or SystemClock()
+        """Where the instant a reservation is counted at in spend windows comes from."""
+        self._windows: dict[str, tuple[Window, ...]] = {}
+        self._window_held: dict[str, list[dict[float, float]]] = {}
+        """Per account, per window (in order), what each bucket holds."""
         self._lock = threading.Lock()
         self._parents: dict[str, str | None] = {}
         self._limits: dict[str, dict[str, float]] = {}
@@ -533,22 +626,28 @@ class InMemoryLedger(Ledger, ScopeStore):
         *,
         parent: str | None = None,
         owner: Mapping[str, str] | None = None,
+        windows: Iterable[Window] | None = None,
     ) -> Balance:
         validate_name(account, "account")
         if parent is not None:
             validate_name(parent, "parent")
         clean = validate_amounts(limits)
         who = validate_owner(owner)
+        spans = validate_windows(windows)
         with self._lock:
             if parent is not None and parent not in self._parents:
                 raise UnknownAccount(parent)
             if account in self._parents:
                 opened = (self._parents[account], self._limits[account], self._owners[account])
-                check_same_terms(account, opened, (parent, clean, who))
+                check_same_terms(
+                    account, opened, (parent, clean, who), self._windows[account], spans
+                )
             else:
                 self._parents[account] = parent
                 self._limits[account] = clean
                 self._owners[account] = who
+                self._windows[account] = spans
+                self._window_held[account] = [{} for _ in spans]
                 self._held[account] = {}
                 self._in_flight[account] = {}
                 if type(account) is str:
@@ -617,9 +716,17 @@ class InMemoryLedger(Ledger, ScopeStore):
                 clean,
                 self._in_flight,
             )
+            now = self._chain_now(chain)
+            check_windows(
+                ((name, self._windows_held(name, now)) for name in chain if self._windows[name]),
+                clean,
+                now,
+                self._in_flight,
+            )
             self._add_held(chain, clean)
             self._add_in_flight(chain, clean)
-            stored = _new_record(_Record, (account, clean, ReservationStatus.RESERVED))
+            self._add_windows(chain, clean, now)
+            stored = _new_record(_Record, (account, clean, ReservationStatus.RESERVED, now))
             self._reservations[key] = stored
             keys = self._keys.get(account)
             if keys is None:
@@ -628,9 +735,13 @@ class InMemoryLedger(Ledger, ScopeStore):
                 keys.append(key)
             return self._out(key, stored)
 
-    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+    def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
         validate_name(account, "account")
         validate_name(key)
+        if of is not None:
+            validate_name(of)
         clean = validate_amounts(amounts)
         with self._lock:
             chain = walk_chain(account, self._parents)
@@ -638,7 +749,12 @@ class InMemoryLedger(Ledger, ScopeStore):
             if prior is None:
                 # Neither closed accounts nor limits refuse it: the usage already happened.
                 self._add_held(chain, clean)
-                prior = _new_record(_Record, (account, clean, ReservationStatus.SETTLED))
+                now = self._chain_now(chain)
+                belongs = self._reservations.get(of) if of is not None else None
+                if belongs is not None and belongs.account == account:
+                    now = belongs.at
+                self._add_windows(chain, clean, now)
+                prior = _new_record(_Record, (account, clean, ReservationStatus.SETTLED, now))
                 self._reservations[key] = prior
                 self._keys.setdefault(account, []).append(key)
                 existing = False
@@ -680,6 +796,38 @@ class InMemoryLedger(Ledger, ScopeStore):
             for axis, amount in delta.items():
                 held[axis] = held.get(axis, 0.0) + amount
 
+    def _now(self) -> float:
+        return self._clock.now().timestamp()
+
+    def _window_uses(self, account: str) -> tuple[WindowUse, ...]:
+        if not self._windows[account]:
+            return ()
+        now = self._now()
+        return window_uses(self._windows_held(account, now), now)
+
+    def _chain_now(self, chain: list[str]) -> float:
+        """Now, for a chain with windows; 0 (never read) for one without: no clock read."""
+        return self._now() if any(self._windows[name] for name in chain) else 0.0
+
+    def _windows_held(self, account: str, now: float) -> list[tuple[Window, float]]:
+        """Each window of ``account`` with what it holds at ``now`` (older buckets dropped)."""
+        out: list[tuple[Window, float]] = []
+        for window, buckets in zip(self._windows[account], self._window_held[account], strict=True):
+            since = window.since(now)
+            for old in [b for b in buckets if b < since]:
+                del buckets[old]
+            out.append((window, sum(buckets.values())))
+        return out
+
+    def _add_windows(self, chain: list[str], delta: Mapping[str, float], at: float) -> None:
+        """Count ``delta`` in the windows of the chain, in the buckets of instant ``at``."""
+        for name in chain:
+            for window, buckets in zip(self._windows[name], self._window_held[name], strict=True):
+                amount = delta.get(window.axis)
+                if amount:
+                    bucket = window.bucket(at)
+                    buckets[bucket] = buckets.get(bucket, 0.0) + amount
+
     def _add_in_flight(self, chain: list[str], delta: Mapping[str, float]) -> None:
         for name in chain:
             flying = self._in_flight[name]
@@ -690,6 +838,7 @@ class InMemoryLedger(Ledger, ScopeStore):
         """Give back ``refund`` of a reservation in flight, which lands (settled or released)."""
         chain = walk_chain(reservation.account, self._parents)
         self._add_held(chain, {axis: -amount for axis, amount in refund.items()})
+        self._add_windows(chain, {axis: -amount for axis, amount in refund.items()}, reservation.at)
         self._add_in_flight(chain, {axis: -amount for axis, amount in reservation.amounts.items()})
 
     def _stored(self, key: str) -> _Record:
@@ -706,7 +855,7 @@ class InMemoryLedger(Ledger, ScopeStore):
                 return self._out(key, reservation, existing=True)  # see existing_outcome
             refund, final = settlement(reservation.amounts, actual)
             self._refund(reservation, refund)
-            settled = _Record(reservation.account, final, ReservationStatus.SETTLED)
+            settled = _Record(reservation.account, final, ReservationStatus.SETTLED, reservation.at)
             self._reservations[key] = settled
             return self._out(key, settled)
 
@@ -740,6 +889,7 @@ class InMemoryLedger(Ledger, ScopeStore):
                 "held": dict(self._held[account]),
                 "owner": dict(self._owners[account]),
                 "closed": self._closed.get(account),
+                "windows": self._window_uses(account),
             },
         )
 
@@ -808,8 +958,9 @@ class InMemoryLedger(Ledger, ScopeStore):
         *,
         parent: str | None = None,
         owner: Mapping[str, str] | None = None,
+        windows: Iterable[Window] | None = None,
     ) -> Balance:
-        return self.open_account(account, limits, parent=parent, owner=owner)
+        return self.open_account(account, limits, parent=parent, owner=owner, windows=windows)
 
     async def aclose_account(self, account: str, reason: str) -> Balance:
         return self.close_account(account, reason)
@@ -823,8 +974,10 @@ class InMemoryLedger(Ledger, ScopeStore):
     async def arelease(self, key: str) -> Reservation:
         return self.release(key)
 
-    async def acharge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
-        return self.charge(account, key, amounts)
+    async def acharge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
+        return self.charge(account, key, amounts, of=of)
 
     async def aget(self, key: str) -> Reservation | None:
         return self.get(key)

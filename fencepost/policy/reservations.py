@@ -14,7 +14,7 @@ import math
 from enum import StrEnum
 
 from fencepost.policy.batch import Batch, BatchEntry
-from fencepost.policy.budget import BudgetAxis, BudgetExhausted, reason_for_axis
+from fencepost.policy.budget import BudgetAxis, BudgetExhausted, BudgetStop, reason_for_axis
 from fencepost.policy.effect import Effect
 from fencepost.policy.ledger import ReservationStatus
 from fencepost.policy.phase import TerminationReason
@@ -167,7 +167,7 @@ def to_reserve(batch: Batch) -> list[BatchEntry]:
 def stop_for_exhausted(exc: BudgetExhausted) -> StopRequest:
     """The stop for a reservation the ledger refused; the code names the axis that ran out."""
     axis = exc.axis.value if exc.axis is not None else "budget"
-    return stop(exc.reason, f"{axis}_exhausted")
+    return StopRequest(reason=exc.reason, error_code=f"{axis}_exhausted", budget=BudgetStop.of(exc))
 
 
 def stop_for_axis(name: str | None, *, otherwise: BudgetAxis) -> StopRequest:

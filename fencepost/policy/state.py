@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field, Strict
 
 from fencepost.policy.batch import BatchEntry
-from fencepost.policy.budget import RuntimeBudget
+from fencepost.policy.budget import BudgetStop, RuntimeBudget
 from fencepost.policy.contract import Frozen
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.manifest import StepManifest
@@ -24,6 +24,8 @@ class StopRequest(Frozen):
     reason: Annotated[TerminationReason, Strict(False)]
     answer: AnswerPayload | None = None
     error_code: str | None = None
+    budget: BudgetStop | None = None
+    """For a budget stop the ledger refused: which account, axis and window."""
 
 
 def stop(reason: TerminationReason, code: str | None = None) -> StopRequest:

@@ -27,6 +27,7 @@ from typing import Annotated, Literal, Protocol
 from pydantic import Field, Strict
 
 from fencepost.policy.batch import BatchEntry
+from fencepost.policy.budget import BudgetStop
 from fencepost.policy.contract import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
@@ -167,6 +168,8 @@ class StopReport(Frozen):
     """With ``waiting_for_input``: the one condition needed."""
     forked_from: str | None = None
     """The checkpoint the run was forked from (time travel), for a run that is a fork."""
+    budget: BudgetStop | None = None
+    """For a budget stop the ledger refused: which account, axis and spend window stopped it."""
 
     @property
     def what_to_do(self) -> str | None:
@@ -174,6 +177,8 @@ class StopReport(Frozen):
         denial, which capability to grant."""
         if self.error_code == VerdictCode.CAPABILITY_DENIED.value:
             return capability_hint(self) or what_to_do(self.error_code)
+        if self.budget is not None:
+            return self.budget.what_to_do() or what_to_do(self.error_code)
         return what_to_do(self.error_code)
 
     @property
@@ -267,13 +272,16 @@ def _safe(code: str | None) -> str | None:
     return _UNREADABLE_CODE
 
 
-def stop_report(state: Ended, *, unfinished: Sequence[BatchEntry] = ()) -> StopReport:
+def stop_report(
+    state: Ended, *, unfinished: Sequence[BatchEntry] = (), budget: BudgetStop | None = None
+) -> StopReport:
     """The stop report of a run that ended.
 
     ``unfinished`` is the batch the run was carrying out when it stopped (a terminal state no
     longer holds it): its proposals without a receipt never started, and those waiting for an
-    approval are the condition an ``approval_required`` run needs. Raises ``ValueError`` for a
-    state with no terminal reason.
+    approval are the condition an ``approval_required`` run needs. ``budget`` is what the ledger
+    said stopped it (account, axis, window). Raises ``ValueError`` for a state with no terminal
+    reason.
     """
     reason = state.termination
     if reason is None:
@@ -306,6 +314,7 @@ def stop_report(state: Ended, *, unfinished: Sequence[BatchEntry] = ()) -> StopR
         cited=tuple(c for c in (answer.citations if answer else ()) if c in done),
         waiting_for=_waiting(reason, left),
         forked_from=getattr(state, "forked_from", None),
+        budget=budget,
     )
 
 
@@ -378,6 +387,8 @@ def note_rows(report: StopReport) -> list[Row]:
     if report.waiting_for is not None:
         tools = {c.call_id: c.tool_name for c in report.never_started}
         rows.append(("waiting for", ((report.waiting_for.described(tools), "cyan"),)))
+    if report.budget is not None:
+        rows.append(("stopped by", _budget_parts(report.budget)))
     if report.kind is not StopKind.COMPLETED or report.effects_made:
         # Stopping is not undoing: say which effects are out there, or that none are.
         rows.append(("effects made", ((", ".join(report.effects_made) or "none", ""),)))
@@ -385,6 +396,17 @@ def note_rows(report: StopReport) -> list[Row]:
     if hint:
         rows.append(("what to do", ((hint, ""),)))
     return rows
+
+
+def _budget_parts(budget: BudgetStop) -> tuple[tuple[str, str], ...]:
+    own = budget.own or not budget.account
+    parts = [("the run's account" if own else f"account {budget.account}", "")]
+    if budget.window is not None:
+        parts.append((f"· window {budget.window}", "yellow"))
+    parts.append((f"· {budget.axis} limit {budget.limit:g}", ""))
+    if budget.resets_at is not None:
+        parts.append((f"· frees at {budget.resets_at.isoformat()}", "cyan"))
+    return tuple(parts)
 
 
 def report_rows(report: StopReport) -> list[Row]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from fencepost.policy.ledger import (
     LedgerConflict,
     Reservation,
 )
+from fencepost.policy.windows import Window
 
 
 @dataclass
@@ -216,9 +217,10 @@ class _ThreadRecordingLedger(Ledger):
         *,
         parent: str | None = None,
         owner: Mapping[str, str] | None = None,
+        windows: Iterable[Window] | None = None,
     ) -> Balance:
         self._seen()
-        return self.inner.open_account(account, limits, parent=parent, owner=owner)
+        return self.inner.open_account(account, limits, parent=parent, owner=owner, windows=windows)
 
     def close_account(self, account: str, reason: str) -> Balance:
         self._seen()
@@ -236,9 +238,11 @@ class _ThreadRecordingLedger(Ledger):
         self._seen()
         return self.inner.release(key)
 
-    def charge(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
+    def charge(
+        self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
+    ) -> Reservation:
         self._seen()
-        return self.inner.charge(account, key, amounts)
+        return self.inner.charge(account, key, amounts, of=of)
 
     def get(self, key: str) -> Reservation | None:
         self._seen()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from fencepost.adapters import PostgresLedger, SqliteLedger
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted
@@ -40,6 +41,7 @@ from fencepost.policy.ledger import (
 )
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.remembered import ApprovalScope, ScopeStore, matching_scope
+from fencepost.policy.windows import ROLLING_STEPS, Window
 
 Job = tuple[str, str, str, dict[str, float] | None]  # operation, account, key, amounts
 
@@ -1303,3 +1305,249 @@ def test_the_async_twins_of_the_scope_store_agree_with_the_sync_ones(ledger: Led
         assert await ledger.aapproval_scopes("acme") == []
 
     asyncio.run(go())
+
+
+# -- spend windows -----------------------------------------------------------------------------
+
+# 23:30 in Berlin (UTC+1 in winter): half an hour before its day ends, the UTC day goes on.
+LATE_IN_BERLIN = datetime(2026, 1, 1, 22, 30, tzinfo=UTC)
+
+
+@pytest.fixture
+def clocked(backend: Backend, request: pytest.FixtureRequest) -> Iterator[tuple[Ledger, FakeClock]]:
+    """The backend's ledger on a clock the test moves (what spend windows count time by)."""
+    clock = FakeClock(LATE_IN_BERLIN)
+    made: Ledger
+    if backend.name == "memory":
+        made = InMemoryLedger(clock=clock)
+    elif backend.name == "sqlite":
+        made = SqliteLedger(request.getfixturevalue("tmp_path") / "clocked.db", clock=clock)
+    else:
+        made = PostgresLedger(request.getfixturevalue("postgres_schema"), clock=clock)
+    backend.opened.append(made)
+    yield made, clock
+
+
+def _daily(axis: str = "tokens", limit: float = 1000, tz: str = "Europe/Berlin") -> Window:
+    return Window(axis=axis, limit=limit, period="day", tz=tz)
+
+
+def test_a_window_refuses_what_would_cross_it_naming_account_axis_and_window(
+    clocked: tuple[Ledger, FakeClock],
+) -> None:
+    ledger, _ = clocked
+    ledger.open_account("tenant", {}, windows=[_daily()])
+    ledger.open_account("run", {"tokens": 5000}, parent="tenant")
+    ledger.reserve("run", "a", {"tokens": 600})
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run", "b", {"tokens": 500})
+    error = caught.value
+    assert (error.account, error.axis, error.limit, error.requested) == (
+        "tenant",
+        BudgetAxis.TOKENS,
+        1000.0,
+        500.0,
+    )
+    assert error.reason is TerminationReason.STEP_BUDGET_EXHAUSTED
+    assert error.window == "tokens per day (Europe/Berlin)"
+    assert error.resets_at == datetime(2026, 1, 1, 23, 0, tzinfo=UTC)  # Berlin's midnight
+    assert error.busy is True  # "a" is in flight: settling it small may make the room
+    ledger.settle("a", {"tokens": 600})
+    with pytest.raises(BudgetExhausted) as spent_out:
+        ledger.reserve("run", "b", {"tokens": 500})
+    assert spent_out.value.busy is False
+    assert ledger.reserve("run", "c", {"tokens": 400}).status is ReservationStatus.RESERVED
+    assert ledger.balance("run").held == {"tokens": 1000.0}
+
+
+def test_a_window_that_resets_frees_its_headroom(clocked: tuple[Ledger, FakeClock]) -> None:
+    ledger, clock = clocked
+    ledger.open_account("tenant", {}, windows=[_daily()])
+    ledger.reserve("tenant", "a", {"tokens": 1000})
+    ledger.settle("a")
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("tenant", "b", {"tokens": 1})
+    clock.advance(29 * 60)  # 23:59 in Berlin: the same day
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("tenant", "b", {"tokens": 1})
+    clock.advance(2 * 60)  # 00:01 in Berlin, still 23:01 in UTC
+    assert ledger.reserve("tenant", "b", {"tokens": 1000}).status is ReservationStatus.RESERVED
+    (use,) = ledger.balance("tenant").windows
+    assert use.held == 1000.0
+    assert use.resets_at == datetime(2026, 1, 2, 23, 0, tzinfo=UTC)
+    assert ledger.balance("tenant").held == {"tokens": 2000.0}  # the account's books run on
+
+
+def test_a_month_window_resets_on_the_first_in_its_time_zone(
+    clocked: tuple[Ledger, FakeClock],
+) -> None:
+    ledger, clock = clocked
+    ledger.open_account("tenant", {}, windows=[Window(axis="cost", limit=5, period="month")])
+    ledger.reserve("tenant", "a", {"cost": 5})
+    clock.advance(24 * 3600)  # 2 January
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("tenant", "b", {"cost": 1})
+    assert caught.value.resets_at == datetime(2026, 2, 1, tzinfo=UTC)
+    clock.advance(31 * 24 * 3600)  # 2 February
+    assert ledger.reserve("tenant", "b", {"cost": 5}).status is ReservationStatus.RESERVED
+
+
+def test_a_rolling_window_frees_usage_once_it_has_aged_out_never_before(
+    clocked: tuple[Ledger, FakeClock],
+) -> None:
+    ledger, clock = clocked
+    hour = Window(axis="tool_calls", limit=2, period=timedelta(hours=1))
+    ledger.open_account("tenant", {}, windows=[hour])
+    ledger.reserve("tenant", "a", {"tool_calls": 2})
+    clock.advance(3599)
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("tenant", "b", {"tool_calls": 1})
+    assert caught.value.window == "tool_calls per rolling 1:00:00"
+    step = 3600 / ROLLING_STEPS
+    # Usage leaves in whole steps: by an hour and one step after it was made, never before.
+    freed_at = None
+    for second in range(3600, 3600 + int(step) + 2):
+        clock.advance(1)
+        try:
+            ledger.reserve("tenant", f"b{second}", {"tool_calls": 2})
+        except BudgetExhausted as error:
+            assert error.resets_at is not None and error.resets_at > clock.now()
+            continue
+        freed_at = second
+        break
+    assert freed_at is not None and 3600 < freed_at <= 3600 + step + 1
+
+
+def test_settling_after_a_reset_gives_back_in_the_window_of_the_reservation(
+    clocked: tuple[Ledger, FakeClock],
+) -> None:
+    ledger, clock = clocked
+    ledger.open_account("tenant", {}, windows=[_daily()])
+    ledger.reserve("tenant", "yesterday", {"tokens": 800})
+    clock.advance(3600)  # the next day in Berlin
+    ledger.reserve("tenant", "today", {"tokens": 900})
+    ledger.settle("yesterday", {"tokens": 100})  # 700 back, to yesterday: today gains nothing
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("tenant", "more", {"tokens": 101})
+    ledger.release("today")
+    assert ledger.balance("tenant").windows[0].held == 0.0
+    assert ledger.reserve("tenant", "more", {"tokens": 1000}).status is ReservationStatus.RESERVED
+
+
+def test_usage_charged_past_a_window_is_recorded_and_refuses_the_next_reservation(
+    clocked: tuple[Ledger, FakeClock],
+) -> None:
+    ledger, _ = clocked
+    ledger.open_account("tenant", {}, windows=[_daily()])
+    ledger.open_account("run", {}, parent="tenant")
+    ledger.reserve("run", "step-1", {"tokens": 900})
+    ledger.settle("step-1")
+    ledger.charge("run", "step-1-over", {"tokens": 300})
+    assert ledger.balance("tenant").windows[0].held == 1200.0
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run", "step-2", {"tokens": 1})
+    assert (caught.value.account, caught.value.busy) == ("tenant", False)
+
+
+def test_usage_charged_for_a_reservation_counts_in_that_reservations_window(
+    clocked: tuple[Ledger, FakeClock],
+) -> None:
+    ledger, clock = clocked
+    ledger.open_account("tenant", {}, windows=[_daily()])
+    ledger.reserve("tenant", "step-1", {"tokens": 100})
+    clock.advance(3600)  # the reply comes back the next day in Berlin
+    ledger.settle("step-1")
+    ledger.charge("tenant", "step-1-over", {"tokens": 400}, of="step-1")
+    assert ledger.balance("tenant").windows[0].held == 0.0  # all of it yesterday's
+    ledger.charge("tenant", "unattached", {"tokens": 300})
+    assert ledger.balance("tenant").windows[0].held == 300.0  # counted when it was charged
+    assert ledger.balance("tenant").held == {"tokens": 800.0}
+
+
+def test_every_window_of_the_chain_is_checked_nearest_first(
+    clocked: tuple[Ledger, FakeClock],
+) -> None:
+    ledger, _ = clocked
+    ledger.open_account("tenant", {"tokens": 10_000}, windows=[_daily(limit=500)])
+    ledger.open_account(
+        "team",
+        {},
+        parent="tenant",
+        windows=[_daily(limit=800, tz="UTC"), _daily(axis="steps", limit=3)],
+    )
+    ledger.open_account("run", {}, parent="team")
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run", "a", {"steps": 1, "tokens": 900})
+    assert (caught.value.account, caught.value.window) == ("team", "tokens per day (UTC)")
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run", "a", {"steps": 1, "tokens": 600})
+    assert (caught.value.account, caught.value.window) == (
+        "tenant",
+        "tokens per day (Europe/Berlin)",
+    )
+    ledger.reserve("run", "a", {"steps": 3, "tokens": 100})
+    with pytest.raises(BudgetExhausted) as caught:
+        ledger.reserve("run", "b", {"steps": 1})
+    assert caught.value.window == "steps per day (Europe/Berlin)"
+    assert ledger.get("b") is None  # nothing of a refused reservation is kept
+
+
+def test_an_account_reopened_with_other_windows_raises_ledger_conflict(
+    clocked: tuple[Ledger, FakeClock],
+) -> None:
+    ledger, _ = clocked
+    opened = ledger.open_account("tenant", {"tokens": 10}, windows=[_daily()])
+    assert [use.window for use in opened.windows] == [_daily()]
+    again = ledger.open_account("tenant", {"tokens": 10}, windows=[_daily()])
+    assert [use.window for use in again.windows] == [_daily()]
+    with pytest.raises(LedgerConflict):
+        ledger.open_account("tenant", {"tokens": 10})
+    with pytest.raises(LedgerConflict):
+        ledger.open_account("tenant", {"tokens": 10}, windows=[_daily(limit=999)])
+
+
+def test_a_window_left_reports_in_the_balance_and_bounds_remaining(
+    clocked: tuple[Ledger, FakeClock],
+) -> None:
+    ledger, _ = clocked
+    ledger.open_account("tenant", {"tokens": 5000}, windows=[_daily()])
+    held = ledger.reserve("tenant", "a", {"tokens": 300})
+    assert held.balance is not None
+    assert held.balance.remaining("tokens") == 700.0
+    assert ledger.balance("tenant").remaining("tokens") == 700.0
+
+
+def test_concurrent_reserves_against_a_window_of_n_let_exactly_n_through(
+    backend: Backend, ledger: Ledger
+) -> None:
+    limit = 10  # a day-long rolling window: no reset can fall inside the race
+    ledger.open_account(
+        "tenant", {}, windows=[Window(axis="tokens", limit=limit, period=timedelta(days=1))]
+    )
+    for lane in range(LANES):
+        ledger.open_account(f"run{lane}", {}, parent="tenant")
+    lanes: list[list[Job]] = [
+        [("reserve", f"run{lane}", f"lane{lane}-call{i}", {"tokens": 1}) for i in range(6)]
+        for lane in range(LANES)
+    ]
+    outcomes = [outcome for lane in backend.race(lanes) for outcome in lane]
+    assert outcomes.count("reserved") == limit
+    assert outcomes.count("exhausted:tenant:tokens") == len(outcomes) - limit
+    assert ledger.balance("tenant").windows[0].held == float(limit)
+
+
+@pytest.mark.parametrize(
+    ("terms", "field"),
+    [
+        ({"period": "week"}, "period"),
+        ({"period": timedelta(0)}, "period"),
+        ({"tz": "Mars/Olympus"}, "tz"),
+        ({"limit": -1}, "limit"),
+    ],
+)
+def test_a_bad_window_is_refused_when_it_is_built_naming_the_field(
+    terms: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Window.model_validate({"axis": "tokens", "limit": 10, "period": "day", **terms})
+    assert {str(error["loc"][0]) for error in caught.value.errors()} == {field}

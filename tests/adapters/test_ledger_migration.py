@@ -190,7 +190,7 @@ def _version_4() -> ModuleType:
     class PostgresLedgerV4(module.PostgresLedger):  # type: ignore[misc,name-defined]
         """The old class under today's port, which has since grown ``charge``."""
 
-        def charge(self, account: str, key: str, amounts: Any) -> Any:
+        def charge(self, account: str, key: str, amounts: Any, *, of: Any = None) -> Any:
             raise NotImplementedError("version 4 had no charge")
 
     module.PostgresLedger = PostgresLedgerV4

@@ -58,6 +58,7 @@ def test_an_assembled_ledger_record_is_what_validation_makes(
         "held": held,
         "owner": {"tenant": "t"},
         "closed": None,
+        "windows": (),
     }
     balance = assemble(Balance, dict(values))
     assert_same_record(balance, Balance.model_validate(values))
@@ -74,7 +75,14 @@ def test_an_assembled_ledger_record_is_what_validation_makes(
 
 
 def test_copies_sharing_a_field_set_never_change_each_other() -> None:
-    values = {"account": "a", "parent": None, "limits": {}, "held": {}, "owner": {}}
+    values = {
+        "account": "a",
+        "parent": None,
+        "limits": {},
+        "held": {},
+        "owner": {},
+        "windows": (),
+    }
     first = assemble(Balance, {**values, "closed": None})
     second = assemble(Balance, {**values, "closed": None})
     pydantic_copy = BaseModel.model_copy(first, update={"closed": "done"})
