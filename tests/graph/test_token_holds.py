@@ -327,3 +327,38 @@ def test_a_run_under_way_is_not_starved_by_runs_that_start_while_its_tool_runs(
     assert len(done) == 1
     assert {s.run_id for s in done} | {head.run_id} == set(model.asked)
     assert ledger.balance(TENANT).held["tokens"] == 400
+
+
+def test_a_run_paused_under_way_keeps_room_for_its_next_step_only_until_its_deadline(
+    ledger: fp.Ledger,
+) -> None:
+    # A run takes a step and pauses for an approval nobody gives. Until its deadline the pool
+    # keeps room for its next step, then no longer: a run that starts meanwhile waits that
+    # long, not for the paused run to end (it may never), and completes.
+    ledger.open_account(TENANT, {"tokens": 2 * 2 * 100})
+
+    class Model(StepsModel):
+        async def decide(self, inp: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.Decided:
+            if inp.question != "write":
+                return await super().decide(inp, deadline=deadline)
+            with self.lock:
+                self.asked.append(inp.run_id)
+            decision = call("write_note", note="n")
+            return fp.Decided(decision=decision, input_tokens=50, output_tokens=50)
+
+    model = Model(100, steps=2)
+    graph = fp.build_agent_graph(
+        make_registry(Calls()), model, ledger=ledger, tokens_per_step=200, approval="interrupt"
+    ).compile(checkpointer=InMemorySaver())
+    paused_ctx = context(seconds=0.5).model_copy(update={"budget_account": TENANT})
+    paused = graph.invoke(fp.start("write", budget()), thread(), context=paused_ctx)
+    assert "__interrupt__" in paused  # paused under way, holding nothing in flight
+    later = fp.run_output(
+        graph.invoke(
+            fp.start("q", budget()),
+            thread(),
+            context=context(seconds=10).model_copy(update={"budget_account": TENANT}),
+        )
+    )
+    assert later.termination is fp.TerminationReason.COMPLETED, later.last_error_code
+    assert ledger.balance(TENANT).held["tokens"] == 300
