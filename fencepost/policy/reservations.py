@@ -179,8 +179,8 @@ def first_step_admitted(asked: Mapping[str, float], shares: Iterable[PoolShare])
     admitted = True
     for share in shares:
         want = asked.get(share.axis, 0.0)
-        if want <= 0:
-            continue
+        if want <= 0 or share.under_way <= 0:
+            continue  # nothing kept there: whether it fits is the ledger's to say
         if want > share.unspent:
             return True
         if share.unspent - share.held - want < share.under_way:
