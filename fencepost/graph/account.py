@@ -376,6 +376,33 @@ async def left_on(io: NodeIO, state: AgentState, ctx: RunContext, axis: BudgetAx
     return least
 
 
+async def chain_pools(
+    io: NodeIO, ctx: RunContext, axes: Sequence[str]
+) -> list[tuple[str, dict[str, tuple[float, float]]]]:
+    """The accounts a run's account is funded by (``ctx.budget_account`` and up its parents),
+    nearest first, each with what it has not spent and what is in flight on each of ``axes``
+    it limits: the pool runs share. An account that cannot be read ends the walk (the
+    reservation is what the ledger checks)."""
+    pools: list[tuple[str, dict[str, tuple[float, float]]]] = []
+    name = ctx.budget_account
+    for _ in range(_MAX_CHAIN):
+        if name is None:
+            break
+        try:
+            balance = await io.balance(name)
+            limited = [axis for axis in axes if axis in balance.limits]
+            flying = await io.in_flight(name) if limited else {}
+        except (UnknownAccount, ValueError):
+            break
+        facts: dict[str, tuple[float, float]] = {}
+        for axis in limited:
+            held = flying.get(axis, 0.0)
+            facts[axis] = (balance.limits[axis] - balance.held.get(axis, 0.0) + held, held)
+        pools.append((name, facts))
+        name = balance.parent
+    return pools
+
+
 def with_budget_view(state: AgentState, balance: Balance | None) -> AgentState:
     """``state`` with its budget view rewritten from the ledger's balance of the run account."""
     if balance is None:

@@ -115,7 +115,9 @@ def build_agent_graph(
       cap (4,096 when neither gives one) — capped at what the run and its parent accounts have
       not spent; never all that is left. Busy is not exhausted: a step refused only because
       other steps in flight hold the room waits for them (runs under way first, then first
-      come; at most 60 s and never past the deadline), and a run ends ``tokens_exhausted``
+      come; at most 60 s and never past the deadline); a new run's first step waits until it
+      leaves room for one step estimate of each run under way, so work under way finishes
+      before new work takes the pool; and a run ends ``tokens_exhausted``
       only when what was spent leaves no room. The step is then charged what the model reports
       (past the limit too: the run then ends ``tokens_exhausted``), or, when it reports nothing
       plausible, the count of the text it was sent and wrote — never the hold. Concurrent runs

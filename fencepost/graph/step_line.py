@@ -9,6 +9,18 @@ process sharing its ledger reserves only if no step ahead of it waits. The line 
 object and process; steps of other processes are not in it, and take the room when they find
 it (a waiting step asks the ledger again after each pause).
 
+Runs under way: a run that has taken a model step is under way on its ledger's line until it
+ends (the terminal node calls :func:`run_ended`), and a new run's first step asks the ledger
+only when ``reservations.first_step_admitted`` says its hold leaves room for one step estimate
+of each run under way under the accounts it shares with them; else it waits in the line, new
+runs in the order they came. So room a settling step frees goes to the next step of the work
+under way, not to a newcomer's first. A run still getting its first hold is counted by the
+newcomers after it (its hold and its next step), so newcomers that look at once do not all
+take the same room. What a run keeps is bounded: it lapses at the run's deadline, and
+:data:`~fencepost.policy.reservations.MAX_STEP_WAIT_SECONDS` after the model timeout past its
+latest step, so a crashed, abandoned or long-paused run (an approval) cannot pin the pool;
+its next step keeps it again. Runs under way in other processes are not counted.
+
 A sync graph pauses its thread (``time.sleep``), an async one its task (``asyncio.sleep``):
 neither spins.
 """
@@ -17,22 +29,44 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 
-from fencepost.graph.account import account_of, reserve_or_exhausted
+from fencepost.graph.account import account_of, chain_pools, reserve_or_exhausted
 from fencepost.graph.node_io import NodeIO
 from fencepost.policy import AgentState, BudgetAxis, BudgetExhausted, Reservation, StopRequest
 from fencepost.policy.context import RunContext
 from fencepost.policy.ledger import Ledger
 from fencepost.policy.reservations import (
+    MAX_STEP_WAIT_SECONDS,
+    PoolShare,
     after_step_refused,
+    first_step_admitted,
     step_amounts,
     step_wait,
     stop_for_exhausted,
 )
 
-__all__ = ["hold_step"]
+__all__ = ["hold_step", "run_ended"]
+
+_AXES = (BudgetAxis.TOKENS.value, BudgetAxis.MONEY.value)
+"""The axes a step holds an estimate on (its hold's tokens, then money)."""
+
+
+class _Run:
+    """A run under way (or, ``first``, getting its first hold) on a line."""
+
+    __slots__ = ("chain", "first", "hold", "order", "until")
+
+    def __init__(
+        self, order: int, chain: frozenset[str], hold: tuple[int, int], until: float, first: bool
+    ) -> None:
+        self.order = order
+        self.chain = chain
+        self.hold = hold
+        self.until = until
+        self.first = first
 
 
 class _Line:
@@ -43,6 +77,7 @@ class _Line:
         self._order = itertools.count()
         self._waiting: dict[int, tuple[int, int]] = {}
         """ticket -> (0 for a run under way, 1 for a new one; when it joined)."""
+        self._runs = {}
 
     def join(self, under_way: bool) -> int:
         with self._lock:
@@ -67,6 +102,61 @@ class _Line:
         with self._lock:
             return any(place[0] <= kind for place in self._waiting.values())
 
+    # Runs under way, by their ledger account's name: the ledger's own identity for the run.
+    _runs: dict[str, _Run]
+
+    def known(self, account: str) -> bool:
+        with self._lock:
+            return account in self._runs
+
+    def counted(
+        self, account: str, chain: frozenset[str], hold: tuple[int, int], until: float
+    ) -> dict[str, tuple[float, float]]:
+        """Count ``account``'s run as getting its first hold (once: its place stays), and the
+        room kept, per account of ``chain``, for the runs under way and those getting their
+        first hold before it (tokens, money)."""
+        now = time.monotonic()
+        with self._lock:
+            mine = self._runs.get(account)
+            if mine is None:
+                mine = self._runs[account] = _Run(next(self._order), chain, hold, until, True)
+            else:
+                mine.hold, mine.until = hold, until
+            kept: dict[str, tuple[float, float]] = {}
+            for name, run in list(self._runs.items()):
+                if run.until <= now:
+                    del self._runs[name]
+                    continue
+                if run is mine or (run.first and run.order > mine.order):
+                    continue
+                times = 2 if run.first else 1
+                for shared in run.chain & chain:
+                    tokens, money = kept.get(shared, (0.0, 0.0))
+                    kept[shared] = (tokens + times * run.hold[0], money + times * run.hold[1])
+            return kept
+
+    def under_way(
+        self, account: str, chain: frozenset[str] | None, hold: tuple[int, int], until: float
+    ) -> None:
+        """``account``'s run took a step holding ``hold``: under way until ``until``
+        (``chain``: the accounts above it, ``None`` when it is known already)."""
+        with self._lock:
+            run = self._runs.get(account)
+            if run is None:
+                if not chain:
+                    return  # it shares no pool: nothing to keep for it
+                now = time.monotonic()
+                for name in [name for name, other in self._runs.items() if other.until <= now]:
+                    del self._runs[name]  # lapsed: a crashed or abandoned run's
+                run = self._runs[account] = _Run(next(self._order), chain, hold, until, False)
+            run.hold, run.until, run.first = hold, until, False
+
+    def gone(self, account: str, *, only_first: bool = False) -> None:
+        with self._lock:
+            run = self._runs.get(account)
+            if run is not None and (run.first or not only_first):
+                del self._runs[account]
+
 
 # Per ledger object (never per name a caller chooses); gone with the ledger.
 _LINES: weakref.WeakKeyDictionary[Ledger, _Line] = weakref.WeakKeyDictionary()
@@ -81,6 +171,23 @@ def _line(ledger: Ledger) -> _Line:
         return line
 
 
+def run_ended(ledger: Ledger, account: str) -> None:
+    """The run of ``account`` ended: it is no longer under way on ``ledger``'s line."""
+    with _LINES_LOCK:
+        line = _LINES.get(ledger)
+    if line is not None:
+        line.gone(account)
+
+
+def _kept_until(io: NodeIO, deadline_left: float | None) -> float:
+    """When what a run under way keeps lapses, read on ``time.monotonic``: its deadline, or
+    the longest its step may take and then the longest a step may wait, from now."""
+    lasts = io.cfg.model_timeout_seconds + MAX_STEP_WAIT_SECONDS
+    if deadline_left is not None:
+        lasts = min(lasts, deadline_left)
+    return time.monotonic() + lasts
+
+
 async def hold_step(
     io: NodeIO,
     state: AgentState,
@@ -91,12 +198,15 @@ async def hold_step(
     """Reserve a model step under ``key``, holding what ``hold`` says (tokens, by
     ``reservations.step_hold``, and money's micro-units, by ``pricing.step_money_hold``, of the
     facts it gathers, read again after every refusal), waiting its turn and for steps in flight
-    while the ledger says it is busy; the reservation, or the stop its refusal means, and the
-    tokens and money held."""
+    while the ledger says it is busy, and, for a new run's first step, for runs under way to
+    take theirs (``reservations.first_step_admitted``); the reservation, or the stop its
+    refusal means, and the tokens and money held."""
     line = _line(io.ledger)
     account = account_of(state)
     under_way = state.step > 0
     ticket: int | None = None
+    chain: frozenset[str] | None = None
+    held_step = False
     waited, attempt = 0.0, 0
     clock = io.cfg.clock
     try:
@@ -114,8 +224,34 @@ async def hold_step(
                     waited, attempt = waited + pause, attempt + 1
                     continue
                 # waited as long as it may: it asks the ledger, out of turn, once
+            if any(estimate) and chain is None and not (under_way and line.known(account)):
+                chain = frozenset(name for name, _ in await chain_pools(io, ctx, _AXES))
+            if not under_way and any(estimate) and chain:
+                kept = line.counted(account, chain, estimate, _kept_until(io, deadline_left))
+                # Read after counting: a run counted as under way took its hold before, so the
+                # hold is in what is read; one still getting it is counted with it.
+                pools = await chain_pools(io, ctx, _AXES)
+                shares = [
+                    PoolShare(name, axis, unspent, flying, kept.get(name, (0.0, 0.0))[n])
+                    for name, facts in pools
+                    for n, axis in enumerate(_AXES)
+                    if axis in facts
+                    for unspent, flying in (facts[axis],)
+                ]
+                if not first_step_admitted(step_amounts(*estimate), shares):
+                    pause = step_wait(waited=waited, attempt=attempt, deadline_left=deadline_left)
+                    if pause is not None:
+                        if ticket is None:
+                            ticket = line.join(under_way)
+                        await io.pause(pause)
+                        waited, attempt = waited + pause, attempt + 1
+                        continue
+                    # waited as long as it may: it asks the ledger, out of turn, once
             held = await reserve_or_exhausted(io, state, ctx, key, step_amounts(*estimate))
             if not isinstance(held, BudgetExhausted):
+                if any(estimate):
+                    line.under_way(account, chain, estimate, _kept_until(io, deadline_left))
+                    held_step = True
                 return held, estimate
             on = 1 if held.axis is BudgetAxis.MONEY else 0
             pause = after_step_refused(
@@ -137,3 +273,6 @@ async def hold_step(
     finally:
         if ticket is not None:
             line.leave(ticket)
+        if not held_step:
+            # A new run that got no step is not under way: the room counted for it is free.
+            line.gone(account, only_first=True)

@@ -18,6 +18,7 @@ from fencepost.graph.endings import (
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import Update
 from fencepost.graph.state import load_state, new_run_state, request_from
+from fencepost.graph.step_line import run_ended
 from fencepost.graph.trace import manifest, recorded
 from fencepost.graph.writes import step_writes
 from fencepost.policy import (
@@ -75,6 +76,8 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     # A completed stop is judged by the ledger's completion markers, not by receipts in state.
     completed = asked.reason is TerminationReason.COMPLETED and asked.answer is not None
     account = account_of(current)
+    # Ended, whoever owns it: the room kept for its next step goes to runs waiting.
+    run_ended(io.ledger, account)
     mine = await owned(io, account, ctx, current.run_id)
     if mine:
         current = await receipt_started(io, current, account)

@@ -11,7 +11,9 @@ This module says what is reserved and what the ledger's answers mean; the graph'
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
+from typing import NamedTuple
 
 from fencepost.policy.batch import Batch, BatchEntry
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted, BudgetStop, reason_for_axis
@@ -136,6 +138,54 @@ def after_step_refused(
     if refused.axis in (BudgetAxis.TOKENS, BudgetAxis.MONEY) and 0 < hold_now < asked:
         return 0.0
     return None
+
+
+class PoolShare(NamedTuple):
+    """What a new run's first step finds on one axis of one account of its chain (facts the
+    graph gathers from the ledger and from the runs under way in its process)."""
+
+    account: str
+    axis: str
+    unspent: float
+    """The limit less what was spent (settled, or charged)."""
+    held: float
+    """What reservations in flight hold."""
+    under_way: float
+    """The room kept for runs under way under this account: one step estimate of each (and,
+    for a run still getting its first hold, that hold too, which may not be in ``held`` yet)."""
+
+
+def first_step_admitted(asked: Mapping[str, float], shares: Iterable[PoolShare]) -> bool:
+    """Whether a new run's first step, holding ``asked``, may ask the ledger now, or waits (as
+    :func:`step_wait` says) for runs under way to take their steps.
+
+    Work under way finishes before new work takes the pool: a run that has taken a step is
+    under way until it ends, and a new run starts only when its hold leaves room, on every
+    account and axis that limits it, for one step estimate of each run under way there
+    (``PoolShare.under_way``, counted besides what their steps in flight hold: what a step
+    spends of its hold is gone, and its run's next step needs room of its own). A run under way
+    whose remaining steps together spend no more than one estimate is never starved by a
+    newcomer (one whose remaining steps spend more can be: how many steps a run takes is not
+    known before it ends). A step the chain's *spending* leaves no room
+    for asks at once: the ledger refuses it and the run ends exhausted (waiting frees nothing).
+
+    >>> first_step_admitted({"tokens": 200}, [PoolShare("t", "tokens", 900, 200, 200)])
+    True
+    >>> first_step_admitted({"tokens": 200}, [PoolShare("t", "tokens", 500, 200, 200)])
+    False
+    >>> first_step_admitted({"tokens": 200}, [PoolShare("t", "tokens", 100, 0, 200)])
+    True
+    """
+    admitted = True
+    for share in shares:
+        want = asked.get(share.axis, 0.0)
+        if want <= 0 or share.under_way <= 0:
+            continue  # nothing kept there: whether it fits is the ledger's to say
+        if want > share.unspent:
+            return True
+        if share.unspent - share.held - want < share.under_way:
+            admitted = False
+    return admitted
 
 
 def first_step_amounts(tokens_per_step: int) -> dict[str, float]:

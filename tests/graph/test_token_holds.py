@@ -172,18 +172,20 @@ def test_a_model_that_reports_no_usage_is_charged_the_text_it_was_sent_and_wrote
 
 
 def test_concurrent_runs_overshoot_a_token_limit_by_at_most_each_in_flight_replys_excess() -> None:
-    # Each step's reply runs 500 tokens past its estimate. Three estimates fit the pool at
-    # once, so three steps fly together: their reports are charged in full (past the limit),
-    # and the limit is crossed by no more than what each in-flight step wrote beyond its hold.
+    # Each step's reply runs a whole pool past its estimate. The pool has room for five
+    # estimates: three first steps, each leaving room for the next step of the runs started
+    # before it, so three steps fly together: their reports are charged in full (past the
+    # limit), and the limit is crossed by no more than what each in-flight step wrote beyond
+    # its hold.
     ledger = fp.InMemoryLedger()
-    beyond = 500
     cap = 10
     probe = TwoStepModel(0, steps=1)
     fp.build_agent_graph(make_registry(Calls()), probe, ledger=ledger).compile(
         checkpointer=InMemorySaver()
     ).invoke(fp.start("q", budget()), thread(), context=context())
     estimate = sent(probe.inputs[0]) + cap
-    pool = 3 * estimate
+    pool = 5 * estimate
+    beyond = pool  # each reply alone crosses the limit
     ledger.open_account(TENANT, {"tokens": pool})
     model = TwoStepModel(estimate + beyond, steps=1, wait=0.1)
     graph = fp.build_agent_graph(
@@ -207,3 +209,156 @@ def test_concurrent_runs_overshoot_a_token_limit_by_at_most_each_in_flight_reply
     assert flew == 3  # only the holds that fit went out; the rest found the pool spent
     # The charge that crossed the limit ends each run that made it; the rest are refused.
     assert {s.last_error_code for s in states} == {"tokens_exhausted"}
+
+
+class StepsModel:
+    """``steps`` model steps a run: a call (a new one each step) until the last, which answers
+    citing the latest result; reports ``tokens`` a step. Each call yields, so runs overlap."""
+
+    def __init__(self, tokens: int, *, steps: int) -> None:
+        self.tokens = tokens
+        self.steps = steps
+        self.lock = threading.Lock()
+        self.asked: list[str] = []
+        """The run id of every step the model was asked for."""
+
+    async def decide(self, inp: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.Decided:
+        with self.lock:
+            self.asked.append(inp.run_id)
+        await asyncio.sleep(0.005)
+        done = len(inp.observations)
+        decision: Any = final_citing_last(inp) if done + 1 >= self.steps else call(n=done + 1)
+        half = self.tokens // 2
+        return fp.Decided(decision=decision, input_tokens=half, output_tokens=self.tokens - half)
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_runs_under_way_finish_before_new_runs_take_a_small_pool(
+    ledger: fp.Ledger, steps: int
+) -> None:
+    # Twelve runs start at once on a pool that pays for three whole runs (100 tokens a step).
+    # Each step holds its input plus an output cap of 200: more than a step reports, so what a
+    # run under way needs next is covered by the room kept for it. The pool completes exactly
+    # three runs, and no run the model was asked for is left unfinished (a run that spends a
+    # step and is then starved wastes what it spent).
+    whole = 3
+    ledger.open_account(TENANT, {"tokens": whole * steps * 100})
+    model = StepsModel(100, steps=steps)
+
+    @fp.tool(effect="read", capability="logs:read", timeout_seconds=10)
+    async def search_logs(query: str) -> dict[str, Any]:
+        """Search logs (a while: room freed meanwhile is what newcomers would take)."""
+        await asyncio.sleep(0.03)
+        return {"hits": [query]}
+
+    graph = fp.build_agent_graph(
+        fp.ToolRegistry([search_logs]), model, ledger=ledger, tokens_per_step=200
+    ).compile(checkpointer=InMemorySaver())
+
+    async def all_twelve() -> list[dict[str, Any]]:
+        return await asyncio.gather(
+            *(
+                graph.ainvoke(fp.start("q", budget()), thread(), context=tenant_context())
+                for _ in range(12)
+            )
+        )
+
+    states = [fp.run_output(out) for out in asyncio.run(all_twelve())]
+    completed = [s for s in states if s.termination is fp.TerminationReason.COMPLETED]
+    assert len(completed) == whole
+    assert all(s.last_error_code == "tokens_exhausted" for s in states if s not in completed)
+    started = set(model.asked)
+    assert started == {s.run_id for s in completed}  # every run under way finished
+    assert len(model.asked) == whole * steps
+    assert ledger.balance(TENANT).held["tokens"] == whole * steps * 100
+
+
+def test_a_run_under_way_is_not_starved_by_runs_that_start_while_its_tool_runs(
+    ledger: fp.Ledger,
+) -> None:
+    # A run takes its first step, then its tool blocks. Three runs start meanwhile, in threads
+    # (the sync graph, whose waits sleep). The pool pays for two whole runs: the run under way
+    # keeps the room for its next step, so it finishes, and one newcomer after it.
+    ledger.open_account(TENANT, {"tokens": 2 * 2 * 100})
+    release = threading.Event()
+    newcomers_asked = threading.Event()
+    first: list[str] = []
+
+    class Model(StepsModel):
+        async def decide(self, inp: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.Decided:
+            decided = await super().decide(inp, deadline=deadline)
+            with self.lock:
+                if len({r for r in self.asked if r not in first}) >= 2:
+                    newcomers_asked.set()
+            return decided
+
+    model = Model(100, steps=2)
+
+    @fp.tool(effect="read", capability="logs:read", timeout_seconds=10)
+    def search_logs(query: str) -> dict[str, Any]:
+        """Search logs (the first run's search waits until newcomers had their chance)."""
+        if not first:
+            first.append(model.asked[0])
+            release.wait(5)
+        return {"hits": [query]}
+
+    graph = fp.build_agent_graph(
+        fp.ToolRegistry([search_logs]), model, ledger=ledger, tokens_per_step=200
+    ).compile(checkpointer=InMemorySaver())
+
+    def one(_: int) -> fp.AgentState:
+        return fp.run_output(
+            graph.invoke(fp.start("q", budget()), thread(), context=tenant_context())
+        )
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        under_way = pool.submit(one, 0)
+        while not first:
+            threading.Event().wait(0.01)
+        later = [pool.submit(one, n) for n in range(1, 4)]
+        # Newcomers that could take the pool do so at once; give them the chance, then let
+        # the first run's tool return.
+        newcomers_asked.wait(1.0)
+        release.set()
+        head = under_way.result()
+        rest = [f.result() for f in later]
+    assert head.termination is fp.TerminationReason.COMPLETED, head.last_error_code
+    done = [s for s in rest if s.termination is fp.TerminationReason.COMPLETED]
+    assert len(done) == 1
+    assert {s.run_id for s in done} | {head.run_id} == set(model.asked)
+    assert ledger.balance(TENANT).held["tokens"] == 400
+
+
+def test_a_run_paused_under_way_keeps_room_for_its_next_step_only_until_its_deadline(
+    ledger: fp.Ledger,
+) -> None:
+    # A run takes a step and pauses for an approval nobody gives. Until its deadline the pool
+    # keeps room for its next step, then no longer: a run that starts meanwhile waits that
+    # long, not for the paused run to end (it may never), and completes.
+    ledger.open_account(TENANT, {"tokens": 2 * 2 * 100})
+
+    class Model(StepsModel):
+        async def decide(self, inp: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.Decided:
+            if inp.question != "write":
+                return await super().decide(inp, deadline=deadline)
+            with self.lock:
+                self.asked.append(inp.run_id)
+            decision = call("write_note", note="n")
+            return fp.Decided(decision=decision, input_tokens=50, output_tokens=50)
+
+    model = Model(100, steps=2)
+    graph = fp.build_agent_graph(
+        make_registry(Calls()), model, ledger=ledger, tokens_per_step=200, approval="interrupt"
+    ).compile(checkpointer=InMemorySaver())
+    paused_ctx = context(seconds=0.5).model_copy(update={"budget_account": TENANT})
+    paused = graph.invoke(fp.start("write", budget()), thread(), context=paused_ctx)
+    assert "__interrupt__" in paused  # paused under way, holding nothing in flight
+    later = fp.run_output(
+        graph.invoke(
+            fp.start("q", budget()),
+            thread(),
+            context=context(seconds=10).model_copy(update={"budget_account": TENANT}),
+        )
+    )
+    assert later.termination is fp.TerminationReason.COMPLETED, later.last_error_code
+    assert ledger.balance(TENANT).held["tokens"] == 300

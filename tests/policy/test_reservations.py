@@ -30,9 +30,11 @@ from fencepost.policy.budget import budget_view
 from fencepost.policy.reservations import (
     DEFAULT_OUTPUT_TOKENS,
     Claim,
+    PoolShare,
     answered_before,
     call_amounts,
     claim,
+    first_step_admitted,
     first_step_amounts,
     step_amounts,
     step_hold,
@@ -305,3 +307,21 @@ def test_a_released_attempt_or_one_settled_before_a_later_step_was_answered() ->
     # Settled in the latest step: a crash lost the result, the claim goes on.
     assert not answered_before(ReservationStatus.SETTLED, run_went_on=False)
     assert not answered_before(ReservationStatus.RESERVED, run_went_on=True)
+
+
+def test_a_new_runs_first_step_leaves_room_for_one_step_of_each_run_under_way() -> None:
+    asked = {"tokens": 200.0}
+    # 900 unspent, 200 in flight, 200 kept for runs under way: 500 left after this hold.
+    assert first_step_admitted(asked, [PoolShare("t", "tokens", 900, 200, 200)])
+    # 500 unspent, 200 in flight: this hold would leave 100, less than the 200 kept.
+    assert not first_step_admitted(asked, [PoolShare("t", "tokens", 500, 200, 200)])
+    # Any account of the chain that keeps too little makes it wait.
+    assert not first_step_admitted(
+        asked,
+        [PoolShare("t", "tokens", 10_000, 0, 0), PoolShare("org", "tokens", 300, 0, 200)],
+    )
+    # Nothing under way: the ledger alone answers; spending that leaves no room is its refusal.
+    assert first_step_admitted(asked, [PoolShare("t", "tokens", 250, 200, 0)])
+    assert first_step_admitted(asked, [PoolShare("t", "tokens", 100, 0, 500)])
+    # An axis the step holds nothing on is not its concern.
+    assert first_step_admitted(asked, [PoolShare("t", "money", 0, 0, 10)])
