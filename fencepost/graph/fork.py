@@ -14,9 +14,9 @@ thread's latest (time travel; Studio's "edit and rerun"). The compiled graph rec
   node, as for any new input), on an account named from the fork too.
 
 The run the fork branches from keeps its checkpoints, its account and its ending. A call id it
-ran, or may have, never runs on the fork: the execute node claims each call id for the thread
-(``keys.claim_key``) before its first attempt, and a claim another run of the thread holds is
-reported ``uncertain``, never run again.
+ran, or may have, never runs on the fork: the execute node claims each call id for its run on
+the thread (``keys.claim_key``; a fork keeps its run's id) before its first attempt, and a claim
+another branch holds is reported ``uncertain``, never run again.
 """
 
 from __future__ import annotations
