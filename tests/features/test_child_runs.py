@@ -559,6 +559,9 @@ def test_cancelling_the_parent_blocks_new_children_and_keeps_the_started_ones_id
                 fp.start("q", fp.RuntimeBudget(steps_remaining=10, tool_calls_remaining=10)),
                 config,
                 context=ctx,
+                # cancel finds the run through the thread's checkpoints, which the default
+                # durability saves in the background: on a busy machine they may lag the tool
+                durability="sync",
             )
         )
     )

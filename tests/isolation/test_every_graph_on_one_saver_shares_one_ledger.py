@@ -131,7 +131,14 @@ def test_a_cancel_through_a_second_graph_stops_the_run_before_its_next_tool(
     runner = threading.Thread(
         target=lambda: outcome.append(
             fp.run_output(
-                running.invoke(fp.start("q", budget(steps=10, tools=6)), config, context=owner)
+                running.invoke(
+                    fp.start("q", budget(steps=10, tools=6)),
+                    config,
+                    context=owner,
+                    # cancel finds a run through its thread's checkpoints; saved in the
+                    # background (the default), the first may not be there yet on a busy machine
+                    durability="sync",
+                )
             )
         )
     )
