@@ -15,6 +15,7 @@ PUBLIC = {
     "create_agent",
     "FencepostMiddleware",
     "build_agent_graph",
+    "LoopSettings",
     "GraphConfigError",
     "ScriptedDecisionModel",
     "ChatModelDecider",

@@ -5,7 +5,7 @@ from fencepost.graph.cancel import CancelRefused, NestedRunUnreachable, acancel,
 from fencepost.graph.compiled import CommandRefused
 from fencepost.graph.context import RunContext
 from fencepost.graph.serde import fencepost_serializer
-from fencepost.graph.settings import GraphConfigError
+from fencepost.graph.settings import GraphConfigError, LoopSettings
 from fencepost.graph.state import (
     GraphState,
     InputState,
@@ -24,6 +24,7 @@ __all__ = [
     "GraphState",
     "InputState",
     "LayoutRefused",
+    "LoopSettings",
     "NestedRunUnreachable",
     "NoRun",
     "RunContext",
