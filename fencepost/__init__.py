@@ -41,7 +41,6 @@ from fencepost.graph import (
     acancel,
     build_agent_graph,
     cancel,
-    fencepost_serializer,
     run_output,
     start,
 )
@@ -159,7 +158,6 @@ __all__ = [
     "child_run_tool",
     "create_agent",
     "current_receipts",
-    "fencepost_serializer",
     "open_checkpointer",
     "run_output",
     "start",

@@ -86,7 +86,6 @@ PUBLIC = {
     "Window",
     "open_checkpointer",
     "aopen_checkpointer",
-    "fencepost_serializer",
 }
 
 

@@ -14,7 +14,6 @@ the same keywords either way.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Unpack, overload
 
@@ -64,7 +63,6 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> ToolSpec: ...
 
@@ -88,7 +86,6 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
@@ -111,7 +108,6 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> Any:
     """A :class:`ToolSpec`: what a tool does (``effect``), who may call it (``capability``), how
@@ -127,7 +123,7 @@ def tool(
 
     ``effect`` and ``capability`` have no safe default: without them a one-sentence error says
     what is missing. ``approval_right`` and ``four_eyes`` say who may answer the tool's
-    approval (see ``ToolSpec``). ``timeout=`` is the old name of ``timeout_seconds=`` (a DeprecationWarning).
+    approval (see ``ToolSpec``).
     ``inject`` and ``tool_exception_code`` are a LangChain tool's (what ``tool_spec`` does with
     them); a function marks its injected parameters ``Annotated[T, fp.Injected("name")]`` and
     raises :class:`~fencepost.policy.ToolError` for a code of its own, so given for a function
@@ -151,14 +147,6 @@ def tool(
                 f"LangChain tool {label!r} needs {needs}, which have no safe default: write "
                 f"fp.tool({label}, effect='read', capability='...') with your own values"
             )
-        if timeout is not None:
-            warnings.warn(
-                "fp.tool(timeout=...) is deprecated: write timeout_seconds= (the same name "
-                "ToolSpec and tool_spec take)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            timeout_seconds = timeout
         assert effect is not None and capability is not None
         return tool_spec(
             fn,
@@ -205,7 +193,6 @@ def tool(
         repeat_limit=repeat_limit,
         approval_right=approval_right,
         four_eyes=four_eyes,
-        timeout=timeout,
         needs_approval=needs_approval,
     )
 
