@@ -32,6 +32,7 @@ from fencepost.policy import (
 )
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
+from fencepost.policy.catalog import ToolCatalog
 from fencepost.policy.denial import DenialMode
 from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
 from fencepost.policy.registry import not_a_tool_spec
@@ -288,6 +289,7 @@ def create_agent(
     four_eyes: bool = False,
     price: str | ModelPrice | None = None,
     prices: PriceTable = PRICES,
+    tool_catalog: ToolCatalog = "all",
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The bounded agent, compiled: ``create_agent(model, tools, checkpointer=...)``.
 
@@ -304,8 +306,8 @@ def create_agent(
     ``require_citations``, ``answer_margin``, ``repair_attempts``, ``repeat_limit``,
     ``model_timeout_seconds``, ``model_retries``, ``max_concurrent_tools``, ``tokens_per_step``,
     ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``approver``,
-    ``needs_approval``, ``approval_right``, ``four_eyes``, ``price`` and ``prices``. A run's budget is given with its
-    question:
+    ``needs_approval``, ``approval_right``, ``four_eyes``, ``price``, ``prices`` and
+    ``tool_catalog`` (``"all"`` | ``"permitted"``). A run's budget is given with its question:
     ``fp.start(question, fp.RuntimeBudget(...))``.
 
     Example::
@@ -340,5 +342,6 @@ def create_agent(
         four_eyes=four_eyes,
         price=price,
         prices=prices,
+        tool_catalog=tool_catalog,
     )
     return graph.compile(checkpointer=checkpointer, store=store, name=name, debug=debug)

@@ -10,6 +10,8 @@ every call; each hook only loads the run, asks policy, does the I/O the answer n
 - ``before_model``: a model step is reserved in the ledger before the model is called; a budget
   that cannot cover it ends the run (``jump_to="end"``) with its typed reason, long before
   LangGraph's recursion limit.
+- ``wrap_model_call``: with ``tool_catalog="permitted"``, the model is shown only the tools the
+  run's principal may call (``policy.catalog``).
 - ``after_model``: the model's tool calls are a batch, gated (allowlist, strict schema, semantic
   rules, no-progress, capability, effect and approval) and reserved before any runs; with
   ``approval="interrupt"`` a call that needs approval waits for a person (``interrupt()``).
@@ -29,7 +31,13 @@ import json
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 
-from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    AgentState,
+    ModelRequest,
+    ModelResponse,
+    hook_config,
+)
 from langchain.agents.middleware.types import OmitFromInput
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.types import Command, interrupt
@@ -70,6 +78,7 @@ from fencepost.policy.approval import (
     waiting,
 )
 from fencepost.policy.budget import default_budget
+from fencepost.policy.catalog import ToolCatalog, permitted_names
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.denial import DenialMode
 from fencepost.policy.developer_log import TOOLS, raised
@@ -135,7 +144,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     (default: 8 model steps, 8 tool calls). The other settings are ``fp.create_agent``'s, with
     its defaults and checks: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
     ``repeat_limit``, ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``),
-    ``approver``, ``needs_approval``, ``approval_right`` and ``four_eyes`` are not taken yet (a
+    ``tool_catalog`` (``"all"`` | ``"permitted"``: the model is shown only the registered tools
+    the run's principal may call, each model call, from its context); ``approver``,
+    ``needs_approval``, ``approval_right`` and ``four_eyes`` are not taken yet (a
     ``GraphConfigError`` says so): with ``approval="interrupt"`` the requester answers.
 
     Example::
@@ -166,6 +177,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         needs_approval: NeedsApproval | None = None,
         approval_right: str | None = None,
         four_eyes: bool = False,
+        tool_catalog: ToolCatalog = "all",
     ) -> None:
         super().__init__()
         not_taken = (
@@ -198,6 +210,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             denial=denial,
             approval_right=approval_right,
             four_eyes=four_eyes,
+            tool_catalog=tool_catalog,
         )
 
     # -- the hooks: each drives one body, over the sync or the async ledger -------------------
@@ -231,6 +244,20 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         self, state: FencepostState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         return await self._gate(AsyncIO(self.cfg), state, runtime.context)
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> Any:
+        return handler(self._shown(request))
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> Any:
+        return await handler(self._shown(request))
 
     def after_agent(self, state: FencepostState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         return drive(self._finish(SyncIO(self.cfg), state))
@@ -271,6 +298,21 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         return await self._ran(io, request, admitted, result)
 
     # -- the bodies ---------------------------------------------------------------------------
+
+    def _shown(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
+        """The request with only the tools the model may be shown (``tool_catalog``): with
+        ``"permitted"``, the tools the run's principal may call, read from this call's context
+        (never kept: each call is its own caller's); a tool the registry does not know is never
+        one of them. A provider's built-in tool (a dict with no name) runs at the provider,
+        outside the gate, and is left as it is."""
+        if self.cfg.tool_catalog == "all":
+            return request
+        ctx = coerce_context(getattr(request.runtime, "context", None))
+        allowed = (
+            permitted_names(self.cfg.registry, ctx.principal) if ctx is not None else frozenset()
+        )
+        tools = [t for t in request.tools if _tool_name(t) in allowed or _tool_name(t) is None]
+        return request.override(tools=tools) if len(tools) != len(request.tools) else request
 
     async def _start(
         self, io: NodeIO, values: FencepostState, context: Any
@@ -550,6 +592,18 @@ def _end(run: RunState | None, request: StopRequest) -> dict[str, Any]:
             )
         )
     return out
+
+
+def _tool_name(tool: Any) -> str | None:
+    """The name a tool of a model request is called by: a LangChain tool's, or a dict's
+    (``{"name": ...}`` or OpenAI's ``{"function": {"name": ...}}``); ``None`` for a provider's
+    built-in tool, which has none."""
+    if isinstance(tool, dict):
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, dict) else tool.get("name")
+        return name if isinstance(name, str) else None
+    name = getattr(tool, "name", None)
+    return name if isinstance(name, str) else None
 
 
 def _refusal(call_id: str, name: str, code: str) -> ToolMessage:

@@ -36,6 +36,7 @@ from fencepost.policy import (
 )
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
+from fencepost.policy.catalog import ToolCatalog
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import DenialMode
 from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
@@ -66,6 +67,7 @@ def build_agent_graph(
     four_eyes: bool = False,
     price: str | ModelPrice | None = None,
     prices: PriceTable = PRICES,
+    tool_catalog: ToolCatalog = "all",
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -169,6 +171,11 @@ def build_agent_graph(
       unpriced graph ends before its first step, ``policy_denied`` (``money_unpriced``).
     - ``prices`` (``fp.PRICES``, dated ``PRICES.as_of``): the price table ``price`` is looked
       up in; pass your own when it is out of date.
+    - ``tool_catalog`` (``"all"``): which tools the model is shown. ``"permitted"`` shows each
+      model step only the tools whose capability the run's principal holds (the gate's own
+      check; after another principal's approval, the requester's capabilities recorded at
+      start), so a tool outside the caller's rights is never proposed; the gate still refuses
+      a call to one (:mod:`fencepost.policy.catalog`).
 
     Example::
 
@@ -201,6 +208,7 @@ def build_agent_graph(
             approval_right=approval_right,
             four_eyes=four_eyes,
             price=priced,
+            tool_catalog=tool_catalog,
         ),
         twin=ledger is None,
     )
