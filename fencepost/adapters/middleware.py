@@ -13,6 +13,8 @@ every call; each hook only loads the run, asks policy, does the I/O the answer n
 - ``after_model``: the model's tool calls are a batch, gated (allowlist, strict schema, semantic
   rules, no-progress, capability, effect and approval) and reserved before any runs; with
   ``approval="interrupt"`` a call that needs approval waits for a person (``interrupt()``).
+- ``wrap_model_call``: with ``tool_catalog="permitted"``, the model is shown only the tools the
+  run's principal may call (``policy.catalog``).
 - ``wrap_tool_call``: the executor's own check of the recorded verdict for this very call id and
   these very arguments, a durable start marker, the tool, its error as a safe code. Denial is
   enforced here, so neither another middleware's ``jump_to`` nor a retry wrapper runs a call the
@@ -30,7 +32,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired, Unpack
 
-from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    AgentState,
+    ModelRequest,
+    ModelResponse,
+    hook_config,
+)
 from langchain.agents.middleware.types import OmitFromInput
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.types import Command, interrupt
@@ -73,6 +81,7 @@ from fencepost.policy.approval import (
     waiting,
 )
 from fencepost.policy.budget import default_budget
+from fencepost.policy.catalog import permitted_names
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.developer_log import TOOLS, raised
 from fencepost.policy.error_codes import error_code_for
@@ -97,7 +106,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError"]
 
-TAKEN = frozenset({"approval", "ledger", "repeat_limit", "verdict_key", "clock", "denial"})
+TAKEN = frozenset(
+    {"approval", "ledger", "repeat_limit", "verdict_key", "clock", "denial", "tool_catalog"}
+)
 """The :class:`~fencepost.LoopSettings` this binding takes; any other given a value of its own
 is refused (``GraphConfigError`` naming it), never silently ignored."""
 
@@ -141,7 +152,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     :class:`~fencepost.LoopSettings` given as ``settings`` or its fields as keyword arguments
     (a keyword wins), with the same defaults and checks. It takes ``approval``
     (``"terminate"`` | ``"interrupt"``), ``ledger``, ``repeat_limit``, ``verdict_key``,
-    ``clock`` and ``denial`` (``"end_run"`` | ``"observe"``); any other setting given a value
+    ``clock``, ``denial`` (``"end_run"`` | ``"observe"``) and ``tool_catalog`` (``"all"`` |
+    ``"permitted"``: the model is shown only the registered tools the run's principal may call,
+    each model call, from its context); any other setting given a value
     of its own is refused (a ``GraphConfigError`` names it), never ignored: with
     ``approval="interrupt"`` the requester answers.
 
@@ -229,6 +242,20 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     ) -> dict[str, Any] | None:
         return await self._finish(AsyncIO(self.cfg), state)
 
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> Any:
+        return handler(self._shown(request))
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> Any:
+        return await handler(self._shown(request))
+
     def wrap_tool_call(
         self,
         request: ToolCallRequest,
@@ -258,6 +285,21 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         except Exception as exc:
             return await self._failed(io, request, admitted, exc)
         return await self._ran(io, request, admitted, result)
+
+    def _shown(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
+        """The request with only the tools the model may be shown (``tool_catalog``): with
+        ``"permitted"``, the tools the run's principal may call, read from this call's context
+        (never kept: each call is its own caller's); a tool the registry does not know is never
+        one of them. A provider's built-in tool (a dict with no name) runs at the provider,
+        outside the gate, and is left as it is."""
+        if self.cfg.tool_catalog == "all":
+            return request
+        ctx = coerce_context(getattr(request.runtime, "context", None))
+        allowed = (
+            permitted_names(self.cfg.registry, ctx.principal) if ctx is not None else frozenset()
+        )
+        tools = [t for t in request.tools if _tool_name(t) in allowed or _tool_name(t) is None]
+        return request.override(tools=tools) if len(tools) != len(request.tools) else request
 
     # -- the bodies ---------------------------------------------------------------------------
 
@@ -539,6 +581,18 @@ def _end(run: RunState | None, request: StopRequest) -> dict[str, Any]:
             )
         )
     return out
+
+
+def _tool_name(tool: Any) -> str | None:
+    """The name a tool of a model request is called by: a LangChain tool's, or a dict's
+    (``{"name": ...}`` or OpenAI's ``{"function": {"name": ...}}``); ``None`` for a provider's
+    built-in tool, which has none."""
+    if isinstance(tool, dict):
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, dict) else tool.get("name")
+        return name if isinstance(name, str) else None
+    name = getattr(tool, "name", None)
+    return name if isinstance(name, str) else None
 
 
 def _refusal(call_id: str, name: str, code: str) -> ToolMessage:

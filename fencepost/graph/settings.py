@@ -28,6 +28,7 @@ from fencepost.policy import (
 )
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
+from fencepost.policy.catalog import TOOL_CATALOGS, ToolCatalog
 from fencepost.policy.denial import DENIAL_MODES, DenialMode
 from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
@@ -189,6 +190,10 @@ class LoopSettings:
     prices: PriceTable = PRICES
     """The price table ``price`` is looked up in (``fp.PRICES``, dated ``PRICES.as_of``); pass
     your own when it is out of date."""
+    tool_catalog: ToolCatalog = "all"
+    """Which tools the model is shown: ``"all"``, or ``"permitted"`` — only those the run's
+    principal may call, by the gate's own capability check, each step
+    (:mod:`fencepost.policy.catalog`). The gate still refuses a call to a tool not shown."""
 
     def __post_init__(self) -> None:
         if self.approval not in ("terminate", "interrupt"):
@@ -234,6 +239,8 @@ class LoopSettings:
             raise GraphConfigError("four_eyes", "must be True or False")
         if self.tokens_per_step is not None and not _count(self.tokens_per_step, 0):
             raise GraphConfigError("tokens_per_step", "must be an integer >= 0")
+        if self.tool_catalog not in TOOL_CATALOGS:
+            raise GraphConfigError("tool_catalog", "must be 'all' or 'permitted'")
         if not isinstance(self.prices, PriceTable):
             raise GraphConfigError("prices", "must be a fp.PriceTable")
         if isinstance(self.price, str) and self.price:
@@ -291,6 +298,7 @@ class LoopOptions(TypedDict, total=False):
     four_eyes: bool
     price: str | ModelPrice | None
     prices: PriceTable
+    tool_catalog: ToolCatalog
 
 
 def settings_from(settings: LoopSettings | None, options: LoopOptions) -> LoopSettings:
