@@ -43,6 +43,10 @@ PUBLIC = {
     "ApprovalQuestion",
     "Remember",
     "ApprovalScope",
+    # provenance
+    "Trust",
+    "ValueSource",
+    "Provenance",
     "Deadline",
     "RuntimeBudget",
     "ModelPrice",

@@ -44,6 +44,7 @@ from fencepost.policy.tool import (
 )
 from fencepost.policy.tool_decorator import ToolDefinitionError
 from fencepost.policy.tool_decorator import tool as tool_from_function
+from fencepost.policy.trust import Trust
 
 if TYPE_CHECKING:
     from langgraph.graph.state import CompiledStateGraph
@@ -80,6 +81,8 @@ def tool(
     four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> ToolSpec: ...
 
 
@@ -104,6 +107,8 @@ def tool(
     four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
@@ -127,6 +132,8 @@ def tool(
     four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Any:
     """A :class:`ToolSpec`: what a tool does (``effect``), who may call it (``capability``), how
     long a call may take (``timeout_seconds``); and, optionally, which of its calls need approval
@@ -141,7 +148,10 @@ def tool(
 
     ``effect`` and ``capability`` have no safe default: without them a one-sentence error says
     what is missing. ``approval_right`` and ``four_eyes`` say who may answer the tool's
-    approval (see ``ToolSpec``). ``timeout=`` is the old name of ``timeout_seconds=`` (a DeprecationWarning).
+    approval (see ``ToolSpec``). ``output_trust`` (``fp.Trust.TRUSTED`` for a system of record
+    the application controls; untrusted by default) and ``sensitive`` (the argument names the
+    graph's ``provenance`` rule judges) are the tool's provenance declarations, for a function and
+    a LangChain tool alike. ``timeout=`` is the old name of ``timeout_seconds=`` (a DeprecationWarning).
     ``inject`` and ``tool_exception_code`` are a LangChain tool's (what ``tool_spec`` does with
     them); a function marks its injected parameters ``Annotated[T, fp.Injected("name")]`` and
     raises :class:`~fencepost.policy.ToolError` for a code of its own, so given for a function
@@ -193,6 +203,8 @@ def tool(
             needs_approval=needs_approval,
             approval_right=approval_right,
             four_eyes=four_eyes,
+            output_trust=output_trust,
+            sensitive=sensitive,
         )
     given = [
         k
@@ -221,6 +233,8 @@ def tool(
         four_eyes=four_eyes,
         timeout=timeout,
         needs_approval=needs_approval,
+        output_trust=output_trust,
+        sensitive=sensitive,
     )
 
 

@@ -13,6 +13,7 @@ from pydantic import (
     Field,
     JsonValue,
     Strict,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -21,6 +22,7 @@ from fencepost.policy.contract import Frozen
 from fencepost.policy.deadline import Deadline
 from fencepost.policy.decision import TOOL_NAME_PATTERN
 from fencepost.policy.effect import Effect as Effect
+from fencepost.policy.trust import Trust
 
 if TYPE_CHECKING:
     from fencepost.policy.decision import ToolProposal
@@ -220,6 +222,16 @@ class ToolSpec(BaseModel):
     of the run's tenant holding the approval right must answer). ``None``: the graph's
     ``four_eyes``."""
 
+    output_trust: Annotated[Trust, Strict(False)] = Trust.UNTRUSTED
+    """Whether this tool's output is trusted: a system of record the application controls
+    (``Trust.TRUSTED``), or content others may write — mail, messages, web pages, shared files,
+    transaction descriptions (``Trust.UNTRUSTED``, the default). A value seen only in untrusted
+    output is not the user's (:mod:`fencepost.policy.provenance`)."""
+    sensitive: Annotated[tuple[str, ...], Strict(False)] = ()
+    """The top-level arguments whose values must not come only from untrusted output (a
+    recipient, a URL, an amount, a file, an audience): the graph's ``provenance`` rule judges
+    a write or external call by them. Each must be a field of ``args_model``."""
+
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
@@ -237,6 +249,20 @@ class ToolSpec(BaseModel):
         if bad:
             raise ValueError(f"args_model must forbid extra keys (extra='forbid'); {bad} does not")
         return model
+
+    @field_validator("sensitive")
+    @classmethod
+    def _sensitive_are_arguments(
+        cls, names: tuple[str, ...], info: ValidationInfo
+    ) -> tuple[str, ...]:
+        model = info.data.get("args_model")
+        fields = (
+            model.model_fields if isinstance(model, type) and issubclass(model, BaseModel) else {}
+        )
+        unknown = [n for n in names if n not in fields]
+        if unknown:
+            raise ValueError(f"{unknown} are not arguments of the tool")
+        return names
 
     @model_validator(mode="after")
     def _default_idempotent(self) -> ToolSpec:

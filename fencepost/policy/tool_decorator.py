@@ -56,6 +56,7 @@ from fencepost.policy.tool import (
     ToolSpec,
     lax_model_in,
 )
+from fencepost.policy.trust import Trust
 
 __all__ = ["InjectionMissing", "ToolDefinitionError", "tool"]
 
@@ -90,6 +91,8 @@ def tool(
     four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> ToolSpec: ...
 
 
@@ -112,6 +115,8 @@ def tool(
     four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
@@ -133,6 +138,8 @@ def tool(
     four_eyes: bool | None = None,
     timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Any:
     """Turn the decorated function into a :class:`ToolSpec`.
 
@@ -143,7 +150,10 @@ def tool(
     with a DeprecationWarning until the next release). ``name`` defaults to the function's name
     and ``description`` to its docstring (without its ``Args:`` section, whose lines become the
     fields' descriptions). ``idempotent``, ``semantic_validator``, ``progress_predicate``,
-    ``allow_empty_query``, ``repeat_limit``, ``needs_approval``, ``approval_right`` and ``four_eyes`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
+    ``allow_empty_query``, ``repeat_limit``, ``needs_approval``, ``approval_right``,
+    ``four_eyes``, ``output_trust`` (:class:`~fencepost.policy.trust.Trust`: untrusted unless
+    said) and ``sensitive`` (argument names, each checked to be a parameter) are passed to the
+    ToolSpec as they are. These are the keyword names ``ToolSpec`` and
     ``tool_spec`` take.
 
     ``tool(fn, effect=..., capability=...)`` (the function given directly) is the same as the
@@ -192,6 +202,23 @@ def tool(
             ) from None
         args_model, call = _derive(fn, tool_name, arg_docs)
         try:
+            trust = Trust(output_trust)
+        except ValueError:
+            allowed = ", ".join(t.value for t in Trust)
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: output_trust {output_trust!r} is not one of {allowed}"
+            ) from None
+        if isinstance(sensitive, str):
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: sensitive must be a tuple of argument names, "
+                f"as sensitive=({sensitive!r},)"
+            )
+        unknown = [n for n in sensitive if n not in args_model.model_fields]
+        if unknown:
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: sensitive names {unknown} that are not its arguments"
+            )
+        try:
             return ToolSpec(
                 name=tool_name,
                 description=text.strip(),
@@ -208,6 +235,8 @@ def tool(
                 needs_approval=needs_approval,
                 approval_right=approval_right,
                 four_eyes=four_eyes,
+                output_trust=trust,
+                sensitive=tuple(sensitive),
             )
         except ValidationError as exc:
             # A keyword of the decorator out of range (timeout_seconds=0, repeat_limit=0):
