@@ -34,6 +34,7 @@ from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
 from fencepost.policy.denial import DenialMode
 from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
+from fencepost.policy.provenance import ProvenanceMode
 from fencepost.policy.registry import not_a_tool_spec
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import (
@@ -302,6 +303,7 @@ def create_agent(
     four_eyes: bool = False,
     price: str | ModelPrice | None = None,
     prices: PriceTable = PRICES,
+    provenance: ProvenanceMode = "observe",
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The bounded agent, compiled: ``create_agent(model, tools, checkpointer=...)``.
 
@@ -318,7 +320,8 @@ def create_agent(
     ``require_citations``, ``answer_margin``, ``repair_attempts``, ``repeat_limit``,
     ``model_timeout_seconds``, ``model_retries``, ``max_concurrent_tools``, ``tokens_per_step``,
     ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``approver``,
-    ``needs_approval``, ``approval_right``, ``four_eyes``, ``price`` and ``prices``. A run's budget is given with its
+    ``needs_approval``, ``approval_right``, ``four_eyes``, ``price``, ``prices`` and
+    ``provenance`` (``"observe"`` | ``"ask"`` | ``"refuse"``). A run's budget is given with its
     question:
     ``fp.start(question, fp.RuntimeBudget(...))``.
 
@@ -354,5 +357,6 @@ def create_agent(
         four_eyes=four_eyes,
         price=price,
         prices=prices,
+        provenance=provenance,
     )
     return graph.compile(checkpointer=checkpointer, store=store, name=name, debug=debug)

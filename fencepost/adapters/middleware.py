@@ -80,6 +80,7 @@ from fencepost.policy.gating import gate_batch, refused_batch
 from fencepost.policy.keys import call_key, started_key, step_key
 from fencepost.policy.ownership import run_owner
 from fencepost.policy.phase import Phase
+from fencepost.policy.provenance import ObservedOutput, ProvenanceMode, output_of
 from fencepost.policy.reservations import (
     Claim,
     claim,
@@ -89,6 +90,7 @@ from fencepost.policy.reservations import (
 )
 from fencepost.policy.state import as_turn, stop
 from fencepost.policy.tool import NeedsApproval
+from fencepost.policy.trust import Trust
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -135,8 +137,10 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     (default: 8 model steps, 8 tool calls). The other settings are ``fp.create_agent``'s, with
     its defaults and checks: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
     ``repeat_limit``, ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``),
-    ``approver``, ``needs_approval``, ``approval_right`` and ``four_eyes`` are not taken yet (a
-    ``GraphConfigError`` says so): with ``approval="interrupt"`` the requester answers.
+    ``provenance`` (``"observe"`` | ``"ask"`` | ``"refuse"``: the built-in provenance rule,
+    judging values against the thread's tool messages); ``approver``, ``needs_approval``,
+    ``approval_right`` and ``four_eyes`` are not taken yet (a ``GraphConfigError`` says so):
+    with ``approval="interrupt"`` the requester answers.
 
     Example::
 
@@ -166,6 +170,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         needs_approval: NeedsApproval | None = None,
         approval_right: str | None = None,
         four_eyes: bool = False,
+        provenance: ProvenanceMode = "observe",
     ) -> None:
         super().__init__()
         not_taken = (
@@ -198,6 +203,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             denial=denial,
             approval_right=approval_right,
             four_eyes=four_eyes,
+            provenance=provenance,
         )
 
     # -- the hooks: each drives one body, over the sync or the async ledger -------------------
@@ -364,6 +370,8 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             now=cfg.clock.now(),
             context=ctx,
             denial=cfg.denial,
+            provenance=cfg.provenance,
+            outputs=_outputs(values.get("messages", []), cfg.registry),
         )
         telemetry.gated(run.run_id, gated.batch, gated.specs)
         if gated.stop is not None:
@@ -585,6 +593,28 @@ def _record(values: Any) -> RunState | None:
 
 def _dump(run: RunState) -> dict[str, Any]:
     return run.model_dump(mode="json")
+
+
+def _outputs(messages: list[AnyMessage], registry: ToolRegistry) -> list[ObservedOutput]:
+    """The thread's tool results as provenance sources (this binding keeps no observations:
+    the messages are its record), each trusted as its registered tool declares; a refusal or
+    an error (``status="error"``) carries no values."""
+    found = []
+    for message in messages:
+        if not isinstance(message, ToolMessage) or message.status == "error":
+            continue
+        name = message.name or ""
+        trusted = name in registry and registry.get(name).output_trust is Trust.TRUSTED
+        content: object = message.content
+        if isinstance(content, str):
+            with contextlib.suppress(ValueError):
+                content = json.loads(content)
+        found.append(
+            output_of(
+                message, call_id=message.tool_call_id, tool=name, trusted=trusted, result=content
+            )
+        )
+    return found
 
 
 def _last_ai(messages: list[AnyMessage]) -> AIMessage | None:

@@ -39,6 +39,7 @@ from fencepost.policy.approver import Approver
 from fencepost.policy.context import RunContext
 from fencepost.policy.denial import DenialMode
 from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
+from fencepost.policy.provenance import ProvenanceMode
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import NeedsApproval
 
@@ -66,6 +67,7 @@ def build_agent_graph(
     four_eyes: bool = False,
     price: str | ModelPrice | None = None,
     prices: PriceTable = PRICES,
+    provenance: ProvenanceMode = "observe",
 ) -> StateGraph[Any, RunContext, Any, Any]:
     """The bounded loop as an uncompiled ``StateGraph`` — compile it with your checkpointer.
 
@@ -169,6 +171,14 @@ def build_agent_graph(
       unpriced graph ends before its first step, ``policy_denied`` (``money_unpriced``).
     - ``prices`` (``fp.PRICES``, dated ``PRICES.as_of``): the price table ``price`` is looked
       up in; pass your own when it is out of date.
+    - ``provenance`` (``"observe"``): the built-in provenance rule
+      (:mod:`fencepost.policy.provenance`). A write or external call whose sensitive arguments
+      (``@fp.tool(..., sensitive=("recipient",))``) trace only to untrusted tool output (a
+      tool's ``output_trust``, untrusted by default) is refused ``untrusted_provenance``
+      (``"refuse"``: a policy denial, data under ``denial="observe"``), sent to approval —
+      the approver first, if any, then a person (``"ask"``) — or let go on (``"observe"``).
+      Whatever the mode, each traced call's provenance (sources by call id and kind, never a
+      value) is in its verdict, receipt, manifest and span.
 
     Example::
 
@@ -201,6 +211,7 @@ def build_agent_graph(
             approval_right=approval_right,
             four_eyes=four_eyes,
             price=priced,
+            provenance=provenance,
         ),
         twin=ledger is None,
     )

@@ -27,6 +27,7 @@ from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
 from fencepost.policy.denial import DENIAL_MODES, DenialMode
 from fencepost.policy.pricing import ModelPrice
+from fencepost.policy.provenance import PROVENANCE_MODES, ProvenanceMode
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import NeedsApproval
 
@@ -93,6 +94,9 @@ class LoopConfig:
     price: ModelPrice | None = None
     """What the model's tokens cost (``None``: unpriced, and a run whose chain limits money is
     refused, ``money_unpriced``)."""
+    provenance: ProvenanceMode = "observe"
+    """What a write or external call whose sensitive arguments trace only to untrusted output
+    gets: recorded only (``"observe"``), asked about (``"ask"``) or refused (``"refuse"``)."""
 
 
 def loop_config(
@@ -117,6 +121,7 @@ def loop_config(
     approval_right: str | None = None,
     four_eyes: bool = False,
     price: ModelPrice | None = None,
+    provenance: ProvenanceMode = "observe",
 ) -> LoopConfig:
     """The loop's settings, each checked (``GraphConfigError`` naming the field): the one
     spelling of them that ``build_agent_graph`` and ``FencepostMiddleware`` share."""
@@ -165,6 +170,8 @@ def loop_config(
         raise GraphConfigError("approval_right", "must be a non-empty capability name")
     if not isinstance(four_eyes, bool):
         raise GraphConfigError("four_eyes", "must be True or False")
+    if provenance not in PROVENANCE_MODES:
+        raise GraphConfigError("provenance", "must be 'observe', 'ask' or 'refuse'")
     if tokens_per_step is None:
         declared = getattr(model, "token_estimate", None)
         tokens_per_step = declared if isinstance(declared, int) and declared > 0 else 0
@@ -197,6 +204,7 @@ def loop_config(
         approval_right=approval_right,
         four_eyes=four_eyes,
         price=price,
+        provenance=provenance,
     )
 
 

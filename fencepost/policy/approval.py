@@ -623,6 +623,10 @@ def apply_approvals(
             now=now,
             context=context,
         ).model_copy(update=answered)
+        if proposal is entry.proposal:
+            # Approved as proposed: its provenance is still the proposal's (an edited call's
+            # values are the person's).
+            verdict = verdict.model_copy(update={"provenance": entry.verdict.provenance})
         if verdict.allowed:
             key = repeat_key(verdict.fingerprint, state)
             counts[key] = counts.get(key, 0) + 1
@@ -650,6 +654,7 @@ def _rejection(entry: BatchEntry, effect: Effect | None, approved_by: str | None
         approval="human",
         approved_by=approved_by,
         rule=VerdictCode.REJECTED.value,
+        provenance=entry.verdict.provenance,
     )
 
 

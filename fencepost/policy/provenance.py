@@ -60,7 +60,9 @@ from urllib.parse import urlsplit
 from pydantic import Field, Strict
 
 from fencepost.policy.contract import Frozen
+from fencepost.policy.effect import Effect
 from fencepost.policy.observation import Observation
+from fencepost.policy.tool import ToolSpec
 
 __all__ = [
     "ANSWER_SPAN_WORDS",
@@ -74,6 +76,8 @@ __all__ = [
     "index_of",
     "normalise",
     "observed_output",
+    "observed_outputs",
+    "output_of",
     "provenance_of",
 ]
 
@@ -85,6 +89,11 @@ ANSWER_SPAN_WORDS = 8
 """A final answer "repeats" untrusted text when it holds a run of this many consecutive words
 (punctuation ignored, normalised) found in untrusted output and in no trusted source — or an
 identifier (URL, host, email, account id) found only there."""
+
+
+Recorded = dict[str, Annotated[tuple[str, ...], Strict(False)]]
+"""A provenance as records hold it (:meth:`Provenance.record`): per argument, its sources'
+labels (``{"recipient": ("tool:call_3", "user")}``). Read back from a checkpoint's lists."""
 
 
 class ValueSource(Frozen):
@@ -132,9 +141,13 @@ class Provenance(Frozen):
     (True, {'recipient': ['tool:c1']})
     """
 
-    values: Annotated[dict[str, tuple[tuple[ValueSource, ...], ...]], Strict(False)] = Field(
-        default_factory=dict
-    )
+    values: Annotated[
+        dict[
+            str,
+            Annotated[tuple[Annotated[tuple[ValueSource, ...], Strict(False)], ...], Strict(False)],
+        ],
+        Strict(False),
+    ] = Field(default_factory=dict)
     """Per argument name, per value traced in it (each item of a list, each identifier in a
     string), the sources that value was seen in, in order (user, app, then earlier outputs in
     the order observed); a value seen nowhere has the one source ``model``. An argument that
@@ -414,6 +427,19 @@ def observed_output(observation: Observation, *, trusted: bool) -> ObservedOutpu
     return ObservedOutput(observation.call_id, observation.tool_name, trusted, index)
 
 
+def output_of(
+    owner: object, *, call_id: str, tool: str, trusted: bool, result: object
+) -> ObservedOutput:
+    """A tool's output held by ``owner`` (a message, say) as a source, indexed once per live
+    ``owner`` object (one no weak reference can name is indexed each time)."""
+    index = _INDEXED.get(owner)
+    if index is None:
+        index = index_of(result)
+        with contextlib.suppress(TypeError):
+            _INDEXED.put(owner, index)
+    return ObservedOutput(call_id, tool, trusted, index)
+
+
 def observed_outputs(
     observations: Iterable[Observation], trusted: Callable[[str], bool]
 ) -> list[ObservedOutput]:
@@ -518,3 +544,72 @@ def answer_repeats_untrusted(
             if output.call_id not in found and spans & _spans(_words(output.index.text)):
                 found[output.call_id] = None
     return tuple(c for c in dict.fromkeys(o.call_id for o in untrusted) if c in found)
+
+
+# -- the built-in rule ------------------------------------------------------------------------------
+
+ProvenanceMode = Literal["observe", "ask", "refuse"]
+"""What the graph does with a write or external call whose sensitive arguments trace only to
+untrusted output: record it and let it go on as any call (``"observe"``, the default), send it
+to approval — the graph's approver first, if any, then a human (``"ask"``) — or refuse it with
+the verdict ``untrusted_provenance`` (``"refuse"``: a policy denial, data under
+``denial="observe"``). Every traced call's provenance is recorded whatever the mode."""
+
+PROVENANCE_MODES: tuple[ProvenanceMode, ...] = ("observe", "ask", "refuse")
+
+UNTRUSTED_PROVENANCE = "untrusted_provenance"
+"""The safe code of a call the provenance rule refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunSources:
+    """A run's sources at one gate: the request, the app data, the earlier outputs, indexed."""
+
+    request: SourceIndex
+    app: SourceIndex
+    outputs: tuple[ObservedOutput, ...]
+
+    def trace(self, arguments: Mapping[str, Any], only: Iterable[str] | None = None) -> Provenance:
+        """:func:`provenance_of` over these sources."""
+        return provenance_of(
+            arguments, request=self.request, app_data=self.app, outputs=self.outputs, only=only
+        )
+
+    def answer_repeats(self, answer: str) -> tuple[str, ...]:
+        """:func:`answer_repeats_untrusted` over these sources."""
+        return answer_repeats_untrusted(
+            answer, request=self.request, app_data=self.app, outputs=self.outputs
+        )
+
+
+def run_sources(
+    request: str,
+    app_data: Mapping[str, Any] | None,
+    outputs: Iterable[ObservedOutput],
+    *,
+    app_owner: object = None,
+) -> RunSources:
+    """The sources a run's proposals are traced against. ``app_owner``: the object the app data
+    belongs to (the run's context), so it is indexed once per run, not per gate."""
+    app = app_index(app_owner, app_data) if app_owner is not None and app_data else None
+    return RunSources(
+        request=index_of(request),
+        app=app if app is not None else index_of(app_data or {}),
+        outputs=tuple(outputs),
+    )
+
+
+def traced(spec: ToolSpec) -> bool:
+    """Whether calls of ``spec`` are traced (and their provenance recorded): every write or
+    external call, and any call of a tool that declares sensitive arguments. A plain read is
+    not: tracing it would cost a search per value and decide nothing."""
+    return spec.effect is not Effect.READ or bool(spec.sensitive)
+
+
+def untrusted_sensitive(spec: ToolSpec, provenance: Provenance) -> tuple[str, ...]:
+    """The built-in rule: the sensitive arguments of a write or external call that trace only
+    to untrusted output (:meth:`Provenance.only_untrusted`). Empty: the rule has nothing
+    against the call (a read, no sensitive arguments, or every one traced elsewhere too)."""
+    if spec.effect is Effect.READ:
+        return ()
+    return tuple(name for name in spec.sensitive if provenance.only_untrusted(name))

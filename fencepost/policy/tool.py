@@ -100,7 +100,11 @@ SemanticValidator = Callable[[Any, "AgentState"], None] | Callable[[Any, "AgentS
 ``validator(args, state)``, or ``validator(args, state, context)`` to be given the run's trusted
 :class:`~fencepost.policy.context.RunContext` too (its ``app_data``: known payees, allowed
 domains); ``context`` is ``None`` only when a proposal is gated outside a run. Which form is
-read from the signature: one that takes a third positional argument gets the context."""
+read from the signature: one that takes a third positional argument gets the context. Either
+form that also takes a keyword ``provenance`` is given the
+:class:`~fencepost.policy.provenance.Provenance` of the call's arguments (where each value was
+seen: the request, the app data, which earlier output), or ``None`` when the call is not
+traced in a batch."""
 NeedsApproval = Callable[[Any], Any]
 """``needs_approval(question) -> bool`` (sync or ``async``): whether this one call needs approval,
 judged from its arguments and the run's trusted context; the ``question`` is a
