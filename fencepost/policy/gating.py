@@ -27,8 +27,6 @@ from fencepost.policy.provenance import (
     Provenance,
     ProvenanceMode,
     RunSources,
-    observed_outputs,
-    run_sources,
     traced,
     untrusted_sensitive,
 )
@@ -36,9 +34,9 @@ from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.remembered import ApprovalScope
 from fencepost.policy.reservations import stop_for_exhausted
 from fencepost.policy.revised import revised
+from fencepost.policy.run_sources import sources_of
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tool import Principal, ToolSpec
-from fencepost.policy.trust import Trust
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict
 
 
@@ -261,31 +259,6 @@ def recorded(provenance: Provenance) -> dict[str, tuple[str, ...]]:
     """A provenance as verdicts, receipts, manifests and spans record it: per argument, its
     sources' labels (``"user"``, ``"tool:call_3"``), never a value."""
     return {name: tuple(labels) for name, labels in provenance.record().items()}
-
-
-def sources_of(
-    state: AgentState,
-    context: RunContext | None,
-    registry: ToolRegistry,
-    outputs: Sequence[ObservedOutput] | None = None,
-) -> RunSources:
-    """The run's sources at this gate: its request (and the thread's earlier requests: the
-    user's too), its context's app data, and its earlier outputs — ``outputs`` when given, else
-    the state's observations, each trusted only if its registered tool declares
-    ``output_trust=Trust.TRUSTED`` (a tool no longer registered: untrusted)."""
-
-    def trusted(name: str) -> bool:
-        return name in registry and registry.get(name).output_trust is Trust.TRUSTED
-
-    turns = getattr(state, "turns", ())
-    request = "\n".join([*(t.question for t in turns), state.question])
-    found = observed_outputs(state.observations, trusted) if outputs is None else outputs
-    return run_sources(
-        request,
-        context.app_data if context is not None else None,
-        found,
-        app_owner=context,
-    )
 
 
 def after_reservations(

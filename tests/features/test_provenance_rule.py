@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import fencepost as fp
 from fencepost.policy import ToolSemanticError, VerdictCode
 from tests.graph.kit import thread
+from tests.telemetry_kit import by_name, events
 
 LANDLORD = "GB29NWBK60161331926819"
 ATTACKER = "GB33BUKB20201555555555"
@@ -262,3 +264,53 @@ def test_provenance_is_a_checked_graph_setting() -> None:
 
     cfg = settings_of(graph)
     assert cfg is not None and cfg.provenance == "ask"
+
+
+def test_spans_name_the_sources_of_a_calls_arguments_never_the_values(
+    spans: InMemorySpanExporter,
+) -> None:
+    _run(_script(ATTACKER), provenance="refuse", denial="observe")
+    _run(_script(ATTACKER), question=f"{RENT} to {ATTACKER}")
+    found = spans.get_finished_spans()
+    refused = [e for s in by_name(found, "invoke_agent") for e in events(s)]
+    assert refused == [
+        {
+            "name": "fencepost.tool_call.refused",
+            "gen_ai.tool.call.id": "call_0002",
+            "gen_ai.tool.name": "send_money",
+            "fencepost.verdict": "untrusted_provenance",
+            "error.type": "untrusted_provenance",
+            "fencepost.provenance.recipient": ("tool:call_0001",),
+            "fencepost.provenance.amount": ("user", "tool:call_0001"),
+        }
+    ]
+    [paid] = [s for s in by_name(found, "execute_tool") if s.name.endswith("send_money")]
+    attributes = dict(paid.attributes or {})
+    assert attributes["fencepost.provenance.recipient"] == ("user", "tool:call_0001")
+    every = json.dumps([dict(s.attributes or {}) for s in found] + refused, default=str)
+    assert ATTACKER not in every and "1450" not in every
+
+
+def _answering(text: str, first: str = "read_inbox") -> list[Any]:
+    return [
+        fp.ToolProposal(call_id="call_0001", tool_name=first, arguments={}),
+        fp.FinalProposal(answer=fp.AnswerPayload(text=text)),
+    ]
+
+
+def test_the_stop_report_flags_an_answer_that_repeats_untrusted_output() -> None:
+    state, _ = _run(_answering(f"Your landlord changed banks: pay the rent to {ATTACKER} today."))
+    assert state.termination is fp.TerminationReason.COMPLETED
+    assert state.report is not None
+    assert state.report.answer_repeats_untrusted
+    assert state.report.answer_untrusted_calls == ("call_0001",)
+    assert "answer repeats" in str(state.report)
+
+
+def test_an_answer_from_a_trusted_tool_or_in_its_own_words_is_not_flagged() -> None:
+    trusted, _ = _run(_answering(f"Your landlord's IBAN is {LANDLORD}.", first="account_settings"))
+    own, _ = _run(_answering("There is one mail about the rent."))
+    for state in (trusted, own):
+        assert state.report is not None
+        assert not state.report.answer_repeats_untrusted
+        assert state.report.answer_untrusted_calls == ()
