@@ -386,7 +386,9 @@ def approval_request(
 ) -> dict[str, Any]:
     """The interrupt payload a human sees: each waiting call's tool, arguments and effect, and
     who may answer it (``approval_right``: the right a principal other than the requester must
-    hold; ``four_eyes``: whether the requester's own answer is refused); and the same calls as
+    hold; ``four_eyes``: whether the requester's own answer is refused), and for a traced call
+    its ``provenance`` (per argument, the labels of where its values were seen:
+    ``{"recipient": ["tool:call_3"]}``); and the same calls as
     LangChain's HITL request (``action_requests`` and ``review_configs``, in the order a
     ``{"decisions": [...]}`` answer follows), which Agent Chat UI renders."""
     calls = []
@@ -408,6 +410,10 @@ def approval_request(
                 else graph_four_eyes,
             }
         )
+        if entry.verdict.provenance is not None:
+            # Where each argument's values were seen (labels, never values): the person sees
+            # a payee that came only from someone else's mail as such.
+            calls[-1]["provenance"] = {k: list(v) for k, v in entry.verdict.provenance.items()}
         effect = spec.effect.value if spec else "unknown"
         actions.append(
             {

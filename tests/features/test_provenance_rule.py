@@ -139,6 +139,10 @@ def test_a_payee_from_untrusted_output_pauses_for_a_person_under_ask() -> None:
     paused = agent.invoke(fp.start(RENT), config, context=ctx)
     [asked] = paused["__interrupt__"][0].value["calls"]
     assert asked["call_id"] == "call_0002"
+    assert asked["provenance"] == {
+        "recipient": ["tool:call_0001"],
+        "amount": ["user", "tool:call_0001"],
+    }
     assert sent == []
     state = fp.run_output(agent.invoke(Command(resume="approve"), config, context=ctx))
     assert sent == [(ATTACKER, 1450.0)]
