@@ -10,7 +10,7 @@ from fencepost.policy.contract import Frozen
 from fencepost.policy.decision import DecisionKind
 from fencepost.policy.effect import Effect
 from fencepost.policy.phase import Phase
-from fencepost.policy.provenance import Recorded
+from fencepost.policy.value_source import Recorded
 from fencepost.policy.verdict import VerdictCode
 
 Outcome = Literal[

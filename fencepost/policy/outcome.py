@@ -12,8 +12,8 @@ from fencepost.policy.contract import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.events import ToolFailed, ToolSucceeded
-from fencepost.policy.provenance import Recorded
 from fencepost.policy.receipt import Accepted, Completed, Receipt, ReceiptStatus
+from fencepost.policy.value_source import Recorded
 
 
 class RunReport(Frozen):

@@ -66,6 +66,7 @@ from fencepost.policy.contract import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.observation import Observation
 from fencepost.policy.tool import ToolSpec
+from fencepost.policy.value_source import APP, MODEL, USER, ValueSource
 
 __all__ = [
     "ANSWER_SPAN_WORDS",
@@ -92,44 +93,6 @@ ANSWER_SPAN_WORDS = 8
 """A final answer "repeats" untrusted text when it holds a run of this many consecutive words
 (punctuation ignored, normalised) found in untrusted output and in no trusted source — or an
 identifier (URL, host, email, account id) found only there."""
-
-
-Recorded = dict[str, Annotated[tuple[str, ...], Strict(False)]]
-"""A provenance as records hold it (:meth:`Provenance.record`): per argument, its sources'
-labels (``{"recipient": ("tool:call_3", "user")}``). Read back from a checkpoint's lists."""
-
-
-class ValueSource(Frozen):
-    """One place a value was seen before it was proposed."""
-
-    kind: Literal["user", "app", "tool", "model"]
-    """``user``: the run's request; ``app``: ``RunContext.app_data``; ``tool``: an earlier call's
-    output; ``model``: nowhere (or a value too short to trace)."""
-    call_id: str | None = None
-    """With ``tool``: the call whose output held the value."""
-    tool: str | None = None
-    """With ``tool``: the registered tool that produced that output."""
-    trusted: bool
-    """Whether the source is trusted: the user, the app data and a tool declared
-    ``output_trust=Trust.TRUSTED`` are; an untrusted tool and the model are not."""
-
-    @property
-    def label(self) -> str:
-        """How records name the source: ``user``, ``app``, ``model`` or ``tool:<call id>``."""
-        return f"tool:{self.call_id}" if self.kind == "tool" else self.kind
-
-    @property
-    def untrusted_output(self) -> bool:
-        """Whether this is the output of a tool that did not declare its output trusted."""
-        return self.kind == "tool" and not self.trusted
-
-
-USER = ValueSource(kind="user", trusted=True)
-"""The run's request."""
-APP = ValueSource(kind="app", trusted=True)
-"""The run's trusted ``app_data``."""
-MODEL = ValueSource(kind="model", trusted=False)
-"""Nowhere: the model's own value (or one too short to trace)."""
 
 
 class Provenance(Frozen):

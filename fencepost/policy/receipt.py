@@ -11,7 +11,7 @@ from pydantic import Field, Strict
 from fencepost.policy.contract import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
-from fencepost.policy.provenance import Recorded
+from fencepost.policy.value_source import Recorded
 
 
 class ReceiptStatus(StrEnum):

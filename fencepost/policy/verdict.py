@@ -11,7 +11,7 @@ from pydantic import Strict
 
 from fencepost.policy.contract import Frozen
 from fencepost.policy.phase import TerminationReason
-from fencepost.policy.provenance import Recorded
+from fencepost.policy.value_source import Recorded
 
 
 class VerdictCode(StrEnum):
