@@ -194,8 +194,10 @@ def takes_context(rule: Callable[..., Any]) -> bool:
         return _TAKES_CONTEXT[rule]
     except (KeyError, TypeError):
         pass
+    # A rule that also takes ``provenance`` is bound with it, as it is called.
+    keywords = {"provenance": None} if takes_provenance(rule) else {}
     try:
-        inspect.signature(rule).bind(None, None, None)
+        inspect.signature(rule).bind(None, None, None, **keywords)
         found = True
     except (TypeError, ValueError):
         found = False

@@ -239,22 +239,36 @@ def test_the_approver_sees_the_provenance_as_data() -> None:
     )
 
 
-def test_a_semantic_rule_that_takes_provenance_is_given_it() -> None:
-    given: list[fp.Provenance | None] = []
+@pytest.mark.parametrize("with_context", [False, True])
+def test_a_semantic_rule_that_takes_provenance_is_given_it(with_context: bool) -> None:
+    given: list[tuple[fp.Provenance | None, fp.RunContext | None]] = []
 
-    def from_the_user_only(
-        args: Any, state: fp.AgentState, *, provenance: fp.Provenance | None
-    ) -> None:
-        given.append(provenance)
+    def judge(provenance: fp.Provenance | None, context: fp.RunContext | None) -> None:
+        given.append((provenance, context))
         if provenance is not None and provenance.only_untrusted("recipient"):
             raise ToolSemanticError("payee_not_from_user")
 
-    state, sent = _run(
-        _script(ATTACKER), send={"semantic_validator": from_the_user_only}, denial="observe"
-    )
+    def two(args: Any, state: fp.AgentState, *, provenance: fp.Provenance | None) -> None:
+        judge(provenance, None)
+
+    def three(
+        args: Any,
+        state: fp.AgentState,
+        context: fp.RunContext | None,
+        *,
+        provenance: fp.Provenance | None,
+    ) -> None:
+        judge(provenance, context)
+
+    rule = three if with_context else two
+    state, sent = _run(_script(ATTACKER), send={"semantic_validator": rule}, denial="observe")
     assert sent == []
     assert state.receipts[-1].rule == "payee_not_from_user"
-    assert given and given[0] is not None and given[0].only_untrusted("recipient")
+    # Judged again once its needs_approval answered (the batch is gated twice): alike each time.
+    for provenance, context in given:
+        assert provenance is not None and provenance.only_untrusted("recipient")
+        assert (context is not None) is with_context
+    assert given
 
 
 def test_provenance_is_a_checked_graph_setting() -> None:
