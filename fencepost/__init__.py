@@ -63,6 +63,7 @@ from fencepost.policy import (
     InvalidProposal,
     Ledger,
     Principal,
+    Provenance,
     Receipt,
     ReceiptStatus,
     RunContext,
@@ -77,6 +78,8 @@ from fencepost.policy import (
     ToolProposal,
     ToolRegistry,
     ToolSpec,
+    Trust,
+    ValueSource,
     Window,
 )
 from fencepost.policy.conditional_approval import ApprovalQuestion
@@ -150,6 +153,9 @@ __all__ = [
     "ToolProposal",
     "ToolRegistry",
     "ToolSpec",
+    "Trust",
+    "ValueSource",
+    "Provenance",
     "Window",
     "acancel",
     "aopen_checkpointer",

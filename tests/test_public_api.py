@@ -44,6 +44,10 @@ PUBLIC = {
     "ApprovalQuestion",
     "Remember",
     "ApprovalScope",
+    # provenance
+    "Trust",
+    "ValueSource",
+    "Provenance",
     "Deadline",
     "RuntimeBudget",
     "ModelPrice",

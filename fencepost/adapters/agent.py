@@ -29,6 +29,7 @@ from fencepost.policy.tool import (
 )
 from fencepost.policy.tool_decorator import ToolDefinitionError
 from fencepost.policy.tool_decorator import tool as tool_from_function
+from fencepost.policy.trust import Trust
 
 if TYPE_CHECKING:
     from langgraph.graph.state import CompiledStateGraph
@@ -64,6 +65,8 @@ def tool(
     approval_right: str | None = None,
     four_eyes: bool | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> ToolSpec: ...
 
 
@@ -87,6 +90,8 @@ def tool(
     approval_right: str | None = None,
     four_eyes: bool | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
@@ -109,6 +114,8 @@ def tool(
     approval_right: str | None = None,
     four_eyes: bool | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Any:
     """A :class:`ToolSpec`: what a tool does (``effect``), who may call it (``capability``), how
     long a call may take (``timeout_seconds``); and, optionally, which of its calls need approval
@@ -123,7 +130,10 @@ def tool(
 
     ``effect`` and ``capability`` have no safe default: without them a one-sentence error says
     what is missing. ``approval_right`` and ``four_eyes`` say who may answer the tool's
-    approval (see ``ToolSpec``).
+    approval (see ``ToolSpec``). ``output_trust`` (``fp.Trust.TRUSTED`` for a system of record
+    the application controls; untrusted by default) and ``sensitive`` (the argument names the
+    graph's ``provenance`` rule judges) are the tool's provenance declarations, for a function and
+    a LangChain tool alike.
     ``inject`` and ``tool_exception_code`` are a LangChain tool's (what ``tool_spec`` does with
     them); a function marks its injected parameters ``Annotated[T, fp.Injected("name")]`` and
     raises :class:`~fencepost.policy.ToolError` for a code of its own, so given for a function
@@ -167,6 +177,8 @@ def tool(
             needs_approval=needs_approval,
             approval_right=approval_right,
             four_eyes=four_eyes,
+            output_trust=output_trust,
+            sensitive=sensitive,
         )
     given = [
         k
@@ -194,6 +206,8 @@ def tool(
         approval_right=approval_right,
         four_eyes=four_eyes,
         needs_approval=needs_approval,
+        output_trust=output_trust,
+        sensitive=sensitive,
     )
 
 

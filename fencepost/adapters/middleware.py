@@ -91,6 +91,7 @@ from fencepost.policy.gating import gate_batch, refused_batch
 from fencepost.policy.keys import call_key, started_key, step_key
 from fencepost.policy.ownership import run_owner
 from fencepost.policy.phase import Phase
+from fencepost.policy.provenance import ObservedOutput, output_of
 from fencepost.policy.reservations import (
     Claim,
     claim,
@@ -99,6 +100,7 @@ from fencepost.policy.reservations import (
     stop_for_unknown_account,
 )
 from fencepost.policy.state import as_turn, stop
+from fencepost.policy.trust import Trust
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -107,7 +109,16 @@ if TYPE_CHECKING:
 __all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError"]
 
 TAKEN = frozenset(
-    {"approval", "ledger", "repeat_limit", "verdict_key", "clock", "denial", "tool_catalog"}
+    {
+        "approval",
+        "ledger",
+        "repeat_limit",
+        "verdict_key",
+        "clock",
+        "denial",
+        "tool_catalog",
+        "provenance",
+    }
 )
 """The :class:`~fencepost.LoopSettings` this binding takes; any other given a value of its own
 is refused (``GraphConfigError`` naming it), never silently ignored."""
@@ -152,11 +163,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     :class:`~fencepost.LoopSettings` given as ``settings`` or its fields as keyword arguments
     (a keyword wins), with the same defaults and checks. It takes ``approval``
     (``"terminate"`` | ``"interrupt"``), ``ledger``, ``repeat_limit``, ``verdict_key``,
-    ``clock``, ``denial`` (``"end_run"`` | ``"observe"``) and ``tool_catalog`` (``"all"`` |
+    ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``tool_catalog`` (``"all"`` |
     ``"permitted"``: the model is shown only the registered tools the run's principal may call,
-    each model call, from its context); any other setting given a value
-    of its own is refused (a ``GraphConfigError`` names it), never ignored: with
-    ``approval="interrupt"`` the requester answers.
+    each model call, from its context) and ``provenance`` (``"observe"`` | ``"ask"`` |
+    ``"refuse"``: the built-in provenance rule, judging values against the thread's tool
+    messages); any other setting given a value of its own is refused (a ``GraphConfigError``
+    names it), never ignored: with ``approval="interrupt"`` the requester answers.
 
     Example::
 
@@ -395,6 +407,8 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             now=cfg.clock.now(),
             context=ctx,
             denial=cfg.denial,
+            provenance=cfg.provenance,
+            outputs=_outputs(values.get("messages", []), cfg.registry),
         )
         telemetry.gated(run.run_id, gated.batch, gated.specs)
         if gated.stop is not None:
@@ -628,6 +642,28 @@ def _record(values: Any) -> RunState | None:
 
 def _dump(run: RunState) -> dict[str, Any]:
     return run.model_dump(mode="json")
+
+
+def _outputs(messages: list[AnyMessage], registry: ToolRegistry) -> list[ObservedOutput]:
+    """The thread's tool results as provenance sources (this binding keeps no observations:
+    the messages are its record), each trusted as its registered tool declares; a refusal or
+    an error (``status="error"``) carries no values."""
+    found = []
+    for message in messages:
+        if not isinstance(message, ToolMessage) or message.status == "error":
+            continue
+        name = message.name or ""
+        trusted = name in registry and registry.get(name).output_trust is Trust.TRUSTED
+        content: object = message.content
+        if isinstance(content, str):
+            with contextlib.suppress(ValueError):
+                content = json.loads(content)
+        found.append(
+            output_of(
+                message, call_id=message.tool_call_id, tool=name, trusted=trusted, result=content
+            )
+        )
+    return found
 
 
 def _last_ai(messages: list[AnyMessage]) -> AIMessage | None:

@@ -110,6 +110,7 @@ async def gate(
             approver=cfg.approver is not None,
             needs_approval=needs_approval,
             remembered=remembered,
+            provenance=cfg.provenance,
         )
 
     gated = judged()
@@ -132,7 +133,9 @@ async def gate(
         decisions = {}
         for entry, spec in zip(gated.batch, gated.specs, strict=True):
             if spec is not None and entry.verdict.code is VerdictCode.APPROVAL_REQUIRED:
-                request = approver_input(entry, spec, state, ctx)
+                request = approver_input(
+                    entry, spec, state, ctx, gated.provenance.get(entry.call_id)
+                )
                 decisions[entry.call_id] = await ask_approver(io, request)
         answered = apply_approver(
             state,

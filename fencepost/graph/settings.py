@@ -31,6 +31,7 @@ from fencepost.policy.approver import Approver
 from fencepost.policy.catalog import TOOL_CATALOGS, ToolCatalog
 from fencepost.policy.denial import DENIAL_MODES, DenialMode
 from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
+from fencepost.policy.provenance import PROVENANCE_MODES, ProvenanceMode
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import NeedsApproval
 
@@ -194,6 +195,14 @@ class LoopSettings:
     """Which tools the model is shown: ``"all"``, or ``"permitted"`` — only those the run's
     principal may call, by the gate's own capability check, each step
     (:mod:`fencepost.policy.catalog`). The gate still refuses a call to a tool not shown."""
+    provenance: ProvenanceMode = "observe"
+    """The built-in provenance rule (:mod:`fencepost.policy.provenance`): a write or external
+    call whose sensitive arguments (``@fp.tool(..., sensitive=("recipient",))``) trace only to
+    untrusted tool output (a tool's ``output_trust``, untrusted by default) is refused
+    ``untrusted_provenance`` (``"refuse"``: a policy denial, data under ``denial="observe"``),
+    sent to approval — the approver first, if any, then a person (``"ask"``) — or let go on
+    (``"observe"``). Whatever the mode, each traced call's provenance (sources by call id and
+    kind, never a value) is in its verdict, receipt, manifest and span."""
 
     def __post_init__(self) -> None:
         if self.approval not in ("terminate", "interrupt"):
@@ -241,6 +250,8 @@ class LoopSettings:
             raise GraphConfigError("tokens_per_step", "must be an integer >= 0")
         if self.tool_catalog not in TOOL_CATALOGS:
             raise GraphConfigError("tool_catalog", "must be 'all' or 'permitted'")
+        if self.provenance not in PROVENANCE_MODES:
+            raise GraphConfigError("provenance", "must be 'observe', 'ask' or 'refuse'")
         if not isinstance(self.prices, PriceTable):
             raise GraphConfigError("prices", "must be a fp.PriceTable")
         if isinstance(self.price, str) and self.price:
@@ -299,6 +310,7 @@ class LoopOptions(TypedDict, total=False):
     price: str | ModelPrice | None
     prices: PriceTable
     tool_catalog: ToolCatalog
+    provenance: ProvenanceMode
 
 
 def settings_from(settings: LoopSettings | None, options: LoopOptions) -> LoopSettings:

@@ -55,6 +55,7 @@ from fencepost.policy.tool import (
     ToolSpec,
     lax_model_in,
 )
+from fencepost.policy.trust import Trust
 
 __all__ = ["InjectionMissing", "ToolDefinitionError", "tool"]
 
@@ -88,6 +89,8 @@ def tool(
     approval_right: str | None = None,
     four_eyes: bool | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> ToolSpec: ...
 
 
@@ -109,6 +112,8 @@ def tool(
     approval_right: str | None = None,
     four_eyes: bool | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
@@ -129,6 +134,8 @@ def tool(
     approval_right: str | None = None,
     four_eyes: bool | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Any:
     """Turn the decorated function into a :class:`ToolSpec`.
 
@@ -138,7 +145,10 @@ def tool(
     limit (default :data:`DEFAULT_TOOL_TIMEOUT_SECONDS`). ``name`` defaults to the function's name
     and ``description`` to its docstring (without its ``Args:`` section, whose lines become the
     fields' descriptions). ``idempotent``, ``semantic_validator``, ``progress_predicate``,
-    ``allow_empty_query``, ``repeat_limit``, ``needs_approval``, ``approval_right`` and ``four_eyes`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
+    ``allow_empty_query``, ``repeat_limit``, ``needs_approval``, ``approval_right``,
+    ``four_eyes``, ``output_trust`` (:class:`~fencepost.policy.trust.Trust`: untrusted unless
+    said) and ``sensitive`` (argument names, each checked to be a parameter) are passed to the
+    ToolSpec as they are. These are the keyword names ``ToolSpec`` and
     ``tool_spec`` take.
 
     ``tool(fn, effect=..., capability=...)`` (the function given directly) is the same as the
@@ -179,6 +189,23 @@ def tool(
             ) from None
         args_model, call = _derive(fn, tool_name, arg_docs)
         try:
+            trust = Trust(output_trust)
+        except ValueError:
+            allowed = ", ".join(t.value for t in Trust)
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: output_trust {output_trust!r} is not one of {allowed}"
+            ) from None
+        if isinstance(sensitive, str):
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: sensitive must be a tuple of argument names, "
+                f"as sensitive=({sensitive!r},)"
+            )
+        unknown = [n for n in sensitive if n not in args_model.model_fields]
+        if unknown:
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: sensitive names {unknown} that are not its arguments"
+            )
+        try:
             return ToolSpec(
                 name=tool_name,
                 description=text.strip(),
@@ -195,6 +222,8 @@ def tool(
                 needs_approval=needs_approval,
                 approval_right=approval_right,
                 four_eyes=four_eyes,
+                output_trust=trust,
+                sensitive=tuple(sensitive),
             )
         except ValidationError as exc:
             # A keyword of the decorator out of range (timeout_seconds=0, repeat_limit=0):
