@@ -24,6 +24,7 @@ Every run ends with one :class:`~fencepost.policy.TerminationReason` in the agen
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterable
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
 from langchain.agents.middleware.types import OmitFromInput
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command, interrupt
 from pydantic import ValidationError
 
@@ -40,6 +42,7 @@ from fencepost.adapters.agent import registry_of
 from fencepost.graph.account import (
     account_of,
     mark_result,
+    open_run,
     reserve,
     reserve_batch,
     with_budget_view,
@@ -71,21 +74,20 @@ from fencepost.policy.approval import (
 )
 from fencepost.policy.budget import default_budget
 from fencepost.policy.context import RunContext, coerce_context
+from fencepost.policy.decide import accept_decision, invalid_code
+from fencepost.policy.decision import InvalidProposal, ToolBatch
 from fencepost.policy.denial import DenialMode
 from fencepost.policy.developer_log import TOOLS, raised
-from fencepost.policy.error_codes import error_code_for
+from fencepost.policy.error_codes import failure_code_for
 from fencepost.policy.execution import admits
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gating import gate_batch, refused_batch
 from fencepost.policy.keys import call_key, started_key, step_key
-from fencepost.policy.ownership import run_owner
 from fencepost.policy.phase import Phase
 from fencepost.policy.reservations import (
     Claim,
     claim,
     step_amounts,
-    stop_for_conflict,
-    stop_for_unknown_account,
 )
 from fencepost.policy.state import as_turn, stop
 from fencepost.policy.tool import NeedsApproval
@@ -251,7 +253,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return admitted
         try:
             result = handler(request)
-        except Exception as exc:
+        except _RUNTIMES:
+            raise
+        except BaseException as exc:  # a tool cannot end its run, nor the process
             return drive(self._failed(io, request, admitted, exc))
         return drive(self._ran(io, request, admitted, result))
 
@@ -266,7 +270,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return admitted
         try:
             result = await handler(request)
-        except Exception as exc:
+        except _RUNTIMES:
+            raise
+        except BaseException as exc:  # a tool cannot end its run, nor the process
             return await self._failed(io, request, admitted, exc)
         return await self._ran(io, request, admitted, result)
 
@@ -292,19 +298,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         )
         if ctx is None:
             return _end(run, stop(_DENIED, "invalid_context"))
-        try:
-            balance = await io.open_account(
-                account_of(run),
-                self.budget.limits(),
-                parent=ctx.budget_account,
-                owner=run_owner(ctx, run.run_id),
-            )
-        except LookupError:
-            return _end(run, stop_for_unknown_account())
-        except ValueError:
-            return _end(run, stop_for_conflict())
-        run = with_budget_view(run, balance)
-        return {RUN_KEY: _dump(run), "termination": None, "last_error_code": None}
+        # The graph's own opening: a parent account funds only what its owner may spend.
+        opened = await open_run(io, run, ctx)
+        if isinstance(opened, StopRequest):
+            return _end(run, opened)
+        return {RUN_KEY: _dump(opened), "termination": None, "last_error_code": None}
 
     async def _step(
         self, io: NodeIO, values: FencepostState, context: Any
@@ -349,6 +347,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             ]
         except ValidationError:
             return await self._close(io, run, stop(_INVALID, "invalid_tool_call"), message)
+        # What the model's calls mean is the graph binding's question too (``accept_decision``).
+        accepted = accept_decision(ToolBatch(calls=tuple(calls)))
+        if isinstance(accepted, InvalidProposal):
+            code = invalid_code(accepted, run.run_id)
+            return await self._close(io, run, stop(_INVALID, code), message)
         refused = refused_batch(calls, run.answered, frozenset())
         if refused is not None:
             telemetry.batch_refused(run.run_id, calls, self.cfg.registry, refused.error_code or "")
@@ -486,12 +489,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         return result  # type: ignore[no-any-return]
 
     async def _failed(
-        self, io: NodeIO, request: ToolCallRequest, admitted: Any, exc: Exception
+        self, io: NodeIO, request: ToolCallRequest, admitted: Any, exc: BaseException
     ) -> ToolMessage:
         run, _ctx, _account, key = admitted
         call_id = str(request.tool_call.get("id") or "")
         name = str(request.tool_call.get("name") or "")
-        code = error_code_for(exc)
+        code = failure_code_for(exc)
         raised(TOOLS, f"tool {name!r}", exc, run_id=run.run_id, call_id=call_id, code=code.value)
         await io.settle(key)
         return _refusal(call_id, name, code.value)
@@ -529,6 +532,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
 
 
 _DENIED = TerminationReason.POLICY_DENIED
+_RUNTIMES = (asyncio.CancelledError, GeneratorExit, GraphBubbleUp)
+"""What may leave a tool call as it is: the runtime cancelling or closing it, and LangGraph's
+own control flow (an ``interrupt()`` inside a tool)."""
 _INVALID = TerminationReason.INVALID_PROPOSAL
 
 

@@ -39,6 +39,8 @@ from tests.graph.kit import (
     thread,
     write_then_read_paused_before_read,
 )
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 
 ledger = pytest.fixture(params=LEDGERS, name="ledger")(each_ledger)
 
@@ -462,3 +464,69 @@ def test_a_forged_pending_entry_is_regated_on_approval_and_never_escapes(
     assert fp.run_output(out).is_terminal
     assert [name for name, _, _ in h.calls.log] in ([], ["write_note"])
     assert all(key == "call-0001" for _, _, key in h.calls.log)
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_an_unknown_tool_never_runs(binding: type[bd.Binding]) -> None:
+    b = binding(bd.then_answer(bd.call("drop_tables", {}, 1)), steps=5, tools=5)
+    out = b.start(mw.ctx())
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.INVALID_PROPOSAL.value
+
+
+def test_a_call_the_principal_has_no_capability_for_never_runs(binding: type[bd.Binding]) -> None:
+    b = binding(bd.then_answer(bd.call("write_note", {"note": "x"}, 1)), steps=5, tools=5)
+    out = b.start(mw.ctx("logs:read"))
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.POLICY_DENIED.value
+
+
+def test_an_unapproved_write_never_runs_in_terminate_mode(binding: type[bd.Binding]) -> None:
+    b = binding(bd.then_answer(bd.call("write_note", {"note": "x"}, 1)), steps=5, tools=5)
+    out = b.start(mw.ctx())
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.APPROVAL_REQUIRED.value
+
+
+@pytest.mark.parametrize("denial", ["end_run", "observe"])
+def test_a_denied_call_never_runs_nor_reserves_in_either_binding_whether_the_run_goes_on(
+    binding: type[bd.Binding], denial: str
+) -> None:
+    script = bd.then_answer(
+        bd.call("write_note", {"note": "x"}, 1), bd.call("search_logs", {"query": "q"}, 2)
+    )
+    b = binding(script, steps=5, tools=5, denial=denial)
+    out = b.start(mw.ctx("logs:read"))
+    assert b.reservation("call-0001") is None
+    assert out.bodies == (["search_logs:q"] if denial == "observe" else [])
+
+
+def test_a_write_rejected_at_approval_never_runs(binding: type[bd.Binding]) -> None:
+    b = binding(
+        bd.then_answer(bd.call("write_note", {"note": "x"}, 1)),
+        steps=5,
+        tools=5,
+        approval="interrupt",
+    )
+    assert b.start(mw.ctx()).paused
+    out = b.resume("reject", mw.ctx())
+    assert out.bodies == [] and b.reservation("call-0001") is None
+    assert out.termination is not None
+
+
+@pytest.mark.parametrize("answer", MALFORMED, ids=[f"a{i}" for i in range(len(MALFORMED))])
+def test_a_malformed_approval_answer_runs_no_other_write_and_never_escapes(
+    binding: type[bd.Binding], answer: Any
+) -> None:
+    b = binding(
+        bd.then_answer(bd.call("write_note", {"note": "hi"}, 1)),
+        steps=5,
+        tools=5,
+        approval="interrupt",
+    )
+    b.start(mw.ctx())
+    out = b.resume(answer, mw.ctx())
+    assert set(out.bodies) <= {"write_note:hi"}
+    assert out.paused or out.termination is not None

@@ -45,6 +45,8 @@ from tests.graph.kit import (
     make_registry,
     thread,
 )
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 
 FINAL = fp.FinalProposal(answer=fp.AnswerPayload(text="done"))
 
@@ -365,3 +367,44 @@ def test_a_usage_report_no_one_can_trust_is_charged_the_text_count_and_ends_type
         + count_tokens(reply_text(ABSTAIN))
     )
     assert state.budget.tokens_used == counted  # never the 100-token holds
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_with_n_calls_left_exactly_n_run(binding: type[bd.Binding]) -> None:
+    b = binding(bd.searches(), steps=50, tools=3)
+    out = b.start(mw.ctx())
+    assert len(out.bodies) == 3
+    assert out.termination == fp.TerminationReason.TOOL_BUDGET_EXHAUSTED.value
+
+
+def test_a_failed_call_stays_charged_in_either_bindings_ledger(binding: type[bd.Binding]) -> None:
+    b = binding(
+        bd.then_answer(bd.call("write_note", {"note": "x"}, 1)),
+        steps=5,
+        tools=5,
+        approval="interrupt",
+        failing_write=True,
+    )
+    b.start(mw.ctx())
+    out = b.resume("approve", mw.ctx())
+    assert out.bodies == ["write_note:x"]
+    reservation = b.reservation("call-0001")
+    assert reservation is not None
+    assert reservation.status is fp.policy.ReservationStatus.SETTLED
+    assert b.ledger.balance(b.account()).held.get("tool_calls") == 1
+
+
+def test_runs_of_either_binding_under_one_shared_account_never_spend_more_than_it_holds(
+    binding: type[bd.Binding],
+) -> None:
+    ledger = fp.InMemoryLedger()
+    ledger.open_account("pool", {"tool_calls": 3}, owner={"tenant": "acme", "principal": "u-1"})
+    shared = mw.ctx().model_copy(update={"budget_account": "pool"})
+    ran = 0
+    for _ in range(3):
+        b = binding(bd.searches(), steps=6, tools=2, ledger=ledger)
+        ran += len(b.start(shared).bodies)
+    assert ran == 3
+    assert ledger.balance("pool").held["tool_calls"] == 3

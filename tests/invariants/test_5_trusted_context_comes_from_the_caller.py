@@ -48,6 +48,8 @@ from tests.graph.kit import (
     upload_graph,
 )
 from tests.graph.nested_kit import Host
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 
 # -- the identity a run acts for ---------------------------------------------------------------
 
@@ -201,3 +203,70 @@ def test_a_run_resumed_by_a_fresh_graph_with_its_context_as_json_is_its_own(
         closed = ledger.balance(thread_account(config)).closed
     assert state.termination is TerminationReason.COMPLETED
     assert closed == TerminationReason.COMPLETED.value
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_arguments_naming_a_tenant_are_refused_in_either_binding(binding: type[bd.Binding]) -> None:
+    sneaky = bd.call("search_logs", {"query": "x", "tenant_id": "globex"}, 1)
+    b = binding(bd.then_answer(sneaky), steps=4, tools=4)
+    out = b.start(mw.ctx())
+    assert out.bodies == []
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.INVALID_PROPOSAL.value,
+        "schema_violation",
+    )
+
+
+def _paused_write(binding: type[bd.Binding]) -> bd.Binding:
+    b = binding(
+        bd.then_answer(bd.call("write_note", {"note": "x"}, 1)),
+        steps=5,
+        tools=5,
+        approval="interrupt",
+    )
+    assert b.start(mw.ctx()).paused
+    return b
+
+
+def _as(tenant: str = "acme", principal: str = "u-1") -> fp.RunContext:
+    return mw.ctx().model_copy(
+        update={
+            "tenant_id": tenant,
+            "principal": mw.ctx().principal.model_copy(update={"id": principal}),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "other", [None, _as(tenant="globex"), _as(principal="u-2")], ids=["none", "tenant", "principal"]
+)
+def test_a_resume_without_the_runs_own_context_runs_nothing(
+    binding: type[bd.Binding], other: fp.RunContext | None
+) -> None:
+    b = _paused_write(binding)
+    out = b.resume("approve", other)
+    held = b.reservation("call-0001")
+    assert out.bodies == []
+    assert held is None or held.status is fp.policy.ReservationStatus.RELEASED
+
+
+def test_after_a_resume_without_context_the_requester_can_still_answer(
+    binding: type[bd.Binding],
+) -> None:
+    b = _paused_write(binding)
+    assert b.resume("approve", None).paused
+    out = b.resume("approve", mw.ctx())
+    assert out.bodies == ["write_note:x"]
+    assert out.termination == fp.TerminationReason.COMPLETED.value
+
+
+def test_a_run_naming_another_tenants_pool_spends_nothing_of_it(binding: type[bd.Binding]) -> None:
+    ledger = fp.InMemoryLedger()
+    ledger.open_account("globex-pool", {"tool_calls": 10}, owner={"tenant": "globex"})
+    b = binding(bd.searches(), steps=4, tools=4, ledger=ledger)
+    out = b.start(mw.ctx().model_copy(update={"budget_account": "globex-pool"}))
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.POLICY_DENIED.value
+    assert ledger.balance("globex-pool").held.get("tool_calls", 0) == 0

@@ -39,6 +39,8 @@ from tests.graph.kit import (
     thread,
     upload_registry,
 )
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 from tests.telemetry_kit import assert_only_in_one_traceback, every_text
 
 SECRET = "password=hunter2"
@@ -312,3 +314,35 @@ def test_manifests_hold_no_arguments_or_results() -> None:
     for m in state.manifests:
         dumped = m.model_dump_json()
         assert marker not in dumped and "RESULT-TEXT-XYZ" not in dumped
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_a_tools_exception_text_never_reaches_the_model(binding: type[bd.Binding]) -> None:
+    script = bd.then_answer(bd.call("write_note", {"note": "rollback"}, 1))
+    b = binding(script, steps=5, tools=5, approval="interrupt", failing_write=True)
+    b.start(mw.ctx())
+    out = b.resume("approve", mw.ctx())
+    assert out.bodies == ["write_note:rollback"]
+    assert all(mw.SECRET not in repr(m) for turn in out.received for m in turn)
+    assert out.termination == fp.TerminationReason.COMPLETED.value
+
+
+def test_a_tool_exceptions_own_message_never_reaches_the_model(binding: type[bd.Binding]) -> None:
+    from langchain_core.tools import ToolException
+
+    @lc_tool
+    def lookup(query: str) -> str:
+        """Look a record up."""
+        raise ToolException(mw.SECRET)
+
+    b = binding(
+        bd.then_answer(bd.call("lookup", {"query": "x"}, 1)),
+        steps=4,
+        tools=4,
+        extra_tools=[(lookup, "read", "logs:read")],
+    )
+    out = b.start(mw.ctx())
+    assert out.termination == fp.TerminationReason.COMPLETED.value
+    assert all(mw.SECRET not in repr(m) for turn in out.received for m in turn)

@@ -10,6 +10,7 @@ by the step budget. An approved write counts once; an edit at approval is gated 
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -33,6 +34,8 @@ from tests.graph.kit import (
     state_of,
     thread,
 )
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 
 ledger = pytest.fixture(params=LEDGERS, name="ledger")(each_ledger)
 
@@ -229,3 +232,24 @@ def test_edited_arguments_pass_the_no_progress_gate_again_at_approval() -> None:
     state = fp.run_output(h.graph.invoke(Command(resume=edit), config, context=ctx))
     assert h.calls.count("write_note") == 2
     assert state.termination is fp.TerminationReason.NO_PROGRESS
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_the_same_call_repeated_past_the_limit_ends_no_progress(binding: type[bd.Binding]) -> None:
+    same = (bd.call("search_logs", {"query": "checkout"}, n) for n in itertools.count(1))
+    b = binding(same, steps=50, tools=50, repeat_limit=2)
+    out = b.start(mw.ctx())
+    assert len(out.bodies) == 2
+    assert out.termination == fp.TerminationReason.NO_PROGRESS.value
+
+
+def test_a_call_denied_as_data_repeated_past_the_limit_ends_no_progress_in_either_binding(
+    binding: type[bd.Binding],
+) -> None:
+    same = (bd.call("write_note", {"note": "x"}, n) for n in itertools.count(1))
+    b = binding(same, steps=50, tools=50, repeat_limit=2, denial="observe")
+    out = b.start(mw.ctx("logs:read"))
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.NO_PROGRESS.value

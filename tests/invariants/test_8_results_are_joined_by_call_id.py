@@ -7,8 +7,11 @@ rejected at approval), each leave every observation beside the proposal with its
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import tool as lc_tool
 from langgraph.types import Command
 
 import fencepost as fp
@@ -23,6 +26,8 @@ from tests.graph.kit import (
     make_registry,
     thread,
 )
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 
 
 def _slow_first_registry(calls: Calls) -> fp.ToolRegistry:
@@ -77,3 +82,31 @@ def test_each_recorded_proposal_is_the_one_its_observation_answers_in_a_mixed_ba
     assert {o.call_id for o in state.observations} == {"call-0001", "call-0002"}
     assert [p.call_id for p in state.proposals] == [o.call_id for o in state.observations]
     assert h.calls.count("search_logs") == 1 and h.calls.count("write_note") == 0
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_each_result_is_shown_beside_its_own_call_id_in_either_binding(
+    binding: type[bd.Binding],
+) -> None:
+    second_done = threading.Event()
+
+    @lc_tool
+    def lookup(query: str) -> str:
+        """Look a record up."""
+        if query == "first":
+            # The first call finishes last, where the calls run side by side.
+            second_done.wait(2)
+        else:
+            second_done.set()
+        return f"record of {query}"
+
+    script = bd.then_answer(
+        bd.batch(("lookup", {"query": "first"}, 1), ("lookup", {"query": "second"}, 2))
+    )
+    b = binding(script, steps=4, tools=4, extra_tools=[(lookup, "read", "logs:read")])
+    out = b.start(mw.ctx())
+    assert out.termination == fp.TerminationReason.COMPLETED.value
+    shown = {m.tool_call_id: str(m.content) for m in out.received[-1] if isinstance(m, ToolMessage)}
+    assert "record of first" in shown["call-0001"] and "record of second" in shown["call-0002"]

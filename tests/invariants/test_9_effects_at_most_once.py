@@ -47,6 +47,8 @@ from tests.graph.kit import (
     write_then_read_paused_before_read,
 )
 from tests.graph.test_tool_isolation import NoArgs
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 from tests.policy.factories import make_spec
 
 
@@ -273,3 +275,36 @@ def test_a_state_edit_cannot_run_an_approved_write_a_second_time(how: str) -> No
     update = forge_batch(h, config, (read, write), (allowed_verdict(read), allowed_verdict(write)))
     edit_and_continue(h, config, ctx, update, how)
     assert h.calls.count("write_note") == 1
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_an_approved_write_runs_once_however_often_the_answer_is_sent(
+    binding: type[bd.Binding],
+) -> None:
+    b = binding(
+        bd.then_answer(bd.call("write_note", {"note": "pay"}, 1)),
+        steps=5,
+        tools=5,
+        approval="interrupt",
+    )
+    b.start(mw.ctx())
+    b.resume("approve", mw.ctx())
+    out = b.resume("approve", mw.ctx())
+    assert out.bodies == ["write_note:pay"]
+
+
+def test_a_write_run_again_from_a_checkpoint_before_it_ran_never_runs_twice(
+    binding: type[bd.Binding],
+) -> None:
+    b = binding(
+        bd.then_answer(bd.call("write_note", {"note": "pay"}, 1)),
+        steps=5,
+        tools=5,
+        approval="interrupt",
+    )
+    b.start(mw.ctx())
+    assert b.resume("approve", mw.ctx()).bodies == ["write_note:pay"]
+    out = b.before_tools()
+    assert out.bodies == ["write_note:pay"]
