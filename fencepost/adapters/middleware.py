@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from fencepost.adapters import telemetry
 from fencepost.adapters.agent import registry_of
+from fencepost.adapters.chat_model import parse_ai_message
 from fencepost.graph.account import (
     account_of,
     mark_result,
@@ -336,8 +337,13 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         message = _last_ai(values.get("messages", []))
         if message is None:
             return None
-        if message.invalid_tool_calls:
-            return await self._close(io, run, stop(_INVALID, "malformed_tool_call"), message)
+        try:
+            # What the reply means is the graph binding's reading of it: a refusal, a cut-off
+            # or malformed reply, an empty one is an invalid proposal, never a completion.
+            parse_ai_message(message, run_id=run.run_id, step=run.step)
+        except InvalidProposal as invalid:
+            code = invalid_code(invalid, run.run_id)
+            return await self._close(io, run, stop(_INVALID, code), message)
         if not message.tool_calls:
             return await self._close(io, run, stop(TerminationReason.COMPLETED))
         try:

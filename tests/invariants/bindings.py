@@ -209,3 +209,25 @@ def batch(*calls: tuple[str, dict[str, Any], int]) -> AIMessage:
         content="",
         tool_calls=[{"name": n, "args": a, "id": f"call-{i:04d}"} for n, a, i in calls],
     )
+
+
+def waiting_write(
+    binding: type[Binding], note: str = "x", *, ctx: fp.RunContext | None = None, **settings: Any
+) -> Binding:
+    """A run of ``binding`` paused on its model's one call, ``write_note(note)`` (id
+    ``call-0001``), waiting for a person (``approval="interrupt"``); the model answers after."""
+    b = binding(
+        then_answer(call("write_note", {"note": note}, 1)),
+        steps=5,
+        tools=5,
+        approval="interrupt",
+        **settings,
+    )
+    assert b.start(ctx or _owner()).paused
+    return b
+
+
+def _owner() -> fp.RunContext:
+    from tests.middleware.kit import ctx
+
+    return ctx()

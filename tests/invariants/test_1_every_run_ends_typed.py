@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.messages import AIMessage
 from langchain_core.tools import tool as lc_tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -1200,4 +1201,34 @@ def test_an_unknown_budget_account_ends_the_run_typed_and_runs_nothing(
     assert (out.termination, out.error_code) == (
         fp.TerminationReason.POLICY_DENIED.value,
         "unknown_budget_account",
+    )
+
+
+_NO_DECISION = {
+    "empty_response": AIMessage(content=""),
+    "truncated_output": AIMessage(
+        content="",
+        tool_calls=[{"name": "search_logs", "args": {"query": "chec"}, "id": "call-0001"}],
+        response_metadata={"finish_reason": "length"},
+    ),
+    "model_refusal": AIMessage(content="no", additional_kwargs={"refusal": "I can't help"}),
+    "invalid_tool_calls": AIMessage(
+        content="",
+        invalid_tool_calls=[
+            {"name": "search_logs", "args": '{"query": ', "id": "call-0001", "error": None}
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("code", list(_NO_DECISION))
+def test_a_reply_that_is_no_decision_ends_invalid_proposal_never_completed_and_runs_nothing(
+    binding: type[bd.Binding], code: str
+) -> None:
+    b = binding(bd.then_answer(_NO_DECISION[code]), steps=4, tools=4)
+    out = b.start(mw.ctx())
+    assert out.bodies == []
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.INVALID_PROPOSAL.value,
+        code,
     )

@@ -209,29 +209,27 @@ def test_a_record_write_holding_text_with_no_utf8_form_never_escapes_and_the_run
 # -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
 
 
+def _refused_before_anything_runs(binding: type[bd.Binding], arguments: dict[str, Any]) -> None:
+    b = binding(bd.then_answer(bd.call("search_logs", arguments, 1)), steps=4, tools=4)
+    out = b.start(mw.ctx())
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.INVALID_PROPOSAL.value,
+        "unrepresentable_arguments",
+    )
+    assert out.bodies == [] and b.reservation("call-0001") is None
+
+
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(odd=unencodable_text(max_size=8), deep=st.booleans())
 def test_a_model_call_whose_argument_value_has_no_utf8_form_is_an_invalid_proposal(
     binding: type[bd.Binding], odd: str, deep: bool
 ) -> None:
     arguments = {"query": "checkout", "extra": [{"k": odd}]} if deep else {"query": odd}
-    b = binding(bd.then_answer(bd.call("search_logs", arguments, 1)), steps=4, tools=4)
-    out = b.start(mw.ctx())
-    assert (out.termination, out.error_code) == (
-        fp.TerminationReason.INVALID_PROPOSAL.value,
-        "unrepresentable_arguments",
-    )
-    assert out.bodies == [] and b.reservation("call-0001") is None
+    _refused_before_anything_runs(binding, arguments)
 
 
 def test_a_model_call_whose_argument_key_has_no_utf8_form_is_an_invalid_proposal(
     binding: type[bd.Binding],
 ) -> None:
     arguments = {"query": "checkout", ODD: None}
-    b = binding(bd.then_answer(bd.call("search_logs", arguments, 1)), steps=4, tools=4)
-    out = b.start(mw.ctx())
-    assert (out.termination, out.error_code) == (
-        fp.TerminationReason.INVALID_PROPOSAL.value,
-        "unrepresentable_arguments",
-    )
-    assert out.bodies == [] and b.reservation("call-0001") is None
+    _refused_before_anything_runs(binding, arguments)

@@ -504,13 +504,7 @@ def test_a_denied_call_never_runs_nor_reserves_in_either_binding_whether_the_run
 
 
 def test_a_write_rejected_at_approval_never_runs(binding: type[bd.Binding]) -> None:
-    b = binding(
-        bd.then_answer(bd.call("write_note", {"note": "x"}, 1)),
-        steps=5,
-        tools=5,
-        approval="interrupt",
-    )
-    assert b.start(mw.ctx()).paused
+    b = bd.waiting_write(binding)
     out = b.resume("reject", mw.ctx())
     assert out.bodies == [] and b.reservation("call-0001") is None
     assert out.termination is not None
@@ -520,13 +514,7 @@ def test_a_write_rejected_at_approval_never_runs(binding: type[bd.Binding]) -> N
 def test_a_malformed_approval_answer_runs_no_other_write_and_never_escapes(
     binding: type[bd.Binding], answer: Any
 ) -> None:
-    b = binding(
-        bd.then_answer(bd.call("write_note", {"note": "hi"}, 1)),
-        steps=5,
-        tools=5,
-        approval="interrupt",
-    )
-    b.start(mw.ctx())
+    b = bd.waiting_write(binding, "hi")
     out = b.resume(answer, mw.ctx())
     assert set(out.bodies) <= {"write_note:hi"}
     assert out.paused or out.termination is not None

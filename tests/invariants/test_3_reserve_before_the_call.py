@@ -380,14 +380,7 @@ def test_with_n_calls_left_exactly_n_run(binding: type[bd.Binding]) -> None:
 
 
 def test_a_failed_call_stays_charged_in_either_bindings_ledger(binding: type[bd.Binding]) -> None:
-    b = binding(
-        bd.then_answer(bd.call("write_note", {"note": "x"}, 1)),
-        steps=5,
-        tools=5,
-        approval="interrupt",
-        failing_write=True,
-    )
-    b.start(mw.ctx())
+    b = bd.waiting_write(binding, failing_write=True)
     out = b.resume("approve", mw.ctx())
     assert out.bodies == ["write_note:x"]
     reservation = b.reservation("call-0001")

@@ -219,17 +219,6 @@ def test_arguments_naming_a_tenant_are_refused_in_either_binding(binding: type[b
     )
 
 
-def _paused_write(binding: type[bd.Binding]) -> bd.Binding:
-    b = binding(
-        bd.then_answer(bd.call("write_note", {"note": "x"}, 1)),
-        steps=5,
-        tools=5,
-        approval="interrupt",
-    )
-    assert b.start(mw.ctx()).paused
-    return b
-
-
 def _as(tenant: str = "acme", principal: str = "u-1") -> fp.RunContext:
     return mw.ctx().model_copy(
         update={
@@ -245,7 +234,7 @@ def _as(tenant: str = "acme", principal: str = "u-1") -> fp.RunContext:
 def test_a_resume_without_the_runs_own_context_runs_nothing(
     binding: type[bd.Binding], other: fp.RunContext | None
 ) -> None:
-    b = _paused_write(binding)
+    b = bd.waiting_write(binding)
     out = b.resume("approve", other)
     held = b.reservation("call-0001")
     assert out.bodies == []
@@ -255,7 +244,7 @@ def test_a_resume_without_the_runs_own_context_runs_nothing(
 def test_after_a_resume_without_context_the_requester_can_still_answer(
     binding: type[bd.Binding],
 ) -> None:
-    b = _paused_write(binding)
+    b = bd.waiting_write(binding)
     assert b.resume("approve", None).paused
     out = b.resume("approve", mw.ctx())
     assert out.bodies == ["write_note:x"]

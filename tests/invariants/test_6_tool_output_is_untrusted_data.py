@@ -320,9 +320,7 @@ def test_manifests_hold_no_arguments_or_results() -> None:
 
 
 def test_a_tools_exception_text_never_reaches_the_model(binding: type[bd.Binding]) -> None:
-    script = bd.then_answer(bd.call("write_note", {"note": "rollback"}, 1))
-    b = binding(script, steps=5, tools=5, approval="interrupt", failing_write=True)
-    b.start(mw.ctx())
+    b = bd.waiting_write(binding, "rollback", failing_write=True)
     out = b.resume("approve", mw.ctx())
     assert out.bodies == ["write_note:rollback"]
     assert all(mw.SECRET not in repr(m) for turn in out.received for m in turn)

@@ -283,13 +283,7 @@ def test_a_state_edit_cannot_run_an_approved_write_a_second_time(how: str) -> No
 def test_an_approved_write_runs_once_however_often_the_answer_is_sent(
     binding: type[bd.Binding],
 ) -> None:
-    b = binding(
-        bd.then_answer(bd.call("write_note", {"note": "pay"}, 1)),
-        steps=5,
-        tools=5,
-        approval="interrupt",
-    )
-    b.start(mw.ctx())
+    b = bd.waiting_write(binding, "pay")
     b.resume("approve", mw.ctx())
     out = b.resume("approve", mw.ctx())
     assert out.bodies == ["write_note:pay"]
@@ -298,13 +292,7 @@ def test_an_approved_write_runs_once_however_often_the_answer_is_sent(
 def test_a_write_run_again_from_a_checkpoint_before_it_ran_never_runs_twice(
     binding: type[bd.Binding],
 ) -> None:
-    b = binding(
-        bd.then_answer(bd.call("write_note", {"note": "pay"}, 1)),
-        steps=5,
-        tools=5,
-        approval="interrupt",
-    )
-    b.start(mw.ctx())
+    b = bd.waiting_write(binding, "pay")
     assert b.resume("approve", mw.ctx()).bodies == ["write_note:pay"]
     out = b.before_tools()
     assert out.bodies == ["write_note:pay"]
