@@ -84,6 +84,7 @@ from fencepost.policy.execution import admits
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gating import gate_batch, refused_batch
 from fencepost.policy.keys import call_key, started_key, step_key
+from fencepost.policy.may_go_on import check_before_acting, context_refusal
 from fencepost.policy.phase import Phase
 from fencepost.policy.reservations import (
     Claim,
@@ -287,7 +288,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         ctx = coerce_context(context)
         record = _record(values)
         if record is not None and not record.is_terminal:
-            return None if ctx is not None else _end(record, stop(_DENIED, "invalid_context"))
+            return (
+                None if ctx is not None else _end(record, stop(_DENIED, context_refusal(context)))
+            )
         run = RunState(
             run_id=new_run_id(),
             tenant_id=ctx.tenant_id if ctx else None,
@@ -298,7 +301,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             turns=() if record is None else (*record.turns, as_turn(record)),
         )
         if ctx is None:
-            return _end(run, stop(_DENIED, "invalid_context"))
+            return _end(run, stop(_DENIED, context_refusal(context)))
         # The graph's own opening: a parent account funds only what its owner may spend.
         opened = await open_run(io, run, ctx)
         if isinstance(opened, StopRequest):
@@ -312,11 +315,13 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         run = _record(values)
         ctx = coerce_context(context)
         if run is None or ctx is None:
-            return _end(run, stop(_DENIED, "invalid_context"))
+            return _end(run, stop(_DENIED, context_refusal(context)))
         if run.is_terminal:
             return {"jump_to": "end"}
-        if ctx.deadline is not None and ctx.deadline.expired(clock=self.cfg.clock):
-            return await self._close(io, run, stop(TerminationReason.DEADLINE_EXCEEDED))
+        # The graph's decide asks the same: the run's own identity, and time left.
+        refused = check_before_acting(run, ctx, clock=self.cfg.clock, given=context)
+        if refused is not None:
+            return await self._close(io, run, refused)
         run = _answered(run)
         held = await reserve(io, run, ctx, step_key(account_of(run), run.step + 1), step_amounts(0))
         if isinstance(held, StopRequest):
@@ -331,7 +336,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         run = _record(values)
         ctx = coerce_context(context)
         if run is None or ctx is None:
-            return _end(run, stop(_DENIED, "invalid_context"))
+            return _end(run, stop(_DENIED, context_refusal(context)))
         if run.is_terminal:
             return {"jump_to": "end"}
         message = _last_ai(values.get("messages", []))

@@ -259,3 +259,29 @@ def test_a_run_naming_another_tenants_pool_spends_nothing_of_it(binding: type[bd
     assert out.bodies == []
     assert out.termination == fp.TerminationReason.POLICY_DENIED.value
     assert ledger.balance("globex-pool").held.get("tool_calls", 0) == 0
+
+
+def test_a_run_started_without_context_ends_missing_context_and_runs_nothing(
+    binding: type[bd.Binding],
+) -> None:
+    b = binding(bd.searches(), steps=4, tools=4)
+    out = b.start(None)
+    assert out.bodies == [] and out.received == []
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.POLICY_DENIED.value,
+        "missing_context",
+    )
+
+
+@pytest.mark.parametrize("other", [_as(tenant="globex"), _as(principal="u-2")], ids=["t", "p"])
+def test_a_run_going_on_under_another_identity_ends_context_mismatch_and_runs_nothing_more(
+    binding: type[bd.Binding], other: fp.RunContext
+) -> None:
+    b = binding(bd.searches(), steps=6, tools=6)
+    assert len(b.start(mw.ctx(), interrupt_after=[binding.TOOLS]).bodies) == 1
+    out = b.go_on(other)
+    assert len(out.bodies) == 1 and len(out.received) == 1
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.POLICY_DENIED.value,
+        "context_mismatch",
+    )
