@@ -77,7 +77,7 @@ from fencepost.policy.budget import default_budget
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import accept_decision, invalid_code
 from fencepost.policy.decision import InvalidProposal, ToolBatch
-from fencepost.policy.denial import DenialMode
+from fencepost.policy.denial import DenialMode, shown_code
 from fencepost.policy.developer_log import TOOLS, raised
 from fencepost.policy.error_codes import failure_code_for
 from fencepost.policy.execution import admits
@@ -439,7 +439,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return _refusal(call_id, name, ErrorCode.PERMISSION_DENIED.value)
         verdict = entry.verdict
         if not verdict.allowed:
-            return _refusal(call_id, name, verdict.code.value)
+            return _refusal(call_id, name, shown_code(verdict).value)
         spec = self.cfg.registry.get(name) if name in self.cfg.registry else None
         try:
             same = name == entry.proposal.tool_name and verdict.fingerprint == (

@@ -46,8 +46,8 @@ class Outcome:
 class Binding:
     """One binding, driven the same way: a script of model turns, a budget, answers.
 
-    ``tools`` replaces the kit's two tools (``search_logs``, a read; ``write_note``, a write)
-    with others, each given as ``(lc_tool, effect, capability)``."""
+    ``extra_tools`` adds LangChain tools to the kit's two (``search_logs``, a read;
+    ``write_note``, a write), each given as ``(lc_tool, fp.tool's keywords)``."""
 
     name = ""
 
@@ -59,15 +59,13 @@ class Binding:
         tools: int,
         ledger: fp.Ledger | None = None,
         failing_write: bool = False,
-        extra_tools: Sequence[tuple[BaseTool, str, str]] = (),
+        extra_tools: Sequence[tuple[BaseTool, dict[str, Any]]] = (),
         **settings: Any,
     ):
         self.ran = Ran()
         self.tools = lc_tools(self.ran, failing_write=failing_write)
-        self.specs = specs(self.tools) + [
-            fp.tool(t, effect=effect, capability=cap) for t, effect, cap in extra_tools
-        ]
-        self.tools += [t for t, _, _ in extra_tools]
+        self.specs = specs(self.tools) + [fp.tool(t, **declared) for t, declared in extra_tools]
+        self.tools += [t for t, _ in extra_tools]
         self.model = FakeToolChatModel(messages=script)
         self.budget = fp.RuntimeBudget(steps_remaining=steps, tool_calls_remaining=tools)
         self.ledger = ledger if ledger is not None else fp.InMemoryLedger()
@@ -178,6 +176,9 @@ class MiddlewareBinding(Binding):
     def _input(self, question: str) -> Any:
         return {"messages": [HumanMessage(question)]}
 
+
+READ: dict[str, Any] = {"effect": "read", "capability": "logs:read"}
+"""``fp.tool``'s keywords for a read tool anyone with ``logs:read`` may call."""
 
 BINDINGS: dict[str, type[Binding]] = {"graph": GraphBinding, "middleware": MiddlewareBinding}
 """The ``binding`` fixture: each binding of the contract in turn (``conftest.py``)."""

@@ -1183,7 +1183,7 @@ def test_a_tool_raising_a_base_exception_is_contained_and_its_run_ends_typed(
         bd.then_answer(bd.call("hostile", {"query": "x"}, 1)),
         steps=4,
         tools=2,
-        extra_tools=[(hostile, "read", "logs:read")],
+        extra_tools=[(hostile, bd.READ)],
     )
     out = b.start(mw.ctx())
     assert out.termination == fp.TerminationReason.COMPLETED.value

@@ -339,7 +339,7 @@ def test_a_tool_exceptions_own_message_never_reaches_the_model(binding: type[bd.
         bd.then_answer(bd.call("lookup", {"query": "x"}, 1)),
         steps=4,
         tools=4,
-        extra_tools=[(lookup, "read", "logs:read")],
+        extra_tools=[(lookup, bd.READ)],
     )
     out = b.start(mw.ctx())
     assert out.termination == fp.TerminationReason.COMPLETED.value

@@ -105,7 +105,7 @@ def test_each_result_is_shown_beside_its_own_call_id_in_either_binding(
     script = bd.then_answer(
         bd.batch(("lookup", {"query": "first"}, 1), ("lookup", {"query": "second"}, 2))
     )
-    b = binding(script, steps=4, tools=4, extra_tools=[(lookup, "read", "logs:read")])
+    b = binding(script, steps=4, tools=4, extra_tools=[(lookup, bd.READ)])
     out = b.start(mw.ctx())
     assert out.termination == fp.TerminationReason.COMPLETED.value
     shown = {m.tool_call_id: str(m.content) for m in out.received[-1] if isinstance(m, ToolMessage)}
