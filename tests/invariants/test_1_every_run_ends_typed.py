@@ -14,6 +14,14 @@ any limit, call ids of NUL or blank characters), a recursion limit of one, a bud
 does not exist, a hung model, a tool raising ``SystemExit`` or its own ``CancelledError``, and a
 validator or progress predicate that breaks: each ends the run with one reason, and the text of
 what raised is never checkpointed.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: a model that never
+stops, a reply that is no decision, a finished run called again, a tool raising a
+``BaseException``, an unknown budget account. The other tests drive the graph's own state, nodes or
+settings (``update_state``, ``Command(update=...)``, channels, ``interrupt_before``, repair, the
+approver, token estimates, savers and ledgers by URL), which the middleware binding does not have:
+they stay graph-only.
 """
 
 from __future__ import annotations

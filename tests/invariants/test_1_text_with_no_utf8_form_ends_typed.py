@@ -19,6 +19,13 @@ A final answer, an abstention, a call id or a context field holding one is refus
 
 Each on an ``InMemorySaver``, a ``SqliteSaver`` on a file and a ``PostgresSaver``, under
 ``LANGGRAPH_STRICT_MSGPACK=true`` as ``make test`` runs.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: a model's call
+holding such text in an argument value or key (the key is a middleware limit). The other tests
+drive the graph's own state, nodes or settings (``update_state``, ``Command(update=...)``,
+channels, ``interrupt_before``, repair, the approver, token estimates, savers and ledgers by URL),
+which the middleware binding does not have: they stay graph-only.
 """
 
 from __future__ import annotations

@@ -8,7 +8,15 @@ The executor is the last line. A caller can edit a thread's state between supers
 a call only for an ``allowed`` verdict with the same call id and argument fingerprint, for a
 principal who holds the capability under the context it runs with, a write only where something
 could have approved it, and only a call whose budget was reserved. Both forms of edit are tried
-wherever it matters."""
+wherever it matters.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: an unknown tool, a
+missing capability, an unapproved write, a denial that ends the run or is data, a rejected write, a
+malformed answer. The other tests drive the graph's own state, nodes or settings (``update_state``,
+``Command(update=...)``, channels, ``interrupt_before``, repair, the approver, token estimates,
+savers and ledgers by URL), which the middleware binding does not have: they stay graph-only.
+"""
 
 from __future__ import annotations
 

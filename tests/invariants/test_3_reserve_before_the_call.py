@@ -6,6 +6,13 @@ every token the run's chain has left, so runs sharing a limit cannot multiply it
 one can trust (missing, not a count, too small for the reply) is charged at least the estimate,
 on the real graph too. A call that was attempted stays charged (a failure refunds nothing), and
 runs funded by one shared account never spend more than it holds.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: exactly N calls
+with N left, a failed call stays charged, runs sharing one account. The other tests drive the
+graph's own state, nodes or settings (``update_state``, ``Command(update=...)``, channels,
+``interrupt_before``, repair, the approver, token estimates, savers and ledgers by URL), which the
+middleware binding does not have: they stay graph-only.
 """
 
 from __future__ import annotations

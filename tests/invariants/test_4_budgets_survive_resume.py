@@ -9,6 +9,13 @@ checkpointer it cannot derive one from is refused at compile, saying what to pas
 never saw the run (an in-memory one lost with its process) re-opens nothing from the checkpoint:
 the run is refused, ``unknown_budget_account``, and nothing more runs. A run whose first step
 died after its account was opened resumes on that account, however it was started.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: tool calls and
+steps across an approval's resume, ``invoke(None)`` after a pause. The other tests drive the
+graph's own state, nodes or settings (``update_state``, ``Command(update=...)``, channels,
+``interrupt_before``, repair, the approver, token estimates, savers and ledgers by URL), which the
+middleware binding does not have: they stay graph-only.
 """
 
 from __future__ import annotations

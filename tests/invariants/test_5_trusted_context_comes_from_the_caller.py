@@ -11,6 +11,14 @@ the answer may also come from another principal of the run's tenant holding the 
 (tests/features/test_approval_by_people.py); any other answer runs nothing and the run keeps
 waiting. A context passed
 as JSON (as LangGraph Server passes it) is the same identity as the ``RunContext`` it dumps.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: arguments naming a
+tenant, a resume or a run going on without the run's own context, a missing context, another
+tenant's pool (the requester's answer after a wrong resume is a middleware limit). The other tests
+drive the graph's own state, nodes or settings (``update_state``, ``Command(update=...)``,
+channels, ``interrupt_before``, repair, the approver, token estimates, savers and ledgers by URL),
+which the middleware binding does not have: they stay graph-only.
 """
 
 from __future__ import annotations

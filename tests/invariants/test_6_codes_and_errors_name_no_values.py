@@ -10,6 +10,13 @@
 - ``fp.run_output``'s ``ValidationError`` for a record that does not validate names the fields,
   never the values (not in its text, ``repr``, ``errors()`` or JSON, nor in an exception it
   carries as its context).
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: a semantic rule
+given as a sentence, ending the run or as data. The other tests drive the graph's own state, nodes
+or settings (``update_state``, ``Command(update=...)``, channels, ``interrupt_before``, repair, the
+approver, token estimates, savers and ledgers by URL), which the middleware binding does not have:
+they stay graph-only.
 """
 
 from __future__ import annotations

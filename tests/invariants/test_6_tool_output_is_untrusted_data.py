@@ -9,6 +9,13 @@ with its traceback, and nowhere else: the canary sweep below looks for its text 
 checkpoint blob (an InMemorySaver's and a SQLite file's), every chunk of every stream mode,
 every input the decision model was given and every span, event and attribute. A step manifest
 holds no argument or result text either.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: a tool's exception
+text, a ``ToolException``'s own message. The other tests drive the graph's own state, nodes or
+settings (``update_state``, ``Command(update=...)``, channels, ``interrupt_before``, repair, the
+approver, token estimates, savers and ledgers by URL), which the middleware binding does not have:
+they stay graph-only.
 """
 
 from __future__ import annotations

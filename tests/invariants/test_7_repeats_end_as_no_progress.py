@@ -6,7 +6,15 @@ approver) counts: the same call denied past the limit is no progress.
 A caller who overwrites the repeat counts in state does not reset them; one who rewrites the
 evidence epochs still never spends past the tool budget (that it resets the count is a known
 limit: ``tests/test_known_limits.py``). A tool whose results keep changing is progress, bounded
-by the step budget. An approved write counts once; an edit at approval is gated again."""
+by the step budget. An approved write counts once; an edit at approval is gated again.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: the same call past
+the limit, the same call denied as data past it. The other tests drive the graph's own state, nodes
+or settings (``update_state``, ``Command(update=...)``, channels, ``interrupt_before``, repair, the
+approver, token estimates, savers and ledgers by URL), which the middleware binding does not have:
+they stay graph-only.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,13 @@
 
 A batch whose first call finishes last, and a batch whose calls end differently (one run, one
 rejected at approval), each leave every observation beside the proposal with its call id.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: a batch whose first
+call finishes last. The other tests drive the graph's own state, nodes or settings
+(``update_state``, ``Command(update=...)``, channels, ``interrupt_before``, repair, the approver,
+token estimates, savers and ledgers by URL), which the middleware binding does not have: they stay
+graph-only.
 """
 
 from __future__ import annotations

@@ -4,6 +4,13 @@ A write cut off after it started has an unknown outcome whatever its body's kind
 already has a receipt never runs again, whatever the batch says: judged by the ledger (which
 ``update_state`` cannot reach), not only by the receipts in state: an approved write written
 back into the batch by a state edit does not run a second time.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: an approval sent
+twice, a rollback to the checkpoint before the write ran. The other tests drive the graph's own
+state, nodes or settings (``update_state``, ``Command(update=...)``, channels,
+``interrupt_before``, repair, the approver, token estimates, savers and ledgers by URL), which the
+middleware binding does not have: they stay graph-only.
 """
 
 from __future__ import annotations
