@@ -9,6 +9,7 @@ as a strict xfail, in ``tests/test_known_limits.py`` (``MIDDLEWARE_LIMITS``)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,7 @@ class Binding:
         ledger: fp.Ledger | None = None,
         failing_write: bool = False,
         extra_tools: Sequence[tuple[BaseTool, dict[str, Any]]] = (),
+        mode: str = "invoke",
         **settings: Any,
     ):
         self.ran = Ran()
@@ -71,6 +73,24 @@ class Binding:
         self.ledger = ledger if ledger is not None else fp.InMemoryLedger()
         self.config = thread()
         self.settings = {**settings, "ledger": self.ledger}
+        self.saver = InMemorySaver()
+        self.mode = mode
+        self.graph = self.build()
+
+    def build(self) -> Any:
+        """A new agent object of this binding on the same saver, ledger, model and tools."""
+        raise NotImplementedError
+
+    def rebuild(self) -> None:
+        """Go on with a new agent object (a request's, a restarted worker's)."""
+        self.graph = self.build()
+
+    def _invoke(self, input: Any, config: Any, ctx: fp.RunContext | None, **kw: Any) -> Outcome:
+        if self.mode == "ainvoke":
+            out = asyncio.run(self.graph.ainvoke(input, config, context=ctx, **kw))
+        else:
+            out = self.graph.invoke(input, config, context=ctx, **kw)
+        return self._outcome(out)
 
     def _outcome(self, out: dict[str, Any]) -> Outcome:
         paused = "__interrupt__" in out
@@ -95,8 +115,7 @@ class Binding:
     def start(self, ctx: fp.RunContext | None, question: str = QUESTION, **invoke: Any) -> Outcome:
         """Start a run; ``invoke`` goes to ``graph.invoke`` (``interrupt_after=[b.TOOLS]``)."""
         self._ctx = ctx
-        out = self.graph.invoke(self._input(question), self.config, context=ctx, **invoke)
-        return self._outcome(out)
+        return self._invoke(self._input(question), self.config, ctx, **invoke)
 
     def _input(self, question: str) -> Any:
         raise NotImplementedError
@@ -106,7 +125,7 @@ class Binding:
         as time travel in LangGraph does it)."""
         for snapshot in self.graph.get_state_history(self.config):
             if snapshot.next == (self.TOOLS,):
-                return self._outcome(self.graph.invoke(None, snapshot.config, context=self._ctx))
+                return self._invoke(None, snapshot.config, self._ctx)
         raise AssertionError("no checkpoint before the tools ran")
 
     TOOLS = ""
@@ -115,28 +134,24 @@ class Binding:
 
     def resume(self, answer: Any, ctx: fp.RunContext | None) -> Outcome:
         self._ctx = ctx
-        out = self.graph.invoke(Command(resume=answer), self.config, context=ctx)
-        return self._outcome(out)
+        return self._invoke(Command(resume=answer), self.config, ctx)
 
     def go_on(self, ctx: fp.RunContext | None) -> Outcome:
         """Invoke the thread again with no input (``invoke(None)``)."""
-        return self._outcome(self.graph.invoke(None, self.config, context=ctx))
-
-    graph: Any
+        return self._invoke(None, self.config, ctx)
 
 
 class GraphBinding(Binding):
     name = "graph"
 
-    def __init__(self, script: Iterator[Any], **kw: Any) -> None:
-        super().__init__(script, **kw)
-        self.graph = fp.build_agent_graph(
+    def build(self) -> Any:
+        return fp.build_agent_graph(
             fp.ToolRegistry(self.specs),
             ChatModelDecider(self.model),
             answer_margin=0,
             repair_attempts=0,
             **self.settings,
-        ).compile(checkpointer=InMemorySaver())
+        ).compile(checkpointer=self.saver)
 
     def _ending(self, out: dict[str, Any]) -> tuple[str | None, str | None]:
         state = fp.run_output(out)
@@ -154,14 +169,13 @@ class GraphBinding(Binding):
 class MiddlewareBinding(Binding):
     name = "middleware"
 
-    def __init__(self, script: Iterator[Any], **kw: Any) -> None:
-        super().__init__(script, **kw)
+    def build(self) -> Any:
         guard = fp.FencepostMiddleware(self.specs, budget=self.budget, **self.settings)
-        self.graph = create_agent(
+        return create_agent(
             self.model,
             tools=list(self.tools),
             middleware=[guard],
-            checkpointer=InMemorySaver(),
+            checkpointer=self.saver,
             context_schema=fp.RunContext,
         )
 

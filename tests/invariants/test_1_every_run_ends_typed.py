@@ -1156,8 +1156,11 @@ def test_an_input_that_is_no_map_of_storable_values_is_refused_and_the_paused_ru
 # -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
 
 
-def test_a_model_that_never_stops_ends_step_budget_exhausted(binding: type[bd.Binding]) -> None:
-    b = binding(bd.searches(), steps=3, tools=50)
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_a_model_that_never_stops_ends_step_budget_exhausted(
+    binding: type[bd.Binding], mode: str
+) -> None:
+    b = binding(bd.searches(), steps=3, tools=50, mode=mode)
     out = b.start(mw.ctx())
     assert out.termination == fp.TerminationReason.STEP_BUDGET_EXHAUSTED.value
     assert len(out.received) == 3

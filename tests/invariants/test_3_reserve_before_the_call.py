@@ -396,15 +396,17 @@ def test_a_failed_call_stays_charged_in_either_bindings_ledger(binding: type[bd.
     assert b.ledger.balance(b.account()).held.get("tool_calls") == 1
 
 
+@pytest.mark.parametrize("axis", ["tool_calls", "steps"])
 def test_runs_of_either_binding_under_one_shared_account_never_spend_more_than_it_holds(
-    binding: type[bd.Binding],
+    binding: type[bd.Binding], axis: str
 ) -> None:
     ledger = fp.InMemoryLedger()
-    ledger.open_account("pool", {"tool_calls": 3}, owner={"tenant": "acme", "principal": "u-1"})
+    ledger.open_account("pool", {axis: 3}, owner={"tenant": "acme", "principal": "u-1"})
     shared = mw.ctx().model_copy(update={"budget_account": "pool"})
-    ran = 0
+    spent = 0
     for _ in range(3):
-        b = binding(bd.searches(), steps=6, tools=2, ledger=ledger)
-        ran += len(b.start(shared).bodies)
-    assert ran == 3
-    assert ledger.balance("pool").held["tool_calls"] == 3
+        b = binding(bd.searches(), steps=6, tools=6, ledger=ledger)
+        out = b.start(shared)
+        spent += len(out.bodies) if axis == "tool_calls" else len(out.received)
+    assert spent == 3
+    assert ledger.balance("pool").held[axis] == 3

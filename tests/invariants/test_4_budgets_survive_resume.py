@@ -376,10 +376,15 @@ def test_a_run_whose_first_step_died_resumes_on_a_durable_ledger_whatever_its_in
 # -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
 
 
-def test_the_budget_continues_across_an_approvals_resume(binding: type[bd.Binding]) -> None:
+@pytest.mark.parametrize("resumed_by", ["the same agent", "a new agent object"])
+def test_the_budget_continues_across_an_approvals_resume(
+    binding: type[bd.Binding], resumed_by: str
+) -> None:
     script = itertools.chain([bd.call("write_note", {"note": "rollback"}, 1)], bd.searches(2))
     b = binding(script, steps=50, tools=2, approval="interrupt")
     assert b.start(mw.ctx()).paused
+    if resumed_by == "a new agent object":
+        b.rebuild()
     out = b.resume("approve", mw.ctx())
     assert out.bodies == ["write_note:rollback", "search_logs:checkout 500 #2"]
     assert out.termination == fp.TerminationReason.TOOL_BUDGET_EXHAUSTED.value
