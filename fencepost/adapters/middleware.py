@@ -37,7 +37,6 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command, interrupt
 from pydantic import ValidationError
 
-from fencepost.adapters import telemetry
 from fencepost.adapters.agent import registry_of
 from fencepost.adapters.chat_model import parse_ai_message
 from fencepost.graph.account import (
@@ -48,6 +47,7 @@ from fencepost.graph.account import (
     reserve_batch,
     with_budget_view,
 )
+from fencepost.graph.gate import gate
 from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
 from fencepost.graph.settings import GraphConfigError, LoopConfig, loop_config
 from fencepost.graph.state import new_run_id
@@ -82,7 +82,6 @@ from fencepost.policy.developer_log import TOOLS, raised
 from fencepost.policy.error_codes import failure_code_for
 from fencepost.policy.execution import admits
 from fencepost.policy.fingerprint import proposal_fingerprint
-from fencepost.policy.gating import gate_batch, refused_batch
 from fencepost.policy.keys import call_key, started_key, step_key
 from fencepost.policy.may_go_on import check_before_acting, context_refusal
 from fencepost.policy.phase import Phase
@@ -363,29 +362,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         if isinstance(accepted, InvalidProposal):
             code = invalid_code(accepted, run.run_id)
             return await self._close(io, run, stop(_INVALID, code), message)
-        refused = refused_batch(calls, run.answered, frozenset())
-        if refused is not None:
-            telemetry.batch_refused(run.run_id, calls, self.cfg.registry, refused.error_code or "")
-            return await self._close(io, run, refused, message)
+        # The graph's own gate phase: refused batches, every call's verdict, denials as data,
+        # reservations of the whole batch before any of it runs.
+        run, _manifests = await gate(io, run, ctx, calls, {})
+        if run.stop is not None:
+            return await self._close(io, run, run.stop, message)
         cfg = self.cfg
-        gated = gate_batch(
-            cfg.registry,
-            calls,
-            run,
-            ctx.principal,
-            repeat_limit=cfg.repeat_limit,
-            approval=cfg.approval,
-            now=cfg.clock.now(),
-            context=ctx,
-            denial=cfg.denial,
-        )
-        telemetry.gated(run.run_id, gated.batch, gated.specs)
-        if gated.stop is not None:
-            return await self._close(io, run, gated.stop, message)
-        update = {"phase": Phase.VALIDATE, "batch": gated.batch, "fingerprints": gated.fingerprints}
-        run, stopped = await reserve_batch(io, run, ctx, gated=update)
-        if stopped is not None:
-            return await self._close(io, run, stopped, message)
         asked = waiting(run.batch, run_id=run.run_id, verdict_key=cfg.verdict_key)
         if asked:
             run, stopped = await self._approve(io, run, ctx, asked)
