@@ -117,3 +117,18 @@ def test_each_result_is_shown_beside_its_own_call_id_in_either_binding(
     assert out.termination == fp.TerminationReason.COMPLETED.value
     shown = {m.tool_call_id: str(m.content) for m in out.received[-1] if isinstance(m, ToolMessage)}
     assert "record of first" in shown["call-0001"] and "record of second" in shown["call-0002"]
+
+
+def test_a_batch_run_in_part_shows_each_call_its_own_ending_in_either_binding(
+    binding: type[bd.Binding],
+) -> None:
+    script = bd.then_answer(
+        bd.batch(("write_note", {"note": "x"}, 1), ("search_logs", {"query": "checkout"}, 2))
+    )
+    b = binding(script, steps=4, tools=4, approval="interrupt")
+    assert b.start(mw.ctx()).paused
+    out = b.resume("reject", mw.ctx())
+    assert out.bodies == ["search_logs:checkout"]
+    assert out.termination == fp.TerminationReason.COMPLETED.value
+    shown = {m.tool_call_id: str(m.content) for m in out.received[-1] if isinstance(m, ToolMessage)}
+    assert "permission_denied" in shown["call-0001"] and "500 /checkout" in shown["call-0002"]
