@@ -416,6 +416,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         ctx = coerce_context(getattr(request.runtime, "context", None))
         if run is None or ctx is None or run.is_terminal:
             return _refusal(call_id, name, ErrorCode.PERMISSION_DENIED.value)
+        # The graph's executor asks the same before any tool runs: the run's own identity, and
+        # time left (an approval answered after the deadline runs nothing).
+        refused = check_before_acting(run, ctx, clock=self.cfg.clock)
+        if refused is not None:
+            return _refusal(call_id, name, refused.error_code or refused.reason.value)
         entry = next((e for e in run.batch if e.call_id == call_id), None)
         if entry is None:
             return _refusal(call_id, name, ErrorCode.PERMISSION_DENIED.value)

@@ -293,3 +293,13 @@ def test_a_run_going_on_under_another_identity_ends_context_mismatch_and_runs_no
         fp.TerminationReason.POLICY_DENIED.value,
         "context_mismatch",
     )
+
+
+def test_a_write_approved_after_the_callers_deadline_never_runs(binding: type[bd.Binding]) -> None:
+    clock = fp.policy.FakeClock()
+    ctx = mw.ctx().model_copy(update={"deadline": fp.Deadline.after(60, clock=clock)})
+    b = bd.waiting_write(binding, ctx=ctx, clock=clock)
+    clock.advance(120)
+    out = b.resume("approve", ctx)
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.DEADLINE_EXCEEDED.value
