@@ -15,6 +15,7 @@ PUBLIC = {
     "create_agent",
     "FencepostMiddleware",
     "build_agent_graph",
+    "LoopSettings",
     "GraphConfigError",
     "ScriptedDecisionModel",
     "ChatModelDecider",
@@ -85,7 +86,6 @@ PUBLIC = {
     "Window",
     "open_checkpointer",
     "aopen_checkpointer",
-    "fencepost_serializer",
 }
 
 

@@ -28,7 +28,8 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Annotated, Any, NotRequired
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired, Unpack
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
 from langchain.agents.middleware.types import OmitFromInput
@@ -49,24 +50,26 @@ from fencepost.graph.account import (
 )
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
-from fencepost.graph.settings import GraphConfigError, LoopConfig, loop_config
+from fencepost.graph.settings import (
+    GraphConfigError,
+    LoopConfig,
+    LoopOptions,
+    LoopSettings,
+    settings_from,
+)
 from fencepost.graph.state import new_run_id
 from fencepost.policy import (
-    DEFAULT_REPEAT_LIMIT,
-    Clock,
+    AgentState as RunState,
+)
+from fencepost.policy import (
     ErrorCode,
-    Ledger,
     RuntimeBudget,
     StopRequest,
     TerminationReason,
     ToolProposal,
     ToolRegistry,
 )
-from fencepost.policy import (
-    AgentState as RunState,
-)
 from fencepost.policy.approval import (
-    ApprovalMode,
     ApprovalProblem,
     apply_approvals,
     approval_request,
@@ -77,7 +80,7 @@ from fencepost.policy.budget import default_budget
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import accept_decision, invalid_code
 from fencepost.policy.decision import InvalidProposal, ToolBatch
-from fencepost.policy.denial import DenialMode, shown_code
+from fencepost.policy.denial import shown_code
 from fencepost.policy.developer_log import TOOLS, raised
 from fencepost.policy.error_codes import failure_code_for
 from fencepost.policy.execution import admits
@@ -91,13 +94,16 @@ from fencepost.policy.reservations import (
     step_amounts,
 )
 from fencepost.policy.state import as_turn, stop
-from fencepost.policy.tool import NeedsApproval
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
     from langgraph.runtime import Runtime
 
 __all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError"]
+
+TAKEN = frozenset({"approval", "ledger", "repeat_limit", "verdict_key", "clock", "denial"})
+"""The :class:`~fencepost.LoopSettings` this binding takes; any other given a value of its own
+is refused (``GraphConfigError`` naming it), never silently ignored."""
 
 RUN_KEY = "fencepost_run"
 """The state field holding the run's record (fencepost's ``AgentState`` as JSON data)."""
@@ -135,11 +141,13 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     ``tools_or_registry`` are the :class:`~fencepost.policy.ToolSpec` s of the agent's tools
     (``fp.tool(lc_tool, effect=..., capability=...)``) or a ready ``ToolRegistry``: the names
     must be the LangChain tools' given to ``create_agent``. ``budget`` is each run's budget
-    (default: 8 model steps, 8 tool calls). The other settings are ``fp.create_agent``'s, with
-    its defaults and checks: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
-    ``repeat_limit``, ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``),
-    ``approver``, ``needs_approval``, ``approval_right`` and ``four_eyes`` are not taken yet (a
-    ``GraphConfigError`` says so): with ``approval="interrupt"`` the requester answers.
+    (default: 8 model steps, 8 tool calls). The other settings are ``fp.create_agent``'s, an
+    :class:`~fencepost.LoopSettings` given as ``settings`` or its fields as keyword arguments
+    (a keyword wins), with the same defaults and checks. It takes ``approval``
+    (``"terminate"`` | ``"interrupt"``), ``ledger``, ``repeat_limit``, ``verdict_key``,
+    ``clock`` and ``denial`` (``"end_run"`` | ``"observe"``); any other setting given a value
+    of its own is refused (a ``GraphConfigError`` names it), never ignored: with
+    ``approval="interrupt"`` the requester answers.
 
     Example::
 
@@ -159,48 +167,30 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         tools_or_registry: ToolRegistry | Iterable[Any],
         *,
         budget: RuntimeBudget | None = None,
-        ledger: Ledger | None = None,
-        approval: ApprovalMode = "terminate",
-        approver: Any = None,
-        denial: DenialMode = "end_run",
-        repeat_limit: int = DEFAULT_REPEAT_LIMIT,
-        verdict_key: bytes | None = None,
-        clock: Clock | None = None,
-        needs_approval: NeedsApproval | None = None,
-        approval_right: str | None = None,
-        four_eyes: bool = False,
+        settings: LoopSettings | None = None,
+        **options: Unpack[LoopOptions],
     ) -> None:
         super().__init__()
-        not_taken = (
-            ("approver", approver),
-            ("needs_approval", needs_approval),
-            ("approval_right", approval_right),
-            ("four_eyes", four_eyes or None),
-        )
-        for field, value in not_taken:
-            if value is not None:
+        given = settings_from(settings, options)
+        for setting in fields(LoopSettings):
+            if setting.name in TAKEN:
+                continue
+            value = getattr(given, setting.name)
+            if value != setting.default:
                 raise GraphConfigError(
-                    field,
+                    setting.name,
                     "is not taken by FencepostMiddleware yet: use approval='interrupt' (a "
-                    f"person answers) or fp.create_agent(..., {field}=...)",
+                    f"person answers) or fp.create_agent(..., {setting.name}=...)",
                 )
         if budget is not None and not isinstance(budget, RuntimeBudget):
             raise GraphConfigError("budget", "must be an fp.RuntimeBudget")
         self.budget = budget or default_budget()
-        self.cfg: LoopConfig = loop_config(
+        # LangChain's agent calls the model: no step is kept for answering, no refused
+        # proposal is given back to repair, and a step reserves no token estimate.
+        self.cfg: LoopConfig = LoopConfig.of(
             registry_of(tools_or_registry),
             _ChatModelDecides(),
-            approval=approval,
-            repeat_limit=repeat_limit,
-            ledger=ledger,
-            clock=clock,
-            verdict_key=verdict_key,
-            tokens_per_step=0,
-            answer_margin=0,
-            repair_attempts=0,
-            denial=denial,
-            approval_right=approval_right,
-            four_eyes=four_eyes,
+            replace(given, tokens_per_step=0, answer_margin=0, repair_attempts=0),
         )
 
     # -- the hooks: each drives one body, over the sync or the async ledger -------------------

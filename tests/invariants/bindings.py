@@ -2,10 +2,10 @@
 (``fp.build_agent_graph``) and LangChain's ``create_agent`` with ``fp.FencepostMiddleware``.
 
 Both get the same LangChain tools, the same scripted chat model, the same ledger and the same
-settings (``graph.settings.loop_config``: no step kept for answering, no repair of a refused
-proposal, which the middleware does not take), so an invariant test written over ``binding``
-says the same thing of both. What one binding cannot do is named in ``docs/middleware.md`` and,
-as a strict xfail, in ``tests/test_known_limits.py`` (``MIDDLEWARE_LIMITS``)."""
+settings (``fp.LoopSettings``: no step kept for answering, no repair of a refused proposal,
+which the middleware does not take), so an invariant test written over ``binding`` says the
+same thing of both. What one binding cannot do is named in ``docs/middleware.md`` and, as a
+strict xfail, in ``tests/test_known_limits.py`` (``MIDDLEWARE_LIMITS``)."""
 
 from __future__ import annotations
 
