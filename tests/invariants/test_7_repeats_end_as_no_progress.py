@@ -261,3 +261,18 @@ def test_a_call_denied_as_data_repeated_past_the_limit_ends_no_progress_in_eithe
     out = b.start(mw.ctx("logs:read"))
     assert out.bodies == []
     assert out.termination == fp.TerminationReason.NO_PROGRESS.value
+
+
+def test_an_approved_write_counts_once_toward_the_repeat_limit_in_either_binding(
+    binding: type[bd.Binding],
+) -> None:
+    same = (bd.call("write_note", {"note": "restart checkout"}, n) for n in itertools.count(1))
+    b = binding(same, steps=6, tools=6, approval="interrupt", repeat_limit=2)
+    out = b.start(mw.ctx())
+    approvals = 0
+    while out.paused and approvals < 5:
+        approvals += 1
+        out = b.resume("approve", mw.ctx())
+    assert approvals == 2
+    assert out.bodies == ["write_note:restart checkout"] * 2
+    assert out.termination == fp.TerminationReason.NO_PROGRESS.value
