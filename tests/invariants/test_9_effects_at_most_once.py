@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import tool as lc_tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
@@ -303,3 +305,26 @@ def test_a_write_run_again_from_a_checkpoint_before_it_ran_never_runs_twice(
     assert b.resume("approve", mw.ctx()).bodies == ["write_note:pay"]
     out = b.before_tools()
     assert out.bodies == ["write_note:pay"]
+
+
+def test_a_write_that_outlives_its_timeout_is_shown_uncertain_in_either_binding(
+    binding: type[bd.Binding], release: threading.Event, on_time_pool: Any
+) -> None:
+    @lc_tool
+    def restart_service(service: str) -> str:
+        """Restart a service."""
+        release.wait(3)  # past its deadline, in either binding
+        return "restarted"
+
+    declared = {"effect": "write", "capability": "notes:write", "timeout_seconds": 0.05}
+    b = binding(
+        bd.then_answer(bd.call("restart_service", {"service": "checkout"}, 1)),
+        steps=4,
+        tools=2,
+        approval="interrupt",
+        extra_tools=[(restart_service, declared)],
+    )
+    assert b.start(mw.ctx()).paused
+    out = b.resume("approve", mw.ctx())
+    shown = {m.tool_call_id: str(m.content) for m in out.received[-1] if isinstance(m, ToolMessage)}
+    assert "execution_uncertain" in shown["call-0001"]
