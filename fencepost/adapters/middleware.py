@@ -26,6 +26,7 @@ Every run ends with one :class:`~fencepost.policy.TerminationReason` in the agen
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterable
@@ -41,18 +42,21 @@ from langchain.agents.middleware import (
 )
 from langchain.agents.middleware.types import OmitFromInput
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command, interrupt
 from pydantic import ValidationError
 
-from fencepost.adapters import telemetry
 from fencepost.adapters.agent import registry_of
+from fencepost.adapters.chat_model import parse_ai_message
 from fencepost.graph.account import (
     account_of,
     mark_result,
+    open_run,
     reserve,
     reserve_batch,
     with_budget_view,
 )
+from fencepost.graph.gate import gate
 from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
 from fencepost.graph.settings import (
     GraphConfigError,
@@ -83,21 +87,21 @@ from fencepost.policy.approval import (
 from fencepost.policy.budget import default_budget
 from fencepost.policy.catalog import permitted_names
 from fencepost.policy.context import RunContext, coerce_context
+from fencepost.policy.decide import accept_decision, invalid_code
+from fencepost.policy.decision import InvalidProposal, ToolBatch
+from fencepost.policy.denial import shown_code
 from fencepost.policy.developer_log import TOOLS, raised
-from fencepost.policy.error_codes import error_code_for
+from fencepost.policy.error_codes import failure_code_for
 from fencepost.policy.execution import admits
 from fencepost.policy.fingerprint import proposal_fingerprint
-from fencepost.policy.gating import gate_batch, refused_batch
 from fencepost.policy.keys import call_key, started_key, step_key
-from fencepost.policy.ownership import run_owner
+from fencepost.policy.may_go_on import check_before_acting, context_refusal
 from fencepost.policy.phase import Phase
 from fencepost.policy.provenance import ObservedOutput, output_of
 from fencepost.policy.reservations import (
     Claim,
     claim,
     step_amounts,
-    stop_for_conflict,
-    stop_for_unknown_account,
 )
 from fencepost.policy.state import as_turn, stop
 from fencepost.policy.trust import Trust
@@ -279,7 +283,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return admitted
         try:
             result = handler(request)
-        except Exception as exc:
+        except _RUNTIMES:
+            raise
+        except BaseException as exc:  # a tool cannot end its run, nor the process
             return drive(self._failed(io, request, admitted, exc))
         return drive(self._ran(io, request, admitted, result))
 
@@ -294,7 +300,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return admitted
         try:
             result = await handler(request)
-        except Exception as exc:
+        except _RUNTIMES:
+            raise
+        except BaseException as exc:  # a tool cannot end its run, nor the process
             return await self._failed(io, request, admitted, exc)
         return await self._ran(io, request, admitted, result)
 
@@ -323,7 +331,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         ctx = coerce_context(context)
         record = _record(values)
         if record is not None and not record.is_terminal:
-            return None if ctx is not None else _end(record, stop(_DENIED, "invalid_context"))
+            return (
+                None if ctx is not None else _end(record, stop(_DENIED, context_refusal(context)))
+            )
         run = RunState(
             run_id=new_run_id(),
             tenant_id=ctx.tenant_id if ctx else None,
@@ -334,20 +344,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             turns=() if record is None else (*record.turns, as_turn(record)),
         )
         if ctx is None:
-            return _end(run, stop(_DENIED, "invalid_context"))
-        try:
-            balance = await io.open_account(
-                account_of(run),
-                self.budget.limits(),
-                parent=ctx.budget_account,
-                owner=run_owner(ctx, run.run_id),
-            )
-        except LookupError:
-            return _end(run, stop_for_unknown_account())
-        except ValueError:
-            return _end(run, stop_for_conflict())
-        run = with_budget_view(run, balance)
-        return {RUN_KEY: _dump(run), "termination": None, "last_error_code": None}
+            return _end(run, stop(_DENIED, context_refusal(context)))
+        # The graph's own opening: a parent account funds only what its owner may spend.
+        opened = await open_run(io, run, ctx)
+        if isinstance(opened, StopRequest):
+            return _end(run, opened)
+        return {RUN_KEY: _dump(opened), "termination": None, "last_error_code": None}
 
     async def _step(
         self, io: NodeIO, values: FencepostState, context: Any
@@ -356,11 +358,13 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         run = _record(values)
         ctx = coerce_context(context)
         if run is None or ctx is None:
-            return _end(run, stop(_DENIED, "invalid_context"))
+            return _end(run, stop(_DENIED, context_refusal(context)))
         if run.is_terminal:
             return {"jump_to": "end"}
-        if ctx.deadline is not None and ctx.deadline.expired(clock=self.cfg.clock):
-            return await self._close(io, run, stop(TerminationReason.DEADLINE_EXCEEDED))
+        # The graph's decide asks the same: the run's own identity, and time left.
+        refused = check_before_acting(run, ctx, clock=self.cfg.clock, given=context)
+        if refused is not None:
+            return await self._close(io, run, refused)
         run = _answered(run)
         held = await reserve(io, run, ctx, step_key(account_of(run), run.step + 1), step_amounts(0))
         if isinstance(held, StopRequest):
@@ -375,14 +379,19 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         run = _record(values)
         ctx = coerce_context(context)
         if run is None or ctx is None:
-            return _end(run, stop(_DENIED, "invalid_context"))
+            return _end(run, stop(_DENIED, context_refusal(context)))
         if run.is_terminal:
             return {"jump_to": "end"}
         message = _last_ai(values.get("messages", []))
         if message is None:
             return None
-        if message.invalid_tool_calls:
-            return await self._close(io, run, stop(_INVALID, "malformed_tool_call"), message)
+        try:
+            # What the reply means is the graph binding's reading of it: a refusal, a cut-off
+            # or malformed reply, an empty one is an invalid proposal, never a completion.
+            parse_ai_message(message, run_id=run.run_id, step=run.step)
+        except InvalidProposal as invalid:
+            code = invalid_code(invalid, run.run_id)
+            return await self._close(io, run, stop(_INVALID, code), message)
         if not message.tool_calls:
             return await self._close(io, run, stop(TerminationReason.COMPLETED))
         try:
@@ -392,31 +401,19 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             ]
         except ValidationError:
             return await self._close(io, run, stop(_INVALID, "invalid_tool_call"), message)
-        refused = refused_batch(calls, run.answered, frozenset())
-        if refused is not None:
-            telemetry.batch_refused(run.run_id, calls, self.cfg.registry, refused.error_code or "")
-            return await self._close(io, run, refused, message)
-        cfg = self.cfg
-        gated = gate_batch(
-            cfg.registry,
-            calls,
-            run,
-            ctx.principal,
-            repeat_limit=cfg.repeat_limit,
-            approval=cfg.approval,
-            now=cfg.clock.now(),
-            context=ctx,
-            denial=cfg.denial,
-            provenance=cfg.provenance,
-            outputs=_outputs(values.get("messages", []), cfg.registry),
+        # What the model's calls mean is the graph binding's question too (``accept_decision``).
+        accepted = accept_decision(ToolBatch(calls=tuple(calls)))
+        if isinstance(accepted, InvalidProposal):
+            code = invalid_code(accepted, run.run_id)
+            return await self._close(io, run, stop(_INVALID, code), message)
+        # The graph's own gate phase: refused batches, every call's verdict, denials as data,
+        # reservations of the whole batch before any of it runs.
+        run, _manifests = await gate(
+            io, run, ctx, calls, {}, outputs=_outputs(values.get("messages", []), self.cfg.registry)
         )
-        telemetry.gated(run.run_id, gated.batch, gated.specs)
-        if gated.stop is not None:
-            return await self._close(io, run, gated.stop, message)
-        update = {"phase": Phase.VALIDATE, "batch": gated.batch, "fingerprints": gated.fingerprints}
-        run, stopped = await reserve_batch(io, run, ctx, gated=update)
-        if stopped is not None:
-            return await self._close(io, run, stopped, message)
+        if run.stop is not None:
+            return await self._close(io, run, run.stop, message)
+        cfg = self.cfg
         asked = waiting(run.batch, run_id=run.run_id, verdict_key=cfg.verdict_key)
         if asked:
             run, stopped = await self._approve(io, run, ctx, asked)
@@ -465,12 +462,17 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         ctx = coerce_context(getattr(request.runtime, "context", None))
         if run is None or ctx is None or run.is_terminal:
             return _refusal(call_id, name, ErrorCode.PERMISSION_DENIED.value)
+        # The graph's executor asks the same before any tool runs: the run's own identity, and
+        # time left (an approval answered after the deadline runs nothing).
+        refused = check_before_acting(run, ctx, clock=self.cfg.clock)
+        if refused is not None:
+            return _refusal(call_id, name, refused.error_code or refused.reason.value)
         entry = next((e for e in run.batch if e.call_id == call_id), None)
         if entry is None:
             return _refusal(call_id, name, ErrorCode.PERMISSION_DENIED.value)
         verdict = entry.verdict
         if not verdict.allowed:
-            return _refusal(call_id, name, verdict.code.value)
+            return _refusal(call_id, name, shown_code(verdict).value)
         spec = self.cfg.registry.get(name) if name in self.cfg.registry else None
         try:
             same = name == entry.proposal.tool_name and verdict.fingerprint == (
@@ -531,12 +533,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         return result  # type: ignore[no-any-return]
 
     async def _failed(
-        self, io: NodeIO, request: ToolCallRequest, admitted: Any, exc: Exception
+        self, io: NodeIO, request: ToolCallRequest, admitted: Any, exc: BaseException
     ) -> ToolMessage:
         run, _ctx, _account, key = admitted
         call_id = str(request.tool_call.get("id") or "")
         name = str(request.tool_call.get("name") or "")
-        code = error_code_for(exc)
+        code = failure_code_for(exc)
         raised(TOOLS, f"tool {name!r}", exc, run_id=run.run_id, call_id=call_id, code=code.value)
         await io.settle(key)
         return _refusal(call_id, name, code.value)
@@ -574,6 +576,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
 
 
 _DENIED = TerminationReason.POLICY_DENIED
+_RUNTIMES = (asyncio.CancelledError, GeneratorExit, GraphBubbleUp)
+"""What may leave a tool call as it is: the runtime cancelling or closing it, and LangGraph's
+own control flow (an ``interrupt()`` inside a tool)."""
 _INVALID = TerminationReason.INVALID_PROPOSAL
 
 

@@ -51,6 +51,13 @@ def observed(code: VerdictCode, mode: DenialMode) -> bool:
     return mode == "observe" and code in _OBSERVED
 
 
+def shown_code(verdict: Verdict) -> ErrorCode:
+    """The safe code the model is shown for a call its verdict did not allow, in either
+    binding: ``invalid_argument`` for a semantic rule, else ``permission_denied`` (the rule
+    itself is the receipt's, and the developer's log's)."""
+    return _OBSERVED.get(verdict.code, ErrorCode.PERMISSION_DENIED)
+
+
 def denial_rule(verdict: Verdict) -> str:
     """The safe code a denied call's receipt names: the semantic rule that refused it
     (``unknown_payee``), else the verdict's own code (``capability_denied``)."""
@@ -69,7 +76,7 @@ def denied_outcome(entry: BatchEntry, spec: ToolSpec | None) -> CallOutcome:
         event=ToolFailed(
             call_id=entry.call_id,
             tool_name=entry.proposal.tool_name,
-            error_code=_OBSERVED.get(verdict.code, ErrorCode.PERMISSION_DENIED),
+            error_code=shown_code(verdict),
         ),
         status=ReceiptStatus.DENIED,
         attempts=0,
