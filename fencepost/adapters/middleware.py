@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
 from langchain.agents.middleware.types import OmitFromInput
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langgraph.config import get_stream_writer
 from langgraph.types import Command, interrupt
 from pydantic import ValidationError
 
@@ -39,20 +40,25 @@ from fencepost.adapters import telemetry
 from fencepost.adapters.agent import registry_of
 from fencepost.graph.account import (
     account_of,
+    charge,
     mark_result,
     reserve,
     reserve_batch,
+    tokens_left,
     with_budget_view,
 )
 from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
 from fencepost.graph.settings import GraphConfigError, LoopConfig, loop_config
 from fencepost.graph.state import new_run_id
+from fencepost.graph.token_count import count_tokens
+from fencepost.graph.trace import manifest
 from fencepost.policy import (
     DEFAULT_REPEAT_LIMIT,
     Clock,
     ErrorCode,
     Ledger,
     RuntimeBudget,
+    StepManifest,
     StopRequest,
     TerminationReason,
     ToolProposal,
@@ -71,24 +77,29 @@ from fencepost.policy.approval import (
 )
 from fencepost.policy.budget import default_budget
 from fencepost.policy.context import RunContext, coerce_context
-from fencepost.policy.denial import DenialMode
+from fencepost.policy.denial import DenialMode, gate_record
 from fencepost.policy.developer_log import TOOLS, raised
 from fencepost.policy.error_codes import error_code_for
 from fencepost.policy.execution import admits
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gating import gate_batch, refused_batch
-from fencepost.policy.keys import call_key, started_key, step_key
+from fencepost.policy.keys import call_key, overage_key, started_key, step_key
+from fencepost.policy.manifest import verdict_outcome
 from fencepost.policy.ownership import run_owner
 from fencepost.policy.phase import Phase
 from fencepost.policy.reservations import (
     Claim,
     claim,
     step_amounts,
+    step_hold,
     stop_for_conflict,
+    stop_for_exceeded,
     stop_for_unknown_account,
 )
 from fencepost.policy.state import as_turn, stop
 from fencepost.policy.tool import NeedsApproval
+from fencepost.policy.usage import step_settlement, usage_report
+from fencepost.policy.verdict import VerdictCode
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -98,6 +109,8 @@ __all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError"]
 
 RUN_KEY = "fencepost_run"
 """The state field holding the run's record (fencepost's ``AgentState`` as JSON data)."""
+STEP_KEY = "fencepost_step"
+"""The state field holding what the model step in flight holds: ``{"tokens": ..., "sent": ...}``."""
 
 
 class FencepostState(AgentState[Any]):
@@ -111,6 +124,9 @@ class FencepostState(AgentState[Any]):
     while it runs."""
     last_error_code: NotRequired[Annotated[str | None, OmitFromInput]]
     """The safe code of what ended the run, if it was not a plain completion."""
+    fencepost_step: NotRequired[Annotated[dict[str, int] | None, OmitFromInput]]
+    """What the model step in flight holds: its token estimate and the tokens it sends, as
+    counted before the model was called (settled against the model's usage report)."""
 
 
 class MiddlewareOrderError(GraphConfigError):
@@ -166,8 +182,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         needs_approval: NeedsApproval | None = None,
         approval_right: str | None = None,
         four_eyes: bool = False,
+        tokens_per_step: int = 0,
+        repair_attempts: int = 0,
+        answer_margin: int = 0,
     ) -> None:
         super().__init__()
+        _refuse_unsupported(repair_attempts=repair_attempts, answer_margin=answer_margin)
         not_taken = (
             ("approver", approver),
             ("needs_approval", needs_approval),
@@ -192,7 +212,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             ledger=ledger,
             clock=clock,
             verdict_key=verdict_key,
-            tokens_per_step=0,
+            tokens_per_step=tokens_per_step,
             answer_margin=0,
             repair_attempts=0,
             denial=denial,
@@ -316,14 +336,18 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return _end(run, stop(_DENIED, "invalid_context"))
         if run.is_terminal:
             return {"jump_to": "end"}
+        run = self._executed(run, values, ctx)
         if ctx.deadline is not None and ctx.deadline.expired(clock=self.cfg.clock):
             return await self._close(io, run, stop(TerminationReason.DEADLINE_EXCEEDED))
         run = _answered(run)
-        held = await reserve(io, run, ctx, step_key(account_of(run), run.step + 1), step_amounts(0))
+        sent, estimate = await self._step_hold(io, run, ctx, values)
+        held = await reserve(
+            io, run, ctx, step_key(account_of(run), run.step + 1), step_amounts(estimate)
+        )
         if isinstance(held, StopRequest):
             return await self._close(io, run, held)
         run = with_budget_view(run.model_copy(update={"step": run.step + 1}), held.balance)
-        return {RUN_KEY: _dump(run)}
+        return {RUN_KEY: _dump(run), STEP_KEY: {"tokens": estimate, "sent": sent}}
 
     async def _gate(
         self, io: NodeIO, values: FencepostState, context: Any
@@ -338,9 +362,16 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         message = _last_ai(values.get("messages", []))
         if message is None:
             return None
+        run, usage, over = await self._settle_step(io, run, ctx, values, message)
+        if over is not None:
+            run = self._noted(run, ctx, Phase.DECIDE, "denied", code=over.error_code, **usage)
+            return await self._close(io, run, over, message)
         if message.invalid_tool_calls:
-            return await self._close(io, run, stop(_INVALID, "malformed_tool_call"), message)
+            code = "malformed_tool_call"
+            run = self._noted(run, ctx, Phase.DECIDE, "denied", "invalid", code=code, **usage)
+            return await self._close(io, run, stop(_INVALID, code), message)
         if not message.tool_calls:
+            run = self._noted(run, ctx, Phase.DECIDE, "decided", "final", **usage)
             return await self._close(io, run, stop(TerminationReason.COMPLETED))
         try:
             calls = [
@@ -348,10 +379,14 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
                 for c in message.tool_calls
             ]
         except ValidationError:
-            return await self._close(io, run, stop(_INVALID, "invalid_tool_call"), message)
+            code = "invalid_tool_call"
+            run = self._noted(run, ctx, Phase.DECIDE, "denied", "invalid", code=code, **usage)
+            return await self._close(io, run, stop(_INVALID, code), message)
         refused = refused_batch(calls, run.answered, frozenset())
         if refused is not None:
             telemetry.batch_refused(run.run_id, calls, self.cfg.registry, refused.error_code or "")
+            code = refused.error_code
+            run = self._noted(run, ctx, Phase.VALIDATE, "denied", "tool", code=code, **usage)
             return await self._close(io, run, refused, message)
         cfg = self.cfg
         gated = gate_batch(
@@ -366,6 +401,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             denial=cfg.denial,
         )
         telemetry.gated(run.run_id, gated.batch, gated.specs)
+        run = self._gate_noted(run, ctx, gated.batch, gated.specs, usage)
         if gated.stop is not None:
             return await self._close(io, run, gated.stop, message)
         update = {"phase": Phase.VALIDATE, "batch": gated.batch, "fingerprints": gated.fingerprints}
@@ -504,6 +540,134 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return None
         return await self._close(io, run, stop(_DENIED, "ended_by_other_middleware"))
 
+    # -- tokens and the trace: what the graph binding's decide, gate and execute record -------
+
+    async def _step_hold(
+        self, io: NodeIO, run: RunState, ctx: RunContext, values: FencepostState
+    ) -> tuple[int, int]:
+        """``(sent, estimate)`` of the next model step: the tokens of what the agent's model is
+        about to be sent (its messages and the tool catalog, counted), and what the step holds
+        for it (``reservations.step_hold``, as the graph binding's decide node). Nothing is
+        counted or held where no account of the chain limits tokens."""
+        headroom = await tokens_left(io, run, ctx)
+        if headroom is None:
+            return 0, 0
+        sent = count_tokens(_sent_text(values.get("messages", []), self.cfg.registry))
+        return sent, step_hold(sent, self.cfg.tokens_per_step, headroom)
+
+    async def _settle_step(
+        self,
+        io: NodeIO,
+        run: RunState,
+        ctx: RunContext,
+        values: FencepostState,
+        message: AIMessage,
+    ) -> tuple[RunState, dict[str, Any], StopRequest | None]:
+        """Settle the model step against what the model reported (``AIMessage.usage_metadata``),
+        checked by ``usage.usage_report`` and split by ``usage.step_settlement`` as the graph
+        binding does: a missing or implausible report is charged the text sent and received,
+        counted; usage beyond the hold is charged on its own, and a limit it crosses ends the
+        run. The settled run, the usage for its manifest, and the stop, if any."""
+        hold = values.get("fencepost_step") or {}
+        estimate, sent = int(hold.get("tokens", 0)), int(hold.get("sent", 0))
+        reported: Any = message.usage_metadata or {}
+        reply = _reply_text(message)
+        report = usage_report(
+            reported.get("input_tokens"),
+            reported.get("output_tokens"),
+            counted=sent + count_tokens(reply) if estimate else 0,
+            reply_chars=len(reply),
+            cached_input_tokens=(reported.get("input_token_details") or {}).get("cache_read"),
+        )
+        actual, overage = step_settlement(report, estimate)
+        account, key = account_of(run), step_key(account_of(run), run.step)
+        run = with_budget_view(run, (await io.settle(key, actual)).balance)
+        usage = {"input_tokens": report.input_tokens, "output_tokens": report.output_tokens}
+        if not overage:
+            return run, usage, None
+        extra = await charge(io, overage_key(account, run.step), overage, account=account, of=key)
+        if isinstance(extra, StopRequest):
+            return run, usage, extra
+        run = with_budget_view(run, extra.balance)
+        over = stop_for_exceeded(extra.exceeded[1]) if extra.exceeded is not None else None
+        return run, usage, over
+
+    def _noted(
+        self,
+        run: RunState,
+        ctx: RunContext | None,
+        phase: Phase,
+        outcome: Any,
+        decision_kind: str | None = None,
+        **fields: Any,
+    ) -> RunState:
+        """``run`` with one manifest recorded (see :func:`_recorded`)."""
+        m = manifest(
+            run, self.cfg, ctx, phase=phase, outcome=outcome, decision_kind=decision_kind, **fields
+        )
+        return _recorded(run, [m])
+
+    def _gate_noted(
+        self,
+        run: RunState,
+        ctx: RunContext,
+        batch: Any,
+        specs: Any,
+        usage: dict[str, Any],
+    ) -> RunState:
+        """The gate's manifest of each call, as the graph binding's gate records them (the
+        step's usage on the first)."""
+        manifests: list[StepManifest] = []
+        for entry, spec in zip(batch, specs, strict=True):
+            verdict = entry.verdict
+            manifests.append(
+                manifest(
+                    run,
+                    self.cfg,
+                    ctx,
+                    phase=Phase.VALIDATE,
+                    outcome=verdict_outcome(verdict.code),
+                    decision_kind="tool",
+                    tool_name=spec.name if spec else None,
+                    effect=spec.effect if spec else None,
+                    verdict=verdict.code,
+                    **usage,
+                    **gate_record(verdict, self.cfg.denial),
+                )
+            )
+            usage = {}
+        return _recorded(run, manifests)
+
+    def _executed(self, run: RunState, values: FencepostState, ctx: RunContext) -> RunState:
+        """The executor's manifest of each allowed call of the last batch, from the message
+        that answered it (its safe code on an error), as the graph binding's execute node
+        records them: a tool wrapper cannot write the run's record (the calls of a batch run
+        side by side), so the next hook that can records them."""
+        answers = _answers_since_last_model_step(values.get("messages", []))
+        manifests: list[StepManifest] = []
+        for entry in run.batch:
+            answer = answers.get(entry.call_id)
+            if not entry.verdict.allowed or answer is None:
+                continue
+            name = entry.proposal.tool_name
+            spec = self.cfg.registry.get(name) if name in self.cfg.registry else None
+            code = _error_code(answer)
+            manifests.append(
+                manifest(
+                    run,
+                    self.cfg,
+                    ctx,
+                    phase=Phase.EXECUTE,
+                    outcome="success" if code is None else "error",
+                    decision_kind="tool",
+                    tool_name=spec.name if spec else None,
+                    effect=spec.effect if spec else None,
+                    verdict=VerdictCode.ALLOWED,
+                    code=code,
+                )
+            )
+        return _recorded(run, manifests) if manifests else run
+
     async def _close(
         self,
         io: NodeIO,
@@ -516,7 +680,16 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         # An account never opened (no context) has nothing to close.
         with contextlib.suppress(LookupError, ValueError):
             await io.close_account(account_of(run), request.reason.value)
-        out = _end(run, request)
+        ended = _ended(run, request)
+        terminal = manifest(
+            ended,
+            self.cfg,
+            None,
+            phase=Phase.TERMINAL,
+            outcome="terminal",
+            code=request.reason.value,
+        )
+        out = _end(_recorded(ended, [terminal]), request)
         if message is not None and message.tool_calls:
             code = request.error_code or request.reason.value
             out["messages"] = [
@@ -539,17 +712,19 @@ def _end(run: RunState | None, request: StopRequest) -> dict[str, Any]:
         "last_error_code": request.error_code,
     }
     if run is not None:
-        out[RUN_KEY] = _dump(
-            run.model_copy(
-                update={
-                    "phase": Phase.TERMINAL,
-                    "termination": request.reason,
-                    "last_error_code": request.error_code,
-                    "stop": None,
-                }
-            )
-        )
+        out[RUN_KEY] = _dump(_ended(run, request))
     return out
+
+
+def _ended(run: RunState, request: StopRequest) -> RunState:
+    return run.model_copy(
+        update={
+            "phase": Phase.TERMINAL,
+            "termination": request.reason,
+            "last_error_code": request.error_code,
+            "stop": None,
+        }
+    )
 
 
 def _refusal(call_id: str, name: str, code: str) -> ToolMessage:
@@ -599,3 +774,71 @@ def _question(messages: list[AnyMessage]) -> str:
         if isinstance(message, HumanMessage):
             return message.text[:2000] or "-"
     return "-"
+
+
+def _refuse_unsupported(**settings: int) -> None:
+    """Settings of ``fp.create_agent`` this binding cannot honour, refused when it is built:
+    ``repair_attempts`` (the graph gives a refused batch back to the model with repair notes in
+    its input; here the model's input is LangChain's to build) and ``answer_margin`` (the graph
+    tells the model its last steps are for answering; here no hook writes the model's prompt)."""
+    for field, value in settings.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise GraphConfigError(field, "must be a non-negative int")
+        if value:
+            raise GraphConfigError(
+                field,
+                "is not supported by FencepostMiddleware: create_agent builds the model's "
+                f"input, so a refused batch ends the run; use fp.create_agent(..., {field}=...)",
+            )
+
+
+def _recorded(run: RunState, manifests: list[StepManifest]) -> RunState:
+    """Stream ``manifests`` (``custom`` stream mode, as the graph binding does), let the
+    telemetry see them (the run's log lines) and keep them in the run's record."""
+    try:
+        writer = get_stream_writer()
+    except RuntimeError:  # outside a running graph: nothing streams
+        writer = None
+    for m in manifests:
+        if writer is not None:
+            writer({"fencepost": "manifest", **m.model_dump(mode="json")})
+    telemetry.recorded(run, manifests)
+    return run.model_copy(update={"manifests": run.manifests + tuple(manifests)})
+
+
+def _sent_text(messages: list[AnyMessage], registry: ToolRegistry) -> str:
+    """The text a model step sends: each message's text and tool calls, and the tool catalog."""
+    parts = [json.dumps(list(registry.model_catalog()), default=str)]
+    for message in messages:
+        parts.append(message.text)
+        if isinstance(message, AIMessage) and message.tool_calls:
+            parts.append(json.dumps(message.tool_calls, default=str))
+    return "\n".join(parts)
+
+
+def _reply_text(message: AIMessage) -> str:
+    """The text the model wrote: its answer and each call's name and arguments."""
+    calls = [c.get("name", "") + json.dumps(c.get("args"), default=str) for c in message.tool_calls]
+    return "\n".join([message.text, *calls])
+
+
+def _answers_since_last_model_step(messages: list[AnyMessage]) -> dict[str, ToolMessage]:
+    """The tool messages after the last AI message, by call id."""
+    answers: dict[str, ToolMessage] = {}
+    for message in reversed(messages):
+        if isinstance(message, AIMessage):
+            break
+        if isinstance(message, ToolMessage):
+            answers.setdefault(message.tool_call_id, message)
+    return answers
+
+
+def _error_code(answer: ToolMessage) -> str | None:
+    """The safe code of a call's answer that is an error (``{"error_code": ...}``), else None."""
+    if answer.status != "error":
+        return None
+    try:
+        code = json.loads(str(answer.content)).get("error_code")
+    except (ValueError, AttributeError):
+        return ErrorCode.INTERNAL_ERROR.value
+    return code if isinstance(code, str) else ErrorCode.INTERNAL_ERROR.value
