@@ -151,8 +151,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     (default: 8 model steps, 8 tool calls). The other settings are ``fp.create_agent``'s, with
     its defaults and checks: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
     ``repeat_limit``, ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``),
-    ``approver``, ``needs_approval``, ``approval_right`` and ``four_eyes`` are not taken yet (a
-    ``GraphConfigError`` says so): with ``approval="interrupt"`` the requester answers.
+    ``tokens_per_step`` (a step's output cap, held with what it sends where tokens are limited;
+    settled against ``AIMessage.usage_metadata``). ``approver``, ``needs_approval``,
+    ``approval_right`` and ``four_eyes`` are not taken yet, and ``repair_attempts`` and
+    ``answer_margin`` are not supported (``create_agent`` builds the model's input): a
+    ``GraphConfigError`` names the field. With ``approval="interrupt"`` the requester answers.
 
     Example::
 
@@ -269,11 +272,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         admitted = drive(self._admit(io, request))
         if isinstance(admitted, ToolMessage):
             return admitted
-        try:
-            result = handler(request)
-        except Exception as exc:
-            return drive(self._failed(io, request, admitted, exc))
-        return drive(self._ran(io, request, admitted, result))
+        with self._span(request, admitted) as span:
+            try:
+                result = handler(request)
+            except Exception as exc:
+                return _spanned(span, drive(self._failed(io, request, admitted, exc)))
+            return _spanned(span, drive(self._ran(io, request, admitted, result)))
 
     async def awrap_tool_call(
         self,
@@ -284,11 +288,20 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         admitted = await self._admit(io, request)
         if isinstance(admitted, ToolMessage):
             return admitted
-        try:
-            result = await handler(request)
-        except Exception as exc:
-            return await self._failed(io, request, admitted, exc)
-        return await self._ran(io, request, admitted, result)
+        with self._span(request, admitted) as span:
+            try:
+                result = await handler(request)
+            except Exception as exc:
+                return _spanned(span, await self._failed(io, request, admitted, exc))
+            return _spanned(span, await self._ran(io, request, admitted, result))
+
+    def _span(self, request: ToolCallRequest, admitted: Any) -> telemetry.ToolCall:
+        """The ``execute_tool`` span of an admitted call (its attempt from its reservation)."""
+        call_id = str(request.tool_call.get("id") or "")
+        spec = self.cfg.registry.get(str(request.tool_call.get("name") or ""))
+        # The admitted reservation is ``keys.call_key(account, call_id, attempt)``.
+        attempt = int(str(admitted[3]).rsplit(":", 1)[-1])
+        return telemetry.tool_span(call_id, spec, attempt)
 
     # -- the bodies ---------------------------------------------------------------------------
 
@@ -385,8 +398,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         refused = refused_batch(calls, run.answered, frozenset())
         if refused is not None:
             telemetry.batch_refused(run.run_id, calls, self.cfg.registry, refused.error_code or "")
-            code = refused.error_code
-            run = self._noted(run, ctx, Phase.VALIDATE, "denied", "tool", code=code, **usage)
+            run = self._noted(
+                run, ctx, Phase.VALIDATE, "denied", "tool", code=refused.error_code, **usage
+            )
             return await self._close(io, run, refused, message)
         cfg = self.cfg
         gated = gate_batch(
@@ -842,3 +856,12 @@ def _error_code(answer: ToolMessage) -> str | None:
     except (ValueError, AttributeError):
         return ErrorCode.INTERNAL_ERROR.value
     return code if isinstance(code, str) else ErrorCode.INTERNAL_ERROR.value
+
+
+def _spanned(
+    span: telemetry.ToolCall, out: ToolMessage | Command[Any]
+) -> ToolMessage | Command[Any]:
+    """``out`` (what the model gets of a call that ran), its receipt status on the span."""
+    code = _error_code(out) if isinstance(out, ToolMessage) else None
+    span.settled("failed" if code is not None else "completed", code)
+    return out
