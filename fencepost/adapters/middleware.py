@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
@@ -105,7 +105,7 @@ if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
     from langgraph.runtime import Runtime
 
-__all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError"]
+__all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError", "check_middleware"]
 
 RUN_KEY = "fencepost_run"
 """The state field holding the run's record (fencepost's ``AgentState`` as JSON data)."""
@@ -130,7 +130,63 @@ class FencepostState(AgentState[Any]):
 
 
 class MiddlewareOrderError(GraphConfigError):
-    """A middleware list puts a tool-wrapping middleware inside ``FencepostMiddleware``."""
+    """A middleware list ``FencepostMiddleware`` cannot keep its contract in: a middleware that
+    wraps tool calls listed after it (inside it), one it replaces, or not exactly one of it.
+    Raised by :func:`check_middleware`; ``field`` is ``"middleware"``."""
+
+
+REPLACED = {
+    "ToolCallLimitMiddleware": "the budget's tool_calls_remaining",
+    "ModelCallLimitMiddleware": "the budget's steps_remaining",
+    "HumanInTheLoopMiddleware": "approval='interrupt'",
+}
+"""LangChain middleware fencepost's replaces, by class name, and what replaces it: their run
+counters restart at each resume, and a HITL edit changes a call after fencepost gated it."""
+
+
+def check_middleware(middleware: Sequence[Any]) -> list[Any]:
+    """``middleware``, checked for ``FencepostMiddleware``'s place in it: exactly one, after
+    every middleware that wraps tool calls (LangChain composes ``wrap_tool_call`` first-listed
+    outermost, so a wrapper listed after it runs inside it, around the tool: a retry there
+    re-runs a call fencepost admitted once), and none of the middleware it replaces
+    (:data:`REPLACED`). ``create_agent`` hands a middleware nothing of the list, so this is the
+    check; pass its result to ``create_agent(..., middleware=fp.check_middleware([...]))``.
+
+    Raises :class:`MiddlewareOrderError` naming the offending middleware.
+    """
+    listed = list(middleware)
+    ours = [n for n, m in enumerate(listed) if isinstance(m, FencepostMiddleware)]
+    if len(ours) != 1:
+        raise MiddlewareOrderError(
+            "middleware", f"needs exactly one fp.FencepostMiddleware, found {len(ours)}"
+        )
+    for m in listed:
+        replacement = REPLACED.get(type(m).__name__)
+        if replacement is not None and type(m).__module__.startswith("langchain."):
+            raise MiddlewareOrderError(
+                "middleware",
+                f"{type(m).__name__} is replaced by fp.FencepostMiddleware ({replacement}): "
+                "remove it",
+            )
+    for m in listed[ours[0] + 1 :]:
+        if _wraps_tool_calls(m):
+            raise MiddlewareOrderError(
+                "middleware",
+                f"{type(m).__name__} wraps tool calls and is listed after "
+                "fp.FencepostMiddleware, so it runs inside it, around the tool: list "
+                "fp.FencepostMiddleware last",
+            )
+    return listed
+
+
+def _wraps_tool_calls(m: Any) -> bool:
+    """Whether ``m`` overrides a tool-call wrapper: the test ``create_agent`` itself makes to
+    put it around the tool node's calls."""
+    kind = type(m)
+    return (
+        getattr(kind, "wrap_tool_call", None) is not AgentMiddleware.wrap_tool_call
+        or getattr(kind, "awrap_tool_call", None) is not AgentMiddleware.awrap_tool_call
+    )
 
 
 class _ChatModelDecides:
@@ -143,7 +199,7 @@ class _ChatModelDecides:
 
 class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     """fencepost's policy layer for LangChain's ``create_agent``: put it LAST in the middleware
-    list (innermost around the tools).
+    list (innermost around the tools); :func:`check_middleware` checks a list.
 
     ``tools_or_registry`` are the :class:`~fencepost.policy.ToolSpec` s of the agent's tools
     (``fp.tool(lc_tool, effect=..., capability=...)``) or a ready ``ToolRegistry``: the names
