@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 
@@ -109,6 +110,8 @@ __all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError", "che
 
 RUN_KEY = "fencepost_run"
 """The state field holding the run's record (fencepost's ``AgentState`` as JSON data)."""
+MANIFESTS_KEY = "fencepost_manifests"
+"""The state field the manifests are appended to."""
 STEP_KEY = "fencepost_step"
 """The state field holding what the model step in flight holds: ``{"tokens": ..., "sent": ...}``."""
 
@@ -124,6 +127,9 @@ class FencepostState(AgentState[Any]):
     while it runs."""
     last_error_code: NotRequired[Annotated[str | None, OmitFromInput]]
     """The safe code of what ended the run, if it was not a plain completion."""
+    fencepost_manifests: NotRequired[Annotated[list[dict[str, Any]], OmitFromInput, operator.add]]
+    """The run's :class:`~fencepost.policy.StepManifest` s as JSON data, appended as each hook
+    records them (kept out of the run's record, which every hook reads whole)."""
     fencepost_step: NotRequired[Annotated[dict[str, int] | None, OmitFromInput]]
     """What the model step in flight holds: its token estimate and the tokens it sends, as
     counted before the model was called (settled against the model's usage report)."""
@@ -416,7 +422,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         if isinstance(held, StopRequest):
             return await self._close(io, run, held)
         run = with_budget_view(run.model_copy(update={"step": run.step + 1}), held.balance)
-        return {RUN_KEY: _dump(run), STEP_KEY: {"tokens": estimate, "sent": sent}}
+        return _written(run, {STEP_KEY: {"tokens": estimate, "sent": sent}})
 
     async def _gate(
         self, io: NodeIO, values: FencepostState, context: Any
@@ -483,7 +489,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             run, stopped = await self._approve(io, run, ctx, asked)
             if stopped is not None:
                 return await self._close(io, run, stopped, message)
-        return {RUN_KEY: _dump(run)}
+        return _written(run, {})
 
     async def _approve(
         self, io: NodeIO, run: RunState, ctx: RunContext, asked: list[Any]
@@ -781,8 +787,15 @@ def _end(run: RunState | None, request: StopRequest) -> dict[str, Any]:
         "termination": request.reason.value,
         "last_error_code": request.error_code,
     }
-    if run is not None:
-        out[RUN_KEY] = _dump(_ended(run, request))
+    return out if run is None else _written(_ended(run, request), out)
+
+
+def _written(run: RunState, out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with the run's record and the manifests this hook recorded (the record is read
+    back without its manifests, so those it holds are this hook's)."""
+    out[RUN_KEY] = _dump(run)
+    if run.manifests:
+        out[MANIFESTS_KEY] = [m.model_dump(mode="json") for m in run.manifests]
     return out
 
 
@@ -829,7 +842,7 @@ def _record(values: Any) -> RunState | None:
 
 
 def _dump(run: RunState) -> dict[str, Any]:
-    return run.model_dump(mode="json")
+    return run.model_dump(mode="json", exclude={"manifests"})
 
 
 def _last_ai(messages: list[AnyMessage]) -> AIMessage | None:

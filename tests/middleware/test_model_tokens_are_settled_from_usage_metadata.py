@@ -53,7 +53,7 @@ def test_reported_usage_is_charged_as_given_each_step() -> None:
     assert out["fencepost_run"]["budget"]["tokens_used"] == 360
     usage = [
         (m["input_tokens"], m["output_tokens"])
-        for m in out["fencepost_run"]["manifests"]
+        for m in out["fencepost_manifests"]
         if m["input_tokens"] is not None
     ]
     assert usage == [(100, 20)] * 3

@@ -46,8 +46,7 @@ def test_each_call_gated_and_run_and_the_end_are_manifests_kept_in_the_runs_reco
     out = graph.invoke(ask(), thread(), context=ctx())
     assert len(ran.bodies) == 2
     kept = [
-        (m["phase"], m["outcome"], m["tool_name"], m["code"])
-        for m in out["fencepost_run"]["manifests"]
+        (m["phase"], m["outcome"], m["tool_name"], m["code"]) for m in out["fencepost_manifests"]
     ]
     assert kept == [
         ("validate", "allowed", "search_logs", None),
@@ -58,7 +57,7 @@ def test_each_call_gated_and_run_and_the_end_are_manifests_kept_in_the_runs_reco
         ("validate", "allowed", "search_logs", None),
         ("terminal", "terminal", None, "tool_budget_exhausted"),
     ]
-    steps = [m["step"] for m in out["fencepost_run"]["manifests"]]
+    steps = [m["step"] for m in out["fencepost_manifests"]]
     assert steps == [1, 1, 2, 2, 3, 3]
 
 
@@ -70,7 +69,7 @@ def test_the_manifests_are_streamed_in_custom_mode_as_they_are_recorded() -> Non
         for chunk in graph.stream(ask(), config, context=ctx(), stream_mode="custom")
         if isinstance(chunk, dict) and chunk.get("fencepost") == "manifest"
     ]
-    kept = graph.get_state(config).values["fencepost_run"]["manifests"]
+    kept = graph.get_state(config).values["fencepost_manifests"]
     assert [c["phase"] for c in streamed] == ["validate", "execute"] * 2 + ["validate", "terminal"]
     assert [{k: v for k, v in c.items() if k != "fencepost"} for c in streamed] == kept
 
@@ -115,7 +114,7 @@ def test_a_failed_call_is_an_execute_tool_span_with_its_safe_code_as_error_type(
     assert span.status.status_code is StatusCode.ERROR
     assert span.status.description is None
     assert all(SECRET not in str(v) for v in attributes.values())
-    executed = [m for m in out["fencepost_run"]["manifests"] if m["phase"] == "execute"]
+    executed = [m for m in out["fencepost_manifests"] if m["phase"] == "execute"]
     assert [(m["outcome"], m["code"]) for m in executed] == [("error", "internal_error")]
 
 
