@@ -17,6 +17,7 @@ PUBLIC = {
     "check_middleware",
     "MiddlewareOrderError",
     "build_agent_graph",
+    "LoopSettings",
     "GraphConfigError",
     "ScriptedDecisionModel",
     "ChatModelDecider",
@@ -87,7 +88,6 @@ PUBLIC = {
     "Window",
     "open_checkpointer",
     "aopen_checkpointer",
-    "fencepost_serializer",
 }
 
 

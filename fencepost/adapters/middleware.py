@@ -28,7 +28,8 @@ import contextlib
 import json
 import operator
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, NotRequired
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired, Unpack
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
 from langchain.agents.middleware.types import OmitFromInput
@@ -49,15 +50,21 @@ from fencepost.graph.account import (
     with_budget_view,
 )
 from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
-from fencepost.graph.settings import GraphConfigError, LoopConfig, loop_config
+from fencepost.graph.settings import (
+    GraphConfigError,
+    LoopConfig,
+    LoopOptions,
+    LoopSettings,
+    settings_from,
+)
 from fencepost.graph.state import new_run_id
 from fencepost.graph.token_count import count_tokens
 from fencepost.graph.trace import manifest
 from fencepost.policy import (
-    DEFAULT_REPEAT_LIMIT,
-    Clock,
+    AgentState as RunState,
+)
+from fencepost.policy import (
     ErrorCode,
-    Ledger,
     RuntimeBudget,
     StepManifest,
     StopRequest,
@@ -65,11 +72,7 @@ from fencepost.policy import (
     ToolProposal,
     ToolRegistry,
 )
-from fencepost.policy import (
-    AgentState as RunState,
-)
 from fencepost.policy.approval import (
-    ApprovalMode,
     ApprovalProblem,
     apply_approvals,
     approval_request,
@@ -78,7 +81,7 @@ from fencepost.policy.approval import (
 )
 from fencepost.policy.budget import default_budget
 from fencepost.policy.context import RunContext, coerce_context
-from fencepost.policy.denial import DenialMode, gate_record
+from fencepost.policy.denial import gate_record
 from fencepost.policy.developer_log import TOOLS, raised
 from fencepost.policy.error_codes import error_code_for
 from fencepost.policy.execution import admits
@@ -98,7 +101,6 @@ from fencepost.policy.reservations import (
     stop_for_unknown_account,
 )
 from fencepost.policy.state import as_turn, stop
-from fencepost.policy.tool import NeedsApproval
 from fencepost.policy.usage import step_settlement, usage_report
 from fencepost.policy.verdict import VerdictCode
 
@@ -107,6 +109,23 @@ if TYPE_CHECKING:
     from langgraph.runtime import Runtime
 
 __all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError", "check_middleware"]
+
+TAKEN = frozenset(
+    {"approval", "ledger", "repeat_limit", "verdict_key", "clock", "denial", "tokens_per_step"}
+)
+"""The :class:`~fencepost.LoopSettings` this binding takes; any other given a value of its own
+is refused (``GraphConfigError`` naming it), never silently ignored."""
+
+_NO_PROMPT = (
+    "is not supported by FencepostMiddleware: create_agent builds the model's input, so a "
+    "refused batch ends the run; use fp.create_agent(..., {field}=...)"
+)
+UNSUPPORTED = {
+    field: _NO_PROMPT.format(field=field) for field in ("repair_attempts", "answer_margin")
+}
+"""Settings this binding cannot honour, refused with why: the graph gives a refused batch back
+to the model with repair notes in its input (``repair_attempts``), and tells the model its last
+steps are for answering (``answer_margin``); here no hook writes the model's input."""
 
 RUN_KEY = "fencepost_run"
 """The state field holding the run's record (fencepost's ``AgentState`` as JSON data)."""
@@ -210,14 +229,16 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     ``tools_or_registry`` are the :class:`~fencepost.policy.ToolSpec` s of the agent's tools
     (``fp.tool(lc_tool, effect=..., capability=...)``) or a ready ``ToolRegistry``: the names
     must be the LangChain tools' given to ``create_agent``. ``budget`` is each run's budget
-    (default: 8 model steps, 8 tool calls). The other settings are ``fp.create_agent``'s, with
-    its defaults and checks: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
-    ``repeat_limit``, ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``),
-    ``tokens_per_step`` (a step's output cap, held with what it sends where tokens are limited;
-    settled against ``AIMessage.usage_metadata``). ``approver``, ``needs_approval``,
-    ``approval_right`` and ``four_eyes`` are not taken yet, and ``repair_attempts`` and
-    ``answer_margin`` are not supported (``create_agent`` builds the model's input): a
-    ``GraphConfigError`` names the field. With ``approval="interrupt"`` the requester answers.
+    (default: 8 model steps, 8 tool calls). The other settings are ``fp.create_agent``'s, an
+    :class:`~fencepost.LoopSettings` given as ``settings`` or its fields as keyword arguments
+    (a keyword wins), with the same defaults and checks. It takes ``approval``
+    (``"terminate"`` | ``"interrupt"``), ``ledger``, ``repeat_limit``, ``verdict_key``,
+    ``clock``, ``denial`` (``"end_run"`` | ``"observe"``) and ``tokens_per_step`` (a step's
+    output cap, held with what it sends where tokens are limited, settled against
+    ``AIMessage.usage_metadata``); ``repair_attempts`` and ``answer_margin`` are not supported
+    (``create_agent`` builds the model's input), and any other setting given a value of its
+    own is refused (a ``GraphConfigError`` names it), never ignored: with
+    ``approval="interrupt"`` the requester answers.
 
     Example::
 
@@ -237,52 +258,35 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         tools_or_registry: ToolRegistry | Iterable[Any],
         *,
         budget: RuntimeBudget | None = None,
-        ledger: Ledger | None = None,
-        approval: ApprovalMode = "terminate",
-        approver: Any = None,
-        denial: DenialMode = "end_run",
-        repeat_limit: int = DEFAULT_REPEAT_LIMIT,
-        verdict_key: bytes | None = None,
-        clock: Clock | None = None,
-        needs_approval: NeedsApproval | None = None,
-        approval_right: str | None = None,
-        four_eyes: bool = False,
-        tokens_per_step: int = 0,
-        repair_attempts: int = 0,
-        answer_margin: int = 0,
+        settings: LoopSettings | None = None,
+        **options: Unpack[LoopOptions],
     ) -> None:
         super().__init__()
-        _refuse_unsupported(repair_attempts=repair_attempts, answer_margin=answer_margin)
-        not_taken = (
-            ("approver", approver),
-            ("needs_approval", needs_approval),
-            ("approval_right", approval_right),
-            ("four_eyes", four_eyes or None),
-        )
-        for field, value in not_taken:
-            if value is not None:
+        given = settings_from(settings, options)
+        for setting in fields(LoopSettings):
+            if setting.name in TAKEN:
+                continue
+            value = getattr(given, setting.name)
+            if setting.name in UNSUPPORTED:
+                # Its default, or 0, is what this binding does: none is kept or given back.
+                if value not in (setting.default, 0):
+                    raise GraphConfigError(setting.name, UNSUPPORTED[setting.name])
+                continue
+            if value != setting.default:
                 raise GraphConfigError(
-                    field,
+                    setting.name,
                     "is not taken by FencepostMiddleware yet: use approval='interrupt' (a "
-                    f"person answers) or fp.create_agent(..., {field}=...)",
+                    f"person answers) or fp.create_agent(..., {setting.name}=...)",
                 )
         if budget is not None and not isinstance(budget, RuntimeBudget):
             raise GraphConfigError("budget", "must be an fp.RuntimeBudget")
         self.budget = budget or default_budget()
-        self.cfg: LoopConfig = loop_config(
+        # LangChain's agent calls the model: no step is kept for answering, and no refused
+        # proposal is given back to repair (UNSUPPORTED).
+        self.cfg: LoopConfig = LoopConfig.of(
             registry_of(tools_or_registry),
             _ChatModelDecides(),
-            approval=approval,
-            repeat_limit=repeat_limit,
-            ledger=ledger,
-            clock=clock,
-            verdict_key=verdict_key,
-            tokens_per_step=tokens_per_step,
-            answer_margin=0,
-            repair_attempts=0,
-            denial=denial,
-            approval_right=approval_right,
-            four_eyes=four_eyes,
+            replace(given, answer_margin=0, repair_attempts=0),
         )
 
     # -- the hooks: each drives one body, over the sync or the async ledger -------------------
@@ -857,22 +861,6 @@ def _question(messages: list[AnyMessage]) -> str:
         if isinstance(message, HumanMessage):
             return message.text[:2000] or "-"
     return "-"
-
-
-def _refuse_unsupported(**settings: int) -> None:
-    """Settings of ``fp.create_agent`` this binding cannot honour, refused when it is built:
-    ``repair_attempts`` (the graph gives a refused batch back to the model with repair notes in
-    its input; here the model's input is LangChain's to build) and ``answer_margin`` (the graph
-    tells the model its last steps are for answering; here no hook writes the model's prompt)."""
-    for field, value in settings.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise GraphConfigError(field, "must be a non-negative int")
-        if value:
-            raise GraphConfigError(
-                field,
-                "is not supported by FencepostMiddleware: create_agent builds the model's "
-                f"input, so a refused batch ends the run; use fp.create_agent(..., {field}=...)",
-            )
 
 
 def _recorded(run: RunState, manifests: list[StepManifest]) -> RunState:

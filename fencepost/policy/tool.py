@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import types
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin
 
@@ -148,8 +147,7 @@ class ToolSpec(BaseModel):
 
     ``effect`` and ``capability`` come from trusted configuration; the description only helps
     the model choose. The args model must forbid extra keys all the way down. The keyword names
-    are the ones ``@fp.tool`` and ``tool_spec`` take (``required_capability=`` is the old name of
-    ``capability=``: accepted, with a DeprecationWarning, until the next release).
+    are the ones ``@fp.tool`` and ``tool_spec`` take.
 
     Example::
 
@@ -220,16 +218,6 @@ class ToolSpec(BaseModel):
     of the run's tenant holding the approval right must answer). ``None``: the graph's
     ``four_eyes``."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        return renamed_keywords(data, "ToolSpec", {"required_capability": "capability"})
-
-    @property
-    def required_capability(self) -> str:
-        """The old name of :attr:`capability` (still readable; give ``capability=``)."""
-        return self.capability
-
     @field_validator("args_model")
     @classmethod
     def _strict_args(cls, model: type[BaseModel]) -> type[BaseModel]:
@@ -248,24 +236,3 @@ class ToolSpec(BaseModel):
     def retry_safe(self) -> bool:
         """Whether a call of this tool may be run again after an attempt of unknown outcome."""
         return bool(self.idempotent)
-
-
-def renamed_keywords(data: Any, where: str, renamed: dict[str, str]) -> Any:
-    """``data`` with each old keyword name in ``renamed`` moved to its new one, warning that the
-    old one is deprecated. Both names given at once is an error naming them."""
-    if not isinstance(data, dict) or not any(old in data for old in renamed):
-        return data
-    data = dict(data)
-    for old, new in renamed.items():
-        if old not in data:
-            continue
-        if new in data:
-            raise ValueError(f"{where}: give {new}= only ({old}= is its old name)")
-        warnings.warn(
-            f"{where}({old}=...) is deprecated: write {new}= (the same name @fp.tool, ToolSpec "
-            "and tool_spec take)",
-            DeprecationWarning,
-            stacklevel=4,
-        )
-        data[new] = data.pop(old)
-    return data

@@ -35,7 +35,6 @@ from __future__ import annotations
 import inspect
 import re
 import typing
-import warnings
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -88,7 +87,6 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> ToolSpec: ...
 
@@ -110,7 +108,6 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
@@ -131,7 +128,6 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
 ) -> Any:
     """Turn the decorated function into a :class:`ToolSpec`.
@@ -139,8 +135,7 @@ def tool(
     ``effect`` (read / write / external) and ``capability`` (what the principal must hold) are
     trusted configuration and required: nothing about a function says it is safe to run, so a
     bare ``@tool`` says in one sentence what it lacks. ``timeout_seconds`` is the tool's own time
-    limit (default :data:`DEFAULT_TOOL_TIMEOUT_SECONDS`; ``timeout=`` is its old name, accepted
-    with a DeprecationWarning until the next release). ``name`` defaults to the function's name
+    limit (default :data:`DEFAULT_TOOL_TIMEOUT_SECONDS`). ``name`` defaults to the function's name
     and ``description`` to its docstring (without its ``Args:`` section, whose lines become the
     fields' descriptions). ``idempotent``, ``semantic_validator``, ``progress_predicate``,
     ``allow_empty_query``, ``repeat_limit``, ``needs_approval``, ``approval_right`` and ``four_eyes`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
@@ -158,14 +153,6 @@ def tool(
     model that allows extra ones: an application object meant to be injected, say), a missing
     description or an invalid name — never a raw pydantic ``ValidationError``.
     """
-    if timeout is not None:
-        warnings.warn(
-            "@tool(timeout=...) is deprecated: write timeout_seconds= (the same name ToolSpec "
-            "and tool_spec take)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        timeout_seconds = timeout
 
     def decorate(fn: Callable[..., Any]) -> ToolSpec:
         tool_name = name if name is not None else getattr(fn, "__name__", "")

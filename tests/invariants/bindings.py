@@ -2,7 +2,7 @@
 (``fp.build_agent_graph``) and LangChain's ``create_agent`` with ``fp.FencepostMiddleware``.
 
 Both get the same LangChain tools, the same scripted chat model and the same settings
-(``graph.settings.loop_config``: no step kept for answering, no repair of a refused proposal,
+(``fp.LoopSettings``: no step kept for answering, no repair of a refused proposal,
 which the middleware does not take), so an invariant test written over ``binding`` says the
 same thing of both. What one binding cannot do is named in ``docs/middleware.md`` and, as a
 strict xfail, in ``tests/test_known_limits.py``."""

@@ -1,5 +1,5 @@
 """The middleware takes ``fp.create_agent``'s settings, checked by the same function
-(``graph.settings.loop_config``): a bad value names its field, and a setting it does not take
+(``fp.LoopSettings``): a bad value names its field, and a setting it does not take
 yet is refused, never silently ignored."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from tests.middleware.kit import Ran, lc_tools, specs
         ({"approval_right": "approve:notes"}, "approval_right"),
         ({"four_eyes": True}, "four_eyes"),
         ({"budget": {"steps_remaining": 3}}, "budget"),
-        ({"repair_attempts": 1}, "repair_attempts"),
-        ({"answer_margin": 1}, "answer_margin"),
+        ({"repair_attempts": 3}, "repair_attempts"),
+        ({"answer_margin": 2}, "answer_margin"),
         ({"tokens_per_step": -1}, "tokens_per_step"),
     ],
 )
