@@ -2,8 +2,10 @@
 
 Parts (each has a flag; no flag runs them all):
 
-    --loop     fencepost vs create_agent + limits vs a bare model + ToolNode loop, InMemory and
-               SQLite savers, invoke and ainvoke; and the cost of one more node boundary
+    --loop     fencepost vs create_agent + limits vs a bare model + ToolNode loop vs create_agent
+               + fp.FencepostMiddleware, InMemory and SQLite savers, invoke and ainvoke; and
+               the cost of one more node boundary (--middleware-only: the fencepost, create_agent
+               + limits and create_agent + fp.FencepostMiddleware columns alone)
     --peers    the same loop against Pydantic AI (FunctionModel + UsageLimits) and the OpenAI
                Agents SDK (a custom Model, max_turns), beside the three LangGraph systems
     --floor    fencepost with a minimal DecisionModel vs an empty two-node LangGraph loop
@@ -366,9 +368,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prior", type=int, help="prior proposals for the gate's late state")
     parser.add_argument("--profile-n", type=int, help="iterations of the profiled run")
     parser.add_argument("--no-async", action="store_true", help="skip the loop's ainvoke rows")
+    parser.add_argument(
+        "--middleware-only",
+        action="store_true",
+        help="the loop part with (a) fencepost, (b) create_agent + limits and (d) create_agent + "
+        "fp.FencepostMiddleware only (implies --loop)",
+    )
     parser.add_argument("--out", type=Path, help="write the report here (a full run: results.md)")
     args = parser.parse_args(argv)
 
+    if args.middleware_only:
+        args.loop = True
     chosen = [p for p in PARTS if getattr(args, p)]
     full = not chosen and not args.quick
     parts = chosen or list(PARTS)
@@ -444,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             sections.append(f"## Loop overhead\n\nskipped: {fp_error}\n")
             failures.append(f"loop: {fp_error}")
         else:
-            run("loop", lambda: _loop(lo, n, rounds, not args.no_async))
+            run("loop", lambda: _loop(lo, n, rounds, not args.no_async, args.middleware_only))
     if "peers" in parts:
         run("peers", lambda: peers_part(lo, fp_error, n, max(1, rounds - 1)))
     if "floor" in parts:
@@ -497,8 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if (failures or errors) else 0
 
 
-def _loop(lo: ModuleType, n: int, rounds: int, with_async: bool) -> str:
-    return lo.loop_part(n, rounds, with_async)
+def _loop(lo: ModuleType, n: int, rounds: int, with_async: bool, middleware_only: bool) -> str:
+    return lo.loop_part(n, rounds, with_async, middleware_only)
 
 
 def _errors_in(sections: list[str], known: str) -> list[str]:

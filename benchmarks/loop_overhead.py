@@ -267,27 +267,44 @@ def build_fencepost(
 
 def build_create_agent_fencepost(saver: BaseCheckpointSaver[Any], *, limit: int) -> System:
     """(d) ``langchain.agents.create_agent`` with ``fp.FencepostMiddleware`` as its one
-    middleware (the budget in its in-memory ledger), in place of the limit middlewares."""
+    middleware, in place of the limit middlewares; its budget in the ledger (a) gets for the
+    same saver: in memory beside ``InMemorySaver``, a SQLite ledger on the saver's file beside
+    a SQLite saver."""
     from langchain.agents import create_agent
 
+    from fencepost.graph.default_ledger import durable_ledger
+
+    path = common.ASYNC_SQLITE_FILES.get(id(saver))
+    ledger = fp.SqliteLedger(str(path)) if path is not None else durable_ledger(saver)
     graph = create_agent(
         ToolLoopChatModel(),
         [LC_TOOL],
-        middleware=[
-            fp.FencepostMiddleware(
-                REGISTRY,
-                budget=fp.RuntimeBudget(steps_remaining=limit, tool_calls_remaining=limit),
-            )
-        ],
+        middleware=fp.check_middleware(
+            [
+                fp.FencepostMiddleware(
+                    REGISTRY,
+                    budget=fp.RuntimeBudget(steps_remaining=limit, tool_calls_remaining=limit),
+                    ledger=ledger,
+                )
+            ]
+        ),
         checkpointer=saver,
     )
     return System(
         name="create_agent+fencepost",
         graph=graph,
         make_input=lambda n: {"messages": [HumanMessage(content=QUESTION)]},
-        check=messages_check,
+        check=_middleware_check,
         kwargs={"context": RUN_CONTEXT},
     )
+
+
+def _middleware_check(out: Any, n: int) -> str | None:
+    """(d)'s run as the others': N tool messages and the final text, and it ended ``completed``."""
+    problem = messages_check(out, n)
+    if problem is None and out.get("termination") != "completed":
+        return f"ended {out.get('termination')!r} ({out.get('last_error_code')!r})"
+    return problem
 
 
 def build_fencepost_floor(saver: BaseCheckpointSaver[Any]) -> System:
@@ -429,6 +446,8 @@ def build_fencepost_gate(saver: BaseCheckpointSaver[Any]) -> System:
 # --------------------------------------------------------------------------------------------
 
 SYSTEMS = ("fencepost", "create_agent", "bare", "create_agent+fencepost")
+MIDDLEWARE_ROWS = frozenset({"fencepost", "create_agent", "create_agent+fencepost"})
+"""``bench.py --loop --middleware-only``: (d) beside (a) and (b), nothing else."""
 SAVER_LABELS = {
     ("memory", "sync"): "InMemorySaver",
     ("memory", "async"): "InMemorySaver",
@@ -438,11 +457,15 @@ SAVER_LABELS = {
 
 
 def run_loop(
-    n: int, rounds: int, with_async: bool, tmp: Path
+    n: int, rounds: int, with_async: bool, tmp: Path, only: frozenset[str] | None = None
 ) -> tuple[dict[Key, Cell], dict[str, int], str | None, int]:
     """Interleaved rounds of the three systems (and the +gate variant), both savers, sync and
-    async. Returns the cells, checkpoints per run, and why the +gate variant is missing."""
+    async; with ``only``, just the systems it names (and no +gate variant). Returns the cells,
+    checkpoints per run, and why the +gate variant is missing."""
     import asyncio
+
+    def kept(systems: list[System]) -> list[System]:
+        return [s for s in systems if only is None or s.name in only]
 
     cells: dict[Key, Cell] = {}
     gate_skip: str | None = None
@@ -455,16 +478,19 @@ def run_loop(
             return sqlite_saver(tmp / f"loop-sync-{tag}.db")
 
         systems = [build_fencepost(saver("fencepost"))]
-        try:
-            systems.append(build_fencepost_gate(saver("fencepost-gate")))
-        except Exception as exc:
-            gate_skip = describe(exc)
+        if only is None:
+            try:
+                systems.append(build_fencepost_gate(saver("fencepost-gate")))
+            except Exception as exc:
+                gate_skip = describe(exc)
+        else:
+            gate_skip = "not run (--middleware-only)"
         systems += [
             build_create_agent(saver("create_agent"), limit=n + 5),
             build_bare(saver("bare")),
             build_create_agent_fencepost(saver("create_agent-fp"), limit=n + 5),
         ]
-        sync[saver_name] = systems
+        sync[saver_name] = kept(systems)
     entries: list[Entry] = []
     with asyncio.Runner() as runner:
         asyncs: dict[str, list[System]] = {}
@@ -490,7 +516,7 @@ def run_loop(
                     ],
                 }
 
-            asyncs = runner.run(make_async())
+            asyncs = {k: kept(v) for k, v in runner.run(make_async()).items()}
         for saver_name in ("memory", "sqlite"):
             pairs = [s for s in sync[saver_name] if s.name.startswith("fencepost")]
             for system in sync[saver_name]:
@@ -534,7 +560,8 @@ def loop_table(cells: dict[Key, Cell], n: int, rounds: int) -> str:
         "serializer. Tool calls and model calls were counted and verified for every run.",
         "",
         "(d) is `create_agent` with `fp.FencepostMiddleware` in place of the two limit "
-        "middlewares (its budget in an in-memory ledger whatever the saver).",
+        "middlewares (its budget in the ledger (a) gets for the same saver: in memory, or "
+        "SQLite on the saver's file), verified as the others and ended `completed`.",
         "",
         "| saver | mode | (a) fencepost | (b) create_agent + limits | (c) bare loop "
         "| (d) create_agent + fp.FencepostMiddleware "
@@ -611,12 +638,16 @@ def gate_table(
     return "\n".join(lines)
 
 
-def loop_part(n: int, rounds: int, with_async: bool) -> str:
-    """The loop part of ``make bench``: both tables, as markdown."""
+def loop_part(n: int, rounds: int, with_async: bool, middleware_only: bool = False) -> str:
+    """The loop part of ``make bench``: both tables, as markdown; with ``middleware_only``,
+    the loop table's (a), (b) and (d) columns alone."""
     t0 = time.perf_counter()
+    only = MIDDLEWARE_ROWS if middleware_only else None
     with tempfile.TemporaryDirectory(prefix="fencepost-bench-loop-") as tmp:
-        cells, checkpoints, gate_skip, rounds = run_loop(n, rounds, with_async, Path(tmp))
+        cells, checkpoints, gate_skip, rounds = run_loop(n, rounds, with_async, Path(tmp), only)
     print(f"  loop: {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    if middleware_only:
+        return loop_table(cells, n, rounds)
     return (
         loop_table(cells, n, rounds) + "\n" + gate_table(cells, n, rounds, checkpoints, gate_skip)
     )

@@ -95,7 +95,11 @@ from fencepost.policy.remembered import ApprovalScope, Remember
 if TYPE_CHECKING:
     from fencepost.adapters.ledger_postgres import PostgresLedger
     from fencepost.adapters.ledger_sqlite import SqliteLedger
-    from fencepost.adapters.middleware import FencepostMiddleware
+    from fencepost.adapters.middleware import (
+        FencepostMiddleware,
+        MiddlewareOrderError,
+        check_middleware,
+    )
 
 __all__ = [
     "PRICES",
@@ -119,6 +123,8 @@ __all__ = [
     "Completed",
     "Deadline",
     "FencepostMiddleware",
+    "MiddlewareOrderError",
+    "check_middleware",
     "Decided",
     "DecisionInput",
     "Effect",
@@ -179,6 +185,8 @@ logging.getLogger("fencepost").addHandler(logging.NullHandler())
 # without the postgres extra.
 _LAZY = {
     "FencepostMiddleware": "fencepost.adapters.middleware",
+    "MiddlewareOrderError": "fencepost.adapters.middleware",
+    "check_middleware": "fencepost.adapters.middleware",
     "PostgresLedger": "fencepost.adapters.ledger_postgres",
     "SqliteLedger": "fencepost.adapters.ledger_sqlite",
 }

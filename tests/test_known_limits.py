@@ -232,8 +232,9 @@ def test_a_retry_wrapper_listed_inside_fencepost_middleware_runs_a_failing_write
     """Invariant 9 (a write runs at most once per call id), in the middleware binding.
     ``ToolRetryMiddleware`` listed after ``FencepostMiddleware`` is inside its
     ``wrap_tool_call``: the retries call the tool under fencepost's one admission. Not fixed:
-    the list is not visible to a middleware, so it cannot be refused at build
-    (``docs/middleware.md``, "Its place in the list: last")."""
+    the list is not visible to a middleware, so the middleware cannot refuse it;
+    ``fp.check_middleware`` refuses such a list when the caller checks it before
+    ``create_agent`` (``docs/middleware.md``, "Its place in the list: last")."""
     from tests.middleware.test_place_in_the_middleware_list import _failing_write_run
 
     ran, _ = _failing_write_run("fencepost_first")

@@ -14,6 +14,8 @@ PUBLIC = {
     # building an agent
     "create_agent",
     "FencepostMiddleware",
+    "check_middleware",
+    "MiddlewareOrderError",
     "build_agent_graph",
     "LoopSettings",
     "GraphConfigError",

@@ -29,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Iterable
+import operator
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired, Unpack
 
@@ -42,18 +43,22 @@ from langchain.agents.middleware import (
 )
 from langchain.agents.middleware.types import OmitFromInput
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langgraph.config import get_stream_writer
 from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command, interrupt
 from pydantic import ValidationError
 
+from fencepost.adapters import telemetry
 from fencepost.adapters.agent import registry_of
 from fencepost.adapters.chat_model import parse_ai_message
 from fencepost.graph.account import (
     account_of,
+    charge,
     mark_result,
     open_run,
     reserve,
     reserve_batch,
+    tokens_left,
     with_budget_view,
 )
 from fencepost.graph.gate import gate
@@ -66,12 +71,15 @@ from fencepost.graph.settings import (
     settings_from,
 )
 from fencepost.graph.state import new_run_id
+from fencepost.graph.token_count import count_tokens
+from fencepost.graph.trace import manifest
 from fencepost.policy import (
     AgentState as RunState,
 )
 from fencepost.policy import (
     ErrorCode,
     RuntimeBudget,
+    StepManifest,
     StopRequest,
     TerminationReason,
     ToolProposal,
@@ -94,7 +102,7 @@ from fencepost.policy.developer_log import TOOLS, raised
 from fencepost.policy.error_codes import failure_code_for
 from fencepost.policy.execution import admits
 from fencepost.policy.fingerprint import proposal_fingerprint
-from fencepost.policy.keys import call_key, started_key, step_key
+from fencepost.policy.keys import call_key, overage_key, started_key, step_key
 from fencepost.policy.may_go_on import check_before_acting, context_refusal
 from fencepost.policy.phase import Phase
 from fencepost.policy.provenance import ObservedOutput, output_of
@@ -102,15 +110,19 @@ from fencepost.policy.reservations import (
     Claim,
     claim,
     step_amounts,
+    step_hold,
+    stop_for_exceeded,
 )
 from fencepost.policy.state import as_turn, stop
 from fencepost.policy.trust import Trust
+from fencepost.policy.usage import step_settlement, usage_report
+from fencepost.policy.verdict import VerdictCode
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
     from langgraph.runtime import Runtime
 
-__all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError"]
+__all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError", "check_middleware"]
 
 TAKEN = frozenset(
     {
@@ -120,6 +132,7 @@ TAKEN = frozenset(
         "verdict_key",
         "clock",
         "denial",
+        "tokens_per_step",
         "tool_catalog",
         "provenance",
     }
@@ -127,8 +140,23 @@ TAKEN = frozenset(
 """The :class:`~fencepost.LoopSettings` this binding takes; any other given a value of its own
 is refused (``GraphConfigError`` naming it), never silently ignored."""
 
+_NO_PROMPT = (
+    "is not supported by FencepostMiddleware: create_agent builds the model's input, so a "
+    "refused batch ends the run; use fp.create_agent(..., {field}=...)"
+)
+UNSUPPORTED = {
+    field: _NO_PROMPT.format(field=field) for field in ("repair_attempts", "answer_margin")
+}
+"""Settings this binding cannot honour, refused with why: the graph gives a refused batch back
+to the model with repair notes in its input (``repair_attempts``), and tells the model its last
+steps are for answering (``answer_margin``); here no hook writes the model's input."""
+
 RUN_KEY = "fencepost_run"
 """The state field holding the run's record (fencepost's ``AgentState`` as JSON data)."""
+MANIFESTS_KEY = "fencepost_manifests"
+"""The state field the manifests are appended to."""
+STEP_KEY = "fencepost_step"
+"""The state field holding what the model step in flight holds: ``{"tokens": ..., "sent": ...}``."""
 
 
 class FencepostState(AgentState[Any]):
@@ -142,10 +170,72 @@ class FencepostState(AgentState[Any]):
     while it runs."""
     last_error_code: NotRequired[Annotated[str | None, OmitFromInput]]
     """The safe code of what ended the run, if it was not a plain completion."""
+    fencepost_manifests: NotRequired[Annotated[list[dict[str, Any]], OmitFromInput, operator.add]]
+    """The run's :class:`~fencepost.policy.StepManifest` s as JSON data, appended as each hook
+    records them (kept out of the run's record, which every hook reads whole)."""
+    fencepost_step: NotRequired[Annotated[dict[str, int] | None, OmitFromInput]]
+    """What the model step in flight holds: its token estimate and the tokens it sends, as
+    counted before the model was called (settled against the model's usage report)."""
 
 
 class MiddlewareOrderError(GraphConfigError):
-    """A middleware list puts a tool-wrapping middleware inside ``FencepostMiddleware``."""
+    """A middleware list ``FencepostMiddleware`` cannot keep its contract in: a middleware that
+    wraps tool calls listed after it (inside it), one it replaces, or not exactly one of it.
+    Raised by :func:`check_middleware`; ``field`` is ``"middleware"``."""
+
+
+REPLACED = {
+    "ToolCallLimitMiddleware": "the budget's tool_calls_remaining",
+    "ModelCallLimitMiddleware": "the budget's steps_remaining",
+    "HumanInTheLoopMiddleware": "approval='interrupt'",
+}
+"""LangChain middleware fencepost's replaces, by class name, and what replaces it: their run
+counters restart at each resume, and a HITL edit changes a call after fencepost gated it."""
+
+
+def check_middleware(middleware: Sequence[Any]) -> list[Any]:
+    """``middleware``, checked for ``FencepostMiddleware``'s place in it: exactly one, after
+    every middleware that wraps tool calls (LangChain composes ``wrap_tool_call`` first-listed
+    outermost, so a wrapper listed after it runs inside it, around the tool: a retry there
+    re-runs a call fencepost admitted once), and none of the middleware it replaces
+    (:data:`REPLACED`). ``create_agent`` hands a middleware nothing of the list, so this is the
+    check; pass its result to ``create_agent(..., middleware=fp.check_middleware([...]))``.
+
+    Raises :class:`MiddlewareOrderError` naming the offending middleware.
+    """
+    listed = list(middleware)
+    ours = [n for n, m in enumerate(listed) if isinstance(m, FencepostMiddleware)]
+    if len(ours) != 1:
+        raise MiddlewareOrderError(
+            "middleware", f"needs exactly one fp.FencepostMiddleware, found {len(ours)}"
+        )
+    for m in listed:
+        replacement = REPLACED.get(type(m).__name__)
+        if replacement is not None and type(m).__module__.startswith("langchain."):
+            raise MiddlewareOrderError(
+                "middleware",
+                f"{type(m).__name__} is replaced by fp.FencepostMiddleware ({replacement}): "
+                "remove it",
+            )
+    for m in listed[ours[0] + 1 :]:
+        if _wraps_tool_calls(m):
+            raise MiddlewareOrderError(
+                "middleware",
+                f"{type(m).__name__} wraps tool calls and is listed after "
+                "fp.FencepostMiddleware, so it runs inside it, around the tool: list "
+                "fp.FencepostMiddleware last",
+            )
+    return listed
+
+
+def _wraps_tool_calls(m: Any) -> bool:
+    """Whether ``m`` overrides a tool-call wrapper: the test ``create_agent`` itself makes to
+    put it around the tool node's calls."""
+    kind = type(m)
+    return (
+        getattr(kind, "wrap_tool_call", None) is not AgentMiddleware.wrap_tool_call
+        or getattr(kind, "awrap_tool_call", None) is not AgentMiddleware.awrap_tool_call
+    )
 
 
 class _ChatModelDecides:
@@ -158,7 +248,7 @@ class _ChatModelDecides:
 
 class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     """fencepost's policy layer for LangChain's ``create_agent``: put it LAST in the middleware
-    list (innermost around the tools).
+    list (innermost around the tools); :func:`check_middleware` checks a list.
 
     ``tools_or_registry`` are the :class:`~fencepost.policy.ToolSpec` s of the agent's tools
     (``fp.tool(lc_tool, effect=..., capability=...)``) or a ready ``ToolRegistry``: the names
@@ -167,12 +257,15 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     :class:`~fencepost.LoopSettings` given as ``settings`` or its fields as keyword arguments
     (a keyword wins), with the same defaults and checks. It takes ``approval``
     (``"terminate"`` | ``"interrupt"``), ``ledger``, ``repeat_limit``, ``verdict_key``,
-    ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``tool_catalog`` (``"all"`` |
-    ``"permitted"``: the model is shown only the registered tools the run's principal may call,
-    each model call, from its context) and ``provenance`` (``"observe"`` | ``"ask"`` |
-    ``"refuse"``: the built-in provenance rule, judging values against the thread's tool
-    messages); any other setting given a value of its own is refused (a ``GraphConfigError``
-    names it), never ignored: with ``approval="interrupt"`` the requester answers.
+    ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``tokens_per_step`` (a step's
+    output cap, held with what it sends where tokens are limited, settled against
+    ``AIMessage.usage_metadata``), ``tool_catalog`` (``"all"`` | ``"permitted"``: the model is
+    shown only the registered tools the run's principal may call, each model call, from its
+    context) and ``provenance`` (``"observe"`` | ``"ask"`` | ``"refuse"``: the built-in
+    provenance rule, judging values against the thread's tool messages); ``repair_attempts`` and
+    ``answer_margin`` are not supported (``create_agent`` builds the model's input), and any
+    other setting given a value of its own is refused (a ``GraphConfigError`` names it), never
+    ignored: with ``approval="interrupt"`` the requester answers.
 
     Example::
 
@@ -201,6 +294,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             if setting.name in TAKEN:
                 continue
             value = getattr(given, setting.name)
+            if setting.name in UNSUPPORTED:
+                # Its default, or 0, is what this binding does: none is kept or given back.
+                if value not in (setting.default, 0):
+                    raise GraphConfigError(setting.name, UNSUPPORTED[setting.name])
+                continue
             if value != setting.default:
                 raise GraphConfigError(
                     setting.name,
@@ -210,12 +308,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         if budget is not None and not isinstance(budget, RuntimeBudget):
             raise GraphConfigError("budget", "must be an fp.RuntimeBudget")
         self.budget = budget or default_budget()
-        # LangChain's agent calls the model: no step is kept for answering, no refused
-        # proposal is given back to repair, and a step reserves no token estimate.
+        # LangChain's agent calls the model: no step is kept for answering, and no refused
+        # proposal is given back to repair (UNSUPPORTED).
         self.cfg: LoopConfig = LoopConfig.of(
             registry_of(tools_or_registry),
             _ChatModelDecides(),
-            replace(given, tokens_per_step=0, answer_margin=0, repair_attempts=0),
+            replace(given, answer_margin=0, repair_attempts=0),
         )
 
     # -- the hooks: each drives one body, over the sync or the async ledger -------------------
@@ -281,13 +379,14 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         admitted = drive(self._admit(io, request))
         if isinstance(admitted, ToolMessage):
             return admitted
-        try:
-            result = handler(request)
-        except _RUNTIMES:
-            raise
-        except BaseException as exc:  # a tool cannot end its run, nor the process
-            return drive(self._failed(io, request, admitted, exc))
-        return drive(self._ran(io, request, admitted, result))
+        with self._span(request, admitted) as span:
+            try:
+                result = handler(request)
+            except _RUNTIMES:
+                raise
+            except BaseException as exc:  # a tool cannot end its run, nor the process
+                return _spanned(span, drive(self._failed(io, request, admitted, exc)))
+            return _spanned(span, drive(self._ran(io, request, admitted, result)))
 
     async def awrap_tool_call(
         self,
@@ -298,13 +397,22 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         admitted = await self._admit(io, request)
         if isinstance(admitted, ToolMessage):
             return admitted
-        try:
-            result = await handler(request)
-        except _RUNTIMES:
-            raise
-        except BaseException as exc:  # a tool cannot end its run, nor the process
-            return await self._failed(io, request, admitted, exc)
-        return await self._ran(io, request, admitted, result)
+        with self._span(request, admitted) as span:
+            try:
+                result = await handler(request)
+            except _RUNTIMES:
+                raise
+            except BaseException as exc:  # a tool cannot end its run, nor the process
+                return _spanned(span, await self._failed(io, request, admitted, exc))
+            return _spanned(span, await self._ran(io, request, admitted, result))
+
+    def _span(self, request: ToolCallRequest, admitted: Any) -> telemetry.ToolCall:
+        """The ``execute_tool`` span of an admitted call (its attempt from its reservation)."""
+        call_id = str(request.tool_call.get("id") or "")
+        spec = self.cfg.registry.get(str(request.tool_call.get("name") or ""))
+        # The admitted reservation is ``keys.call_key(account, call_id, attempt)``.
+        attempt = int(str(admitted[3]).rsplit(":", 1)[-1])
+        return telemetry.tool_span(call_id, spec, attempt)
 
     def _shown(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
         """The request with only the tools the model may be shown (``tool_catalog``): with
@@ -361,16 +469,20 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return _end(run, stop(_DENIED, context_refusal(context)))
         if run.is_terminal:
             return {"jump_to": "end"}
+        run = self._executed(run, values, ctx)
         # The graph's decide asks the same: the run's own identity, and time left.
         refused = check_before_acting(run, ctx, clock=self.cfg.clock, given=context)
         if refused is not None:
             return await self._close(io, run, refused)
         run = _answered(run)
-        held = await reserve(io, run, ctx, step_key(account_of(run), run.step + 1), step_amounts(0))
+        sent, estimate = await self._step_hold(io, run, ctx, values)
+        held = await reserve(
+            io, run, ctx, step_key(account_of(run), run.step + 1), step_amounts(estimate)
+        )
         if isinstance(held, StopRequest):
             return await self._close(io, run, held)
         run = with_budget_view(run.model_copy(update={"step": run.step + 1}), held.balance)
-        return {RUN_KEY: _dump(run)}
+        return _written(run, {STEP_KEY: {"tokens": estimate, "sent": sent}})
 
     async def _gate(
         self, io: NodeIO, values: FencepostState, context: Any
@@ -385,14 +497,20 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         message = _last_ai(values.get("messages", []))
         if message is None:
             return None
+        run, usage, over = await self._settle_step(io, run, ctx, values, message)
+        if over is not None:
+            run = self._noted(run, ctx, Phase.DECIDE, "denied", code=over.error_code, **usage)
+            return await self._close(io, run, over, message)
         try:
             # What the reply means is the graph binding's reading of it: a refusal, a cut-off
             # or malformed reply, an empty one is an invalid proposal, never a completion.
             parse_ai_message(message, run_id=run.run_id, step=run.step)
         except InvalidProposal as invalid:
             code = invalid_code(invalid, run.run_id)
+            run = self._noted(run, ctx, Phase.DECIDE, "denied", "invalid", code=code, **usage)
             return await self._close(io, run, stop(_INVALID, code), message)
         if not message.tool_calls:
+            run = self._noted(run, ctx, Phase.DECIDE, "decided", "final", **usage)
             return await self._close(io, run, stop(TerminationReason.COMPLETED))
         try:
             calls = [
@@ -400,17 +518,26 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
                 for c in message.tool_calls
             ]
         except ValidationError:
-            return await self._close(io, run, stop(_INVALID, "invalid_tool_call"), message)
+            code = "invalid_tool_call"
+            run = self._noted(run, ctx, Phase.DECIDE, "denied", "invalid", code=code, **usage)
+            return await self._close(io, run, stop(_INVALID, code), message)
         # What the model's calls mean is the graph binding's question too (``accept_decision``).
         accepted = accept_decision(ToolBatch(calls=tuple(calls)))
         if isinstance(accepted, InvalidProposal):
             code = invalid_code(accepted, run.run_id)
+            run = self._noted(run, ctx, Phase.DECIDE, "denied", "invalid", code=code, **usage)
             return await self._close(io, run, stop(_INVALID, code), message)
         # The graph's own gate phase: refused batches, every call's verdict, denials as data,
-        # reservations of the whole batch before any of it runs.
-        run, _manifests = await gate(
-            io, run, ctx, calls, {}, outputs=_outputs(values.get("messages", []), self.cfg.registry)
+        # reservations of the whole batch before any of it runs; its manifests recorded here.
+        run, manifests = await gate(
+            io,
+            run,
+            ctx,
+            calls,
+            usage,
+            outputs=_outputs(values.get("messages", []), self.cfg.registry),
         )
+        run = _recorded(run, manifests)
         if run.stop is not None:
             return await self._close(io, run, run.stop, message)
         cfg = self.cfg
@@ -419,7 +546,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             run, stopped = await self._approve(io, run, ctx, asked)
             if stopped is not None:
                 return await self._close(io, run, stopped, message)
-        return {RUN_KEY: _dump(run)}
+        return _written(run, {})
 
     async def _approve(
         self, io: NodeIO, run: RunState, ctx: RunContext, asked: list[Any]
@@ -551,6 +678,103 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return None
         return await self._close(io, run, stop(_DENIED, "ended_by_other_middleware"))
 
+    # -- tokens and the trace: what the graph binding's decide, gate and execute record -------
+
+    async def _step_hold(
+        self, io: NodeIO, run: RunState, ctx: RunContext, values: FencepostState
+    ) -> tuple[int, int]:
+        """``(sent, estimate)`` of the next model step: the tokens of what the agent's model is
+        about to be sent (its messages and the tool catalog, counted), and what the step holds
+        for it (``reservations.step_hold``, as the graph binding's decide node). Nothing is
+        counted or held where no account of the chain limits tokens."""
+        headroom = await tokens_left(io, run, ctx)
+        if headroom is None:
+            return 0, 0
+        sent = count_tokens(_sent_text(values.get("messages", []), self.cfg.registry))
+        return sent, step_hold(sent, self.cfg.tokens_per_step, headroom)
+
+    async def _settle_step(
+        self,
+        io: NodeIO,
+        run: RunState,
+        ctx: RunContext,
+        values: FencepostState,
+        message: AIMessage,
+    ) -> tuple[RunState, dict[str, Any], StopRequest | None]:
+        """Settle the model step against what the model reported (``AIMessage.usage_metadata``),
+        checked by ``usage.usage_report`` and split by ``usage.step_settlement`` as the graph
+        binding does: a missing or implausible report is charged the text sent and received,
+        counted; usage beyond the hold is charged on its own, and a limit it crosses ends the
+        run. The settled run, the usage for its manifest, and the stop, if any."""
+        hold = values.get("fencepost_step") or {}
+        estimate, sent = int(hold.get("tokens", 0)), int(hold.get("sent", 0))
+        reported: Any = message.usage_metadata or {}
+        reply = _reply_text(message)
+        report = usage_report(
+            reported.get("input_tokens"),
+            reported.get("output_tokens"),
+            counted=sent + count_tokens(reply) if estimate else 0,
+            reply_chars=len(reply),
+            cached_input_tokens=(reported.get("input_token_details") or {}).get("cache_read"),
+        )
+        actual, overage = step_settlement(report, estimate)
+        account, key = account_of(run), step_key(account_of(run), run.step)
+        run = with_budget_view(run, (await io.settle(key, actual)).balance)
+        usage = {"input_tokens": report.input_tokens, "output_tokens": report.output_tokens}
+        if not overage:
+            return run, usage, None
+        extra = await charge(io, overage_key(account, run.step), overage, account=account, of=key)
+        if isinstance(extra, StopRequest):
+            return run, usage, extra
+        run = with_budget_view(run, extra.balance)
+        over = stop_for_exceeded(extra.exceeded[1]) if extra.exceeded is not None else None
+        return run, usage, over
+
+    def _noted(
+        self,
+        run: RunState,
+        ctx: RunContext | None,
+        phase: Phase,
+        outcome: Any,
+        decision_kind: str | None = None,
+        **fields: Any,
+    ) -> RunState:
+        """``run`` with one manifest recorded (see :func:`_recorded`)."""
+        m = manifest(
+            run, self.cfg, ctx, phase=phase, outcome=outcome, decision_kind=decision_kind, **fields
+        )
+        return _recorded(run, [m])
+
+    def _executed(self, run: RunState, values: FencepostState, ctx: RunContext) -> RunState:
+        """The executor's manifest of each allowed call of the last batch, from the message
+        that answered it (its safe code on an error), as the graph binding's execute node
+        records them: a tool wrapper cannot write the run's record (the calls of a batch run
+        side by side), so the next hook that can records them."""
+        answers = _answers_since_last_model_step(values.get("messages", []))
+        manifests: list[StepManifest] = []
+        for entry in run.batch:
+            answer = answers.get(entry.call_id)
+            if not entry.verdict.allowed or answer is None:
+                continue
+            name = entry.proposal.tool_name
+            spec = self.cfg.registry.get(name) if name in self.cfg.registry else None
+            code = _error_code(answer)
+            manifests.append(
+                manifest(
+                    run,
+                    self.cfg,
+                    ctx,
+                    phase=Phase.EXECUTE,
+                    outcome="success" if code is None else "error",
+                    decision_kind="tool",
+                    tool_name=spec.name if spec else None,
+                    effect=spec.effect if spec else None,
+                    verdict=VerdictCode.ALLOWED,
+                    code=code,
+                )
+            )
+        return _recorded(run, manifests) if manifests else run
+
     async def _close(
         self,
         io: NodeIO,
@@ -563,7 +787,16 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         # An account never opened (no context) has nothing to close.
         with contextlib.suppress(LookupError, ValueError):
             await io.close_account(account_of(run), request.reason.value)
-        out = _end(run, request)
+        ended = _ended(run, request)
+        terminal = manifest(
+            ended,
+            self.cfg,
+            None,
+            phase=Phase.TERMINAL,
+            outcome="terminal",
+            code=request.reason.value,
+        )
+        out = _end(_recorded(ended, [terminal]), request)
         if message is not None and message.tool_calls:
             code = request.error_code or request.reason.value
             out["messages"] = [
@@ -588,17 +821,15 @@ def _end(run: RunState | None, request: StopRequest) -> dict[str, Any]:
         "termination": request.reason.value,
         "last_error_code": request.error_code,
     }
-    if run is not None:
-        out[RUN_KEY] = _dump(
-            run.model_copy(
-                update={
-                    "phase": Phase.TERMINAL,
-                    "termination": request.reason,
-                    "last_error_code": request.error_code,
-                    "stop": None,
-                }
-            )
-        )
+    return out if run is None else _written(_ended(run, request), out)
+
+
+def _written(run: RunState, out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with the run's record and the manifests this hook recorded (the record is read
+    back without its manifests, so those it holds are this hook's)."""
+    out[RUN_KEY] = _dump(run)
+    if run.manifests:
+        out[MANIFESTS_KEY] = [m.model_dump(mode="json") for m in run.manifests]
     return out
 
 
@@ -612,6 +843,17 @@ def _tool_name(tool: Any) -> str | None:
         return name if isinstance(name, str) else None
     name = getattr(tool, "name", None)
     return name if isinstance(name, str) else None
+
+
+def _ended(run: RunState, request: StopRequest) -> RunState:
+    return run.model_copy(
+        update={
+            "phase": Phase.TERMINAL,
+            "termination": request.reason,
+            "last_error_code": request.error_code,
+            "stop": None,
+        }
+    )
 
 
 def _refusal(call_id: str, name: str, code: str) -> ToolMessage:
@@ -646,7 +888,7 @@ def _record(values: Any) -> RunState | None:
 
 
 def _dump(run: RunState) -> dict[str, Any]:
-    return run.model_dump(mode="json")
+    return run.model_dump(mode="json", exclude={"manifests"})
 
 
 def _outputs(messages: list[AnyMessage], registry: ToolRegistry) -> list[ObservedOutput]:
@@ -683,3 +925,64 @@ def _question(messages: list[AnyMessage]) -> str:
         if isinstance(message, HumanMessage):
             return message.text[:2000] or "-"
     return "-"
+
+
+def _recorded(run: RunState, manifests: list[StepManifest]) -> RunState:
+    """Stream ``manifests`` (``custom`` stream mode, as the graph binding does), let the
+    telemetry see them (the run's log lines) and keep them in the run's record."""
+    try:
+        writer = get_stream_writer()
+    except RuntimeError:  # outside a running graph: nothing streams
+        writer = None
+    for m in manifests:
+        if writer is not None:
+            writer({"fencepost": "manifest", **m.model_dump(mode="json")})
+    telemetry.recorded(run, manifests)
+    return run.model_copy(update={"manifests": run.manifests + tuple(manifests)})
+
+
+def _sent_text(messages: list[AnyMessage], registry: ToolRegistry) -> str:
+    """The text a model step sends: each message's text and tool calls, and the tool catalog."""
+    parts = [json.dumps(list(registry.model_catalog()), default=str)]
+    for message in messages:
+        parts.append(message.text)
+        if isinstance(message, AIMessage) and message.tool_calls:
+            parts.append(json.dumps(message.tool_calls, default=str))
+    return "\n".join(parts)
+
+
+def _reply_text(message: AIMessage) -> str:
+    """The text the model wrote: its answer and each call's name and arguments."""
+    calls = [c.get("name", "") + json.dumps(c.get("args"), default=str) for c in message.tool_calls]
+    return "\n".join([message.text, *calls])
+
+
+def _answers_since_last_model_step(messages: list[AnyMessage]) -> dict[str, ToolMessage]:
+    """The tool messages after the last AI message, by call id."""
+    answers: dict[str, ToolMessage] = {}
+    for message in reversed(messages):
+        if isinstance(message, AIMessage):
+            break
+        if isinstance(message, ToolMessage):
+            answers.setdefault(message.tool_call_id, message)
+    return answers
+
+
+def _error_code(answer: ToolMessage) -> str | None:
+    """The safe code of a call's answer that is an error (``{"error_code": ...}``), else None."""
+    if answer.status != "error":
+        return None
+    try:
+        code = json.loads(str(answer.content)).get("error_code")
+    except (ValueError, AttributeError):
+        return ErrorCode.INTERNAL_ERROR.value
+    return code if isinstance(code, str) else ErrorCode.INTERNAL_ERROR.value
+
+
+def _spanned(
+    span: telemetry.ToolCall, out: ToolMessage | Command[Any]
+) -> ToolMessage | Command[Any]:
+    """``out`` (what the model gets of a call that ran), its receipt status on the span."""
+    code = _error_code(out) if isinstance(out, ToolMessage) else None
+    span.settled("failed" if code is not None else "completed", code)
+    return out

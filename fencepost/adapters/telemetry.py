@@ -83,6 +83,7 @@ __all__ = [
     "recorded",
     "retrying",
     "tool_call",
+    "tool_span",
     "traced",
 ]
 
@@ -664,7 +665,7 @@ class ToolCall:
 
     __slots__ = ("_run", "_span", "_tokens")
 
-    def __init__(self, run: AgentRun | None, span: Any) -> None:
+    def __init__(self, run: AgentRun | _Parent | None, span: Any) -> None:
         self._run = run
         self._span = span
         self._tokens: object = None
@@ -706,8 +707,59 @@ class ToolCall:
         else:
             span.set_attribute("fencepost.receipt_status", outcome.status.value)
 
+    def settled(self, status: str, error_code: str | None) -> None:
+        """:meth:`ended` for a binding that has no :class:`CallOutcome`: the receipt status
+        and, for a failure, its safe code."""
+        if self._run is None:
+            return
+        self._span.set_attribute("fencepost.receipt_status", status)
+        if error_code is not None:
+            self._span.set_attribute("error.type", error_code)
+            self._span.set_status(self._run.otel.error_status)
+
 
 _NOT_TRACED = ToolCall(None, None)
+
+
+class _Parent:
+    """What a :class:`ToolCall` needs of its agent run when no ``invoke_agent`` span is open
+    (the middleware binding: LangChain's graph runs the invoke): the OpenTelemetry names."""
+
+    __slots__ = ("otel",)
+
+    def __init__(self, otel: _Otel) -> None:
+        self.otel = otel
+
+
+def tool_span(call_id: str, spec: ToolSpec, attempt: int) -> ToolCall:
+    """The ``execute_tool`` span of a call the middleware binding is about to run: as
+    :func:`tool_call` (the same name and attributes), under the ``invoke_agent`` span when one
+    is open, else under whatever span is current (the application's, or none)."""
+    run = _CURRENT.get()
+    otel = run.otel if run is not None else _opentelemetry()
+    if otel is None:
+        return _NOT_TRACED
+    span = otel.tracer.start_span(
+        f"execute_tool {spec.name}",
+        **({"context": run.context} if run is not None else {}),
+        kind=otel.internal,
+        attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": spec.name,
+            "gen_ai.tool.call.id": call_id,
+            "gen_ai.tool.type": "function",
+            "fencepost.effect": spec.effect.value,
+            "fencepost.attempt": attempt,
+        },
+        record_exception=False,
+        set_status_on_exception=False,
+    )
+    if not span.is_recording():
+        return _NOT_TRACED
+    if run is not None:
+        run.executed.add(call_id)
+        return ToolCall(run, span)
+    return ToolCall(_Parent(otel), span)
 
 
 def tool_call(entry: BatchEntry, spec: ToolSpec, attempt: int) -> ToolCall:

@@ -3,7 +3,12 @@ in the list (last), the middleware it composes with, and what it cannot see."""
 
 from __future__ import annotations
 
-from langchain.agents.middleware import PIIMiddleware, SummarizationMiddleware, ToolRetryMiddleware
+from langchain.agents.middleware import (
+    ModelFallbackMiddleware,
+    PIIMiddleware,
+    SummarizationMiddleware,
+    ToolRetryMiddleware,
+)
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
 
@@ -86,3 +91,34 @@ def test_it_cannot_see_the_model_calls_summarization_middleware_makes_on_its_own
     assert len(model.received) == 4
     assert len(summarizer.received) >= 1
     assert out["fencepost_run"]["budget"]["steps_used"] == 4
+
+
+def test_summarization_middleware_composes_with_the_budget() -> None:
+    # The summarizer rewrites what the model is sent every few messages; the tool budget still
+    # runs exactly its N calls and ends the run typed.
+    ran = Ran()
+    tools = lc_tools(ran)
+    summarizer = chat(iter([AIMessage("summary")] * 50))
+    summarize = SummarizationMiddleware(summarizer, trigger=("messages", 4), keep=("messages", 2))
+    mw = fp.FencepostMiddleware(specs(tools), budget=budget(steps=20, tools=3))
+    out = agent(chat(search_forever()), tools, [summarize, mw]).invoke(
+        {"messages": [HumanMessage("why?")]}, thread(), context=ctx()
+    )
+    assert len(summarizer.received) >= 1
+    assert out["termination"] == fp.TerminationReason.TOOL_BUDGET_EXHAUSTED.value
+    assert len(ran.bodies) == 3
+
+
+def test_it_cannot_see_the_second_model_a_fallback_middleware_calls_within_one_step() -> None:
+    ran = Ran()
+    tools = lc_tools(ran)
+    primary = chat(iter([RuntimeError("provider down")] * 10))
+    fallback = ModelFallbackMiddleware(chat(then_answer()))
+    mw = fp.FencepostMiddleware(specs(tools), budget=budget(steps=5))
+    out = agent(primary, tools, [fallback, mw]).invoke(
+        {"messages": [HumanMessage("why?")]}, thread(), context=ctx()
+    )
+    assert out["termination"] == fp.TerminationReason.COMPLETED.value
+    # Two models were called; one model step was reserved.
+    assert len(primary.received) == 1
+    assert out["fencepost_run"]["budget"]["steps_used"] == 1

@@ -25,6 +25,9 @@ from tests.middleware.kit import Ran, lc_tools, specs
         ({"approval_right": "approve:notes"}, "approval_right"),
         ({"four_eyes": True}, "four_eyes"),
         ({"budget": {"steps_remaining": 3}}, "budget"),
+        ({"repair_attempts": 3}, "repair_attempts"),
+        ({"answer_margin": 2}, "answer_margin"),
+        ({"tokens_per_step": -1}, "tokens_per_step"),
     ],
 )
 def test_a_bad_or_untaken_setting_is_refused_naming_its_field(
@@ -34,7 +37,7 @@ def test_a_bad_or_untaken_setting_is_refused_naming_its_field(
         fp.FencepostMiddleware(specs(lc_tools(Ran())), **setting)
     assert raised.value.field == field
     # The graph binding refuses the same bad values with the same field.
-    if field in {"approval", "repeat_limit", "denial", "verdict_key", "ledger"}:
+    if field in {"approval", "repeat_limit", "denial", "verdict_key", "ledger", "tokens_per_step"}:
         with pytest.raises(fp.GraphConfigError) as graph_raised:
             fp.create_agent(fp.ScriptedDecisionModel([]), specs(lc_tools(Ran())), **setting)
         assert graph_raised.value.field == field
