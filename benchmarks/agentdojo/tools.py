@@ -174,16 +174,21 @@ def _plain(value: Any) -> Any:
     return getattr(value, "value", value) if not isinstance(value, str | int | float) else value
 
 
-_REGISTRIES: dict[tuple[str, tuple[str, ...]], fp.ToolRegistry] = {}
+_REGISTRIES: dict[tuple[str, tuple[str, ...], str], fp.ToolRegistry] = {}
 
 
-def suite_registry(suite_name: str, functions: Sequence[Function]) -> fp.ToolRegistry:
-    """A suite's functions as one fencepost registry, with the suite's per-tool guards. Cached
-    per suite: the tools do not change between runs (each run injects its environment)."""
-    key = (suite_name, tuple(f.name for f in functions))
+def suite_registry(
+    suite_name: str,
+    functions: Sequence[Function],
+    guards: Mapping[str, Mapping[str, Any]] | None = None,
+) -> fp.ToolRegistry:
+    """A suite's functions as one fencepost registry, with per-tool guards (by default the
+    suite's :data:`TOOL_GUARDS`). Cached per suite and guards: the tools do not change between
+    runs (each run injects its environment)."""
+    guards = TOOL_GUARDS.get(suite_name, {}) if guards is None else guards
+    key = (suite_name, tuple(f.name for f in functions), repr(sorted(guards.items())))
     registry = _REGISTRIES.get(key)
     if registry is None:
-        guards = TOOL_GUARDS.get(suite_name, {})
         registry = _REGISTRIES[key] = fp.ToolRegistry(
             [
                 suite_tool(
