@@ -288,7 +288,32 @@ RECOMMENDED = BasePolicy(
     app_data="provenance",
 )
 
-BASE_POLICIES: tuple[BasePolicy, ...] = (PERMISSIVE, APPROVER, RECOMMENDED)
+_CALENDAR = frozenset({"search_calendar_events", "get_day_calendar_events"})
+
+TRUSTED_OUTPUTS_REVISED: Mapping[str, frozenset[str]] = {
+    # Revised after the first full run showed every workspace leak passing through the calendar:
+    # an event's title, description and participants are written by whoever organised it, so
+    # the calendar is content others write, as mail is. In-sample for both task sets.
+    suite: tools - _CALENDAR
+    for suite, tools in TRUSTED_OUTPUTS.items()
+}
+"""``RECOMMENDED``'s trusted outputs without the calendar (the one revision, after a run)."""
+
+
+def _provenance_revised(suite: str) -> Callable[[fp.ApproverInput], fp.ApproverDecision]:
+    return provenance_approver(SENSITIVE[suite], TRUSTED_OUTPUTS_REVISED[suite])
+
+
+RECOMMENDED_REVISED = BasePolicy(
+    name="recommended-revised",
+    summary="`recommended` with the calendar untrusted (revised after its first full run; "
+    "in-sample for AgentDojo's and the held-out tasks alike)",
+    grants=grant_recommended,
+    approver=_provenance_revised,
+    app_data="provenance",
+)
+
+BASE_POLICIES: tuple[BasePolicy, ...] = (PERMISSIVE, APPROVER, RECOMMENDED, RECOMMENDED_REVISED)
 """The policies the report compares: no policy, the old approver, and ``RECOMMENDED``."""
 OTHER_POLICIES: tuple[BasePolicy, ...] = (LEAST_PRIVILEGE, LEAST_PRIVILEGE_APPROVER)
 """Kept, but not run by default (``--policy least-privilege`` runs them)."""

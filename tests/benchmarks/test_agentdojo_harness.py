@@ -15,7 +15,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS_PYTHON = ROOT / "benchmarks" / "agentdojo" / ".venv" / "bin" / "python"
-RUNNERS = ("ceiling", "permissive/observe", "approver/observe", "recommended/observe")
+RUNNERS = (
+    "ceiling",
+    "permissive/observe",
+    "approver/observe",
+    "recommended/observe",
+    "recommended-revised/observe",
+)
 HELD_OUT_TASKS = 11
 
 
