@@ -8,8 +8,9 @@ Every policy is fencepost's own API, nothing simulated around it:
 - ``denial``: ``"end_run"`` (a capability or semantic denial ends the run, fencepost's default)
   or ``"observe"`` (it is an observation, the run goes on: ``build_agent_graph(denial=...)``).
 
-Each base policy runs under both denial modes (:data:`POLICIES`). ``approval`` is
-``"terminate"``: no human answers during the benchmark, and no approver here asks for one.
+``make agentdojo`` runs each compared base policy with denial as data (:data:`POLICIES`); every
+base policy under both modes is in :data:`ALL_POLICIES`. ``approval`` is ``"terminate"``: no
+human answers during the benchmark, and no approver here asks for one.
 """
 
 from __future__ import annotations
