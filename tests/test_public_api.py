@@ -15,6 +15,7 @@ PUBLIC = {
     "create_agent",
     "FencepostMiddleware",
     "build_agent_graph",
+    "LoopSettings",
     "GraphConfigError",
     "ScriptedDecisionModel",
     "ChatModelDecider",
@@ -43,6 +44,10 @@ PUBLIC = {
     "ApprovalQuestion",
     "Remember",
     "ApprovalScope",
+    # provenance
+    "Trust",
+    "ValueSource",
+    "Provenance",
     "Deadline",
     "RuntimeBudget",
     "ModelPrice",
@@ -85,7 +90,6 @@ PUBLIC = {
     "Window",
     "open_checkpointer",
     "aopen_checkpointer",
-    "fencepost_serializer",
 }
 
 

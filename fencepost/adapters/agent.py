@@ -14,28 +14,13 @@ the same keywords either way.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Unpack, overload
 
 from fencepost.graph.builder import build_agent_graph
-from fencepost.graph.settings import GraphConfigError
-from fencepost.policy import (
-    DEFAULT_REPEAT_LIMIT,
-    Clock,
-    DecisionModel,
-    Effect,
-    ErrorCode,
-    Ledger,
-    ToolRegistry,
-    ToolSpec,
-)
-from fencepost.policy.approval import ApprovalMode
-from fencepost.policy.approver import Approver
-from fencepost.policy.denial import DenialMode
-from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
+from fencepost.graph.settings import GraphConfigError, LoopOptions, LoopSettings, settings_from
+from fencepost.policy import DecisionModel, Effect, ErrorCode, ToolRegistry, ToolSpec
 from fencepost.policy.registry import not_a_tool_spec
-from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import (
     DEFAULT_TOOL_TIMEOUT_SECONDS,
     NeedsApproval,
@@ -44,6 +29,7 @@ from fencepost.policy.tool import (
 )
 from fencepost.policy.tool_decorator import ToolDefinitionError
 from fencepost.policy.tool_decorator import tool as tool_from_function
+from fencepost.policy.trust import Trust
 
 if TYPE_CHECKING:
     from langgraph.graph.state import CompiledStateGraph
@@ -78,8 +64,9 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> ToolSpec: ...
 
 
@@ -102,8 +89,9 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
@@ -125,8 +113,9 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Any:
     """A :class:`ToolSpec`: what a tool does (``effect``), who may call it (``capability``), how
     long a call may take (``timeout_seconds``); and, optionally, which of its calls need approval
@@ -141,7 +130,10 @@ def tool(
 
     ``effect`` and ``capability`` have no safe default: without them a one-sentence error says
     what is missing. ``approval_right`` and ``four_eyes`` say who may answer the tool's
-    approval (see ``ToolSpec``). ``timeout=`` is the old name of ``timeout_seconds=`` (a DeprecationWarning).
+    approval (see ``ToolSpec``). ``output_trust`` (``fp.Trust.TRUSTED`` for a system of record
+    the application controls; untrusted by default) and ``sensitive`` (the argument names the
+    graph's ``provenance`` rule judges) are the tool's provenance declarations, for a function and
+    a LangChain tool alike.
     ``inject`` and ``tool_exception_code`` are a LangChain tool's (what ``tool_spec`` does with
     them); a function marks its injected parameters ``Annotated[T, fp.Injected("name")]`` and
     raises :class:`~fencepost.policy.ToolError` for a code of its own, so given for a function
@@ -165,14 +157,6 @@ def tool(
                 f"LangChain tool {label!r} needs {needs}, which have no safe default: write "
                 f"fp.tool({label}, effect='read', capability='...') with your own values"
             )
-        if timeout is not None:
-            warnings.warn(
-                "fp.tool(timeout=...) is deprecated: write timeout_seconds= (the same name "
-                "ToolSpec and tool_spec take)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            timeout_seconds = timeout
         assert effect is not None and capability is not None
         return tool_spec(
             fn,
@@ -193,6 +177,8 @@ def tool(
             needs_approval=needs_approval,
             approval_right=approval_right,
             four_eyes=four_eyes,
+            output_trust=output_trust,
+            sensitive=sensitive,
         )
     given = [
         k
@@ -219,8 +205,9 @@ def tool(
         repeat_limit=repeat_limit,
         approval_right=approval_right,
         four_eyes=four_eyes,
-        timeout=timeout,
         needs_approval=needs_approval,
+        output_trust=output_trust,
+        sensitive=sensitive,
     )
 
 
@@ -267,27 +254,10 @@ def create_agent(
     store: Any = None,
     system_prompt: str | None = None,
     history_window: int | None = None,
-    approval: ApprovalMode = "terminate",
-    ledger: Ledger | None = None,
-    require_citations: bool = False,
-    answer_margin: int = 1,
-    repair_attempts: int = DEFAULT_REPAIR_ATTEMPTS,
-    repeat_limit: int = DEFAULT_REPEAT_LIMIT,
-    model_timeout_seconds: float = 120.0,
-    model_retries: int = 2,
-    max_concurrent_tools: int = 8,
-    tokens_per_step: int | None = None,
-    verdict_key: bytes | None = None,
-    clock: Clock | None = None,
     name: str | None = None,
     debug: bool = False,
-    denial: DenialMode = "end_run",
-    approver: Approver | None = None,
-    needs_approval: NeedsApproval | None = None,
-    approval_right: str | None = None,
-    four_eyes: bool = False,
-    price: str | ModelPrice | None = None,
-    prices: PriceTable = PRICES,
+    settings: LoopSettings | None = None,
+    **options: Unpack[LoopOptions],
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """The bounded agent, compiled: ``create_agent(model, tools, checkpointer=...)``.
 
@@ -298,15 +268,12 @@ def create_agent(
     effect and capability with ``fp.tool(lc_tool, effect=..., capability=...)``, ``ToolSpec(...)``;
     or a ready :class:`ToolRegistry`.
 
-    ``checkpointer`` and ``store`` are passed to ``compile`` (leave ``checkpointer`` out to let
-    LangGraph Server supply its own). The other settings are :func:`build_agent_graph`'s, with
-    its defaults: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
-    ``require_citations``, ``answer_margin``, ``repair_attempts``, ``repeat_limit``,
-    ``model_timeout_seconds``, ``model_retries``, ``max_concurrent_tools``, ``tokens_per_step``,
-    ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``approver``,
-    ``needs_approval``, ``approval_right``, ``four_eyes``, ``price`` and ``prices``. A run's budget is given with its
-    question:
-    ``fp.start(question, fp.RuntimeBudget(...))``.
+    ``checkpointer``, ``store``, ``name`` and ``debug`` are passed to ``compile`` (leave
+    ``checkpointer`` out to let LangGraph Server supply its own). The loop's settings are an
+    :class:`~fencepost.LoopSettings` given as ``settings``, or its fields given as keyword
+    arguments (``approval="interrupt"``, ``ledger=...``, ``repair_attempts=0``, ...), with its
+    defaults; a keyword wins over the same field of ``settings``. A run's budget is given with
+    its question: ``fp.start(question, fp.RuntimeBudget(...))``.
 
     Example::
 
@@ -314,31 +281,10 @@ def create_agent(
                                 checkpointer=InMemorySaver())
         out = agent.invoke(fp.start("Why is checkout failing?"), config, context=user)
     """
-    options: dict[str, Any] = {}
+    given = settings_from(settings, options)
+    decider_options: dict[str, Any] = {}
     if history_window is not None:
-        options["history_window"] = history_window
-    decider = _decision_model(model, system_prompt, **options)
-    graph = build_agent_graph(
-        registry_of(tools),
-        decider,
-        approval=approval,
-        repeat_limit=repeat_limit,
-        ledger=ledger,
-        clock=clock,
-        model_timeout_seconds=model_timeout_seconds,
-        require_citations=require_citations,
-        model_retries=model_retries,
-        max_concurrent_tools=max_concurrent_tools,
-        verdict_key=verdict_key,
-        tokens_per_step=tokens_per_step,
-        answer_margin=answer_margin,
-        repair_attempts=repair_attempts,
-        denial=denial,
-        approver=approver,
-        needs_approval=needs_approval,
-        approval_right=approval_right,
-        four_eyes=four_eyes,
-        price=price,
-        prices=prices,
-    )
+        decider_options["history_window"] = history_window
+    decider = _decision_model(model, system_prompt, **decider_options)
+    graph = build_agent_graph(registry_of(tools), decider, settings=given)
     return graph.compile(checkpointer=checkpointer, store=store, name=name, debug=debug)

@@ -483,6 +483,10 @@ def _window_start(rendered: Sequence[BaseMessage], turns: int, ai: type[Any]) ->
     return 0
 
 
+_BOUND_CATALOGS = 32
+"""How many catalogs a decider keeps bound: the sets of rights its callers hold, usually few."""
+
+
 class ChatModelDecider:
     """The DecisionModel port for any LangChain ``BaseChatModel`` that supports ``bind_tools``.
 
@@ -603,7 +607,11 @@ class ChatModelDecider:
         """Keys whose first observation died, appended by a weakref callback (any thread, even
         inside the lock's holder during a collection: so it only appends), purged under the
         lock."""
-        self._bound: tuple[str, Runnable[Any, Any]] | None = None
+        self._bound: OrderedDict[str, Runnable[Any, Any]] = OrderedDict()
+        """The model bound to each catalog it was shown lately, keyed by the catalog's whole
+        text: a graph showing each caller only its permitted tools (``tool_catalog``) binds
+        one per set of rights, and a catalog is only ever bound to its own tools — never found
+        by a run, a principal or a registry, so no caller is shown another's tools."""
 
     @property
     def history_window(self) -> int | None:
@@ -789,14 +797,18 @@ class ChatModelDecider:
     def _runnable(self, catalog: Sequence[Mapping[str, Any]]) -> Runnable[Any, Any]:
         key = json.dumps(list(catalog), sort_keys=True, default=str)
         with self._lock:
-            if self._bound is not None and self._bound[0] == key:
-                return self._bound[1]
+            found = self._bound.get(key)
+            if found is not None:
+                self._bound.move_to_end(key)
+                return found
         kwargs = dict(self.bind_kwargs)
         if self.tool_choice is not None:
             kwargs["tool_choice"] = self.tool_choice
         bound = self.chat_model.bind_tools(self.tools_for(catalog), **kwargs)
         with self._lock:
-            self._bound = (key, bound)
+            self._bound[key] = bound
+            while len(self._bound) > _BOUND_CATALOGS:
+                self._bound.popitem(last=False)
         return bound
 
     async def decide(self, input: DecisionInput, *, deadline: Deadline) -> Decided:

@@ -13,6 +13,8 @@ every call; each hook only loads the run, asks policy, does the I/O the answer n
 - ``after_model``: the model's tool calls are a batch, gated (allowlist, strict schema, semantic
   rules, no-progress, capability, effect and approval) and reserved before any runs; with
   ``approval="interrupt"`` a call that needs approval waits for a person (``interrupt()``).
+- ``wrap_model_call``: with ``tool_catalog="permitted"``, the model is shown only the tools the
+  run's principal may call (``policy.catalog``).
 - ``wrap_tool_call``: the executor's own check of the recorded verdict for this very call id and
   these very arguments, a durable start marker, the tool, its error as a safe code. Denial is
   enforced here, so neither another middleware's ``jump_to`` nor a retry wrapper runs a call the
@@ -24,45 +26,58 @@ Every run ends with one :class:`~fencepost.policy.TerminationReason` in the agen
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Annotated, Any, NotRequired
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired, Unpack
 
-from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    AgentState,
+    ModelRequest,
+    ModelResponse,
+    hook_config,
+)
 from langchain.agents.middleware.types import OmitFromInput
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command, interrupt
 from pydantic import ValidationError
 
-from fencepost.adapters import telemetry
 from fencepost.adapters.agent import registry_of
+from fencepost.adapters.chat_model import parse_ai_message
 from fencepost.graph.account import (
     account_of,
     mark_result,
+    open_run,
     reserve,
     reserve_batch,
     with_budget_view,
 )
+from fencepost.graph.gate import gate
 from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
-from fencepost.graph.settings import GraphConfigError, LoopConfig, loop_config
+from fencepost.graph.settings import (
+    GraphConfigError,
+    LoopConfig,
+    LoopOptions,
+    LoopSettings,
+    settings_from,
+)
 from fencepost.graph.state import new_run_id
 from fencepost.policy import (
-    DEFAULT_REPEAT_LIMIT,
-    Clock,
+    AgentState as RunState,
+)
+from fencepost.policy import (
     ErrorCode,
-    Ledger,
     RuntimeBudget,
     StopRequest,
     TerminationReason,
     ToolProposal,
     ToolRegistry,
 )
-from fencepost.policy import (
-    AgentState as RunState,
-)
 from fencepost.policy.approval import (
-    ApprovalMode,
     ApprovalProblem,
     apply_approvals,
     approval_request,
@@ -70,31 +85,47 @@ from fencepost.policy.approval import (
     waiting,
 )
 from fencepost.policy.budget import default_budget
+from fencepost.policy.catalog import permitted_names
 from fencepost.policy.context import RunContext, coerce_context
-from fencepost.policy.denial import DenialMode
+from fencepost.policy.decide import accept_decision, invalid_code
+from fencepost.policy.decision import InvalidProposal, ToolBatch
+from fencepost.policy.denial import shown_code
 from fencepost.policy.developer_log import TOOLS, raised
-from fencepost.policy.error_codes import error_code_for
+from fencepost.policy.error_codes import failure_code_for
 from fencepost.policy.execution import admits
 from fencepost.policy.fingerprint import proposal_fingerprint
-from fencepost.policy.gating import gate_batch, refused_batch
 from fencepost.policy.keys import call_key, started_key, step_key
-from fencepost.policy.ownership import run_owner
+from fencepost.policy.may_go_on import check_before_acting, context_refusal
 from fencepost.policy.phase import Phase
+from fencepost.policy.provenance import ObservedOutput, output_of
 from fencepost.policy.reservations import (
     Claim,
     claim,
     step_amounts,
-    stop_for_conflict,
-    stop_for_unknown_account,
 )
 from fencepost.policy.state import as_turn, stop
-from fencepost.policy.tool import NeedsApproval
+from fencepost.policy.trust import Trust
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
     from langgraph.runtime import Runtime
 
 __all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError"]
+
+TAKEN = frozenset(
+    {
+        "approval",
+        "ledger",
+        "repeat_limit",
+        "verdict_key",
+        "clock",
+        "denial",
+        "tool_catalog",
+        "provenance",
+    }
+)
+"""The :class:`~fencepost.LoopSettings` this binding takes; any other given a value of its own
+is refused (``GraphConfigError`` naming it), never silently ignored."""
 
 RUN_KEY = "fencepost_run"
 """The state field holding the run's record (fencepost's ``AgentState`` as JSON data)."""
@@ -132,11 +163,16 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     ``tools_or_registry`` are the :class:`~fencepost.policy.ToolSpec` s of the agent's tools
     (``fp.tool(lc_tool, effect=..., capability=...)``) or a ready ``ToolRegistry``: the names
     must be the LangChain tools' given to ``create_agent``. ``budget`` is each run's budget
-    (default: 8 model steps, 8 tool calls). The other settings are ``fp.create_agent``'s, with
-    its defaults and checks: ``approval`` (``"terminate"`` | ``"interrupt"``), ``ledger``,
-    ``repeat_limit``, ``verdict_key``, ``clock``, ``denial`` (``"end_run"`` | ``"observe"``),
-    ``approver``, ``needs_approval``, ``approval_right`` and ``four_eyes`` are not taken yet (a
-    ``GraphConfigError`` says so): with ``approval="interrupt"`` the requester answers.
+    (default: 8 model steps, 8 tool calls). The other settings are ``fp.create_agent``'s, an
+    :class:`~fencepost.LoopSettings` given as ``settings`` or its fields as keyword arguments
+    (a keyword wins), with the same defaults and checks. It takes ``approval``
+    (``"terminate"`` | ``"interrupt"``), ``ledger``, ``repeat_limit``, ``verdict_key``,
+    ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``tool_catalog`` (``"all"`` |
+    ``"permitted"``: the model is shown only the registered tools the run's principal may call,
+    each model call, from its context) and ``provenance`` (``"observe"`` | ``"ask"`` |
+    ``"refuse"``: the built-in provenance rule, judging values against the thread's tool
+    messages); any other setting given a value of its own is refused (a ``GraphConfigError``
+    names it), never ignored: with ``approval="interrupt"`` the requester answers.
 
     Example::
 
@@ -156,48 +192,30 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         tools_or_registry: ToolRegistry | Iterable[Any],
         *,
         budget: RuntimeBudget | None = None,
-        ledger: Ledger | None = None,
-        approval: ApprovalMode = "terminate",
-        approver: Any = None,
-        denial: DenialMode = "end_run",
-        repeat_limit: int = DEFAULT_REPEAT_LIMIT,
-        verdict_key: bytes | None = None,
-        clock: Clock | None = None,
-        needs_approval: NeedsApproval | None = None,
-        approval_right: str | None = None,
-        four_eyes: bool = False,
+        settings: LoopSettings | None = None,
+        **options: Unpack[LoopOptions],
     ) -> None:
         super().__init__()
-        not_taken = (
-            ("approver", approver),
-            ("needs_approval", needs_approval),
-            ("approval_right", approval_right),
-            ("four_eyes", four_eyes or None),
-        )
-        for field, value in not_taken:
-            if value is not None:
+        given = settings_from(settings, options)
+        for setting in fields(LoopSettings):
+            if setting.name in TAKEN:
+                continue
+            value = getattr(given, setting.name)
+            if value != setting.default:
                 raise GraphConfigError(
-                    field,
+                    setting.name,
                     "is not taken by FencepostMiddleware yet: use approval='interrupt' (a "
-                    f"person answers) or fp.create_agent(..., {field}=...)",
+                    f"person answers) or fp.create_agent(..., {setting.name}=...)",
                 )
         if budget is not None and not isinstance(budget, RuntimeBudget):
             raise GraphConfigError("budget", "must be an fp.RuntimeBudget")
         self.budget = budget or default_budget()
-        self.cfg: LoopConfig = loop_config(
+        # LangChain's agent calls the model: no step is kept for answering, no refused
+        # proposal is given back to repair, and a step reserves no token estimate.
+        self.cfg: LoopConfig = LoopConfig.of(
             registry_of(tools_or_registry),
             _ChatModelDecides(),
-            approval=approval,
-            repeat_limit=repeat_limit,
-            ledger=ledger,
-            clock=clock,
-            verdict_key=verdict_key,
-            tokens_per_step=0,
-            answer_margin=0,
-            repair_attempts=0,
-            denial=denial,
-            approval_right=approval_right,
-            four_eyes=four_eyes,
+            replace(given, tokens_per_step=0, answer_margin=0, repair_attempts=0),
         )
 
     # -- the hooks: each drives one body, over the sync or the async ledger -------------------
@@ -240,6 +258,20 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     ) -> dict[str, Any] | None:
         return await self._finish(AsyncIO(self.cfg), state)
 
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> Any:
+        return handler(self._shown(request))
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> Any:
+        return await handler(self._shown(request))
+
     def wrap_tool_call(
         self,
         request: ToolCallRequest,
@@ -251,7 +283,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return admitted
         try:
             result = handler(request)
-        except Exception as exc:
+        except _RUNTIMES:
+            raise
+        except BaseException as exc:  # a tool cannot end its run, nor the process
             return drive(self._failed(io, request, admitted, exc))
         return drive(self._ran(io, request, admitted, result))
 
@@ -266,9 +300,26 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return admitted
         try:
             result = await handler(request)
-        except Exception as exc:
+        except _RUNTIMES:
+            raise
+        except BaseException as exc:  # a tool cannot end its run, nor the process
             return await self._failed(io, request, admitted, exc)
         return await self._ran(io, request, admitted, result)
+
+    def _shown(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
+        """The request with only the tools the model may be shown (``tool_catalog``): with
+        ``"permitted"``, the tools the run's principal may call, read from this call's context
+        (never kept: each call is its own caller's); a tool the registry does not know is never
+        one of them. A provider's built-in tool (a dict with no name) runs at the provider,
+        outside the gate, and is left as it is."""
+        if self.cfg.tool_catalog == "all":
+            return request
+        ctx = coerce_context(getattr(request.runtime, "context", None))
+        allowed = (
+            permitted_names(self.cfg.registry, ctx.principal) if ctx is not None else frozenset()
+        )
+        tools = [t for t in request.tools if _tool_name(t) in allowed or _tool_name(t) is None]
+        return request.override(tools=tools) if len(tools) != len(request.tools) else request
 
     # -- the bodies ---------------------------------------------------------------------------
 
@@ -280,7 +331,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         ctx = coerce_context(context)
         record = _record(values)
         if record is not None and not record.is_terminal:
-            return None if ctx is not None else _end(record, stop(_DENIED, "invalid_context"))
+            return (
+                None if ctx is not None else _end(record, stop(_DENIED, context_refusal(context)))
+            )
         run = RunState(
             run_id=new_run_id(),
             tenant_id=ctx.tenant_id if ctx else None,
@@ -291,20 +344,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             turns=() if record is None else (*record.turns, as_turn(record)),
         )
         if ctx is None:
-            return _end(run, stop(_DENIED, "invalid_context"))
-        try:
-            balance = await io.open_account(
-                account_of(run),
-                self.budget.limits(),
-                parent=ctx.budget_account,
-                owner=run_owner(ctx, run.run_id),
-            )
-        except LookupError:
-            return _end(run, stop_for_unknown_account())
-        except ValueError:
-            return _end(run, stop_for_conflict())
-        run = with_budget_view(run, balance)
-        return {RUN_KEY: _dump(run), "termination": None, "last_error_code": None}
+            return _end(run, stop(_DENIED, context_refusal(context)))
+        # The graph's own opening: a parent account funds only what its owner may spend.
+        opened = await open_run(io, run, ctx)
+        if isinstance(opened, StopRequest):
+            return _end(run, opened)
+        return {RUN_KEY: _dump(opened), "termination": None, "last_error_code": None}
 
     async def _step(
         self, io: NodeIO, values: FencepostState, context: Any
@@ -313,11 +358,13 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         run = _record(values)
         ctx = coerce_context(context)
         if run is None or ctx is None:
-            return _end(run, stop(_DENIED, "invalid_context"))
+            return _end(run, stop(_DENIED, context_refusal(context)))
         if run.is_terminal:
             return {"jump_to": "end"}
-        if ctx.deadline is not None and ctx.deadline.expired(clock=self.cfg.clock):
-            return await self._close(io, run, stop(TerminationReason.DEADLINE_EXCEEDED))
+        # The graph's decide asks the same: the run's own identity, and time left.
+        refused = check_before_acting(run, ctx, clock=self.cfg.clock, given=context)
+        if refused is not None:
+            return await self._close(io, run, refused)
         run = _answered(run)
         held = await reserve(io, run, ctx, step_key(account_of(run), run.step + 1), step_amounts(0))
         if isinstance(held, StopRequest):
@@ -332,14 +379,19 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         run = _record(values)
         ctx = coerce_context(context)
         if run is None or ctx is None:
-            return _end(run, stop(_DENIED, "invalid_context"))
+            return _end(run, stop(_DENIED, context_refusal(context)))
         if run.is_terminal:
             return {"jump_to": "end"}
         message = _last_ai(values.get("messages", []))
         if message is None:
             return None
-        if message.invalid_tool_calls:
-            return await self._close(io, run, stop(_INVALID, "malformed_tool_call"), message)
+        try:
+            # What the reply means is the graph binding's reading of it: a refusal, a cut-off
+            # or malformed reply, an empty one is an invalid proposal, never a completion.
+            parse_ai_message(message, run_id=run.run_id, step=run.step)
+        except InvalidProposal as invalid:
+            code = invalid_code(invalid, run.run_id)
+            return await self._close(io, run, stop(_INVALID, code), message)
         if not message.tool_calls:
             return await self._close(io, run, stop(TerminationReason.COMPLETED))
         try:
@@ -349,29 +401,19 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             ]
         except ValidationError:
             return await self._close(io, run, stop(_INVALID, "invalid_tool_call"), message)
-        refused = refused_batch(calls, run.answered, frozenset())
-        if refused is not None:
-            telemetry.batch_refused(run.run_id, calls, self.cfg.registry, refused.error_code or "")
-            return await self._close(io, run, refused, message)
-        cfg = self.cfg
-        gated = gate_batch(
-            cfg.registry,
-            calls,
-            run,
-            ctx.principal,
-            repeat_limit=cfg.repeat_limit,
-            approval=cfg.approval,
-            now=cfg.clock.now(),
-            context=ctx,
-            denial=cfg.denial,
+        # What the model's calls mean is the graph binding's question too (``accept_decision``).
+        accepted = accept_decision(ToolBatch(calls=tuple(calls)))
+        if isinstance(accepted, InvalidProposal):
+            code = invalid_code(accepted, run.run_id)
+            return await self._close(io, run, stop(_INVALID, code), message)
+        # The graph's own gate phase: refused batches, every call's verdict, denials as data,
+        # reservations of the whole batch before any of it runs.
+        run, _manifests = await gate(
+            io, run, ctx, calls, {}, outputs=_outputs(values.get("messages", []), self.cfg.registry)
         )
-        telemetry.gated(run.run_id, gated.batch, gated.specs)
-        if gated.stop is not None:
-            return await self._close(io, run, gated.stop, message)
-        update = {"phase": Phase.VALIDATE, "batch": gated.batch, "fingerprints": gated.fingerprints}
-        run, stopped = await reserve_batch(io, run, ctx, gated=update)
-        if stopped is not None:
-            return await self._close(io, run, stopped, message)
+        if run.stop is not None:
+            return await self._close(io, run, run.stop, message)
+        cfg = self.cfg
         asked = waiting(run.batch, run_id=run.run_id, verdict_key=cfg.verdict_key)
         if asked:
             run, stopped = await self._approve(io, run, ctx, asked)
@@ -420,12 +462,17 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         ctx = coerce_context(getattr(request.runtime, "context", None))
         if run is None or ctx is None or run.is_terminal:
             return _refusal(call_id, name, ErrorCode.PERMISSION_DENIED.value)
+        # The graph's executor asks the same before any tool runs: the run's own identity, and
+        # time left (an approval answered after the deadline runs nothing).
+        refused = check_before_acting(run, ctx, clock=self.cfg.clock)
+        if refused is not None:
+            return _refusal(call_id, name, refused.error_code or refused.reason.value)
         entry = next((e for e in run.batch if e.call_id == call_id), None)
         if entry is None:
             return _refusal(call_id, name, ErrorCode.PERMISSION_DENIED.value)
         verdict = entry.verdict
         if not verdict.allowed:
-            return _refusal(call_id, name, verdict.code.value)
+            return _refusal(call_id, name, shown_code(verdict).value)
         spec = self.cfg.registry.get(name) if name in self.cfg.registry else None
         try:
             same = name == entry.proposal.tool_name and verdict.fingerprint == (
@@ -486,12 +533,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         return result  # type: ignore[no-any-return]
 
     async def _failed(
-        self, io: NodeIO, request: ToolCallRequest, admitted: Any, exc: Exception
+        self, io: NodeIO, request: ToolCallRequest, admitted: Any, exc: BaseException
     ) -> ToolMessage:
         run, _ctx, _account, key = admitted
         call_id = str(request.tool_call.get("id") or "")
         name = str(request.tool_call.get("name") or "")
-        code = error_code_for(exc)
+        code = failure_code_for(exc)
         raised(TOOLS, f"tool {name!r}", exc, run_id=run.run_id, call_id=call_id, code=code.value)
         await io.settle(key)
         return _refusal(call_id, name, code.value)
@@ -529,6 +576,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
 
 
 _DENIED = TerminationReason.POLICY_DENIED
+_RUNTIMES = (asyncio.CancelledError, GeneratorExit, GraphBubbleUp)
+"""What may leave a tool call as it is: the runtime cancelling or closing it, and LangGraph's
+own control flow (an ``interrupt()`` inside a tool)."""
 _INVALID = TerminationReason.INVALID_PROPOSAL
 
 
@@ -550,6 +600,18 @@ def _end(run: RunState | None, request: StopRequest) -> dict[str, Any]:
             )
         )
     return out
+
+
+def _tool_name(tool: Any) -> str | None:
+    """The name a tool of a model request is called by: a LangChain tool's, or a dict's
+    (``{"name": ...}`` or OpenAI's ``{"function": {"name": ...}}``); ``None`` for a provider's
+    built-in tool, which has none."""
+    if isinstance(tool, dict):
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, dict) else tool.get("name")
+        return name if isinstance(name, str) else None
+    name = getattr(tool, "name", None)
+    return name if isinstance(name, str) else None
 
 
 def _refusal(call_id: str, name: str, code: str) -> ToolMessage:
@@ -585,6 +647,28 @@ def _record(values: Any) -> RunState | None:
 
 def _dump(run: RunState) -> dict[str, Any]:
     return run.model_dump(mode="json")
+
+
+def _outputs(messages: list[AnyMessage], registry: ToolRegistry) -> list[ObservedOutput]:
+    """The thread's tool results as provenance sources (this binding keeps no observations:
+    the messages are its record), each trusted as its registered tool declares; a refusal or
+    an error (``status="error"``) carries no values."""
+    found = []
+    for message in messages:
+        if not isinstance(message, ToolMessage) or message.status == "error":
+            continue
+        name = message.name or ""
+        trusted = name in registry and registry.get(name).output_trust is Trust.TRUSTED
+        content: object = message.content
+        if isinstance(content, str):
+            with contextlib.suppress(ValueError):
+                content = json.loads(content)
+        found.append(
+            output_of(
+                message, call_id=message.tool_call_id, tool=name, trusted=trusted, result=content
+            )
+        )
+    return found
 
 
 def _last_ai(messages: list[AnyMessage]) -> AIMessage | None:

@@ -22,11 +22,14 @@ conventions' opt-in content attributes are not emitted).
   capability ``fencepost.missing_capability`` (the registered tool's capability the principal
   lacks: trusted configuration, shown to operators, never to the model);
   ``fencepost.approval.requested`` and ``fencepost.approval.answered``, with the tool, the call
-  id and the verdict.
+  id and the verdict. A refused or approval-requested call that was traced for provenance has
+  ``fencepost.provenance.<argument>`` too: the labels of where its values were seen
+  (``["tool:call_3", "user"]``), never a value.
 - ``execute_tool {tool}``: one per call the executor ran, under the agent span.
   ``gen_ai.operation.name``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
   ``gen_ai.tool.type="function"``, ``fencepost.effect``, ``fencepost.attempt``,
-  ``fencepost.receipt_status``; on failure ``error.type`` (the safe code) and an error status.
+  ``fencepost.receipt_status``, and ``fencepost.provenance.<argument>`` for a traced call (see
+  above); on failure ``error.type`` (the safe code) and an error status.
   The tool body runs in a copy of the context with this span current (sync bodies on their
   worker thread too), so what the tool does is traced under it: a child run's ``invoke_agent``
   span included.
@@ -393,6 +396,20 @@ def recorded(state: AgentState, manifests: Sequence[StepManifest]) -> None:
             )
 
 
+PROVENANCE = "fencepost.provenance."
+"""The prefix of a call's provenance attributes: ``fencepost.provenance.<argument>`` = the
+labels of the sources its values were seen in (``["tool:call_3", "user"]``), never a value."""
+
+
+def provenance_attributes(entry: BatchEntry) -> dict[str, tuple[str, ...]]:
+    """A traced call's provenance as span attributes (empty: not traced). The argument names
+    are the registered tool's own (the gate traces no other)."""
+    recorded = entry.verdict.provenance
+    if not recorded:
+        return {}
+    return {PROVENANCE + name: labels for name, labels in recorded.items() if labels}
+
+
 def _verdict(entry: BatchEntry) -> str:
     return str(entry.verdict.code.value)
 
@@ -404,10 +421,13 @@ def _refusal(
     verdict: str | None,
     code: str,
     capability: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
     if run is None:
         return
     attributes: dict[str, Any] = {"gen_ai.tool.call.id": call_id, "error.type": code}
+    if extra:
+        attributes.update(extra)
     if tool is not None:
         attributes["gen_ai.tool.name"] = tool
     if verdict is not None:
@@ -426,10 +446,13 @@ def _approval(
     *,
     who: str | None = None,
     human: bool | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
     if run is None:
         return
     attributes: dict[str, Any] = {"gen_ai.tool.call.id": call_id, "fencepost.verdict": verdict}
+    if extra:
+        attributes.update(extra)
     if human is not None:
         attributes["fencepost.approval.kind"] = "human" if human else "approver"
     if who is not None:
@@ -448,7 +471,14 @@ def gated(run_id: str, batch: Sequence[BatchEntry], specs: Sequence[ToolSpec | N
             continue
         tool = spec.name if spec is not None else None
         if code is VerdictCode.APPROVAL_PENDING:
-            _approval(run, APPROVAL_REQUESTED, entry.call_id, tool, code.value)
+            _approval(
+                run,
+                APPROVAL_REQUESTED,
+                entry.call_id,
+                tool,
+                code.value,
+                extra=provenance_attributes(entry),
+            )
             _info(
                 APPROVAL,
                 "run %s call %s (%s) waits for approval",
@@ -461,7 +491,16 @@ def gated(run_id: str, batch: Sequence[BatchEntry], specs: Sequence[ToolSpec | N
             )
             continue
         missing = entry.verdict.missing_capability if spec is not None else None
-        _refused(run, run_id, entry.call_id, tool, code.value, code.value, missing)
+        _refused(
+            run,
+            run_id,
+            entry.call_id,
+            tool,
+            code.value,
+            code.value,
+            missing,
+            provenance_attributes(entry),
+        )
 
 
 def _refused(
@@ -472,8 +511,9 @@ def _refused(
     verdict: str | None,
     code: str,
     capability: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
-    _refusal(run, call_id, tool, verdict, code, capability)
+    _refusal(run, call_id, tool, verdict, code, capability, extra)
     if capability is None:
         _info(
             GATE,
@@ -689,6 +729,7 @@ def tool_call(entry: BatchEntry, spec: ToolSpec, attempt: int) -> ToolCall:
             "gen_ai.tool.type": "function",
             "fencepost.effect": spec.effect.value,
             "fencepost.attempt": attempt,
+            **provenance_attributes(entry),
         },
         record_exception=False,
         set_status_on_exception=False,

@@ -47,6 +47,7 @@ from fencepost.policy.tool import (
     ProgressPredicate,
     SemanticValidator,
 )
+from fencepost.policy.trust import Trust
 
 if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
@@ -708,6 +709,8 @@ def tool_spec(
     needs_approval: NeedsApproval | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> ToolSpec:
     """Wrap a LangChain ``BaseTool`` (``@tool``, ``StructuredTool``, an MCP tool) as a ToolSpec.
 
@@ -735,6 +738,9 @@ def tool_spec(
       returns ``content_and_artifact`` (MCP tools do) is run as a tool call, and the observation
       is its ``ToolMessage`` content as LangChain's ``ToolNode`` would show it to a model (text
       blocks joined); an ``artifact`` is not shown.
+    - ``output_trust`` and ``sensitive`` declare, as for ``@fp.tool``, whether the tool's
+      output is trusted and which arguments the graph's ``provenance`` rule judges (each a
+      property of the tool's schema, else :class:`ToolAdapterError`).
 
     Example::
 
@@ -801,6 +807,19 @@ def tool_spec(
     json_schema.pop("description", None)
     hidden = frozenset(k for k in injectors if k in (json_schema.get("properties") or {}))
     args_model = strict_args_model(spec_name, json_schema, hidden=hidden)
+    try:
+        trust = Trust(output_trust)
+    except ValueError:
+        raise ToolAdapterError(
+            label, f"output_trust must be one of {[t.value for t in Trust]}"
+        ) from None
+    if isinstance(sensitive, str):
+        raise ToolAdapterError(
+            label, f"sensitive must be a tuple of argument names, as sensitive=({sensitive!r},)"
+        )
+    unknown = [n for n in sensitive if n not in args_model.model_fields]
+    if unknown:
+        raise ToolAdapterError(label, f"sensitive names {unknown} that are not its arguments")
 
     execute = _LangChainExecute(
         tool,
@@ -828,4 +847,6 @@ def tool_spec(
         needs_approval=needs_approval,
         approval_right=approval_right,
         four_eyes=four_eyes,
+        output_trust=trust,
+        sensitive=tuple(sensitive),
     )

@@ -4,8 +4,7 @@ from fencepost.graph.builder import build_agent_graph
 from fencepost.graph.cancel import CancelRefused, NestedRunUnreachable, acancel, cancel
 from fencepost.graph.compiled import CommandRefused
 from fencepost.graph.context import RunContext
-from fencepost.graph.serde import fencepost_serializer
-from fencepost.graph.settings import GraphConfigError
+from fencepost.graph.settings import GraphConfigError, LoopSettings
 from fencepost.graph.state import (
     GraphState,
     InputState,
@@ -24,6 +23,7 @@ __all__ = [
     "GraphState",
     "InputState",
     "LayoutRefused",
+    "LoopSettings",
     "NestedRunUnreachable",
     "NoRun",
     "RunContext",
@@ -32,7 +32,6 @@ __all__ = [
     "acancel",
     "build_agent_graph",
     "cancel",
-    "fencepost_serializer",
     "run_output",
     "start",
 ]

@@ -45,6 +45,7 @@ from fencepost.policy import (
     stage_deadline,
 )
 from fencepost.policy.approval import waiting_for_requester
+from fencepost.policy.catalog import shown_catalog
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import (
     FinalRefused,
@@ -106,16 +107,18 @@ def step_cost(price: ModelPrice, report: UsageReport, sent: int, received: int) 
     return price_micros(price, sent, received)
 
 
-def decision_input(state: AgentState, cfg: LoopConfig) -> DecisionInput:
-    """What the model is shown: the question, the observations as data, the tool catalog, and
-    the thread's earlier turns (question and answer) within a window."""
+def decision_input(state: AgentState, cfg: LoopConfig, ctx: RunContext) -> DecisionInput:
+    """What the model is shown: the question, the observations as data, the tool catalog (all
+    of it, or what ``ctx``'s principal may call: ``tool_catalog``), and the thread's earlier
+    turns (question and answer) within a window. ``ctx`` is the context the step acts in, the
+    one its calls are gated under."""
     shown = shown_turns(state.turns)
     return DecisionInput.model_construct(
         run_id=state.run_id,
         question=state.question,
         observations=state.observations,
         proposals=state.proposals,
-        catalog=tuple(cfg.registry.model_catalog()),
+        catalog=shown_catalog(cfg.registry, ctx.principal, cfg.tool_catalog),
         budget=state.budget,
         step=state.step,
         pending_tasks=state.open_tasks,
@@ -165,7 +168,7 @@ async def ask_model(
     deadline = stage_deadline(
         run_deadline, max_stage_seconds=cfg.model_timeout_seconds, clock=cfg.clock
     )
-    inp = decision_input(state, cfg)
+    inp = decision_input(state, cfg, ctx)
     run = await io.run_model(
         lambda: _contained(cfg, inp, deadline), deadline.remaining_seconds(clock=cfg.clock)
     )
@@ -228,7 +231,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     account = account_of(state)
     # What the model will be given, counted once: the step number and budget it is also shown
     # change with the reservation, the text does not.
-    sent = count_tokens(input_text(decision_input(state, cfg)))
+    sent = count_tokens(input_text(decision_input(state, cfg, ctx)))
 
     if (
         cfg.price is None

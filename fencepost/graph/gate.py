@@ -57,6 +57,7 @@ from fencepost.policy.gating import (
 )
 from fencepost.policy.manifest import verdict_outcome
 from fencepost.policy.outcome import receipt_for
+from fencepost.policy.provenance import ObservedOutput
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.remembered import ApprovalScope, Remember, matching_scope, new_scope
 from fencepost.policy.repair import given_back, may_repair
@@ -69,8 +70,12 @@ async def gate(
     ctx: RunContext,
     calls: Sequence[ToolProposal],
     usage: dict[str, Any],
+    *,
+    outputs: Sequence[ObservedOutput] | None = None,
 ) -> tuple[AgentState, list[StepManifest]]:
-    """Gate the whole batch, then reserve it call by call, before any of it runs."""
+    """Gate the whole batch, then reserve it call by call, before any of it runs. ``outputs``
+    are the earlier tool outputs provenance traces values to (``None``: the run's own
+    observations; a binding that keeps none passes its record of them)."""
     cfg = io.cfg
     # The phase is set with the step's first real change (one state copy less per decision);
     # nothing before it reads the phase.
@@ -110,6 +115,8 @@ async def gate(
             approver=cfg.approver is not None,
             needs_approval=needs_approval,
             remembered=remembered,
+            provenance=cfg.provenance,
+            outputs=outputs,
         )
 
     gated = judged()
@@ -132,7 +139,9 @@ async def gate(
         decisions = {}
         for entry, spec in zip(gated.batch, gated.specs, strict=True):
             if spec is not None and entry.verdict.code is VerdictCode.APPROVAL_REQUIRED:
-                request = approver_input(entry, spec, state, ctx)
+                request = approver_input(
+                    entry, spec, state, ctx, gated.provenance.get(entry.call_id)
+                )
                 decisions[entry.call_id] = await ask_approver(io, request)
         answered = apply_approver(
             state,

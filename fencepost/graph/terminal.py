@@ -34,6 +34,7 @@ from fencepost.policy import (
 from fencepost.policy.context import coerce_context
 from fencepost.policy.decide import verified_stop
 from fencepost.policy.recursion_limit import NEEDS_DECIDE
+from fencepost.policy.run_sources import answer_untrusted
 from fencepost.policy.state import stop
 from fencepost.policy.stopping import cancel_came_first, may_close_account, unasked_stop
 
@@ -100,7 +101,12 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     budget = ending.budget
     if budget is not None:
         budget = budget.model_copy(update={"own": budget.account == account})
-    report = stop_report(state, unfinished=current.batch, budget=budget)
+    report = stop_report(
+        state,
+        unfinished=current.batch,
+        budget=budget,
+        answer_untrusted=answer_untrusted(state, ctx, io.cfg.registry),
+    )
     state = state.model_copy(update={"report": report})
     if may_close_account(ending.error_code, owned=bool(mine)):
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):

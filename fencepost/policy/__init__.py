@@ -70,6 +70,7 @@ from fencepost.policy.manifest import StepManifest
 from fencepost.policy.observation import AnswerPayload, Observation
 from fencepost.policy.outcome import CallOutcome, receipt_for
 from fencepost.policy.phase import Phase, TerminationReason
+from fencepost.policy.provenance import Provenance, ValueSource
 from fencepost.policy.receipt import Accepted, Completed, Receipt, ReceiptStatus, current_receipts
 from fencepost.policy.registry import ToolRegistry, UnknownTool
 from fencepost.policy.state import AgentState, StopRequest
@@ -89,6 +90,7 @@ from fencepost.policy.terminate import (
     validate_final_answer,
 )
 from fencepost.policy.tool import Effect, Injected, Principal, ToolContext, ToolSpec
+from fencepost.policy.trust import Trust
 from fencepost.policy.usage import UsageKind, UsageReport, usage_report
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict, verdict_is_sealed
 from fencepost.policy.windows import Window
@@ -135,6 +137,9 @@ __all__ = [
     "HumanApprovalRequired",
     "InMemoryLedger",
     "Window",
+    "Provenance",
+    "Trust",
+    "ValueSource",
     "Injected",
     "InvalidLedgerKey",
     "InvalidProposal",

@@ -386,7 +386,9 @@ def approval_request(
 ) -> dict[str, Any]:
     """The interrupt payload a human sees: each waiting call's tool, arguments and effect, and
     who may answer it (``approval_right``: the right a principal other than the requester must
-    hold; ``four_eyes``: whether the requester's own answer is refused); and the same calls as
+    hold; ``four_eyes``: whether the requester's own answer is refused), and for a traced call
+    its ``provenance`` (per argument, the labels of where its values were seen:
+    ``{"recipient": ["tool:call_3"]}``); and the same calls as
     LangChain's HITL request (``action_requests`` and ``review_configs``, in the order a
     ``{"decisions": [...]}`` answer follows), which Agent Chat UI renders."""
     calls = []
@@ -408,6 +410,10 @@ def approval_request(
                 else graph_four_eyes,
             }
         )
+        if entry.verdict.provenance is not None:
+            # Where each argument's values were seen (labels, never values): the person sees
+            # a payee that came only from someone else's mail as such.
+            calls[-1]["provenance"] = {k: list(v) for k, v in entry.verdict.provenance.items()}
         effect = spec.effect.value if spec else "unknown"
         actions.append(
             {
@@ -623,6 +629,10 @@ def apply_approvals(
             now=now,
             context=context,
         ).model_copy(update=answered)
+        if proposal is entry.proposal:
+            # Approved as proposed: its provenance is still the proposal's (an edited call's
+            # values are the person's).
+            verdict = verdict.model_copy(update={"provenance": entry.verdict.provenance})
         if verdict.allowed:
             key = repeat_key(verdict.fingerprint, state)
             counts[key] = counts.get(key, 0) + 1
@@ -650,6 +660,7 @@ def _rejection(entry: BatchEntry, effect: Effect | None, approved_by: str | None
         approval="human",
         approved_by=approved_by,
         rule=VerdictCode.REJECTED.value,
+        provenance=entry.verdict.provenance,
     )
 
 

@@ -3,7 +3,9 @@
 A write or external call passes every gate but approval. With ``build_agent_graph(approver=...)``
 the approver is asked first, once per call, with the proposal, its verdict, the trusted
 :class:`~fencepost.policy.context.RunContext` (its ``app_data``: known payees, allowed domains)
-and the run's evidence so far. It answers with an :class:`ApproverDecision`:
+the run's evidence so far and the provenance of the call's arguments (``request.provenance``:
+where each value was seen — the request, the app data, which earlier output, or nowhere). It
+answers with an :class:`ApproverDecision`:
 
 - ``approve``: the call passes every gate again as approved (as a human's approval does), and
   is reserved with its batch;
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -54,6 +56,7 @@ from fencepost.policy.gates import gate_proposal, repeat_limit_of
 from fencepost.policy.observation import Observation
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.progress import repeat_key
+from fencepost.policy.provenance import Provenance
 from fencepost.policy.receipt import Receipt
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.remembered import Remember, ScopeKind
@@ -150,6 +153,11 @@ class ApproverInput:
     """The model step that proposed the call."""
     run_id: str
     """The run the call belongs to."""
+    provenance: Provenance = field(default_factory=Provenance)
+    """Where each of the call's argument values was seen before it was proposed: the user's
+    request, the app data, which earlier call's output (trusted or not), or nowhere
+    (:mod:`fencepost.policy.provenance`). ``provenance.only_untrusted("recipient")``: the
+    payee came only from content others wrote. Trusted: fencepost computed it."""
 
 
 Approver = Callable[[ApproverInput], "ApproverDecision | Awaitable[ApproverDecision]"]
@@ -157,9 +165,14 @@ Approver = Callable[[ApproverInput], "ApproverDecision | Awaitable[ApproverDecis
 
 
 def approver_input(
-    entry: BatchEntry, spec: ToolSpec, state: AgentState, context: RunContext
+    entry: BatchEntry,
+    spec: ToolSpec,
+    state: AgentState,
+    context: RunContext,
+    provenance: Provenance | None = None,
 ) -> ApproverInput:
-    """What the approver is asked about ``entry``."""
+    """What the approver is asked about ``entry``; ``provenance``: its arguments', as the gate
+    traced them (``GatedBatch.provenance``)."""
     return ApproverInput(
         proposal=entry.proposal,
         verdict=entry.verdict,
@@ -169,6 +182,7 @@ def approver_input(
         receipts=state.receipts,
         step=state.step,
         run_id=state.run_id,
+        provenance=provenance if provenance is not None else Provenance(),
     )
 
 
@@ -269,7 +283,7 @@ def apply_approver(
                 counts=counts,
                 now=now,
                 context=context,
-            ).model_copy(update={"approval": "approver"})
+            ).model_copy(update={"approval": "approver", "provenance": verdict.provenance})
             key = repeat_key(verdict.fingerprint, state)
             if verdict.allowed or observed(verdict.code, denial):
                 counts[key] = counts.get(key, 0) + 1

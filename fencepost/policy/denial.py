@@ -5,7 +5,7 @@ Per graph (``build_agent_graph(denial=...)``):
 - ``"end_run"``: a capability or semantic denial ends the run (``policy_denied``,
   ``invalid_proposal``), and nothing of its batch runs — a blocked attack also loses the task.
 - ``"observe"``: the denied call gets an observation with a safe code (``permission_denied``
-  for a capability, ``invalid_argument`` for a semantic rule) and a ``denied`` receipt naming
+  for a capability or an untrusted provenance, ``invalid_argument`` for a semantic rule) and a ``denied`` receipt naming
   the rule; the rest of its batch is gated as usual and the run goes on. A denied call never
   runs and reserves nothing. Repeated denials are no progress: each one counts, as an allowed
   call does, towards the tool's repeat limit, and the same call denied past it ends the run
@@ -22,7 +22,7 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from fencepost.policy.batch import Batch, BatchEntry
 from fencepost.policy.error_codes import ErrorCode
@@ -41,6 +41,7 @@ DENIAL_MODES: tuple[DenialMode, ...] = ("end_run", "observe")
 _OBSERVED: Mapping[VerdictCode, ErrorCode] = {
     VerdictCode.CAPABILITY_DENIED: ErrorCode.PERMISSION_DENIED,
     VerdictCode.SEMANTIC_VIOLATION: ErrorCode.INVALID_ARGUMENT,
+    VerdictCode.UNTRUSTED_PROVENANCE: ErrorCode.PERMISSION_DENIED,
 }
 """The denials that may be data, and the safe code the model is shown for each."""
 
@@ -48,6 +49,13 @@ _OBSERVED: Mapping[VerdictCode, ErrorCode] = {
 def observed(code: VerdictCode, mode: DenialMode) -> bool:
     """Whether a verdict with ``code`` is an observation (the run goes on) under ``mode``."""
     return mode == "observe" and code in _OBSERVED
+
+
+def shown_code(verdict: Verdict) -> ErrorCode:
+    """The safe code the model is shown for a call its verdict did not allow, in either
+    binding: ``invalid_argument`` for a semantic rule, else ``permission_denied`` (the rule
+    itself is the receipt's, and the developer's log's)."""
+    return _OBSERVED.get(verdict.code, ErrorCode.PERMISSION_DENIED)
 
 
 def denial_rule(verdict: Verdict) -> str:
@@ -68,7 +76,7 @@ def denied_outcome(entry: BatchEntry, spec: ToolSpec | None) -> CallOutcome:
         event=ToolFailed(
             call_id=entry.call_id,
             tool_name=entry.proposal.tool_name,
-            error_code=_OBSERVED.get(verdict.code, ErrorCode.PERMISSION_DENIED),
+            error_code=shown_code(verdict),
         ),
         status=ReceiptStatus.DENIED,
         attempts=0,
@@ -77,6 +85,7 @@ def denied_outcome(entry: BatchEntry, spec: ToolSpec | None) -> CallOutcome:
         scope_id=verdict.scope_id,
         rule=denial_rule(verdict),
         missing_capability=verdict.missing_capability,
+        provenance=verdict.provenance,
     )
 
 
@@ -95,11 +104,13 @@ def settled_calls(batch: Batch, registry: ToolRegistry, mode: DenialMode) -> lis
     return out
 
 
-def gate_record(verdict: Verdict, mode: DenialMode) -> dict[str, str]:
+def gate_record(verdict: Verdict, mode: DenialMode) -> dict[str, Any]:
     """What the gate step's manifest of a call adds to its verdict code: who answered its
-    approval, and, for a call settled as data (or left to a human by the approver), the safe
-    code of why."""
-    record: dict[str, str] = {}
+    approval, for a call settled as data (or left to a human by the approver) the safe code of
+    why, and the provenance of its arguments when it was traced."""
+    record: dict[str, Any] = {}
+    if verdict.provenance is not None:
+        record["provenance"] = verdict.provenance
     if verdict.approval is not None:
         record["approval"] = verdict.approval
     code = verdict.code

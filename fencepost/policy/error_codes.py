@@ -138,3 +138,13 @@ def error_code_for(exc: BaseException) -> ErrorCode:
         if isinstance(exc, cls):
             return code
     return ErrorCode.INTERNAL_ERROR
+
+
+def failure_code_for(exc: BaseException) -> ErrorCode:
+    """The safe code for what a tool's body raised, in either binding.
+
+    An ``Exception`` is a tool reporting a failure (:func:`error_code_for`); anything else
+    (``SystemExit``, ``KeyboardInterrupt``, an application's own ``BaseException``) is control
+    flow escaping it: ``internal_error``.
+    """
+    return error_code_for(exc) if isinstance(exc, Exception) else ErrorCode.INTERNAL_ERROR

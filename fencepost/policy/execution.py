@@ -158,6 +158,7 @@ def not_run(
         status=status,
         attempts=attempts,
         effect=spec.effect if spec is not None else None,
+        provenance=entry.verdict.provenance,
     )
 
 

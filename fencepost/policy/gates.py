@@ -23,6 +23,7 @@ from fencepost.policy.decision import ToolProposal
 from fencepost.policy.developer_log import GATE, raised
 from fencepost.policy.fingerprint import canonical_json, fingerprint_of, proposal_fingerprint
 from fencepost.policy.progress import last_run_at, repeat_key
+from fencepost.policy.provenance import Provenance
 from fencepost.policy.registry import ToolRegistry, UnknownTool
 from fencepost.policy.state import AgentState
 from fencepost.policy.stop_report import SAFE_CODE
@@ -193,8 +194,10 @@ def takes_context(rule: Callable[..., Any]) -> bool:
         return _TAKES_CONTEXT[rule]
     except (KeyError, TypeError):
         pass
+    # A rule that also takes ``provenance`` is bound with it, as it is called.
+    keywords = {"provenance": None} if takes_provenance(rule) else {}
     try:
-        inspect.signature(rule).bind(None, None, None)
+        inspect.signature(rule).bind(None, None, None, **keywords)
         found = True
     except (TypeError, ValueError):
         found = False
@@ -206,6 +209,28 @@ def takes_context(rule: Callable[..., Any]) -> bool:
 
 # Weak keys: a rule made per request (a closure over a request's data) goes with its spec.
 _TAKES_CONTEXT: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
+_TAKES_PROVENANCE: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
+
+
+def takes_provenance(rule: Callable[..., Any]) -> bool:
+    """Whether a rule (a semantic validator) takes a keyword argument ``provenance``: the
+    :class:`~fencepost.policy.provenance.Provenance` of the call's arguments. Read from its
+    signature once per rule; the two- and three-argument forms are unchanged."""
+    try:
+        return _TAKES_PROVENANCE[rule]
+    except (KeyError, TypeError):
+        pass
+    try:
+        parameter = inspect.signature(rule).parameters.get("provenance")
+    except (TypeError, ValueError):
+        parameter = None
+    found = parameter is not None and parameter.kind in (
+        inspect.Parameter.KEYWORD_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    with contextlib.suppress(TypeError):
+        _TAKES_PROVENANCE[rule] = found
+    return found
 
 
 def check_semantics(
@@ -215,6 +240,7 @@ def check_semantics(
     context: RunContext | None = None,
     *,
     call_id: str | None = None,
+    provenance: Provenance | None = None,
 ) -> None:
     """Gate 3: rules a schema cannot say. Raises :class:`ToolSemanticError`.
 
@@ -226,7 +252,9 @@ def check_semantics(
     the rule ``validator_failed``, and what it raised is logged with its traceback on
     ``fencepost.gate`` (under the state's run and ``call_id``); one that raises a
     :class:`ToolSemanticError` whose rule is no safe code, the rule :data:`UNNAMED_RULE`
-    (logged the same way).
+    (logged the same way). A rule that takes a keyword ``provenance`` is given ``provenance``:
+    where the call's argument values were seen (:mod:`fencepost.policy.provenance`; ``None``
+    when the call is gated outside a batch, as when it is gated again after its approval).
     """
     values: Mapping[str, Any] = args.__dict__
     query_fields, range_pairs = _semantic_plan(type(args))
@@ -248,11 +276,12 @@ def check_semantics(
             raise ToolSemanticError(f"reversed_range_{low}_{high}")
     if spec.semantic_validator is not None:
         rule: Callable[..., None] = spec.semantic_validator
+        extra: dict[str, Any] = {"provenance": provenance} if takes_provenance(rule) else {}
         try:
             if takes_context(rule):
-                rule(args, state, context)
+                rule(args, state, context, **extra)
             else:
-                rule(args, state)
+                rule(args, state, **extra)
         except ToolSemanticError as exc:
             named = getattr(exc, "rule", None)
             if type(named) is str and _SAFE_RULE.fullmatch(named):
@@ -349,6 +378,12 @@ def check_progress(
     return key
 
 
+def holds_capability(principal: Principal, spec: ToolSpec) -> bool:
+    """Gate 5's capability check: whether ``principal`` holds the tool's capability. The one
+    spelling of it: the catalog a model is shown (:mod:`fencepost.policy.catalog`) asks it too."""
+    return principal.has(spec.capability)
+
+
 def authorize(
     spec: ToolSpec,
     principal: Principal,
@@ -362,7 +397,7 @@ def authorize(
     (:mod:`fencepost.policy.conditional_approval`); ``None``: a write/external effect needs it.
     Raises :class:`ToolPolicyDenied` or :class:`HumanApprovalRequired`.
     """
-    if not principal.has(spec.capability):
+    if not holds_capability(principal, spec):
         raise ToolPolicyDenied(spec.name, spec.capability)
     needed = spec.effect is not Effect.READ if needs_approval is None else needs_approval
     if needed and not approved:
@@ -444,12 +479,14 @@ def gate_with_findings(
     now: datetime | None = None,
     context: RunContext | None = None,
     needs_approval: bool | None = None,
+    provenance: Provenance | None = None,
 ) -> tuple[Verdict, ToolSpec | None, str | None]:
     """:func:`gate_proposal`, with what it found on the way, so a batch does not work either
     out again: the registered spec (``None`` for an unknown tool), and the key the call's
     repeats count under when the repeat check reached it (``repeat_key`` of the fingerprint;
     ``None`` when not reached, or for a polling tool, whose check keys by time).
-    ``needs_approval``: this call's answer of its ``needs_approval`` callable, if asked."""
+    ``needs_approval``: this call's answer of its ``needs_approval`` callable, if asked.
+    ``provenance``: the call's, for the semantic rules that take it."""
     # One canonical text of the arguments serves the fingerprint and the schema check.
     canonical_arguments = canonical_json(proposal.arguments)
     fingerprint = fingerprint_of(proposal.tool_name, canonical_arguments)
@@ -472,6 +509,7 @@ def gate_with_findings(
                 "scope_id": None,
                 "missing_capability": missing,
                 "approved_by": None,
+                "provenance": None,
             },
         )
 
@@ -488,7 +526,7 @@ def gate_with_findings(
     except ArgumentsValidatorFailed:
         return verdict(VerdictCode.SCHEMA_VIOLATION, ("*: validator_failed",)), spec, None
     try:
-        check_semantics(spec, args, state, context, call_id=proposal.call_id)
+        check_semantics(spec, args, state, context, call_id=proposal.call_id, provenance=provenance)
     except ToolSemanticError as exc:
         return verdict(VerdictCode.SEMANTIC_VIOLATION, (f"rule: {exc.rule}",)), spec, None
     try:

@@ -18,13 +18,23 @@ from fencepost.policy.context import RunContext
 from fencepost.policy.contract import assemble
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.denial import DenialMode, observed
-from fencepost.policy.gates import gate_with_findings, repeat_limit_of
+from fencepost.policy.gates import gate_with_findings, repeat_limit_of, takes_provenance
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.progress import repeat_key
+from fencepost.policy.provenance import (
+    UNTRUSTED_PROVENANCE,
+    ObservedOutput,
+    Provenance,
+    ProvenanceMode,
+    RunSources,
+    traced,
+    untrusted_sensitive,
+)
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.remembered import ApprovalScope
 from fencepost.policy.reservations import stop_for_exhausted
 from fencepost.policy.revised import revised
+from fencepost.policy.run_sources import sources_of
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict
@@ -41,6 +51,9 @@ class GatedBatch(NamedTuple):
     stop: StopRequest | None = None
     specs: tuple[ToolSpec | None, ...] = ()
     """Per entry, the registered spec of its tool (``None``: not registered)."""
+    provenance: Mapping[str, Provenance] = {}
+    """By call id, the provenance of each traced call's arguments
+    (:func:`~fencepost.policy.provenance.traced`): what the approver is shown."""
 
 
 def duplicate_call_ids(calls: Sequence[ToolProposal], answered: Collection[str]) -> bool:
@@ -110,6 +123,8 @@ def gate_batch(
     approver: bool = False,
     remembered: Mapping[str, ApprovalScope] | None = None,
     needs_approval: Mapping[str, bool] | None = None,
+    provenance: ProvenanceMode = "observe",
+    outputs: Sequence[ObservedOutput] | None = None,
 ) -> GatedBatch:
     """Gate every call of a batch in order; the first denial that ends a run stops it all.
 
@@ -124,6 +139,14 @@ def gate_batch(
     ``needs_approval``: per call id, whether the call needs approval, as its tool's (or the
     graph's) ``needs_approval`` callable answered (:mod:`fencepost.policy.conditional_approval`);
     a call not in it needs approval by its effect.
+    ``provenance``: the built-in provenance rule's mode
+    (:data:`~fencepost.policy.provenance.ProvenanceMode`): a write or external call whose
+    sensitive arguments trace only to untrusted output is refused ``untrusted_provenance``
+    once it passed every other check (``"refuse"``), needs approval however its tool's
+    ``needs_approval`` or a remembered scope would have it (``"ask"``), or goes on as any call
+    (``"observe"``). Every traced call's verdict records its provenance, whatever the mode.
+    ``outputs``: the run's earlier outputs as sources (:func:`~fencepost.policy.provenance.
+    observed_output`); ``None``: the state's observations, trusted as their tools declare.
     """
     # Only the counts this batch raises: read through to the run's own (not copied per step).
     run_counts = state.fingerprints
@@ -132,22 +155,66 @@ def gate_batch(
     entries: list[BatchEntry] = []
     specs: list[ToolSpec | None] = []
     first_stop: StopRequest | None = None
+    sources: RunSources | None = None
+    traces: dict[str, Provenance] = {}
     for call in calls:
         if raised and counts is run_counts:
             counts = ChainMap(raised, run_counts)  # made only for a call after an allowed one
         scope = remembered.get(call.call_id) if remembered else None
+        known = registry.get(call.tool_name) if call.tool_name in registry else None
+        flagged: tuple[str, ...] = ()
+        trace: Provenance | None = None
+        if known is not None and (
+            traced(known)
+            or (known.semantic_validator is not None and takes_provenance(known.semantic_validator))
+        ):
+            if sources is None:
+                sources = sources_of(state, context, registry, outputs)
+            # The tool's own argument names only: a key the model made up is never recorded.
+            trace = traces[call.call_id] = sources.trace(
+                call.arguments, known.args_model.model_fields
+            )
+            flagged = untrusted_sensitive(known, trace)
+        ask = provenance == "ask" and bool(flagged)
+        asked_before = needs_approval.get(call.call_id) if needs_approval else None
         verdict, spec, counted = gate_with_findings(
             registry,
             call,
             state,
             principal,
             repeat_limit=repeat_limit,
-            approved=approved or scope is not None,
+            # Asked about by the provenance rule: no remembered scope answers for a person.
+            approved=approved or (scope is not None and not ask),
             counts=counts,
             now=now,
             context=context,
-            needs_approval=needs_approval.get(call.call_id) if needs_approval else None,
+            needs_approval=True if ask else asked_before,
+            provenance=trace,
         )
+        if (
+            trace is None
+            and known is not None
+            and verdict.code is VerdictCode.APPROVAL_REQUIRED
+            and approver
+        ):
+            # A read that needs approval: the approver is shown its provenance too.
+            sources = sources or sources_of(state, context, registry, outputs)
+            trace = traces[call.call_id] = sources.trace(
+                call.arguments, known.args_model.model_fields
+            )
+        if call.call_id in traces:
+            verdict = verdict.model_copy(update={"provenance": recorded(traces[call.call_id])})
+        if flagged and provenance == "refuse" and verdict.code in _REACHED:
+            verdict = verdict.model_copy(
+                update={
+                    "code": VerdictCode.UNTRUSTED_PROVENANCE,
+                    "problems": (
+                        f"rule: {UNTRUSTED_PROVENANCE}",
+                        *(f"{name}: {UNTRUSTED_PROVENANCE}" for name in flagged),
+                    ),
+                }
+            )
+            scope = None
         if scope is not None and verdict.allowed:
             verdict = verdict.model_copy(
                 update={"approval": scope.answered_by, "scope_id": scope.scope_id}
@@ -179,7 +246,19 @@ def gate_batch(
         fingerprints=revised(state.fingerprints, raised),
         stop=first_stop,
         specs=tuple(specs),
+        provenance=traces,
     )
+
+
+_REACHED = frozenset({VerdictCode.ALLOWED, VerdictCode.APPROVAL_REQUIRED})
+"""Verdicts of a call that passed every check but (perhaps) approval: the provenance rule
+judges only these, so a call refused for another reason keeps that reason."""
+
+
+def recorded(provenance: Provenance) -> dict[str, tuple[str, ...]]:
+    """A provenance as verdicts, receipts, manifests and spans record it: per argument, its
+    sources' labels (``"user"``, ``"tool:call_3"``), never a value."""
+    return {name: tuple(labels) for name, labels in provenance.record().items()}
 
 
 def after_reservations(

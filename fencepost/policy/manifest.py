@@ -10,6 +10,7 @@ from fencepost.policy.contract import Frozen
 from fencepost.policy.decision import DecisionKind
 from fencepost.policy.effect import Effect
 from fencepost.policy.phase import Phase
+from fencepost.policy.value_source import Recorded
 from fencepost.policy.verdict import VerdictCode
 
 Outcome = Literal[
@@ -49,6 +50,10 @@ class StepManifest(Frozen):
     a human."""
     approved_by: str | None = None
     """With ``approval="human"``: the id of the principal who answered."""
+    provenance: Annotated[Recorded | None, Strict(False)] = None
+    """On a gated call's record: where its argument values were seen, per argument, as the
+    sources' labels (``{"recipient": ["tool:call_3"]}``) — by call id and kind, never a value.
+    ``None``: not traced (see :func:`fencepost.policy.provenance.traced`)."""
 
 
 def verdict_outcome(code: VerdictCode) -> Outcome:

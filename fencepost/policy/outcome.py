@@ -13,6 +13,7 @@ from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.events import ToolFailed, ToolSucceeded
 from fencepost.policy.receipt import Accepted, Completed, Receipt, ReceiptStatus
+from fencepost.policy.value_source import Recorded
 
 
 class RunReport(Frozen):
@@ -81,6 +82,8 @@ class CallOutcome(Frozen):
     missing_capability: str | None = None
     """With a capability denial: the capability the principal lacks (see
     ``Receipt.missing_capability``)."""
+    provenance: Annotated[Recorded | None, Strict(False)] = None
+    """Where its argument values were seen (see ``Receipt.provenance``)."""
 
     @property
     def call_id(self) -> str:
@@ -116,27 +119,35 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
         approved_by=outcome.approved_by,
         rule=outcome.rule,
         missing_capability=outcome.missing_capability,
+        provenance=outcome.provenance,
     )
 
 
 def with_approvers(
     outcomes: Iterable[CallOutcome], batch: Iterable[BatchEntry]
 ) -> list[CallOutcome]:
-    """``outcomes`` with who answered each call's approval, as its verdict in ``batch`` says
-    (the executor's outcomes know what ran, the verdicts who let it)."""
-    by_id = {e.call_id: e.verdict for e in batch if e.verdict.approval is not None}
-    return [
-        o.model_copy(
-            update={
-                "approval": by_id[o.call_id].approval,
-                "approved_by": by_id[o.call_id].approved_by,
-                "scope_id": by_id[o.call_id].scope_id,
-            }
-        )
-        if o.approval is None and o.call_id in by_id
-        else o
-        for o in outcomes
-    ]
+    """``outcomes`` with who answered each call's approval, and the provenance its arguments
+    were gated with, as its verdict in ``batch`` says (the executor's outcomes know what ran,
+    the verdicts who let it, and why)."""
+    by_id = {
+        e.call_id: e.verdict
+        for e in batch
+        if e.verdict.approval is not None or e.verdict.provenance is not None
+    }
+    if not by_id:
+        return list(outcomes)
+    out = []
+    for o in outcomes:
+        verdict = by_id.get(o.call_id)
+        update: dict[str, Any] = {}
+        if verdict is not None and o.approval is None and verdict.approval is not None:
+            update["approval"] = verdict.approval
+            update["approved_by"] = verdict.approved_by
+            update["scope_id"] = verdict.scope_id
+        if verdict is not None and o.provenance is None and verdict.provenance is not None:
+            update["provenance"] = verdict.provenance
+        out.append(o.model_copy(update=update) if update else o)
+    return out
 
 
 class MalformedMarker(ValueError):

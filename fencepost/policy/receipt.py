@@ -11,6 +11,7 @@ from pydantic import Field, Strict
 from fencepost.policy.contract import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
+from fencepost.policy.value_source import Recorded
 
 
 class ReceiptStatus(StrEnum):
@@ -59,6 +60,10 @@ class Receipt(Frozen):
     """With ``denied`` by ``capability_denied``: the capability the trusted principal lacks (the
     registered tool's). For the operator (the stop report); the model's observation of the call
     carries the safe code ``permission_denied`` only."""
+    provenance: Annotated[Recorded | None, Strict(False)] = None
+    """Where the call's argument values were seen when it was gated, per argument: the
+    sources' labels (``{"recipient": ["tool:call_3", "user"]}``), by call id and kind, never a
+    value (:mod:`fencepost.policy.provenance`). ``None``: the call was not traced."""
 
 
 class Accepted(Frozen):

@@ -170,6 +170,13 @@ class StopReport(Frozen):
     """The checkpoint the run was forked from (time travel), for a run that is a fork."""
     budget: BudgetStop | None = None
     """For a budget stop the ledger refused: which account, axis and spend window stopped it."""
+    answer_repeats_untrusted: bool = False
+    """Whether the final answer repeats text that came only from untrusted tool output: a run
+    of :data:`~fencepost.policy.provenance.ANSWER_SPAN_WORDS` words, or an identifier (URL,
+    host, email, account id), found in an untrusted output and in none of the request, the app
+    data and the trusted outputs. An application may hold such an answer back."""
+    answer_untrusted_calls: Annotated[tuple[str, ...], Strict(False)] = ()
+    """With ``answer_repeats_untrusted``: the call ids of the untrusted outputs it repeats."""
 
     @property
     def what_to_do(self) -> str | None:
@@ -273,15 +280,20 @@ def _safe(code: str | None) -> str | None:
 
 
 def stop_report(
-    state: Ended, *, unfinished: Sequence[BatchEntry] = (), budget: BudgetStop | None = None
+    state: Ended,
+    *,
+    unfinished: Sequence[BatchEntry] = (),
+    budget: BudgetStop | None = None,
+    answer_untrusted: Sequence[str] = (),
 ) -> StopReport:
     """The stop report of a run that ended.
 
     ``unfinished`` is the batch the run was carrying out when it stopped (a terminal state no
     longer holds it): its proposals without a receipt never started, and those waiting for an
     approval are the condition an ``approval_required`` run needs. ``budget`` is what the ledger
-    said stopped it (account, axis, window). Raises ``ValueError`` for a state with no terminal
-    reason.
+    said stopped it (account, axis, window). ``answer_untrusted``: the call ids of the untrusted
+    outputs the final answer repeats (:func:`fencepost.policy.run_sources.answer_untrusted`).
+    Raises ``ValueError`` for a state with no terminal reason.
     """
     reason = state.termination
     if reason is None:
@@ -315,6 +327,8 @@ def stop_report(
         waiting_for=_waiting(reason, left),
         forked_from=getattr(state, "forked_from", None),
         budget=budget,
+        answer_repeats_untrusted=bool(answer_untrusted),
+        answer_untrusted_calls=tuple(answer_untrusted),
     )
 
 
@@ -389,6 +403,9 @@ def note_rows(report: StopReport) -> list[Row]:
         rows.append(("waiting for", ((report.waiting_for.described(tools), "cyan"),)))
     if report.budget is not None:
         rows.append(("stopped by", _budget_parts(report.budget)))
+    if report.answer_repeats_untrusted:
+        calls = ", ".join(report.answer_untrusted_calls)
+        rows.append(("answer repeats", ((f"untrusted output of {calls}", "yellow"),)))
     if report.kind is not StopKind.COMPLETED or report.effects_made:
         # Stopping is not undoing: say which effects are out there, or that none are.
         rows.append(("effects made", ((", ".join(report.effects_made) or "none", ""),)))

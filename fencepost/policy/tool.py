@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import types
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin
 
@@ -13,6 +12,7 @@ from pydantic import (
     Field,
     JsonValue,
     Strict,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -21,6 +21,7 @@ from fencepost.policy.contract import Frozen
 from fencepost.policy.deadline import Deadline
 from fencepost.policy.decision import TOOL_NAME_PATTERN
 from fencepost.policy.effect import Effect as Effect
+from fencepost.policy.trust import Trust
 
 if TYPE_CHECKING:
     from fencepost.policy.decision import ToolProposal
@@ -98,7 +99,11 @@ SemanticValidator = Callable[[Any, "AgentState"], None] | Callable[[Any, "AgentS
 ``validator(args, state)``, or ``validator(args, state, context)`` to be given the run's trusted
 :class:`~fencepost.policy.context.RunContext` too (its ``app_data``: known payees, allowed
 domains); ``context`` is ``None`` only when a proposal is gated outside a run. Which form is
-read from the signature: one that takes a third positional argument gets the context."""
+read from the signature: one that takes a third positional argument gets the context. Either
+form that also takes a keyword ``provenance`` is given the
+:class:`~fencepost.policy.provenance.Provenance` of the call's arguments (where each value was
+seen: the request, the app data, which earlier output), or ``None`` when the call is not
+traced in a batch."""
 NeedsApproval = Callable[[Any], Any]
 """``needs_approval(question) -> bool`` (sync or ``async``): whether this one call needs approval,
 judged from its arguments and the run's trusted context; the ``question`` is a
@@ -148,8 +153,7 @@ class ToolSpec(BaseModel):
 
     ``effect`` and ``capability`` come from trusted configuration; the description only helps
     the model choose. The args model must forbid extra keys all the way down. The keyword names
-    are the ones ``@fp.tool`` and ``tool_spec`` take (``required_capability=`` is the old name of
-    ``capability=``: accepted, with a DeprecationWarning, until the next release).
+    are the ones ``@fp.tool`` and ``tool_spec`` take.
 
     Example::
 
@@ -220,15 +224,15 @@ class ToolSpec(BaseModel):
     of the run's tenant holding the approval right must answer). ``None``: the graph's
     ``four_eyes``."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        return renamed_keywords(data, "ToolSpec", {"required_capability": "capability"})
-
-    @property
-    def required_capability(self) -> str:
-        """The old name of :attr:`capability` (still readable; give ``capability=``)."""
-        return self.capability
+    output_trust: Annotated[Trust, Strict(False)] = Trust.UNTRUSTED
+    """Whether this tool's output is trusted: a system of record the application controls
+    (``Trust.TRUSTED``), or content others may write — mail, messages, web pages, shared files,
+    transaction descriptions (``Trust.UNTRUSTED``, the default). A value seen only in untrusted
+    output is not the user's (:mod:`fencepost.policy.provenance`)."""
+    sensitive: Annotated[tuple[str, ...], Strict(False)] = ()
+    """The top-level arguments whose values must not come only from untrusted output (a
+    recipient, a URL, an amount, a file, an audience): the graph's ``provenance`` rule judges
+    a write or external call by them. Each must be a field of ``args_model``."""
 
     @field_validator("args_model")
     @classmethod
@@ -237,6 +241,20 @@ class ToolSpec(BaseModel):
         if bad:
             raise ValueError(f"args_model must forbid extra keys (extra='forbid'); {bad} does not")
         return model
+
+    @field_validator("sensitive")
+    @classmethod
+    def _sensitive_are_arguments(
+        cls, names: tuple[str, ...], info: ValidationInfo
+    ) -> tuple[str, ...]:
+        model = info.data.get("args_model")
+        fields = (
+            model.model_fields if isinstance(model, type) and issubclass(model, BaseModel) else {}
+        )
+        unknown = [n for n in names if n not in fields]
+        if unknown:
+            raise ValueError(f"{unknown} are not arguments of the tool")
+        return names
 
     @model_validator(mode="after")
     def _default_idempotent(self) -> ToolSpec:
@@ -248,24 +266,3 @@ class ToolSpec(BaseModel):
     def retry_safe(self) -> bool:
         """Whether a call of this tool may be run again after an attempt of unknown outcome."""
         return bool(self.idempotent)
-
-
-def renamed_keywords(data: Any, where: str, renamed: dict[str, str]) -> Any:
-    """``data`` with each old keyword name in ``renamed`` moved to its new one, warning that the
-    old one is deprecated. Both names given at once is an error naming them."""
-    if not isinstance(data, dict) or not any(old in data for old in renamed):
-        return data
-    data = dict(data)
-    for old, new in renamed.items():
-        if old not in data:
-            continue
-        if new in data:
-            raise ValueError(f"{where}: give {new}= only ({old}= is its old name)")
-        warnings.warn(
-            f"{where}({old}=...) is deprecated: write {new}= (the same name @fp.tool, ToolSpec "
-            "and tool_spec take)",
-            DeprecationWarning,
-            stacklevel=4,
-        )
-        data[new] = data.pop(old)
-    return data

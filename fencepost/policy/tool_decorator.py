@@ -35,7 +35,6 @@ from __future__ import annotations
 import inspect
 import re
 import typing
-import warnings
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -56,6 +55,7 @@ from fencepost.policy.tool import (
     ToolSpec,
     lax_model_in,
 )
+from fencepost.policy.trust import Trust
 
 __all__ = ["InjectionMissing", "ToolDefinitionError", "tool"]
 
@@ -88,8 +88,9 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> ToolSpec: ...
 
 
@@ -110,8 +111,9 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Callable[[Callable[..., Any]], ToolSpec]: ...
 
 
@@ -131,19 +133,22 @@ def tool(
     repeat_limit: int | None = None,
     approval_right: str | None = None,
     four_eyes: bool | None = None,
-    timeout: float | None = None,
     needs_approval: NeedsApproval | None = None,
+    output_trust: Trust | str = Trust.UNTRUSTED,
+    sensitive: tuple[str, ...] | list[str] = (),
 ) -> Any:
     """Turn the decorated function into a :class:`ToolSpec`.
 
     ``effect`` (read / write / external) and ``capability`` (what the principal must hold) are
     trusted configuration and required: nothing about a function says it is safe to run, so a
     bare ``@tool`` says in one sentence what it lacks. ``timeout_seconds`` is the tool's own time
-    limit (default :data:`DEFAULT_TOOL_TIMEOUT_SECONDS`; ``timeout=`` is its old name, accepted
-    with a DeprecationWarning until the next release). ``name`` defaults to the function's name
+    limit (default :data:`DEFAULT_TOOL_TIMEOUT_SECONDS`). ``name`` defaults to the function's name
     and ``description`` to its docstring (without its ``Args:`` section, whose lines become the
     fields' descriptions). ``idempotent``, ``semantic_validator``, ``progress_predicate``,
-    ``allow_empty_query``, ``repeat_limit``, ``needs_approval``, ``approval_right`` and ``four_eyes`` are passed to the ToolSpec as they are. These are the keyword names ``ToolSpec`` and
+    ``allow_empty_query``, ``repeat_limit``, ``needs_approval``, ``approval_right``,
+    ``four_eyes``, ``output_trust`` (:class:`~fencepost.policy.trust.Trust`: untrusted unless
+    said) and ``sensitive`` (argument names, each checked to be a parameter) are passed to the
+    ToolSpec as they are. These are the keyword names ``ToolSpec`` and
     ``tool_spec`` take.
 
     ``tool(fn, effect=..., capability=...)`` (the function given directly) is the same as the
@@ -158,14 +163,6 @@ def tool(
     model that allows extra ones: an application object meant to be injected, say), a missing
     description or an invalid name — never a raw pydantic ``ValidationError``.
     """
-    if timeout is not None:
-        warnings.warn(
-            "@tool(timeout=...) is deprecated: write timeout_seconds= (the same name ToolSpec "
-            "and tool_spec take)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        timeout_seconds = timeout
 
     def decorate(fn: Callable[..., Any]) -> ToolSpec:
         tool_name = name if name is not None else getattr(fn, "__name__", "")
@@ -192,6 +189,23 @@ def tool(
             ) from None
         args_model, call = _derive(fn, tool_name, arg_docs)
         try:
+            trust = Trust(output_trust)
+        except ValueError:
+            allowed = ", ".join(t.value for t in Trust)
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: output_trust {output_trust!r} is not one of {allowed}"
+            ) from None
+        if isinstance(sensitive, str):
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: sensitive must be a tuple of argument names, "
+                f"as sensitive=({sensitive!r},)"
+            )
+        unknown = [n for n in sensitive if n not in args_model.model_fields]
+        if unknown:
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: sensitive names {unknown} that are not its arguments"
+            )
+        try:
             return ToolSpec(
                 name=tool_name,
                 description=text.strip(),
@@ -208,6 +222,8 @@ def tool(
                 needs_approval=needs_approval,
                 approval_right=approval_right,
                 four_eyes=four_eyes,
+                output_trust=trust,
+                sensitive=tuple(sensitive),
             )
         except ValidationError as exc:
             # A keyword of the decorator out of range (timeout_seconds=0, repeat_limit=0):

@@ -11,6 +11,7 @@ from pydantic import Strict
 
 from fencepost.policy.contract import Frozen
 from fencepost.policy.phase import TerminationReason
+from fencepost.policy.value_source import Recorded
 
 
 class VerdictCode(StrEnum):
@@ -26,6 +27,9 @@ class VerdictCode(StrEnum):
     APPROVAL_PENDING = "approval_pending"
     REJECTED = "rejected"
     BUDGET_EXHAUSTED = "budget_exhausted"
+    UNTRUSTED_PROVENANCE = "untrusted_provenance"
+    """A write or external call whose sensitive arguments trace only to untrusted output,
+    refused by the graph's ``provenance="refuse"`` rule (:mod:`fencepost.policy.provenance`)."""
 
 
 _REASON = {
@@ -36,6 +40,7 @@ _REASON = {
     VerdictCode.CAPABILITY_DENIED: TerminationReason.POLICY_DENIED,
     VerdictCode.APPROVAL_REQUIRED: TerminationReason.APPROVAL_REQUIRED,
     VerdictCode.REJECTED: TerminationReason.POLICY_DENIED,
+    VerdictCode.UNTRUSTED_PROVENANCE: TerminationReason.POLICY_DENIED,
 }
 
 
@@ -73,6 +78,11 @@ class Verdict(Frozen):
     approved_by: str | None = None
     """With ``approval="human"``: the id of the principal whose answer this is (the requester,
     or another principal of the run's tenant holding the approval right). Sealed too."""
+    provenance: Annotated[Recorded | None, Strict(False)] = None
+    """Where the call's argument values were seen, as :meth:`Provenance.record
+    <fencepost.policy.provenance.Provenance.record>` labels them (``{"recipient":
+    ["tool:call_3", "user"]}``): sources by call id and kind, never a value. ``None``: not
+    traced (a read without sensitive arguments, an unregistered tool, an edited call)."""
 
     @property
     def allowed(self) -> bool:

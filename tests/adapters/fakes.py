@@ -41,6 +41,9 @@ class FakeToolChatModel(GenericFakeChatModel):
     messages: Iterator[Any]  # type: ignore[assignment]
     received: list[list[BaseMessage]] = Field(default_factory=list)
     bound_tools: list[list[dict[str, Any]]] = Field(default_factory=list)
+    requests: list[tuple[list[BaseMessage], list[dict[str, Any]]]] = Field(default_factory=list)
+    """Each call's messages and bound tools, appended together (so calls from several threads
+    stay paired)."""
 
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> Any:
         formatted = [convert_to_openai_tool(t) for t in tools]
@@ -57,6 +60,7 @@ class FakeToolChatModel(GenericFakeChatModel):
     ) -> ChatResult:
         self.received.append(list(messages))
         self.bound_tools.append(list(kwargs.get("tools") or []))
+        self.requests.append((list(messages), list(kwargs.get("tools") or [])))
         item = next(self.messages)
         if callable(item) and not isinstance(item, BaseException):
             item = item(list(messages))

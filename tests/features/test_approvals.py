@@ -237,6 +237,8 @@ def test_interrupt_payload_names_call_tool_arguments_effect_and_capability() -> 
             "capability": "notes:write",
             "approval_right": "approve:notes:write",
             "four_eyes": False,
+            # A write is traced: its note was seen nowhere before it was proposed.
+            "provenance": {"note": ["model"]},
         }
     ]
     assert h.calls.log == []

@@ -368,6 +368,8 @@ def test_an_approval_pause_and_its_resume_are_two_agent_spans_of_one_conversatio
             "gen_ai.tool.name": "write_note",
             "gen_ai.tool.call.id": "call-0001",
             "fencepost.verdict": "approval_pending",
+            # A write is traced: its note was seen nowhere before (the model's own).
+            "fencepost.provenance.note": ("model",),
         }
     ]
     answered = events(second)

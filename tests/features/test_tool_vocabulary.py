@@ -1,6 +1,6 @@
 """One tool vocabulary: ``@fp.tool``, ``fp.ToolSpec`` and ``fp.tool_spec`` take the same keyword
-names (``effect``, ``capability``, ``timeout_seconds``); the old names still work for one release,
-with a DeprecationWarning; what cannot be defaulted safely is named in one sentence."""
+names (``effect``, ``capability``, ``timeout_seconds``); the old names, past the one release they
+were kept for, are refused; what cannot be defaulted safely is named in one sentence."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from langchain_core.tools import InjectedToolArg, ToolException
 from langchain_core.tools import tool as langchain_tool
 from langgraph.checkpoint.memory import InMemorySaver
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 import fencepost as fp
 from fencepost.policy.tool_decorator import ToolDefinitionError
@@ -60,17 +60,11 @@ def test_the_three_ways_take_the_same_keyword_names() -> None:
         assert made.capability in ("logs:read", "deploys:read")
 
 
-def test_the_old_keyword_names_still_work_with_a_deprecation_warning() -> None:
-    with pytest.warns(DeprecationWarning, match="timeout_seconds"):
-
-        @fp.tool(effect="read", capability="logs:read", timeout=5)
-        def search_logs(query: str) -> dict[str, Any]:
-            """Search the logs."""
-            return {"hits": []}
-
-    assert search_logs.timeout_seconds == 5
-    with pytest.warns(DeprecationWarning, match="capability="):
-        spec = fp.ToolSpec(
+def test_the_old_keyword_names_past_their_release_are_refused() -> None:
+    with pytest.raises(TypeError, match="timeout"):
+        fp.tool(effect="read", capability="logs:read", timeout=5)  # type: ignore[call-overload]
+    with pytest.raises(ValidationError, match="required_capability"):
+        fp.ToolSpec(  # type: ignore[call-arg]
             name="search_logs",
             description="Search the logs.",
             args_model=Query,
@@ -79,13 +73,8 @@ def test_the_old_keyword_names_still_work_with_a_deprecation_warning() -> None:
             timeout_seconds=5,
             execute=_body,
         )
-    assert spec.capability == spec.required_capability == "logs:read"
-
-
-def test_the_old_timeout_name_on_a_langchain_tool_warns_too() -> None:
-    with pytest.warns(DeprecationWarning, match="timeout_seconds"):
-        spec = fp.tool(search_deploys, effect="read", capability="deploys:read", timeout=5)
-    assert spec.timeout_seconds == 5
+    with pytest.raises(TypeError, match="timeout"):
+        fp.tool(search_deploys, effect="read", capability="deploys:read", timeout=5)  # type: ignore[call-overload]
 
 
 def test_a_tool_timeout_has_one_default_in_every_way() -> None:

@@ -14,6 +14,14 @@ any limit, call ids of NUL or blank characters), a recursion limit of one, a bud
 does not exist, a hung model, a tool raising ``SystemExit`` or its own ``CancelledError``, and a
 validator or progress predicate that breaks: each ends the run with one reason, and the text of
 what raised is never checkpointed.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: a model that never
+stops, a reply that is no decision, a finished run called again, a tool raising a
+``BaseException``, an unknown budget account. The other tests drive the graph's own state, nodes or
+settings (``update_state``, ``Command(update=...)``, channels, ``interrupt_before``, repair, the
+approver, token estimates, savers and ledgers by URL), which the middleware binding does not have:
+they stay graph-only.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.messages import AIMessage
+from langchain_core.tools import tool as lc_tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
@@ -75,6 +85,8 @@ from tests.graph.kit import (
     upload_graph,
 )
 from tests.graph.test_tool_isolation import NoArgs, finishes
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 from tests.policy.factories import make_state, reader
 
 SECRET = "password=hunter2"
@@ -1139,3 +1151,95 @@ def test_an_input_that_is_no_map_of_storable_values_is_refused_and_the_paused_ru
     state = fp.run_output(h.graph.invoke(Command(resume="approve"), config, context=ctx))
     assert state.termination is fp.TerminationReason.COMPLETED
     assert h.calls.log == [("write_note", {"note": "a"}, "call-0001")]
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_a_model_that_never_stops_ends_step_budget_exhausted(
+    binding: type[bd.Binding], mode: str
+) -> None:
+    b = binding(bd.searches(), steps=3, tools=50, mode=mode)
+    out = b.start(mw.ctx())
+    assert out.termination == fp.TerminationReason.STEP_BUDGET_EXHAUSTED.value
+    assert len(out.received) == 3
+
+
+def test_a_finished_run_called_again_calls_nothing_and_new_input_is_the_next_run(
+    binding: type[bd.Binding],
+) -> None:
+    b = binding(bd.then_answer(bd.call("search_logs", {"query": "checkout"}, 1)), steps=5, tools=5)
+    first = b.start(mw.ctx())
+    run_id, model_calls, bodies = b.run_id(), len(first.received), list(first.bodies)
+    assert first.termination == fp.TerminationReason.COMPLETED.value
+    again = b.go_on(mw.ctx())
+    assert again.termination == first.termination
+    assert (len(again.received), again.bodies) == (model_calls, bodies)
+    b.start(mw.ctx(), question="and the api?")
+    assert b.run_id() != run_id
+
+
+@pytest.mark.parametrize("raised", ["SystemExit", "KeyboardInterrupt", "Escape"])
+def test_a_tool_raising_a_base_exception_is_contained_and_its_run_ends_typed(
+    binding: type[bd.Binding], raised: str
+) -> None:
+    @lc_tool
+    def hostile(query: str) -> str:
+        """A tool whose body breaks out."""
+        exc = {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}.get(raised, Escape)
+        raise exc(SECRET)
+
+    b = binding(
+        bd.then_answer(bd.call("hostile", {"query": "x"}, 1)),
+        steps=4,
+        tools=2,
+        extra_tools=[(hostile, bd.READ)],
+    )
+    out = b.start(mw.ctx())
+    assert out.termination == fp.TerminationReason.COMPLETED.value
+    assert all(SECRET not in repr(m) for turn in out.received for m in turn)
+    shown = [m for m in out.received[-1] if getattr(m, "tool_call_id", None) == "call-0001"]
+    assert "internal_error" in repr(shown)
+
+
+def test_an_unknown_budget_account_ends_the_run_typed_and_runs_nothing(
+    binding: type[bd.Binding],
+) -> None:
+    b = binding(bd.then_answer(bd.call("search_logs", {"query": "x"}, 1)), steps=4, tools=2)
+    out = b.start(mw.ctx().model_copy(update={"budget_account": "no-such-pool"}))
+    assert out.bodies == []
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.POLICY_DENIED.value,
+        "unknown_budget_account",
+    )
+
+
+_NO_DECISION = {
+    "empty_response": AIMessage(content=""),
+    "truncated_output": AIMessage(
+        content="",
+        tool_calls=[{"name": "search_logs", "args": {"query": "chec"}, "id": "call-0001"}],
+        response_metadata={"finish_reason": "length"},
+    ),
+    "model_refusal": AIMessage(content="no", additional_kwargs={"refusal": "I can't help"}),
+    "invalid_tool_calls": AIMessage(
+        content="",
+        invalid_tool_calls=[
+            {"name": "search_logs", "args": '{"query": ', "id": "call-0001", "error": None}
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("code", list(_NO_DECISION))
+def test_a_reply_that_is_no_decision_ends_invalid_proposal_never_completed_and_runs_nothing(
+    binding: type[bd.Binding], code: str
+) -> None:
+    b = binding(bd.then_answer(_NO_DECISION[code]), steps=4, tools=4)
+    out = b.start(mw.ctx())
+    assert out.bodies == []
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.INVALID_PROPOSAL.value,
+        code,
+    )

@@ -19,6 +19,13 @@ A final answer, an abstention, a call id or a context field holding one is refus
 
 Each on an ``InMemorySaver``, a ``SqliteSaver`` on a file and a ``PostgresSaver``, under
 ``LANGGRAPH_STRICT_MSGPACK=true`` as ``make test`` runs.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: a model's call
+holding such text in an argument value or key (the key is a middleware limit). The other tests
+drive the graph's own state, nodes or settings (``update_state``, ``Command(update=...)``,
+channels, ``interrupt_before``, repair, the approver, token estimates, savers and ledgers by URL),
+which the middleware binding does not have: they stay graph-only.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ from tests.graph.kit import (
     paused_for_approval,
     thread,
 )
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 from tests.strategies import any_text, has_unencodable_text, json_tree, unencodable_text
 
 ODD = "\ud800"
@@ -202,3 +211,32 @@ def test_a_record_write_holding_text_with_no_utf8_form_never_escapes_and_the_run
     assert snapshot.next == ()
     assert state.termination is not None
     assert h.calls.count("write_note") <= 1
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def _refused_before_anything_runs(binding: type[bd.Binding], arguments: dict[str, Any]) -> None:
+    b = binding(bd.then_answer(bd.call("search_logs", arguments, 1)), steps=4, tools=4)
+    out = b.start(mw.ctx())
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.INVALID_PROPOSAL.value,
+        "unrepresentable_arguments",
+    )
+    assert out.bodies == [] and b.reservation("call-0001") is None
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(odd=unencodable_text(max_size=8), deep=st.booleans())
+def test_a_model_call_whose_argument_value_has_no_utf8_form_is_an_invalid_proposal(
+    binding: type[bd.Binding], odd: str, deep: bool
+) -> None:
+    arguments = {"query": "checkout", "extra": [{"k": odd}]} if deep else {"query": odd}
+    _refused_before_anything_runs(binding, arguments)
+
+
+def test_a_model_call_whose_argument_key_has_no_utf8_form_is_an_invalid_proposal(
+    binding: type[bd.Binding],
+) -> None:
+    arguments = {"query": "checkout", ODD: None}
+    _refused_before_anything_runs(binding, arguments)

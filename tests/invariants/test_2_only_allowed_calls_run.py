@@ -8,7 +8,15 @@ The executor is the last line. A caller can edit a thread's state between supers
 a call only for an ``allowed`` verdict with the same call id and argument fingerprint, for a
 principal who holds the capability under the context it runs with, a write only where something
 could have approved it, and only a call whose budget was reserved. Both forms of edit are tried
-wherever it matters."""
+wherever it matters.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: an unknown tool, a
+missing capability, an unapproved write, a denial that ends the run or is data, a rejected write, a
+malformed answer. The other tests drive the graph's own state, nodes or settings (``update_state``,
+``Command(update=...)``, channels, ``interrupt_before``, repair, the approver, token estimates,
+savers and ledgers by URL), which the middleware binding does not have: they stay graph-only.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +47,8 @@ from tests.graph.kit import (
     thread,
     write_then_read_paused_before_read,
 )
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 
 ledger = pytest.fixture(params=LEDGERS, name="ledger")(each_ledger)
 
@@ -462,3 +472,57 @@ def test_a_forged_pending_entry_is_regated_on_approval_and_never_escapes(
     assert fp.run_output(out).is_terminal
     assert [name for name, _, _ in h.calls.log] in ([], ["write_note"])
     assert all(key == "call-0001" for _, _, key in h.calls.log)
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_an_unknown_tool_never_runs(binding: type[bd.Binding]) -> None:
+    b = binding(bd.then_answer(bd.call("drop_tables", {}, 1)), steps=5, tools=5)
+    out = b.start(mw.ctx())
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.INVALID_PROPOSAL.value
+
+
+def test_a_call_the_principal_has_no_capability_for_never_runs(binding: type[bd.Binding]) -> None:
+    b = binding(bd.then_answer(bd.call("write_note", {"note": "x"}, 1)), steps=5, tools=5)
+    out = b.start(mw.ctx("logs:read"))
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.POLICY_DENIED.value
+
+
+def test_an_unapproved_write_never_runs_in_terminate_mode(binding: type[bd.Binding]) -> None:
+    b = binding(bd.then_answer(bd.call("write_note", {"note": "x"}, 1)), steps=5, tools=5)
+    out = b.start(mw.ctx())
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.APPROVAL_REQUIRED.value
+
+
+@pytest.mark.parametrize("denial", ["end_run", "observe"])
+def test_a_denied_call_never_runs_nor_reserves_in_either_binding_whether_the_run_goes_on(
+    binding: type[bd.Binding], denial: str
+) -> None:
+    script = bd.then_answer(
+        bd.call("write_note", {"note": "x"}, 1), bd.call("search_logs", {"query": "q"}, 2)
+    )
+    b = binding(script, steps=5, tools=5, denial=denial)
+    out = b.start(mw.ctx("logs:read"))
+    assert b.reservation("call-0001") is None
+    assert out.bodies == (["search_logs:q"] if denial == "observe" else [])
+
+
+def test_a_write_rejected_at_approval_never_runs(binding: type[bd.Binding]) -> None:
+    b = bd.waiting_write(binding)
+    out = b.resume("reject", mw.ctx())
+    assert out.bodies == [] and b.reservation("call-0001") is None
+    assert out.termination is not None
+
+
+@pytest.mark.parametrize("answer", MALFORMED, ids=[f"a{i}" for i in range(len(MALFORMED))])
+def test_a_malformed_approval_answer_runs_no_other_write_and_never_escapes(
+    binding: type[bd.Binding], answer: Any
+) -> None:
+    b = bd.waiting_write(binding, "hi")
+    out = b.resume(answer, mw.ctx())
+    assert set(out.bodies) <= {"write_note:hi"}
+    assert out.paused or out.termination is not None

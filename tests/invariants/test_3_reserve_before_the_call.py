@@ -6,6 +6,13 @@ every token the run's chain has left, so runs sharing a limit cannot multiply it
 one can trust (missing, not a count, too small for the reply) is charged at least the estimate,
 on the real graph too. A call that was attempted stays charged (a failure refunds nothing), and
 runs funded by one shared account never spend more than it holds.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: exactly N calls
+with N left, a failed call stays charged, runs sharing one account. The other tests drive the
+graph's own state, nodes or settings (``update_state``, ``Command(update=...)``, channels,
+``interrupt_before``, repair, the approver, token estimates, savers and ledgers by URL), which the
+middleware binding does not have: they stay graph-only.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ from tests.graph.kit import (
     make_registry,
     thread,
 )
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 
 FINAL = fp.FinalProposal(answer=fp.AnswerPayload(text="done"))
 
@@ -365,3 +374,39 @@ def test_a_usage_report_no_one_can_trust_is_charged_the_text_count_and_ends_type
         + count_tokens(reply_text(ABSTAIN))
     )
     assert state.budget.tokens_used == counted  # never the 100-token holds
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_with_n_calls_left_exactly_n_run(binding: type[bd.Binding]) -> None:
+    b = binding(bd.searches(), steps=50, tools=3)
+    out = b.start(mw.ctx())
+    assert len(out.bodies) == 3
+    assert out.termination == fp.TerminationReason.TOOL_BUDGET_EXHAUSTED.value
+
+
+def test_a_failed_call_stays_charged_in_either_bindings_ledger(binding: type[bd.Binding]) -> None:
+    b = bd.waiting_write(binding, failing_write=True)
+    out = b.resume("approve", mw.ctx())
+    assert out.bodies == ["write_note:x"]
+    reservation = b.reservation("call-0001")
+    assert reservation is not None
+    assert reservation.status is fp.policy.ReservationStatus.SETTLED
+    assert b.ledger.balance(b.account()).held.get("tool_calls") == 1
+
+
+@pytest.mark.parametrize("axis", ["tool_calls", "steps"])
+def test_runs_of_either_binding_under_one_shared_account_never_spend_more_than_it_holds(
+    binding: type[bd.Binding], axis: str
+) -> None:
+    ledger = fp.InMemoryLedger()
+    ledger.open_account("pool", {axis: 3}, owner={"tenant": "acme", "principal": "u-1"})
+    shared = mw.ctx().model_copy(update={"budget_account": "pool"})
+    spent = 0
+    for _ in range(3):
+        b = binding(bd.searches(), steps=6, tools=6, ledger=ledger)
+        out = b.start(shared)
+        spent += len(out.bodies) if axis == "tool_calls" else len(out.received)
+    assert spent == 3
+    assert ledger.balance("pool").held[axis] == 3

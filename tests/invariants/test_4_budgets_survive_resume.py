@@ -9,10 +9,18 @@ checkpointer it cannot derive one from is refused at compile, saying what to pas
 never saw the run (an in-memory one lost with its process) re-opens nothing from the checkpoint:
 the run is refused, ``unknown_budget_account``, and nothing more runs. A run whose first step
 died after its account was opened resumes on that account, however it was started.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: tool calls and
+steps across an approval's resume, ``invoke(None)`` after a pause. The other tests drive the
+graph's own state, nodes or settings (``update_state``, ``Command(update=...)``, channels,
+``interrupt_before``, repair, the approver, token estimates, savers and ledgers by URL), which the
+middleware binding does not have: they stay graph-only.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -43,6 +51,8 @@ from tests.graph.kit import (
     sqlite_files,
     thread,
 )
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 
 BATCH = fp.ToolBatch(calls=(call(n=1), call("write_note", 2, note="restart api")))
 TWO_CALLS = fp.RuntimeBudget(steps_remaining=4, tool_calls_remaining=2)
@@ -361,3 +371,41 @@ def test_a_run_whose_first_step_died_resumes_on_a_durable_ledger_whatever_its_in
     assert (state.termination, state.last_error_code) == (TerminationReason.COMPLETED, None)
     text = json.dumps(state.model_dump(mode="json"))
     assert "hunter2" not in text and "power cut" not in text
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+@pytest.mark.parametrize("resumed_by", ["the same agent", "a new agent object"])
+def test_the_budget_continues_across_an_approvals_resume(
+    binding: type[bd.Binding], resumed_by: str
+) -> None:
+    script = itertools.chain([bd.call("write_note", {"note": "rollback"}, 1)], bd.searches(2))
+    b = binding(script, steps=50, tools=2, approval="interrupt")
+    assert b.start(mw.ctx()).paused
+    if resumed_by == "a new agent object":
+        b.rebuild()
+    out = b.resume("approve", mw.ctx())
+    assert out.bodies == ["write_note:rollback", "search_logs:checkout 500 #2"]
+    assert out.termination == fp.TerminationReason.TOOL_BUDGET_EXHAUSTED.value
+
+
+def test_steps_spent_before_an_approval_count_after_its_resume(binding: type[bd.Binding]) -> None:
+    script = itertools.chain(
+        [bd.call("search_logs", {"query": "a"}, 1), bd.call("write_note", {"note": "x"}, 2)],
+        bd.searches(3),
+    )
+    b = binding(script, steps=3, tools=50, approval="interrupt")
+    assert b.start(mw.ctx()).paused
+    out = b.resume("approve", mw.ctx())
+    # Two steps were spent before the pause; the third is the last one, the fourth is refused.
+    assert len(out.received) == 3
+    assert out.termination == fp.TerminationReason.STEP_BUDGET_EXHAUSTED.value
+
+
+def test_invoke_none_continues_the_same_budget_in_either_binding(binding: type[bd.Binding]) -> None:
+    b = binding(bd.searches(), steps=3, tools=50)
+    assert len(b.start(mw.ctx(), interrupt_after=[binding.TOOLS]).bodies) == 1
+    out = b.go_on(mw.ctx())
+    assert len(out.bodies) == 3 and len(out.received) == 3
+    assert out.termination == fp.TerminationReason.STEP_BUDGET_EXHAUSTED.value

@@ -11,6 +11,14 @@ the answer may also come from another principal of the run's tenant holding the 
 (tests/features/test_approval_by_people.py); any other answer runs nothing and the run keeps
 waiting. A context passed
 as JSON (as LangGraph Server passes it) is the same identity as the ``RunContext`` it dumps.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: arguments naming a
+tenant, a resume or a run going on without the run's own context, a missing context, another
+tenant's pool (the requester's answer after a wrong resume is a middleware limit). The other tests
+drive the graph's own state, nodes or settings (``update_state``, ``Command(update=...)``,
+channels, ``interrupt_before``, repair, the approver, token estimates, savers and ledgers by URL),
+which the middleware binding does not have: they stay graph-only.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ from tests.graph.kit import (
     upload_graph,
 )
 from tests.graph.nested_kit import Host
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 
 # -- the identity a run acts for ---------------------------------------------------------------
 
@@ -201,3 +211,95 @@ def test_a_run_resumed_by_a_fresh_graph_with_its_context_as_json_is_its_own(
         closed = ledger.balance(thread_account(config)).closed
     assert state.termination is TerminationReason.COMPLETED
     assert closed == TerminationReason.COMPLETED.value
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_arguments_naming_a_tenant_are_refused_in_either_binding(binding: type[bd.Binding]) -> None:
+    sneaky = bd.call("search_logs", {"query": "x", "tenant_id": "globex"}, 1)
+    b = binding(bd.then_answer(sneaky), steps=4, tools=4)
+    out = b.start(mw.ctx())
+    assert out.bodies == []
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.INVALID_PROPOSAL.value,
+        "schema_violation",
+    )
+
+
+def _other(who: str) -> fp.RunContext | None:
+    """Not the run's own context: none, another tenant's, or another principal's (made when
+    the test runs: its deadline is the kit's, counted from now)."""
+    if who == "none":
+        return None
+    own = mw.ctx()
+    if who == "tenant":
+        return own.model_copy(update={"tenant_id": "globex"})
+    return own.model_copy(update={"principal": own.principal.model_copy(update={"id": "u-2"})})
+
+
+@pytest.mark.parametrize("who", ["none", "tenant", "principal"])
+def test_a_resume_without_the_runs_own_context_runs_nothing(
+    binding: type[bd.Binding], who: str
+) -> None:
+    b = bd.waiting_write(binding)
+    out = b.resume("approve", _other(who))
+    held = b.reservation("call-0001")
+    assert out.bodies == []
+    assert held is None or held.status is fp.policy.ReservationStatus.RELEASED
+
+
+def test_after_a_resume_without_context_the_requester_can_still_answer(
+    binding: type[bd.Binding],
+) -> None:
+    b = bd.waiting_write(binding)
+    assert b.resume("approve", None).paused
+    out = b.resume("approve", mw.ctx())
+    assert out.bodies == ["write_note:x"]
+    assert out.termination == fp.TerminationReason.COMPLETED.value
+
+
+def test_a_run_naming_another_tenants_pool_spends_nothing_of_it(binding: type[bd.Binding]) -> None:
+    ledger = fp.InMemoryLedger()
+    ledger.open_account("globex-pool", {"tool_calls": 10}, owner={"tenant": "globex"})
+    b = binding(bd.searches(), steps=4, tools=4, ledger=ledger)
+    out = b.start(mw.ctx().model_copy(update={"budget_account": "globex-pool"}))
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.POLICY_DENIED.value
+    assert ledger.balance("globex-pool").held.get("tool_calls", 0) == 0
+
+
+def test_a_run_started_without_context_ends_missing_context_and_runs_nothing(
+    binding: type[bd.Binding],
+) -> None:
+    b = binding(bd.searches(), steps=4, tools=4)
+    out = b.start(None)
+    assert out.bodies == [] and out.received == []
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.POLICY_DENIED.value,
+        "missing_context",
+    )
+
+
+@pytest.mark.parametrize("who", ["tenant", "principal"])
+def test_a_run_going_on_under_another_identity_ends_context_mismatch_and_runs_nothing_more(
+    binding: type[bd.Binding], who: str
+) -> None:
+    b = binding(bd.searches(), steps=6, tools=6)
+    assert len(b.start(mw.ctx(), interrupt_after=[binding.TOOLS]).bodies) == 1
+    out = b.go_on(_other(who))
+    assert len(out.bodies) == 1 and len(out.received) == 1
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.POLICY_DENIED.value,
+        "context_mismatch",
+    )
+
+
+def test_a_write_approved_after_the_callers_deadline_never_runs(binding: type[bd.Binding]) -> None:
+    clock = fp.policy.FakeClock()
+    ctx = mw.ctx().model_copy(update={"deadline": fp.Deadline.after(60, clock=clock)})
+    b = bd.waiting_write(binding, ctx=ctx, clock=clock)
+    clock.advance(120)
+    out = b.resume("approve", ctx)
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.DEADLINE_EXCEEDED.value

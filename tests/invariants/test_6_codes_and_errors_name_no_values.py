@@ -10,6 +10,13 @@
 - ``fp.run_output``'s ``ValidationError`` for a record that does not validate names the fields,
   never the values (not in its text, ``repr``, ``errors()`` or JSON, nor in an exception it
   carries as its context).
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: a semantic rule
+given as a sentence, ending the run or as data. The other tests drive the graph's own state, nodes
+or settings (``update_state``, ``Command(update=...)``, channels, ``interrupt_before``, repair, the
+approver, token estimates, savers and ledgers by URL), which the middleware binding does not have:
+they stay graph-only.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import tool as lc_tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -28,10 +37,12 @@ import fencepost as fp
 from fencepost.policy import ToolSemanticError
 from tests.adapters.fakes import FakeToolChatModel, ai_call, ai_final
 from tests.graph.kit import context, harness, saver_bytes, thread
+from tests.invariants import bindings as bd
 from tests.invariants.test_6_tool_output_is_untrusted_data import (
     STREAM_MODES,
     RecordingDecider,
 )
+from tests.middleware import kit as mw
 from tests.telemetry_kit import assert_only_in_one_traceback, every_text
 
 MARK = "rule-text-5c1e9a"
@@ -164,3 +175,39 @@ def test_run_outputs_validation_error_names_fields_never_values() -> None:
         "final_answer.citations",
     }
     assert all(e["input"] is None for e in exc.errors())
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+@pytest.mark.parametrize("denial", ["end_run", "observe"])
+def test_a_rule_given_as_a_sentence_is_unnamed_rule_and_its_text_only_logged_in_either_binding(
+    binding: type[bd.Binding], denial: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    @lc_tool
+    def lookup_order(order_id: str) -> str:
+        """Look an order up."""
+        return "shipped"
+
+    b = binding(
+        bd.then_answer(bd.call("lookup_order", {"order_id": "A-1001"}, 1)),
+        steps=4,
+        tools=4,
+        denial=denial,
+        extra_tools=[(lookup_order, {**bd.READ, "semantic_validator": _order_rule})],
+    )
+    caplog.set_level("DEBUG", logger="fencepost")
+    out = b.start(mw.ctx())
+    assert out.bodies == [] and b.reservation("call-0001") is None
+    if denial == "observe":
+        assert out.termination == fp.TerminationReason.COMPLETED.value
+        (shown,) = [m for m in out.received[-1] if isinstance(m, ToolMessage)]
+        assert "invalid_argument" in str(shown.content)
+    else:
+        assert (out.termination, out.error_code) == (
+            fp.TerminationReason.INVALID_PROPOSAL.value,
+            "semantic_violation",
+        )
+    assert MARK not in repr(out.received)
+    assert MARK not in repr(b.graph.get_state(b.config).values)
+    assert_only_in_one_traceback(caplog.records, MARK, "fencepost.gate")

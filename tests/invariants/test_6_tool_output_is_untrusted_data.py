@@ -9,6 +9,13 @@ with its traceback, and nowhere else: the canary sweep below looks for its text 
 checkpoint blob (an InMemorySaver's and a SQLite file's), every chunk of every stream mode,
 every input the decision model was given and every span, event and attribute. A step manifest
 holds no argument or result text either.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: a tool's exception
+text, a ``ToolException``'s own message. The other tests drive the graph's own state, nodes or
+settings (``update_state``, ``Command(update=...)``, channels, ``interrupt_before``, repair, the
+approver, token estimates, savers and ledgers by URL), which the middleware binding does not have:
+they stay graph-only.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ from tests.graph.kit import (
     thread,
     upload_registry,
 )
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 from tests.telemetry_kit import assert_only_in_one_traceback, every_text
 
 SECRET = "password=hunter2"
@@ -312,3 +321,33 @@ def test_manifests_hold_no_arguments_or_results() -> None:
     for m in state.manifests:
         dumped = m.model_dump_json()
         assert marker not in dumped and "RESULT-TEXT-XYZ" not in dumped
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_a_tools_exception_text_never_reaches_the_model(binding: type[bd.Binding]) -> None:
+    b = bd.waiting_write(binding, "rollback", failing_write=True)
+    out = b.resume("approve", mw.ctx())
+    assert out.bodies == ["write_note:rollback"]
+    assert all(mw.SECRET not in repr(m) for turn in out.received for m in turn)
+    assert out.termination == fp.TerminationReason.COMPLETED.value
+
+
+def test_a_tool_exceptions_own_message_never_reaches_the_model(binding: type[bd.Binding]) -> None:
+    from langchain_core.tools import ToolException
+
+    @lc_tool
+    def lookup(query: str) -> str:
+        """Look a record up."""
+        raise ToolException(mw.SECRET)
+
+    b = binding(
+        bd.then_answer(bd.call("lookup", {"query": "x"}, 1)),
+        steps=4,
+        tools=4,
+        extra_tools=[(lookup, bd.READ)],
+    )
+    out = b.start(mw.ctx())
+    assert out.termination == fp.TerminationReason.COMPLETED.value
+    assert all(mw.SECRET not in repr(m) for turn in out.received for m in turn)

@@ -6,10 +6,19 @@ approver) counts: the same call denied past the limit is no progress.
 A caller who overwrites the repeat counts in state does not reset them; one who rewrites the
 evidence epochs still never spends past the tool budget (that it resets the count is a known
 limit: ``tests/test_known_limits.py``). A tool whose results keep changing is progress, bounded
-by the step budget. An approved write counts once; an edit at approval is gated again."""
+by the step budget. An approved write counts once; an edit at approval is gated again.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: the same call past
+the limit, the same call denied as data past it. The other tests drive the graph's own state, nodes
+or settings (``update_state``, ``Command(update=...)``, channels, ``interrupt_before``, repair, the
+approver, token estimates, savers and ledgers by URL), which the middleware binding does not have:
+they stay graph-only.
+"""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -33,6 +42,8 @@ from tests.graph.kit import (
     state_of,
     thread,
 )
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 
 ledger = pytest.fixture(params=LEDGERS, name="ledger")(each_ledger)
 
@@ -229,3 +240,39 @@ def test_edited_arguments_pass_the_no_progress_gate_again_at_approval() -> None:
     state = fp.run_output(h.graph.invoke(Command(resume=edit), config, context=ctx))
     assert h.calls.count("write_note") == 2
     assert state.termination is fp.TerminationReason.NO_PROGRESS
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_the_same_call_repeated_past_the_limit_ends_no_progress(binding: type[bd.Binding]) -> None:
+    same = (bd.call("search_logs", {"query": "checkout"}, n) for n in itertools.count(1))
+    b = binding(same, steps=50, tools=50, repeat_limit=2)
+    out = b.start(mw.ctx())
+    assert len(out.bodies) == 2
+    assert out.termination == fp.TerminationReason.NO_PROGRESS.value
+
+
+def test_a_call_denied_as_data_repeated_past_the_limit_ends_no_progress_in_either_binding(
+    binding: type[bd.Binding],
+) -> None:
+    same = (bd.call("write_note", {"note": "x"}, n) for n in itertools.count(1))
+    b = binding(same, steps=50, tools=50, repeat_limit=2, denial="observe")
+    out = b.start(mw.ctx("logs:read"))
+    assert out.bodies == []
+    assert out.termination == fp.TerminationReason.NO_PROGRESS.value
+
+
+def test_an_approved_write_counts_once_toward_the_repeat_limit_in_either_binding(
+    binding: type[bd.Binding],
+) -> None:
+    same = (bd.call("write_note", {"note": "restart checkout"}, n) for n in itertools.count(1))
+    b = binding(same, steps=6, tools=6, approval="interrupt", repeat_limit=2)
+    out = b.start(mw.ctx())
+    approvals = 0
+    while out.paused and approvals < 5:
+        approvals += 1
+        out = b.resume("approve", mw.ctx())
+    assert approvals == 2
+    assert out.bodies == ["write_note:restart checkout"] * 2
+    assert out.termination == fp.TerminationReason.NO_PROGRESS.value

@@ -4,6 +4,13 @@ A write cut off after it started has an unknown outcome whatever its body's kind
 already has a receipt never runs again, whatever the batch says: judged by the ledger (which
 ``update_state`` cannot reach), not only by the receipts in state: an approved write written
 back into the batch by a state edit does not run a second time.
+
+Over both bindings (the ``binding`` parameter, ``tests/invariants/bindings.py``: fencepost's graph,
+and ``create_agent`` with ``fp.FencepostMiddleware``), at the end of this file: an approval sent
+twice, a rollback to the checkpoint before the write ran. The other tests drive the graph's own
+state, nodes or settings (``update_state``, ``Command(update=...)``, channels,
+``interrupt_before``, repair, the approver, token estimates, savers and ledgers by URL), which the
+middleware binding does not have: they stay graph-only.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import tool as lc_tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
@@ -47,6 +56,8 @@ from tests.graph.kit import (
     write_then_read_paused_before_read,
 )
 from tests.graph.test_tool_isolation import NoArgs
+from tests.invariants import bindings as bd
+from tests.middleware import kit as mw
 from tests.policy.factories import make_spec
 
 
@@ -273,3 +284,47 @@ def test_a_state_edit_cannot_run_an_approved_write_a_second_time(how: str) -> No
     update = forge_batch(h, config, (read, write), (allowed_verdict(read), allowed_verdict(write)))
     edit_and_continue(h, config, ctx, update, how)
     assert h.calls.count("write_note") == 1
+
+
+# -- over both bindings: fencepost's graph, and create_agent + FencepostMiddleware -------------
+
+
+def test_an_approved_write_runs_once_however_often_the_answer_is_sent(
+    binding: type[bd.Binding],
+) -> None:
+    b = bd.waiting_write(binding, "pay")
+    b.resume("approve", mw.ctx())
+    out = b.resume("approve", mw.ctx())
+    assert out.bodies == ["write_note:pay"]
+
+
+def test_a_write_run_again_from_a_checkpoint_before_it_ran_never_runs_twice(
+    binding: type[bd.Binding],
+) -> None:
+    b = bd.waiting_write(binding, "pay")
+    assert b.resume("approve", mw.ctx()).bodies == ["write_note:pay"]
+    out = b.before_tools()
+    assert out.bodies == ["write_note:pay"]
+
+
+def test_a_write_that_outlives_its_timeout_is_shown_uncertain_in_either_binding(
+    binding: type[bd.Binding], release: threading.Event, on_time_pool: Any
+) -> None:
+    @lc_tool
+    def restart_service(service: str) -> str:
+        """Restart a service."""
+        release.wait(3)  # past its deadline, in either binding
+        return "restarted"
+
+    declared = {"effect": "write", "capability": "notes:write", "timeout_seconds": 0.05}
+    b = binding(
+        bd.then_answer(bd.call("restart_service", {"service": "checkout"}, 1)),
+        steps=4,
+        tools=2,
+        approval="interrupt",
+        extra_tools=[(restart_service, declared)],
+    )
+    assert b.start(mw.ctx()).paused
+    out = b.resume("approve", mw.ctx())
+    shown = {m.tool_call_id: str(m.content) for m in out.received[-1] if isinstance(m, ToolMessage)}
+    assert "execution_uncertain" in shown["call-0001"]

@@ -1,5 +1,5 @@
 """The middleware takes ``fp.create_agent``'s settings, checked by the same function
-(``graph.settings.loop_config``): a bad value names its field, and a setting it does not take
+(``fp.LoopSettings``): a bad value names its field, and a setting it does not take
 yet is refused, never silently ignored."""
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def test_the_import_check_catches_every_spelling() -> None:
         "import langgraph.graph as g": "langgraph.graph",
         "from langchain_core.messages import AIMessage": "langchain_core.messages",
         "from langchain.agents import create_agent": "langchain.agents",
-        "from fencepost.graph.serde import fencepost_serializer": "fencepost.graph.serde",
+        "from fencepost.graph.state import start": "fencepost.graph.state",
         "from fencepost import adapters": "fencepost.adapters",
         "from ..graph import nodes": "fencepost.graph",
         "from .. import adapters": "fencepost.adapters",

@@ -61,7 +61,7 @@ def test_the_decorator_builds_a_tool_spec_from_the_function() -> None:
     assert isinstance(search_logs, ToolSpec)
     assert search_logs.name == "search_logs"
     assert search_logs.effect is Effect.READ
-    assert search_logs.required_capability == "logs:read"
+    assert search_logs.capability == "logs:read"
     assert search_logs.timeout_seconds == 5
     assert search_logs.idempotent is True  # a read: retry-safe by default
     # The docstring is the description; its Args section describes the fields instead.

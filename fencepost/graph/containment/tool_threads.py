@@ -50,7 +50,8 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from fencepost.graph.containment.waiting import thread_wait_seconds, within
-from fencepost.policy import ErrorCode, error_code_for
+from fencepost.policy import ErrorCode
+from fencepost.policy.error_codes import failure_code_for
 
 __all__ = [
     "BlockingJob",
@@ -59,7 +60,6 @@ __all__ = [
     "LoopJob",
     "Outcome",
     "ToolThreads",
-    "code_for",
     "pool",
     "returned",
 ]
@@ -80,12 +80,6 @@ class Outcome:
     error: ErrorCode | None = None
     finished: float = 0.0
     """``time.monotonic()`` when the body returned or failed."""
-
-
-def code_for(exc: BaseException) -> ErrorCode:
-    """The safe code for what a body raised."""
-    # An Exception is a tool reporting a failure; anything else is control flow escaping it.
-    return error_code_for(exc) if isinstance(exc, Exception) else ErrorCode.INTERNAL_ERROR
 
 
 def returned(value: Any) -> Outcome:
@@ -143,7 +137,7 @@ class Job:
         try:
             outcome = returned(self.fn())
         except BaseException as exc:  # contained: a tool cannot end its worker, or the process
-            outcome = Outcome(error=code_for(exc), finished=time.monotonic())
+            outcome = Outcome(error=failure_code_for(exc), finished=time.monotonic())
         del self.fn
         self.outcome = outcome  # read by the caller once `finished` is set under the pool's lock
         self.notify(outcome)

@@ -56,12 +56,12 @@ from fencepost.graph.containment.tool_threads import (
     Left,
     Outcome,
     ToolThreads,
-    code_for,
     returned,
 )
 from fencepost.graph.containment.waiting import thread_wait_seconds, within
 from fencepost.policy import ErrorCode, ToolContext, ToolError, ToolSpec
 from fencepost.policy.developer_log import TOOLS, CallScope, current_call, raised
+from fencepost.policy.error_codes import failure_code_for
 
 T = TypeVar("T")
 
@@ -220,7 +220,7 @@ class _AsyncBody:
             raise  # cancelled or closed: the runtime's doing, not the body's failure
         except BaseException as exc:
             if not self.late:
-                _log_failure(exc, ctx, tool, code_for(exc))
+                _log_failure(exc, ctx, tool, failure_code_for(exc))
             raise
         return returned(value)
 
@@ -258,7 +258,7 @@ def _task_outcome(task: asyncio.Task[Any]) -> Outcome:
         return Outcome(error=ErrorCode.CANCELLED, finished=time.monotonic())
     exc = task.exception()
     if exc is not None:
-        return Outcome(error=code_for(exc), finished=time.monotonic())
+        return Outcome(error=failure_code_for(exc), finished=time.monotonic())
     outcome: Outcome = task.result()
     return outcome
 
@@ -329,7 +329,7 @@ def _run_logged(
         return execute(args, ctx)
     except BaseException as exc:
         if time.monotonic() <= deadline:
-            _log_failure(exc, ctx, tool, code_for(exc))
+            _log_failure(exc, ctx, tool, failure_code_for(exc))
         raise
 
 
