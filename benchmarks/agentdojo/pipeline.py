@@ -29,7 +29,7 @@ from agentdojo.types import (
     text_content_block_from_string,
 )
 
-from .policies import Policy, provenance_app_data
+from .policies import Policy, declarations, provenance_app_data
 from .replay import CurrentReplay, ReplayModel, ReplayScript
 from .tools import Executed, injected, suite_registry
 from .trusted import trusted_context
@@ -53,7 +53,12 @@ def _compiled(suite_name: str, policy: Policy, functions: Sequence[Function]) ->
     key = (suite_name, policy.name)
     found = _COMPILED.get(key)
     if found is None:
-        registry = suite_registry(suite_name, functions, policy.guards.get(suite_name, {}))
+        registry = suite_registry(
+            suite_name,
+            functions,
+            policy.guards.get(suite_name, {}),
+            declarations(suite_name) if policy.base.provenance else None,
+        )
         model = CurrentReplay()
         saver = InMemorySaver()
         graph = fp.build_agent_graph(registry, model, **policy.build_options(suite_name)).compile(

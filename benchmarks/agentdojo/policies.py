@@ -41,6 +41,10 @@ class BasePolicy:
     approver: ApproverFor
     guards: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
     """Per suite and tool: the built-in guards set per tool (``@fp.tool`` keywords)."""
+    provenance: str | None = None
+    """Fencepost's own provenance setting for the graph (``build_agent_graph(provenance=...)``),
+    with the trust and sensitivity declared on the tools (:func:`declarations`); ``None``: not
+    used (the library's default, ``observe``, records provenance and refuses nothing)."""
     app_data: str = "trusted_context"
     """What the run's ``RunContext.app_data`` holds: ``trusted_context`` (the old approver's
     records, :mod:`.trusted`) or ``provenance`` (the request and the application's own data,
@@ -81,6 +85,7 @@ class Policy:
             "denial": self.denial,
             # The results were measured with no repair turn (the default before it was 1).
             "repair_attempts": 0,
+            **({"provenance": self.base.provenance} if self.base.provenance else {}),
             **self.graph_options,
         }
 
@@ -314,7 +319,43 @@ RECOMMENDED_REVISED = BasePolicy(
     app_data="provenance",
 )
 
-BASE_POLICIES: tuple[BasePolicy, ...] = (PERMISSIVE, APPROVER, RECOMMENDED, RECOMMENDED_REVISED)
+
+def declarations(suite: str) -> dict[str, dict[str, Any]]:
+    """Per tool, ``recommended-fencepost``'s declarations as ``@fp.tool`` keywords: the revised
+    trust and the sensitive arguments. ``get_webpage``'s ``url?query`` has no equivalent in
+    fencepost (which traces a URL whole and by its host): it is left undeclared there."""
+    out: dict[str, dict[str, Any]] = {
+        tool: {"output_trust": fp.Trust.TRUSTED} for tool in TRUSTED_OUTPUTS_REVISED[suite]
+    }
+    for tool, names in SENSITIVE[suite].items():
+        plain = tuple(n for n in names if "?" not in n)
+        if plain:
+            out.setdefault(tool, {})["sensitive"] = plain
+    return out
+
+
+def _approve_all_writes(suite: str) -> Callable[[fp.ApproverInput], fp.ApproverDecision]:
+    return approve_every_write
+
+
+RECOMMENDED_FENCEPOST = BasePolicy(
+    name="recommended-fencepost",
+    summary='`recommended-revised` on fencepost\'s own provenance (`provenance="refuse"` on '
+    "the graph, `output_trust` and `sensitive` on the tools) instead of the stand-in approver; "
+    "`get_webpage` undeclared (fencepost has no query-only sensitivity)",
+    grants=grant_recommended,
+    approver=_approve_all_writes,
+    provenance="refuse",
+    app_data="provenance",
+)
+
+BASE_POLICIES: tuple[BasePolicy, ...] = (
+    PERMISSIVE,
+    APPROVER,
+    RECOMMENDED,
+    RECOMMENDED_REVISED,
+    RECOMMENDED_FENCEPOST,
+)
 """The policies the report compares: no policy, the old approver, and ``RECOMMENDED``."""
 OTHER_POLICIES: tuple[BasePolicy, ...] = (LEAST_PRIVILEGE, LEAST_PRIVILEGE_APPROVER)
 """Kept, but not run by default (``--policy least-privilege`` runs them)."""

@@ -407,10 +407,11 @@ RECOMMENDED_HOW = (
     "`refuse`, not `ask`: this benchmark has no human to ask, and an unattended agent must "
     "refuse; an application with a person at hand should choose `ask`, which turns each "
     "refusal below (the false blocks included) into a question. Fencepost's own provenance "
-    '(`provenance="refuse"` on the graph) had not landed when this was run: the rule runs '
-    "as the graph's approver (`benchmarks/agentdojo/provenance.py`), a stand-in that matches "
-    "values the same way (normalised: case, whitespace, `www.`; whole tokens; values under "
-    "four characters are not traced). For `get_webpage` only the URL's query is sensitive: "
+    '(`provenance="refuse"` on the graph) landed only after `recommended` was run: there the '
+    "rule runs as the graph's approver (`benchmarks/agentdojo/provenance.py`), a stand-in that "
+    "matches values much the same way (normalised: case, whitespace, `www.`; whole tokens; "
+    "values under four characters are not traced); `recommended-fencepost` runs the revised "
+    "declarations on fencepost's own provenance. For `get_webpage` only the URL's query is sensitive: "
     "the host is where the reading goes (the user asks to read pages members link to), the "
     "query is what a fetch sends."
 )

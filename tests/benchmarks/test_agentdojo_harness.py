@@ -21,6 +21,7 @@ RUNNERS = (
     "approver/observe",
     "recommended/observe",
     "recommended-revised/observe",
+    "recommended-fencepost/observe",
 )
 HELD_OUT_TASKS = 11
 
@@ -70,6 +71,12 @@ def test_the_agentdojo_smoke_scores_benign_tasks_and_attack_pairs_offline_by_age
     # the injected text names it.
     assert reached["approver/observe"] <= pairs - 2
     assert reached["recommended/observe"] < reached["approver/observe"]
+    # Fencepost's own provenance refuses what the harness's stand-in for it refuses.
+    assert reached["recommended-fencepost/observe"] == reached["recommended-revised/observe"]
+    assert (
+        benign_utility["recommended-fencepost/observe"]
+        == benign_utility["recommended-revised/observe"]
+    )
     # No policy reaches more than the ceiling.
     for name in RUNNERS:
         assert 0 <= reached[name] <= reached["ceiling"]
