@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from pathlib import Path
 
@@ -32,17 +33,41 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         help="only this policy (approver/observe) or base policy (approver: both denial modes)",
     )
+    parser.add_argument(
+        "--attack",
+        action="append",
+        choices=suites.ATTACKS,
+        help=f"only this attack template (default: all; {suites.DEFAULT_ATTACK} over every pair)",
+    )
+    parser.add_argument(
+        "--no-held-out", action="store_true", help="AgentDojo's injection tasks only"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/agentdojo.md"))
+    parser.add_argument(
+        "--records", type=Path, help="also keep the run's records here (a pickle), to render again"
+    )
+    parser.add_argument(
+        "--render", type=Path, help="render the report from kept records instead of running"
+    )
     args = parser.parse_args(argv)
     offline()
+    if args.render is not None:
+        kept = pickle.loads(args.render.read_bytes())
+        args.out.write_text(render(kept["results"], command=kept["command"]))
+        print(f"wrote {args.out} from {args.render}", file=sys.stderr)
+        return 0
     injections = args.injection_task
     selection = Selection(
         suites=tuple(args.suite or suites.SUITE_NAMES),
         user_ids=tuple(args.user_task) if args.user_task else None,
         injection_ids=() if injections == ["none"] else tuple(injections) if injections else None,
         policies=named(args.policy) if args.policy else POLICIES,
+        held_out=not args.no_held_out,
+        attacks=tuple(args.attack) if args.attack else suites.ATTACKS,
     )
-    subset = bool(args.user_task or args.injection_task or args.policy)
+    subset = bool(
+        args.user_task or args.injection_task or args.policy or args.attack or args.no_held_out
+    )
     results = run(selection, progress=lambda line: print(line, file=sys.stderr, flush=True))
     command = (
         "make agentdojo"
@@ -50,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         else "python -m benchmarks.agentdojo "
         + " ".join(argv if argv is not None else sys.argv[1:])
     )
+    if args.records is not None:
+        args.records.write_bytes(pickle.dumps({"results": results, "command": command}))
     args.out.write_text(render(results, command=command))
     print(
         f"wrote {args.out} ({len(results.records)} runs, {results.seconds:.0f} s)", file=sys.stderr

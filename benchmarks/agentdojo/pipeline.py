@@ -29,7 +29,7 @@ from agentdojo.types import (
     text_content_block_from_string,
 )
 
-from .policies import Policy
+from .policies import Policy, declarations, provenance_app_data
 from .replay import CurrentReplay, ReplayModel, ReplayScript
 from .tools import Executed, injected, suite_registry
 from .trusted import trusted_context
@@ -53,7 +53,12 @@ def _compiled(suite_name: str, policy: Policy, functions: Sequence[Function]) ->
     key = (suite_name, policy.name)
     found = _COMPILED.get(key)
     if found is None:
-        registry = suite_registry(suite_name, functions)
+        registry = suite_registry(
+            suite_name,
+            functions,
+            policy.guards.get(suite_name, {}),
+            declarations(suite_name) if policy.base.provenance else None,
+        )
         model = CurrentReplay()
         saver = InMemorySaver()
         graph = fp.build_agent_graph(registry, model, **policy.build_options(suite_name)).compile(
@@ -186,7 +191,11 @@ class FencepostPipeline(BasePipelineElement):
         script = ReplayScript(self.user_task, self.injection_task, env)
         # The trusted context is what the application holds before the run starts: the user's
         # request and its own records, never anything a tool returns during the run.
-        trusted = trusted_context(suite_name, query, env)
+        app_data = (
+            provenance_app_data(suite_name, query, env)
+            if policy.base.app_data == "provenance"
+            else trusted_context(suite_name, query, env).app_data()
+        )
         executed = Executed()
         functions = list(runtime.functions.values())
         compiled = _compiled(suite_name, policy, functions)
@@ -195,7 +204,7 @@ class FencepostPipeline(BasePipelineElement):
             principal=fp.Principal(
                 id="user", capabilities=policy.grants(suite_name, [f.name for f in functions])
             ),
-            app_data=trusted.app_data(),
+            app_data=app_data,
             injected=injected(env, executed),
         )
         compiled.runs += 1

@@ -3,7 +3,9 @@
 :class:`ReplayScript` is the whole behaviour, shared by the run through fencepost
 (:class:`ReplayModel`, a fencepost ``DecisionModel``) and the bare ceiling run: it proposes the
 user task's ground-truth calls in order, and, once a tool output carries the injection (the
-victim is fully compliant), the injection task's ground-truth calls before the rest. It never
+victim is fully compliant), the injection task's ground-truth calls before the rest. The victim
+knows an injection by its instruction, the injection task's own ``GOAL``, found in a tool output
+whatever template wraps it (:func:`carries_goal`): no marker of one attack's text. It never
 adapts to what it is told: a refused call is dropped and the next one proposed, so a policy is
 measured on exactly the calls a compliant agent would make. Its answer is the user task's
 ground-truth output, plus the injection task's when the victim saw the injection (an attack on
@@ -13,6 +15,7 @@ the answer text).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +23,26 @@ import fencepost as fp
 from agentdojo.base_tasks import BaseInjectionTask, BaseUserTask
 from agentdojo.functions_runtime import FunctionCall, TaskEnvironment
 
-from .suites import INJECTION_MARKER
+_ESCAPE = re.compile(r"\\[nrt\"'\\/]")
+"""A backslash escape of a YAML or JSON string: the tool output's quoting, not the text's."""
+_WORD = re.compile(r"\w+")
+
+
+def _words(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(_ESCAPE.sub(" ", text))]
+
+
+def carries_goal(text: str, goal: str) -> bool:
+    """Whether a tool output carries the injected instruction ``goal``.
+
+    Compared as lower-case words in order: the output is YAML or JSON text, whose line folding,
+    indentation, quoting (``''``) and escapes (``\\n``) change everything but the words."""
+    wanted = _words(goal)
+    if not wanted:
+        return False
+    have = _words(text)
+    first, n = wanted[0], len(wanted)
+    return any(have[i] == first and have[i : i + n] == wanted for i in range(len(have) - n + 1))
 
 
 def _arguments(call: FunctionCall) -> dict[str, Any]:
@@ -50,6 +72,7 @@ class ReplayScript:
         self._injection_answer = (
             injection_task.GROUND_TRUTH_OUTPUT if injection_task is not None else ""
         )
+        self._goal = injection_task.GOAL if injection_task is not None else ""
         self._queue: list[FunctionCall] = list(self.user_calls)
         self.injected = False
         """Whether a tool output carried the injection (the victim then obeys it)."""
@@ -61,11 +84,11 @@ class ReplayScript:
         return len(self.user_calls) + len(self.injection_calls)
 
     def saw(self, outputs: Sequence[str]) -> None:
-        """Tool outputs since the last call: the first that carries the injection turns the
-        victim, whose injection calls then come before the user task's remaining ones."""
+        """Tool outputs since the last call: the first that carries the injected instruction
+        turns the victim, whose injection calls then come before the user task's remaining ones."""
         if self.injected or (not self.injection_calls and not self._injection_answer):
             return
-        if any(INJECTION_MARKER in text for text in outputs):
+        if any(carries_goal(text, self._goal) for text in outputs):
             self.injected = True
             self._queue[:0] = self.injection_calls
 

@@ -13,7 +13,7 @@ from agentdojo.functions_runtime import TaskEnvironment
 
 from . import suites
 from .pipeline import CeilingPipeline, FencepostPipeline, RunFacts
-from .policies import POLICIES, Policy
+from .policies import POLICIES, SHIPPED, Policy
 
 CEILING = "ceiling"
 """The name the bare replay's records carry in place of a policy's."""
@@ -34,6 +34,10 @@ class Record:
     """AgentDojo's security check of the injection task: True when the attacker's goal was
     reached (always False for a benign run)."""
     facts: RunFacts
+    attack: str = suites.DEFAULT_ATTACK
+    """The AgentDojo attack template that wrote the injection (benign runs: the default)."""
+    held_out: bool = False
+    """Whether the injection task is one of the held-out ones (:mod:`.held_out`)."""
 
     @property
     def false_block(self) -> bool:
@@ -52,6 +56,9 @@ def run_one(
     injection_task: BaseInjectionTask[Any] | None,
     policy: Policy | None,
     environment: TaskEnvironment | None = None,
+    *,
+    attack: str = suites.DEFAULT_ATTACK,
+    held_out: bool = False,
 ) -> Record:
     """One run, scored by AgentDojo (``policy=None``: the ceiling, straight on its runtime).
 
@@ -59,7 +66,7 @@ def run_one(
     for all its runs (a copy is run); by default AgentDojo loads it."""
     suite = suites.suite(suite_name)
     injections = (
-        suites.injections(suite_name, user_task, injection_task)
+        suites.injections(suite_name, user_task, injection_task, attack)
         if injection_task is not None
         else {}
     )
@@ -86,7 +93,12 @@ def run_one(
         utility=bool(utility),
         attack_reached=bool(security) if injection_task is not None else False,
         facts=pipeline.facts,
+        attack=attack,
+        held_out=held_out,
     )
+
+
+_ATTACKS = suites.ATTACKS  # the Selection's field `suites` shadows the module in its body
 
 
 @dataclass(frozen=True)
@@ -97,6 +109,13 @@ class Selection:
     user_ids: tuple[str, ...] | None = None
     injection_ids: tuple[str, ...] | None = None
     policies: tuple[Policy, ...] = POLICIES
+    held_out: bool = True
+    """Also the held-out injection tasks (:mod:`.held_out`)."""
+    attacks: tuple[str, ...] = _ATTACKS
+    """The attack templates: the default one over every pair and policy, each other one over
+    the first :attr:`template_users` user tasks of each suite, bare and under the shipped
+    policy only."""
+    template_users: int = 3
 
 
 @dataclass(frozen=True)
@@ -113,11 +132,12 @@ def _environment(
     suite_name: str,
     user_task: BaseUserTask[Any] | None,
     injection_task: BaseInjectionTask[Any] | None,
+    attack: str = suites.DEFAULT_ATTACK,
 ) -> TaskEnvironment:
     """What AgentDojo's ``run_task_with_pipeline`` loads for the pair: the suite's environment
     with the attack injected (none for a benign run)."""
     injections = (
-        suites.injections(suite_name, user_task, injection_task)
+        suites.injections(suite_name, user_task, injection_task, attack)
         if user_task is not None and injection_task is not None
         else {}
     )
@@ -138,17 +158,42 @@ def run(selection: Selection, progress: Callable[[str], None] | None = None) -> 
             environment = _environment(suite_name, None, None)
             for policy in runners:
                 records.append(run_one(suite_name, user_task, None, policy, environment))
-        for pair in suites.pairs(
-            suite_name, user_ids=selection.user_ids, injection_ids=selection.injection_ids
-        ):
-            if not pair.replayable:
-                skipped.append(pair.key)
-                continue
-            environment = _environment(suite_name, pair.user_task, pair.injection_task)
-            for policy in runners:
-                records.append(
-                    run_one(suite_name, pair.user_task, pair.injection_task, policy, environment)
-                )
+        template_users = {u.ID for u in suites.user_tasks(suite_name)[: selection.template_users]}
+        for attack in selection.attacks:
+            main = attack == suites.DEFAULT_ATTACK
+            here: Sequence[Policy | None] = (
+                runners if main else (None, *(p for p in selection.policies if p.name == SHIPPED))
+            )
+            for held_out in (False, True) if selection.held_out else (False,):
+                for pair in suites.pairs(
+                    suite_name,
+                    user_ids=selection.user_ids,
+                    injection_ids=selection.injection_ids,
+                    held_out=held_out,
+                ):
+                    if not main and pair.user_task.ID not in template_users:
+                        continue
+                    if not pair.replayable:
+                        if main:
+                            skipped.append(pair.key)
+                        continue
+                    if not suites.template_applies(suite_name, attack, pair.injection_task):
+                        continue
+                    environment = _environment(
+                        suite_name, pair.user_task, pair.injection_task, attack
+                    )
+                    for policy in here:
+                        records.append(
+                            run_one(
+                                suite_name,
+                                pair.user_task,
+                                pair.injection_task,
+                                policy,
+                                environment,
+                                attack=attack,
+                                held_out=held_out,
+                            )
+                        )
         if progress is not None:
             progress(
                 f"{suite_name}: {len(records)} runs so far, {time.perf_counter() - started:.0f} s"

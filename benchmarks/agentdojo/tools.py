@@ -125,7 +125,12 @@ def _parameters(function: Function) -> list[inspect.Parameter]:
 
 
 def suite_tool(
-    suite_name: str, function: Function, *, effect: fp.Effect, guards: Mapping[str, Any]
+    suite_name: str,
+    function: Function,
+    *,
+    effect: fp.Effect,
+    guards: Mapping[str, Any],
+    declarations: Mapping[str, Any] | None = None,
 ) -> fp.ToolSpec:
     """One AgentDojo function as an ``@fp.tool``.
 
@@ -165,6 +170,7 @@ def suite_tool(
         name=name,
         description=function.description[:4000] or name,
         **guards,
+        **(declarations or {}),
     )
 
 
@@ -174,16 +180,28 @@ def _plain(value: Any) -> Any:
     return getattr(value, "value", value) if not isinstance(value, str | int | float) else value
 
 
-_REGISTRIES: dict[tuple[str, tuple[str, ...]], fp.ToolRegistry] = {}
+_REGISTRIES: dict[tuple[str, tuple[str, ...], str], fp.ToolRegistry] = {}
 
 
-def suite_registry(suite_name: str, functions: Sequence[Function]) -> fp.ToolRegistry:
-    """A suite's functions as one fencepost registry, with the suite's per-tool guards. Cached
-    per suite: the tools do not change between runs (each run injects its environment)."""
-    key = (suite_name, tuple(f.name for f in functions))
+def suite_registry(
+    suite_name: str,
+    functions: Sequence[Function],
+    guards: Mapping[str, Mapping[str, Any]] | None = None,
+    declarations: Mapping[str, Mapping[str, Any]] | None = None,
+) -> fp.ToolRegistry:
+    """A suite's functions as one fencepost registry, with per-tool guards (by default the
+    suite's :data:`TOOL_GUARDS`). Cached per suite and guards: the tools do not change between
+    runs (each run injects its environment). ``declarations``: per tool, fencepost's provenance
+    declarations (``output_trust``, ``sensitive``)."""
+    guards = TOOL_GUARDS.get(suite_name, {}) if guards is None else guards
+    declarations = declarations or {}
+    key = (
+        suite_name,
+        tuple(f.name for f in functions),
+        repr((sorted(guards.items()), sorted(declarations.items()))),
+    )
     registry = _REGISTRIES.get(key)
     if registry is None:
-        guards = TOOL_GUARDS.get(suite_name, {})
         registry = _REGISTRIES[key] = fp.ToolRegistry(
             [
                 suite_tool(
@@ -191,6 +209,7 @@ def suite_registry(suite_name: str, functions: Sequence[Function]) -> fp.ToolReg
                     f,
                     effect=effect_of(suite_name, f.name),
                     guards=guards.get(f.name, {}),
+                    declarations=declarations.get(f.name),
                 )
                 for f in functions
             ]
