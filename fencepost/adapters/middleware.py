@@ -45,6 +45,7 @@ from fencepost.graph.account import (
     reserve_batch,
     with_budget_view,
 )
+from fencepost.graph.events import subscribe
 from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
 from fencepost.graph.settings import (
     GraphConfigError,
@@ -96,6 +97,9 @@ if TYPE_CHECKING:
     from langgraph.runtime import Runtime
 
 __all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError"]
+
+# The second composition root: the loop's events it emits (a budget refusal) reach telemetry.
+subscribe(telemetry.LISTENER)
 
 TAKEN = frozenset({"approval", "ledger", "repeat_limit", "verdict_key", "clock", "denial"})
 """The :class:`~fencepost.LoopSettings` this binding takes; any other given a value of its own
