@@ -25,6 +25,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from fencepost.adapters import ScriptedDecisionModel, create_agent, tool
+from fencepost.adapters.agent_graph import build_agent_graph
 from fencepost.adapters.chat_model import ChatModelDecider
 from fencepost.adapters.checkpointers import aopen_checkpointer, open_checkpointer
 from fencepost.adapters.child_run import ChildRunResult, child_run_tool
@@ -39,7 +40,6 @@ from fencepost.graph import (
     NoRun,
     RunInProgress,
     acancel,
-    build_agent_graph,
     cancel,
     run_output,
     start,

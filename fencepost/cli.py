@@ -30,8 +30,8 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from fencepost.adapters.checkpointers import CheckpointerError, mask_url
+from fencepost.adapters.default_ledger import durable_ledger
 from fencepost.answering import GraphNotFound, answer_calls, default_graph_spec, load_graph
-from fencepost.graph.default_ledger import durable_ledger
 from fencepost.policy import (
     AgentState,
     BudgetAxis,

@@ -35,9 +35,10 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 from pydantic import BaseModel, ConfigDict, Field
 
+from fencepost.adapters.agent_graph import build_agent_graph
 from fencepost.adapters.child_run import child_run_tool
 from fencepost.adapters.scripted import ScriptedDecisionModel
-from fencepost.graph import RunContext, build_agent_graph, cancel, run_output, start
+from fencepost.graph import RunContext, cancel, run_output, start
 from fencepost.policy import (
     AbstainProposal,
     Accepted,

@@ -333,7 +333,7 @@ def _reader(saver: BaseCheckpointSaver[Any]) -> Any:
     reassembles it from the thread's writes. Reading through the graph
     keeps the report on LangGraph's API instead of re-implementing that.
     """
-    from fencepost.graph.builder import build_agent_graph
+    from fencepost.adapters.agent_graph import build_agent_graph
     from fencepost.policy import InMemoryLedger, ToolRegistry
 
     # A ledger of its own, never one derived from the store: the reader spends nothing, and a

@@ -2,7 +2,7 @@
 
 ``create_agent(model, tools, checkpointer=...)`` is LangChain's ``create_agent`` shape: a chat
 model (or any fencepost :class:`~fencepost.policy.DecisionModel`), a list of tools, and the
-settings of the loop; it returns the compiled graph. :func:`~fencepost.graph.build_agent_graph`
+settings of the loop; it returns the compiled graph. :func:`~fencepost.adapters.agent_graph.build_agent_graph`
 stays for those who compile the graph themselves (their own ``compile`` arguments, or a node of
 a graph of their own).
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Unpack, overload
 
-from fencepost.graph.builder import build_agent_graph
+from fencepost.adapters.agent_graph import build_agent_graph
 from fencepost.graph.settings import GraphConfigError, LoopOptions, LoopSettings, settings_from
 from fencepost.policy import DecisionModel, Effect, ErrorCode, ToolRegistry, ToolSpec
 from fencepost.policy.registry import not_a_tool_spec

@@ -202,7 +202,7 @@ def checkpoint_store(saver: object) -> tuple[str, str] | None:
     keeps its checkpoints: ``("sqlite", file)`` (``""`` for ``:memory:``), ``("postgres",
     conninfo)``, or ``("read_only", "")`` for a store opened ``read_only``; ``None`` for any
     other saver. A graph built with no ledger keeps its budget in that same store
-    (``fencepost.graph.default_ledger``), or in memory for a read-only one."""
+    (``fencepost.adapters.default_ledger``), or in memory for a read-only one."""
     try:
         opened = _OPENED.get(saver)
     except TypeError:  # not weakly referenceable: not one opened here

@@ -61,6 +61,7 @@ from fencepost.graph.account import (
     tokens_left,
     with_budget_view,
 )
+from fencepost.graph.events import subscribe
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
 from fencepost.graph.settings import (
@@ -123,6 +124,9 @@ if TYPE_CHECKING:
     from langgraph.runtime import Runtime
 
 __all__ = ["FencepostMiddleware", "FencepostState", "MiddlewareOrderError", "check_middleware"]
+
+# The second composition root: the loop's events it emits (a budget refusal) reach telemetry.
+subscribe(telemetry.LISTENER)
 
 TAKEN = frozenset(
     {

@@ -35,6 +35,10 @@ conventions' opt-in content attributes are not emitted).
   span included.
 - The chat model's own spans are LangChain's instrumentation's business: none here.
 
+The nodes call none of this: they emit the loop's events (:mod:`fencepost.graph.events`), and
+:data:`LISTENER` — subscribed by the composition root, ``build_agent_graph`` — turns each into
+its span, span event and log line.
+
 **Logs** (:mod:`fencepost.policy.developer_log` has the loggers and the tracebacks): the same
 hooks log each refusal, approval, retry, failed call and run ending at INFO (a call that
 succeeded at DEBUG), whether tracing is on or not.
@@ -54,6 +58,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
+from fencepost.graph.events import CallSpan, LoopListener
 from fencepost.policy import (
     AgentState,
     BudgetAxis,
@@ -660,7 +665,7 @@ def retrying(run_id: str, entry: BatchEntry, spec: ToolSpec, attempt: int) -> No
     )
 
 
-class ToolCall:
+class ToolCall(CallSpan):
     """One ``execute_tool`` span, current while the call runs (a no-op when not tracing)."""
 
     __slots__ = ("_run", "_span", "_tokens")
@@ -841,3 +846,78 @@ def _info(
 ) -> None:
     if logger.isEnabledFor(logging.INFO):
         logger.info(message, *args, extra={"run_id": run_id, "call_id": call_id, "code": code})
+
+
+class Telemetry(LoopListener):
+    """The loop's events as OpenTelemetry spans and developer logs: each event is the hook of
+    this module of the same name (the invoke is :func:`traced` / :func:`atraced`)."""
+
+    def invoked(
+        self, chunks: Iterator[T], graph: Any, config: Mapping[str, Any] | None
+    ) -> Iterator[T]:
+        return traced(chunks, graph, config)
+
+    def ainvoked(
+        self, chunks: AsyncIterator[T], graph: Any, config: Mapping[str, Any] | None
+    ) -> AsyncIterator[T]:
+        return atraced(chunks, graph, config)
+
+    def recorded(self, state: AgentState, manifests: Sequence[StepManifest]) -> None:
+        recorded(state, manifests)
+
+    def gated(
+        self, run_id: str, batch: Sequence[BatchEntry], specs: Sequence[ToolSpec | None]
+    ) -> None:
+        gated(run_id, batch, specs)
+
+    def batch_refused(
+        self, run_id: str, calls: Sequence[ToolProposal], registry: ToolRegistry, code: str
+    ) -> None:
+        batch_refused(run_id, calls, registry, code)
+
+    def budget_refused(
+        self,
+        run_id: str,
+        entries: Sequence[BatchEntry],
+        refused: Mapping[str, Any],
+        registry: ToolRegistry,
+    ) -> None:
+        budget_refused(run_id, entries, refused, registry)
+
+    def approver_answered(
+        self,
+        run_id: str,
+        asked: Sequence[BatchEntry],
+        batch: Sequence[BatchEntry],
+        registry: ToolRegistry,
+    ) -> None:
+        approver_answered(run_id, asked, batch, registry)
+
+    def approvals_answered(
+        self,
+        run_id: str,
+        asked: Sequence[BatchEntry],
+        batch: Sequence[BatchEntry],
+        registry: ToolRegistry,
+        *,
+        by: str | None = None,
+    ) -> None:
+        approvals_answered(run_id, asked, batch, registry, by=by)
+
+    def answer_refused(self, run_id: str, asked: Sequence[BatchEntry], code: str) -> None:
+        answer_refused(run_id, asked, code)
+
+    def retrying(self, run_id: str, entry: BatchEntry, spec: ToolSpec, attempt: int) -> None:
+        retrying(run_id, entry, spec, attempt)
+
+    def tool_call(self, entry: BatchEntry, spec: ToolSpec, attempt: int) -> CallSpan:
+        return tool_call(entry, spec, attempt)
+
+    def calls_ended(
+        self, run_id: str, batch: Sequence[BatchEntry], done: Sequence[CallOutcome]
+    ) -> None:
+        calls_ended(run_id, batch, done)
+
+
+LISTENER = Telemetry()
+"""The one telemetry listener the composition root subscribes to the loop's event stream."""

@@ -1,6 +1,5 @@
-"""The LangGraph binding: state schema, nodes, routing, builder, run context, serializer."""
+"""The LangGraph binding: state schema, nodes, routing, the loop's settings and event stream, run context."""
 
-from fencepost.graph.builder import build_agent_graph
 from fencepost.graph.cancel import CancelRefused, NestedRunUnreachable, acancel, cancel
 from fencepost.graph.compiled import CommandRefused
 from fencepost.graph.context import RunContext
@@ -30,7 +29,6 @@ __all__ = [
     "RunInProgress",
     "StartRequest",
     "acancel",
-    "build_agent_graph",
     "cancel",
     "run_output",
     "start",

@@ -15,7 +15,7 @@ from typing import Any
 
 from langgraph.config import get_config
 
-from fencepost.adapters import telemetry
+from fencepost.graph.events import EVENTS
 from fencepost.graph.node_io import NodeIO
 from fencepost.policy import (
     AgentState,
@@ -449,7 +449,7 @@ async def reserve_batch(
     batch, stopped = after_reservations(
         current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key, only=only
     )
-    telemetry.budget_refused(state.run_id, current, refused, cfg.registry)
+    EVENTS.budget_refused(state.run_id, current, refused, cfg.registry)
     if batch is not state.batch:
         update["batch"] = batch
     if latest is not None:

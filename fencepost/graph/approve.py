@@ -8,8 +8,8 @@ from langgraph.errors import GraphInterrupt
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
-from fencepost.adapters import telemetry
 from fencepost.graph.account import account_of, account_owner, reserve, reserve_batch
+from fencepost.graph.events import EVENTS
 from fencepost.graph.gate import remember_approvals
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import Update
@@ -108,7 +108,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         given=runtime.context,
     )
     if judged.refusal is not None and asked:
-        telemetry.answer_refused(before.run_id, asked, judged.refusal)
+        EVENTS.answer_refused(before.run_id, asked, judged.refusal)
         return step_writes(before, before.model_copy(update={"last_error_code": judged.refusal}))
     ctx = judged.acting
     refused = check_before_acting(before, ctx, clock=cfg.clock, given=runtime.context)
@@ -143,7 +143,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     state = before.model_copy(update={"batch": batch, "fingerprints": result.fingerprints})
     if last in ANSWER_REFUSALS:
         state = state.model_copy(update={"last_error_code": None})
-    telemetry.approvals_answered(state.run_id, asked, result.batch, cfg.registry, by=answerer)
+    EVENTS.approvals_answered(state.run_id, asked, result.batch, cfg.registry, by=answerer)
     manifests = []
     for entry in asked:
         now = next(e for e in result.batch if e.call_id == entry.call_id)

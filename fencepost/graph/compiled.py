@@ -34,9 +34,10 @@ state layout wrote is refused before anything is saved
 (:class:`~fencepost.graph.state.LayoutRefused`): LangGraph saves an input, a resume value or a
 node's error before any node could read the run and refuse it.
 
-Every invoke, stream or resume is one ``invoke_agent`` span when OpenTelemetry is installed
-(:mod:`fencepost.adapters.telemetry`); ``invoke`` and ``ainvoke`` run through ``stream`` and
-``astream``, so those two carry it.
+Every invoke, stream or resume is one :meth:`~fencepost.graph.events.LoopListener.invoked`
+event of the loop's event stream (fencepost's telemetry makes it an ``invoke_agent`` span when
+OpenTelemetry is installed); ``invoke`` and ``ainvoke`` run through ``stream`` and ``astream``,
+so those two carry it.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from langgraph.graph import StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, Send, StateUpdate
 
-from fencepost.adapters import telemetry
+from fencepost.graph.events import EVENTS
 from fencepost.graph.record import FIELDS, caller_write, record_of, run_started
 from fencepost.graph.settings import (
     NO_CHECKPOINTER,
@@ -592,7 +593,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
-        return telemetry.traced(self._bounded_stream(input, config, **kwargs), self, config)
+        return EVENTS.invoked(self._bounded_stream(input, config, **kwargs), self, config)
 
     def _refuse_unresumable(self, config: RunnableConfig | None) -> None:
         """Refuse a top-level run of an ``approval="interrupt"`` graph with no checkpointer: its
@@ -634,7 +635,7 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
     def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        return telemetry.atraced(self._bounded_astream(input, config, **kwargs), self, config)
+        return EVENTS.ainvoked(self._bounded_astream(input, config, **kwargs), self, config)
 
     async def _bounded_astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any

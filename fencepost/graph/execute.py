@@ -9,7 +9,6 @@ from typing import Any
 from langgraph.runtime import Runtime
 from pydantic import JsonValue
 
-from fencepost.adapters import telemetry
 from fencepost.graph.account import (
     account_of,
     acting_in,
@@ -24,6 +23,7 @@ from fencepost.graph.account import (
     reserve_or_exhausted,
     with_budget_view,
 )
+from fencepost.graph.events import EVENTS
 from fencepost.graph.node_io import AsyncIO, NodeIO
 from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import require_state
@@ -142,7 +142,7 @@ async def run_call(
             return uncertain(entry, spec, attempt)
         if step is Claim.RUN:
             break
-        telemetry.retrying(state.run_id, entry, spec, attempt)
+        EVENTS.retrying(state.run_id, entry, spec, attempt)
         attempt += 1
     run_deadline = ctx.deadline or Deadline.after(spec.timeout_seconds, clock=cfg.clock)
     deadline = stage_deadline(run_deadline, max_stage_seconds=spec.timeout_seconds, clock=cfg.clock)
@@ -159,7 +159,7 @@ async def run_call(
     )
     # The call's execute_tool span is current while it runs: what the tool does is traced
     # under it (a child run's span too).
-    with telemetry.tool_call(entry, spec, attempt) as traced:
+    with EVENTS.tool_call(entry, spec, attempt) as traced:
         try:
             args = check_schema(spec, entry.proposal, run_id=state.run_id)
         except Exception:
@@ -314,7 +314,7 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
             outcomes.append(result)
         state = with_budget_view(state, seen[-1] if seen else await balance_of(io, account))
     done = with_approvers(ordered(state.batch, outcomes), state.batch)
-    telemetry.calls_ended(state.run_id, state.batch, done)
+    EVENTS.calls_ended(state.run_id, state.batch, done)
     # What each call returned, as a hash, for the no-progress gate (before the batch is cleared).
     state = state.model_copy(update={"evidence": recorded_evidence(state, done, now=started)})
     state = reduce_tool_events(state, tuple(o.event for o in done))

@@ -8,10 +8,10 @@ from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from fencepost.adapters import telemetry
 from fencepost.graph.account import account_of, produced, reserve_batch
 from fencepost.graph.containment.model import run_model
 from fencepost.graph.containment.tools import is_async, run_callable
+from fencepost.graph.events import EVENTS
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.trace import checked_manifest
 from fencepost.policy import (
@@ -95,7 +95,7 @@ async def gate(
             code=refused.error_code,
             **usage,
         )
-        telemetry.batch_refused(state.run_id, calls, cfg.registry, refused.error_code or "")
+        EVENTS.batch_refused(state.run_id, calls, cfg.registry, refused.error_code or "")
         return state.model_copy(update={"phase": Phase.VALIDATE, "stop": refused}), [m]
     now = cfg.clock.now()
     # Consulted before the approver or a human is asked: a live scope approves the call.
@@ -169,8 +169,8 @@ async def gate(
             fingerprints=answered.fingerprints,
             stop=answered.stop,
         )
-        telemetry.approver_answered(state.run_id, asked, gated.batch, cfg.registry)
-    telemetry.gated(state.run_id, gated.batch, gated.specs)
+        EVENTS.approver_answered(state.run_id, asked, gated.batch, cfg.registry)
+    EVENTS.gated(state.run_id, gated.batch, gated.specs)
     manifests = []
     for entry, spec in zip(gated.batch, gated.specs, strict=True):
         verdict = entry.verdict

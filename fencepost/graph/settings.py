@@ -89,8 +89,8 @@ class LoopSettings:
     """How many times the same call (same tool, same canonical arguments, same result) may repeat
     before the run ends ``no_progress``, before anything is spent."""
     ledger: Ledger | None = None
-    """The one budget truth (``None``: one as durable as the checkpointer,
-    :mod:`fencepost.graph.default_ledger`). Every step, tool call, token, cost unit and
+    """The one budget truth (``None``: one as durable as the checkpointer the graph is
+    compiled with, picked by ``build_agent_graph``). Every step, tool call, token, cost unit and
     mutation is reserved there before it is spent, and the state's ``budget`` is its view; a
     run's limits and owner are the ledger's, never read back from state. Without one, every graph
     compiled with the same checkpointer shares one ledger: in memory beside an ``InMemorySaver``

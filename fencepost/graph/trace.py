@@ -11,7 +11,7 @@ from typing import Any, get_args
 
 from langgraph.runtime import Runtime
 
-from fencepost.adapters import telemetry
+from fencepost.graph.events import EVENTS
 from fencepost.graph.settings import LoopConfig
 from fencepost.policy import AgentState, Phase, StepManifest
 from fencepost.policy.context import RunContext
@@ -115,10 +115,10 @@ sites name a handful): validation records the names given, defaults aside."""
 def recorded(
     state: AgentState, runtime: Runtime[Any], manifests: Sequence[StepManifest]
 ) -> AgentState:
-    """Stream ``manifests`` (custom stream mode) and keep them in state; the telemetry
-    (:mod:`fencepost.adapters.telemetry`: the agent span, the run's log lines) sees them too."""
+    """Stream ``manifests`` (custom stream mode) and keep them in state; the loop's event
+    stream (:mod:`fencepost.graph.events`: the agent span, the run's log lines) hears them too."""
     writer = runtime.stream_writer
     for m in manifests:
         writer({"fencepost": "manifest", **m.model_dump(mode="json")})
-    telemetry.recorded(state, manifests)
+    EVENTS.recorded(state, manifests)
     return state.model_copy(update={"manifests": state.manifests + tuple(manifests)})

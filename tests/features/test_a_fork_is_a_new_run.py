@@ -26,8 +26,8 @@ from typer.testing import CliRunner
 
 import fencepost as fp
 from fencepost.adapters.checkpointers import open_checkpointer
+from fencepost.adapters.default_ledger import durable_ledger
 from fencepost.cli import app
-from fencepost.graph.default_ledger import durable_ledger
 from fencepost.policy.keys import run_account
 from tests.graph.kit import (
     budget,
