@@ -42,7 +42,7 @@ class LateWorkers(tool_threads.ToolThreads):
 
     def _hand(self, job: tool_threads.Job, slot: Any) -> bool:
         def later() -> None:
-            self.go.wait(30)
+            self.go.wait(120)
             tool_threads.ToolThreads._hand(self, job, slot)
 
         handing = threading.Thread(target=later, daemon=True)
@@ -54,8 +54,8 @@ class LateWorkers(tool_threads.ToolThreads):
         """Let the late workers take their jobs, and wait until every one has ended."""
         self.go.set()
         for handing in self.handing:
-            handing.join(10)
-        wait_until(lambda: self.stats() == (0, 0), within=10)
+            handing.join(60)
+        wait_until(lambda: self.stats() == (0, 0), within=60)
 
 
 @pytest.fixture

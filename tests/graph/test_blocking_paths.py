@@ -21,7 +21,6 @@ import gc
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -114,30 +113,14 @@ def _main_thread_with_default_sigint() -> None:
         pytest.skip("SIGINT is not Python's default handler here")
 
 
-def _waiting_on_its_body(ident: int) -> bool:
-    """Whether thread ``ident`` is blocked in a ``wait`` for a body, past the start of it (the
-    pool's ``_until_began`` is a wait too, before the node's own)."""
-    frame = sys._current_frames().get(ident)
-    if frame is None or frame.f_code.co_name != "wait":
-        return False
-    while frame is not None:
-        if frame.f_code.co_name == "_until_began":
-            return False
-        frame = frame.f_back
-    return True
-
-
 def _ctrl_c_once(started: threading.Event) -> None:
-    """A real SIGINT to the main thread once ``started`` is set and the caller is waiting."""
+    """A real SIGINT to the main thread once ``started`` is set (and the caller is waiting)."""
     main = threading.main_thread().ident
     assert main is not None
 
     def fire() -> None:
         if started.wait(60):
-            # Seen waiting, not guessed from a sleep: a busy machine runs the node's thread late.
-            end = time.monotonic() + 60
-            while not _waiting_on_its_body(main) and time.monotonic() < end:
-                time.sleep(0.005)
+            time.sleep(0.2)  # the node's thread is in its wait by now
             signal.pthread_kill(main, signal.SIGINT)
 
     threading.Thread(target=fire, daemon=True).start()
