@@ -123,7 +123,11 @@ def test_cancel_from_another_thread_stops_the_run_before_its_next_tool() -> None
     config, ctx = thread(), context()
 
     def run() -> None:
-        h.graph.invoke(fp.start("q", budget(steps=40, tools=40)), config, context=ctx)
+        # cancel finds the run through the thread's checkpoints, which the default durability
+        # saves in the background: on a busy machine they may lag the tool
+        h.graph.invoke(
+            fp.start("q", budget(steps=40, tools=40)), config, context=ctx, durability="sync"
+        )
 
     runner = threading.Thread(target=run)
     runner.start()
