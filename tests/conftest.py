@@ -8,8 +8,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 POSTGRES_DSN_ENV = "FENCEPOST_TEST_POSTGRES_DSN"
+
+# Every property test, its own @settings included (they inherit what they leave unset): no
+# deadline per example and no "too slow" health check. Both judge wall-clock time, which a
+# machine whose cores are all busy stretches many times over, and the suite must pass there.
+settings.register_profile("fencepost", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fencepost")
 
 
 @pytest.fixture

@@ -339,13 +339,13 @@ class AsyncSide:
         for task in others:  # tool bodies left behind at their deadline
             task.cancel()
         if others:
-            await asyncio.wait(others, timeout=1)
+            await asyncio.wait(others, timeout=30)
 
     def close(self) -> None:
         self.run(self._shutdown())
         self.stopping = True
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
+        self.thread.join(timeout=60)
         self.loop.close()
 
 

@@ -42,7 +42,7 @@ class LateWorkers(tool_threads.ToolThreads):
 
     def _hand(self, job: tool_threads.Job, slot: Any) -> bool:
         def later() -> None:
-            self.go.wait(30)
+            self.go.wait(120)
             tool_threads.ToolThreads._hand(self, job, slot)
 
         handing = threading.Thread(target=later, daemon=True)
@@ -54,8 +54,8 @@ class LateWorkers(tool_threads.ToolThreads):
         """Let the late workers take their jobs, and wait until every one has ended."""
         self.go.set()
         for handing in self.handing:
-            handing.join(10)
-        wait_until(lambda: self.stats() == (0, 0), within=10)
+            handing.join(60)
+        wait_until(lambda: self.stats() == (0, 0), within=60)
 
 
 @pytest.fixture
@@ -135,15 +135,22 @@ def test_a_write_no_thread_took_is_reported_never_started_not_uncertain(
     late_pool: LateWorkers,
 ) -> None:
     started.clear()
+
+    async def approves(request: fp.ApproverInput) -> fp.ApproverDecision:
+        # On the run's loop: a sync approver runs on the pool, whose late workers would hold it
+        # past the run's deadline, and the write would end denied, never approved (30 s).
+        return fp.ApproverDecision.approve()
+
     graph = fp.build_agent_graph(
         fp.ToolRegistry([probe, write_probe]),
         ScriptedDecisionModel([_proposal(1, "write_probe"), ABSTAIN]),
         approval="terminate",
-        approver=lambda request: fp.ApproverDecision.approve(),
+        approver=approves,
     ).compile(checkpointer=InMemorySaver())
     state = _drive(graph, "invoke")
     late_pool.catch_up()
     assert started == []
+    assert [r.rule for r in state.receipts] != ["approver_timeout"]  # approved, then not run
     report = state.report
     assert report is not None and report.effects_made == ()
     assert [c.call_id for c in report.never_started] == ["call-0001"]

@@ -100,7 +100,7 @@ def _stuck(gate: threading.Event, ran: list[str] | None = None) -> Callable[...,
     def stuck(_: NoArgs, ctx: fp.ToolContext) -> str:
         if ran is not None:
             ran.append(ctx.idempotency_key)
-        gate.wait(10)  # ignores its deadline, as a blocking call would
+        gate.wait(60)  # ignores its deadline, as a blocking call would
         return "late"
 
     return stuck
@@ -119,8 +119,8 @@ def _ctrl_c_once(started: threading.Event) -> None:
     assert main is not None
 
     def fire() -> None:
-        if started.wait(5):
-            time.sleep(0.05)  # the node's thread is in its wait by now
+        if started.wait(60):
+            time.sleep(0.2)  # the node's thread is in its wait by now
             signal.pthread_kill(main, signal.SIGINT)
 
     threading.Thread(target=fire, daemon=True).start()
@@ -155,7 +155,7 @@ def test_a_base_exception_from_a_sync_tool_or_the_model_is_that_steps_internal_e
         # The same thread invokes again: its pool worker and the shared loop both survived.
         return failing.run(), _one_call(_tool("fine", ok)).run()
 
-    state, again = finishes(failed_then_again, within=10)
+    state, again = finishes(failed_then_again, within=30)
     if source == "sync tool":
         assert state.observations[0].error_code is fp.ErrorCode.INTERNAL_ERROR
         assert state.receipts[0].status is fp.ReceiptStatus.FAILED
@@ -187,9 +187,9 @@ def test_a_sync_tool_ignoring_its_deadline_is_abandoned_and_its_thread_stops_cou
         assert state.receipts[-1].status is fp.ReceiptStatus.FAILED
     assert ran == ["call-0001"] * 2
     assert small_pool.stats() == (2, 2)
-    # Had the abandoned threads still counted, this call would wait for one past its 5 s and
+    # Had the abandoned threads still counted, this call would wait for one past its 30 s and
     # fail as unavailable: the pool grew by one thread for each abandoned body instead.
-    healthy = finishes(_one_call(_tool("fine", ok, timeout=5)).run, within=15)
+    healthy = finishes(_one_call(_tool("fine", ok, timeout=30)).run, within=50)
     assert healthy.observations[0].result == "ok"
     release.set()
     wait_until(lambda: small_pool.stats() == (0, 0))
@@ -225,8 +225,8 @@ def test_a_pool_full_of_abandoned_threads_fails_a_sync_invoke_fast_as_unavailabl
         ran.append("patient")
         return "ok"
 
-    # Its own 30 s are not spent queueing behind threads that may never come back.
-    state = finishes(_one_call(_tool("patient", patient, timeout=30)).run, within=3)
+    # Its own 120 s are not spent queueing behind threads that may never come back.
+    state = finishes(_one_call(_tool("patient", patient, timeout=120)).run, within=50)
     assert state.observations[0].error_code is fp.ErrorCode.UNAVAILABLE
     assert ran == []
     release.set()
@@ -240,7 +240,7 @@ def test_a_healthy_sync_invoke_beyond_the_pool_waits_for_a_thread(
     ran: list[str] = []
 
     def busy(_: NoArgs, __: fp.ToolContext) -> str:
-        release.wait(10)
+        release.wait(60)
         return "busy"
 
     def quick(_: NoArgs, __: fp.ToolContext) -> str:
@@ -263,7 +263,7 @@ def test_a_healthy_sync_invoke_beyond_the_pool_waits_for_a_thread(
     assert ran == [] and small_pool.stats() == (2, 0)  # waiting for a thread, not failed
     release.set()
     for runner in runners:
-        runner.join(10)
+        runner.join(30)
     assert {k: s.observations[0].result for k, s in results.items()} == {
         "a": "busy",
         "b": "busy",
@@ -307,7 +307,7 @@ def test_a_model_past_its_deadline_under_invoke_ends_its_step_with_timeout_and_i
         lambda: list(
             h.graph.stream(fp.start("q", budget()), config, context=context(), stream_mode=modes)
         ),
-        within=10,
+        within=30,
     )
     state = fp.run_output(h.graph.get_state(config).values)
     assert raised.is_set()
@@ -330,7 +330,7 @@ def test_a_model_blocking_the_shared_loop_cannot_stop_another_threads_run_from_t
 
     async def blocks_the_loop(_: fp.DecisionInput) -> Any:
         started.set()
-        release.wait(10)  # as time.sleep would: no other model on the shared loop can run
+        release.wait(60)  # as time.sleep would: no other model on the shared loop can run
         return ABSTAIN
 
     blocker = harness([blocks_the_loop], model_timeout_seconds=0.2, model_retries=0)
@@ -338,11 +338,11 @@ def test_a_model_blocking_the_shared_loop_cannot_stop_another_threads_run_from_t
     blocked: list[fp.AgentState] = []
     runner = threading.Thread(target=lambda: blocked.append(blocker.run()), daemon=True)
     runner.start()
-    assert started.wait(5)
-    state = finishes(other.run, within=3)
+    assert started.wait(30)
+    state = finishes(other.run, within=30)
     assert state.termination is fp.TerminationReason.FAILED
     assert state.last_error_code == "timeout"
-    runner.join(5)
+    runner.join(30)
     assert [s.last_error_code for s in blocked] == ["timeout"]
     release.set()
     _flush_shared_loop()
@@ -411,7 +411,7 @@ def test_a_sync_invoke_from_inside_an_async_tool_or_a_model_on_the_shared_loop_d
         return call("nests")
 
     h = harness([model_nests, ABSTAIN], registry=fp.ToolRegistry([_tool("nests", nests)]))
-    state = finishes(h.run, within=20)
+    state = finishes(h.run, within=60)
     assert from_model == [["ok", "async ok"]]
     assert state.observations[0].result == ["ok", "async ok"]
 
@@ -424,16 +424,16 @@ def test_ctrl_c_while_invoke_waits_on_a_sync_tool_reaches_the_caller_and_leaves_
 
     def waits(_: NoArgs, __: fp.ToolContext) -> str:
         started.set()
-        release.wait(10)
+        release.wait(60)
         return "late"
 
-    h = _one_call(_tool("waits", waits, timeout=30))
+    h = _one_call(_tool("waits", waits, timeout=120))
     _ctrl_c_once(started)
-    began = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         h.run()
-    assert time.monotonic() - began < 5  # not after the body's 10 s
-    assert small_pool.stats() == (1, 1)  # left behind, no longer holding the pool's capacity
+    # Not after the body: it is still running (until the test ends), left behind, no longer
+    # holding the pool's capacity.
+    assert small_pool.stats() == (1, 1)
     release.set()
     wait_until(lambda: small_pool.stats() == (0, 0))
     assert _one_call(_tool("fine", ok)).run().observations[0].result == "ok"
@@ -449,7 +449,7 @@ def test_ctrl_c_while_invoke_waits_on_the_model_reaches_the_caller_and_cancels_i
     async def waits(_: fp.DecisionInput) -> Any:
         started.set()
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.sleep(30)
+            await asyncio.sleep(600)
             return ABSTAIN
         cancelled.set()
         raise RuntimeError(SECRET)  # its late failure is retrieved, never logged
@@ -458,9 +458,11 @@ def test_ctrl_c_while_invoke_waits_on_the_model_reaches_the_caller_and_cancels_i
     _ctrl_c_once(started)
     began = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        h.run()
-    assert time.monotonic() - began < 5
-    assert cancelled.wait(5)
+        h.run(ctx=context(seconds=None))
+    # A bound, not a measurement: a caller that waited would first spend the model's 120 s
+    # timeout (the run has no deadline), and a machine however busy takes far less than 60.
+    assert time.monotonic() - began < 60
+    assert cancelled.wait(30)
     _flush_shared_loop()
     assert SECRET not in caplog.text and "never retrieved" not in caplog.text
     assert harness([ABSTAIN]).run().termination is ABSTAIN_ENDS
@@ -475,7 +477,7 @@ def test_a_forked_child_runs_sync_invoke_on_a_pool_and_a_model_loop_of_its_own()
     if pid == 0:  # pragma: no cover - the child reports through its exit status only
         status = 1
         try:
-            signal.alarm(10)  # a hang kills the child; the parent sees a signal, not a 0
+            signal.alarm(50)  # a hang kills the child; the parent sees a signal, not a 0
             gc.collect()
             state = _one_call(fine).run()
             if state.observations[0].result == "ok" and state.termination is ABSTAIN_ENDS:
@@ -507,7 +509,7 @@ def test_a_model_timeout_longer_than_a_thread_can_wait_ends_a_sync_invoke_typed(
 
     # ...and for a thread, when every one is busy.
     def busy(_: NoArgs, __: fp.ToolContext) -> str:
-        release.wait(10)
+        release.wait(60)
         return "busy"
 
     holders = [
@@ -550,7 +552,7 @@ async def test_a_model_left_behind_by_its_callers_cancellation_never_logs_its_la
     with pytest.raises(asyncio.CancelledError):
         await waiting
     gate.set()
-    await asyncio.wait_for(ended.wait(), 5)
+    await asyncio.wait_for(ended.wait(), 30)
     await asyncio.sleep(0)
     gc.collect()
     await asyncio.sleep(0)
@@ -593,7 +595,7 @@ def test_a_freed_thread_wakes_one_waiter_per_caller_and_one_that_gives_up_passes
     for gate in (release, one):  # the base of 2
         threading.Thread(
             target=run_tool_blocking,
-            args=(spec(lambda _, __, gate=gate: gate.wait(10)), NoArgs(), CTX),
+            args=(spec(lambda _, __, gate=gate: gate.wait(60)), NoArgs(), CTX),
             kwargs={"timeout_seconds": 30},
             daemon=True,
         ).start()

@@ -85,7 +85,7 @@ def test_two_simultaneous_approvals_run_a_paused_write_once() -> None:
 
     first = threading.Thread(target=approve)
     first.start()
-    assert entered.wait(5)
+    assert entered.wait(30)
     second = threading.Thread(target=approve)
     second.start()
     second.join(10)
@@ -123,19 +123,23 @@ def test_cancel_from_another_thread_stops_the_run_before_its_next_tool() -> None
     config, ctx = thread(), context()
 
     def run() -> None:
-        h.graph.invoke(fp.start("q", budget(steps=40, tools=40)), config, context=ctx)
+        # cancel finds the run through the thread's checkpoints, which the default durability
+        # saves in the background: on a busy machine they may lag the tool
+        h.graph.invoke(
+            fp.start("q", budget(steps=40, tools=40)), config, context=ctx, durability="sync"
+        )
 
     runner = threading.Thread(target=run)
     runner.start()
-    assert started.wait(5)
+    assert started.wait(30)
     # LangGraph saves checkpoints in the background: until the first one lands, the thread shows
     # no run and cancel finds nothing to cancel (it returns None, see its docstring).
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while not has_run(h.graph.get_state(config).values) and time.monotonic() < deadline:
         time.sleep(0.001)
     assert fp.cancel(h.graph, config, context=ctx) is not None
     ran_at_cancel = len(ran)
-    runner.join(10)
+    runner.join(60)
     assert not runner.is_alive()
     # At most the tool already running when the cancel landed finishes; none starts after it.
     assert len(ran) <= ran_at_cancel + 1

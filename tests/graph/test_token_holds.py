@@ -350,14 +350,16 @@ def test_a_run_paused_under_way_keeps_room_for_its_next_step_only_until_its_dead
     graph = fp.build_agent_graph(
         make_registry(Calls()), model, ledger=ledger, tokens_per_step=200, approval="interrupt"
     ).compile(checkpointer=InMemorySaver())
-    paused_ctx = context(seconds=0.5).model_copy(update={"budget_account": TENANT})
+    # Time enough for a machine whose cores are all busy to reach the approval first: the
+    # later run waits this long, so it is kept short.
+    paused_ctx = context(seconds=2).model_copy(update={"budget_account": TENANT})
     paused = graph.invoke(fp.start("write", budget()), thread(), context=paused_ctx)
     assert "__interrupt__" in paused  # paused under way, holding nothing in flight
     later = fp.run_output(
         graph.invoke(
             fp.start("q", budget()),
             thread(),
-            context=context(seconds=10).model_copy(update={"budget_account": TENANT}),
+            context=context(seconds=60).model_copy(update={"budget_account": TENANT}),
         )
     )
     assert later.termination is fp.TerminationReason.COMPLETED, later.last_error_code

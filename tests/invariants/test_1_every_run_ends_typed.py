@@ -759,7 +759,7 @@ def _spec(name: str, execute: Any, **extra: Any) -> fp.ToolSpec:
         args_model=NoteArgs,
         effect=fp.Effect.READ,
         capability="logs:read",
-        timeout_seconds=extra.pop("timeout_seconds", 2),
+        timeout_seconds=extra.pop("timeout_seconds", 10),
         execute=execute,
         **extra,
     )
@@ -972,7 +972,7 @@ def test_an_application_callable_raising_control_flow_is_that_calls_failure(
         args_model=extra.pop("args_model", NoteArgs),
         effect=fp.Effect.READ,
         capability="logs:read",
-        timeout_seconds=2,
+        timeout_seconds=10,
         execute=lambda args, ctx: ran.append(args.note) or {"ok": True},
         **extra,
     )

@@ -68,7 +68,8 @@ def test_fifty_bodies_left_behind_do_not_slow_another_run_on_their_loop(
 
     async def scenario() -> tuple[list[ToolRun], fp.AgentState, int]:
         # Tenant A's fifty calls, each left behind at its 50 ms; then tenant B's 5-call run
-        # on the same loop, with 3 s for all of it (about 30 ms alone).
+        # on the same loop (about 30 ms alone). Its deadline is generous, as a busy machine
+        # runs it late: that no step of a body left behind ran meanwhile is what is judged.
         left = await asyncio.gather(
             *(run_tool(stubborn, NoArgs(), A, timeout_seconds=0.05) for _ in range(50))
         )
@@ -79,13 +80,13 @@ def test_fifty_bodies_left_behind_do_not_slow_another_run_on_their_loop(
                 fp.RuntimeBudget(steps_remaining=8, tool_calls_remaining=6),
             ),
             thread(),
-            context=context(tenant="tenant-b", seconds=3),
+            context=context(tenant="tenant-b", seconds=60),
         )
         later = len(steps) - before
         stop.set()  # the shutdown is another test's: here only B's run is judged
         return list(left), fp.run_output(out), later
 
-    left, state, later_steps = finishes(lambda: asyncio.run(scenario()), within=30)
+    left, state, later_steps = finishes(lambda: asyncio.run(scenario()), within=120)
     assert left == [ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)] * 50
     assert state.termination is fp.TerminationReason.COMPLETED
     assert calls.count("search_logs") == 5
@@ -101,7 +102,7 @@ def test_a_loop_with_a_body_left_behind_still_shuts_down(stop: threading.Event) 
 
     # asyncio.run cancels what is left on its loop and waits for it: a body that swallows
     # every cancellation would hold it forever.
-    result = finishes(lambda: asyncio.run(main()), within=10)
+    result = finishes(lambda: asyncio.run(main()), within=30)
     assert result == ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)
 
 
@@ -126,7 +127,7 @@ def test_a_body_left_behind_is_closed_and_runs_no_further_step(stop: threading.E
         stop.set()
         return result, at_return, later
 
-    result, at_return, later = finishes(lambda: asyncio.run(scenario()), within=10)
+    result, at_return, later = finishes(lambda: asyncio.run(scenario()), within=30)
     assert result == ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)
     assert later == at_return
     assert closed == ["finally ran"]
@@ -152,7 +153,7 @@ def test_a_body_that_ignores_even_its_closing_is_never_stepped_again(
         return result, at_return, later
 
     earlier = set(leash._zombies)
-    result, at_return, later = finishes(lambda: asyncio.run(scenario()), within=10)
+    result, at_return, later = finishes(lambda: asyncio.run(scenario()), within=30)
     assert result == ToolRun(error=ErrorCode.TIMEOUT, abandoned=True, cut_off=True)
     assert later <= at_return + 1  # at most the one step in which it was told to close
     # Kept suspended where it awaited, so nothing closes it again; the test ends it (``stop``
@@ -181,6 +182,6 @@ def test_a_model_left_behind_is_closed_and_runs_no_further_step(stop: threading.
         stop.set()
         return run.finished, at_return, later
 
-    finished, at_return, later = finishes(lambda: asyncio.run(scenario()), within=10)
+    finished, at_return, later = finishes(lambda: asyncio.run(scenario()), within=30)
     assert not finished
     assert later == at_return
