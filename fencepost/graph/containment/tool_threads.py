@@ -128,6 +128,9 @@ class Job:
         """Set under the pool's lock when its caller stopped waiting before a worker took it:
         then its body never starts (a loaded machine may take a thread past the deadline)."""
         self.outcome: Outcome | None = None
+        self.slot_returned = False
+        """Set under the pool's lock when handing the job failed before any worker took it: its
+        slot was given back then, so the worker that takes it after all counts nothing."""
 
     def discard(self) -> None:
         """A withdrawn job, as its worker takes it: the body is dropped, never called."""
@@ -375,13 +378,22 @@ class ToolThreads:
                 worker.thread.start()
             else:
                 worker.jobs.put(job)
-        except BaseException:  # no thread could be started: give the slot back
+        except BaseException as exc:
+            # No thread could be started — or the caller was interrupted (Ctrl-C) while one
+            # started, after the job was queued: a worker may take it after all. One that
+            # already has it releases the slot when it ends; otherwise the job is withdrawn (a
+            # worker that takes it drops it, counting nothing) and the slot given back now.
             with self._lock:
-                self._running -= 1
-                slot.share.running -= 1
-                self._drop_if_idle(job.tenant, slot.share)
+                taken = job.started
+                if not taken:
+                    job.withdrawn = job.slot_returned = True
+                    self._running -= 1
+                    slot.share.running -= 1
+                    self._drop_if_idle(job.tenant, slot.share)
             self._wake_callers()
-            return False
+            if not isinstance(exc, Exception):
+                raise  # the caller's own interruption is its to handle, never swallowed
+            return taken
         return True
 
     def _begin(self, job: Job) -> bool:
@@ -417,6 +429,11 @@ class ToolThreads:
         """Called by ``worker`` after ``job``: True to park and wait for more work."""
         with self._lock:
             job.finished = True
+            if job.slot_returned:
+                keep = len(self._idle) < self.base
+                if keep:
+                    self._idle.append(worker)
+                return keep
             share = self._shares[job.tenant]
             self._running -= 1
             share.running -= 1
