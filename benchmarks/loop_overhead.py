@@ -272,7 +272,7 @@ def build_create_agent_fencepost(saver: BaseCheckpointSaver[Any], *, limit: int)
     a SQLite saver."""
     from langchain.agents import create_agent
 
-    from fencepost.graph.default_ledger import durable_ledger
+    from fencepost.adapters.default_ledger import durable_ledger
 
     path = common.ASYNC_SQLITE_FILES.get(id(saver))
     ledger = fp.SqliteLedger(str(path)) if path is not None else durable_ledger(saver)
