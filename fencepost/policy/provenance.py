@@ -159,7 +159,9 @@ def normalise(text: str) -> str:
 
 
 _URL = re.compile(r"https?://[^\s<>\"'`\\\]\[(){}|^]+")
-_EMAIL = re.compile(r"[\w.%+-]+@(?:[a-z0-9-]+\.)+[a-z]{2,}")
+# The lookbehind starts a match only where its local part starts: without it, a long run of
+# word characters with no ``@`` is scanned again from each of its characters (quadratic).
+_EMAIL = re.compile(r"(?<![\w.%+-])[\w.%+-]+@(?:[a-z0-9-]+\.)+[a-z]{2,}")
 _HOST = re.compile(r"(?<![\w@.-])(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.)+[a-z]{2,24}(?![\w-])")
 _ACCOUNT = re.compile(
     r"(?<![\w])[a-z]{2}\d{2}(?:[a-z0-9]{8,30}|(?: [a-z0-9]{4}){2,7}(?: [a-z0-9]{1,4})?)(?!\w)"
