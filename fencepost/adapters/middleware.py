@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import operator
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired, Unpack
@@ -159,6 +158,15 @@ STEP_KEY = "fencepost_step"
 """The state field holding what the model step in flight holds: ``{"tokens": ..., "sent": ...}``."""
 
 
+def _appended_manifests(kept: Any, added: Any) -> list[dict[str, Any]]:
+    """The manifests channel's reducer: ``added``'s manifests after ``kept``'s. A caller can
+    write this channel (``update_state``, a ``Command``'s update) before any hook runs: a write
+    that is no list of maps keeps none of it, never raising out of ``invoke``."""
+    before = kept if isinstance(kept, list) else []
+    more = [m for m in added if isinstance(m, dict)] if isinstance(added, list) else []
+    return [*before, *more] if more else before
+
+
 class FencepostState(AgentState[Any]):
     """The agent's state with what fencepost adds: the run's record and how it ended."""
 
@@ -170,7 +178,9 @@ class FencepostState(AgentState[Any]):
     while it runs."""
     last_error_code: NotRequired[Annotated[str | None, OmitFromInput]]
     """The safe code of what ended the run, if it was not a plain completion."""
-    fencepost_manifests: NotRequired[Annotated[list[dict[str, Any]], OmitFromInput, operator.add]]
+    fencepost_manifests: NotRequired[
+        Annotated[list[dict[str, Any]], OmitFromInput, _appended_manifests]
+    ]
     """The run's :class:`~fencepost.policy.StepManifest` s as JSON data, appended as each hook
     records them (kept out of the run's record, which every hook reads whole)."""
     fencepost_step: NotRequired[Annotated[dict[str, int] | None, OmitFromInput]]
@@ -497,7 +507,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         message = _last_ai(values.get("messages", []))
         if message is None:
             return None
-        run, usage, over = await self._settle_step(io, run, ctx, values, message)
+        try:
+            run, usage, over = await self._settle_step(io, run, ctx, values, message)
+        except _Unreadable:
+            # What the step held is not known: settling it would be half-read.
+            return await self._close(io, run, stop(_DENIED, "invalid_state"), message)
         if over is not None:
             run = self._noted(run, ctx, Phase.DECIDE, "denied", code=over.error_code, **usage)
             return await self._close(io, run, over, message)
@@ -706,8 +720,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         binding does: a missing or implausible report is charged the text sent and received,
         counted; usage beyond the hold is charged on its own, and a limit it crosses ends the
         run. The settled run, the usage for its manifest, and the stop, if any."""
-        hold = values.get("fencepost_step") or {}
-        estimate, sent = int(hold.get("tokens", 0)), int(hold.get("sent", 0))
+        estimate, sent = _held(values)
         reported: Any = message.usage_metadata or {}
         reply = _reply_text(message)
         report = usage_report(
@@ -911,6 +924,23 @@ def _outputs(messages: list[AnyMessage], registry: ToolRegistry) -> list[Observe
             )
         )
     return found
+
+
+def _held(values: Any) -> tuple[int, int]:
+    """``(estimate, sent)`` of the model step in flight, as ``before_model`` wrote them (none:
+    ``(0, 0)``). A caller can write the field: anything else is :class:`_Unreadable`."""
+    hold = values.get(STEP_KEY) if isinstance(values, dict) else None
+    if hold is None:
+        return 0, 0
+    if isinstance(hold, dict):
+        estimate, sent = hold.get("tokens", 0), hold.get("sent", 0)
+        if all(type(n) is int and n >= 0 for n in (estimate, sent)):
+            return int(estimate), int(sent)
+    raise _Unreadable
+
+
+class _Unreadable(Exception):
+    """A field of fencepost's own, written by someone else into a form no hook writes."""
 
 
 def _last_ai(messages: list[AnyMessage]) -> AIMessage | None:
