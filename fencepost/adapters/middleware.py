@@ -102,6 +102,7 @@ from fencepost.policy.error_codes import failure_code_for
 from fencepost.policy.execution import admits
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.keys import call_key, overage_key, started_key, step_key
+from fencepost.policy.ledger import UnknownAccount, UnknownReservation
 from fencepost.policy.may_go_on import check_before_acting, context_refusal
 from fencepost.policy.phase import Phase
 from fencepost.policy.provenance import ObservedOutput, output_of
@@ -111,6 +112,7 @@ from fencepost.policy.reservations import (
     step_amounts,
     step_hold,
     stop_for_exceeded,
+    stop_for_unknown_account,
 )
 from fencepost.policy.state import as_turn, stop
 from fencepost.policy.trust import Trust
@@ -512,6 +514,10 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         except _Unreadable:
             # What the step held is not known: settling it would be half-read.
             return await self._close(io, run, stop(_DENIED, "invalid_state"), message)
+        except (UnknownAccount, UnknownReservation):
+            # A ledger that never held this run's step (a new middleware's in-memory ledger,
+            # one lost with its process) resumes nothing of it, as the graph binding's does.
+            return await self._close(io, run, stop_for_unknown_account(), message)
         if over is not None:
             run = self._noted(run, ctx, Phase.DECIDE, "denied", code=over.error_code, **usage)
             return await self._close(io, run, over, message)

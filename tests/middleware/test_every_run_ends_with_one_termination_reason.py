@@ -3,9 +3,11 @@ agent's state, a step budget long before LangGraph's recursion limit, never Grap
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
 import fencepost as fp
@@ -106,3 +108,26 @@ def test_a_manifests_write_that_is_no_list_never_escapes_invoke(written: object)
     assert out["termination"] == "completed"
     assert ran.bodies == ["write_note:rollback deploy 42"]
     assert all(isinstance(m, dict) and "phase" in m for m in out["fencepost_manifests"])
+
+
+def test_a_resume_through_a_new_middleware_on_its_own_ledger_ends_typed(tmp_path: Path) -> None:
+    # An app that builds its agent per request on one saver: the middleware that resumes
+    # holds a ledger (its own in-memory one) that never held the paused run's step.
+    ran = Ran()
+    tools = lc_tools(ran)
+
+    def per_request(saver: Any) -> Any:
+        mw = fp.FencepostMiddleware(specs(tools), budget=budget(), approval="interrupt")
+        model = chat(then_answer(call("write_note", {"note": "rollback deploy 42"}, 1)))
+        return agent(model, tools, [mw], saver=saver)
+
+    with SqliteSaver.from_conn_string(str(tmp_path / "saver.db")) as saver:
+        config = thread()
+        paused = per_request(saver).invoke(ask(), config, context=ctx())
+        assert "__interrupt__" in paused
+        out = per_request(saver).invoke(Command(resume="approve"), config, context=ctx())
+    assert (out["termination"], out["last_error_code"]) == (
+        "policy_denied",
+        "unknown_budget_account",
+    )
+    assert ran.bodies == []
