@@ -100,7 +100,7 @@ from fencepost.policy.denial import shown_code
 from fencepost.policy.developer_log import TOOLS, raised
 from fencepost.policy.error_codes import failure_code_for
 from fencepost.policy.execution import admits
-from fencepost.policy.fingerprint import proposal_fingerprint
+from fencepost.policy.fingerprint import proposal_fingerprint, with_encodable_text
 from fencepost.policy.keys import call_key, overage_key, started_key, step_key
 from fencepost.policy.ledger import UnknownAccount, UnknownReservation
 from fencepost.policy.may_go_on import check_before_acting, context_refusal
@@ -907,7 +907,12 @@ def _record(values: Any) -> RunState | None:
 
 
 def _dump(run: RunState) -> dict[str, Any]:
-    return run.model_dump(mode="json", exclude={"manifests"})
+    """The run's record as the next hook reads it back (through JSON, :func:`_record`): text
+    with no UTF-8 form (a lone surrogate in the user's question, a refused call's arguments)
+    has its characters replaced, or the record would not read back and the run would end as
+    one with no context."""
+    dumped: dict[str, Any] = with_encodable_text(run.model_dump(mode="json", exclude={"manifests"}))
+    return dumped
 
 
 def _outputs(messages: list[AnyMessage], registry: ToolRegistry) -> list[ObservedOutput]:
