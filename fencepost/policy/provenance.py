@@ -51,6 +51,7 @@ run's outputs afresh at each gate.)
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 import unicodedata
 import weakref
@@ -388,7 +389,9 @@ class _ByIdentity(Generic[V]):
 
 
 _OUTPUTS: _ByIdentity[ObservedOutput] = _ByIdentity()
-_APP: _ByIdentity[SourceIndex] = _ByIdentity()
+_APP: _ByIdentity[tuple[object, SourceIndex]] = _ByIdentity()
+"""Per context object, the app data its index was made of (a copy) and the index: a frozen
+context holds a plain dict, which an app may change in place between runs."""
 
 
 def observed_output(observation: Observation, *, trusted: bool) -> ObservedOutput | None:
@@ -440,15 +443,19 @@ def observed_outputs(
 
 
 def app_index(owner: object, app_data: Mapping[str, Any]) -> SourceIndex:
-    """The index of ``app_data``, made once per ``owner`` (the run's context object)."""
+    """The index of ``app_data``, made once per ``owner`` (the run's context object) and
+    again whenever the data differs from what it was made of."""
     if not app_data:
         return EMPTY
-    index = _APP.get(owner)
-    if index is None:
-        index = index_of(app_data)
-        # An owner no weak reference can name is indexed each time.
-        with contextlib.suppress(TypeError):
-            _APP.put(owner, index)
+    held = _APP.get(owner)
+    # Comparing with the copy costs far less than indexing again, and an index of data the
+    # app has since changed would trace a revoked value to it.
+    if held is not None and held[0] == app_data:
+        return held[1]
+    index = index_of(app_data)
+    # An owner no weak reference can name is indexed each time.
+    with contextlib.suppress(TypeError):
+        _APP.put(owner, (copy.deepcopy(dict(app_data)), index))
     return index
 
 
