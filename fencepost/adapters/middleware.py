@@ -26,7 +26,6 @@ Every run ends with one :class:`~fencepost.policy.TerminationReason` in the agen
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -92,6 +91,7 @@ from fencepost.policy.approval import (
     waiting,
 )
 from fencepost.policy.budget import default_budget
+from fencepost.policy.cancellation import cancelled_by_caller
 from fencepost.policy.catalog import permitted_names
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import accept_decision, invalid_code
@@ -394,9 +394,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         with self._span(request, admitted) as span:
             try:
                 result = handler(request)
-            except _RUNTIMES:
+            except GraphBubbleUp:  # LangGraph's own control flow (an interrupt() in a tool)
                 raise
             except BaseException as exc:  # a tool cannot end its run, nor the process
+                if cancelled_by_caller(exc):
+                    raise
                 return _spanned(span, drive(self._failed(io, request, admitted, exc)))
             return _spanned(span, drive(self._ran(io, request, admitted, result)))
 
@@ -412,9 +414,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         with self._span(request, admitted) as span:
             try:
                 result = await handler(request)
-            except _RUNTIMES:
+            except GraphBubbleUp:  # LangGraph's own control flow (an interrupt() in a tool)
                 raise
             except BaseException as exc:  # a tool cannot end its run, nor the process
+                if cancelled_by_caller(exc):
+                    raise
                 return _spanned(span, await self._failed(io, request, admitted, exc))
             return _spanned(span, await self._ran(io, request, admitted, result))
 
@@ -828,9 +832,6 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
 
 
 _DENIED = TerminationReason.POLICY_DENIED
-_RUNTIMES = (asyncio.CancelledError, GeneratorExit, GraphBubbleUp)
-"""What may leave a tool call as it is: the runtime cancelling or closing it, and LangGraph's
-own control flow (an ``interrupt()`` inside a tool)."""
 _INVALID = TerminationReason.INVALID_PROPOSAL
 
 
