@@ -183,6 +183,14 @@ def _number(text: str) -> str | None:
     return format(value.normalize(), "f")
 
 
+def _number_of(item: int | float) -> str | None:
+    """The canonical text of a JSON number. An int goes through ``Decimal`` directly: one past
+    Python's 4,300-digit limit has no ``repr`` (app data or a result may hold one)."""
+    if isinstance(item, int):
+        return format(Decimal(item).normalize(), "f")
+    return _number(repr(item))
+
+
 def _digits(canonical: str) -> int:
     return len(canonical.lstrip("-").replace(".", "").lstrip("0"))
 
@@ -226,7 +234,7 @@ def index_of(value: object) -> SourceIndex:
         elif isinstance(item, bool) or item is None:
             continue
         elif isinstance(item, int | float):
-            canonical = _number(repr(item))
+            canonical = _number_of(item)
             if canonical is not None:
                 numbers.add(canonical)
         elif isinstance(item, Mapping):
@@ -305,7 +313,7 @@ def _atoms(value: object) -> list[_Atom]:
         if isinstance(item, bool) or item is None:
             continue
         if isinstance(item, int | float):
-            canonical = _number(repr(item))
+            canonical = _number_of(item)
             if canonical is not None:
                 kind: Literal["number", "short"] = (
                     "number" if _digits(canonical) >= MIN_NUMBER_DIGITS else "short"

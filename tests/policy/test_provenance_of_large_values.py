@@ -49,3 +49,16 @@ def test_a_megabyte_answer_is_scanned_in_one_pass() -> None:
         outputs=[untrusted("call_1", f"reply to {INJECTED}")],
     )
     assert found == ("call_1",)
+
+
+def test_an_integer_past_pythons_string_limit_is_traced_as_a_number() -> None:
+    # Past 4,300 digits an int has no str() or repr(): app data, a result or an argument may
+    # hold one (JSON sets no limit), and tracing reads it as the number it is.
+    huge = 10**5000 + 7
+    p = provenance_of(
+        {"amount": huge, "ref": 4711},
+        request="pay it",
+        app_data={"ceiling": huge},
+        outputs=[untrusted("call_1", {"ref": 4711, "also": -huge})],
+    )
+    assert p.record() == {"amount": ["app"], "ref": ["tool:call_1"]}
