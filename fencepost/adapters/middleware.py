@@ -26,10 +26,8 @@ Every run ends with one :class:`~fencepost.policy.TerminationReason` in the agen
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import operator
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired, Unpack
@@ -94,6 +92,7 @@ from fencepost.policy.approval import (
     waiting,
 )
 from fencepost.policy.budget import default_budget
+from fencepost.policy.cancellation import cancelled_by_caller
 from fencepost.policy.catalog import permitted_names
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import accept_decision, invalid_code
@@ -102,8 +101,9 @@ from fencepost.policy.denial import shown_code
 from fencepost.policy.developer_log import TOOLS, raised
 from fencepost.policy.error_codes import failure_code_for
 from fencepost.policy.execution import admits
-from fencepost.policy.fingerprint import proposal_fingerprint
+from fencepost.policy.fingerprint import proposal_fingerprint, with_encodable_text
 from fencepost.policy.keys import call_key, overage_key, started_key, step_key
+from fencepost.policy.ledger import UnknownAccount, UnknownReservation
 from fencepost.policy.may_go_on import check_before_acting, context_refusal
 from fencepost.policy.phase import Phase
 from fencepost.policy.provenance import ObservedOutput, output_of
@@ -113,6 +113,7 @@ from fencepost.policy.reservations import (
     step_amounts,
     step_hold,
     stop_for_exceeded,
+    stop_for_unknown_account,
 )
 from fencepost.policy.state import as_turn, stop
 from fencepost.policy.trust import Trust
@@ -163,6 +164,15 @@ STEP_KEY = "fencepost_step"
 """The state field holding what the model step in flight holds: ``{"tokens": ..., "sent": ...}``."""
 
 
+def _appended_manifests(kept: Any, added: Any) -> list[dict[str, Any]]:
+    """The manifests channel's reducer: ``added``'s manifests after ``kept``'s. A caller can
+    write this channel (``update_state``, a ``Command``'s update) before any hook runs: a write
+    that is no list of maps keeps none of it, never raising out of ``invoke``."""
+    before = kept if isinstance(kept, list) else []
+    more = [m for m in added if isinstance(m, dict)] if isinstance(added, list) else []
+    return [*before, *more] if more else before
+
+
 class FencepostState(AgentState[Any]):
     """The agent's state with what fencepost adds: the run's record and how it ended."""
 
@@ -174,7 +184,9 @@ class FencepostState(AgentState[Any]):
     while it runs."""
     last_error_code: NotRequired[Annotated[str | None, OmitFromInput]]
     """The safe code of what ended the run, if it was not a plain completion."""
-    fencepost_manifests: NotRequired[Annotated[list[dict[str, Any]], OmitFromInput, operator.add]]
+    fencepost_manifests: NotRequired[
+        Annotated[list[dict[str, Any]], OmitFromInput, _appended_manifests]
+    ]
     """The run's :class:`~fencepost.policy.StepManifest` s as JSON data, appended as each hook
     records them (kept out of the run's record, which every hook reads whole)."""
     fencepost_step: NotRequired[Annotated[dict[str, int] | None, OmitFromInput]]
@@ -386,9 +398,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         with self._span(request, admitted) as span:
             try:
                 result = handler(request)
-            except _RUNTIMES:
+            except GraphBubbleUp:  # LangGraph's own control flow (an interrupt() in a tool)
                 raise
             except BaseException as exc:  # a tool cannot end its run, nor the process
+                if cancelled_by_caller(exc):
+                    raise
                 return _spanned(span, drive(self._failed(io, request, admitted, exc)))
             return _spanned(span, drive(self._ran(io, request, admitted, result)))
 
@@ -404,9 +418,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         with self._span(request, admitted) as span:
             try:
                 result = await handler(request)
-            except _RUNTIMES:
+            except GraphBubbleUp:  # LangGraph's own control flow (an interrupt() in a tool)
                 raise
             except BaseException as exc:  # a tool cannot end its run, nor the process
+                if cancelled_by_caller(exc):
+                    raise
                 return _spanned(span, await self._failed(io, request, admitted, exc))
             return _spanned(span, await self._ran(io, request, admitted, result))
 
@@ -501,7 +517,15 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         message = _last_ai(values.get("messages", []))
         if message is None:
             return None
-        run, usage, over = await self._settle_step(io, run, ctx, values, message)
+        try:
+            run, usage, over = await self._settle_step(io, run, ctx, values, message)
+        except _Unreadable:
+            # What the step held is not known: settling it would be half-read.
+            return await self._close(io, run, stop(_DENIED, "invalid_state"), message)
+        except (UnknownAccount, UnknownReservation):
+            # A ledger that never held this run's step (a new middleware's in-memory ledger,
+            # one lost with its process) resumes nothing of it, as the graph binding's does.
+            return await self._close(io, run, stop_for_unknown_account(), message)
         if over is not None:
             run = self._noted(run, ctx, Phase.DECIDE, "denied", code=over.error_code, **usage)
             return await self._close(io, run, over, message)
@@ -710,8 +734,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         binding does: a missing or implausible report is charged the text sent and received,
         counted; usage beyond the hold is charged on its own, and a limit it crosses ends the
         run. The settled run, the usage for its manifest, and the stop, if any."""
-        hold = values.get("fencepost_step") or {}
-        estimate, sent = int(hold.get("tokens", 0)), int(hold.get("sent", 0))
+        estimate, sent = _held(values)
         reported: Any = message.usage_metadata or {}
         reply = _reply_text(message)
         report = usage_report(
@@ -813,9 +836,6 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
 
 
 _DENIED = TerminationReason.POLICY_DENIED
-_RUNTIMES = (asyncio.CancelledError, GeneratorExit, GraphBubbleUp)
-"""What may leave a tool call as it is: the runtime cancelling or closing it, and LangGraph's
-own control flow (an ``interrupt()`` inside a tool)."""
 _INVALID = TerminationReason.INVALID_PROPOSAL
 
 
@@ -892,7 +912,12 @@ def _record(values: Any) -> RunState | None:
 
 
 def _dump(run: RunState) -> dict[str, Any]:
-    return run.model_dump(mode="json", exclude={"manifests"})
+    """The run's record as the next hook reads it back (through JSON, :func:`_record`): text
+    with no UTF-8 form (a lone surrogate in the user's question, a refused call's arguments)
+    has its characters replaced, or the record would not read back and the run would end as
+    one with no context."""
+    dumped: dict[str, Any] = with_encodable_text(run.model_dump(mode="json", exclude={"manifests"}))
+    return dumped
 
 
 def _outputs(messages: list[AnyMessage], registry: ToolRegistry) -> list[ObservedOutput]:
@@ -915,6 +940,23 @@ def _outputs(messages: list[AnyMessage], registry: ToolRegistry) -> list[Observe
             )
         )
     return found
+
+
+def _held(values: Any) -> tuple[int, int]:
+    """``(estimate, sent)`` of the model step in flight, as ``before_model`` wrote them (none:
+    ``(0, 0)``). A caller can write the field: anything else is :class:`_Unreadable`."""
+    hold = values.get(STEP_KEY) if isinstance(values, dict) else None
+    if hold is None:
+        return 0, 0
+    if isinstance(hold, dict):
+        estimate, sent = hold.get("tokens", 0), hold.get("sent", 0)
+        if all(type(n) is int and n >= 0 for n in (estimate, sent)):
+            return int(estimate), int(sent)
+    raise _Unreadable
+
+
+class _Unreadable(Exception):
+    """A field of fencepost's own, written by someone else into a form no hook writes."""
 
 
 def _last_ai(messages: list[AnyMessage]) -> AIMessage | None:

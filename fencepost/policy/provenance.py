@@ -51,6 +51,7 @@ run's outputs afresh at each gate.)
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 import unicodedata
 import weakref
@@ -159,7 +160,9 @@ def normalise(text: str) -> str:
 
 
 _URL = re.compile(r"https?://[^\s<>\"'`\\\]\[(){}|^]+")
-_EMAIL = re.compile(r"[\w.%+-]+@(?:[a-z0-9-]+\.)+[a-z]{2,}")
+# The lookbehind starts a match only where its local part starts: without it, a long run of
+# word characters with no ``@`` is scanned again from each of its characters (quadratic).
+_EMAIL = re.compile(r"(?<![\w.%+-])[\w.%+-]+@(?:[a-z0-9-]+\.)+[a-z]{2,}")
 _HOST = re.compile(r"(?<![\w@.-])(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.)+[a-z]{2,24}(?![\w-])")
 _ACCOUNT = re.compile(
     r"(?<![\w])[a-z]{2}\d{2}(?:[a-z0-9]{8,30}|(?: [a-z0-9]{4}){2,7}(?: [a-z0-9]{1,4})?)(?!\w)"
@@ -178,6 +181,14 @@ def _number(text: str) -> str | None:
     if not value.is_finite():
         return None
     return format(value.normalize(), "f")
+
+
+def _number_of(item: int | float) -> str | None:
+    """The canonical text of a JSON number. An int goes through ``Decimal`` directly: one past
+    Python's 4,300-digit limit has no ``repr`` (app data or a result may hold one)."""
+    if isinstance(item, int):
+        return format(Decimal(item).normalize(), "f")
+    return _number(repr(item))
 
 
 def _digits(canonical: str) -> int:
@@ -223,7 +234,7 @@ def index_of(value: object) -> SourceIndex:
         elif isinstance(item, bool) or item is None:
             continue
         elif isinstance(item, int | float):
-            canonical = _number(repr(item))
+            canonical = _number_of(item)
             if canonical is not None:
                 numbers.add(canonical)
         elif isinstance(item, Mapping):
@@ -302,7 +313,7 @@ def _atoms(value: object) -> list[_Atom]:
         if isinstance(item, bool) or item is None:
             continue
         if isinstance(item, int | float):
-            canonical = _number(repr(item))
+            canonical = _number_of(item)
             if canonical is not None:
                 kind: Literal["number", "short"] = (
                     "number" if _digits(canonical) >= MIN_NUMBER_DIGITS else "short"
@@ -386,7 +397,9 @@ class _ByIdentity(Generic[V]):
 
 
 _OUTPUTS: _ByIdentity[ObservedOutput] = _ByIdentity()
-_APP: _ByIdentity[SourceIndex] = _ByIdentity()
+_APP: _ByIdentity[tuple[object, SourceIndex]] = _ByIdentity()
+"""Per context object, the app data its index was made of (a copy) and the index: a frozen
+context holds a plain dict, which an app may change in place between runs."""
 
 
 def observed_output(observation: Observation, *, trusted: bool) -> ObservedOutput | None:
@@ -438,15 +451,19 @@ def observed_outputs(
 
 
 def app_index(owner: object, app_data: Mapping[str, Any]) -> SourceIndex:
-    """The index of ``app_data``, made once per ``owner`` (the run's context object)."""
+    """The index of ``app_data``, made once per ``owner`` (the run's context object) and
+    again whenever the data differs from what it was made of."""
     if not app_data:
         return EMPTY
-    index = _APP.get(owner)
-    if index is None:
-        index = index_of(app_data)
-        # An owner no weak reference can name is indexed each time.
-        with contextlib.suppress(TypeError):
-            _APP.put(owner, index)
+    held = _APP.get(owner)
+    # Comparing with the copy costs far less than indexing again, and an index of data the
+    # app has since changed would trace a revoked value to it.
+    if held is not None and held[0] == app_data:
+        return held[1]
+    index = index_of(app_data)
+    # An owner no weak reference can name is indexed each time.
+    with contextlib.suppress(TypeError):
+        _APP.put(owner, (copy.deepcopy(dict(app_data)), index))
     return index
 
 

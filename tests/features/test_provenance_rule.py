@@ -202,6 +202,16 @@ def test_a_payee_from_the_app_data_passes() -> None:
     assert state.receipts[-1].provenance["recipient"] == ("app", "tool:call_0001")  # type: ignore[index]
 
 
+def test_app_data_holding_an_integer_past_pythons_string_limit_is_read_and_the_payee_passes() -> (
+    None
+):
+    # JSON sets no size on a number; Python's str() of an int stops at 4,300 digits.
+    ctx = _ctx(app_data={"known_payees": [ATTACKER], "ledger_total": 10**5000})
+    state, sent = _run(_script(ATTACKER), provenance="refuse", ctx=ctx)
+    assert sent == [(ATTACKER, 1450.0)]
+    assert state.receipts[-1].provenance["recipient"] == ("app", "tool:call_0001")  # type: ignore[index]
+
+
 def test_a_payee_from_a_trusted_tool_passes() -> None:
     state, sent = _run(_script(LANDLORD, first="account_settings"), provenance="refuse")
     assert sent == [(LANDLORD, 1450.0)]

@@ -240,3 +240,15 @@ def test_a_model_call_whose_argument_key_has_no_utf8_form_is_an_invalid_proposal
 ) -> None:
     arguments = {"query": "checkout", ODD: None}
     _refused_before_anything_runs(binding, arguments)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(odd=unencodable_text(max_size=8))
+def test_a_question_holding_text_with_no_utf8_form_is_answered(
+    binding: type[bd.Binding], odd: str
+) -> None:
+    # The user's request is read as a decoder shows such text: the run goes on with it.
+    b = binding(bd.then_answer(bd.call("search_logs", {"query": "checkout"}, 1)), steps=4, tools=4)
+    out = b.start(mw.ctx(), question=f"why is {odd} failing?")
+    assert (out.termination, out.error_code) == (fp.TerminationReason.COMPLETED.value, None)
+    assert len(out.bodies) == 1

@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import fencepost as fp
 from fencepost.policy.observation import Observation
 from fencepost.policy.provenance import (
     MIN_NUMBER_DIGITS,
@@ -261,3 +262,21 @@ def test_any_arguments_get_a_provenance_that_names_no_value(
     assert set(p.values) == set(arguments)
     for labels in p.record().values():
         assert set(labels) <= {"user", "app", "model", "tool:c1"}
+
+
+def test_app_data_changed_in_place_between_runs_is_what_the_next_run_traces_against() -> None:
+    # One context object kept across a user's runs: its app data is a plain dict, so an app
+    # may revoke a payee in place. The next run traces against the data as it is now.
+    from fencepost.policy.provenance import run_sources
+
+    ctx = fp.RunContext(
+        tenant_id="acme",
+        principal=fp.Principal(id="u-1"),
+        app_data={"known_payees": [IBAN]},
+    )
+    inbox = [output("call_1", MAIL)]
+    before = run_sources("pay the invoice", ctx.app_data, inbox, app_owner=ctx)
+    assert not before.trace({"iban": IBAN}).only_untrusted("iban")
+    ctx.app_data["known_payees"] = []  # revoked
+    after = run_sources("pay the invoice", ctx.app_data, inbox, app_owner=ctx)
+    assert after.trace({"iban": IBAN}).only_untrusted("iban")
