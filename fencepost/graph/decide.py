@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -77,21 +78,27 @@ from fencepost.policy.usage import (
 )
 
 
-async def step_estimate(io: NodeIO, state: AgentState, ctx: RunContext, sent: int) -> int:
+async def step_estimate(
+    io: NodeIO, state: AgentState, ctx: RunContext, sent: Callable[[], int]
+) -> int:
     """Tokens a step holds before the model is asked: ``reservations.step_hold`` of the
-    ``sent`` tokens it is about to send, the model's output cap (``tokens_per_step``) and what
-    the run's chain has not spent (read from the ledger)."""
-    return step_hold(sent, io.cfg.tokens_per_step, await tokens_left(io, state, ctx))
+    ``sent()`` tokens it is about to send, the model's output cap (``tokens_per_step``) and what
+    the run's chain has not spent (read from the ledger). Where nothing limits tokens the text
+    is not counted: counting it walks the whole run, every step."""
+    left = await tokens_left(io, state, ctx)
+    return step_hold(sent() if left is not None else 0, io.cfg.tokens_per_step, left)
 
 
-async def money_estimate(io: NodeIO, state: AgentState, ctx: RunContext, sent: int) -> int:
-    """Micro-units of money a step holds (``pricing.step_money_hold``): the ``sent`` tokens and
-    the model's output cap priced, capped at what the chain has not spent; 0 unpriced."""
+async def money_estimate(
+    io: NodeIO, state: AgentState, ctx: RunContext, sent: Callable[[], int]
+) -> int:
+    """Micro-units of money a step holds (``pricing.step_money_hold``): the ``sent()`` tokens
+    and the model's output cap priced, capped at what the chain has not spent; 0 unpriced."""
     price = io.cfg.price
     if price is None:
         return 0
     cap = io.cfg.tokens_per_step or DEFAULT_OUTPUT_TOKENS
-    return step_money_hold(price, sent, cap, await left_on(io, state, ctx, BudgetAxis.MONEY))
+    return step_money_hold(price, sent(), cap, await left_on(io, state, ctx, BudgetAxis.MONEY))
 
 
 def step_cost(price: ModelPrice, report: UsageReport, sent: int, received: int) -> int:
@@ -229,9 +236,15 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     if refused is not None or ctx is None:
         return step_writes(before, state.model_copy(update={"stop": refused}))
     account = account_of(state)
-    # What the model will be given, counted once: the step number and budget it is also shown
-    # change with the reservation, the text does not.
-    sent = count_tokens(input_text(decision_input(state, cfg, ctx)))
+    # What the model will be given, counted once and only where a token limit or a price needs
+    # it (the count walks the whole run): the step number and budget it is also shown change
+    # with the reservation, the text does not.
+    shown, counted = state, list[int]()
+
+    def sent() -> int:
+        if not counted:
+            counted.append(count_tokens(input_text(decision_input(shown, cfg, ctx))))
+        return counted[0]
 
     if (
         cfg.price is None
@@ -273,7 +286,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
             outcome.output_tokens,
             # Where nothing limits tokens nothing was held, and an unreported step is not
             # counted either: a reported one is still charged.
-            counted=sent + received if estimate else 0,
+            counted=sent() + received if estimate else 0,
             reply_chars=reply_size(outcome.decision),
             cached_input_tokens=outcome.cached_input_tokens,
         )
@@ -285,7 +298,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     money: tuple[int, int] | None = None
     if cfg.price is not None:
         cost = (
-            step_cost(cfg.price, report, sent, received)
+            step_cost(cfg.price, report, sent(), received)
             if isinstance(outcome, Decided)
             else money_held  # a failed call: its hold, as for tokens
         )
