@@ -20,8 +20,21 @@ from langchain_core.tools import tool as lc_tool
 
 import fencepost as fp
 import fencepost.graph.rules
+from fencepost.policy import (
+    DEFAULT_REPEAT_LIMIT,
+    NoProgressDetected,
+    ToolSemanticError,
+    VerdictCode,
+    check_progress,
+    check_semantics,
+    gate_proposal,
+    proposal_fingerprint,
+)
+from fencepost.policy.progress import repeat_key
+from fencepost.policy.rule_runner import RULE_TIMEOUT, RuleTimedOut
 from tests.invariants import bindings as bd
 from tests.middleware import kit as mw
+from tests.policy.factories import SearchArgs, make_proposal, make_spec, make_state
 
 FOREVER = 60.0
 """How long a blocked rule waits for its release: far past any limit here, so that, without
@@ -205,3 +218,36 @@ def test_a_validator_raising_system_exit_on_its_thread_is_still_contained(
     assert "invalid_argument" in repr(shown)
     assert any(getattr(r, "code", None) == "validator_failed" for r in caplog.records)
     assert all(mw.SECRET not in repr(m) for turn in out.received for m in turn)
+
+
+def _gave_up(rule: Callable[[], Any], /) -> Any:
+    """A runner that did not hear back from the rule in time (the rule is never called)."""
+    raise RuleTimedOut
+
+
+def test_the_gates_refuse_a_call_whose_validator_the_runner_gave_up_on() -> None:
+    spec = make_spec(semantic_validator=lambda args, state: None)
+    with pytest.raises(ToolSemanticError) as refused:
+        check_semantics(spec, SearchArgs(query="x"), make_state(), run_rule=_gave_up)
+    assert refused.value.rule == RULE_TIMEOUT
+    verdict = gate_proposal(
+        fp.ToolRegistry([spec]),
+        make_proposal({"query": "x"}),
+        make_state(),
+        fp.Principal(id="user-1", capabilities=frozenset({"logs:read"})),
+        run_rule=_gave_up,
+    )
+    assert (verdict.code, verdict.problems) == (
+        VerdictCode.SEMANTIC_VIOLATION,
+        (f"rule: {RULE_TIMEOUT}",),
+    )
+
+
+def test_the_gates_count_a_predicate_the_runner_gave_up_on_as_no_progress() -> None:
+    spec = make_spec(progress_predicate=lambda proposal, state: True)
+    proposal = make_proposal({"query": "x"})
+    key = repeat_key(proposal_fingerprint(proposal.tool_name, proposal.arguments), make_state())
+    state = make_state(fingerprints={key: DEFAULT_REPEAT_LIMIT})
+    assert check_progress(spec, proposal, state) == key  # answered: progress
+    with pytest.raises(NoProgressDetected):
+        check_progress(spec, proposal, state, run_rule=_gave_up)
