@@ -62,6 +62,7 @@ from fencepost.graph.account import (
 from fencepost.graph.events import subscribe
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
+from fencepost.graph.rules import ContainedRules, judged_with_rules
 from fencepost.graph.settings import (
     GraphConfigError,
     LoopConfig,
@@ -590,16 +591,24 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             if not isinstance(answers, ApprovalProblem):
                 break
             problem = answers
-        result = apply_approvals(
-            run,
-            answers,
+        now = cfg.clock.now()
+        answered = answers
+        result = await judged_with_rules(
+            io,
             cfg.registry,
-            ctx.principal,
-            repeat_limit=cfg.repeat_limit,
-            now=cfg.clock.now(),
-            asked=asked,
-            context=ctx,
-            approved_by=ctx.principal.id,
+            [e.proposal.tool_name for e in asked],
+            lambda: apply_approvals(
+                run,
+                answered,
+                cfg.registry,
+                ctx.principal,
+                repeat_limit=cfg.repeat_limit,
+                now=now,
+                asked=asked,
+                context=ctx,
+                approved_by=ctx.principal.id,
+                run_rule=ContainedRules(ctx, cfg.clock),
+            ),
         )
         run = run.model_copy(update={"batch": result.batch, "fingerprints": result.fingerprints})
         if result.stop is not None:

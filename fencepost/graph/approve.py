@@ -12,6 +12,7 @@ from fencepost.graph.account import account_of, account_owner, reserve, reserve_
 from fencepost.graph.events import EVENTS
 from fencepost.graph.gate import remember_approvals
 from fencepost.graph.node_io import NodeIO
+from fencepost.graph.rules import ContainedRules, judged_with_rules
 from fencepost.graph.settings import Update
 from fencepost.graph.state import require_state
 from fencepost.graph.trace import manifest, recorded
@@ -121,16 +122,24 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         marked = await reserve(io, before, ctx, approver_key(account_of(before), answerer), {})
         if isinstance(marked, StopRequest):
             return step_writes(before, before.model_copy(update={"stop": marked}))
-    result = apply_approvals(
-        before,
-        answers,
+    acting = ctx
+    answered_at = cfg.clock.now()
+    result = await judged_with_rules(
+        io,
         cfg.registry,
-        ctx.principal,
-        repeat_limit=cfg.repeat_limit,
-        now=cfg.clock.now(),
-        asked=asked,
-        context=ctx,
-        approved_by=answerer,
+        [e.proposal.tool_name for e in asked],
+        lambda: apply_approvals(
+            before,
+            answers,
+            cfg.registry,
+            acting.principal,
+            repeat_limit=cfg.repeat_limit,
+            now=answered_at,
+            asked=asked,
+            context=acting,
+            approved_by=answerer,
+            run_rule=ContainedRules(acting, cfg.clock),
+        ),
     )
     remember = {c: a.remember for c, a in answers.items() if a.remember is not None}
     batch = result.batch

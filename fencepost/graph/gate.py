@@ -13,6 +13,7 @@ from fencepost.graph.containment.model import run_model
 from fencepost.graph.containment.tools import is_async, run_callable
 from fencepost.graph.events import EVENTS
 from fencepost.graph.node_io import NodeIO
+from fencepost.graph.rules import ContainedRules, judged_with_rules
 from fencepost.graph.trace import checked_manifest
 from fencepost.policy import (
     AgentState,
@@ -101,7 +102,10 @@ async def gate(
     # Consulted before the approver or a human is asked: a live scope approves the call.
     remembered = await remembered_approvals(io, calls, ctx, now)
 
-    def judged(needs_approval: dict[str, bool] | None = None) -> GatedBatch:
+    rules = ContainedRules(ctx, cfg.clock)
+    names = [c.tool_name for c in calls]
+
+    def judge(needs_approval: dict[str, bool] | None = None) -> GatedBatch:
         return gate_batch(
             cfg.registry,
             calls,
@@ -117,9 +121,13 @@ async def gate(
             remembered=remembered,
             provenance=cfg.provenance,
             outputs=outputs,
+            run_rule=rules,
         )
 
-    gated = judged()
+    async def judged(needs_approval: dict[str, bool] | None = None) -> GatedBatch:
+        return await judged_with_rules(io, cfg.registry, names, lambda: judge(needs_approval))
+
+    gated = await judged()
     decided = _decided_per_call(cfg.registry, calls, cfg.needs_approval)
     if decided:
         # Asked only about calls that passed every check before approval (their arguments are
@@ -131,7 +139,7 @@ async def gate(
             if spec is not None and decider is not None and entry.verdict.code in _REACHED:
                 question = ApprovalQuestion(proposal=entry.proposal, tool=spec, context=ctx)
                 answers[entry.call_id] = await ask_needs_approval(io, decider, question, state)
-        gated = judged(answers)
+        gated = await judged(answers)
     asked = to_approve(gated.batch) if gated.stop is None and cfg.approver is not None else []
     if asked:
         # Asked before anything of the batch is reserved, and written with the batch: an answer
@@ -143,18 +151,26 @@ async def gate(
                     entry, spec, state, ctx, gated.provenance.get(entry.call_id)
                 )
                 decisions[entry.call_id] = await ask_approver(io, request)
-        answered = apply_approver(
-            state,
-            gated.batch,
-            decisions,
-            gated.fingerprints,
+        batch = gated.batch
+        fingerprints = gated.fingerprints
+        answered = await judged_with_rules(
+            io,
             cfg.registry,
-            ctx.principal,
-            context=ctx,
-            approval=cfg.approval,
-            denial=cfg.denial,
-            repeat_limit=cfg.repeat_limit,
-            now=now,
+            names,
+            lambda: apply_approver(
+                state,
+                batch,
+                decisions,
+                fingerprints,
+                cfg.registry,
+                ctx.principal,
+                context=ctx,
+                approval=cfg.approval,
+                denial=cfg.denial,
+                repeat_limit=cfg.repeat_limit,
+                now=now,
+                run_rule=rules,
+            ),
         )
         gated = gated._replace(
             batch=await remember_approvals(

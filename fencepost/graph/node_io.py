@@ -99,6 +99,11 @@ class NodeIO:
         """Run the tools (``make`` builds the awaitable)."""
         raise NotImplementedError
 
+    async def off_loop(self, fn: Callable[[], T]) -> T:
+        """Run ``fn``, which may block its thread for a bounded time (a gate waiting for a
+        tool's own rule), where it holds no event loop."""
+        raise NotImplementedError
+
     async def run_model(self, make: ModelCall, timeout: float) -> ModelRun:
         """Run the model call ``make`` builds, contained (see :mod:`fencepost.graph.containment.model`)."""
         raise NotImplementedError
@@ -168,6 +173,10 @@ class SyncIO(NodeIO):
 
         return run_sync(wrapped())
 
+    async def off_loop(self, fn: Callable[[], T]) -> T:
+        # A sync node holds no loop: its thread may wait.
+        return fn()
+
     async def run_model(self, make: ModelCall, timeout: float) -> ModelRun:
         # Model clients keep process-wide connection pools bound to one loop: every sync model
         # call goes to the one shared loop, never to a per-thread one (tools do).
@@ -233,6 +242,9 @@ class AsyncIO(NodeIO):
 
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         return await make()
+
+    async def off_loop(self, fn: Callable[[], T]) -> T:
+        return await asyncio.to_thread(fn)
 
     async def run_model(self, make: ModelCall, timeout: float) -> ModelRun:
         return await run_model(make, timeout)

@@ -68,6 +68,7 @@ from fencepost.policy.progress import repeat_key
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.remembered import Remember
+from fencepost.policy.rule_runner import RuleRunner, run_directly
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tool import Principal, ToolSpec
 from fencepost.policy.verdict import VerdictCode, verdict_is_sealed
@@ -585,12 +586,15 @@ def apply_approvals(
     asked: Sequence[BatchEntry] | None = None,
     context: RunContext | None = None,
     approved_by: str | None = None,
+    run_rule: RuleRunner = run_directly,
 ) -> ApprovalResult:
     """Apply the answers to the waiting calls (``asked``; :func:`waiting` of the state's batch
     when not given): a rejected call is receipted ``denied`` and never runs; an approved or
     edited one passes every gate again (capability included, with the principal that answered).
     A pending entry that was not asked about leaves the batch (:func:`unasked`).
-    ``approved_by``: the principal who answered, recorded in each answered call's verdict."""
+    ``approved_by``: the principal who answered, recorded in each answered call's verdict.
+    ``run_rule``: how the tools' own rules are run when a call is gated again
+    (:mod:`fencepost.policy.rule_runner`)."""
     answered = {"approval": "human", "approved_by": approved_by}
     counts = dict(state.fingerprints)
     changed: list[BatchEntry] = []
@@ -628,6 +632,7 @@ def apply_approvals(
             counts=counts,
             now=now,
             context=context,
+            run_rule=run_rule,
         ).model_copy(update=answered)
         if proposal is entry.proposal:
             # Approved as proposed: its provenance is still the proposal's (an edited call's

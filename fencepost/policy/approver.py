@@ -60,6 +60,7 @@ from fencepost.policy.provenance import Provenance
 from fencepost.policy.receipt import Receipt
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.remembered import Remember, ScopeKind
+from fencepost.policy.rule_runner import RuleRunner, run_directly
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.stop_report import SAFE_CODE
 from fencepost.policy.tool import Principal, ToolSpec
@@ -242,6 +243,7 @@ def apply_approver(
     denial: DenialMode,
     repeat_limit: int,
     now: datetime | None = None,
+    run_rule: RuleRunner = run_directly,
 ) -> ApproverResult:
     """Apply the approver's ``decisions`` to the calls of ``batch`` that need approval.
 
@@ -249,7 +251,8 @@ def apply_approver(
     passes every gate again, approved (the counts of the calls before it included), and is
     allowed, or denied as any call is; a rejected one is ``rejected`` (counted as a repeat: past
     its limit, ``no_progress``); one left to a human waits (``approval_pending``) in interrupt
-    mode, and ends the run ``approval_required`` in terminate mode.
+    mode, and ends the run ``approval_required`` in terminate mode. ``run_rule``: how the tools'
+    own rules are run when a call is gated again (:mod:`fencepost.policy.rule_runner`).
     """
     counts = dict(fingerprints)
     changed: list[BatchEntry] = []
@@ -283,6 +286,7 @@ def apply_approver(
                 counts=counts,
                 now=now,
                 context=context,
+                run_rule=run_rule,
             ).model_copy(update={"approval": "approver", "provenance": verdict.provenance})
             key = repeat_key(verdict.fingerprint, state)
             if verdict.allowed or observed(verdict.code, denial):

@@ -25,6 +25,7 @@ from fencepost.policy.fingerprint import canonical_json, fingerprint_of, proposa
 from fencepost.policy.progress import last_run_at, repeat_key
 from fencepost.policy.provenance import Provenance
 from fencepost.policy.registry import ToolRegistry, UnknownTool
+from fencepost.policy.rule_runner import RULE_TIMEOUT, RuleRunner, RuleTimedOut, run_directly
 from fencepost.policy.state import AgentState
 from fencepost.policy.stop_report import SAFE_CODE
 from fencepost.policy.tool import Effect, Principal, ToolSpec
@@ -241,6 +242,7 @@ def check_semantics(
     *,
     call_id: str | None = None,
     provenance: Provenance | None = None,
+    run_rule: RuleRunner = run_directly,
 ) -> None:
     """Gate 3: rules a schema cannot say. Raises :class:`ToolSemanticError`.
 
@@ -255,6 +257,9 @@ def check_semantics(
     (logged the same way). A rule that takes a keyword ``provenance`` is given ``provenance``:
     where the call's argument values were seen (:mod:`fencepost.policy.provenance`; ``None``
     when the call is gated outside a batch, as when it is gated again after its approval).
+    The validator is run by ``run_rule`` (:mod:`fencepost.policy.rule_runner`): one that did not
+    answer in time is the rule :data:`~fencepost.policy.rule_runner.RULE_TIMEOUT`, logged the
+    same way (never its text).
     """
     values: Mapping[str, Any] = args.__dict__
     query_fields, range_pairs = _semantic_plan(type(args))
@@ -279,9 +284,19 @@ def check_semantics(
         extra: dict[str, Any] = {"provenance": provenance} if takes_provenance(rule) else {}
         try:
             if takes_context(rule):
-                rule(args, state, context, **extra)
+                run_rule(lambda: rule(args, state, context, **extra))
             else:
-                rule(args, state, **extra)
+                run_rule(lambda: rule(args, state, **extra))
+        except RuleTimedOut:
+            refused_as = RULE_TIMEOUT
+            GATE.warning(
+                "the semantic validator of %r did not answer in time (run %s, call %s): "
+                "the call is refused",
+                spec.name,
+                state.run_id,
+                call_id,
+                extra={"run_id": state.run_id, "call_id": call_id, "code": refused_as},
+            )
         except ToolSemanticError as exc:
             named = getattr(exc, "rule", None)
             if type(named) is str and _SAFE_RULE.fullmatch(named):
@@ -317,11 +332,24 @@ def check_semantics(
         raise ToolSemanticError(refused_as)
 
 
-def _declared_progress(spec: ToolSpec, proposal: ToolProposal, state: AgentState) -> bool:
-    if spec.progress_predicate is None:
+def _declared_progress(
+    spec: ToolSpec, proposal: ToolProposal, state: AgentState, run_rule: RuleRunner
+) -> bool:
+    predicate = spec.progress_predicate
+    if predicate is None:
         return False
     try:
-        return spec.progress_predicate(proposal, state) is True
+        return run_rule(lambda: predicate(proposal, state)) is True
+    except RuleTimedOut:
+        # A predicate that did not answer in time has not shown progress (fail closed).
+        GATE.warning(
+            "the progress predicate of %r did not answer in time (run %s, call %s): no progress",
+            spec.name,
+            state.run_id,
+            proposal.call_id,
+            extra={"run_id": state.run_id, "call_id": proposal.call_id, "code": RULE_TIMEOUT},
+        )
+        return False
     except BaseException as exc:
         if cancelled_by_caller(exc):
             raise
@@ -351,6 +379,7 @@ def check_progress(
     counts: Mapping[str, int] | None = None,
     fingerprint: str | None = None,
     now: datetime | None = None,
+    run_rule: RuleRunner = run_directly,
 ) -> str:
     """Gate 4: refuse a repeat that brings no new evidence. Returns the key the repeat counts
     under. Raises :class:`NoProgressDetected`.
@@ -360,6 +389,7 @@ def check_progress(
     changed); a polling tool (``poll_interval_seconds``) is judged by time
     instead — sooner than its interval is no progress, on time always is. O(1): counts and result
     hashes are kept in state (or ``counts`` while a batch is gated), never re-scanned.
+    The tool's ``progress_predicate`` is run by ``run_rule``.
     """
     if fingerprint is None:
         fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
@@ -372,7 +402,7 @@ def check_progress(
     key = repeat_key(fingerprint, state)
     seen = (state.fingerprints if counts is None else counts).get(key, 0)
     if seen >= repeat_limit_of(spec, repeat_limit) and not _declared_progress(
-        spec, proposal, state
+        spec, proposal, state, run_rule
     ):
         raise NoProgressDetected(fingerprint)
     return key
@@ -448,11 +478,13 @@ def gate_proposal(
     counts: Mapping[str, int] | None = None,
     now: datetime | None = None,
     context: RunContext | None = None,
+    run_rule: RuleRunner = run_directly,
 ) -> Verdict:
     """Run gates 1-5 in order and return the verdict as data (budget is reserved separately).
 
     ``counts`` overrides ``state.fingerprints`` for the repeat check (a batch gated call by call).
     ``context``: the run's trusted context, for the semantic rules that take it.
+    ``run_rule``: how the tool's own rules are run (:mod:`fencepost.policy.rule_runner`).
     """
     return gate_with_findings(
         registry,
@@ -464,6 +496,7 @@ def gate_proposal(
         counts=counts,
         now=now,
         context=context,
+        run_rule=run_rule,
     )[0]
 
 
@@ -480,13 +513,15 @@ def gate_with_findings(
     context: RunContext | None = None,
     needs_approval: bool | None = None,
     provenance: Provenance | None = None,
+    run_rule: RuleRunner = run_directly,
 ) -> tuple[Verdict, ToolSpec | None, str | None]:
     """:func:`gate_proposal`, with what it found on the way, so a batch does not work either
     out again: the registered spec (``None`` for an unknown tool), and the key the call's
     repeats count under when the repeat check reached it (``repeat_key`` of the fingerprint;
     ``None`` when not reached, or for a polling tool, whose check keys by time).
     ``needs_approval``: this call's answer of its ``needs_approval`` callable, if asked.
-    ``provenance``: the call's, for the semantic rules that take it."""
+    ``provenance``: the call's, for the semantic rules that take it.
+    ``run_rule``: how the tool's own rules are run (:mod:`fencepost.policy.rule_runner`)."""
     # One canonical text of the arguments serves the fingerprint and the schema check.
     canonical_arguments = canonical_json(proposal.arguments)
     fingerprint = fingerprint_of(proposal.tool_name, canonical_arguments)
@@ -526,7 +561,15 @@ def gate_with_findings(
     except ArgumentsValidatorFailed:
         return verdict(VerdictCode.SCHEMA_VIOLATION, ("*: validator_failed",)), spec, None
     try:
-        check_semantics(spec, args, state, context, call_id=proposal.call_id, provenance=provenance)
+        check_semantics(
+            spec,
+            args,
+            state,
+            context,
+            call_id=proposal.call_id,
+            provenance=provenance,
+            run_rule=run_rule,
+        )
     except ToolSemanticError as exc:
         return verdict(VerdictCode.SEMANTIC_VIOLATION, (f"rule: {exc.rule}",)), spec, None
     try:
@@ -538,6 +581,7 @@ def gate_with_findings(
             counts=counts,
             fingerprint=fingerprint,
             now=now,
+            run_rule=run_rule,
         )
     except NoProgressDetected:
         return verdict(VerdictCode.NO_PROGRESS), spec, None

@@ -34,6 +34,7 @@ from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.remembered import ApprovalScope
 from fencepost.policy.reservations import stop_for_exhausted
 from fencepost.policy.revised import revised
+from fencepost.policy.rule_runner import RuleRunner, run_directly
 from fencepost.policy.run_sources import sources_of
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.tool import Principal, ToolSpec
@@ -125,6 +126,7 @@ def gate_batch(
     needs_approval: Mapping[str, bool] | None = None,
     provenance: ProvenanceMode = "observe",
     outputs: Sequence[ObservedOutput] | None = None,
+    run_rule: RuleRunner = run_directly,
 ) -> GatedBatch:
     """Gate every call of a batch in order; the first denial that ends a run stops it all.
 
@@ -147,6 +149,8 @@ def gate_batch(
     (``"observe"``). Every traced call's verdict records its provenance, whatever the mode.
     ``outputs``: the run's earlier outputs as sources (:func:`~fencepost.policy.provenance.
     observed_output`); ``None``: the state's observations, trusted as their tools declare.
+    ``run_rule``: how the tools' own rules are run (:mod:`fencepost.policy.rule_runner`; the
+    graph's leaves one that blocks behind at its timeout).
     """
     # Only the counts this batch raises: read through to the run's own (not copied per step).
     run_counts = state.fingerprints
@@ -190,6 +194,7 @@ def gate_batch(
             context=context,
             needs_approval=True if ask else asked_before,
             provenance=trace,
+            run_rule=run_rule,
         )
         if (
             trace is None

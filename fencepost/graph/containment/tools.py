@@ -65,7 +65,15 @@ from fencepost.policy.error_codes import failure_code_for
 
 T = TypeVar("T")
 
-__all__ = ["CallableRun", "ToolRun", "is_async", "run_callable", "run_tool", "run_tool_blocking"]
+__all__ = [
+    "CallableRun",
+    "ToolRun",
+    "is_async",
+    "run_callable",
+    "run_callable_blocking",
+    "run_tool",
+    "run_tool_blocking",
+]
 
 # The pool in use (tests swap it); a forked child gets the fresh pool tool_threads makes for it.
 _threads: ToolThreads = tool_threads.pool()
@@ -491,6 +499,31 @@ def _callable_ended(outcome: Outcome, deadline: float) -> CallableRun:
     if isinstance(boxed, _Raised):
         return CallableRun(finished=True, raised=boxed.exc)
     return CallableRun(finished=True, value=boxed.value if isinstance(boxed, _Returned) else None)
+
+
+def run_callable_blocking(
+    fn: Callable[[], Any], *, timeout_seconds: float, tenant: str
+) -> CallableRun:
+    """:func:`run_callable` for a caller with no event loop to wait on (a gate judging a batch,
+    a tool's own rule): the calling thread blocks on a thread event no longer than
+    ``timeout_seconds``; past it, ``fn`` is left behind (or withdrawn if no thread took it yet)
+    and its late answer is never heard. Never raises except the caller's own interruption."""
+    if not timeout_seconds > 0:  # NaN included
+        return CallableRun(finished=False)
+    deadline = time.monotonic() + timeout_seconds
+    pool = _threads
+    job = pool.start_blocking(_boxed(fn), deadline, str.__str__(tenant))
+    if job is None:
+        return CallableRun(finished=False)
+    try:
+        finished = job.done.wait(thread_wait_seconds(deadline - time.monotonic()))
+    except BaseException:
+        # The caller's own interruption (Ctrl-C while it waits): the callable is left behind.
+        pool.abandon(job)
+        raise
+    if not finished and pool.abandon(job) is not Left.FINISHED:
+        return CallableRun(finished=False)
+    return _callable_ended(job.outcome or Outcome(error=ErrorCode.TIMEOUT), deadline)
 
 
 async def run_callable(
