@@ -73,7 +73,9 @@ def blocked() -> Iterator[Blocked]:
 
 @pytest.fixture
 def small_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fencepost.graph.rules, "RULE_TIMEOUT_SECONDS", 0.3)
+    # Long enough for a loaded machine to start the rule's thread: a rule never started is
+    # denied too, and the test would not see it block.
+    monkeypatch.setattr(fencepost.graph.rules, "RULE_TIMEOUT_SECONDS", 1.0)
 
 
 def _probe() -> Any:
