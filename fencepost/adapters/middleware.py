@@ -30,7 +30,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields, replace
-from typing import TYPE_CHECKING, Annotated, Any, NotRequired, Unpack
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, NotRequired, Unpack
 
 from langchain.agents.middleware import (
     AgentMiddleware,
@@ -193,6 +193,16 @@ class FencepostState(AgentState[Any]):
     fencepost_step: NotRequired[Annotated[dict[str, int] | None, OmitFromInput]]
     """What the model step in flight holds: its token estimate and the tokens it sends, as
     counted before the model was called (settled against the model's usage report)."""
+
+
+class _Admitted(NamedTuple):
+    """A call the executor's check let run: its run, the caller's context, the reservation it
+    runs on (``keys.call_key``) and which attempt of the call id it is."""
+
+    run: RunState
+    ctx: RunContext
+    key: str
+    attempt: int
 
 
 class MiddlewareOrderError(GraphConfigError):
@@ -427,13 +437,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
                 return _spanned(span, await self._failed(io, request, admitted, exc))
             return _spanned(span, await self._ran(io, request, admitted, result))
 
-    def _span(self, request: ToolCallRequest, admitted: Any) -> telemetry.ToolCall:
-        """The ``execute_tool`` span of an admitted call (its attempt from its reservation)."""
+    def _span(self, request: ToolCallRequest, admitted: _Admitted) -> telemetry.ToolCall:
+        """The ``execute_tool`` span of an admitted call."""
         call_id = str(request.tool_call.get("id") or "")
         spec = self.cfg.registry.get(str(request.tool_call.get("name") or ""))
-        # The admitted reservation is ``keys.call_key(account, call_id, attempt)``.
-        attempt = int(str(admitted[3]).rsplit(":", 1)[-1])
-        return telemetry.tool_span(call_id, spec, attempt)
+        return telemetry.tool_span(call_id, spec, admitted.attempt)
 
     def _shown(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
         """The request with only the tools the model may be shown (``tool_catalog``): with
@@ -615,7 +623,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return run, result.stop
         return await reserve_batch(io, run, ctx, frozenset(e.call_id for e in asked))
 
-    async def _admit(self, io: NodeIO, request: ToolCallRequest) -> Any:
+    async def _admit(self, io: NodeIO, request: ToolCallRequest) -> _Admitted | ToolMessage:
         """The executor's own check: this call id's recorded verdict allows these very
         arguments, and no attempt of it started before (else its outcome is unknown, and it
         never runs again). The admitted call's reservation key, or the refusal message."""
@@ -664,7 +672,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             if isinstance(marker, StopRequest):
                 return _refusal(call_id, name, marker.error_code or marker.reason.value)
             if not marker.existing:
-                return run, ctx, account, call_key(account, call_id, attempt)
+                return _Admitted(run, ctx, call_key(account, call_id, attempt), attempt)
             if claim(spec, started_before=True) is Claim.UNCERTAIN:
                 return _refusal(call_id, name, ErrorCode.EXECUTION_UNCERTAIN.value)
             attempt += 1
@@ -675,9 +683,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
                 return _refusal(call_id, name, held.error_code or held.reason.value)
 
     async def _ran(
-        self, io: NodeIO, request: ToolCallRequest, admitted: Any, result: Any
+        self, io: NodeIO, request: ToolCallRequest, admitted: _Admitted, result: Any
     ) -> ToolMessage | Command[Any]:
-        run, ctx, account, key = admitted
+        run, ctx, key, _attempt = admitted
         call_id = str(request.tool_call.get("id") or "")
         await io.settle(key)
         if isinstance(result, ToolMessage) and result.status == "error":
@@ -693,13 +701,13 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
                 extra={"run_id": run.run_id, "call_id": call_id, "code": code},
             )
             return _refusal(call_id, str(request.tool_call.get("name") or ""), code)
-        await mark_result(io, run, ctx, account, call_id)
+        await mark_result(io, run, ctx, account_of(run), call_id)
         return result  # type: ignore[no-any-return]
 
     async def _failed(
-        self, io: NodeIO, request: ToolCallRequest, admitted: Any, exc: BaseException
+        self, io: NodeIO, request: ToolCallRequest, admitted: _Admitted, exc: BaseException
     ) -> ToolMessage:
-        run, _ctx, _account, key = admitted
+        run, _ctx, key, _attempt = admitted
         call_id = str(request.tool_call.get("id") or "")
         name = str(request.tool_call.get("name") or "")
         code = failure_code_for(exc)
