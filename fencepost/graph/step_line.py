@@ -79,9 +79,14 @@ class _Line:
         """ticket -> (0 for a run under way, 1 for a new one; when it joined)."""
         self._runs = {}
 
-    def join(self, under_way: bool) -> int:
+    def join(self, under_way: bool, account: str | None = None) -> int:
+        """A ticket in the line. A new run already counted as getting its first hold keeps
+        the place it was counted in: were its turn later than that place, a newcomer counted
+        after it but in the line before it would wait for its hold while it waits for the
+        newcomer's turn, both until their deadlines."""
         with self._lock:
-            ticket = next(self._order)
+            counted = self._runs.get(account) if account is not None else None
+            ticket = counted.order if counted is not None and counted.first else next(self._order)
             self._waiting[ticket] = (0 if under_way else 1, ticket)
             return ticket
 
@@ -110,16 +115,23 @@ class _Line:
             return account in self._runs
 
     def counted(
-        self, account: str, chain: frozenset[str], hold: tuple[int, int], until: float
+        self,
+        account: str,
+        chain: frozenset[str],
+        hold: tuple[int, int],
+        until: float,
+        ticket: int | None,
     ) -> dict[str, tuple[float, float]]:
-        """Count ``account``'s run as getting its first hold (once: its place stays), and the
-        room kept, per account of ``chain``, for the runs under way and those getting their
-        first hold before it (tokens, money)."""
+        """Count ``account``'s run as getting its first hold (once: its place stays; the place
+        of its ``ticket`` when it waits in the line, so the two orders agree), and the room
+        kept, per account of ``chain``, for the runs under way and those getting their first
+        hold before it (tokens, money)."""
         now = time.monotonic()
         with self._lock:
             mine = self._runs.get(account)
             if mine is None:
-                mine = self._runs[account] = _Run(next(self._order), chain, hold, until, True)
+                order = ticket if ticket is not None else next(self._order)
+                mine = self._runs[account] = _Run(order, chain, hold, until, True)
             else:
                 mine.hold, mine.until = hold, until
             kept: dict[str, tuple[float, float]] = {}
@@ -216,7 +228,7 @@ async def hold_step(
                 ctx.deadline.remaining_seconds(clock=clock) if ctx.deadline is not None else None
             )
             if ticket is None and line.ahead(under_way):
-                ticket = line.join(under_way)
+                ticket = line.join(under_way, account)
             if ticket is not None and not line.first(ticket):
                 pause = step_wait(waited=waited, attempt=attempt, deadline_left=deadline_left)
                 if pause is not None:
@@ -227,7 +239,9 @@ async def hold_step(
             if any(estimate) and chain is None and not (under_way and line.known(account)):
                 chain = frozenset(name for name, _ in await chain_pools(io, ctx, _AXES))
             if not under_way and any(estimate) and chain:
-                kept = line.counted(account, chain, estimate, _kept_until(io, deadline_left))
+                kept = line.counted(
+                    account, chain, estimate, _kept_until(io, deadline_left), ticket
+                )
                 # Read after counting: a run counted as under way took its hold before, so the
                 # hold is in what is read; one still getting it is counted with it.
                 pools = await chain_pools(io, ctx, _AXES)
@@ -242,7 +256,7 @@ async def hold_step(
                     pause = step_wait(waited=waited, attempt=attempt, deadline_left=deadline_left)
                     if pause is not None:
                         if ticket is None:
-                            ticket = line.join(under_way)
+                            ticket = line.join(under_way, account)
                         await io.pause(pause)
                         waited, attempt = waited + pause, attempt + 1
                         continue
@@ -267,7 +281,7 @@ async def hold_step(
                 return stop_for_exhausted(held), estimate
             if pause > 0:
                 if ticket is None:
-                    ticket = line.join(under_way)
+                    ticket = line.join(under_way, account)
                 await io.pause(pause)
                 waited, attempt = waited + pause, attempt + 1
     finally:

@@ -7,6 +7,7 @@ limit by at most each in-flight step's reply beyond its estimate."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -326,6 +327,67 @@ def test_a_run_under_way_is_not_starved_by_runs_that_start_while_its_tool_runs(
     done = [s for s in rest if s.termination is fp.TerminationReason.COMPLETED]
     assert len(done) == 1
     assert {s.run_id for s in done} | {head.run_id} == set(model.asked)
+    assert ledger.balance(TENANT).held["tokens"] == 400
+
+
+def test_newcomers_that_start_together_take_turns_in_the_order_they_were_counted(
+    ledger: fp.Ledger,
+) -> None:
+    # A run takes its first step and its tool blocks; six runs start at the same instant, in
+    # threads that switch as often as the interpreter lets them. A newcomer counted as getting
+    # its first hold keeps that place in the line: were its turn drawn later, a newcomer
+    # counted after it but first in the line would wait for its hold while it waits for that
+    # newcomer's turn, both until their deadlines. The pool pays for two whole runs: the run
+    # under way and one newcomer complete, every other ends as soon as spending leaves no room.
+    ledger.open_account(TENANT, {"tokens": 2 * 2 * 100})
+    model = StepsModel(100, steps=2)
+    newcomers = 6
+    together = threading.Barrier(newcomers + 1)
+    release = threading.Event()
+    first: list[str] = []
+
+    @fp.tool(effect="read", capability="logs:read", timeout_seconds=10)
+    def search_logs(query: str) -> dict[str, Any]:
+        """Search logs (the first run's search waits until the newcomers have looked)."""
+        if not first:
+            first.append(model.asked[0])
+            release.wait(5)
+        return {"hits": [query]}
+
+    graph = fp.build_agent_graph(
+        fp.ToolRegistry([search_logs]), model, ledger=ledger, tokens_per_step=200
+    ).compile(checkpointer=InMemorySaver())
+
+    def one(newcomer: bool) -> fp.AgentState:
+        if newcomer:
+            together.wait()
+        return fp.run_output(
+            graph.invoke(
+                fp.start("q", budget()),
+                thread(),
+                context=context(seconds=60).model_copy(update={"budget_account": TENANT}),
+            )
+        )
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(max_workers=newcomers + 1) as pool:
+            under_way = pool.submit(one, False)
+            while not first:
+                threading.Event().wait(0.01)
+            later = [pool.submit(one, True) for _ in range(newcomers)]
+            together.wait()
+            threading.Event().wait(0.2)  # the newcomers count and join the line meanwhile
+            release.set()
+            states = [under_way.result(), *(f.result() for f in later)]
+    finally:
+        sys.setswitchinterval(switching)
+    completed = [s for s in states if s.termination is fp.TerminationReason.COMPLETED]
+    assert states[0] in completed
+    assert len(completed) == 2
+    assert {s.last_error_code for s in states if s not in completed} == {"tokens_exhausted"}
+    assert set(model.asked) == {s.run_id for s in completed}
     assert ledger.balance(TENANT).held["tokens"] == 400
 
 
