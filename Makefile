@@ -40,7 +40,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 test: lint docs $(ADJ_STAMP)
-	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/pytest -q
+	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/pytest -q --durations=25
 
 # All four AgentDojo suites under every policy, offline; writes benchmarks/agentdojo.md.
 agentdojo: $(ADJ_STAMP)

@@ -277,16 +277,22 @@ def test_a_tenant_at_a_reused_address_is_never_shown_another_tenants_turns() -> 
         "from tests.adapters.test_decider_isolation import reused_address_probe;"
         "print(*reused_address_probe())"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    reused, tried = map(int, proc.stdout.split()[-2:])
+    # Every pair asserts the rule; the reuses are only the probe's precondition. A process
+    # whose allocator happened not to hand freed blocks back (seen once in CI, 1 reuse in
+    # 5,000 pairs, never reproduced) proved nothing either way: another process probes again.
+    for _ in range(3):
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        reused, tried = map(int, proc.stdout.split()[-2:])
+        if reused >= REUSES:
+            break
     assert reused >= REUSES, f"an address was reused {reused} times in {tried} pairs of runs"
 
 
