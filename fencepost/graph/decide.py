@@ -137,41 +137,59 @@ async def ask_model(
 
 
 async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-    """Load or open the run; plan the step (a stop, or what it holds); hold it in the ledger's
-    line; ask the model; settle and charge what the plan says; write the stop, or gate."""
-    cfg = io.cfg
+    """Load or open the run, take its model step, write what the step made of it."""
     ctx = coerce_context(runtime.context)
+    before, state = await _loaded(io, values, ctx)
+    return step_writes(before, await model_step(io, state, ctx, values, runtime))
+
+
+async def _loaded(
+    io: NodeIO, values: dict[str, Any], ctx: RunContext | None
+) -> tuple[AgentState | None, AgentState]:
+    """The run as the checkpoint holds it (``None`` for a run this step starts) and the run the
+    step goes on with: a thread's first run, or its next one after new input (the ended run
+    kept as a turn), opened on the ledger, or its stop when the ledger refused it."""
     before = load_state(values)
     ended = before if before is not None and follows_input(before, values) else None
-    if before is None or ended is not None:
-        # A thread's first run, or its next one after new input (the ended run kept as a turn).
-        fork = values.get("fork")
-        state = new_run_state(
-            request_from(values, run_id=started_run_id()),
-            ctx,
-            ended,
-            fork if isinstance(fork, str) else None,
-            node_thread()[0] or None,
-        )
-        before = None
-        if ctx is not None:
-            opened = await open_run(io, state, ctx)
-            if isinstance(opened, StopRequest):
-                return step_writes(None, state.model_copy(update={"stop": opened}))
-            state = opened
-    else:
-        state = before
+    if before is not None and ended is None:
+        return before, before
+    fork = values.get("fork")
+    state = new_run_state(
+        request_from(values, run_id=started_run_id()),
+        ctx,
+        ended,
+        fork if isinstance(fork, str) else None,
+        node_thread()[0] or None,
+    )
+    if ctx is None:
+        return None, state
+    opened = await open_run(io, state, ctx)
+    if isinstance(opened, StopRequest):
+        return None, state.model_copy(update={"stop": opened})
+    return None, opened
+
+
+async def model_step(
+    io: NodeIO,
+    state: AgentState,
+    ctx: RunContext | None,
+    values: dict[str, Any],
+    runtime: Runtime[Any],
+) -> AgentState:
+    """Plan the step (a stop, or what it holds); hold it in the ledger's line; ask the model;
+    settle and charge what the plan says; the run with its stop and manifest, or gated."""
     if state.is_terminal:
         # An ending the terminal node did not make goes back to it to be judged.
-        return step_writes(before, await unverified_ending(io, state) or state)
+        return await unverified_ending(io, state) or state
     if state.stop is not None:
-        return step_writes(before, state)
+        return state
     # After an approver's answer the run goes on for the requester, with the capabilities its
     # account recorded; an older account records none, and the run waits for the requester.
     acting = await acting_in(io, state, ctx)
     while acting.waits_for_requester:
         interrupt(waiting_for_requester(state))
     ctx = acting.context
+    cfg = io.cfg
     plan = plan_step(
         state,
         ctx,
@@ -181,11 +199,11 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         clock=cfg.clock,
     )
     if plan.stop is not None or ctx is None:
-        return step_writes(before, state.model_copy(update={"stop": plan.stop}))
+        return state.model_copy(update={"stop": plan.stop})
     if plan.reads_money_limit:
         unpriced = plan.unpriced(await left_on(io, state, ctx, BudgetAxis.MONEY))
         if unpriced is not None:
-            return step_writes(before, state.model_copy(update={"stop": unpriced}))
+            return state.model_copy(update={"stop": unpriced})
     account = account_of(state)
     # What the model will be given, counted once and only where a token limit or a price needs
     # it (the count walks the whole run): the step number and budget it is also shown change
@@ -206,7 +224,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         step = state.step + 1
         held, holds = await hold_step(io, state, ctx, step_key(account, step), hold)
         if isinstance(held, StopRequest):
-            return step_writes(before, state.model_copy(update={"stop": held}))
+            return state.model_copy(update={"stop": held})
         state = with_budget_view(state.model_copy(update={"step": step}), held.balance)
         if not held.existing:
             # A number the ledger held already was an earlier attempt that started and crashed:
@@ -238,6 +256,6 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     )
     if end.record is None:
         state, manifests = await gate(io, end.state, ctx, end.calls, settled.usage)
-        return step_writes(before, recorded(state, runtime, manifests))
+        return recorded(state, runtime, manifests)
     m = manifest(end.state, cfg, ctx, phase=Phase.DECIDE, **end.record)
-    return step_writes(before, recorded(end.state, runtime, [m]))
+    return recorded(end.state, runtime, [m])
