@@ -356,7 +356,7 @@ def test_a_chat_model_that_raises_ends_the_middleware_run_typed(failure: BaseExc
     ends the process), leaving the run unended with its step held. Not fixed: the hook that
     could catch it (``wrap_model_call``) returns a model response, not the run's end; ending
     there needs a response the gate hook reads as a failed step (``ExtendedModelResponse``
-    with a command) and the graph's retry of retryable codes (``after_model_error``)."""
+    with a command) and the graph's retry of retryable codes (``decide.end_step``)."""
     from tests.middleware.kit import Ran, agent, ask, budget, chat, ctx, lc_tools, specs, thread
 
     def breaking() -> Any:

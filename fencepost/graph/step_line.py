@@ -208,7 +208,7 @@ async def hold_step(
     hold: Callable[[AgentState], Awaitable[tuple[int, int]]],
 ) -> tuple[Reservation | StopRequest, tuple[int, int]]:
     """Reserve a model step under ``key``, holding what ``hold`` says (tokens, by
-    ``reservations.step_hold``, and money's micro-units, by ``pricing.step_money_hold``, of the
+    ``reservations.step_hold``, and money's micro-units, by ``decide.StepPlan.hold``, of the
     facts it gathers, read again after every refusal), waiting its turn and for steps in flight
     while the ledger says it is busy, and, for a new run's first step, for runs under way to
     take theirs (``reservations.first_step_admitted``); the reservation, or the stop its

@@ -839,7 +839,7 @@ class Acting:
     waits_for_requester: bool = False
     """An approver's answer was taken on an account that records no capabilities (opened
     before they were recorded): the approved calls ran, and the model's next step waits for
-    the requester's own context (:func:`waiting_for_requester`)."""
+    the requester's own context (``decide.waiting_for_requester``)."""
 
 
 def acting_context(
@@ -887,15 +887,3 @@ def allowed_capabilities(batch: Batch, registry: ToolRegistry) -> frozenset[str]
     """The capabilities of the batch's allowed calls: what the gate found the requester held."""
     names = {e.proposal.tool_name for e in batch if e.verdict.allowed}
     return frozenset(registry.get(n).capability for n in names if n in registry)
-
-
-def waiting_for_requester(state: AgentState) -> dict[str, Any]:
-    """What a run shows while it waits for its requester: an approver's answer ran the calls
-    it approved, on an account that records no capabilities of the requester (opened by a
-    version that did not record them), so the model's next step is the requester's own to
-    take, under its own context."""
-    return {
-        "fencepost": "waiting_for_requester",
-        "run_id": state.run_id,
-        "requester": state.principal_id,
-    }

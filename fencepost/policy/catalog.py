@@ -11,16 +11,18 @@ Per graph (``build_agent_graph(tool_catalog=...)``, ``FencepostMiddleware(tool_c
   can use.
 
 The filter is not the enforcement: the gate still refuses any call the principal may not make,
-whatever the model was shown (a model may name a tool it was never given).
+whatever the model was shown (a model may name a tool it was never given). A model step's plan
+shows the catalog (``decide.StepPlan.decision_input``), worked out for each step from the
+step's principal: never kept across runs, so one caller's catalog is never another's.
 
 >>> from fencepost.policy.tool import Principal
->>> shown_catalog(ToolRegistry([]), Principal(id="u-1"), "permitted")
-()
+>>> permitted_names(ToolRegistry([]), Principal(id="u-1"))
+frozenset()
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from fencepost.policy.gates import holds_capability
 from fencepost.policy.registry import ToolRegistry
@@ -36,19 +38,3 @@ TOOL_CATALOGS: tuple[ToolCatalog, ...] = ("all", "permitted")
 def permitted_names(registry: ToolRegistry, principal: Principal) -> frozenset[str]:
     """The registered tools ``principal`` may call, by the gate's own capability check."""
     return frozenset(spec.name for spec in registry if holds_capability(principal, spec))
-
-
-def shown_catalog(
-    registry: ToolRegistry, principal: Principal | None, mode: ToolCatalog
-) -> tuple[dict[str, Any], ...]:
-    """The catalog a model step is shown (``ToolRegistry.model_catalog`` entries, in
-    registration order): all of it, or (``"permitted"``) the tools ``principal`` may call —
-    none without a principal. Worked out for each step from the step's principal: never kept
-    across runs, so one caller's catalog is never another's."""
-    catalog = registry.model_catalog()
-    if mode == "all":
-        return tuple(catalog)
-    if principal is None:
-        return ()
-    allowed = permitted_names(registry, principal)
-    return tuple(entry for entry in catalog if entry["name"] in allowed)

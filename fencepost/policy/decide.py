@@ -1,15 +1,27 @@
-"""The decide phase: what a model's output means, and when a model error ends the run.
+"""The decide phase's model step, as plans: what a step holds, what a model's output means,
+and when a model error ends the run.
 
-The node calls the model; these functions say what came back means.
+The node gathers the facts (the run, the context it acts in, what the ledger says is left) and
+asks one question before the model call and one after it; each answer is a frozen plan that
+names the I/O the node does (hold, ask the model, settle and charge, gate) and what it writes:
+
+- :func:`plan_step`: a stop, or the step's hold (tokens, money) and what the model is shown;
+- :func:`settle_step`: what the step's reservation settles at and what is charged beyond it;
+- :func:`end_step`: the run to write, its manifest fields and stop, or the calls to gate.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Collection, Sequence
-from typing import Literal
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
+from fencepost.policy.catalog import ToolCatalog, permitted_names
+from fencepost.policy.context import RunContext
 from fencepost.policy.contract import Frozen
+from fencepost.policy.deadline import Clock
 from fencepost.policy.decision import (
     AbstainProposal,
     Decision,
@@ -19,18 +31,38 @@ from fencepost.policy.decision import (
     ToolBatch,
     ToolProposal,
 )
-from fencepost.policy.decision_model import Decided
+from fencepost.policy.decision_model import Decided, DecisionInput
 from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import fits_checkpoint
+from fencepost.policy.ledger import Reservation
 from fencepost.policy.manifest import Outcome
+from fencepost.policy.may_go_on import check_before_acting
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import TerminationReason
-from fencepost.policy.reservations import stop_for_unknown_account
+from fencepost.policy.pricing import ModelPrice, price_micros
+from fencepost.policy.recursion_limit import NEEDS_DECIDE, recursion_stop
+from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.reservations import (
+    DEFAULT_OUTPUT_TOKENS,
+    step_hold,
+    stop_for_exceeded,
+    stop_for_unknown_account,
+)
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.stop_report import SAFE_CODE
 from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.terminate import MissingCitation, UnsupportedCitation, validate_final_answer
+from fencepost.policy.tool import Principal
+from fencepost.policy.turns import TURN_WINDOW, EarlierTurn
+from fencepost.policy.usage import (
+    UsageKind,
+    UsageReport,
+    reply_size,
+    reply_text,
+    step_settlement,
+    usage_report,
+)
 
 RETRYABLE_MODEL_CODES = frozenset(
     {ErrorCode.RATE_LIMITED.value, ErrorCode.UNAVAILABLE.value, ErrorCode.TIMEOUT.value}
@@ -83,29 +115,14 @@ def calls_of(decided: Decided) -> tuple[ToolProposal, ...]:
     return ()
 
 
-def model_error_stop(code: ErrorCode, *, run_deadline_passed: bool) -> StopRequest:
-    """The stop a model error asks for: a passed run deadline wins over the error itself."""
-    if run_deadline_passed:
+def model_failure(code: ErrorCode, *, run_deadline_passed: bool) -> StopRequest:
+    """The stop a failed model step asks for. A timeout once the run's own deadline has passed
+    is the deadline's (``deadline_exceeded``): the deadline wins over the error it caused; any
+    other failure is ``failed`` with its safe code (retried at the next step when it is
+    retryable: :func:`end_step`)."""
+    if code is ErrorCode.TIMEOUT and run_deadline_passed:
         return stop(TerminationReason.DEADLINE_EXCEEDED, "deadline_exceeded")
     return stop(TerminationReason.FAILED, code.value)
-
-
-def after_model_error(state: AgentState, failure: StopRequest, *, model_retries: int) -> AgentState:
-    """Retry a retryable model error at the next step (each retry spends its own step), up to
-    ``model_retries`` in a row; otherwise the run ends with the failure."""
-    retryable = (
-        failure.reason is TerminationReason.FAILED
-        and failure.error_code in RETRYABLE_MODEL_CODES
-        and state.model_failures < model_retries
-    )
-    if retryable:
-        return state.model_copy(
-            update={
-                "model_failures": state.model_failures + 1,
-                "last_error_code": failure.error_code,
-            }
-        )
-    return state.model_copy(update={"stop": failure})
 
 
 class FinalRefused(Frozen):
@@ -114,7 +131,7 @@ class FinalRefused(Frozen):
     code: Literal["tasks_pending"] = "tasks_pending"
 
 
-def conclude(
+def _conclude(
     state: AgentState,
     decided: Decided | InvalidProposal,
     *,
@@ -158,7 +175,7 @@ def verified_stop(
 ) -> StopRequest:
     """The stop a run ends with, verified again against the state it ends in.
 
-    A ``completed`` stop is only what :func:`conclude` makes of a final answer; one that reached
+    A ``completed`` stop is only what :func:`end_step` makes of a final answer; one that reached
     the end by another road (written into state by a caller) must pass the same checks: an
     answer, no accepted work pending, every citation an observation of the run. Otherwise the
     run ends ``invalid_proposal``, never ``completed``. Any other stop is returned as it is.
@@ -203,10 +220,315 @@ def _completed(
     return StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
 
 
-DecisionRecord = tuple[DecisionKind, Outcome, str | None]
+# --- The model step, as plans -----------------------------------------------------------------
+#
+# The node gathers the facts (the run, the context it acts in, what the ledger says is left),
+# asks one question before the model call and one after it, and does the I/O each plan names.
 
 
-def decision_record(outcome: Decided | InvalidProposal, conclusion: StopRequest) -> DecisionRecord:
+@dataclass(frozen=True, slots=True)
+class StepSettings:
+    """The loop's settings a model step reads (``LoopSettings`` names and checks each)."""
+
+    registry: ToolRegistry
+    tool_catalog: ToolCatalog
+    tokens_per_step: int
+    price: ModelPrice | None
+    answer_margin: int
+    model_retries: int
+    require_citations: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """Before the model is asked: the stop the run ends in here, or what the step holds.
+
+    ``reads_money_limit``: the step is unpriced and the run's first, so the ledger's money limit
+    is read and handed to :meth:`unpriced` (a limit the graph cannot price is refused, never
+    guessed; an account's limits are fixed when it opens, so once is enough).
+    ``holds_money``: the step is priced, so its hold reads what the chain has left of money.
+    """
+
+    stop: StopRequest | None
+    settings: StepSettings
+    reads_money_limit: bool = False
+
+    @property
+    def holds_money(self) -> bool:
+        """Whether the step holds money (it is priced) beside its tokens."""
+        return self.settings.price is not None
+
+    def unpriced(self, money_left: float | None) -> StopRequest | None:
+        """The stop for a money limit on a step the graph cannot price; ``None``: no limit."""
+        if money_left is None:
+            return None
+        return stop(TerminationReason.POLICY_DENIED, "money_unpriced")
+
+    def hold(
+        self, sent: Callable[[], int], tokens_left: float | None, money_left: float | None
+    ) -> tuple[int, int]:
+        """Tokens and micro-units of money the step holds before the model is asked.
+
+        Tokens: ``reservations.step_hold`` of the ``sent()`` tokens it is about to send, the
+        model's output cap (``tokens_per_step``) and what the run's chain has not spent
+        (``tokens_left``). Where nothing limits tokens the text is not counted: counting it
+        walks the whole run, every step. Money: the sent tokens and the output cap priced,
+        capped at ``money_left`` (``None``: no limit, still held so the step's charge is
+        recorded), at least one micro-unit while a limit applies; 0 unpriced.
+        """
+        cfg = self.settings
+        tokens = step_hold(
+            sent() if tokens_left is not None else 0, cfg.tokens_per_step, tokens_left
+        )
+        price = cfg.price
+        if price is None:
+            return tokens, 0
+        cap = cfg.tokens_per_step or DEFAULT_OUTPUT_TOKENS
+        money = price_micros(price, sent(), cap)
+        if money_left is not None and money_left < math.inf:
+            money = max(1, min(money, math.floor(money_left)))
+        return tokens, money
+
+    def decision_input(self, state: AgentState, principal: Principal | None) -> DecisionInput:
+        """What the model is shown: the question, the observations as data, the tool catalog
+        (all of it, or, ``tool_catalog="permitted"``, what ``principal`` may call: none without
+        one; worked out each step, never kept across runs), and the latest
+        ``turns.TURN_WINDOW`` earlier turns of the thread (question and answer text, never an
+        earlier run's tool output) with how many were left out. ``principal`` is the one the
+        step acts for, the one its calls are gated under."""
+        cfg = self.settings
+        catalog = cfg.registry.model_catalog()
+        if cfg.tool_catalog != "all":
+            allowed = (
+                permitted_names(cfg.registry, principal) if principal is not None else frozenset()
+            )
+            catalog = [entry for entry in catalog if entry["name"] in allowed]
+        kept = state.turns[-TURN_WINDOW:]
+        return DecisionInput.model_construct(
+            run_id=state.run_id,
+            question=state.question,
+            observations=state.observations,
+            proposals=state.proposals,
+            catalog=tuple(catalog),
+            budget=state.budget,
+            step=state.step,
+            pending_tasks=state.open_tasks,
+            final_turn=self.final_turn(state),
+            repair=state.repair_notes,
+            answered=state.answered,
+            turns=tuple(
+                EarlierTurn(
+                    run_id=t.run_id,
+                    question=t.question,
+                    answer=t.final_answer.text if t.final_answer is not None else None,
+                    termination=t.termination.value if t.termination is not None else None,
+                )
+                for t in kept
+            ),
+            turns_left_out=len(state.turns) - len(kept),
+        )
+
+    def final_turn(self, state: AgentState) -> bool:
+        """Whether the step is one of the run's last ``answer_margin`` steps, kept for
+        answering: the model is told so, and tool calls are refused in it (a margin of 0 turns
+        it off)."""
+        return state.budget.steps_remaining < self.settings.answer_margin
+
+
+def plan_step(
+    state: AgentState,
+    ctx: RunContext | None,
+    settings: StepSettings,
+    *,
+    given: object,
+    remaining_steps: object,
+    clock: Clock,
+) -> StepPlan:
+    """Before a model step: whether the run may go on (``may_go_on.check_before_acting``,
+    then the recursion limit, ``recursion_limit.recursion_stop``), and what the step holds."""
+    refused = check_before_acting(state, ctx, clock=clock, given=given)
+    refused = refused or recursion_stop(remaining_steps, NEEDS_DECIDE)
+    return StepPlan(
+        stop=refused,
+        settings=settings,
+        reads_money_limit=settings.price is None and state.step == 0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """After the model answered or failed: what the step's reservation settles at, and what
+    is charged beyond its hold (spent already: charged whatever the limits say)."""
+
+    actual: dict[str, float]
+    overage: dict[str, float]
+    usage: dict[str, Any]
+    """The reported tokens its manifests record."""
+    final_turn: bool
+    """Whether the step was asked as one of the run's last ``answer_margin`` steps."""
+
+
+def settle_step(
+    plan: StepPlan,
+    asked: AgentState,
+    outcome: Decided | InvalidProposal | StopRequest,
+    held: tuple[int, int],
+    sent: Callable[[], int],
+    count: Callable[[str], int],
+) -> Settlement:
+    """What a step that held ``held`` (tokens, micro-units) and was ``asked`` settles at.
+
+    A decision's usage is its provider's report, checked against the text sent (``sent()``)
+    and received (``count`` of the reply), both counted only where a token limit or a price
+    needs them; where nothing limits tokens nothing was held, and an unreported step is not
+    counted either (a reported one is still charged). A call that failed reported nothing, and
+    what it cost is unknown: its hold (the input plus the output cap) is the most it can have,
+    for tokens and money alike. Money is the reported usage priced (cached input at the cached
+    price), or, when the report was not trusted, the text sent and received priced.
+    """
+    estimate, money_held = held
+    price = plan.settings.price
+    money: tuple[int, int] | None = None
+    if isinstance(outcome, Decided):
+        received = count(reply_text(outcome.decision)) if estimate or price is not None else 0
+        report = usage_report(
+            outcome.input_tokens,
+            outcome.output_tokens,
+            counted=sent() + received if estimate else 0,
+            reply_chars=reply_size(outcome.decision),
+            cached_input_tokens=outcome.cached_input_tokens,
+        )
+        if price is not None:
+            cost = (
+                price_micros(
+                    price,
+                    report.input_tokens or 0,
+                    report.output_tokens or 0,
+                    report.cached_input_tokens or 0,
+                )
+                if report.kind is UsageKind.REPORTED
+                else price_micros(price, sent(), received)
+            )
+            money = (money_held, cost)
+    else:
+        report = UsageReport(kind=UsageKind.UNREPORTED, charged=estimate)
+        if price is not None:
+            money = (money_held, money_held)
+    actual, overage = step_settlement(report, estimate, money=money)
+    usage: dict[str, Any] = {
+        "input_tokens": report.input_tokens,
+        "output_tokens": report.output_tokens,
+    }
+    return Settlement(
+        actual=actual, overage=overage, usage=usage, final_turn=plan.final_turn(asked)
+    )
+
+
+def overage_stop(charged: Reservation | StopRequest) -> StopRequest | None:
+    """The stop an overage's charge ends the run with: the ledger's refusal, or the limit the
+    charge crossed; ``None`` when it crossed none."""
+    if isinstance(charged, StopRequest):
+        return charged
+    if charged.exceeded is not None:
+        return stop_for_exceeded(charged.exceeded[1])
+    return None
+
+
+def vouched_answer(
+    outcome: Decided | InvalidProposal | StopRequest, over_stop: StopRequest | None
+) -> FinalProposal | None:
+    """The final answer whose pending work and citations the ledger is asked about before it
+    is judged (what the model was shown is a view: the accepting receipts and the ledger's
+    completion markers judge it, and a citation names a call the ledger marks as having had
+    its tool return a result); ``None`` when no final answer is judged."""
+    if over_stop is None and isinstance(outcome, Decided):
+        decision = outcome.decision
+        if isinstance(decision, FinalProposal):
+            return decision
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class StepEnd:
+    """After the model step: the run to write, and either the manifest fields it records (its
+    stop, if any, written into ``state``) or, ``record is None``, the calls the gate judges."""
+
+    state: AgentState
+    record: dict[str, Any] | None
+    calls: Sequence[ToolProposal] = ()
+
+
+def end_step(
+    plan: StepPlan,
+    settled_state: AgentState,
+    outcome: Decided | InvalidProposal | StopRequest,
+    settled: Settlement,
+    over_stop: StopRequest | None,
+    *,
+    pending: Sequence[str],
+    produced: Collection[str],
+) -> StepEnd:
+    """What a model step's outcome means for the run (``settled_state``: the run as the model
+    was asked, its step settled and charged).
+
+    A model error is retried at the next step (each retry spends its own step) when it is
+    retryable (``RETRYABLE_MODEL_CODES``), up to ``model_retries`` in a row, and otherwise ends
+    the run; usage charged past a limit ends it (the decision refused); a decision starts the
+    retry count again. A final answer while accepted work is pending is refused and the model
+    asked again (work accepted is not work done); any other stop is recorded as the decision
+    that made it (:func:`_decision_record`); tool calls go to the gate.
+    """
+    cfg = plan.settings
+    if isinstance(outcome, StopRequest):
+        failure = over_stop or outcome
+        record: dict[str, Any] = {"outcome": "error", "code": outcome.error_code}
+        retryable = (
+            failure.reason is TerminationReason.FAILED
+            and failure.error_code in RETRYABLE_MODEL_CODES
+            and settled_state.model_failures < cfg.model_retries
+        )
+        if retryable:
+            update: dict[str, Any] = {
+                "model_failures": settled_state.model_failures + 1,
+                "last_error_code": failure.error_code,
+            }
+        else:
+            update = {"stop": failure}
+        return StepEnd(state=settled_state.model_copy(update=update), record=record)
+    state = settled_state
+    if state.model_failures:
+        state = state.model_copy(update={"model_failures": 0, "last_error_code": None})
+    if over_stop is not None:
+        record = {"outcome": "denied", "code": over_stop.error_code, **settled.usage}
+        return StepEnd(state=state.model_copy(update={"stop": over_stop}), record=record)
+    conclusion = _conclude(
+        state,
+        outcome,
+        require_citations=cfg.require_citations,
+        pending_tasks=pending,
+        final_turn=settled.final_turn,
+        produced=produced,
+    )
+    if isinstance(conclusion, FinalRefused):
+        record = {
+            "outcome": "denied",
+            "decision_kind": "final",
+            "code": conclusion.code,
+            **settled.usage,
+        }
+        return StepEnd(
+            state=state.model_copy(update={"last_error_code": conclusion.code}), record=record
+        )
+    if isinstance(conclusion, StopRequest):
+        kind, result, code = _decision_record(outcome, conclusion)
+        record = {"outcome": result, "decision_kind": kind, "code": code, **settled.usage}
+        return StepEnd(state=state.model_copy(update={"stop": conclusion}), record=record)
+    return StepEnd(state=state, record=None, calls=conclusion)
+
+
+def _decision_record(
+    outcome: Decided | InvalidProposal, conclusion: StopRequest
+) -> tuple[DecisionKind, Outcome, str | None]:
     """A decision that ended the model's part of the run, as its trace records it: what the
     model decided, whether it stands (``decided``) or was refused (``denied``), and its code
     (the stop's error code; an abstention's reason). A final answer stands only as
@@ -223,32 +545,13 @@ def decision_record(outcome: Decided | InvalidProposal, conclusion: StopRequest)
     return "tool", "denied", code
 
 
-def final_turn(steps_remaining: int, answer_margin: int) -> bool:
-    """Whether a step is one of the run's last ``answer_margin`` steps, kept for answering: the
-    model is told so, and tool calls are refused in it."""
-    return steps_remaining < answer_margin
-
-
-def model_failure(code: ErrorCode, *, run_deadline_passed: bool) -> StopRequest:
-    """The stop a failed model step asks for. A timeout once the run's own deadline has passed
-    is the deadline's (``deadline_exceeded``): the deadline wins over the error it caused; any
-    other failure is ``failed`` with its safe code (retried by :func:`after_model_error` when
-    it is retryable)."""
-    return model_error_stop(
-        code, run_deadline_passed=code is ErrorCode.TIMEOUT and run_deadline_passed
-    )
-
-
-def after_decision(state: AgentState) -> AgentState:
-    """The run after a model step that returned a decision: its run of retryable model errors
-    is over, so the retry count starts again (and the last error is no longer the run's)."""
-    if state.model_failures:
-        return state.model_copy(update={"model_failures": 0, "last_error_code": None})
-    return state
-
-
-def step_taken(held_before: bool) -> bool:
-    """Whether a step reserved under the next step number is this attempt's: a number the
-    ledger already held was an earlier attempt that started and crashed (it stays charged, and
-    this attempt reserves the number after it)."""
-    return not held_before
+def waiting_for_requester(state: AgentState) -> dict[str, Any]:
+    """What a run shows while it waits for its requester: an approver's answer ran the calls
+    it approved, on an account that records no capabilities of the requester (opened by a
+    version that did not record them), so the model's next step is the requester's own to
+    take, under its own context."""
+    return {
+        "fencepost": "waiting_for_requester",
+        "run_id": state.run_id,
+        "requester": state.principal_id,
+    }

@@ -22,7 +22,6 @@ run with a money limit on a graph with no price ends before its first step
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from datetime import date
@@ -153,22 +152,3 @@ PRICES = PriceTable(
 """fencepost's own price table: a few common models, in US dollars per million tokens, dated
 :attr:`PriceTable.as_of` and sourced :attr:`PriceTable.source`. Pass your own table or price
 when it is out of date or your model is not in it."""
-
-
-def step_money_hold(
-    price: ModelPrice, input_tokens: int, output_cap: int, headroom: float | None
-) -> int:
-    """Micro-units a model step holds before the model is asked: its input priced at the input
-    price and its output cap at the output price (``reservations.step_hold``'s estimate,
-    priced), capped at ``headroom`` (the fewest micro-units any account of the chain has not
-    spent; ``None``: none limits money, still held so the step's charge is recorded). At least
-    one micro-unit while a limit applies: a chain that spent it all is refused.
-
-    >>> p = ModelPrice(input=Decimal("1"), output=Decimal("2"))
-    >>> step_money_hold(p, 10, 5, None), step_money_hold(p, 10, 5, 7.0), step_money_hold(p, 10, 5, 0.0)
-    (20, 7, 1)
-    """
-    estimate = price_micros(price, input_tokens, output_cap)
-    if headroom is None or headroom >= math.inf:
-        return estimate
-    return max(1, min(estimate, math.floor(headroom)))

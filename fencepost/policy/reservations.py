@@ -37,7 +37,7 @@ _MONEY = BudgetAxis.MONEY.value
 def step_amounts(estimate: int, money: int = 0) -> dict[str, float]:
     """What a model step reserves before the model is called: one step, its token estimate
     (:func:`step_hold`; none when it is 0) and its money estimate in micro-units
-    (``pricing.step_money_hold``; none when it is 0)."""
+    (``decide.StepPlan.hold``; none when it is 0)."""
     amounts: dict[str, float] = {_STEPS: 1.0}
     if estimate > 0:
         amounts[_TOKENS] = float(estimate)

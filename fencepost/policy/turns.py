@@ -7,7 +7,8 @@ and the step manifests are not kept in state (they are in the thread's checkpoin
 run's traces): a later run's evidence is what its own tools returned.
 
 The decision model is shown the latest :data:`TURN_WINDOW` turns as :class:`EarlierTurn` data
-(question and answer text, never an earlier run's tool output), and how many were left out.
+(question and answer text, never an earlier run's tool output), and how many were left out
+(``decide.StepPlan.decision_input``).
 """
 
 from __future__ import annotations
@@ -59,21 +60,4 @@ class EarlierTurn(Frozen):
     termination: str | None = None
 
 
-def shown_turns(
-    turns: tuple[Turn, ...], window: int = TURN_WINDOW
-) -> tuple[tuple[EarlierTurn, ...], int]:
-    """The latest ``window`` turns as the model is shown them, and how many were left out."""
-    kept = turns[-window:] if window > 0 else ()
-    shown = tuple(
-        EarlierTurn(
-            run_id=t.run_id,
-            question=t.question,
-            answer=t.final_answer.text if t.final_answer is not None else None,
-            termination=t.termination.value if t.termination is not None else None,
-        )
-        for t in kept
-    )
-    return shown, len(turns) - len(kept)
-
-
-__all__ = ["TURN_WINDOW", "EarlierTurn", "Turn", "shown_turns"]
+__all__ = ["TURN_WINDOW", "EarlierTurn", "Turn"]

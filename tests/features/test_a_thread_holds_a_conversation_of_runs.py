@@ -25,9 +25,11 @@ from typer.testing import CliRunner
 import fencepost as fp
 from fencepost.cli import app
 from fencepost.policy.budget import default_budget
-from fencepost.policy.turns import TURN_WINDOW, Turn, shown_turns
+from fencepost.policy.decide import StepPlan, StepSettings
+from fencepost.policy.turns import TURN_WINDOW, Turn
 from tests.adapters import fakes
 from tests.graph.kit import budget, call, context, final_citing_last, harness, thread
+from tests.policy.factories import make_state
 
 
 @pytest.fixture
@@ -292,7 +294,18 @@ def test_turns_past_the_window_are_left_out_with_a_notice() -> None:
         )
         for n in range(TURN_WINDOW + 3)
     )
-    shown, left_out = shown_turns(turns)
+    settings = StepSettings(
+        registry=fp.ToolRegistry([]),
+        tool_catalog="all",
+        tokens_per_step=0,
+        price=None,
+        answer_margin=0,
+        model_retries=0,
+        require_citations=False,
+    )
+    state = make_state(turns=turns)
+    planned = StepPlan(stop=None, settings=settings).decision_input(state, None)
+    shown, left_out = planned.turns, planned.turns_left_out
     assert left_out == 3
     assert [t.question for t in shown] == [f"q{n}" for n in range(3, TURN_WINDOW + 3)]
     inp = fp.DecisionInput(

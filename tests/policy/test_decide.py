@@ -1,7 +1,11 @@
-"""The decide phase's decisions: the final turn, which stop a model failure asks for, the retry
-count after a decision, a crashed step's number, and what the trace records of a decision."""
+"""The model step's plans: the final turn, what a step holds, which stop a model failure asks
+for, the retry count after an error and after a decision, and what the trace records of a
+decision. (A step number an earlier attempt held is skipped: tests/graph/test_crash_resume.py.)"""
 
 from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -15,22 +19,62 @@ from fencepost.policy import (
     InvalidProposal,
     StopRequest,
     TerminationReason,
+    ToolRegistry,
 )
 from fencepost.policy.decide import (
-    after_decision,
-    decision_record,
-    final_turn,
+    Settlement,
+    StepEnd,
+    StepPlan,
+    StepSettings,
+    end_step,
     model_failure,
-    step_taken,
 )
 from fencepost.policy.decision_model import Decided
+from fencepost.policy.pricing import ModelPrice
+from fencepost.policy.state import AgentState
 from tests.policy.factories import make_proposal, make_state
+
+
+def _plan(**settings: Any) -> StepPlan:
+    given_settings: dict[str, Any] = {
+        "registry": ToolRegistry([]),
+        "tool_catalog": "all",
+        "tokens_per_step": 0,
+        "price": None,
+        "answer_margin": 1,
+        "model_retries": 2,
+        "require_citations": False,
+        **settings,
+    }
+    return StepPlan(stop=None, settings=StepSettings(**given_settings))
 
 
 @given(left=st.integers(0, 50), margin=st.integers(0, 5))
 def test_the_last_answer_margin_steps_are_the_final_turn(left: int, margin: int) -> None:
-    assert final_turn(left, margin) is (left < margin)
-    assert not final_turn(left, 0)  # a margin of 0 turns it off
+    state = make_state(steps=left)
+    assert _plan(answer_margin=margin).final_turn(state) is (left < margin)
+    assert _plan(answer_margin=margin).decision_input(state, None).final_turn is (left < margin)
+    assert not _plan(answer_margin=0).final_turn(state)  # a margin of 0 turns it off
+
+
+def test_a_priced_step_holds_its_text_and_output_cap_priced_within_what_is_left() -> None:
+    plan = _plan(price=ModelPrice(input=Decimal("1"), output=Decimal("2")), tokens_per_step=5)
+    assert plan.holds_money
+    assert plan.hold(lambda: 10, None, None) == (0, 20)  # no limit: still held, to be recorded
+    assert plan.hold(lambda: 10, None, 7.0) == (0, 7)
+    assert plan.hold(lambda: 10, None, 0.0) == (0, 1)  # a chain that spent it all is refused
+
+
+def test_an_unpriced_step_holds_no_money_and_counts_no_text_where_nothing_limits_tokens() -> None:
+    def sent() -> int:
+        raise AssertionError("counted where nothing needs it")
+
+    plan = _plan()
+    assert not plan.holds_money
+    assert plan.hold(sent, None, None) == (0, 0)
+    assert plan.unpriced(None) is None
+    refused = plan.unpriced(100.0)
+    assert refused is not None and refused.error_code == "money_unpriced"
 
 
 @pytest.mark.parametrize("passed", [False, True])
@@ -52,33 +96,65 @@ def test_any_other_model_failure_keeps_its_own_code_whatever_the_deadline(
     assert (stop.reason, stop.error_code) == (TerminationReason.FAILED, code.value)
 
 
-def test_a_decision_starts_the_model_retry_count_again() -> None:
-    failing = make_state(model_failures=2, last_error_code="rate_limited")
-    after = after_decision(failing)
-    assert (after.model_failures, after.last_error_code) == (0, None)
-    clean = make_state()
-    assert after_decision(clean) is clean
+def _end(
+    state: AgentState,
+    outcome: Decided | InvalidProposal | StopRequest,
+    *,
+    final_turn: bool = False,
+    **settings: Any,
+) -> StepEnd:
+    settled = Settlement(
+        actual={},
+        overage={},
+        usage={"input_tokens": None, "output_tokens": None},
+        final_turn=final_turn,
+    )
+    return end_step(_plan(**settings), state, outcome, settled, None, pending=(), produced=())
 
 
-def test_a_step_number_an_earlier_attempt_held_is_skipped() -> None:
-    assert step_taken(held_before=False)
-    assert not step_taken(held_before=True)
+def test_a_retryable_model_error_is_retried_up_to_model_retries_in_a_row() -> None:
+    limited = model_failure(ErrorCode.RATE_LIMITED, run_deadline_passed=False)
+    retried = _end(make_state(model_failures=1), limited, model_retries=2).state
+    assert (retried.model_failures, retried.last_error_code, retried.stop) == (
+        2,
+        "rate_limited",
+        None,
+    )
+    spent = _end(make_state(model_failures=2), limited, model_retries=2).state
+    assert spent.stop == limited
+    internal = model_failure(ErrorCode.INTERNAL_ERROR, run_deadline_passed=False)
+    assert _end(make_state(), internal).state.stop == internal
 
 
 def _decided(decision: object) -> Decided:
     return Decided(decision=decision)  # type: ignore[arg-type]
 
 
+def test_a_decision_starts_the_model_retry_count_again() -> None:
+    tool = _decided(make_proposal({"query": "q"}))
+    failing = make_state(model_failures=2, last_error_code="rate_limited")
+    after = _end(failing, tool).state
+    assert (after.model_failures, after.last_error_code) == (0, None)
+    clean = make_state()
+    assert _end(clean, tool).state is clean
+
+
+def _record(end: StepEnd) -> tuple[Any, Any, Any]:
+    assert end.record is not None
+    return end.record.get("decision_kind"), end.record["outcome"], end.record["code"]
+
+
 def test_a_decisions_trace_record_says_whether_it_stands() -> None:
-    done = StopRequest(reason=TerminationReason.COMPLETED)
-    refused = StopRequest(reason=TerminationReason.INVALID_PROPOSAL, error_code="missing_citation")
+    state = make_state()
     final = _decided(FinalProposal(answer=AnswerPayload(text="x")))
     abstain = _decided(AbstainProposal(reason="insufficient_evidence"))
     tool = _decided(make_proposal({"query": "q"}))
-    clarify = StopRequest(reason=TerminationReason.INSUFFICIENT_EVIDENCE)
-    assert decision_record(final, done) == ("final", "decided", None)
-    assert decision_record(final, refused) == ("final", "denied", "missing_citation")
-    assert decision_record(abstain, clarify) == ("abstain", "decided", "insufficient_evidence")
-    assert decision_record(tool, refused)[:2] == ("tool", "denied")
+    assert _record(_end(state, final)) == ("final", "decided", None)
+    refused = _record(_end(state, final, require_citations=True))
+    assert refused == ("final", "denied", "missing_citation")
+    assert _record(_end(state, abstain)) == ("abstain", "decided", "insufficient_evidence")
+    assert _record(_end(state, tool, final_turn=True))[:2] == ("tool", "denied")
     invalid = InvalidProposal("malformed_decision")
-    assert decision_record(invalid, refused)[:2] == ("invalid", "denied")
+    assert _record(_end(state, invalid))[:2] == ("invalid", "denied")
+    gated = _end(state, tool)
+    assert gated.record is None and list(gated.calls) == [tool.decision]

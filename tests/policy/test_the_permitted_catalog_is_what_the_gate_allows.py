@@ -8,9 +8,27 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fencepost.policy import ToolRegistry, VerdictCode, gate_proposal
-from fencepost.policy.catalog import shown_catalog
+from fencepost.policy.catalog import ToolCatalog
+from fencepost.policy.decide import StepPlan, StepSettings
 from fencepost.policy.tool import Principal
 from tests.policy.factories import make_proposal, make_spec, make_state
+
+
+def shown_catalog(
+    registry: ToolRegistry, principal: Principal | None, mode: ToolCatalog
+) -> tuple[dict[str, object], ...]:
+    """The catalog a model step's plan shows the model, acting for ``principal``."""
+    settings = StepSettings(
+        registry=registry,
+        tool_catalog=mode,
+        tokens_per_step=0,
+        price=None,
+        answer_margin=0,
+        model_retries=0,
+        require_citations=False,
+    )
+    return StepPlan(stop=None, settings=settings).decision_input(make_state(), principal).catalog
+
 
 CAPABILITIES = ["logs:read", "notes:write", "payments:write", "admin"]
 NAMES = ["search_logs", "write_note", "send_money", "admin_reset", "read_more", "pay_more"]
