@@ -110,6 +110,7 @@ from fencepost.policy.phase import Phase
 from fencepost.policy.provenance import ObservedOutput, output_of
 from fencepost.policy.reservations import (
     Claim,
+    call_amounts,
     claim,
     step_amounts,
     step_hold,
@@ -667,6 +668,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return _refusal(call_id, name, ErrorCode.PERMISSION_DENIED.value)
         account = account_of(run)
         attempt = 1
+        # The gate reserved attempt 1: reserving it again returns that reservation. A call
+        # whose budget the gate never reserved (a batch entry a caller wrote into the record)
+        # is held against the limits here, before it can run, as the graph's executor does.
+        held = await reserve(io, run, ctx, call_key(account, call_id, 1), call_amounts(spec))
+        if isinstance(held, StopRequest):
+            return _refusal(call_id, name, held.error_code or held.reason.value)
         while True:
             marker = await reserve(io, run, ctx, started_key(account, call_id, attempt), {})
             if isinstance(marker, StopRequest):
@@ -677,7 +684,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
                 return _refusal(call_id, name, ErrorCode.EXECUTION_UNCERTAIN.value)
             attempt += 1
             held = await reserve(
-                io, run, ctx, call_key(account, call_id, attempt), {"tool_calls": 1.0}
+                io, run, ctx, call_key(account, call_id, attempt), call_amounts(spec)
             )
             if isinstance(held, StopRequest):
                 return _refusal(call_id, name, held.error_code or held.reason.value)
