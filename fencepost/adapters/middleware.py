@@ -7,9 +7,10 @@ every call; each hook only loads the run, asks policy, does the I/O the answer n
 
 - ``before_agent``: a run starts (or goes on): its ledger account is opened under the thread
   and the run id, owned by the trusted context; a missing context ends it ``policy_denied``.
-- ``before_model``: a model step is reserved in the ledger before the model is called; a budget
-  that cannot cover it ends the run (``jump_to="end"``) with its typed reason, long before
-  LangGraph's recursion limit.
+- ``before_model``: a model step is reserved in the ledger before the model is called; a step
+  crowded out only by other runs' steps in flight waits for them in the ledger's line (bounded
+  by the deadline: busy is not exhausted); a budget whose spending cannot cover it ends the run
+  (``jump_to="end"``) with its typed reason, long before LangGraph's recursion limit.
 - ``after_model``: the model's tool calls are a batch, gated (allowlist, strict schema, semantic
   rules, no-progress, capability, effect and approval) and reserved before any runs; with
   ``approval="interrupt"`` a call that needs approval waits for a person (``interrupt()``).
@@ -71,6 +72,7 @@ from fencepost.graph.settings import (
     settings_from,
 )
 from fencepost.graph.state import new_run_id
+from fencepost.graph.step_line import hold_step, run_ended
 from fencepost.graph.token_count import count_tokens
 from fencepost.graph.trace import manifest
 from fencepost.policy import (
@@ -112,7 +114,6 @@ from fencepost.policy.reservations import (
     Claim,
     call_amounts,
     claim,
-    step_amounts,
     step_hold,
     stop_for_exceeded,
     stop_for_unknown_account,
@@ -505,14 +506,31 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         if refused is not None:
             return await self._close(io, run, refused)
         run = _answered(run)
-        sent, estimate = await self._step_hold(io, run, ctx, values)
-        held = await reserve(
-            io, run, ctx, step_key(account_of(run), run.step + 1), step_amounts(estimate)
+        sent: int | None = None
+        asking = run
+
+        async def hold(_: RunState) -> tuple[int, int]:
+            """What the step holds (``reservations.step_hold``, as the graph binding's decide
+            node): the tokens of what the model is about to be sent (its messages and the tool
+            catalog, counted once) and its output cap, within the headroom read now; nothing
+            where no account of the chain limits tokens."""
+            nonlocal sent
+            headroom = await tokens_left(io, asking, ctx)
+            if headroom is None:
+                return 0, 0
+            if sent is None:
+                sent = count_tokens(_sent_text(values.get("messages", []), self.cfg.registry))
+            return step_hold(sent, self.cfg.tokens_per_step, headroom), 0
+
+        # The graph's own wait: a step crowded out by other runs' steps in flight waits for
+        # them (busy is not exhausted), in the ledger's line.
+        held, (estimate, _money) = await hold_step(
+            io, run, ctx, step_key(account_of(run), run.step + 1), hold
         )
         if isinstance(held, StopRequest):
             return await self._close(io, run, held)
         run = with_budget_view(run.model_copy(update={"step": run.step + 1}), held.balance)
-        return _written(run, {STEP_KEY: {"tokens": estimate, "sent": sent}})
+        return _written(run, {STEP_KEY: {"tokens": estimate, "sent": sent or 0}})
 
     async def _gate(
         self, io: NodeIO, values: FencepostState, context: Any
@@ -732,19 +750,6 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
 
     # -- tokens and the trace: what the graph binding's decide, gate and execute record -------
 
-    async def _step_hold(
-        self, io: NodeIO, run: RunState, ctx: RunContext, values: FencepostState
-    ) -> tuple[int, int]:
-        """``(sent, estimate)`` of the next model step: the tokens of what the agent's model is
-        about to be sent (its messages and the tool catalog, counted), and what the step holds
-        for it (``reservations.step_hold``, as the graph binding's decide node). Nothing is
-        counted or held where no account of the chain limits tokens."""
-        headroom = await tokens_left(io, run, ctx)
-        if headroom is None:
-            return 0, 0
-        sent = count_tokens(_sent_text(values.get("messages", []), self.cfg.registry))
-        return sent, step_hold(sent, self.cfg.tokens_per_step, headroom)
-
     async def _settle_step(
         self,
         io: NodeIO,
@@ -838,6 +843,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         # An account never opened (no context) has nothing to close.
         with contextlib.suppress(LookupError, ValueError):
             await io.close_account(account_of(run), request.reason.value)
+        run_ended(io.ledger, account_of(run))
         ended = _ended(run, request)
         terminal = manifest(
             ended,
