@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import re
 import unicodedata
 import weakref
@@ -166,13 +167,16 @@ def _only_untrusted(value: tuple[ValueSource, ...]) -> bool:
 def normalise(text: str) -> str:
     """``text`` as values are compared: without invisible format characters, NFKC, lower-cased,
     whitespace collapsed and stripped."""
-    return " ".join(unicodedata.normalize("NFKC", text.translate(_INVISIBLE)).lower().split())
+    return " ".join(unicodedata.normalize("NFKC", text.translate(_invisible())).lower().split())
 
 
 # Format characters (zero-width space and joiners, soft hyphen, bidi controls, tag characters):
 # nobody reads them, a model copies past them, and one inside an address in a tool's output
-# would hide the address from the index while the model proposes it without.
-_INVISIBLE = {code: None for code in range(0x110000) if unicodedata.category(chr(code)) == "Cf"}
+# would hide the address from the index while the model proposes it without. Made at first
+# use: walking the code points costs a tenth of a second, no import should pay it.
+@functools.cache
+def _invisible() -> dict[int, None]:
+    return {code: None for code in range(0x110000) if unicodedata.category(chr(code)) == "Cf"}
 
 
 _URL = re.compile(r"https?://[^\s<>\"'`\\\]\[(){}|^]+")
