@@ -557,6 +557,18 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         if over is not None:
             run = self._noted(run, ctx, Phase.DECIDE, "denied", code=over.error_code, **usage)
             return await self._close(io, run, over, message)
+        # Calls create_agent's model node answered itself are no proposals: its structured
+        # output (``response_format=ToolStrategy(...)``) is a tool call it answers, and ends the
+        # run with ``structured_response`` set, or asks the model again when it did not parse.
+        answered = _answers_since_last_model_step(values.get("messages", []))
+        pending = [c for c in message.tool_calls if str(c.get("id") or "") not in answered]
+        if message.tool_calls and not pending:
+            if values.get("structured_response") is None:
+                return _written(run, {})
+            run = self._noted(run, ctx, Phase.DECIDE, "decided", "final", **usage)
+            return await self._close(io, run, stop(TerminationReason.COMPLETED))
+        if len(pending) != len(message.tool_calls):
+            message = message.model_copy(update={"tool_calls": pending})
         try:
             # What the reply means is the graph binding's reading of it: a refusal, a cut-off
             # or malformed reply, an empty one is an invalid proposal, never a completion.
