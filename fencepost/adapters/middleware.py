@@ -603,7 +603,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             ctx,
             calls,
             usage,
-            outputs=_outputs(values.get("messages", []), self.cfg.registry),
+            outputs=_outputs(values.get("messages", []), self.cfg.registry, _asked(run)),
         )
         run = _recorded(run, manifests)
         if run.stop is not None:
@@ -962,12 +962,28 @@ def _dump(run: RunState) -> dict[str, Any]:
     return dumped
 
 
-def _outputs(messages: list[AnyMessage], registry: ToolRegistry) -> list[ObservedOutput]:
+def _asked(run: RunState) -> frozenset[str]:
+    """What the user asked in the thread, as the run's record holds it: its runs' questions."""
+    return frozenset([run.question, *(t.question for t in run.turns)])
+
+
+def _outputs(
+    messages: list[AnyMessage], registry: ToolRegistry, asked: frozenset[str]
+) -> list[ObservedOutput]:
     """The thread's tool results as provenance sources (this binding keeps no observations:
     the messages are its record), each trusted as its registered tool declares; a refusal or
-    an error (``status="error"``) carries no values."""
+    an error (``status="error"``) carries no values. A human message that is none of the
+    user's questions (``asked``) is another middleware's (``SummarizationMiddleware`` puts
+    its summary of earlier tool results in one): an untrusted source, or a value an attacker
+    planted in a tool's output would pass for the model's own once that output is summarised."""
     found = []
     for message in messages:
+        if isinstance(message, HumanMessage) and (message.text[:2000] or "-") not in asked:
+            call_id = f"message:{message.id or ''}"
+            found.append(
+                output_of(message, call_id=call_id, tool="", trusted=False, result=message.text)
+            )
+            continue
         if not isinstance(message, ToolMessage) or message.status == "error":
             continue
         name = message.name or ""
