@@ -291,7 +291,8 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     ``AIMessage.usage_metadata``), ``tool_catalog`` (``"all"`` | ``"permitted"``: the model is
     shown only the registered tools the run's principal may call, each model call, from its
     context) and ``provenance`` (``"observe"`` | ``"ask"`` | ``"refuse"``: the built-in
-    provenance rule, judging values against the thread's tool messages); ``repair_attempts`` and
+    provenance rule, judging values against the thread's tool messages, and its human messages
+    that are none of the user's questions, a summary say, as untrusted); ``repair_attempts`` and
     ``answer_margin`` are not supported (``create_agent`` builds the model's input), and any
     other setting given a value of its own is refused (a ``GraphConfigError`` names it), never
     ignored: with ``approval="interrupt"`` the requester answers.
