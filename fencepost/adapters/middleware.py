@@ -7,9 +7,10 @@ every call; each hook only loads the run, asks policy, does the I/O the answer n
 
 - ``before_agent``: a run starts (or goes on): its ledger account is opened under the thread
   and the run id, owned by the trusted context; a missing context ends it ``policy_denied``.
-- ``before_model``: a model step is reserved in the ledger before the model is called; a budget
-  that cannot cover it ends the run (``jump_to="end"``) with its typed reason, long before
-  LangGraph's recursion limit.
+- ``before_model``: a model step is reserved in the ledger before the model is called; a step
+  crowded out only by other runs' steps in flight waits for them in the ledger's line (bounded
+  by the deadline: busy is not exhausted); a budget whose spending cannot cover it ends the run
+  (``jump_to="end"``) with its typed reason, long before LangGraph's recursion limit.
 - ``after_model``: the model's tool calls are a batch, gated (allowlist, strict schema, semantic
   rules, no-progress, capability, effect and approval) and reserved before any runs; with
   ``approval="interrupt"`` a call that needs approval waits for a person (``interrupt()``).
@@ -71,6 +72,7 @@ from fencepost.graph.settings import (
     settings_from,
 )
 from fencepost.graph.state import new_run_id
+from fencepost.graph.step_line import hold_step, run_ended
 from fencepost.graph.token_count import count_tokens
 from fencepost.graph.trace import manifest
 from fencepost.policy import (
@@ -110,8 +112,8 @@ from fencepost.policy.phase import Phase
 from fencepost.policy.provenance import ObservedOutput, output_of
 from fencepost.policy.reservations import (
     Claim,
+    call_amounts,
     claim,
-    step_amounts,
     step_hold,
     stop_for_exceeded,
     stop_for_unknown_account,
@@ -289,7 +291,8 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     ``AIMessage.usage_metadata``), ``tool_catalog`` (``"all"`` | ``"permitted"``: the model is
     shown only the registered tools the run's principal may call, each model call, from its
     context) and ``provenance`` (``"observe"`` | ``"ask"`` | ``"refuse"``: the built-in
-    provenance rule, judging values against the thread's tool messages); ``repair_attempts`` and
+    provenance rule, judging values against the thread's tool messages, and its human messages
+    that are none of the user's questions, a summary say, as untrusted); ``repair_attempts`` and
     ``answer_margin`` are not supported (``create_agent`` builds the model's input), and any
     other setting given a value of its own is refused (a ``GraphConfigError`` names it), never
     ignored: with ``approval="interrupt"`` the requester answers.
@@ -504,14 +507,31 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         if refused is not None:
             return await self._close(io, run, refused)
         run = _answered(run)
-        sent, estimate = await self._step_hold(io, run, ctx, values)
-        held = await reserve(
-            io, run, ctx, step_key(account_of(run), run.step + 1), step_amounts(estimate)
+        sent: int | None = None
+        asking = run
+
+        async def hold(_: RunState) -> tuple[int, int]:
+            """What the step holds (``reservations.step_hold``, as the graph binding's decide
+            node): the tokens of what the model is about to be sent (its messages and the tool
+            catalog, counted once) and its output cap, within the headroom read now; nothing
+            where no account of the chain limits tokens."""
+            nonlocal sent
+            headroom = await tokens_left(io, asking, ctx)
+            if headroom is None:
+                return 0, 0
+            if sent is None:
+                sent = count_tokens(_sent_text(values.get("messages", []), self.cfg.registry))
+            return step_hold(sent, self.cfg.tokens_per_step, headroom), 0
+
+        # The graph's own wait: a step crowded out by other runs' steps in flight waits for
+        # them (busy is not exhausted), in the ledger's line.
+        held, (estimate, _money) = await hold_step(
+            io, run, ctx, step_key(account_of(run), run.step + 1), hold
         )
         if isinstance(held, StopRequest):
             return await self._close(io, run, held)
         run = with_budget_view(run.model_copy(update={"step": run.step + 1}), held.balance)
-        return _written(run, {STEP_KEY: {"tokens": estimate, "sent": sent}})
+        return _written(run, {STEP_KEY: {"tokens": estimate, "sent": sent or 0}})
 
     async def _gate(
         self, io: NodeIO, values: FencepostState, context: Any
@@ -538,6 +558,18 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         if over is not None:
             run = self._noted(run, ctx, Phase.DECIDE, "denied", code=over.error_code, **usage)
             return await self._close(io, run, over, message)
+        # Calls create_agent's model node answered itself are no proposals: its structured
+        # output (``response_format=ToolStrategy(...)``) is a tool call it answers, and ends the
+        # run with ``structured_response`` set, or asks the model again when it did not parse.
+        answered = _answers_since_last_model_step(values.get("messages", []))
+        pending = [c for c in message.tool_calls if str(c.get("id") or "") not in answered]
+        if message.tool_calls and not pending:
+            if values.get("structured_response") is None:
+                return _written(run, {})
+            run = self._noted(run, ctx, Phase.DECIDE, "decided", "final", **usage)
+            return await self._close(io, run, stop(TerminationReason.COMPLETED))
+        if len(pending) != len(message.tool_calls):
+            message = message.model_copy(update={"tool_calls": pending})
         try:
             # What the reply means is the graph binding's reading of it: a refusal, a cut-off
             # or malformed reply, an empty one is an invalid proposal, never a completion.
@@ -572,7 +604,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             ctx,
             calls,
             usage,
-            outputs=_outputs(values.get("messages", []), self.cfg.registry),
+            outputs=_outputs(values.get("messages", []), self.cfg.registry, _asked(run)),
         )
         run = _recorded(run, manifests)
         if run.stop is not None:
@@ -667,6 +699,12 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return _refusal(call_id, name, ErrorCode.PERMISSION_DENIED.value)
         account = account_of(run)
         attempt = 1
+        # The gate reserved attempt 1: reserving it again returns that reservation. A call
+        # whose budget the gate never reserved (a batch entry a caller wrote into the record)
+        # is held against the limits here, before it can run, as the graph's executor does.
+        held = await reserve(io, run, ctx, call_key(account, call_id, 1), call_amounts(spec))
+        if isinstance(held, StopRequest):
+            return _refusal(call_id, name, held.error_code or held.reason.value)
         while True:
             marker = await reserve(io, run, ctx, started_key(account, call_id, attempt), {})
             if isinstance(marker, StopRequest):
@@ -677,7 +715,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
                 return _refusal(call_id, name, ErrorCode.EXECUTION_UNCERTAIN.value)
             attempt += 1
             held = await reserve(
-                io, run, ctx, call_key(account, call_id, attempt), {"tool_calls": 1.0}
+                io, run, ctx, call_key(account, call_id, attempt), call_amounts(spec)
             )
             if isinstance(held, StopRequest):
                 return _refusal(call_id, name, held.error_code or held.reason.value)
@@ -724,19 +762,6 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         return await self._close(io, run, stop(_DENIED, "ended_by_other_middleware"))
 
     # -- tokens and the trace: what the graph binding's decide, gate and execute record -------
-
-    async def _step_hold(
-        self, io: NodeIO, run: RunState, ctx: RunContext, values: FencepostState
-    ) -> tuple[int, int]:
-        """``(sent, estimate)`` of the next model step: the tokens of what the agent's model is
-        about to be sent (its messages and the tool catalog, counted), and what the step holds
-        for it (``reservations.step_hold``, as the graph binding's decide node). Nothing is
-        counted or held where no account of the chain limits tokens."""
-        headroom = await tokens_left(io, run, ctx)
-        if headroom is None:
-            return 0, 0
-        sent = count_tokens(_sent_text(values.get("messages", []), self.cfg.registry))
-        return sent, step_hold(sent, self.cfg.tokens_per_step, headroom)
 
     async def _settle_step(
         self,
@@ -831,6 +856,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         # An account never opened (no context) has nothing to close.
         with contextlib.suppress(LookupError, ValueError):
             await io.close_account(account_of(run), request.reason.value)
+        run_ended(io.ledger, account_of(run))
         ended = _ended(run, request)
         terminal = manifest(
             ended,
@@ -937,12 +963,28 @@ def _dump(run: RunState) -> dict[str, Any]:
     return dumped
 
 
-def _outputs(messages: list[AnyMessage], registry: ToolRegistry) -> list[ObservedOutput]:
+def _asked(run: RunState) -> frozenset[str]:
+    """What the user asked in the thread, as the run's record holds it: its runs' questions."""
+    return frozenset([run.question, *(t.question for t in run.turns)])
+
+
+def _outputs(
+    messages: list[AnyMessage], registry: ToolRegistry, asked: frozenset[str]
+) -> list[ObservedOutput]:
     """The thread's tool results as provenance sources (this binding keeps no observations:
     the messages are its record), each trusted as its registered tool declares; a refusal or
-    an error (``status="error"``) carries no values."""
+    an error (``status="error"``) carries no values. A human message that is none of the
+    user's questions (``asked``) is another middleware's (``SummarizationMiddleware`` puts
+    its summary of earlier tool results in one): an untrusted source, or a value an attacker
+    planted in a tool's output would pass for the model's own once that output is summarised."""
     found = []
     for message in messages:
+        if isinstance(message, HumanMessage) and (message.text[:2000] or "-") not in asked:
+            call_id = f"message:{message.id or ''}"
+            found.append(
+                output_of(message, call_id=call_id, tool="", trusted=False, result=message.text)
+            )
+            continue
         if not isinstance(message, ToolMessage) or message.status == "error":
             continue
         name = message.name or ""

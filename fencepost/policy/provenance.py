@@ -9,15 +9,24 @@ output (:func:`untrusted_arguments`).
 
 How values are matched — by value, normalised, never by position:
 
-- text is compared after Unicode NFKC, case folding and whitespace collapse (``"  Bob\\tSmith"``
+- text is compared without invisible format characters (zero-width, soft hyphen, bidi and tag
+  characters), after Unicode NFKC, lower-casing and whitespace collapse (``"  Bob\\tSmith"``
   is ``"bob smith"``), and is found inside a longer text only as a whole token run: ``"bob"``
-  is not seen in ``"bobsled"``;
+  is not seen in ``"bobsled"``. Lower-casing, not full case folding: folding makes ``ß``
+  ``ss`` (and a final sigma an ordinary one), and ``straße.de`` is another domain than
+  ``strasse.de`` (IDNA2008), which a value an attacker wrote must not pass for;
 - identifiers inside strings are traced on their own: URLs (whole, without scheme and
   ``www.``, and their host), dotted host names (``evil.com``), email addresses (case-insensitive, local part
   included), IBAN-like account ids (``GB29 NWBK 6016 1331 9268 19`` is ``gb29nwbk60161331926819``);
-  a string that holds any of these is traced by them alone, one that holds none as a whole;
+  a string that holds any of these is traced by them alone, one that holds none as a whole.
+  An identifier counts as seen in a trusted source only where it stands whole there, not as a
+  piece of a longer one: ``acme.com`` is not in ``acme.com.au``, ``my-acme.com`` or
+  ``x.bob@acme.com`` (a look-alike is the attacker's); in an untrusted output any occurrence
+  counts (``evil.com.`` ending a sentence is ``evil.com``);
 - numbers are compared as decimals: ``100 == 100.0 == "100.00" == "1,000"``-style separators
-  removed; a number is found in a source's text as a whole number (``100`` is not in ``1000``).
+  removed; a number is found in a source's text as a whole number (``100`` is not in ``1000``);
+- an object key is a value when it holds an identifier or a traced number (a result keyed by
+  sender address: ``{"evil@x.com": ...}``); other keys are the producer's field names.
 
 Which values are not traced (their source is ``model``): strings shorter than
 :data:`MIN_TEXT_CHARS` characters after normalisation, numbers with fewer than
@@ -52,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import re
 import unicodedata
 import weakref
@@ -155,8 +165,18 @@ def _only_untrusted(value: tuple[ValueSource, ...]) -> bool:
 
 
 def normalise(text: str) -> str:
-    """``text`` as values are compared: NFKC, case-folded, whitespace collapsed and stripped."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    """``text`` as values are compared: without invisible format characters, NFKC, lower-cased,
+    whitespace collapsed and stripped."""
+    return " ".join(unicodedata.normalize("NFKC", text.translate(_invisible())).lower().split())
+
+
+# Format characters (zero-width space and joiners, soft hyphen, bidi controls, tag characters):
+# nobody reads them, a model copies past them, and one inside an address in a tool's output
+# would hide the address from the index while the model proposes it without. Made at first
+# use: walking the code points costs a tenth of a second, no import should pay it.
+@functools.cache
+def _invisible() -> dict[int, None]:
+    return {code: None for code in range(0x110000) if unicodedata.category(chr(code)) == "Cf"}
 
 
 _URL = re.compile(r"https?://[^\s<>\"'`\\\]\[(){}|^]+")
@@ -222,7 +242,8 @@ EMPTY = SourceIndex("", frozenset(), frozenset(), frozenset())
 def index_of(value: object) -> SourceIndex:
     """Index a JSON value (a tool's output, the app data) or a text (the request).
 
-    Object keys are not indexed: they are the producer's field names, not values it carries."""
+    An object key is indexed only when it holds an identifier or a traced number: other keys
+    are the producer's field names, but a result keyed by address carries the addresses."""
     texts: list[str] = []
     numbers: set[str] = set()
     stack: list[object] = [value]
@@ -238,6 +259,7 @@ def index_of(value: object) -> SourceIndex:
             if canonical is not None:
                 numbers.add(canonical)
         elif isinstance(item, Mapping):
+            texts.extend(k for k in map(_key_value, item) if k is not None)
             stack.extend(reversed(list(item.values())))
         elif isinstance(item, list | tuple):
             stack.extend(reversed(item))
@@ -252,18 +274,50 @@ def index_of(value: object) -> SourceIndex:
     )
 
 
-def _occurs(needle: str, text: str) -> bool:
-    """Whether ``needle`` occurs in ``text`` as whole tokens: not inside a longer word."""
+def _key_value(key: object) -> str | None:
+    """An object key, normalised, when it is a value (an identifier or a traced number)."""
+    if not isinstance(key, str):
+        return None
+    text = normalise(key)
+    if identifiers(text):
+        return text
+    numbers = (_number(n) for n in _NUMBER.findall(text))
+    return text if any(n is not None and _digits(n) >= MIN_NUMBER_DIGITS for n in numbers) else None
+
+
+# What would carry an identifier on, either side of it: a host's labels, an email's local part.
+_GOES_ON_LEFT = frozenset(".-_%+")
+_GOES_ON_RIGHT = frozenset("-_@")
+
+
+def _occurs(needle: str, text: str, *, whole: bool = False) -> bool:
+    """Whether ``needle`` occurs in ``text`` as whole tokens: not inside a longer word.
+    ``whole``: as a whole identifier, not inside a longer one (a host's further labels, an
+    email's longer local part); a leading ``www.`` is no part of a host."""
     size = len(needle)
     start = text.find(needle)
     while start != -1:
         end = start + size
         left = start == 0 or not needle[0].isalnum() or not text[start - 1].isalnum()
         right = end == len(text) or not needle[-1].isalnum() or not text[end].isalnum()
-        if left and right:
+        if left and right and (not whole or _stands_whole(text, start, end)):
             return True
         start = text.find(needle, start + 1)
     return False
+
+
+def _stands_whole(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` is not the piece of a longer identifier."""
+    if text[start - 4 : start] == "www.":
+        start -= 4
+    if start > 0 and (text[start - 1].isalnum() or text[start - 1] in _GOES_ON_LEFT):
+        return False
+    if end == len(text):
+        return True
+    after = text[end]
+    if after in _GOES_ON_RIGHT or after.isalnum():
+        return False
+    return not (after == "." and end + 1 < len(text) and text[end + 1].isalnum())
 
 
 _WORD = re.compile(r"\w+")
@@ -271,9 +325,10 @@ V = TypeVar("V")
 
 
 class _Atom(NamedTuple):
-    """One traced value: how it is matched (``text``, ``number``, ``account``) and its key."""
+    """One traced value: how it is matched (``text``, ``identifier``, ``number``, ``account``)
+    and its key."""
 
-    kind: Literal["text", "number", "account", "short"]
+    kind: Literal["text", "identifier", "number", "account", "short"]
     key: str
 
 
@@ -285,18 +340,18 @@ def identifiers(text: str) -> list[_Atom]:
         # Without its scheme and ``www.``: the same address, however the text spelled it.
         bare = url.split("://", 1)[1].removeprefix("www.").rstrip("/")
         if bare:
-            found.append(_Atom("text", bare))
+            found.append(_Atom("identifier", bare))
         try:
             host = urlsplit(url).hostname
         except ValueError:
             host = None
         if host:
-            found.append(_Atom("text", host.removeprefix("www.")))
+            found.append(_Atom("identifier", host.removeprefix("www.")))
     without_urls = _URL.sub(" ", text)
     emails = _EMAIL.findall(without_urls)
-    found.extend(_Atom("text", e) for e in emails)
+    found.extend(_Atom("identifier", e) for e in emails)
     rest = _EMAIL.sub(" ", without_urls)
-    found.extend(_Atom("text", h.removeprefix("www.")) for h in _HOST.findall(rest))
+    found.extend(_Atom("identifier", h.removeprefix("www.")) for h in _HOST.findall(rest))
     for account in _ACCOUNT.findall(rest):
         compact = _account(account)
         if compact is not None:
@@ -343,14 +398,16 @@ def _atoms(value: object) -> list[_Atom]:
     return out
 
 
-def _seen_in(atom: _Atom, index: SourceIndex) -> bool:
-    """Whether ``atom`` occurs in the source ``index``."""
+def _seen_in(atom: _Atom, index: SourceIndex, *, trusted: bool = True) -> bool:
+    """Whether ``atom`` occurs in the source ``index``. In a ``trusted`` one an identifier must
+    stand whole (:func:`_stands_whole`): seen there, it passes for the user's or the app's."""
     key = atom.key
     if atom.kind == "number":
         return key in index.numbers
     if atom.kind == "account":
         return key in index.accounts or key in index.words
-    return frozenset(_WORD.findall(key)) <= index.words and _occurs(key, index.text)
+    whole = trusted and atom.kind == "identifier"
+    return frozenset(_WORD.findall(key)) <= index.words and _occurs(key, index.text, whole=whole)
 
 
 # -- the run's sources ------------------------------------------------------------------------------
@@ -508,7 +565,12 @@ def _outputs_holding(atom: _Atom, outputs: Sequence[ObservedOutput]) -> list[Obs
     if atom.kind == "account":
         return [o for o in outputs if key in o.index.accounts or key in o.index.words]
     need = frozenset(_WORD.findall(key))
-    return [o for o in outputs if need <= o.index.words and _occurs(key, o.index.text)]
+    whole = atom.kind == "identifier"
+    return [
+        o
+        for o in outputs
+        if need <= o.index.words and _occurs(key, o.index.text, whole=whole and o.trusted)
+    ]
 
 
 # -- the final answer -------------------------------------------------------------------------------
@@ -546,7 +608,7 @@ def answer_repeats_untrusted(
     for atom in identifiers(text):
         if any(_seen_in(atom, index) for index in trusted):
             continue
-        found.update((o.call_id, None) for o in untrusted if _seen_in(atom, o.index))
+        found.update((o.call_id, None) for o in untrusted if _seen_in(atom, o.index, trusted=False))
     spans = _spans(_words(text))
     if spans:
         for index in trusted:
