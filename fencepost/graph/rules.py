@@ -46,10 +46,11 @@ class _InLine:
 
     __slots__ = ("answers", "left", "lock", "until")
 
-    def __init__(self) -> None:
+    def __init__(self, start_by: float) -> None:
         self.lock = threading.Lock()
         self.answers: list[_Answer] = []
-        self.until = math.inf
+        self.until = start_by
+        """Until the first rule starts: no thread is waited for longer than it would be given."""
         self.left = False
         """The loop stopped waiting: no further rule is called here (the judgement is made
         again off the loop, and a rule must not be called by both)."""
@@ -83,14 +84,21 @@ class _InLine:
             self.until = math.inf
 
     def answer_by(self) -> float:
-        """On the loop: the instant the rule running now must answer by (none running: inf)."""
+        """On the loop: when to look again (the running rule's limit; none running: never)."""
         with self.lock:
             return self.until
 
-    def leave(self) -> list[_Answer]:
-        """On the loop, once it stopped waiting: the answers heard, and no rule called after."""
+    def gives_up(self) -> bool:
+        """On the loop: whether the running rule (or the wait for a thread) is past its time;
+        if so, no further rule is called here, atomically with the answer."""
         with self.lock:
-            self.left = True
+            if self.until <= time.monotonic():
+                self.left = True
+            return self.left
+
+    def heard(self) -> list[_Answer]:
+        """The answers heard before the loop gave up."""
+        with self.lock:
             return list(self.answers)
 
 
@@ -194,30 +202,20 @@ async def judged_with_rules(
         return judge()
     if rules is None or not isinstance(io, AsyncIO):
         return await io.off_loop(judge)
-    in_line = _InLine()
-    first_by = time.monotonic() + max(0.0, rules._seconds())
-
-    def answer_by() -> float:
-        # Until the judgement starts its first rule, a thread is waited for no longer than
-        # that rule would be given.
-        until = in_line.answer_by()
-        return first_by if until == math.inf and not started else until
-
-    started = False
-
-    def judged() -> T:
-        nonlocal started
-        started = True
-        return _judged_as(in_line, judge)
-
-    ran = await run_callable_watched(judged, tenant=rules._ctx.tenant_id, answer_by=answer_by)
+    in_line = _InLine(time.monotonic() + max(0.0, rules._seconds()))
+    ran = await run_callable_watched(
+        lambda: _judged_as(in_line, judge),
+        tenant=rules._ctx.tenant_id,
+        answer_by=in_line.answer_by,
+        gives_up=in_line.gives_up,
+    )
     if ran.finished:
         if ran.raised is not None:
             raise ran.raised
         return cast(T, ran.value)
     # A rule did not answer in time (or no thread came for the judgement): judged again off the
     # loop, the rules that answered as they did, the next one timed out, any later contained.
-    replayed = _Replayed(in_line.leave())
+    replayed = _Replayed(in_line.heard())
     return await io.off_loop(lambda: _judged_as(replayed, judge))
 
 

@@ -529,13 +529,18 @@ def run_callable_blocking(
 
 
 async def run_callable_watched(
-    fn: Callable[[], Any], *, tenant: str, answer_by: Callable[[], float]
+    fn: Callable[[], Any],
+    *,
+    tenant: str,
+    answer_by: Callable[[], float],
+    gives_up: Callable[[], bool],
 ) -> CallableRun:
     """Run the sync callable ``fn`` on a fencepost thread from ``tenant``'s share, as
-    :func:`run_callable` does, for as long as ``answer_by()`` (a ``time.monotonic()`` instant
-    ``fn``'s own thread may move on while it runs) is not past: then ``fn`` is left behind and
-    its late answer never heard. A thread is waited for no later than the first such instant.
-    Never raises except the caller's own cancellation."""
+    :func:`run_callable` does, for as long as ``fn``'s own clock allows: ``answer_by()`` is the
+    ``time.monotonic()`` instant to look again (``fn`` may move it while it runs), and
+    ``gives_up()``, asked then, says (once and for all) that ``fn`` is past its time: it is left
+    behind, its late answer never heard. A thread is waited for no later than the first
+    ``answer_by()``. Never raises except the caller's own cancellation."""
     pool = _threads
     job = await pool.start(_boxed(fn), answer_by(), str.__str__(tenant))
     if job is None:
@@ -543,7 +548,7 @@ async def run_callable_watched(
     future = job.future
     try:
         while not await within(future, min(answer_by(), _FAR) - time.monotonic()):
-            if answer_by() <= time.monotonic():
+            if gives_up():
                 break
     except asyncio.CancelledError:
         pool.abandon(job)
@@ -557,7 +562,7 @@ async def run_callable_watched(
 
 
 _FAR = 3600.0
-"""The longest one wait of :func:`run_callable_watched` before it asks ``answer_by`` again."""
+"""The longest one wait of :func:`run_callable_watched` before it looks again."""
 
 
 async def run_callable(
