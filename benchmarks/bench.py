@@ -555,7 +555,7 @@ def _header(
     if fp_error:
         lines += [f"**fencepost rows skipped: {fp_error}.**", ""]
     if targets:
-        lines += ["## Targets (issue 12)", "", "| target | measured | |", "|---|---:|---|"]
+        lines += ["## Targets (issues 12 and 33)", "", "| target | measured | |", "|---|---:|---|"]
         for what, value, met in targets:
             mark = {True: "met", False: "MISSED", None: ""}[met]
             lines.append(

@@ -281,9 +281,9 @@ def gate_part(lo: ModuleType | None, fp_error: str, prior: int) -> tuple[str, li
         )
     try:
         label, make = _in_node(lo)
-        rows.append((label, make, "<= 35 µs, flat"))
+        rows.append((label, make, "<= 30 µs, flat"))
     except Exception as exc:
-        rows.append(("in-node gate step", f"skipped: {describe(exc)}", "<= 35 µs, flat"))
+        rows.append(("in-node gate step", f"skipped: {describe(exc)}", "<= 30 µs, flat"))
 
     targets: list[Target] = []
     for label, make, target in rows:
@@ -298,7 +298,7 @@ def gate_part(lo: ModuleType | None, fp_error: str, prior: int) -> tuple[str, li
             continue
         verdict = ""
         if target:
-            limit = 20 if "20" in target else 35
+            limit = 20 if "20" in target else 30
             met = max(a, b) <= limit and ("flat" not in target or b / a <= 1.25)
             verdict = f"{target}: {'met' if met else 'MISSED'}"
             kind = "policy (gate + reservation)" if limit == 20 else "in-node"

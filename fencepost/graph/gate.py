@@ -125,7 +125,9 @@ async def gate(
         )
 
     async def judged(needs_approval: dict[str, bool] | None = None) -> GatedBatch:
-        return await judged_with_rules(io, cfg.registry, names, lambda: judge(needs_approval))
+        return await judged_with_rules(
+            io, cfg.registry, names, lambda: judge(needs_approval), rules
+        )
 
     gated = await judged()
     decided = _decided_per_call(cfg.registry, calls, cfg.needs_approval)
@@ -171,6 +173,7 @@ async def gate(
                 now=now,
                 run_rule=rules,
             ),
+            rules,
         )
         gated = gated._replace(
             batch=await remember_approvals(

@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import math
 import os
 import time
 from collections.abc import Callable, Coroutine
@@ -71,6 +72,7 @@ __all__ = [
     "is_async",
     "run_callable",
     "run_callable_blocking",
+    "run_callable_watched",
     "run_tool",
     "run_tool_blocking",
 ]
@@ -524,6 +526,43 @@ def run_callable_blocking(
     if not finished and pool.abandon(job) is not Left.FINISHED:
         return CallableRun(finished=False)
     return _callable_ended(job.outcome or Outcome(error=ErrorCode.TIMEOUT), deadline)
+
+
+async def run_callable_watched(
+    fn: Callable[[], Any],
+    *,
+    tenant: str,
+    answer_by: Callable[[], float],
+    gives_up: Callable[[], bool],
+) -> CallableRun:
+    """Run the sync callable ``fn`` on a fencepost thread from ``tenant``'s share, as
+    :func:`run_callable` does, for as long as ``fn``'s own clock allows: ``answer_by()`` is the
+    ``time.monotonic()`` instant to look again (``fn`` may move it while it runs), and
+    ``gives_up()``, asked then, says (once and for all) that ``fn`` is past its time: it is left
+    behind, its late answer never heard. A thread is waited for no later than the first
+    ``answer_by()``. Never raises except the caller's own cancellation."""
+    pool = _threads
+    job = await pool.start(_boxed(fn), answer_by(), str.__str__(tenant))
+    if job is None:
+        return CallableRun(finished=False)
+    future = job.future
+    try:
+        while not await within(future, min(answer_by(), _FAR) - time.monotonic()):
+            if gives_up():
+                break
+    except asyncio.CancelledError:
+        pool.abandon(job)
+        raise
+    if future.done():
+        return _callable_ended(future.result(), math.inf)
+    future.cancel()
+    if pool.abandon(job) is not Left.FINISHED:
+        return CallableRun(finished=False)
+    return _callable_ended(job.outcome or Outcome(error=ErrorCode.TIMEOUT), math.inf)
+
+
+_FAR = 3600.0
+"""The longest one wait of :func:`run_callable_watched` before it looks again."""
 
 
 async def run_callable(
