@@ -37,12 +37,13 @@ from fencepost.graph.account import account_of, chain_pools, reserve_or_exhauste
 from fencepost.graph.node_io import NodeIO
 from fencepost.policy import AgentState, BudgetAxis, BudgetExhausted, Reservation, StopRequest
 from fencepost.policy.context import RunContext
-from fencepost.policy.ledger import Ledger
+from fencepost.policy.ledger import Ledger, exhausted
 from fencepost.policy.reservations import (
     MAX_STEP_WAIT_SECONDS,
     PoolShare,
     after_step_refused,
     first_step_admitted,
+    others_hold_the_room,
     step_amounts,
     step_wait,
     stop_for_exhausted,
@@ -191,6 +192,25 @@ def run_ended(ledger: Ledger, account: str) -> None:
         line.gone(account)
 
 
+async def _busy_for_others(io: NodeIO, account: str, refused: BudgetExhausted) -> BudgetExhausted:
+    """``refused`` as it stands once the run's own reservations in flight (an attempt a crash
+    left unsettled) are counted as spent: busy only if other runs' steps in flight hold the
+    room (``reservations.others_hold_the_room``), else a refusal the spending makes. Waiting
+    for an attempt nothing will settle would last until the run's deadline."""
+    above, limit, asked = refused.account, refused.limit, refused.requested
+    if refused.axis is None or above is None or limit is None or asked is None:
+        return refused
+    axis = refused.axis.value
+    own = (await io.in_flight(account)).get(axis, 0.0)
+    if own <= 0:
+        return refused
+    balance = await io.balance(above)
+    flying = (await io.in_flight(above)).get(axis, 0.0)
+    if others_hold_the_room(refused, held=balance.held.get(axis, 0.0), flying=flying, own=own):
+        return refused
+    return exhausted(above, axis, limit, asked)
+
+
 def _kept_until(io: NodeIO, deadline_left: float | None) -> float:
     """When what a run under way keeps lapses, read on ``time.monotonic``: its deadline, or
     the longest its step may take and then the longest a step may wait, from now."""
@@ -267,6 +287,8 @@ async def hold_step(
                     line.under_way(account, chain, estimate, _kept_until(io, deadline_left))
                     held_step = True
                 return held, estimate
+            if held.busy and held.account != account and held.window is None:
+                held = await _busy_for_others(io, account, held)
             on = 1 if held.axis is BudgetAxis.MONEY else 0
             pause = after_step_refused(
                 held,

@@ -110,6 +110,28 @@ def step_wait(*, waited: float, attempt: int, deadline_left: float | None) -> fl
     return min(FIRST_STEP_WAIT_SECONDS * (1 << min(attempt, 16)), LONGEST_STEP_WAIT_SECONDS, left)
 
 
+def others_hold_the_room(
+    refused: BudgetExhausted, *, held: float, flying: float, own: float
+) -> bool:
+    """Whether a busy refusal by an account above the run's (``refused.account``, which holds
+    ``held`` on the refused axis, ``flying`` of it in reservations in flight) would find room
+    once *other* runs' reservations settle. ``own`` is what the run itself has in flight
+    there: a run takes one model step at a time and no tool runs meanwhile, so that is an
+    attempt a crash left unsettled, which nothing settles while the run waits for it.
+
+    >>> from fencepost.policy.ledger import exhausted
+    >>> refused = exhausted("tenant", "tokens", 400, 250, busy=True)
+    >>> others_hold_the_room(refused, held=300, flying=200, own=0)
+    True
+    >>> others_hold_the_room(refused, held=300, flying=200, own=200)
+    False
+    """
+    if refused.limit is None or refused.requested is None:
+        return True  # a refusal that names no limit: as the ledger said
+    others = flying - own
+    return others > 0 and held - others + refused.requested <= refused.limit
+
+
 def after_step_refused(
     refused: BudgetExhausted,
     *,

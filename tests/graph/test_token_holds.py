@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from fencepost.graph.token_count import count_tokens
 from fencepost.policy.keys import run_account
 from fencepost.policy.usage import input_text, reply_text
 from tests.graph.kit import Calls, call, context, final_citing_last, make_registry, thread
+from tests.graph.test_one_budget_truth import Crash, CrashingMemoryLedger
 
 TENANT = "tenant"
 FINAL = fp.FinalProposal(answer=fp.AnswerPayload(text="done"))
@@ -389,6 +390,39 @@ def test_newcomers_that_start_together_take_turns_in_the_order_they_were_counted
     assert {s.last_error_code for s in states if s not in completed} == {"tokens_exhausted"}
     assert set(model.asked) == {s.run_id for s in completed}
     assert ledger.balance(TENANT).held["tokens"] == 400
+
+
+def test_a_run_resumed_after_a_crash_never_waits_for_its_own_unsettled_step() -> None:
+    # The process dies right after a run's first step is held on a tenant pool that pays for
+    # one step: that hold stays in flight (an attempt is never refunded). Resumed, the run's
+    # next step is refused by the pool, and what holds the room is the run's own attempt,
+    # which nothing will settle: the refusal is the spending's. The run ends at once, asking
+    # the ledger once, never again and again until its deadline.
+    reserves: list[str] = []
+
+    class Ledger(CrashingMemoryLedger):
+        def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> fp.Reservation:
+            reserves.append(key)
+            return super().reserve(account, key, amounts)
+
+    ledger = Ledger()
+    ledger.open_account(TENANT, {"steps": 1})
+    model = StepsModel(100, steps=2)
+    graph = fp.build_agent_graph(make_registry(Calls()), model, ledger=ledger).compile(
+        checkpointer=InMemorySaver()
+    )
+    config = thread()
+    ctx = context(seconds=20).model_copy(update={"budget_account": TENANT})
+    ledger.crash_at = 1  # the first ledger write: the first step's hold
+    with pytest.raises(Crash):
+        graph.invoke(fp.start("q", budget()), config, context=ctx)
+    assert ledger.in_flight(TENANT)["steps"] == 1
+    reserves.clear()
+    state = fp.run_output(graph.invoke(None, config, context=ctx))
+    assert state.termination is fp.TerminationReason.STEP_BUDGET_EXHAUSTED
+    assert state.last_error_code == "steps_exhausted"
+    assert model.asked == []
+    assert len(reserves) == 2  # the first step's hold found again, the second's refused once
 
 
 def test_a_run_paused_under_way_keeps_room_for_its_next_step_only_until_its_deadline(
