@@ -986,6 +986,11 @@ class PostgresLedger(Ledger, ScopeStore):
             self.close()
             raise
 
+    @property
+    def books(self) -> str:
+        """The database, by its connection string (a name for this process, never shown)."""
+        return f"postgres:{self._conninfo}"
+
     def __enter__(self) -> Self:
         return self
 

@@ -173,6 +173,13 @@ class SqliteLedger(SqlLedger):
             self.close()
             raise
 
+    @property
+    def books(self) -> str | None:
+        """The database file, resolved (``None`` for an in-memory database: this object's own)."""
+        if self._path in ("", ":memory:"):
+            return None
+        return f"sqlite:{os.path.realpath(self._path)}"
+
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self._path,

@@ -5,8 +5,10 @@ flight hold the room (``BudgetExhausted.busy``) waits for them to settle, then r
 (``reservations.after_step_refused`` decides; this module does the waiting). Waiting steps
 take their turns first come, first served, runs already under way before new ones, so work
 under way finishes before new work takes the pool: while a step waits, another step of this
-process sharing its ledger reserves only if no step ahead of it waits. The line is per ledger
-object and process; steps of other processes are not in it, and take the room when they find
+process sharing its ledger reserves only if no step ahead of it waits. The line is per process
+and per ledger object, or per the books a ledger names (``Ledger.books``: a SQLite file, a
+Postgres database), so graphs built per request on one saver share it; steps of other
+processes are not in it, and take the room when they find
 it (a waiting step asks the ledger again after each pause).
 
 Runs under way: a run that has taken a model step is under way on its ledger's line until it
@@ -173,21 +175,30 @@ class _Line:
 
 # Per ledger object (never per name a caller chooses); gone with the ledger.
 _LINES: weakref.WeakKeyDictionary[Ledger, _Line] = weakref.WeakKeyDictionary()
+# Per books a ledger names (a file, a database): one line for every ledger object on them, so
+# graphs built per request on one saver keep their runs' turns. Few, and kept for the process.
+_NAMED_LINES: dict[str, _Line] = {}
 _LINES_LOCK = threading.Lock()
 
 
 def _line(ledger: Ledger) -> _Line:
+    books = ledger.books
     with _LINES_LOCK:
-        line = _LINES.get(ledger)
+        line = _LINES.get(ledger) if books is None else _NAMED_LINES.get(books)
         if line is None:
-            line = _LINES[ledger] = _Line()
+            line = _Line()
+            if books is None:
+                _LINES[ledger] = line
+            else:
+                _NAMED_LINES[books] = line
         return line
 
 
 def run_ended(ledger: Ledger, account: str) -> None:
     """The run of ``account`` ended: it is no longer under way on ``ledger``'s line."""
+    books = ledger.books
     with _LINES_LOCK:
-        line = _LINES.get(ledger)
+        line = _LINES.get(ledger) if books is None else _NAMED_LINES.get(books)
     if line is not None:
         line.gone(account)
 

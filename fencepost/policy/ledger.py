@@ -419,6 +419,14 @@ class Ledger(ABC):
         ledger.close_account("run-1", "completed")
     """
 
+    @property
+    def books(self) -> str | None:
+        """Where this ledger keeps its books when other ledger objects may keep the same ones
+        (a file, a database), as a name for this process: model steps of graphs whose ledgers
+        name the same books wait for room in one line, whichever object each graph holds (an
+        app that builds its graph per request on one saver). ``None``: this object's own."""
+        return None
+
     @abstractmethod
     def open_account(
         self,

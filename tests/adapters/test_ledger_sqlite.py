@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import fencepost as fp
 from fencepost.adapters import SqliteLedger
 
 # Extended result codes SQLite reports while another connection holds or rebuilds a lock.
@@ -71,3 +72,23 @@ def test_another_database_error_is_raised_not_retried(
     with pytest.raises(sqlite3.OperationalError):
         ledger.reserve("run", "call-1", {})
     assert ledger.get("call-1") is None
+
+
+def test_ledgers_on_one_file_name_the_same_books_and_an_in_memory_one_names_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Steps of graphs whose ledgers name the same books wait in one line (graph/step_line.py):
+    # however the file is spelled, the books are the file's.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    with (
+        SqliteLedger(tmp_path / "app.db") as absolute,
+        SqliteLedger("app.db") as relative,
+        SqliteLedger("sub/../app.db") as roundabout,
+        SqliteLedger(tmp_path / "other.db") as other,
+        SqliteLedger(":memory:") as in_memory,
+    ):
+        assert absolute.books == relative.books == roundabout.books is not None
+        assert other.books != absolute.books
+        assert in_memory.books is None
+    assert fp.InMemoryLedger().books is None

@@ -7,6 +7,7 @@ limit by at most each in-flight step's reply beyond its estimate."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
 
 import fencepost as fp
 from fencepost.adapters import SqliteLedger
@@ -423,6 +425,63 @@ def test_a_run_resumed_after_a_crash_never_waits_for_its_own_unsettled_step() ->
     assert state.last_error_code == "steps_exhausted"
     assert model.asked == []
     assert len(reserves) == 2  # the first step's hold found again, the second's refused once
+
+
+def test_runs_under_way_finish_first_when_the_app_builds_its_graph_per_request_on_one_saver(
+    tmp_path: Path,
+) -> None:
+    # An app builds its graph per request on one module-level SqliteSaver: each graph gets a
+    # SqliteLedger object of its own on the saver's file, and their steps wait in one line
+    # (the books the ledgers name). A run takes its first step and its tool blocks; three runs
+    # start meanwhile, each on its own graph; the pool pays for two whole runs: the run under
+    # way and one newcomer complete.
+    path = tmp_path / "app.db"
+    with SqliteLedger(path) as opening:
+        opening.open_account(TENANT, {"tokens": 2 * 2 * 100})
+    saver = SqliteSaver(sqlite3.connect(path, check_same_thread=False))
+    release = threading.Event()
+    newcomers_asked = threading.Event()
+    first: list[str] = []
+
+    class Model(StepsModel):
+        async def decide(self, inp: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.Decided:
+            decided = await super().decide(inp, deadline=deadline)
+            with self.lock:
+                if len({r for r in self.asked if r not in first}) >= 2:
+                    newcomers_asked.set()
+            return decided
+
+    model = Model(100, steps=2)
+
+    @fp.tool(effect="read", capability="logs:read", timeout_seconds=10)
+    def search_logs(query: str) -> dict[str, Any]:
+        """Search logs (the first run's search waits until newcomers had their chance)."""
+        if not first:
+            first.append(model.asked[0])
+            release.wait(5)
+        return {"hits": [query]}
+
+    def one(_: int) -> fp.AgentState:
+        graph = fp.build_agent_graph(
+            fp.ToolRegistry([search_logs]), model, tokens_per_step=200
+        ).compile(checkpointer=saver)
+        return fp.run_output(
+            graph.invoke(fp.start("q", budget()), thread(), context=tenant_context())
+        )
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        under_way = pool.submit(one, 0)
+        while not first:
+            threading.Event().wait(0.01)
+        later = [pool.submit(one, n) for n in range(1, 4)]
+        # Newcomers that could take the pool do so at once (on a loaded machine, within
+        # seconds); give them the chance, then let the first run's tool return.
+        newcomers_asked.wait(5.0)
+        release.set()
+        head = under_way.result()
+        rest = [f.result() for f in later]
+    assert head.termination is fp.TerminationReason.COMPLETED, head.last_error_code
+    assert [s.termination for s in rest].count(fp.TerminationReason.COMPLETED) == 1
 
 
 def test_a_run_paused_under_way_keeps_room_for_its_next_step_only_until_its_deadline(
