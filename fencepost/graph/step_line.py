@@ -46,9 +46,9 @@ from fencepost.policy.reservations import (
     after_step_refused,
     first_step_admitted,
     others_hold_the_room,
+    refused_step_stop,
     step_amounts,
     step_wait,
-    stop_for_exhausted,
 )
 
 __all__ = ["hold_step", "run_ended"]
@@ -311,7 +311,12 @@ async def hold_step(
                 deadline_left=deadline_left,
             )
             if pause is None:
-                return stop_for_exhausted(held), estimate
+                left = (
+                    ctx.deadline.remaining_seconds(clock=clock)
+                    if ctx.deadline is not None
+                    else None
+                )
+                return refused_step_stop(held, deadline_left=left), estimate
             if pause > 0:
                 if ticket is None:
                     ticket = line.join(under_way, account)

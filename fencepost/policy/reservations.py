@@ -242,6 +242,24 @@ def stop_for_exhausted(exc: BudgetExhausted) -> StopRequest:
     return StopRequest(reason=exc.reason, error_code=f"{axis}_exhausted", budget=BudgetStop.of(exc))
 
 
+def refused_step_stop(refused: BudgetExhausted, *, deadline_left: float | None) -> StopRequest:
+    """The stop for a model step whose hold the ledger refused and that may wait no longer.
+    A busy refusal (only steps in flight held the room) once the run's deadline has passed
+    (``deadline_left`` seconds, ``None``: no deadline) is the deadline's: the budget had room,
+    and raising it would change nothing. Otherwise the axis that ran out
+    (:func:`stop_for_exhausted`), a busy refusal after :data:`MAX_STEP_WAIT_SECONDS` included.
+
+    >>> from fencepost.policy.ledger import exhausted
+    >>> refused_step_stop(exhausted("t", "tokens", 300, 250, busy=True), deadline_left=0.0).error_code
+    'deadline_exceeded'
+    >>> refused_step_stop(exhausted("t", "tokens", 300, 250), deadline_left=0.0).error_code
+    'tokens_exhausted'
+    """
+    if refused.busy and deadline_left is not None and deadline_left <= 0:
+        return stop(TerminationReason.DEADLINE_EXCEEDED, "deadline_exceeded")
+    return stop_for_exhausted(refused)
+
+
 def stop_for_axis(name: str | None, *, otherwise: BudgetAxis) -> StopRequest:
     """The stop for a run out of the axis called ``name``, as :func:`stop_for_exhausted` makes it.
     ``otherwise`` is the axis meant when ``name`` is missing or names no axis (a value read from

@@ -484,6 +484,44 @@ def test_runs_under_way_finish_first_when_the_app_builds_its_graph_per_request_o
     assert [s.termination for s in rest].count(fp.TerminationReason.COMPLETED) == 1
 
 
+def test_a_run_whose_deadline_passes_while_it_waits_for_room_ends_past_its_deadline() -> None:
+    # The tenant's pool has room for one step in flight; a run's first step waits for
+    # another run's step, in flight past the waiting run's deadline. Nothing of the pool is
+    # spent: the run ends deadline_exceeded, not blaming a budget that had room.
+    ledger = fp.InMemoryLedger()
+    ledger.open_account(TENANT, {"tokens": 300})  # room for one step in flight, not two
+    waiter_done = threading.Event()
+    in_flight = threading.Event()
+    first: list[str] = []
+
+    class Model:
+        async def decide(self, inp: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.Decided:
+            if not first:
+                first.append(inp.run_id)
+                in_flight.set()
+                await asyncio.to_thread(waiter_done.wait, 30)
+            return fp.Decided(decision=FINAL, input_tokens=40, output_tokens=10)
+
+    graph = fp.build_agent_graph(
+        make_registry(Calls()), Model(), ledger=ledger, tokens_per_step=200
+    ).compile(checkpointer=InMemorySaver())
+
+    def run(seconds: float) -> fp.AgentState:
+        ctx = context(seconds=seconds).model_copy(update={"budget_account": TENANT})
+        return fp.run_output(graph.invoke(fp.start("q", budget()), thread(), context=ctx))
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        holding = pool.submit(run, 60)
+        assert in_flight.wait(20)
+        try:
+            waiting = run(5)
+        finally:
+            waiter_done.set()
+        assert holding.result().termination is fp.TerminationReason.COMPLETED
+    assert first == [holding.result().run_id]  # the waiting run's model was never asked
+    assert waiting.termination is fp.TerminationReason.DEADLINE_EXCEEDED, waiting.last_error_code
+
+
 def test_a_run_paused_under_way_keeps_room_for_its_next_step_only_until_its_deadline(
     ledger: fp.Ledger,
 ) -> None:
