@@ -78,19 +78,21 @@ class _Line:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._order = itertools.count()
-        self._waiting: dict[int, tuple[int, int]] = {}
-        """ticket -> (0 for a run under way, 1 for a new one; when it joined)."""
+        self._waiting: dict[int, tuple[tuple[int, int], frozenset[str]]] = {}
+        """ticket -> its place (0 for a run under way, 1 for a new one; when it joined) and
+        the pool accounts its step waits on."""
         self._runs = {}
 
-    def join(self, under_way: bool, account: str | None = None) -> int:
-        """A ticket in the line. A new run already counted as getting its first hold keeps
-        the place it was counted in: were its turn later than that place, a newcomer counted
-        after it but in the line before it would wait for its hold while it waits for the
-        newcomer's turn, both until their deadlines."""
+    def join(self, under_way: bool, account: str, pools: frozenset[str] | None) -> int:
+        """A ticket in the line for a step waiting on ``pools`` (the accounts of its chain that
+        limit what it holds). A new run already counted as getting its first hold keeps the
+        place it was counted in: were its turn later than that place, a newcomer counted after
+        it but in the line before it would wait for its hold while it waits for the newcomer's
+        turn, both until their deadlines."""
         with self._lock:
-            counted = self._runs.get(account) if account is not None else None
+            counted = self._runs.get(account)
             ticket = counted.order if counted is not None and counted.first else next(self._order)
-            self._waiting[ticket] = (0 if under_way else 1, ticket)
+            self._waiting[ticket] = ((0 if under_way else 1, ticket), pools or frozenset())
             return ticket
 
     def leave(self, ticket: int) -> None:
@@ -98,24 +100,32 @@ class _Line:
             self._waiting.pop(ticket, None)
 
     def first(self, ticket: int) -> bool:
-        """Whether no step waiting goes before ``ticket``'s."""
+        """Whether no step waiting on a pool ``ticket``'s step waits on goes before it."""
         with self._lock:
-            mine = self._waiting[ticket]
-            return all(place >= mine for place in self._waiting.values())
+            mine, pools = self._waiting[ticket]
+            return all(place >= mine for place, theirs in self._waiting.values() if theirs & pools)
 
-    def ahead(self, under_way: bool) -> bool:
-        """Whether a step waits that goes before a step not yet in the line (one of a run
-        under way goes before a new run's; among equals, the one waiting already)."""
+    def ahead(self, under_way: bool, pools: frozenset[str] | None) -> bool:
+        """Whether a step waiting on one of ``pools`` goes before a step not yet in the line
+        (one of a run under way goes before a new run's; among equals, the one waiting
+        already). Steps waiting on other pools are not ahead: nothing they wait for is this
+        step's."""
+        if not pools:
+            return False
         kind = 0 if under_way else 1
         with self._lock:
-            return any(place[0] <= kind for place in self._waiting.values())
+            return any(
+                place[0] <= kind for place, theirs in self._waiting.values() if theirs & pools
+            )
+
+    def chain_of(self, account: str) -> frozenset[str] | None:
+        """The pool accounts of ``account``'s run under way, if the line knows it."""
+        with self._lock:
+            run = self._runs.get(account)
+            return run.chain if run is not None else None
 
     # Runs under way, by their ledger account's name: the ledger's own identity for the run.
     _runs: dict[str, _Run]
-
-    def known(self, account: str) -> bool:
-        with self._lock:
-            return account in self._runs
 
     def counted(
         self,
@@ -258,8 +268,13 @@ async def hold_step(
             deadline_left = (
                 ctx.deadline.remaining_seconds(clock=clock) if ctx.deadline is not None else None
             )
-            if ticket is None and line.ahead(under_way):
-                ticket = line.join(under_way, account)
+            if any(estimate) and chain is None:
+                # The pools this step waits on: steps waiting on others are never ahead of it.
+                chain = (line.chain_of(account) if under_way else None) or frozenset(
+                    name for name, _ in await chain_pools(io, ctx, _AXES)
+                )
+            if ticket is None and line.ahead(under_way, chain):
+                ticket = line.join(under_way, account, chain)
             if ticket is not None and not line.first(ticket):
                 pause = step_wait(waited=waited, attempt=attempt, deadline_left=deadline_left)
                 if pause is not None:
@@ -267,8 +282,6 @@ async def hold_step(
                     waited, attempt = waited + pause, attempt + 1
                     continue
                 # waited as long as it may: it asks the ledger, out of turn, once
-            if any(estimate) and chain is None and not (under_way and line.known(account)):
-                chain = frozenset(name for name, _ in await chain_pools(io, ctx, _AXES))
             if not under_way and any(estimate) and chain:
                 kept = line.counted(
                     account, chain, estimate, _kept_until(io, deadline_left), ticket
@@ -287,7 +300,7 @@ async def hold_step(
                     pause = step_wait(waited=waited, attempt=attempt, deadline_left=deadline_left)
                     if pause is not None:
                         if ticket is None:
-                            ticket = line.join(under_way, account)
+                            ticket = line.join(under_way, account, chain)
                         await io.pause(pause)
                         waited, attempt = waited + pause, attempt + 1
                         continue
@@ -319,7 +332,7 @@ async def hold_step(
                 return refused_step_stop(held, deadline_left=left), estimate
             if pause > 0:
                 if ticket is None:
-                    ticket = line.join(under_way, account)
+                    ticket = line.join(under_way, account, chain)
                 await io.pause(pause)
                 waited, attempt = waited + pause, attempt + 1
     finally:

@@ -26,6 +26,7 @@ from fencepost.policy.keys import run_account
 from fencepost.policy.usage import input_text, reply_text
 from tests.graph.kit import Calls, call, context, final_citing_last, make_registry, thread
 from tests.graph.test_one_budget_truth import Crash, CrashingMemoryLedger
+from tests.middleware.test_a_step_crowded_out_by_steps_in_flight_waits import WatchedLedger
 
 TENANT = "tenant"
 FINAL = fp.FinalProposal(answer=fp.AnswerPayload(text="done"))
@@ -520,6 +521,49 @@ def test_a_run_whose_deadline_passes_while_it_waits_for_room_ends_past_its_deadl
         assert holding.result().termination is fp.TerminationReason.COMPLETED
     assert first == [holding.result().run_id]  # the waiting run's model was never asked
     assert waiting.termination is fp.TerminationReason.DEADLINE_EXCEEDED, waiting.last_error_code
+
+
+def test_a_run_with_no_shared_pool_never_waits_in_another_tenants_line() -> None:
+    # Nothing another tenant does reaches this tenant's runs, and a step waits only for steps
+    # in flight that hold the room it needs. Tenant A's pool has room for one step in flight:
+    # while its first run's step is in flight, its second run waits in the line; a run of
+    # tenant B, whose chain limits nothing, is asked at once, while A's first step is still
+    # in flight.
+    ledger = WatchedLedger()
+    ledger.open_account(TENANT, {"tokens": 300})  # room for one step in flight, not two
+    other_asked = threading.Event()
+    held_for_other: list[bool] = []
+    first: list[str] = []
+
+    class Model:
+        async def decide(self, inp: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.Decided:
+            if inp.question == "another tenant's question":
+                other_asked.set()
+            elif not first:
+                first.append(inp.run_id)
+                ledger.first_in_model.set()
+                # In flight until the other tenant's run was asked (or long past what that
+                # takes on a loaded machine).
+                held_for_other.append(await asyncio.to_thread(other_asked.wait, 10))
+            return fp.Decided(decision=FINAL, input_tokens=40, output_tokens=10)
+
+    graph = fp.build_agent_graph(
+        make_registry(Calls()), Model(), ledger=ledger, tokens_per_step=200
+    ).compile(checkpointer=InMemorySaver())
+    tenant = context(seconds=60).model_copy(update={"budget_account": TENANT})
+
+    def run(question: str, ctx: fp.RunContext) -> fp.AgentState:
+        return fp.run_output(graph.invoke(fp.start(question, budget()), thread(), context=ctx))
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        under_way = pool.submit(run, "q", tenant)
+        assert ledger.first_in_model.wait(20)
+        newcomer = pool.submit(run, "q", tenant)  # waits in the line for the tenant's room
+        assert ledger.another_waits.wait(20)
+        other = pool.submit(run, "another tenant's question", context(tenant="other"))
+        states = [under_way.result(), newcomer.result(), other.result()]
+    assert states[2].termination is fp.TerminationReason.COMPLETED
+    assert held_for_other == [True]
 
 
 def test_a_run_paused_under_way_keeps_room_for_its_next_step_only_until_its_deadline(
