@@ -53,7 +53,7 @@ from typing import Literal, TypeVar
 
 from fencepost.adapters._ledger_sql import ACCOUNT_COLUMNS, SCHEMA, SqlLedger, Transaction
 from fencepost.policy.deadline import Clock, SystemClock
-from fencepost.policy.ledger import Balance, Reservation
+from fencepost.policy.ledger import Attempt, Balance, Reservation
 from fencepost.policy.remembered import ApprovalScope
 from fencepost.policy.windows import Window
 
@@ -353,6 +353,23 @@ class SqliteLedger(SqlLedger):
 
     async def arelease(self, key: str) -> Reservation:
         return await self._in_thread(partial(self.release, key))
+
+    async def abegin_attempt(
+        self, account: str, marker: str, *, claim: str | None = None
+    ) -> Attempt:
+        return await self._in_thread(partial(self.begin_attempt, account, marker, claim=claim))
+
+    async def afinish_attempt(
+        self,
+        account: str,
+        key: str,
+        *,
+        result: str | None = None,
+        actual: Mapping[str, float] | None = None,
+    ) -> Reservation:
+        return await self._in_thread(
+            partial(self.finish_attempt, account, key, result=result, actual=actual)
+        )
 
     async def acharge(
         self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
