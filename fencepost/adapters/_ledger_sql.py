@@ -790,6 +790,18 @@ class SqlLedger(Ledger, ScopeStore):
         validate_name(key)
         return self._run(lambda tx: self._settle_in(tx, key, actual))
 
+    def reserved(self, account: str, key: str) -> Reservation | None:
+        validate_name(account, "account")
+        validate_name(key)
+
+        def work(tx: Transaction) -> Reservation | None:
+            prior = self._reservation(tx, key)
+            if prior is None:
+                return None
+            return existing_reservation(prior, account, self._balance(tx, account))
+
+        return self._run(work, read_only=True)
+
     def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
         validate_name(account, "account")
         validate_name(marker)

@@ -830,6 +830,7 @@ _RESERVE = "SELECT * FROM fencepost_ledger_reserve(%s, %s, %s::text[], %s::float
 _CHARGE = "SELECT * FROM fencepost_ledger_charge(%s, %s, %s::text[], %s::float8[], %s, %s::text)"
 _FINISH = "SELECT * FROM fencepost_ledger_finish(%s, %s, %s, %s::text[], %s::float8[], %s)"
 _GET = "SELECT * FROM fencepost_ledger_get(%s)"
+_RESERVED = "SELECT * FROM fencepost_ledger_reserved_before(%s, %s, %s)"
 # The combined operations: one statement, so one transaction on the autocommit connection. Each
 # subquery is fenced (OFFSET 0) so its function runs once, before the one that reads its result.
 _BEGIN = (
@@ -1293,6 +1294,17 @@ class PostgresLedger(Ledger, ScopeStore):
     def _release_call(self, key: str) -> _Call:
         return _FINISH, (validate_name(key), False, False, None, None, self._now())
 
+    def _reserved_call(self, account: str, key: str) -> _Call:
+        return _RESERVED, (validate_name(key), validate_name(account, "account"), self._now())
+
+    @staticmethod
+    def _found(row: Sequence[Any], call: _Call, key: str) -> Reservation | None:
+        if row[0] is None:  # never reserved
+            return None
+        now = call[1][-1]
+        _raise_for(row, key, now)
+        return _reservation(row, key, now)
+
     def _begin_call(self, account: str, marker: str, claim: str | None) -> _Call:
         validate_name(account, "account")
         validate_name(marker)
@@ -1373,6 +1385,10 @@ class PostgresLedger(Ledger, ScopeStore):
         call = self._release_call(key)
         return self._finished(self._call(call), call, key, None)
 
+    def reserved(self, account: str, key: str) -> Reservation | None:
+        call = self._reserved_call(account, key)
+        return self._found(self._call(call), call, key)
+
     def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
         call = self._begin_call(account, marker, claim)
         return self._begun(self._call(call), call, marker, claim)
@@ -1431,6 +1447,10 @@ class PostgresLedger(Ledger, ScopeStore):
     async def arelease(self, key: str) -> Reservation:
         call = self._release_call(key)
         return self._finished(await self._acall(call), call, key, None)
+
+    async def areserved(self, account: str, key: str) -> Reservation | None:
+        call = self._reserved_call(account, key)
+        return self._found(await self._acall(call), call, key)
 
     async def abegin_attempt(
         self, account: str, marker: str, *, claim: str | None = None

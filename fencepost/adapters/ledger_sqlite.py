@@ -354,6 +354,9 @@ class SqliteLedger(SqlLedger):
     async def arelease(self, key: str) -> Reservation:
         return await self._in_thread(partial(self.release, key))
 
+    async def areserved(self, account: str, key: str) -> Reservation | None:
+        return await self._in_thread(partial(self.reserved, account, key))
+
     async def abegin_attempt(
         self, account: str, marker: str, *, claim: str | None = None
     ) -> Attempt:

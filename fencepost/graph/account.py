@@ -315,6 +315,27 @@ async def reserve_or_exhausted(
     return held
 
 
+async def reserved_before(
+    io: NodeIO, state: AgentState, ctx: RunContext, key: str, *, account: str
+) -> Reservation | StopRequest | None:
+    """The reservation the run's ``account`` holds under ``key`` already (a call's first
+    attempt, which the gate reserved), as :func:`reserve_or_exhausted` would return it, read
+    without taking the ledger's write lock: its owner checked against the caller the same way.
+    ``None`` where the ledger holds none: the caller reserves it then (a forged batch entry the
+    gate never saw), checked against the limits before it can run."""
+    try:
+        held = await io.reserved(account, key)
+    except UnknownAccount:
+        return stop_for_unknown_account()
+    except ValueError:
+        return stop_for_conflict()
+    if held is not None and held.balance is not None:
+        refused = check_owner(held.balance.owner, ctx, state.run_id)
+        if refused is not None:
+            return refused
+    return held
+
+
 async def release_reserved(io: NodeIO, key: str) -> Balance | None:
     """Give back the reservation under ``key`` (a call that never started); the account's
     balance after it, or ``None`` where the ledger holds no such reservation to give back."""

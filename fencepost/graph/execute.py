@@ -20,6 +20,7 @@ from fencepost.graph.account import (
     produced,
     release_reserved,
     reserve_or_exhausted,
+    reserved_before,
     with_budget_view,
 )
 from fencepost.graph.events import EVENTS
@@ -105,11 +106,20 @@ async def run_call(
     cfg = io.cfg
     attempt = 1
     while True:
-        # Attempt 1 was reserved at the gate: reserving it again is a no-op that returns that
-        # reservation. A call whose budget the gate never reserved (a forged batch entry) is
-        # checked against the limits here, before it can run.
+        # Attempt 1 was reserved at the gate: read back, not reserved again (no write). A call
+        # whose budget the gate never reserved (a forged batch entry), and every retry, is
+        # reserved here, checked against the limits before it can run.
         key = call_key(account, entry.call_id, attempt)
-        more = await reserve_or_exhausted(io, state, ctx, key, call_amounts(spec), account=account)
+        found = (
+            await reserved_before(io, state, ctx, key, account=account) if attempt == 1 else None
+        )
+        more = (
+            found
+            if found is not None
+            else await reserve_or_exhausted(
+                io, state, ctx, key, call_amounts(spec), account=account
+            )
+        )
         if isinstance(more, StopRequest):
             return more
         if isinstance(more, BudgetExhausted):

@@ -58,6 +58,11 @@ class NodeIO:
     async def release(self, key: str) -> Reservation:
         raise NotImplementedError
 
+    async def reserved(self, account: str, key: str) -> Reservation | None:
+        """The reservation under ``key`` as a repeated reserve returns it, without reserving
+        (``Ledger.reserved``)."""
+        raise NotImplementedError
+
     async def begin_attempt(self, account: str, marker: str, *, claim: str | None) -> Attempt:
         """Claim a call and write its attempt's start marker in one write
         (``Ledger.begin_attempt``)."""
@@ -148,6 +153,9 @@ class SyncIO(NodeIO):
     async def release(self, key: str) -> Reservation:
         return self.ledger.release(key)
 
+    async def reserved(self, account: str, key: str) -> Reservation | None:
+        return self.ledger.reserved(account, key)
+
     async def begin_attempt(self, account: str, marker: str, *, claim: str | None) -> Attempt:
         return self.ledger.begin_attempt(account, marker, claim=claim)
 
@@ -226,6 +234,9 @@ class AsyncIO(NodeIO):
 
     async def release(self, key: str) -> Reservation:
         return await self.ledger.arelease(key)
+
+    async def reserved(self, account: str, key: str) -> Reservation | None:
+        return await self.ledger.areserved(account, key)
 
     async def begin_attempt(self, account: str, marker: str, *, claim: str | None) -> Attempt:
         return await self.ledger.abegin_attempt(account, marker, claim=claim)

@@ -511,6 +511,21 @@ class Ledger(ABC):
     def balance(self, account: str) -> Balance:
         """Limits and holdings of ``account``."""
 
+    def reserved(self, account: str, key: str) -> Reservation | None:
+        """What :meth:`reserve` of ``key`` on ``account`` returns for a key reserved before (that
+        reservation, marked ``existing``, with the account's balance now), without reserving:
+        ``None`` for a key never reserved. ``LedgerConflict`` if another account holds it.
+
+        A read: a caller that expects the key reserved already (a call the gate reserved) asks
+        this first and reserves only what it does not find. The default composes :meth:`get`
+        and :meth:`balance`; backends read both at once.
+        """
+        validate_name(account, "account")
+        prior = self.get(key)
+        if prior is None:
+            return None
+        return existing_reservation(prior, account, self.balance(account))
+
     def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
         """Claim a call for ``account`` and write the start marker of its attempt, in one step:
         a zero-amount reservation of ``claim`` (when given), then one of ``marker``, each
@@ -567,6 +582,10 @@ class Ledger(ABC):
     async def ain_flight(self, account: str) -> dict[str, float]:
         """Async twin of :meth:`in_flight`."""
         return await asyncio.to_thread(self.in_flight, account)
+
+    async def areserved(self, account: str, key: str) -> Reservation | None:
+        """Async twin of :meth:`reserved`."""
+        return await asyncio.to_thread(self.reserved, account, key)
 
     async def abegin_attempt(
         self, account: str, marker: str, *, claim: str | None = None
@@ -953,6 +972,17 @@ class InMemoryLedger(Ledger, ScopeStore):
         self._reservations[key] = settled
         return self._out(key, settled)
 
+    def reserved(self, account: str, key: str) -> Reservation | None:
+        validate_name(account, "account")
+        validate_name(key)
+        with self._lock:
+            prior = self._reservations.get(key)
+            if prior is None:
+                return None
+            if prior.account != account:
+                return existing_reservation(self._model(key, prior), account)  # LedgerConflict
+            return self._out(key, prior, existing=True)
+
     def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
         validate_name(account, "account")
         validate_name(marker)
@@ -1092,6 +1122,9 @@ class InMemoryLedger(Ledger, ScopeStore):
 
     async def areserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
         return self.reserve(account, key, amounts)
+
+    async def areserved(self, account: str, key: str) -> Reservation | None:
+        return self.reserved(account, key)
 
     async def abegin_attempt(
         self, account: str, marker: str, *, claim: str | None = None

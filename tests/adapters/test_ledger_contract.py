@@ -999,6 +999,37 @@ def _attempt_script(
     return out
 
 
+async def test_reserved_answers_as_a_repeated_reserve_and_reserves_nothing(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"tool_calls": 3})
+    ledger.open_account("run", {"tool_calls": 2}, parent="tenant", owner={"tenant": "acme"})
+    ledger.open_account("other", {"tool_calls": 2}, parent="tenant")
+    ledger.reserve("run", "held", {"tool_calls": 1})
+    ledger.reserve("run", "done", {"tool_calls": 1})
+    ledger.settle("done", {"tool_calls": 0})
+    ledger.reserve("other", "theirs", {"tool_calls": 1})
+    for key in ("held", "done"):
+        found = ledger.reserved("run", key)
+        assert found is not None and found.existing
+        assert found == ledger.reserve("run", key, {"tool_calls": 1})
+        assert found == await ledger.areserved("run", key)
+        assert found == Ledger.reserved(ledger, "run", key)  # the port's default, composed
+        assert found.balance is not None and found.balance.owner == {"tenant": "acme"}
+    assert ledger.reserved("run", "new") is None and await ledger.areserved("run", "new") is None
+    assert Ledger.reserved(ledger, "run", "new") is None
+    assert ledger.get("new") is None
+    assert ledger.balance("tenant").held == {"tool_calls": 2.0}
+    with pytest.raises(LedgerConflict):
+        ledger.reserved("run", "theirs")
+    with pytest.raises(LedgerConflict):
+        await ledger.areserved("run", "theirs")
+    ledger.close_account("run", "cancelled")
+    again = ledger.reserved("run", "held")
+    assert again is not None and again == ledger.reserve("run", "held", {"tool_calls": 1})
+    assert again.balance is not None and again.balance.closed == "cancelled"
+    with pytest.raises(InvalidLedgerKey):
+        ledger.reserved("run", "")
+
+
 def _composed(ledger: Ledger) -> tuple[Callable[..., Attempt], Callable[..., Reservation]]:
     """The port's default ``begin_attempt`` and ``finish_attempt`` over ``ledger``'s own
     ``reserve`` and ``settle``."""

@@ -693,6 +693,7 @@ SYNC_METHODS = (
     "release",
     "get",
     "balance",
+    "reserved",
     "begin_attempt",
     "finish_attempt",
 )
@@ -796,6 +797,7 @@ def test_an_async_graph_never_runs_a_blocking_ledger_call_on_the_event_loop_thre
         "areserve",
         "asettle",
         "aclose_account",
+        "areserved",
         "abegin_attempt",
         "afinish_attempt",
     } <= set(log.twins)
