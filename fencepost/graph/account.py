@@ -176,10 +176,14 @@ def node_thread() -> tuple[str, str]:
 async def begin_attempt(
     io: NodeIO, account: str, run_id: str, call_id: str, attempt: int, where: tuple[str, str]
 ) -> Attempt | StopRequest:
-    """Claim ``call_id`` for this run on its thread (its first attempt only, as
-    :func:`claim_call` does) and write the attempt's start marker (``keys.started_key``), in one
-    ledger write (``Ledger.begin_attempt``); or the stop a refusal means. The account's owner
-    was checked by the attempt's reservation just before, in the same node: it never changes."""
+    """Claim ``call_id`` for this run on its checkpoint thread (``keys.claim_key``; its first
+    attempt only, and off a thread, where there is no fork, never) and write the attempt's start
+    marker (``keys.started_key``), in one ledger write (``Ledger.begin_attempt``); or the stop a
+    refusal means. ``Attempt.claimed`` is False where another run of the thread holds the claim
+    (the run a fork branches from, or another branch: it ran there, or may have); no marker is
+    written then. ``where``: the node's thread and namespace (:func:`node_thread`). The
+    account's owner was checked on the attempt's reservation just before, in the same node: an
+    account's owner never changes."""
     thread, namespace = where
     claim = claim_key(thread, namespace, run_id, call_id) if attempt == 1 and thread else None
     try:
