@@ -79,10 +79,10 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         EVENTS.answer_refused(before.run_id, ask.asked, plan.refusal)
         return step_writes(before, before.model_copy(update={"last_error_code": plan.refusal}))
     acting, answerer = plan.acting, plan.answerer
-    if plan.ends or acting is None or given is None:
+    if plan.stop is not None or acting is None:
         return step_writes(before, before.model_copy(update={"stop": plan.stop}))
-    if plan.marks_approver:
-        marked = await reserve(io, before, acting, approver_key(account, answerer or ""), {})
+    if plan.marks_approver is not None:
+        marked = await reserve(io, before, acting, approver_key(account, plan.marks_approver), {})
         if isinstance(marked, StopRequest):
             return step_writes(before, before.model_copy(update={"stop": marked}))
     answered_at = cfg.clock.now()
@@ -96,7 +96,7 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     if plan.remember:
         # Its creator is whoever answered (a lead, say), under the run's tenant (judged above).
         batch = await remember_approvals(
-            io, batch, plan.remember, before, given, cfg.clock.now(), answered_by="human"
+            io, batch, plan.remember, before, given or acting, cfg.clock.now(), answered_by="human"
         )
     end = end_approval(plan, before, result, batch)
     EVENTS.approvals_answered(before.run_id, ask.asked, result.batch, cfg.registry, by=answerer)

@@ -87,16 +87,14 @@ class ApprovalAsk:
     gate left waiting, sealed; a pending entry anyone else wrote is never asked about), what
     they are shown, and how their answer is read.
 
-    ``refused``: why the last answer was not taken from whoever gave it, shown with the first
-    request of this pause (a refused answer is spent with its task: never read again).
-    ``clears_refusal``: the run's ``last_error_code`` is such a refusal, cleared once an answer
-    is taken.
+    ``refused``: why the last answer was not taken from whoever gave it (the run's
+    ``last_error_code``, cleared once an answer is taken), shown with the first request of this
+    pause (a refused answer is spent with its task: never read again).
     """
 
     asked: tuple[BatchEntry, ...]
     settings: ApprovalSettings
     refused: AnswerRefused | None
-    clears_refusal: bool
     schema: dict[str, Any] | None
     """The JSON schema of every accepted answer: the interrupt's ``response_schema``."""
 
@@ -159,34 +157,32 @@ def ask_approval(state: AgentState, settings: ApprovalSettings) -> ApprovalAsk:
         asked=asked,
         settings=settings,
         refused=refused,
-        clears_refusal=refused is not None,
         schema=answer_schema(asked, settings.registry) if asked else None,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class ApprovalPlan:
-    """After the answer: the run's stop (``ends``), the refusal that keeps it waiting
-    (``refusal``), or who answered and what their answer does.
+    """After the answer: the run's stop, the refusal that keeps it waiting (``refusal``), or
+    who answered and what their answer does (``acting`` set: the run goes on).
 
     ``acting``: the context the answer acts in — the caller's own when the requester answered;
     for an approver, the caller's with the requester's identity (the run's identity never
     becomes the approver's), holding the capabilities the run's account recorded for the
     requester (on an account that records none, those of the waiting calls only: the gate
-    found the requester held them when it asked). ``marks_approver``: an approver (not the
-    requester) answered, and is marked in the ledger before anything is written: the later
-    nodes of the run act for the requester only for an approver the ledger marks
+    found the requester held them when it asked). ``marks_approver``: the approver (not the
+    requester) who answered, marked in the ledger before anything is written: the later nodes
+    of the run act for the requester only for an approver the ledger marks
     (``account.acting_in``).
     """
 
     ask: ApprovalAsk
-    ends: bool = False
     stop: StopRequest | None = None
     refusal: AnswerRefusal | None = None
     answers: Mapping[str, ApprovalAnswer] | None = None
     answerer: str | None = None
     acting: RunContext | None = None
-    marks_approver: bool = False
+    marks_approver: str | None = None
 
     @property
     def remember(self) -> dict[str, Remember]:
@@ -239,7 +235,7 @@ def plan_approval(
     if not ask.asked:
         refused = check_before_acting(state, ctx, clock=clock, given=given)
         if refused is not None or ctx is None:
-            return ApprovalPlan(ask=ask, ends=True, stop=refused)
+            return ApprovalPlan(ask=ask, stop=refused)
     run_owner = owner or {"tenant": state.tenant_id or "", "principal": state.principal_id or ""}
     cfg = ask.settings
     specs = _specs(ask.asked, cfg.registry)
@@ -263,13 +259,13 @@ def plan_approval(
         acting = ctx if own else as_requester(ctx, requester, held)
     refused = check_before_acting(state, acting, clock=clock, given=given)
     if refused is not None or acting is None or ctx is None:
-        return ApprovalPlan(ask=ask, ends=True, stop=refused)
+        return ApprovalPlan(ask=ask, stop=refused)
     return ApprovalPlan(
         ask=ask,
         answers=answers,
         answerer=ctx.principal.id,
         acting=acting,
-        marks_approver=not own,
+        marks_approver=None if own else ctx.principal.id,
     )
 
 
@@ -307,7 +303,7 @@ def end_approval(
     the calls to reserve and seal — only what was just approved: calls allowed at the gate
     were reserved there, and anything else in the batch was judged by nobody."""
     update: dict[str, Any] = {"batch": batch, "fingerprints": result.fingerprints}
-    if plan.ask.clears_refusal:
+    if plan.ask.refused is not None:
         update["last_error_code"] = None
     registry = plan.ask.settings.registry
     records = []
