@@ -86,11 +86,13 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
         if isinstance(marked, StopRequest):
             return step_writes(before, before.model_copy(update={"stop": marked}))
     answered_at = cfg.clock.now()
+    rules = ContainedRules(acting, cfg.clock)
     result = await judged_with_rules(
         io,
         cfg.registry,
         [e.proposal.tool_name for e in ask.asked],
-        lambda: plan.apply(before, ContainedRules(acting, cfg.clock), answered_at),
+        lambda: plan.apply(before, rules, answered_at),
+        rules,
     )
     batch = result.batch
     if plan.remember:
