@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -222,134 +223,140 @@ async def remember_approvals(
     )
 
 
-async def ask_approver(io: NodeIO, request: ApproverInput) -> ApproverDecision:
-    """The graph's approver's answer for one call, contained: fail closed on anything but a
-    decision in time.
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """How a contained callable (an approver, a ``needs_approval``) answered: ``answered`` with
+    ``value`` in time; ``no_time`` (not asked: no time left); ``late`` (no answer in time);
+    ``raised`` what it raised; ``lost`` (its task ended cancelled with no answer: never, its
+    own cancellation is carried as data by :func:`_awaited`)."""
 
-    The approver gets at most its timeout, within the run's deadline: an answer after it is
-    ``approver_timeout``, whatever it says. A sync one runs on a fencepost thread from its
-    tenant's share (:func:`~fencepost.graph.containment.tools.run_callable`), left behind at its
-    timeout as a sync tool body is. An ``async`` one runs as a task of its own on a
-    leash, as a model call does (:func:`~fencepost.graph.containment.model.run_model`): past its
-    timeout it is cancelled and left behind, never waited for, so one that ignores its
-    cancellation neither holds the caller nor gets its late answer heard. Whatever it raises —
-    an exception, its own ``CancelledError`` or ``GeneratorExit``, ``SystemExit`` — rejects the
-    call ``approver_failed``, logged here with its traceback, never kept. Only the caller's own
-    cancellation propagates (:func:`~fencepost.policy.cancellation.cancelled_by_caller`).
-    """
-    cfg = io.cfg
-    approver = cfg.approver
-    assert approver is not None
-    run_deadline = request.context.deadline or Deadline.after(
-        APPROVER_TIMEOUT_SECONDS, clock=cfg.clock
-    )
+    status: Literal["answered", "no_time", "late", "raised", "lost"]
+    value: object = None
+    raised: BaseException | None = None
+
+
+async def _ask_contained(
+    io: NodeIO,
+    fn: Callable[[Any], object],
+    arg: object,
+    *,
+    max_seconds: float,
+    ctx: RunContext,
+    awaits_sync: bool,
+) -> _Answer:
+    """``fn(arg)``, contained: given at most ``max_seconds`` within the run's deadline. A sync
+    ``fn`` runs on a fencepost thread from its tenant's share
+    (:func:`~fencepost.graph.containment.tools.run_callable`), left behind at its timeout as a
+    sync tool body is, and never holds the node (nor invoke) while it blocks; what it hands
+    back to await is awaited on the same leash (``awaits_sync``), or closed and no answer. An
+    ``async`` one runs as a task of its own on a leash, as a model call does
+    (:func:`~fencepost.graph.containment.model.run_model`): past its timeout it is cancelled
+    and left behind, never waited for, so one that ignores its cancellation neither holds the
+    caller nor gets its late answer heard. Only the caller's own cancellation propagates
+    (:func:`~fencepost.policy.cancellation.cancelled_by_caller`)."""
+    clock = io.cfg.clock
+    run_deadline = ctx.deadline or Deadline.after(max_seconds, clock=clock)
     timeout = stage_deadline(
-        run_deadline, max_stage_seconds=APPROVER_TIMEOUT_SECONDS, clock=cfg.clock
-    ).remaining_seconds(clock=cfg.clock)
-    if not timeout > 0:  # NaN included: no time left, the approver is not asked
-        return ApproverDecision.reject(APPROVER_TIMEOUT)
+        run_deadline, max_stage_seconds=max_seconds, clock=clock
+    ).remaining_seconds(clock=clock)
+    if not timeout > 0:  # NaN included: no time left, it is not asked
+        return _Answer("no_time")
     until = time.monotonic() + timeout
-    if is_async(approver):
+    if is_async(fn):
         try:
-            answer = approver(request)
+            answer = fn(arg)
         except BaseException as exc:
             if cancelled_by_caller(exc):
                 raise
-            return _approver_failed(request, exc)
+            return _Answer("raised", raised=exc)
     else:
-        # A sync approver runs on a fencepost thread, as a sync tool body does: one that blocks
-        # is left behind at its timeout and never holds the node (nor invoke) while it blocks.
         ran = await io.call(
-            lambda: run_callable(
-                lambda: approver(request),
-                timeout_seconds=timeout,
-                tenant=request.context.tenant_id,
-            )
+            lambda: run_callable(lambda: fn(arg), timeout_seconds=timeout, tenant=ctx.tenant_id)
         )
         if not ran.finished:
-            return ApproverDecision.reject(APPROVER_TIMEOUT)
+            return _Answer("late")
         if ran.raised is not None:
-            return _approver_failed(request, ran.raised)
+            return _Answer("raised", raised=ran.raised)
         answer = ran.value
+        if not awaits_sync and inspect.isawaitable(answer):  # work nobody awaits
+            if inspect.iscoroutine(answer):
+                answer.close()
+            answer = None
     if inspect.isawaitable(answer):
         pending = answer
         run = await io.call(
             lambda: run_model(lambda: _awaited(pending), max(0.0, until - time.monotonic()))
         )
         if not run.finished:
-            return ApproverDecision.reject(APPROVER_TIMEOUT)
+            return _Answer("late")
         if run.error is not None:
             error = run.error
-            raised_by = error.raised if isinstance(error, _ApproverRaised) else error
-            return _approver_failed(request, raised_by)
-        if run.cancelled:  # never: its own cancellation is carried as data by _awaited
-            return ApproverDecision.reject(APPROVER_FAILED)
+            cause = error.raised if isinstance(error, _RaisedOnItsTask) else error
+            return _Answer("raised", raised=cause)
+        if run.cancelled:
+            return _Answer("lost")
         answer = run.value
     if time.monotonic() > until:
-        return ApproverDecision.reject(APPROVER_TIMEOUT)
-    return read_decision(answer)
+        return _Answer("late")
+    return _Answer("answered", value=answer)
+
+
+async def ask_approver(io: NodeIO, request: ApproverInput) -> ApproverDecision:
+    """The graph's approver's answer for one call, contained (:func:`_ask_contained`): fail
+    closed on anything but a decision in time.
+
+    The approver gets at most its timeout, within the run's deadline: an answer after it is
+    ``approver_timeout``, whatever it says. Whatever it raises — an exception, its own
+    ``CancelledError`` or ``GeneratorExit``, ``SystemExit`` — rejects the call
+    ``approver_failed``, logged here with its traceback, never kept. A sync approver that hands
+    back an awaitable has it awaited within the same timeout.
+    """
+    approver = io.cfg.approver
+    assert approver is not None
+    asked = await _ask_contained(
+        io,
+        approver,
+        request,
+        max_seconds=APPROVER_TIMEOUT_SECONDS,
+        ctx=request.context,
+        awaits_sync=True,
+    )
+    if asked.status == "answered":
+        return read_decision(asked.value)
+    if asked.raised is not None:
+        return _approver_failed(request, asked.raised)
+    if asked.status == "lost":
+        return ApproverDecision.reject(APPROVER_FAILED)
+    return ApproverDecision.reject(APPROVER_TIMEOUT)
 
 
 async def ask_needs_approval(
     io: NodeIO, decider: NeedsApproval, question: ApprovalQuestion, run_id: str
 ) -> bool:
     """Whether one call needs approval, as ``decider`` answers, contained as an approver is
-    (:func:`ask_approver`): at most its timeout within the run's deadline, a sync one on a
+    (:func:`_ask_contained`): at most its timeout within the run's deadline, a sync one on a
     fencepost thread and an ``async`` one on a leash, either left behind at its timeout. Fail
     closed: anything but ``True`` or ``False`` in time — what it raised (its own
-    ``CancelledError``, ``GeneratorExit``, ``SystemExit`` included), a hang, another value —
-    means it does, logged on ``fencepost.approval`` (with ``run_id``). Only the caller's own
-    cancellation propagates."""
-    cfg = io.cfg
+    ``CancelledError``, ``GeneratorExit``, ``SystemExit`` included), a hang, another value, an
+    awaitable a sync one hands back — means it does, logged on ``fencepost.approval`` (with
+    ``run_id``). Only the caller's own cancellation propagates."""
     call_id = question.proposal.call_id
-    run_deadline = question.context.deadline or Deadline.after(
-        NEEDS_APPROVAL_TIMEOUT_SECONDS, clock=cfg.clock
-    )
-    timeout = stage_deadline(
-        run_deadline, max_stage_seconds=NEEDS_APPROVAL_TIMEOUT_SECONDS, clock=cfg.clock
-    ).remaining_seconds(clock=cfg.clock)
     what = f"needs_approval, for {question.tool.name!r},"
-    answer: object = None
-    if not timeout > 0:  # NaN included: no time left, it is not asked
+    asked = await _ask_contained(
+        io,
+        decider,
+        question,
+        max_seconds=NEEDS_APPROVAL_TIMEOUT_SECONDS,
+        ctx=question.context,
+        awaits_sync=False,
+    )
+    if asked.raised is not None:
+        return _raised_closed(what, asked.raised, run_id, call_id)
+    if asked.status == "no_time":
         return _fails_closed(what, "had no time left", run_id, call_id)
-    until = time.monotonic() + timeout
-    if is_async(decider):
-        try:
-            pending = decider(question)
-        except BaseException as exc:
-            if cancelled_by_caller(exc):
-                raise
-            return _raised_closed(what, exc, run_id, call_id)
-        run = await io.call(
-            lambda: run_model(lambda: _awaited(pending), max(0.0, until - time.monotonic()))
-        )
-        if not run.finished:
-            return _fails_closed(what, "did not answer in time", run_id, call_id)
-        if run.error is not None:
-            error = run.error
-            cause = error.raised if isinstance(error, _ApproverRaised) else error
-            return _raised_closed(what, cause, run_id, call_id)
-        answer = run.value
-    else:
-        ran = await io.call(
-            lambda: run_callable(
-                lambda: decider(question),
-                timeout_seconds=timeout,
-                tenant=question.context.tenant_id,
-            )
-        )
-        if not ran.finished:
-            return _fails_closed(what, "did not answer in time", run_id, call_id)
-        if ran.raised is not None:
-            return _raised_closed(what, ran.raised, run_id, call_id)
-        answer = ran.value
-        if inspect.isawaitable(answer):  # a sync callable handing back work nobody awaits
-            if inspect.iscoroutine(answer):
-                answer.close()
-            answer = None
-    if time.monotonic() > until:
+    if asked.status == "late":
         return _fails_closed(what, "did not answer in time", run_id, call_id)
-    read = read_needs_approval(answer)
+    read = read_needs_approval(asked.value)
     if read is None:
         return _fails_closed(what, "answered no bool", run_id, call_id)
     return read
@@ -372,10 +379,10 @@ def _fails_closed(what: str, why: str, run_id: str, call_id: str) -> bool:
     return True
 
 
-class _ApproverRaised(Exception):
-    """What an ``async`` approver raised, carried off its task as data: a task's own
-    ``CancelledError`` would read as its cancellation, and asyncio re-raises ``SystemExit``
-    and ``KeyboardInterrupt`` out of the event loop after failing the task."""
+class _RaisedOnItsTask(Exception):
+    """What an awaited approver or ``needs_approval`` raised, carried off its task as data: a
+    task's own ``CancelledError`` would read as its cancellation, and asyncio re-raises
+    ``SystemExit`` and ``KeyboardInterrupt`` out of the event loop after failing the task."""
 
     def __init__(self, raised: BaseException) -> None:
         super().__init__(type(raised).__name__)
@@ -388,7 +395,7 @@ async def _awaited(pending: Awaitable[object]) -> object:
     except BaseException as exc:
         if cancelled_by_caller(exc):
             raise  # its task was cancelled or closed at its timeout: nobody listens any more
-        raise _ApproverRaised(exc) from None
+        raise _RaisedOnItsTask(exc) from None
 
 
 def _approver_failed(request: ApproverInput, exc: BaseException) -> ApproverDecision:
