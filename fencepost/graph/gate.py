@@ -51,7 +51,7 @@ from fencepost.policy.context import RunContext
 from fencepost.policy.developer_log import APPROVAL, raised
 from fencepost.policy.gating import GatedBatch, GatePlan, GateSettings, end_gate, plan_gate
 from fencepost.policy.provenance import ObservedOutput
-from fencepost.policy.remembered import Remember, new_scope
+from fencepost.policy.remembered import Remember, scopes_named, scopes_to_remember
 from fencepost.policy.tool import NeedsApproval
 
 
@@ -195,32 +195,19 @@ async def remember_approvals(
     that keeps no scopes stores nothing: the call is still approved, once.
     """
     named: dict[str, str] = {}
-    for entry in batch:
-        asked = remember.get(entry.call_id)
-        if asked is None or not entry.verdict.allowed:
-            continue
-        scope = new_scope(
-            asked,
-            tenant_id=ctx.tenant_id,
-            tool_name=entry.verdict.tool_name,
-            fingerprint=entry.verdict.fingerprint,
-            created_by=ctx.principal.id,
-            answered_by=answered_by,
-            run_id=state.run_id,
-            call_id=entry.call_id,
-            now=now,
-        )
+    for call_id, scope in scopes_to_remember(
+        batch,
+        remember,
+        tenant_id=ctx.tenant_id,
+        created_by=ctx.principal.id,
+        answered_by=answered_by,
+        run_id=state.run_id,
+        now=now,
+    ):
         stored = await io.remember_scope(scope)
         if stored is not None:
-            named[entry.call_id] = stored.scope_id
-    if not named:
-        return batch
-    return tuple(
-        e.with_verdict(e.verdict.model_copy(update={"scope_id": named[e.call_id]}))
-        if e.call_id in named
-        else e
-        for e in batch
-    )
+            named[call_id] = stored.scope_id
+    return scopes_named(batch, named)
 
 
 @dataclass(frozen=True, slots=True)

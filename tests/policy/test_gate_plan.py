@@ -1,6 +1,7 @@
 """The gate phase's plans: what the ledger is asked about a batch, who decides per call whether
 it needs approval (failing closed for a call nobody asked), which remembered scope approves a
-call, and what the run records of a refused, stopped, repaired or settled batch."""
+call and which "approve always" answer is remembered, and what the run records of a refused,
+stopped, repaired, settled or unfunded batch."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gating import GatedBatch, GatePlan, GateSettings, end_gate, plan_gate
 from fencepost.policy.phase import Phase, TerminationReason
 from fencepost.policy.receipt import ReceiptStatus
-from fencepost.policy.remembered import Remember, new_scope
+from fencepost.policy.remembered import Remember, new_scope, scopes_named, scopes_to_remember
 from fencepost.policy.rule_runner import run_directly
 from fencepost.policy.state import AgentState, stop
 from fencepost.policy.verdict import VerdictCode
@@ -188,3 +189,24 @@ def test_a_reservation_that_stops_the_batch_receipts_every_unfunded_call() -> No
     assert closed.stop == ran_out
     assert [(r.call_id, r.status) for r in closed.receipts] == [("call-0001", ReceiptStatus.DENIED)]
     assert end.reserved(state, None) is state
+
+
+def test_only_a_call_the_approval_let_through_remembers_its_scope() -> None:
+    calls = [make_proposal(call_id="call-0001"), make_proposal({"query": 3}, call_id="call-0002")]
+    _, _, gated = _judged(calls)
+    remember = {"call-0001": Remember(scope="tool"), "call-0002": Remember(scope="tool")}
+    scopes = scopes_to_remember(
+        gated.batch,
+        remember,
+        tenant_id="tenant-a",
+        created_by="lead-1",
+        answered_by="approver",
+        run_id="run-0001",
+        now=NOW,
+    )
+    assert [(c, s.tenant_id, s.created_by, s.tool_name) for c, s in scopes] == [
+        ("call-0001", "tenant-a", "lead-1", "search_logs")
+    ]
+    named = scopes_named(gated.batch, {"call-0001": scopes[0][1].scope_id})
+    assert [e.verdict.scope_id for e in named] == [scopes[0][1].scope_id, None]
+    assert scopes_named(gated.batch, {}) is gated.batch
