@@ -10,7 +10,8 @@ what state says, and the run is refused (``unknown_budget_account``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langgraph.config import get_config
@@ -228,6 +229,24 @@ async def pending_work(io: NodeIO, state: AgentState) -> tuple[str, ...]:
     return tuple(r.task_id or r.call_id for r in unfinished(state.receipts, marked, started))
 
 
+@dataclass(frozen=True, slots=True)
+class AnswerFacts:
+    """What the ledger says about a final answer before it is judged: the work accepted that it
+    still waits on (:func:`pending_work`) and which of its cited calls had their tool return a
+    result (:func:`produced`)."""
+
+    pending: tuple[str, ...]
+    produced: frozenset[str]
+
+
+async def answer_facts(io: NodeIO, state: AgentState, citations: Iterable[str]) -> AnswerFacts:
+    """The ledger's facts about a final answer citing ``citations`` (:class:`AnswerFacts`)."""
+    return AnswerFacts(
+        pending=await pending_work(io, state),
+        produced=await produced(io, account_of(state), citations),
+    )
+
+
 def _started(account: str, receipt: Receipt) -> str:
     return started_key(account, receipt.call_id, max(1, receipt.attempts))
 
@@ -373,41 +392,60 @@ _MAX_CHAIN = 1000
 """How far up a parent chain :func:`tokens_left` reads, as the ledgers walk it."""
 
 
-async def tokens_left(io: NodeIO, state: AgentState, ctx: RunContext) -> float | None:
-    """The fewest tokens any account of the run's chain has not spent; ``None`` when none
-    limits tokens. What other runs' steps hold in flight counts as left: it comes back, less
-    what they spend, when they settle (a step it crowds out waits, see
-    ``reservations.after_step_refused``). The run's own from its budget view (the ledger's, as
-    last written: between its steps nothing of its own is in flight), its parents' read from
-    the ledger. Only sizes a step's hold: the reservation is what the ledger checks, so a
-    parent that cannot be read is left to it to refuse."""
-    return await left_on(io, state, ctx, BudgetAxis.TOKENS)
+@dataclass(frozen=True, slots=True)
+class ChainLeft:
+    """What the run's chain (its account and up its parents) has not spent, as a model step's
+    hold reads it: ``None`` on an axis nothing limits (or that was not read)."""
+
+    tokens: float | None = None
+    money: float | None = None
+    """In the ledger's micro-units."""
 
 
-async def left_on(io: NodeIO, state: AgentState, ctx: RunContext, axis: BudgetAxis) -> float | None:
-    """As :func:`tokens_left`, on ``axis`` (money in the ledger's micro-units)."""
-    name_of = axis.value
-    own = state.budget.remaining(axis)
-    least: float | None = (
-        float(to_micros(state.budget.money_remaining))
-        if axis is BudgetAxis.MONEY and state.budget.money_remaining is not None
-        else own
-    )
-    name = ctx.budget_account
+async def chain_left(
+    io: NodeIO, state: AgentState, ctx: RunContext, axes: Collection[BudgetAxis]
+) -> ChainLeft:
+    """The fewest units any account of the run's chain has not spent on each of ``axes``
+    (tokens, money), in one walk of the chain. What other runs' steps hold in flight counts as
+    left: it comes back, less what they spend, when they settle (a step it crowds out waits,
+    see ``reservations.after_step_refused``). The run's own from its budget view (the
+    ledger's, as last written: between its steps nothing of its own is in flight), its
+    parents' read from the ledger. Only sizes a step's hold: the reservation is what the
+    ledger checks, so a parent that cannot be read is left to it to refuse."""
+    least: dict[BudgetAxis, float | None] = {}
+    for axis in axes:
+        least[axis] = (
+            float(to_micros(state.budget.money_remaining))
+            if axis is BudgetAxis.MONEY and state.budget.money_remaining is not None
+            else state.budget.remaining(axis)
+        )
+    name = ctx.budget_account if axes else None
     for _ in range(_MAX_CHAIN):
         if name is None:
             break
         try:
             balance = await io.balance(name)
-            left = balance.remaining(name_of)
-            if left is not None:
-                left += (await io.in_flight(name)).get(name_of, 0.0)
+            limited = {a: balance.remaining(a.value) for a in axes}
+            if any(left is not None for left in limited.values()):
+                flying = await io.in_flight(name)
+                limited = {
+                    a: left + flying.get(a.value, 0.0) if left is not None else None
+                    for a, left in limited.items()
+                }
         except (UnknownAccount, ValueError):
             break
-        if left is not None:
-            least = left if least is None else min(least, left)
+        for axis, left in limited.items():
+            if left is not None:
+                now = least[axis]
+                least[axis] = left if now is None else min(now, left)
         name = balance.parent
-    return least
+    return ChainLeft(tokens=least.get(BudgetAxis.TOKENS), money=least.get(BudgetAxis.MONEY))
+
+
+async def tokens_left(io: NodeIO, state: AgentState, ctx: RunContext) -> float | None:
+    """The fewest tokens any account of the run's chain has not spent (:func:`chain_left`);
+    ``None`` when none limits tokens."""
+    return (await chain_left(io, state, ctx, (BudgetAxis.TOKENS,))).tokens
 
 
 async def chain_pools(

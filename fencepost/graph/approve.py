@@ -1,4 +1,8 @@
-"""The approve node: pause for a human on write/external calls; apply the answer on resume."""
+"""The approve node: pause for a human on write/external calls; apply the answer on resume.
+
+The node does the I/O; which calls wait, who may answer, what an answer does and what the run
+writes are plans of :mod:`fencepost.policy.approve` (facts in, one frozen plan out).
+"""
 
 from __future__ import annotations
 
@@ -13,176 +17,93 @@ from fencepost.graph.events import EVENTS
 from fencepost.graph.gate import remember_approvals
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.rules import ContainedRules, judged_with_rules
-from fencepost.graph.settings import Update
+from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import require_state
 from fencepost.graph.trace import manifest, recorded
 from fencepost.graph.writes import step_writes
-from fencepost.policy import Phase, StopRequest, reduce_tool_events
-from fencepost.policy.approval import (
-    ANSWER_REFUSALS,
-    ApprovalAnswer,
-    ApprovalProblem,
-    answer_refused,
-    answer_schema,
-    apply_approvals,
-    approval_request,
-    judge_answerer,
-    read_answer,
-    refused_answer,
-    waiting,
-)
+from fencepost.policy import Phase, StopRequest
+from fencepost.policy.approval import ApprovalAnswer, ApprovalProblem
+from fencepost.policy.approve import ApprovalSettings, ask_approval, end_approval, plan_approval
 from fencepost.policy.context import coerce_context
 from fencepost.policy.keys import approver_key
-from fencepost.policy.manifest import verdict_outcome
-from fencepost.policy.may_go_on import check_before_acting
-from fencepost.policy.outcome import receipt_for
+
+
+def approval_settings(cfg: LoopConfig) -> ApprovalSettings:
+    """The settings the approve phase reads, from the graph's."""
+    return ApprovalSettings(
+        registry=cfg.registry,
+        approval_right=cfg.approval_right,
+        four_eyes=cfg.four_eyes,
+        repeat_limit=cfg.repeat_limit,
+        verdict_key=cfg.verdict_key,
+    )
 
 
 async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-    """Ask for approval of the waiting calls; an answer that is not exactly one of the accepted
-    forms, or an edit its tool's schema refuses, asks again with a typed error (a call never
-    runs on a guess, and a typo in an edit does not end the run).
+    """Ask for approval of the waiting calls; apply the answer on resume.
 
-    Only the calls the gate left waiting are asked about (``approval.waiting``): a pending entry
-    written into the batch by anyone else is dropped, never asked about, never run.
-
-    Who answered is judged by policy (``approval.judge_answerer``) against the owner the run's
-    ledger account records: an answer from no context, another tenant's, a principal without
-    the approval right (or the requester's own, under four-eyes) is not taken. The node then
-    ends without a change but the refusal's code, so the run waits again in a fresh approval
-    (the refused answer is spent with this task: it is never read again for the next one).
+    An answer that is not exactly one of the accepted forms, or an edit its tool's schema
+    refuses, asks again with a typed error (a call never runs on a guess, and a typo in an
+    edit does not end the run). An answer from someone who may not give it changes nothing but
+    the refusal's code, so the run waits again in a fresh approval (``plan_approval``).
     """
     cfg = io.cfg
     before = require_state(values)
-    asked = waiting(before.batch, run_id=before.run_id, verdict_key=cfg.verdict_key)
-    last = before.last_error_code
-    refusal = (
-        answer_refused(
-            last,  # type: ignore[arg-type]
-            asked,
-            cfg.registry,
-            graph_right=cfg.approval_right,
-            graph_four_eyes=cfg.four_eyes,
-        )
-        if last in ANSWER_REFUSALS
-        else None
-    )
+    ask = ask_approval(before, approval_settings(cfg))
     problem: ApprovalProblem | None = None
     answers: dict[str, ApprovalAnswer] = {}
-    schema = answer_schema(asked, cfg.registry) if asked else None
-    while asked:
-        request = approval_request(
-            asked,
-            cfg.registry,
-            problem,
-            graph_right=cfg.approval_right,
-            graph_four_eyes=cfg.four_eyes,
-        )
-        if problem is None and refusal is not None:
-            request["error"] = refusal.model_dump(mode="json")
+    while ask.asked:
         try:
-            response = interrupt(request, response_schema=schema)
+            response = interrupt(ask.request(problem), response_schema=ask.schema)
         except GraphInterrupt:
-            if problem is not None:
-                # Logged only as the run pauses again: a replayed answer was heard before.
-                refused_answer(before.run_id, problem)
+            ask.paused_again(before.run_id, problem)
             raise
-        read = read_answer(response, asked, cfg.registry)
+        read = ask.read(response)
         if not isinstance(read, ApprovalProblem):
             answers = read
             break
         problem = read
     # Everything below runs only on resume, with the context passed on resume.
     given = coerce_context(runtime.context)
-    if not asked:
-        refused = check_before_acting(before, given, clock=cfg.clock, given=runtime.context)
-        if refused is not None or given is None:
-            return step_writes(before, before.model_copy(update={"stop": refused}))
-    owner = await account_owner(io, account_of(before))
-    judged = judge_answerer(
-        owner or {"tenant": before.tenant_id or "", "principal": before.principal_id or ""},
-        given,
-        asked,
-        cfg.registry,
-        graph_right=cfg.approval_right,
-        graph_four_eyes=cfg.four_eyes,
+    account = account_of(before)
+    plan = plan_approval(
+        before,
+        ask,
+        answers,
+        owner=await account_owner(io, account),
+        ctx=given,
         given=runtime.context,
+        clock=cfg.clock,
     )
-    if judged.refusal is not None and asked:
-        EVENTS.answer_refused(before.run_id, asked, judged.refusal)
-        return step_writes(before, before.model_copy(update={"last_error_code": judged.refusal}))
-    ctx = judged.acting
-    refused = check_before_acting(before, ctx, clock=cfg.clock, given=runtime.context)
-    if refused is not None or ctx is None or judged.answerer is None:
-        return step_writes(before, before.model_copy(update={"stop": refused}))
-    answerer = judged.answerer.principal_id
-    if not judged.answerer.requester:
-        # Marked in the ledger before anything is written: the later nodes of the run act for
-        # the requester only for an approver the ledger marks (``account.acting_in``).
-        marked = await reserve(io, before, ctx, approver_key(account_of(before), answerer), {})
+    if plan.refusal is not None:
+        EVENTS.answer_refused(before.run_id, ask.asked, plan.refusal)
+        return step_writes(before, before.model_copy(update={"last_error_code": plan.refusal}))
+    acting, answerer = plan.acting, plan.answerer
+    if plan.stop is not None or acting is None:
+        return step_writes(before, before.model_copy(update={"stop": plan.stop}))
+    if plan.marks_approver is not None:
+        marked = await reserve(io, before, acting, approver_key(account, plan.marks_approver), {})
         if isinstance(marked, StopRequest):
             return step_writes(before, before.model_copy(update={"stop": marked}))
-    acting = ctx
     answered_at = cfg.clock.now()
+    rules = ContainedRules(acting, cfg.clock)
     result = await judged_with_rules(
         io,
         cfg.registry,
-        [e.proposal.tool_name for e in asked],
-        lambda: apply_approvals(
-            before,
-            answers,
-            cfg.registry,
-            acting.principal,
-            repeat_limit=cfg.repeat_limit,
-            now=answered_at,
-            asked=asked,
-            context=acting,
-            approved_by=answerer,
-            run_rule=ContainedRules(acting, cfg.clock),
-        ),
+        [e.proposal.tool_name for e in ask.asked],
+        lambda: plan.apply(before, rules, answered_at),
+        rules,
     )
-    remember = {c: a.remember for c, a in answers.items() if a.remember is not None}
     batch = result.batch
-    if remember:
-        # Stored before the approved calls are sealed: their verdicts name the scope. Its
-        # creator is whoever answered (a lead, say), under the run's tenant (judged above).
+    if plan.remember:
+        # Its creator is whoever answered (a lead, say), under the run's tenant (judged above).
         batch = await remember_approvals(
-            io, batch, remember, before, given or ctx, cfg.clock.now(), answered_by="human"
+            io, batch, plan.remember, before, given or acting, cfg.clock.now(), answered_by="human"
         )
-    state = before.model_copy(update={"batch": batch, "fingerprints": result.fingerprints})
-    if last in ANSWER_REFUSALS:
-        state = state.model_copy(update={"last_error_code": None})
-    EVENTS.approvals_answered(state.run_id, asked, result.batch, cfg.registry, by=answerer)
-    manifests = []
-    for entry in asked:
-        now = next(e for e in result.batch if e.call_id == entry.call_id)
-        name = now.proposal.tool_name
-        spec = cfg.registry.get(name) if name in cfg.registry else None
-        manifests.append(
-            manifest(
-                state,
-                cfg,
-                ctx,
-                phase=Phase.VALIDATE,
-                outcome=verdict_outcome(now.verdict.code),
-                decision_kind="tool",
-                tool_name=name if spec else None,
-                effect=spec.effect if spec else None,
-                verdict=now.verdict.code,
-                approval="human",
-                approved_by=answerer,
-            )
-        )
-    stopped = result.stop
-    if stopped is None:
-        # Reserve (and seal) only what was just approved; calls allowed at the gate were
-        # reserved and sealed there, and anything else in the batch was judged by nobody.
-        approved = frozenset(e.call_id for e in asked)
-        state, stopped = await reserve_batch(io, state, ctx, only=approved)
-    state = state.model_copy(update={"stop": stopped})
-    if result.rejected:
-        state = reduce_tool_events(state, tuple(o.event for o in result.rejected))
-        state = state.model_copy(
-            update={"receipts": state.receipts + tuple(receipt_for(o) for o in result.rejected)}
-        )
-    return step_writes(before, recorded(state, runtime, manifests))
+    end = end_approval(plan, before, result, batch)
+    EVENTS.approvals_answered(before.run_id, ask.asked, result.batch, cfg.registry, by=answerer)
+    manifests = [manifest(end.state, cfg, acting, phase=Phase.VALIDATE, **r) for r in end.records]
+    state, stopped = end.state, end.stop
+    if end.reserves is not None:
+        state, stopped = await reserve_batch(io, state, acting, only=end.reserves)
+    return step_writes(before, recorded(end.closed(state, stopped), runtime, manifests))

@@ -12,16 +12,15 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from fencepost.graph.account import (
+    AnswerFacts,
     account_of,
     acting_in,
+    answer_facts,
+    chain_left,
     charge,
-    left_on,
     node_thread,
     open_run,
-    pending_work,
-    produced,
     started_run_id,
-    tokens_left,
     with_budget_view,
 )
 from fencepost.graph.endings import unverified_ending
@@ -201,7 +200,7 @@ async def model_step(
     if plan.stop is not None or ctx is None:
         return state.model_copy(update={"stop": plan.stop})
     if plan.reads_money_limit:
-        unpriced = plan.unpriced(await left_on(io, state, ctx, BudgetAxis.MONEY))
+        unpriced = plan.unpriced((await chain_left(io, state, ctx, (BudgetAxis.MONEY,))).money)
         if unpriced is not None:
             return state.model_copy(update={"stop": unpriced})
     account = account_of(state)
@@ -215,10 +214,12 @@ async def model_step(
             counted.append(count_tokens(input_text(plan.decision_input(shown, principal))))
         return counted[0]
 
+    axes = (BudgetAxis.TOKENS, BudgetAxis.MONEY) if plan.holds_money else (BudgetAxis.TOKENS,)
+
     async def hold(facts: AgentState) -> tuple[int, int]:
-        left = await tokens_left(io, facts, ctx)
-        money_left = await left_on(io, facts, ctx, BudgetAxis.MONEY) if plan.holds_money else None
-        return plan.hold(sent, left, money_left)
+        # Read again after each refusal (``step_line.hold_step``): others' steps settle.
+        left = await chain_left(io, facts, ctx, axes)
+        return plan.hold(sent, left.tokens, left.money)
 
     while True:
         step = state.step + 1
@@ -245,14 +246,13 @@ async def model_step(
         if not isinstance(extra, StopRequest):
             state = with_budget_view(state, extra.balance)
     final = vouched_answer(outcome, over_stop)
+    facts = (
+        await answer_facts(io, state, final.answer.citations)
+        if final
+        else AnswerFacts(pending=state.open_tasks, produced=frozenset())
+    )
     end = end_step(
-        plan,
-        state,
-        outcome,
-        settled,
-        over_stop,
-        pending=await pending_work(io, state) if final else state.open_tasks,
-        produced=await produced(io, account, final.answer.citations) if final else frozenset(),
+        plan, state, outcome, settled, over_stop, pending=facts.pending, produced=facts.produced
     )
     if end.record is None:
         state, manifests = await gate(io, end.state, ctx, end.calls, settled.usage)

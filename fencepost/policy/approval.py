@@ -37,7 +37,6 @@ for its very arguments (and, with a ``verdict_key``, sealed by the gate) is not 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -50,7 +49,6 @@ from fencepost.policy.batch import Batch, BatchEntry, replace_entries
 from fencepost.policy.context import RunContext
 from fencepost.policy.contract import Frozen, assemble
 from fencepost.policy.decision import ToolProposal
-from fencepost.policy.developer_log import APPROVAL
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.events import ToolFailed
@@ -272,19 +270,6 @@ def _hitl_decisions(
             return ApprovalProblem()
         answers[cid] = answer
     return answers
-
-
-def refused_answer(run_id: str, problem: ApprovalProblem) -> None:
-    """Log, on ``fencepost.approval`` (WARNING), that an answer was refused and the run asks
-    again: the code and the forms it takes, never the value given (it may hold anything)."""
-    if APPROVAL.isEnabledFor(logging.WARNING):
-        APPROVAL.warning(
-            "approval answer refused (run %s): %s; the run waits again for one of: %s",
-            run_id,
-            problem.code,
-            "; ".join(problem.accepted_forms),
-            extra={"run_id": run_id, "call_id": None, "code": problem.code},
-        )
 
 
 def edit_problems(
@@ -700,14 +685,6 @@ def needs_four_eyes(spec: ToolSpec, *, graph_four_eyes: bool = False) -> bool:
     return graph_four_eyes if spec.four_eyes is None else spec.four_eyes
 
 
-class Answerer(Frozen):
-    """Who answered a run's approval: recorded in the verdicts, receipts, manifests and spans."""
-
-    principal_id: str
-    requester: bool
-    """Whether the requester answered its own call (``False``: an approver of its tenant)."""
-
-
 def may_answer(
     run_owner: Mapping[str, str],
     answerer: RunContext | None,
@@ -739,95 +716,12 @@ def may_answer(
     return "approval_right_missing"
 
 
-@dataclass(frozen=True, slots=True)
-class AnswerJudgement:
-    """The approve node's plan for who answered: the refusal that keeps the run waiting, or
-    the answerer and the context the run goes on with (the requester's identity)."""
-
-    refusal: AnswerRefusal | None
-    answerer: Answerer | None = None
-    acting: RunContext | None = None
-    """The context the approval acts in: the caller's own when the requester answered; for an
-    approver, the caller's with the requester's identity (the run's identity never becomes the
-    approver's), holding the capabilities the run's account recorded for the requester (on an
-    account that records none, those of the waiting calls only: the gate found the requester
-    held them when it asked)."""
-
-
-def judge_answerer(
-    run_owner: Mapping[str, str],
-    answerer: RunContext | None,
-    entries: Sequence[BatchEntry],
-    registry: ToolRegistry,
-    *,
-    graph_right: str | None = None,
-    graph_four_eyes: bool = False,
-    given: object = None,
-) -> AnswerJudgement:
-    """Who answered the waiting ``entries`` and whether the answer is taken
-    (:func:`may_answer`), with the rights and four-eyes each waiting call's tool names."""
-    specs = [
-        registry.get(e.proposal.tool_name) for e in entries if e.proposal.tool_name in registry
-    ]
-    refusal = may_answer(
-        run_owner,
-        answerer,
-        [approval_right(s, graph_right=graph_right) for s in specs],
-        four_eyes=any(needs_four_eyes(s, graph_four_eyes=graph_four_eyes) for s in specs),
-        given=given,
-    )
-    if refusal is not None or answerer is None:
-        return AnswerJudgement(refusal=refusal or "missing_context")
-    requester = run_owner.get("principal", answerer.principal.id)
-    own = answerer.principal.id == requester
-    held = recorded_capabilities(run_owner)
-    if held is None:  # an account opened before capabilities were recorded
-        held = frozenset(s.capability for s in specs)
-    acting = answerer if own else as_requester(answerer, requester, held)
-    return AnswerJudgement(
-        refusal=None,
-        answerer=Answerer(principal_id=answerer.principal.id, requester=own),
-        acting=acting,
-    )
-
-
 def as_requester(ctx: RunContext, requester: str, capabilities: Iterable[str]) -> RunContext:
     """``ctx`` acting for the run's ``requester``: its principal replaced by the requester
     holding ``capabilities`` only (the approver's own rights never act for the run). The
     deadline, app data and injected dependencies stay the caller's (the application's)."""
     principal = Principal(id=requester, capabilities=frozenset(capabilities))
     return ctx.model_copy(update={"principal": principal})
-
-
-class AnswerRefused(Frozen):
-    """Why the last answer was not taken from whoever gave it; sent with the next approval
-    request (the run kept waiting, nothing of the answer was written)."""
-
-    code: AnswerRefusal
-    rights: tuple[str, ...] = ()
-    """The approval right a principal other than the requester must hold for each waiting
-    call."""
-    four_eyes: bool = False
-    """Whether the requester's own answer is refused."""
-
-
-def answer_refused(
-    code: AnswerRefusal,
-    entries: Sequence[BatchEntry],
-    registry: ToolRegistry,
-    *,
-    graph_right: str | None = None,
-    graph_four_eyes: bool = False,
-) -> AnswerRefused:
-    """The refusal shown with the next approval request: its code, and who may answer."""
-    specs = [
-        registry.get(e.proposal.tool_name) for e in entries if e.proposal.tool_name in registry
-    ]
-    return AnswerRefused(
-        code=code,
-        rights=tuple(dict.fromkeys(approval_right(s, graph_right=graph_right) for s in specs)),
-        four_eyes=any(needs_four_eyes(s, graph_four_eyes=graph_four_eyes) for s in specs),
-    )
 
 
 @dataclass(frozen=True, slots=True)

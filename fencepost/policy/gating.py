@@ -2,24 +2,50 @@
 
 One denial stops the whole batch (nothing in it runs, nothing is reserved); in interrupt mode a
 call that needs approval waits for it; calls the budget cannot cover are marked, never run.
+
+The gate phase, as plans: the node (:mod:`fencepost.graph.gate`) gathers the facts (the batch,
+the run, its context, what the ledger says) and asks one question before it judges the batch
+and one after; each answer is a frozen plan that names the I/O the node does and what it
+writes:
+
+- :func:`plan_gate`: what the ledger is asked (the dependencies named outside the batch, the
+  tools whose remembered scopes may approve a call), who decides per call whether it needs
+  approval, and how the batch is judged, asked about and answered by the approver;
+- :func:`end_gate`: the run to write, its manifests' fields, and whether the batch is reserved.
 """
 
 from __future__ import annotations
 
 from collections import ChainMap
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from fencepost.policy.approval import ApprovalMode
+from fencepost.policy.approver import (
+    ApproverDecision,
+    ApproverInput,
+    ApproverResult,
+    apply_approver,
+    approver_input,
+    to_approve,
+)
 from fencepost.policy.batch import Batch, BatchEntry
 from fencepost.policy.budget import BudgetExhausted
+from fencepost.policy.conditional_approval import ApprovalQuestion, deciding
 from fencepost.policy.context import RunContext
 from fencepost.policy.contract import assemble
 from fencepost.policy.decision import ToolProposal
-from fencepost.policy.denial import DenialMode, observed
+from fencepost.policy.denial import DenialMode, gate_record, observed, settled_calls
+from fencepost.policy.effect import Effect
+from fencepost.policy.events import reduce_tool_events
+from fencepost.policy.execution import budget_refusals
+from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gates import gate_with_findings, repeat_limit_of, takes_provenance
-from fencepost.policy.phase import TerminationReason
+from fencepost.policy.manifest import verdict_outcome
+from fencepost.policy.outcome import receipt_for
+from fencepost.policy.phase import Phase, TerminationReason
 from fencepost.policy.progress import repeat_key
 from fencepost.policy.provenance import (
     UNTRUSTED_PROVENANCE,
@@ -31,13 +57,14 @@ from fencepost.policy.provenance import (
     untrusted_sensitive,
 )
 from fencepost.policy.registry import ToolRegistry
-from fencepost.policy.remembered import ApprovalScope
+from fencepost.policy.remembered import ApprovalScope, matching_scope
+from fencepost.policy.repair import given_back, may_repair
 from fencepost.policy.reservations import stop_for_exhausted
 from fencepost.policy.revised import revised
 from fencepost.policy.rule_runner import RuleRunner, run_directly
 from fencepost.policy.run_sources import sources_of
 from fencepost.policy.state import AgentState, StopRequest, stop
-from fencepost.policy.tool import Principal, ToolSpec
+from fencepost.policy.tool import NeedsApproval, Principal, ToolSpec
 from fencepost.policy.verdict import Verdict, VerdictCode, seal_verdict
 
 
@@ -308,3 +335,292 @@ def after_reservations(
         first = next(iter(refused.values()))
         return result, stop_for_exhausted(first)
     return result, None
+
+
+# --- The gate phase, as plans -----------------------------------------------------------------
+#
+# The node gathers the facts (the batch, the run, its context, the ledger's answers: which
+# dependencies produced a result, the tenant's remembered scopes), asks one question before it
+# judges the batch and one after, and does the I/O each plan names: the tools' rules run
+# contained, each ``needs_approval`` and approver asked contained, the batch reserved.
+
+
+@dataclass(frozen=True, slots=True)
+class GateSettings:
+    """The loop's settings the gate phase reads (``LoopSettings`` names and checks each)."""
+
+    registry: ToolRegistry
+    repeat_limit: int
+    approval: ApprovalMode
+    denial: DenialMode
+    provenance: ProvenanceMode
+    approver: bool
+    """Whether the graph has an approver: a call that needs approval is asked of it first."""
+    needs_approval: NeedsApproval | None
+    """The graph's ``needs_approval`` (a tool's own wins)."""
+    repair_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class GatePlan:
+    """Before the batch is judged: what the ledger is asked, and how the batch is judged.
+
+    ``outside``: the dependencies named outside the batch; each must be an earlier call whose
+    tool returned a result, which only the ledger says (never a receipt in state): read only
+    for a batch that names dependencies. ``scoped``: the registered write or external tools of
+    the batch whose remembered approval scopes the run's tenant may hold (a live scope
+    approves a call before the approver or a human is asked). ``deciders``: per call id, the
+    ``needs_approval`` callable that decides the call (its tool's, else the graph's).
+    """
+
+    calls: Sequence[ToolProposal]
+    settings: GateSettings
+    names: tuple[str, ...]
+    outside: frozenset[str]
+    scoped: tuple[str, ...]
+    deciders: Mapping[str, NeedsApproval]
+
+    def refused(self, state: AgentState, produced: Collection[str]) -> StopRequest | None:
+        """The stop that refuses the whole batch before any call of it is gated
+        (:func:`refused_batch`; ``produced``: which of ``outside`` the ledger marks)."""
+        return refused_batch(self.calls, state.answered, produced)
+
+    def remembered(
+        self, scopes: Mapping[str, Sequence[ApprovalScope]], tenant_id: str, now: datetime
+    ) -> dict[str, ApprovalScope]:
+        """By call id, the live remembered scope (of ``scopes``: the tenant's, per tool of
+        ``scoped``) that approves each call, matched by tool name and the canonical fingerprint
+        of its arguments (:mod:`fencepost.policy.remembered`): nothing the model or a caller
+        names picks the scope."""
+        found: dict[str, ApprovalScope] = {}
+        for call in self.calls:
+            held = scopes.get(call.tool_name) if call.tool_name in scopes else None
+            if not held:
+                continue
+            try:
+                fingerprint = proposal_fingerprint(call.tool_name, call.arguments)
+            except (TypeError, ValueError):
+                continue  # arguments no JSON holds: the gate refuses them, no scope approves them
+            scope = matching_scope(held, tenant_id, call.tool_name, fingerprint, now)
+            if scope is not None:
+                found[call.call_id] = scope
+        return found
+
+    def judge(
+        self,
+        state: AgentState,
+        ctx: RunContext,
+        *,
+        now: datetime,
+        remembered: Mapping[str, ApprovalScope],
+        outputs: Sequence[ObservedOutput] | None,
+        run_rule: RuleRunner,
+        needs_approval: Mapping[str, bool] | None = None,
+    ) -> GatedBatch:
+        """The batch judged (:func:`gate_batch`) in ``ctx``, at ``now``."""
+        cfg = self.settings
+        return gate_batch(
+            cfg.registry,
+            self.calls,
+            state,
+            ctx.principal,
+            repeat_limit=cfg.repeat_limit,
+            approval=cfg.approval,
+            now=now,
+            context=ctx,
+            denial=cfg.denial,
+            approver=cfg.approver,
+            needs_approval=needs_approval,
+            remembered=remembered,
+            provenance=cfg.provenance,
+            outputs=outputs,
+            run_rule=run_rule,
+        )
+
+    def questions(
+        self, gated: GatedBatch, ctx: RunContext
+    ) -> list[tuple[NeedsApproval, ApprovalQuestion]]:
+        """What each ``needs_approval`` callable is asked: only about calls that passed every
+        check before approval (their arguments are schema-valid)."""
+        out = []
+        for entry, spec in zip(gated.batch, gated.specs, strict=True):
+            decider = self.deciders.get(entry.call_id)
+            if spec is not None and decider is not None and entry.verdict.code in _ASKABLE:
+                out.append(
+                    (decider, ApprovalQuestion(proposal=entry.proposal, tool=spec, context=ctx))
+                )
+        return out
+
+    def needs_approval(self, answers: Mapping[str, bool]) -> dict[str, bool]:
+        """Per call id, whether it needs approval, for judging the batch again: as answered,
+        and a call of a deciding tool that was not asked does (fail closed)."""
+        return {**dict.fromkeys(self.deciders, True), **answers}
+
+    def approver_asks(
+        self, gated: GatedBatch, state: AgentState, ctx: RunContext
+    ) -> tuple[list[BatchEntry], list[ApproverInput]]:
+        """The calls the graph's approver is asked about (none once the batch stopped, or
+        without an approver), and what it is shown of each (their provenance as traced)."""
+        if gated.stop is not None or not self.settings.approver:
+            return [], []
+        asked = to_approve(gated.batch)
+        if not asked:
+            return [], []
+        requests = [
+            approver_input(entry, spec, state, ctx, gated.provenance.get(entry.call_id))
+            for entry, spec in zip(gated.batch, gated.specs, strict=True)
+            if spec is not None and entry.verdict.code is VerdictCode.APPROVAL_REQUIRED
+        ]
+        return asked, requests
+
+    def apply_approver(
+        self,
+        state: AgentState,
+        ctx: RunContext,
+        gated: GatedBatch,
+        decisions: Mapping[str, ApproverDecision],
+        *,
+        now: datetime,
+        run_rule: RuleRunner,
+    ) -> ApproverResult:
+        """The approver's answers applied to the batch (``approver.apply_approver``)."""
+        cfg = self.settings
+        return apply_approver(
+            state,
+            gated.batch,
+            decisions,
+            gated.fingerprints,
+            cfg.registry,
+            ctx.principal,
+            context=ctx,
+            approval=cfg.approval,
+            denial=cfg.denial,
+            repeat_limit=cfg.repeat_limit,
+            now=now,
+            run_rule=run_rule,
+        )
+
+
+_ASKABLE = frozenset(
+    {VerdictCode.ALLOWED, VerdictCode.APPROVAL_REQUIRED, VerdictCode.APPROVAL_PENDING}
+)
+"""Verdicts of a call that passed every check before approval: what ``needs_approval`` is
+asked about."""
+
+
+def plan_gate(calls: Sequence[ToolProposal], settings: GateSettings) -> GatePlan:
+    """Before a batch is judged: what the ledger is asked about it, and who decides per call
+    whether it needs approval (:func:`~fencepost.policy.conditional_approval.deciding`)."""
+    registry = settings.registry
+    inside = {c.call_id for c in calls}
+    outside = frozenset(d for c in calls for d in c.depends_on if d not in inside)
+    scoped = {
+        c.tool_name
+        for c in calls
+        if type(c.tool_name) is str
+        and c.tool_name in registry
+        and registry.get(c.tool_name).effect is not Effect.READ
+    }
+    deciders: dict[str, NeedsApproval] = {}
+    for call in calls:
+        if call.tool_name in registry:
+            decider = deciding(registry.get(call.tool_name), settings.needs_approval)
+            if decider is not None:
+                deciders[call.call_id] = decider
+    return GatePlan(
+        calls=calls,
+        settings=settings,
+        names=tuple(c.tool_name for c in calls),
+        outside=outside,
+        scoped=tuple(sorted(scoped)),
+        deciders=deciders,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GateEnd:
+    """After the batch was judged (and its approver answered): the run to write, one
+    manifest's fields per call, and whether the batch is reserved (``reserves``: its allowed
+    calls, in order, with ``gated``, the fields the gate sets, written into the run)."""
+
+    state: AgentState
+    records: tuple[dict[str, Any], ...]
+    reserves: bool
+    gated: dict[str, Any]
+
+    def reserved(self, state: AgentState, stopped: StopRequest | None) -> AgentState:
+        """The run once its batch was reserved: when the reservation stopped it, nothing of the
+        batch runs, and each call the budget could not cover is still receipted."""
+        if stopped is None:
+            return state
+        unfunded = tuple(receipt_for(o) for o in budget_refusals(state.batch))
+        return state.model_copy(update={"receipts": state.receipts + unfunded, "stop": stopped})
+
+
+def end_gate(
+    plan: GatePlan,
+    state: AgentState,
+    judged: GatedBatch | StopRequest,
+    usage: Mapping[str, Any],
+) -> GateEnd:
+    """What the judged batch (or its refusal, :meth:`GatePlan.refused`) means for the run:
+    each call's manifest (its verdict, who answered, the safe code of a denial settled as data;
+    ``usage``, the step's reported tokens, on the first), then the batch's stop, or its
+    denials settled and the rest reserved. A refused batch is one ``denied`` manifest with the
+    refusal's code, and its stop.
+
+    One denial stops the whole batch: nothing in it runs, nothing is reserved. A repairable
+    one may be given back to the model instead (``repair.may_repair``); then none of its calls
+    ran, so none counts as repeated (the counts it raised are not written). A batch that
+    passes clears the repair notes. A call denied as data (or rejected by the approver) is
+    observed and receipted now, never run; the rest of the batch goes on."""
+    if isinstance(judged, StopRequest):
+        record = {"outcome": "denied", "decision_kind": "tool", "code": judged.error_code}
+        return GateEnd(
+            state=state.model_copy(update={"phase": Phase.VALIDATE, "stop": judged}),
+            records=({**record, **usage},),
+            reserves=False,
+            gated={},
+        )
+    gated, cfg = judged, plan.settings
+    records = []
+    extra = dict(usage)
+    for entry, spec in zip(gated.batch, gated.specs, strict=True):
+        verdict = entry.verdict
+        records.append(
+            {
+                "outcome": verdict_outcome(verdict.code),
+                "decision_kind": "tool",
+                # The registered name (an exact str): the model's may be a str subclass.
+                "tool_name": spec.name if spec else None,
+                "effect": spec.effect if spec else None,
+                "verdict": verdict.code,
+                **extra,
+                **gate_record(verdict, cfg.denial),
+            }
+        )
+        extra = {}
+    update: dict[str, Any] = {
+        "phase": Phase.VALIDATE,
+        "batch": gated.batch,
+        "fingerprints": gated.fingerprints,
+    }
+    if gated.stop is not None:
+        notes = may_repair(state, gated.batch, attempts=cfg.repair_attempts)
+        ended = (
+            given_back(state, notes)
+            if notes is not None
+            else state.model_copy(update={**update, "stop": gated.stop})
+        )
+        return GateEnd(state=ended, records=tuple(records), reserves=False, gated={})
+    if state.repair_notes:
+        update["repair_notes"] = ()
+    settled = settled_calls(gated.batch, cfg.registry, cfg.denial)
+    if settled:
+        state = reduce_tool_events(
+            state.model_copy(update={"batch": gated.batch}), tuple(o.event for o in settled)
+        )
+        state = state.model_copy(
+            update={"receipts": state.receipts + tuple(receipt_for(o) for o in settled)}
+        )
+    return GateEnd(state=state, records=tuple(records), reserves=True, gated=update)

@@ -22,12 +22,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field
 
+from fencepost.policy.batch import Batch
 from fencepost.policy.contract import Frozen
 
 ScopeKind = Literal["tool", "arguments"]
@@ -171,6 +172,52 @@ class ScopeStore(ABC):
         return await asyncio.to_thread(self.revoke_scope, tenant_id, scope_id, at=at)
 
 
+def scopes_to_remember(
+    batch: Batch,
+    remember: Mapping[str, Remember],
+    *,
+    tenant_id: str,
+    created_by: str,
+    answered_by: Literal["approver", "human"],
+    run_id: str,
+    now: datetime,
+) -> list[tuple[str, ApprovalScope]]:
+    """By call id, in batch order, the scope of each "approve always" answer (``remember``, by
+    call id) whose call the approval let through: the trusted context's tenant's, created by
+    its principal. A call the approval did not let through remembers nothing."""
+    out: list[tuple[str, ApprovalScope]] = []
+    for entry in batch:
+        asked = remember.get(entry.call_id)
+        if asked is None or not entry.verdict.allowed:
+            continue
+        scope = new_scope(
+            asked,
+            tenant_id=tenant_id,
+            tool_name=entry.verdict.tool_name,
+            fingerprint=entry.verdict.fingerprint,
+            created_by=created_by,
+            answered_by=answered_by,
+            run_id=run_id,
+            call_id=entry.call_id,
+            now=now,
+        )
+        out.append((entry.call_id, scope))
+    return out
+
+
+def scopes_named(batch: Batch, named: Mapping[str, str]) -> Batch:
+    """``batch`` with each stored scope's id (``named``, by call id) in its call's verdict, so
+    its receipt names it too (before the verdict is sealed)."""
+    if not named:
+        return batch
+    return tuple(
+        e.with_verdict(e.verdict.model_copy(update={"scope_id": named[e.call_id]}))
+        if e.call_id in named
+        else e
+        for e in batch
+    )
+
+
 __all__ = [
     "ApprovalScope",
     "Remember",
@@ -179,4 +226,6 @@ __all__ = [
     "matching_scope",
     "new_scope",
     "scope_id_for",
+    "scopes_named",
+    "scopes_to_remember",
 ]

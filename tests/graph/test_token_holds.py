@@ -566,6 +566,42 @@ def test_a_run_with_no_shared_pool_never_waits_in_another_tenants_line() -> None
     assert held_for_other == [True]
 
 
+def test_a_cancelled_run_keeps_no_room_in_the_pool(ledger: fp.Ledger) -> None:
+    # A run takes a step, pauses for an approval, and is cancelled: it is no longer under way,
+    # so a run that starts next takes the pool at once, not after the cancelled run's deadline
+    # (an hour here; the later run has far less).
+    ledger.open_account(TENANT, {"tokens": 2 * 2 * 100})
+
+    class Model(StepsModel):
+        async def decide(self, inp: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.Decided:
+            if inp.question != "write":
+                return await super().decide(inp, deadline=deadline)
+            decision = call("write_note", note="n")
+            return fp.Decided(decision=decision, input_tokens=50, output_tokens=50)
+
+    graph = fp.build_agent_graph(
+        make_registry(Calls()),
+        Model(100, steps=2),
+        ledger=ledger,
+        tokens_per_step=200,
+        approval="interrupt",
+    ).compile(checkpointer=InMemorySaver())
+    paused_ctx = context(seconds=3600).model_copy(update={"budget_account": TENANT})
+    config = thread()
+    paused = graph.invoke(fp.start("write", budget()), config, context=paused_ctx)
+    assert "__interrupt__" in paused
+    cancelled = fp.cancel(graph, config, context=paused_ctx)
+    assert cancelled is not None and cancelled.termination is fp.TerminationReason.CANCELLED
+    later = fp.run_output(
+        graph.invoke(
+            fp.start("q", budget()),
+            thread(),
+            context=context(seconds=20).model_copy(update={"budget_account": TENANT}),
+        )
+    )
+    assert later.termination is fp.TerminationReason.COMPLETED, later.last_error_code
+
+
 def test_a_run_paused_under_way_keeps_room_for_its_next_step_only_until_its_deadline(
     ledger: fp.Ledger,
 ) -> None:
