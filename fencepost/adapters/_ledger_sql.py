@@ -15,6 +15,7 @@ A backend of the flow supplies how a transaction is begun, committed and retried
 
 from __future__ import annotations
 
+import contextlib
 import json
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,6 +25,9 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from fencepost.policy.deadline import Clock, SystemClock
 from fencepost.policy.ledger import (
+    MARKER_REFUSALS,
+    AccountClosed,
+    Attempt,
     Balance,
     Ledger,
     LedgerConflict,
@@ -272,6 +276,21 @@ class Transaction(Protocol):
     def execute(self, sql: str, params: Params = ..., /) -> Cursor: ...
 
     def executemany(self, sql: str, rows: Iterable[Params], /) -> object: ...
+
+
+_REFUSALS = (AccountClosed, LookupError, ValueError)
+"""What a ledger rule raises before it writes anything: a combined operation commits what its
+earlier parts wrote and raises it after, as the separate calls would have."""
+
+
+def _raised(done: tuple[_T | None, Exception | None]) -> _T:
+    """The value of a combined operation's transaction, or the refusal it deferred past its
+    commit."""
+    value, refused = done
+    if refused is not None:
+        raise refused
+    assert value is not None
+    return value
 
 
 class KeyRace(Exception):
@@ -627,74 +646,76 @@ class SqlLedger(Ledger, ScopeStore):
 
         return self._run(work)
 
+    def _reserve_in(
+        self, tx: Transaction, account: str, key: str, clean: dict[str, float]
+    ) -> Reservation:
+        """:meth:`reserve` of checked values, inside ``tx``."""
+        prior = self._reservation(tx, key)
+        if prior is not None:
+            if prior.account != account:
+                raise LedgerConflict(f"key {key!r} is held by another account")
+            return existing_reservation(prior, account, self._balance(tx, account))
+        links = self._chain(tx, account)
+        chain = [link[0] for link in links]
+        self._lock_chain(tx, chain)
+        check_open((name, closed) for name, _, _, closed in links)
+        holdings = self._holdings(tx, chain)
+        flying = self._in_flight(tx, chain)
+        check_room(holdings, clean, flying)
+        windows = self._windows(tx, chain)
+        now = self._clock.now().timestamp() if windows else 0.0
+        if windows:
+            check_windows(
+                (
+                    (name, self._window_held(tx, name, windows[name], now))
+                    for name in chain
+                    if name in windows
+                ),
+                clean,
+                now,
+                flying,
+            )
+        inserted = tx.execute(
+            "INSERT INTO fencepost_ledger_reservations (key, account, status)"
+            " VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
+            (key, account, ReservationStatus.RESERVED.value),
+        ).rowcount
+        if inserted == 0:
+            raise KeyRace  # committed by another transaction since the first look
+        self._add_held(tx, chain, clean)
+        self._add_in_flight(tx, chain, clean)
+        if windows:
+            self._add_windows(tx, windows, clean, now)
+            tx.execute(
+                "INSERT INTO fencepost_ledger_reservation_at (key, at) VALUES (?, ?)",
+                (key, now),
+            )
+        tx.executemany(
+            "INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)"
+            " VALUES (?, ?, ?, ?)",
+            [(key, axis, i, value) for i, (axis, value) in enumerate(clean.items())],
+        )
+        # The balance after the charge, from what was read under the lock: no second read.
+        _, limits, held = holdings[0]
+        after = dict(held)
+        for axis, amount in clean.items():
+            after[axis] = after.get(axis, 0.0) + amount
+        _, parent, owner, _ = links[0]
+        balance = Balance(
+            account=account,
+            parent=parent,
+            limits=limits,
+            held=after,
+            owner=decode_owner(owner),
+            windows=self._window_uses(tx, account) if account in windows else (),
+        )
+        return Reservation(account=account, key=key, amounts=clean, balance=balance)
+
     def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
         validate_name(account, "account")
         validate_name(key)
         clean = validate_amounts(amounts)
-
-        def work(tx: Transaction) -> Reservation:
-            prior = self._reservation(tx, key)
-            if prior is not None:
-                if prior.account != account:
-                    raise LedgerConflict(f"key {key!r} is held by another account")
-                return existing_reservation(prior, account, self._balance(tx, account))
-            links = self._chain(tx, account)
-            chain = [link[0] for link in links]
-            self._lock_chain(tx, chain)
-            check_open((name, closed) for name, _, _, closed in links)
-            holdings = self._holdings(tx, chain)
-            flying = self._in_flight(tx, chain)
-            check_room(holdings, clean, flying)
-            windows = self._windows(tx, chain)
-            now = self._clock.now().timestamp() if windows else 0.0
-            if windows:
-                check_windows(
-                    (
-                        (name, self._window_held(tx, name, windows[name], now))
-                        for name in chain
-                        if name in windows
-                    ),
-                    clean,
-                    now,
-                    flying,
-                )
-            inserted = tx.execute(
-                "INSERT INTO fencepost_ledger_reservations (key, account, status)"
-                " VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
-                (key, account, ReservationStatus.RESERVED.value),
-            ).rowcount
-            if inserted == 0:
-                raise KeyRace  # committed by another transaction since the first look
-            self._add_held(tx, chain, clean)
-            self._add_in_flight(tx, chain, clean)
-            if windows:
-                self._add_windows(tx, windows, clean, now)
-                tx.execute(
-                    "INSERT INTO fencepost_ledger_reservation_at (key, at) VALUES (?, ?)",
-                    (key, now),
-                )
-            tx.executemany(
-                "INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)"
-                " VALUES (?, ?, ?, ?)",
-                [(key, axis, i, value) for i, (axis, value) in enumerate(clean.items())],
-            )
-            # The balance after the charge, from what was read under the lock: no second read.
-            _, limits, held = holdings[0]
-            after = dict(held)
-            for axis, amount in clean.items():
-                after[axis] = after.get(axis, 0.0) + amount
-            _, parent, owner, _ = links[0]
-            balance = Balance(
-                account=account,
-                parent=parent,
-                limits=limits,
-                held=after,
-                owner=decode_owner(owner),
-                windows=self._window_uses(tx, account) if account in windows else (),
-            )
-            return Reservation(account=account, key=key, amounts=clean, balance=balance)
-
-        return self._run(work)
+        return self._run(lambda tx: self._reserve_in(tx, account, key, clean))
 
     def charge(
         self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
@@ -741,32 +762,90 @@ class SqlLedger(Ledger, ScopeStore):
 
         return self._run(work)
 
+    def _settle_in(
+        self, tx: Transaction, key: str, actual: Mapping[str, float] | None
+    ) -> Reservation:
+        """:meth:`settle` inside ``tx``."""
+        reservation, chain = self._locked_reservation(tx, key)
+        if (outcome := existing_outcome(reservation)) is not None:
+            return outcome.model_copy(update={"balance": self._balance(tx, chain[0])})
+        refund, final = settlement(reservation.amounts, actual)
+        self._add_held(tx, chain, {axis: -amount for axis, amount in refund.items()})
+        self._refund_windows(tx, key, chain, refund)
+        self._landed(tx, chain, reservation)
+        tx.executemany(
+            "UPDATE fencepost_ledger_reservation_amounts SET amount = ? WHERE key = ? AND axis = ?",
+            [(final[axis], key, axis) for axis in refund],
+        )
+        self._set_status(tx, key, ReservationStatus.SETTLED)
+        return reservation.model_copy(
+            update={
+                "amounts": final,
+                "status": ReservationStatus.SETTLED,
+                "balance": self._balance(tx, chain[0]),
+            }
+        )
+
     def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         validate_name(key)
+        return self._run(lambda tx: self._settle_in(tx, key, actual))
 
-        def work(tx: Transaction) -> Reservation:
-            reservation, chain = self._locked_reservation(tx, key)
-            if (outcome := existing_outcome(reservation)) is not None:
-                return outcome.model_copy(update={"balance": self._balance(tx, chain[0])})
-            refund, final = settlement(reservation.amounts, actual)
-            self._add_held(tx, chain, {axis: -amount for axis, amount in refund.items()})
-            self._refund_windows(tx, key, chain, refund)
-            self._landed(tx, chain, reservation)
-            tx.executemany(
-                "UPDATE fencepost_ledger_reservation_amounts SET amount = ?"
-                " WHERE key = ? AND axis = ?",
-                [(final[axis], key, axis) for axis in refund],
-            )
-            self._set_status(tx, key, ReservationStatus.SETTLED)
-            return reservation.model_copy(
-                update={
-                    "amounts": final,
-                    "status": ReservationStatus.SETTLED,
-                    "balance": self._balance(tx, chain[0]),
-                }
-            )
+    def reserved(self, account: str, key: str) -> Reservation | None:
+        validate_name(account, "account")
+        validate_name(key)
 
-        return self._run(work)
+        def work(tx: Transaction) -> Reservation | None:
+            prior = self._reservation(tx, key)
+            if prior is None:
+                return None
+            return existing_reservation(prior, account, self._balance(tx, account))
+
+        return self._run(work, read_only=True)
+
+    def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
+        validate_name(account, "account")
+        validate_name(marker)
+        if claim is not None:
+            validate_name(claim)
+
+        def work(tx: Transaction) -> tuple[Attempt | None, Exception | None]:
+            if claim is not None:
+                try:
+                    self._reserve_in(tx, account, claim, {})
+                except LedgerConflict:
+                    return Attempt(claimed=False), None
+            try:
+                return Attempt(
+                    claimed=True, started=self._reserve_in(tx, account, marker, {})
+                ), None
+            except _REFUSALS as refused:
+                return None, refused  # the claim made above is kept, as two calls would
+
+        return _raised(self._run(work))
+
+    def finish_attempt(
+        self,
+        account: str,
+        key: str,
+        *,
+        result: str | None = None,
+        actual: Mapping[str, float] | None = None,
+    ) -> Reservation:
+        validate_name(key)
+        if result is not None:
+            validate_name(account, "account")
+            validate_name(result)
+
+        def work(tx: Transaction) -> tuple[Reservation | None, Exception | None]:
+            if result is not None:
+                with contextlib.suppress(*MARKER_REFUSALS):
+                    self._reserve_in(tx, account, result, {})
+            try:
+                return self._settle_in(tx, key, actual), None
+            except _REFUSALS as refused:
+                return None, refused  # the marker made above is kept, as two calls would
+
+        return _raised(self._run(work))
 
     def release(self, key: str) -> Reservation:
         validate_name(key)

@@ -69,6 +69,7 @@ from fencepost.adapters._ledger_sql import (
 from fencepost.policy.deadline import Clock, SystemClock
 from fencepost.policy.ledger import (
     AccountClosed,
+    Attempt,
     Balance,
     Ledger,
     LedgerConflict,
@@ -829,6 +830,20 @@ _RESERVE = "SELECT * FROM fencepost_ledger_reserve(%s, %s, %s::text[], %s::float
 _CHARGE = "SELECT * FROM fencepost_ledger_charge(%s, %s, %s::text[], %s::float8[], %s, %s::text)"
 _FINISH = "SELECT * FROM fencepost_ledger_finish(%s, %s, %s, %s::text[], %s::float8[], %s)"
 _GET = "SELECT * FROM fencepost_ledger_get(%s)"
+_RESERVED = "SELECT * FROM fencepost_ledger_reserved_before(%s, %s, %s)"
+# The combined operations: one statement, so one transaction on the autocommit connection. Each
+# subquery is fenced (OFFSET 0) so its function runs once, before the one that reads its result.
+_BEGIN = (
+    "SELECT (c).*, (m).* FROM (SELECT c, CASE WHEN (c).outcome IN ('ok', 'existing')"
+    " THEN fencepost_ledger_reserve(%s, %s, '{}'::text[], '{}'::float8[], %s) END AS m"
+    " FROM (SELECT fencepost_ledger_reserve(%s, %s, '{}'::text[], '{}'::float8[], %s) AS c"
+    " OFFSET 0) s OFFSET 0) t"
+)
+_MARK_AND_FINISH = (
+    "SELECT (f).* FROM (SELECT m, fencepost_ledger_finish(%s, %s, %s, %s::text[], %s::float8[], %s)"
+    " AS f FROM (SELECT fencepost_ledger_reserve(%s, %s, '{}'::text[], '{}'::float8[], %s) AS m"
+    " OFFSET 0) s OFFSET 0) t"
+)
 _BALANCE = "SELECT * FROM fencepost_ledger_balance(%s, %s)"
 # One row per axis in flight, or one row of NULLs for an account with none; none for an unknown one.
 _IN_FLIGHT = (
@@ -1279,6 +1294,49 @@ class PostgresLedger(Ledger, ScopeStore):
     def _release_call(self, key: str) -> _Call:
         return _FINISH, (validate_name(key), False, False, None, None, self._now())
 
+    def _reserved_call(self, account: str, key: str) -> _Call:
+        return _RESERVED, (validate_name(key), validate_name(account, "account"), self._now())
+
+    @staticmethod
+    def _found(row: Sequence[Any], call: _Call, key: str) -> Reservation | None:
+        if row[0] is None:  # never reserved
+            return None
+        now = call[1][-1]
+        _raise_for(row, key, now)
+        return _reservation(row, key, now)
+
+    def _begin_call(self, account: str, marker: str, claim: str | None) -> _Call:
+        validate_name(account, "account")
+        validate_name(marker)
+        if claim is None:
+            return _RESERVE, (account, marker, "{}", "{}", self._now())
+        now = self._now()
+        return _BEGIN, (account, marker, now, account, validate_name(claim), now)
+
+    @staticmethod
+    def _begun(row: Sequence[Any], call: _Call, marker: str, claim: str | None) -> Attempt:
+        now = call[1][-1]
+        if claim is None:
+            _raise_for(row, marker, now)
+            return Attempt(claimed=True, started=_reservation(row, marker, now))
+        width = len(row) // 2
+        claimed, started = row[:width], row[width:]
+        if claimed[0] == "conflict":
+            return Attempt(claimed=False)
+        _raise_for(claimed, claim, now)
+        _raise_for(started, marker, now)
+        return Attempt(claimed=True, started=_reservation(started, marker, now))
+
+    def _finish_attempt_call(
+        self, account: str, key: str, result: str | None, actual: Mapping[str, float] | None
+    ) -> tuple[_Call, ValueError | None]:
+        settle, invalid = self._settle_call(key, actual)
+        if result is None:
+            return settle, invalid
+        validate_name(account, "account")
+        validate_name(result)
+        return (_MARK_AND_FINISH, (*settle[1], account, result, settle[1][-1])), invalid
+
     @staticmethod
     def _got(row: Sequence[Any], key: str) -> Reservation | None:
         return None if row[0] == "missing" else _reservation(row, key, 0.0)
@@ -1327,6 +1385,25 @@ class PostgresLedger(Ledger, ScopeStore):
         call = self._release_call(key)
         return self._finished(self._call(call), call, key, None)
 
+    def reserved(self, account: str, key: str) -> Reservation | None:
+        call = self._reserved_call(account, key)
+        return self._found(self._call(call), call, key)
+
+    def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
+        call = self._begin_call(account, marker, claim)
+        return self._begun(self._call(call), call, marker, claim)
+
+    def finish_attempt(
+        self,
+        account: str,
+        key: str,
+        *,
+        result: str | None = None,
+        actual: Mapping[str, float] | None = None,
+    ) -> Reservation:
+        call, invalid = self._finish_attempt_call(account, key, result, actual)
+        return self._finished(self._call(call), (call[0], call[1][:6]), key, invalid)
+
     def get(self, key: str) -> Reservation | None:
         row = self._call((_GET, (validate_name(key),)))
         return self._got(row, key)
@@ -1370,6 +1447,27 @@ class PostgresLedger(Ledger, ScopeStore):
     async def arelease(self, key: str) -> Reservation:
         call = self._release_call(key)
         return self._finished(await self._acall(call), call, key, None)
+
+    async def areserved(self, account: str, key: str) -> Reservation | None:
+        call = self._reserved_call(account, key)
+        return self._found(await self._acall(call), call, key)
+
+    async def abegin_attempt(
+        self, account: str, marker: str, *, claim: str | None = None
+    ) -> Attempt:
+        call = self._begin_call(account, marker, claim)
+        return self._begun(await self._acall(call), call, marker, claim)
+
+    async def afinish_attempt(
+        self,
+        account: str,
+        key: str,
+        *,
+        result: str | None = None,
+        actual: Mapping[str, float] | None = None,
+    ) -> Reservation:
+        call, invalid = self._finish_attempt_call(account, key, result, actual)
+        return self._finished(await self._acall(call), (call[0], call[1][:6]), key, invalid)
 
     async def aget(self, key: str) -> Reservation | None:
         row = await self._acall((_GET, (validate_name(key),)))

@@ -3,7 +3,9 @@
 Safe for many threads and many processes on one machine: every ``reserve``, ``settle`` and
 ``release`` is a single ``BEGIN IMMEDIATE`` transaction (SQLite's write lock is taken before
 anything is read, so the check and the charge cannot interleave with another writer), and the file
-is in WAL mode so readers never block the writer. Not for several machines sharing a network file
+is in WAL mode so readers never block the writer. ``begin_attempt`` and ``finish_attempt`` write
+a call's two markers (a marker and a settlement) in one such transaction, one commit and one sync
+instead of two; ``reserved`` is a read, which takes no write lock. Not for several machines sharing a network file
 system: use :class:`~fencepost.adapters.ledger_postgres.PostgresLedger` there.
 
 Durability: ``synchronous="FULL"`` by default: every commit is synced to disk before it returns,
@@ -53,7 +55,7 @@ from typing import Literal, TypeVar
 
 from fencepost.adapters._ledger_sql import ACCOUNT_COLUMNS, SCHEMA, SqlLedger, Transaction
 from fencepost.policy.deadline import Clock, SystemClock
-from fencepost.policy.ledger import Balance, Reservation
+from fencepost.policy.ledger import Attempt, Balance, Reservation
 from fencepost.policy.remembered import ApprovalScope
 from fencepost.policy.windows import Window
 
@@ -353,6 +355,26 @@ class SqliteLedger(SqlLedger):
 
     async def arelease(self, key: str) -> Reservation:
         return await self._in_thread(partial(self.release, key))
+
+    async def areserved(self, account: str, key: str) -> Reservation | None:
+        return await self._in_thread(partial(self.reserved, account, key))
+
+    async def abegin_attempt(
+        self, account: str, marker: str, *, claim: str | None = None
+    ) -> Attempt:
+        return await self._in_thread(partial(self.begin_attempt, account, marker, claim=claim))
+
+    async def afinish_attempt(
+        self,
+        account: str,
+        key: str,
+        *,
+        result: str | None = None,
+        actual: Mapping[str, float] | None = None,
+    ) -> Reservation:
+        return await self._in_thread(
+            partial(self.finish_attempt, account, key, result=result, actual=actual)
+        )
 
     async def acharge(
         self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None

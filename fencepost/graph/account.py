@@ -45,7 +45,7 @@ from fencepost.policy.keys import (
     started_key,
     task_run_id,
 )
-from fencepost.policy.ledger import AccountClosed
+from fencepost.policy.ledger import AccountClosed, Attempt
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.ownership import check_funding, check_owner, run_owner
 from fencepost.policy.pricing import to_micros
@@ -174,28 +174,41 @@ def node_thread() -> tuple[str, str]:
     return _thread()
 
 
-async def claim_call(
-    io: NodeIO, account: str, run_id: str, call_id: str, where: tuple[str, str]
-) -> bool | StopRequest:
-    """Claim ``call_id`` for this run on its checkpoint thread (``keys.claim_key``) before its
-    first attempt starts: True where the claim is this run's (made now, or before a crash),
-    False where another run of the thread holds it (the run a fork branches from, or another
-    branch: it ran there, or may have). Off a thread (no checkpointer) there is no fork: True.
-    ``where``: the node's thread and namespace (:func:`node_thread`)."""
+async def begin_attempt(
+    io: NodeIO, account: str, run_id: str, call_id: str, attempt: int, where: tuple[str, str]
+) -> Attempt | StopRequest:
+    """Claim ``call_id`` for this run on its checkpoint thread (``keys.claim_key``; its first
+    attempt only, and off a thread, where there is no fork, never) and write the attempt's start
+    marker (``keys.started_key``), in one ledger write (``Ledger.begin_attempt``); or the stop a
+    refusal means. ``Attempt.claimed`` is False where another run of the thread holds the claim
+    (the run a fork branches from, or another branch: it ran there, or may have); no marker is
+    written then. ``where``: the node's thread and namespace (:func:`node_thread`). The
+    account's owner was checked on the attempt's reservation just before, in the same node: an
+    account's owner never changes."""
     thread, namespace = where
-    if not thread:
-        return True
+    claim = claim_key(thread, namespace, run_id, call_id) if attempt == 1 and thread else None
     try:
-        await io.reserve(account, claim_key(thread, namespace, run_id, call_id), {})
-    except LedgerConflict:
-        return False
+        return await io.begin_attempt(account, started_key(account, call_id, attempt), claim=claim)
     except AccountClosed as exc:
         return stop_for_closed(exc.reason)
     except UnknownAccount:
         return stop_for_unknown_account()
     except ValueError:
         return stop_for_conflict()
-    return True
+
+
+async def finish_attempt(
+    io: NodeIO, account: str, call_id: str, attempt: int, *, produced: bool
+) -> Reservation:
+    """Settle an attempt of ``call_id``, first marking (``produced``: its tool returned a
+    result) that result in the ledger (``keys.result_key``), in one ledger write
+    (``Ledger.finish_attempt``). A refused marker (a cancel closed the account meanwhile)
+    leaves the result unmarked, so never citable, and stops nothing: the call did run."""
+    return await io.finish_attempt(
+        account,
+        call_key(account, call_id, attempt),
+        result=result_key(account, call_id) if produced else None,
+    )
 
 
 async def marked_done(io: NodeIO, account: str, calls: Iterable[str]) -> frozenset[str]:
@@ -321,6 +334,27 @@ async def reserve_or_exhausted(
                 # the owner is charged nothing for it.
                 with contextlib.suppress(LookupError, ValueError):
                     await io.release(key)
+            return refused
+    return held
+
+
+async def reserved_before(
+    io: NodeIO, state: AgentState, ctx: RunContext, key: str, *, account: str
+) -> Reservation | StopRequest | None:
+    """The reservation the run's ``account`` holds under ``key`` already (a call's first
+    attempt, which the gate reserved), as :func:`reserve_or_exhausted` would return it, read
+    without taking the ledger's write lock: its owner checked against the caller the same way.
+    ``None`` where the ledger holds none: the caller reserves it then (a forged batch entry the
+    gate never saw), checked against the limits before it can run."""
+    try:
+        held = await io.reserved(account, key)
+    except UnknownAccount:
+        return stop_for_unknown_account()
+    except ValueError:
+        return stop_for_conflict()
+    if held is not None and held.balance is not None:
+        refused = check_owner(held.balance.owner, ctx, state.run_id)
+        if refused is not None:
             return refused
     return held
 

@@ -13,14 +13,14 @@ from fencepost.graph.account import (
     account_of,
     acting_in,
     balance_of,
+    begin_attempt,
     certify,
-    claim_call,
-    mark_result,
+    finish_attempt,
     node_thread,
     produced,
     release_reserved,
-    reserve,
     reserve_or_exhausted,
+    reserved_before,
     with_budget_view,
 )
 from fencepost.graph.events import EVENTS
@@ -66,7 +66,7 @@ from fencepost.policy.execution import (
     uncertain,
 )
 from fencepost.policy.gating import invalid_dependencies
-from fencepost.policy.keys import call_key, started_key, step_key
+from fencepost.policy.keys import call_key, step_key
 from fencepost.policy.ledger import ReservationStatus
 from fencepost.policy.may_go_on import check_before_acting
 from fencepost.policy.outcome import CallOutcome, receipt_for, with_approvers
@@ -106,11 +106,20 @@ async def run_call(
     cfg = io.cfg
     attempt = 1
     while True:
-        # Attempt 1 was reserved at the gate: reserving it again is a no-op that returns that
-        # reservation. A call whose budget the gate never reserved (a forged batch entry) is
-        # checked against the limits here, before it can run.
+        # Attempt 1 was reserved at the gate: read back, not reserved again (no write). A call
+        # whose budget the gate never reserved (a forged batch entry), and every retry, is
+        # reserved here, checked against the limits before it can run.
         key = call_key(account, entry.call_id, attempt)
-        more = await reserve_or_exhausted(io, state, ctx, key, call_amounts(spec), account=account)
+        found = (
+            await reserved_before(io, state, ctx, key, account=account) if attempt == 1 else None
+        )
+        more = (
+            found
+            if found is not None
+            else await reserve_or_exhausted(
+                io, state, ctx, key, call_amounts(spec), account=account
+            )
+        )
         if isinstance(more, StopRequest):
             return more
         if isinstance(more, BudgetExhausted):
@@ -121,23 +130,18 @@ async def run_call(
                 return finished_before(
                     entry, spec, attempt, started=more.status is ReservationStatus.SETTLED
                 )
-        if attempt == 1:
-            claimed = await claim_call(io, account, state.run_id, entry.call_id, where)
-            if isinstance(claimed, StopRequest):
-                return claimed
-            if not claimed:
-                # Another run of the thread (a fork's origin, another branch) claimed this call
-                # id: it ran there, or may have. Nothing of it runs here, and nothing is spent.
-                freed = await release_reserved(io, key)
-                if freed is not None:
-                    seen.append(freed)
-                return uncertain(entry, spec, 0)
-        marker = await reserve(
-            io, state, ctx, started_key(account, entry.call_id, attempt), {}, account=account
-        )
-        if isinstance(marker, StopRequest):
-            return marker
-        step = claim(spec, started_before=marker.existing)
+        # The thread's claim of the call id (first attempt) and the start marker: one write.
+        begun = await begin_attempt(io, account, state.run_id, entry.call_id, attempt, where)
+        if isinstance(begun, StopRequest):
+            return begun
+        if not begun.claimed or begun.started is None:
+            # Another run of the thread (a fork's origin, another branch) claimed this call
+            # id: it ran there, or may have. Nothing of it runs here, and nothing is spent.
+            freed = await release_reserved(io, key)
+            if freed is not None:
+                seen.append(freed)
+            return uncertain(entry, spec, 0)
+        step = claim(spec, started_before=begun.started.existing)
         if step is Claim.UNCERTAIN:
             return uncertain(entry, spec, attempt)
         if step is Claim.RUN:
@@ -177,10 +181,10 @@ async def run_call(
                 started=not result.never_started,
             )
         traced.ended(outcome)
-    if outcome.succeeded and outcome.status is not ReceiptStatus.DENIED:
-        # A result saying its run never began (a child unfunded) is no output to depend on.
-        await mark_result(io, state, ctx, account, entry.call_id)
-    settled = await io.settle(call_key(account, entry.call_id, attempt))
+    # A result saying its run never began (a child unfunded) is no output to depend on. The
+    # result is marked before the attempt settles, in the same write.
+    made = outcome.succeeded and outcome.status is not ReceiptStatus.DENIED
+    settled = await finish_attempt(io, account, entry.call_id, attempt, produced=made)
     if settled.balance is not None:
         seen.append(settled.balance)
     return outcome

@@ -26,6 +26,7 @@ from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import InvalidState
 from fencepost.graph.writes import refusal_writes, reset_prerun_values
 from fencepost.policy import Balance, InMemoryLedger, Reservation, ToolContext, ToolSpec
+from fencepost.policy.ledger import Attempt
 from fencepost.policy.remembered import ApprovalScope, ScopeStore
 
 T = TypeVar("T")
@@ -55,6 +56,21 @@ class NodeIO:
         raise NotImplementedError
 
     async def release(self, key: str) -> Reservation:
+        raise NotImplementedError
+
+    async def reserved(self, account: str, key: str) -> Reservation | None:
+        """The reservation under ``key`` as a repeated reserve returns it, without reserving
+        (``Ledger.reserved``)."""
+        raise NotImplementedError
+
+    async def begin_attempt(self, account: str, marker: str, *, claim: str | None) -> Attempt:
+        """Claim a call and write its attempt's start marker in one write
+        (``Ledger.begin_attempt``)."""
+        raise NotImplementedError
+
+    async def finish_attempt(self, account: str, key: str, *, result: str | None) -> Reservation:
+        """Mark the attempt's result (when given) and settle it in one write
+        (``Ledger.finish_attempt``)."""
         raise NotImplementedError
 
     async def charge(
@@ -137,6 +153,15 @@ class SyncIO(NodeIO):
     async def release(self, key: str) -> Reservation:
         return self.ledger.release(key)
 
+    async def reserved(self, account: str, key: str) -> Reservation | None:
+        return self.ledger.reserved(account, key)
+
+    async def begin_attempt(self, account: str, marker: str, *, claim: str | None) -> Attempt:
+        return self.ledger.begin_attempt(account, marker, claim=claim)
+
+    async def finish_attempt(self, account: str, key: str, *, result: str | None) -> Reservation:
+        return self.ledger.finish_attempt(account, key, result=result)
+
     async def charge(
         self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
     ) -> Reservation:
@@ -209,6 +234,15 @@ class AsyncIO(NodeIO):
 
     async def release(self, key: str) -> Reservation:
         return await self.ledger.arelease(key)
+
+    async def reserved(self, account: str, key: str) -> Reservation | None:
+        return await self.ledger.areserved(account, key)
+
+    async def begin_attempt(self, account: str, marker: str, *, claim: str | None) -> Attempt:
+        return await self.ledger.abegin_attempt(account, marker, claim=claim)
+
+    async def finish_attempt(self, account: str, key: str, *, result: str | None) -> Reservation:
+        return await self.ledger.afinish_attempt(account, key, result=result)
 
     async def charge(
         self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None

@@ -56,6 +56,7 @@ from fencepost.policy.gates import (
 )
 from fencepost.policy.ledger import (
     AccountClosed,
+    Attempt,
     Balance,
     InMemoryLedger,
     InvalidLedgerKey,
@@ -119,6 +120,7 @@ __all__ = [
     "budget_view",
     "receipt_for",
     "usage_report",
+    "Attempt",
     "Balance",
     "BudgetAxis",
     "BudgetExhausted",

@@ -7,6 +7,7 @@ and async pairs, in the shape of LangGraph's checkpoint savers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import unicodedata
 from abc import ABC, abstractmethod
@@ -82,6 +83,17 @@ class Reservation(Frozen):
     on what any other operation returns)."""
 
 
+class Attempt(Frozen):
+    """What :meth:`Ledger.begin_attempt` found and wrote for one attempt of a call."""
+
+    claimed: bool
+    """False when another account holds the claim key (the run a fork branches from): nothing
+    was written. True when the claim is this account's (made now, or before), or none was asked."""
+    started: Annotated[Reservation | None, Strict(False)] = None
+    """The attempt's start marker (``existing``: an earlier attempt wrote it, and may have run);
+    ``None`` when the claim was refused."""
+
+
 class UnknownAccount(LookupError):
     """An operation named an account that was never opened."""
 
@@ -115,6 +127,11 @@ class AccountClosed(Exception):
 
     def __reduce__(self) -> tuple[type[AccountClosed], tuple[str, str]]:
         return (type(self), (self.account, self.reason))
+
+
+MARKER_REFUSALS: tuple[type[Exception], ...] = (AccountClosed, UnknownAccount, LedgerConflict)
+"""What keeps :meth:`Ledger.finish_attempt` from writing its result marker without stopping the
+settle: a refused marker leaves the result unmarked (never citable), and the call's outcome stands."""
 
 
 def exhausted(
@@ -494,6 +511,63 @@ class Ledger(ABC):
     def balance(self, account: str) -> Balance:
         """Limits and holdings of ``account``."""
 
+    def reserved(self, account: str, key: str) -> Reservation | None:
+        """What :meth:`reserve` of ``key`` on ``account`` returns for a key reserved before (that
+        reservation, marked ``existing``, with the account's balance now), without reserving:
+        ``None`` for a key never reserved. ``LedgerConflict`` if another account holds it.
+
+        A read: a caller that expects the key reserved already (a call the gate reserved) asks
+        this first and reserves only what it does not find. The default composes :meth:`get`
+        and :meth:`balance`; backends read both at once.
+        """
+        validate_name(account, "account")
+        prior = self.get(key)
+        if prior is None:
+            return None
+        return existing_reservation(prior, account, self.balance(account))
+
+    def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
+        """Claim a call for ``account`` and write the start marker of its attempt, in one step:
+        a zero-amount reservation of ``claim`` (when given), then one of ``marker``, each
+        idempotent by key as :meth:`reserve` is.
+
+        A ``claim`` another account holds (``LedgerConflict`` from :meth:`reserve`) is no error:
+        the answer says so (``claimed`` False) and no marker is written. Any other refusal
+        raises as :meth:`reserve` would, and what was written before it stays written. A durable
+        backend writes both in one transaction: a crash leaves both or neither.
+
+        The default composes :meth:`reserve`; backends override it to write once.
+        """
+        if claim is not None:
+            try:
+                self.reserve(account, claim, {})
+            except LedgerConflict:
+                return Attempt(claimed=False)
+        return Attempt(claimed=True, started=self.reserve(account, marker, {}))
+
+    def finish_attempt(
+        self,
+        account: str,
+        key: str,
+        *,
+        result: str | None = None,
+        actual: Mapping[str, float] | None = None,
+    ) -> Reservation:
+        """Mark that the attempt's tool returned a result (a zero-amount reservation of
+        ``result`` on ``account``, when given), then :meth:`settle` the attempt's reservation
+        ``key`` at ``actual``; what ``settle`` returns.
+
+        A marker the ledger refuses (a closed account: a cancel meanwhile; an unknown account;
+        a key another account holds) is not written and stops nothing: the attempt is settled
+        all the same. A durable backend writes both in one transaction.
+
+        The default composes :meth:`reserve` and :meth:`settle`; backends override it.
+        """
+        if result is not None:
+            with contextlib.suppress(*MARKER_REFUSALS):
+                self.reserve(account, result, {})
+        return self.settle(key, actual)
+
     def in_flight(self, account: str) -> dict[str, float]:
         """What reservations still in flight (reserved, not yet settled or released) hold on
         ``account``, per axis, its descendants' included: the part of ``Balance.held`` that is
@@ -508,6 +582,29 @@ class Ledger(ABC):
     async def ain_flight(self, account: str) -> dict[str, float]:
         """Async twin of :meth:`in_flight`."""
         return await asyncio.to_thread(self.in_flight, account)
+
+    async def areserved(self, account: str, key: str) -> Reservation | None:
+        """Async twin of :meth:`reserved`."""
+        return await asyncio.to_thread(self.reserved, account, key)
+
+    async def abegin_attempt(
+        self, account: str, marker: str, *, claim: str | None = None
+    ) -> Attempt:
+        """Async twin of :meth:`begin_attempt`."""
+        return await asyncio.to_thread(partial(self.begin_attempt, account, marker, claim=claim))
+
+    async def afinish_attempt(
+        self,
+        account: str,
+        key: str,
+        *,
+        result: str | None = None,
+        actual: Mapping[str, float] | None = None,
+    ) -> Reservation:
+        """Async twin of :meth:`finish_attempt`."""
+        return await asyncio.to_thread(
+            partial(self.finish_attempt, account, key, result=result, actual=actual)
+        )
 
     async def aopen_account(
         self,
@@ -711,37 +808,41 @@ class InMemoryLedger(Ledger, ScopeStore):
         validate_name(key)
         clean = validate_amounts(amounts)
         with self._lock:
-            prior = self._reservations.get(key)
-            if prior is not None:
-                if prior.account != account:
-                    # raises LedgerConflict
-                    return existing_reservation(self._model(key, prior), account)
-                return self._out(key, prior, existing=True)
-            chain = walk_chain(account, self._parents)
-            check_open((name, self._closed.get(name)) for name in chain)
-            check_room(
-                ((name, self._limits[name], self._held[name]) for name in chain),
-                clean,
-                self._in_flight,
-            )
-            now = self._chain_now(chain)
-            check_windows(
-                ((name, self._windows_held(name, now)) for name in chain if self._windows[name]),
-                clean,
-                now,
-                self._in_flight,
-            )
-            self._add_held(chain, clean)
-            self._add_in_flight(chain, clean)
-            self._add_windows(chain, clean, now)
-            stored = _new_record(_Record, (account, clean, ReservationStatus.RESERVED, now))
-            self._reservations[key] = stored
-            keys = self._keys.get(account)
-            if keys is None:
-                self._keys[account] = [key]
-            else:
-                keys.append(key)
-            return self._out(key, stored)
+            return self._reserve(account, key, clean)
+
+    def _reserve(self, account: str, key: str, clean: dict[str, float]) -> Reservation:
+        """:meth:`reserve` of checked values, under the lock."""
+        prior = self._reservations.get(key)
+        if prior is not None:
+            if prior.account != account:
+                # raises LedgerConflict
+                return existing_reservation(self._model(key, prior), account)
+            return self._out(key, prior, existing=True)
+        chain = walk_chain(account, self._parents)
+        check_open((name, self._closed.get(name)) for name in chain)
+        check_room(
+            ((name, self._limits[name], self._held[name]) for name in chain),
+            clean,
+            self._in_flight,
+        )
+        now = self._chain_now(chain)
+        check_windows(
+            ((name, self._windows_held(name, now)) for name in chain if self._windows[name]),
+            clean,
+            now,
+            self._in_flight,
+        )
+        self._add_held(chain, clean)
+        self._add_in_flight(chain, clean)
+        self._add_windows(chain, clean, now)
+        stored = _new_record(_Record, (account, clean, ReservationStatus.RESERVED, now))
+        self._reservations[key] = stored
+        keys = self._keys.get(account)
+        if keys is None:
+            self._keys[account] = [key]
+        else:
+            keys.append(key)
+        return self._out(key, stored)
 
     def charge(
         self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
@@ -858,14 +959,60 @@ class InMemoryLedger(Ledger, ScopeStore):
     def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         validate_name(key)
         with self._lock:
-            reservation = self._stored(key)
-            if reservation.status is not ReservationStatus.RESERVED:
-                return self._out(key, reservation, existing=True)  # see existing_outcome
-            refund, final = settlement(reservation.amounts, actual)
-            self._refund(reservation, refund)
-            settled = _Record(reservation.account, final, ReservationStatus.SETTLED, reservation.at)
-            self._reservations[key] = settled
-            return self._out(key, settled)
+            return self._settle(key, actual)
+
+    def _settle(self, key: str, actual: Mapping[str, float] | None) -> Reservation:
+        """:meth:`settle` under the lock."""
+        reservation = self._stored(key)
+        if reservation.status is not ReservationStatus.RESERVED:
+            return self._out(key, reservation, existing=True)  # see existing_outcome
+        refund, final = settlement(reservation.amounts, actual)
+        self._refund(reservation, refund)
+        settled = _Record(reservation.account, final, ReservationStatus.SETTLED, reservation.at)
+        self._reservations[key] = settled
+        return self._out(key, settled)
+
+    def reserved(self, account: str, key: str) -> Reservation | None:
+        validate_name(account, "account")
+        validate_name(key)
+        with self._lock:
+            prior = self._reservations.get(key)
+            if prior is None:
+                return None
+            if prior.account != account:
+                return existing_reservation(self._model(key, prior), account)  # LedgerConflict
+            return self._out(key, prior, existing=True)
+
+    def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
+        validate_name(account, "account")
+        validate_name(marker)
+        if claim is not None:
+            validate_name(claim)
+        with self._lock:
+            if claim is not None:
+                try:
+                    self._reserve(account, claim, {})
+                except LedgerConflict:
+                    return Attempt(claimed=False)
+            return Attempt(claimed=True, started=self._reserve(account, marker, {}))
+
+    def finish_attempt(
+        self,
+        account: str,
+        key: str,
+        *,
+        result: str | None = None,
+        actual: Mapping[str, float] | None = None,
+    ) -> Reservation:
+        validate_name(key)
+        if result is not None:
+            validate_name(account, "account")
+            validate_name(result)
+        with self._lock:
+            if result is not None:
+                with contextlib.suppress(*MARKER_REFUSALS):
+                    self._reserve(account, result, {})
+            return self._settle(key, actual)
 
     def release(self, key: str) -> Reservation:
         validate_name(key)
@@ -975,6 +1122,24 @@ class InMemoryLedger(Ledger, ScopeStore):
 
     async def areserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
         return self.reserve(account, key, amounts)
+
+    async def areserved(self, account: str, key: str) -> Reservation | None:
+        return self.reserved(account, key)
+
+    async def abegin_attempt(
+        self, account: str, marker: str, *, claim: str | None = None
+    ) -> Attempt:
+        return self.begin_attempt(account, marker, claim=claim)
+
+    async def afinish_attempt(
+        self,
+        account: str,
+        key: str,
+        *,
+        result: str | None = None,
+        actual: Mapping[str, float] | None = None,
+    ) -> Reservation:
+        return self.finish_attempt(account, key, result=result, actual=actual)
 
     async def asettle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         return self.settle(key, actual)

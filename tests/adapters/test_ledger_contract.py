@@ -29,6 +29,7 @@ from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.ledger import (
     MAX_NAME_LENGTH,
     AccountClosed,
+    Attempt,
     Balance,
     InMemoryLedger,
     InvalidLedgerKey,
@@ -908,6 +909,224 @@ def test_a_zero_amount_reservation_is_an_idempotent_attempt_marker(ledger: Ledge
     with pytest.raises(AccountClosed):
         ledger.reserve("run", "attempt-2", {})
     assert ledger.get("attempt-2") is None
+
+
+# -- one attempt's writes at once --------------------------------------------------------------
+# ``begin_attempt`` and ``finish_attempt`` write what two calls of the port would: each backend's
+# combined operation is run beside the port's default (which composes ``reserve`` and ``settle``
+# of the same backend) on a twin set of accounts and keys, and every answer must be the same.
+
+
+def _plain(value: Any, prefix: str) -> Any:
+    """``value`` (an answer, a model, an exception) as comparable plain data, with the twin's
+    ``prefix`` taken out of every name."""
+    if isinstance(value, BaseException):
+        named = getattr(value, "account", None)
+        return (type(value).__name__, None if named is None else _plain(named, prefix))
+    if isinstance(value, Attempt | Reservation | Balance):
+        return _plain(value.model_dump(), prefix)
+    if isinstance(value, dict):
+        return {_plain(k, prefix): _plain(v, prefix) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v, prefix) for v in value]
+    if isinstance(value, str):
+        return value.replace(prefix, "")
+    return value
+
+
+def _answer(op: Callable[[], Any]) -> Any:
+    try:
+        return op()
+    except (AccountClosed, LookupError, ValueError) as refused:
+        return refused
+
+
+def _attempt_script(
+    ledger: Ledger,
+    p: str,
+    begin: Callable[..., Attempt],
+    finish: Callable[..., Reservation],
+) -> list[Any]:
+    """One run's attempts on accounts and keys named with ``p``, every answer and what the
+    ledger holds after each."""
+    ledger.open_account(f"{p}tenant", {"tool_calls": 10})
+    ledger.open_account(f"{p}run", {"tool_calls": 5}, parent=f"{p}tenant")
+    ledger.open_account(f"{p}fork", {"tool_calls": 5}, parent=f"{p}tenant")
+    ledger.open_account(f"{p}other", {"tool_calls": 5}, parent=f"{p}tenant")
+    out: list[Any] = []
+
+    def look(*keys: str) -> None:
+        out.append([ledger.get(f"{p}{k}") for k in keys])
+
+    # A first attempt: claim and start marker made; again (a re-run after a crash): existing.
+    out.append(_answer(lambda: begin(f"{p}run", f"{p}m1", claim=f"{p}c1")))
+    out.append(_answer(lambda: begin(f"{p}run", f"{p}m1", claim=f"{p}c1")))
+    # A retry's attempt: no claim asked.
+    out.append(_answer(lambda: begin(f"{p}run", f"{p}m2")))
+    # The claim held by another account (the run a fork branches from): nothing written.
+    out.append(_answer(lambda: begin(f"{p}fork", f"{p}mf", claim=f"{p}c1")))
+    look("c1", "m1", "m2", "mf")
+    # A marker key another account holds: the claim made first stays, as two calls leave it.
+    ledger.reserve(f"{p}other", f"{p}taken", {})
+    out.append(_answer(lambda: begin(f"{p}run", f"{p}taken", claim=f"{p}c2")))
+    out.append(_answer(lambda: begin("ghost", f"{p}m9", claim=f"{p}c9")))
+    look("c2", "taken", "c9", "m9")
+
+    # Finishing: the result marked and the attempt settled (refunding what was not spent).
+    ledger.reserve(f"{p}run", f"{p}k1", {"tool_calls": 1})
+    out.append(_answer(lambda: finish(f"{p}run", f"{p}k1", result=f"{p}r1")))
+    out.append(_answer(lambda: finish(f"{p}run", f"{p}k1", result=f"{p}r1")))
+    ledger.reserve(f"{p}run", f"{p}k2", {"tool_calls": 1})
+    out.append(_answer(lambda: finish(f"{p}run", f"{p}k2", actual={"tool_calls": 0})))
+    # Settling a key never reserved, or at a negative actual: the marker stays, the settle
+    # refuses (two calls would do the same).
+    out.append(_answer(lambda: finish(f"{p}run", f"{p}nothing", result=f"{p}r3")))
+    ledger.reserve(f"{p}run", f"{p}k4", {"tool_calls": 1})
+    out.append(_answer(lambda: finish(f"{p}run", f"{p}k4", result=f"{p}r4", actual={"x": -1})))
+    look("k1", "r1", "k2", "r3", "k4", "r4")
+    out.append(ledger.balance(f"{p}tenant"))
+
+    # A closed account (a cancel): a re-run's attempt finds what it wrote; nothing new starts;
+    # an attempt in flight settles, its result unmarked.
+    ledger.reserve(f"{p}run", f"{p}k5", {"tool_calls": 1})
+    ledger.close_account(f"{p}run", "cancelled")
+    out.append(_answer(lambda: begin(f"{p}run", f"{p}m1", claim=f"{p}c1")))
+    out.append(_answer(lambda: begin(f"{p}run", f"{p}m6", claim=f"{p}c6")))
+    out.append(_answer(lambda: begin(f"{p}run", f"{p}m7", claim=f"{p}c1")))
+    out.append(_answer(lambda: finish(f"{p}run", f"{p}k5", result=f"{p}r5")))
+    look("m6", "c6", "m7", "k5", "r5")
+    out.append([ledger.balance(f"{p}{name}") for name in ("tenant", "run", "fork", "other")])
+    return out
+
+
+async def test_reserved_answers_as_a_repeated_reserve_and_reserves_nothing(ledger: Ledger) -> None:
+    ledger.open_account("tenant", {"tool_calls": 3})
+    ledger.open_account("run", {"tool_calls": 2}, parent="tenant", owner={"tenant": "acme"})
+    ledger.open_account("other", {"tool_calls": 2}, parent="tenant")
+    ledger.reserve("run", "held", {"tool_calls": 1})
+    ledger.reserve("run", "done", {"tool_calls": 1})
+    ledger.settle("done", {"tool_calls": 0})
+    ledger.reserve("other", "theirs", {"tool_calls": 1})
+    for key in ("held", "done"):
+        found = ledger.reserved("run", key)
+        assert found is not None and found.existing
+        assert found == ledger.reserve("run", key, {"tool_calls": 1})
+        assert found == await ledger.areserved("run", key)
+        assert found == Ledger.reserved(ledger, "run", key)  # the port's default, composed
+        assert found.balance is not None and found.balance.owner == {"tenant": "acme"}
+    assert ledger.reserved("run", "new") is None and await ledger.areserved("run", "new") is None
+    assert Ledger.reserved(ledger, "run", "new") is None
+    assert ledger.get("new") is None
+    assert ledger.balance("tenant").held == {"tool_calls": 2.0}
+    with pytest.raises(LedgerConflict):
+        ledger.reserved("run", "theirs")
+    with pytest.raises(LedgerConflict):
+        await ledger.areserved("run", "theirs")
+    ledger.close_account("run", "cancelled")
+    again = ledger.reserved("run", "held")
+    assert again is not None and again == ledger.reserve("run", "held", {"tool_calls": 1})
+    assert again.balance is not None and again.balance.closed == "cancelled"
+    with pytest.raises(InvalidLedgerKey):
+        ledger.reserved("run", "")
+
+
+def _composed(ledger: Ledger) -> tuple[Callable[..., Attempt], Callable[..., Reservation]]:
+    """The port's default ``begin_attempt`` and ``finish_attempt`` over ``ledger``'s own
+    ``reserve`` and ``settle``."""
+    return partial(Ledger.begin_attempt, ledger), partial(Ledger.finish_attempt, ledger)
+
+
+def test_begin_and_finish_attempt_answer_and_write_as_the_separate_calls_do(
+    ledger: Ledger,
+) -> None:
+    combined = _attempt_script(ledger, "one-", ledger.begin_attempt, ledger.finish_attempt)
+    separate = _attempt_script(ledger, "two-", *_composed(ledger))
+    assert _plain(combined, "one-") == _plain(separate, "two-")
+    # The script reached each answer it is there for.
+    first, again, retry, forked = combined[:4]
+    assert first.claimed and first.started is not None and not first.started.existing
+    assert again.claimed and again.started is not None and again.started.existing
+    assert retry.claimed and retry.started is not None and not retry.started.existing
+    assert not forked.claimed and forked.started is None
+    assert combined[4] == [ledger.get(k) for k in ("one-c1", "one-m1", "one-m2")] + [None]
+    assert isinstance(combined[5], LedgerConflict) and isinstance(combined[6], UnknownAccount)
+    assert combined[7][0] is not None and combined[7][2:] == [None, None]
+    assert combined[8].status is ReservationStatus.SETTLED and not combined[8].existing
+    assert combined[9].existing
+    assert isinstance(combined[11], UnknownReservation) and isinstance(combined[12], ValueError)
+    held = combined[13]
+    assert held[1] is not None and held[3] is not None and held[5] is not None  # r1, r3, r4
+    assert held[4].status is ReservationStatus.RESERVED  # k4: the settle refused
+    assert combined[15].started.existing
+    assert isinstance(combined[16], AccountClosed) and isinstance(combined[17], AccountClosed)
+    assert combined[18].status is ReservationStatus.SETTLED
+    assert combined[19] == [None, None, None, combined[19][3], None]
+
+
+async def test_the_async_twins_of_begin_and_finish_attempt_answer_as_the_sync_ones(
+    ledger: Ledger,
+) -> None:
+    sync = _attempt_script(ledger, "one-", ledger.begin_attempt, ledger.finish_attempt)
+    loop = asyncio.get_running_loop()
+    twins: dict[str, Any] = {}
+
+    def begin(*args: Any, **kwargs: Any) -> Attempt:
+        return asyncio.run_coroutine_threadsafe(
+            ledger.abegin_attempt(*args, **kwargs), loop
+        ).result(timeout=60)
+
+    def finish(*args: Any, **kwargs: Any) -> Reservation:
+        return asyncio.run_coroutine_threadsafe(
+            ledger.afinish_attempt(*args, **kwargs), loop
+        ).result(timeout=60)
+
+    twins["out"] = await asyncio.to_thread(_attempt_script, ledger, "two-", begin, finish)
+    assert _plain(sync, "one-") == _plain(twins["out"], "two-")
+
+
+def test_an_attempt_begun_or_finished_survives_reopening_the_ledger(backend: Backend) -> None:
+    if backend.durable is None:
+        pytest.skip("the in-memory ledger is not durable")
+    with backend.durable() as first:
+        first.open_account("run", {"tool_calls": 5})
+        first.reserve("run", "call-1", {"tool_calls": 1})
+        first.begin_attempt("run", "call-1:started", claim="claim-1")
+        first.finish_attempt("run", "call-1", result="result-1")
+    with backend.durable() as second:
+        again = second.begin_attempt("run", "call-1:started", claim="claim-1")
+        assert again.claimed and again.started is not None and again.started.existing
+        assert second.get("claim-1") is not None and second.get("result-1") is not None
+        assert second.finish_attempt("run", "call-1", result="result-1").existing
+
+
+class _DiesWritingTheSecond(SqliteLedger):
+    """A SQLite ledger whose process dies inside a transaction as it writes ``dies_at``."""
+
+    dies_at = ""
+
+    def _reserve_in(self, tx: Any, account: str, key: str, clean: dict[str, float]) -> Any:
+        held = super()._reserve_in(tx, account, key, clean)
+        if key == self.dies_at:
+            raise KeyboardInterrupt  # the process going away: nothing after it runs
+        return held
+
+
+def test_a_crash_inside_begin_or_finish_attempt_leaves_none_of_its_writes(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with _DiesWritingTheSecond(path) as dying:
+        dying.open_account("run", {"tool_calls": 5})
+        dying.reserve("run", "call-1", {"tool_calls": 1})
+        dying.dies_at = "call-1:started"
+        with pytest.raises(KeyboardInterrupt):
+            dying.begin_attempt("run", "call-1:started", claim="claim-1")
+        dying.dies_at = "result-1"
+        with pytest.raises(KeyboardInterrupt):
+            dying.finish_attempt("run", "call-1", result="result-1")
+    with SqliteLedger(path) as after:
+        assert after.get("claim-1") is None and after.get("call-1:started") is None
+        assert after.get("result-1") is None
+        held = after.get("call-1")
+        assert held is not None and held.status is ReservationStatus.RESERVED
 
 
 # -- keys and names ----------------------------------------------------------------------------

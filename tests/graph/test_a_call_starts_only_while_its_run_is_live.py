@@ -171,6 +171,11 @@ class FailingClaim(fp.InMemoryLedger):
     async def areserve(self, account: str, key: str, amounts: Any) -> Any:
         return self.reserve(account, key, amounts)
 
+    def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Any:
+        if marker.endswith(self.failing):
+            raise RuntimeError("the ledger's database went away")
+        return super().begin_attempt(account, marker, claim=claim)
+
 
 def test_a_call_queued_for_a_slot_never_starts_once_its_batch_failed() -> None:
     started.clear()

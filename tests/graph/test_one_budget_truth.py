@@ -685,7 +685,18 @@ def test_after_a_crash_and_a_resume_state_budget_is_still_what_the_ledger_holds(
 
 # -- async graphs never block the loop -------------------------------------------------------------
 
-SYNC_METHODS = ("open_account", "close_account", "reserve", "settle", "release", "get", "balance")
+SYNC_METHODS = (
+    "open_account",
+    "close_account",
+    "reserve",
+    "settle",
+    "release",
+    "get",
+    "balance",
+    "reserved",
+    "begin_attempt",
+    "finish_attempt",
+)
 
 
 @dataclass
@@ -781,4 +792,12 @@ def test_an_async_graph_never_runs_a_blocking_ledger_call_on_the_event_loop_thre
     on_loop = [name for name, ident in seen if ident == loop_thread]
     assert on_loop == [], f"blocking ledger calls on the event loop's thread: {on_loop}"
     # The run went through the async twins (the instrument was live).
-    assert {"aopen_account", "areserve", "asettle", "aclose_account"} <= set(log.twins)
+    assert {
+        "aopen_account",
+        "areserve",
+        "asettle",
+        "aclose_account",
+        "areserved",
+        "abegin_attempt",
+        "afinish_attempt",
+    } <= set(log.twins)
