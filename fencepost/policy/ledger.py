@@ -709,7 +709,7 @@ class InMemoryLedger(Ledger, ScopeStore):
         self._windows: dict[str, tuple[Window, ...]] = {}
         self._window_held: dict[str, list[dict[float, float]]] = {}
         """Per account, per window (in order), what each bucket holds."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._parents: dict[str, str | None] = {}
         self._limits: dict[str, dict[str, float]] = {}
         self._owners: dict[str, dict[str, str]] = {}
@@ -983,18 +983,11 @@ class InMemoryLedger(Ledger, ScopeStore):
                 return existing_reservation(self._model(key, prior), account)  # LedgerConflict
             return self._out(key, prior, existing=True)
 
+    # The port's compositions, under one hold of the (re-entrant) lock: no other thread sees
+    # the claim without the marker, or the result marker without the settlement.
     def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
-        validate_name(account, "account")
-        validate_name(marker)
-        if claim is not None:
-            validate_name(claim)
         with self._lock:
-            if claim is not None:
-                try:
-                    self._reserve(account, claim, {})
-                except LedgerConflict:
-                    return Attempt(claimed=False)
-            return Attempt(claimed=True, started=self._reserve(account, marker, {}))
+            return super().begin_attempt(account, marker, claim=claim)
 
     def finish_attempt(
         self,
@@ -1004,15 +997,8 @@ class InMemoryLedger(Ledger, ScopeStore):
         result: str | None = None,
         actual: Mapping[str, float] | None = None,
     ) -> Reservation:
-        validate_name(key)
-        if result is not None:
-            validate_name(account, "account")
-            validate_name(result)
         with self._lock:
-            if result is not None:
-                with contextlib.suppress(*MARKER_REFUSALS):
-                    self._reserve(account, result, {})
-            return self._settle(key, actual)
+            return super().finish_attempt(account, key, result=result, actual=actual)
 
     def release(self, key: str) -> Reservation:
         validate_name(key)
