@@ -12,7 +12,9 @@ interruption propagates.
   here too (:func:`fencepost.graph.gate.ask_approver`), on its caller's loop in either graph.
 - :func:`run_model_blocking` (the sync graph): a task on the process's shared model loop (see
   :mod:`fencepost.graph.containment.shared_loop` for why models share one loop), while the calling thread waits
-  on a thread event; no loop runs on the calling thread and no second task wraps the first.
+  on a thread event; no loop runs on the calling thread and no second task wraps the first. A
+  call the shared loop does not start within ``STALL_SECONDS`` (another run's model blocks the
+  loop's thread) is taken back and started on a fresh loop that replaces the stalled one.
 """
 
 from __future__ import annotations
@@ -20,12 +22,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from fencepost.graph.containment.leash import GRACE_SECONDS, Leash
-from fencepost.graph.containment.shared_loop import run_sync, shared_loop
+from fencepost.graph.containment.shared_loop import (
+    STALL_SECONDS,
+    replace_stalled,
+    run_sync,
+    shared_loop,
+)
 from fencepost.graph.containment.waiting import thread_wait_seconds, within
 
 __all__ = ["ModelRun", "run_model", "run_model_blocking"]
@@ -107,20 +115,36 @@ class _Watched:
 
     def __init__(self) -> None:
         self.done = threading.Event()
+        self.started = threading.Event()
         self.run = ModelRun(finished=False)
         self.leash = Leash()
         self._lock = threading.Lock()
         self._task: asyncio.Task[Any] | None = None
         self._cancelled = False
+        self._on: asyncio.AbstractEventLoop | None = None
 
-    def start(self, make: ModelCall) -> None:
-        """On the loop's thread: start the task, unless the caller already gave up."""
+    def start(self, make: ModelCall, on: asyncio.AbstractEventLoop) -> None:
+        """On the loop's thread: start the task, unless the caller already gave up or took it
+        to another loop (``on`` is no longer where it is to run)."""
         with self._lock:
+            if self._on is not on:
+                return
+            self.started.set()
             if self._cancelled:
                 self.done.set()
                 return
             self._task = task = asyncio.ensure_future(_leashed(make, self.leash))
         task.add_done_callback(self._ended)
+
+    def send(self, make: ModelCall, loop: asyncio.AbstractEventLoop) -> bool:
+        """From the calling thread: have ``loop`` start the call, unless a loop started it
+        already (False)."""
+        with self._lock:
+            if self.started.is_set():
+                return False
+            self._on = loop
+        loop.call_soon_threadsafe(self.start, make, loop)
+        return True
 
     def _ended(self, task: asyncio.Task[Any]) -> None:
         self.run = _ended(task)
@@ -142,9 +166,17 @@ def run_model_blocking(make: ModelCall, timeout: float) -> ModelRun:
     if threading.current_thread() is thread:  # a sync graph invoked from a model: re-entrancy
         return run_sync(run_model(make, timeout))
     watched = _Watched()
-    loop.call_soon_threadsafe(watched.start, make)
+    until = time.monotonic() + thread_wait_seconds(timeout)
+    watched.send(make, loop)
     try:
-        finished = watched.done.wait(thread_wait_seconds(timeout))
+        # A loop that does not start the call in time is held by a callback that blocks its
+        # thread (another run's model): the call goes to a loop that replaces it.
+        while not watched.started.wait(min(STALL_SECONDS, max(0.0, until - time.monotonic()))):
+            if time.monotonic() >= until:
+                break
+            loop, _ = replace_stalled(loop)
+            watched.send(make, loop)
+        finished = watched.done.wait(thread_wait_seconds(until - time.monotonic()))
     except BaseException:
         watched.cancel()  # the caller's own interruption (Ctrl-C while it waits)
         raise

@@ -12,6 +12,18 @@ Two entry points, for two kinds of code:
   keep-alive: each thread switch failed one model step). No tool body ever runs on this loop.
   A better end state is the sync graph calling the model's sync API (``invoke``): no loop at all.
 
+A stalled shared loop is replaced
+---------------------------------
+A model that blocks its thread inside ``async def`` (a blocking client, ``time.sleep``) holds
+the shared loop until it returns: nothing running on a loop can interrupt that, and every other
+run's model call, another tenant's too, would wait behind it. So a call whose work the loop has
+not started within :data:`STALL_SECONDS` (:func:`replace_stalled`) retires that loop and hands
+its work to a fresh one; the retired loop finishes what it holds (the blocked call returns to
+its own caller) and then closes, its thread ending with it. The price is the one above: a
+loop-bound client the blocked model shared is bound to the retired loop, so the first call on
+the new loop after such a switch may fail, as one model step (retried under ``model_retries``)
+rather than every run in the process waiting.
+
 How :func:`run_sync` works
 --------------------------
 - A thread with no running loop (a script, a web server's worker thread, a pool thread running
@@ -61,7 +73,13 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["run_sync", "run_sync_shared", "shared_loop"]
+__all__ = ["STALL_SECONDS", "replace_stalled", "run_sync", "run_sync_shared", "shared_loop"]
+
+STALL_SECONDS = 1.0
+"""How long the shared model loop may leave a ready call unstarted before it counts as stalled
+(held by a callback that blocks its thread) and is replaced. asyncio's own debug mode calls a
+callback slow at 0.1 s; a loop that cannot start ready work for ten times that is not busy, it
+is held (a busy machine delays a thread by milliseconds, not a second)."""
 
 
 class _Job:
@@ -235,6 +253,7 @@ class _SharedLoop:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
+        self.retired = False
         self.thread = threading.Thread(target=self._serve, name="fencepost-models", daemon=True)
         self.thread.start()
 
@@ -247,6 +266,23 @@ class _SharedLoop:
                 # the exception) and then re-raises it out of the loop. The loop's queue is
                 # intact; run it again so that caller, and every later one, hears back.
                 continue
+            if self.retired:
+                # Stopped by `_close_when_idle`: nothing is left on it, nobody hands it more.
+                self.loop.close()
+                return
+
+    def retire(self) -> None:
+        """Hand no more work to this loop; once what it holds has ended, it closes."""
+        self.retired = True
+        with contextlib.suppress(RuntimeError):  # closed already
+            self.loop.call_soon_threadsafe(self._close_when_idle)
+
+    def _close_when_idle(self) -> None:
+        if asyncio.all_tasks(self.loop):
+            # A left-behind model is dropped from its leash after its grace: look again.
+            self.loop.call_later(STALL_SECONDS, self._close_when_idle)
+        else:
+            self.loop.stop()
 
 
 _shared: _SharedLoop | None = None
@@ -278,6 +314,21 @@ def shared_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
     """The shared model loop and the thread running it (made on first use)."""
     shared = _shared_loop()
     return shared.loop, shared.thread
+
+
+def replace_stalled(
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """The shared model loop in place of ``loop``, which left a ready call unstarted for
+    :data:`STALL_SECONDS`: ``loop`` is retired (it ends what it holds, then closes) and a fresh
+    one is made, unless another caller replaced it first."""
+    global _shared
+    with _shared_lock:
+        shared = _shared
+        if shared is not None and shared.loop is loop and shared.pid == os.getpid():
+            shared.retire()
+            _shared = None
+    return shared_loop()
 
 
 def run_sync_shared(coro: Coroutine[Any, Any, T]) -> T:
