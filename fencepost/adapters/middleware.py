@@ -41,7 +41,13 @@ from langchain.agents.middleware import (
     hook_config,
 )
 from langchain.agents.middleware.types import OmitFromInput
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    HumanMessage,
+    RemoveMessage,
+    ToolMessage,
+)
 from langgraph.config import get_stream_writer
 from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command, interrupt
@@ -98,10 +104,15 @@ from fencepost.policy.budget import default_budget
 from fencepost.policy.cancellation import cancelled_by_caller
 from fencepost.policy.catalog import permitted_names
 from fencepost.policy.context import RunContext, coerce_context
-from fencepost.policy.decide import accept_decision, invalid_code
+from fencepost.policy.decide import (
+    RETRYABLE_MODEL_CODES,
+    accept_decision,
+    invalid_code,
+    model_failure,
+)
 from fencepost.policy.decision import InvalidProposal, ToolBatch
 from fencepost.policy.denial import shown_code
-from fencepost.policy.developer_log import TOOLS, raised
+from fencepost.policy.developer_log import MODEL, TOOLS, raised
 from fencepost.policy.error_codes import failure_code_for
 from fencepost.policy.execution import admits
 from fencepost.policy.fingerprint import proposal_fingerprint, with_encodable_text
@@ -141,6 +152,7 @@ TAKEN = frozenset(
         "clock",
         "denial",
         "tokens_per_step",
+        "model_retries",
         "tool_catalog",
         "provenance",
     }
@@ -209,7 +221,8 @@ class _Admitted(NamedTuple):
 
 class MiddlewareOrderError(GraphConfigError):
     """A middleware list ``FencepostMiddleware`` cannot keep its contract in: a middleware that
-    wraps tool calls listed after it (inside it), one it replaces, or not exactly one of it.
+    wraps tool calls listed after it (inside it), a model retry or fallback listed before it,
+    one it replaces, or not exactly one of it.
     Raised by :func:`check_middleware`; ``field`` is ``"middleware"``."""
 
 
@@ -222,12 +235,19 @@ REPLACED = {
 counters restart at each resume, and a HITL edit changes a call after fencepost gated it."""
 
 
+MODEL_FAILURE_HANDLERS = frozenset({"ModelRetryMiddleware", "ModelFallbackMiddleware"})
+"""LangChain middleware that act on a model call that raised, by class name: they go after
+``FencepostMiddleware`` (inside its ``wrap_model_call``, which turns a failed model call into the
+step's safe code, so listed before it they never see one)."""
+
+
 def check_middleware(middleware: Sequence[Any]) -> list[Any]:
     """``middleware``, checked for ``FencepostMiddleware``'s place in it: exactly one, after
     every middleware that wraps tool calls (LangChain composes ``wrap_tool_call`` first-listed
     outermost, so a wrapper listed after it runs inside it, around the tool: a retry there
-    re-runs a call fencepost admitted once), and none of the middleware it replaces
-    (:data:`REPLACED`). ``create_agent`` hands a middleware nothing of the list, so this is the
+    re-runs a call fencepost admitted once), before LangChain's model retry and fallback
+    middleware (:data:`MODEL_FAILURE_HANDLERS`: fencepost contains a failed model call, so they
+    act on it only inside it), and none of the middleware it replaces (:data:`REPLACED`). ``create_agent`` hands a middleware nothing of the list, so this is the
     check; pass its result to ``create_agent(..., middleware=fp.check_middleware([...]))``.
 
     Raises :class:`MiddlewareOrderError` naming the offending middleware.
@@ -245,6 +265,16 @@ def check_middleware(middleware: Sequence[Any]) -> list[Any]:
                 "middleware",
                 f"{type(m).__name__} is replaced by fp.FencepostMiddleware ({replacement}): "
                 "remove it",
+            )
+    for m in listed[: ours[0]]:
+        if type(m).__name__ in MODEL_FAILURE_HANDLERS and type(m).__module__.startswith(
+            "langchain."
+        ):
+            raise MiddlewareOrderError(
+                "middleware",
+                f"{type(m).__name__} acts on a model call that raised and is listed before "
+                "fp.FencepostMiddleware, which contains that failure first: list it after "
+                "fp.FencepostMiddleware",
             )
     for m in listed[ours[0] + 1 :]:
         if _wraps_tool_calls(m):
@@ -286,7 +316,8 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     :class:`~fencepost.LoopSettings` given as ``settings`` or its fields as keyword arguments
     (a keyword wins), with the same defaults and checks. It takes ``approval``
     (``"terminate"`` | ``"interrupt"``), ``ledger``, ``repeat_limit``, ``verdict_key``,
-    ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``tokens_per_step`` (a step's
+    ``clock``, ``denial`` (``"end_run"`` | ``"observe"``), ``model_retries`` (a model call that
+    raises a retryable error is asked again at a step of its own), ``tokens_per_step`` (a step's
     output cap, held with what it sends where tokens are limited, settled against
     ``AIMessage.usage_metadata``), ``tool_catalog`` (``"all"`` | ``"permitted"``: the model is
     shown only the registered tools the run's principal may call, each model call, from its
@@ -368,11 +399,11 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
     ) -> dict[str, Any] | None:
         return await self._step(AsyncIO(self.cfg), state, runtime.context)
 
-    @hook_config(can_jump_to=["end"])
+    @hook_config(can_jump_to=["end", "model"])
     def after_model(self, state: FencepostState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         return drive(self._gate(SyncIO(self.cfg), state, runtime.context))
 
-    @hook_config(can_jump_to=["end"])
+    @hook_config(can_jump_to=["end", "model"])
     async def aafter_model(
         self, state: FencepostState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
@@ -391,14 +422,28 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
     ) -> Any:
-        return handler(self._shown(request))
+        try:
+            return handler(self._shown(request))
+        except GraphBubbleUp:  # LangGraph's own control flow
+            raise
+        except BaseException as exc:  # a model cannot end its run untyped, nor the process
+            if cancelled_by_caller(exc):
+                raise
+            return _model_failed(request, exc)
 
     async def awrap_model_call(
         self,
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> Any:
-        return await handler(self._shown(request))
+        try:
+            return await handler(self._shown(request))
+        except GraphBubbleUp:
+            raise
+        except BaseException as exc:
+            if cancelled_by_caller(exc):
+                raise
+            return _model_failed(request, exc)
 
     def wrap_tool_call(
         self,
@@ -546,6 +591,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         message = _last_ai(values.get("messages", []))
         if message is None:
             return None
+        failed = _failure_of(message)
         try:
             run, usage, over = await self._settle_step(io, run, ctx, values, message)
         except _Unreadable:
@@ -558,6 +604,10 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         if over is not None:
             run = self._noted(run, ctx, Phase.DECIDE, "denied", code=over.error_code, **usage)
             return await self._close(io, run, over, message)
+        if failed is not None:
+            return await self._model_failed(io, run, ctx, message, failed, usage)
+        if run.model_failures:
+            run = run.model_copy(update={"model_failures": 0, "last_error_code": None})
         # Calls create_agent's model node answered itself are no proposals: its structured
         # output (``response_format=ToolStrategy(...)``) is a tool call it answers, and ends the
         # run with ``structured_response`` set, or asks the model again when it did not parse.
@@ -616,6 +666,36 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             if stopped is not None:
                 return await self._close(io, run, stopped, message)
         return _written(run, {})
+
+    async def _model_failed(
+        self,
+        io: NodeIO,
+        run: RunState,
+        ctx: RunContext,
+        message: AIMessage,
+        failed: ErrorCode,
+        usage: dict[str, Any],
+    ) -> dict[str, Any]:
+        """A failed model step, as the graph binding reads one (``decide.model_failure`` and
+        ``decide.end_step``): its safe code ends the run ``failed`` (the deadline's, once the
+        run's own deadline has passed), unless it is retryable and the run has retries left:
+        then the model is asked again at a step of its own (``jump_to="model"``: the step is
+        reserved first), and the stand-in reply is removed so the model never sees it."""
+        passed = ctx.deadline is not None and ctx.deadline.expired(clock=self.cfg.clock)
+        ended = model_failure(failed, run_deadline_passed=passed)
+        run = self._noted(run, ctx, Phase.DECIDE, "error", code=ended.error_code, **usage)
+        retryable = (
+            ended.reason is TerminationReason.FAILED
+            and ended.error_code in RETRYABLE_MODEL_CODES
+            and run.model_failures < self.cfg.model_retries
+        )
+        if not retryable:
+            return await self._close(io, run, ended)
+        update = {"model_failures": run.model_failures + 1, "last_error_code": ended.error_code}
+        out = _written(run.model_copy(update=update), {"jump_to": "model"})
+        if message.id:
+            out["messages"] = [RemoveMessage(id=message.id)]
+        return out
 
     async def _approve(
         self, io: NodeIO, run: RunState, ctx: RunContext, asked: list[Any]
@@ -880,6 +960,39 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
 
 _DENIED = TerminationReason.POLICY_DENIED
 _INVALID = TerminationReason.INVALID_PROPOSAL
+
+
+MODEL_FAILED_KEY = "fencepost_model_failed"
+"""The ``response_metadata`` key of the reply :func:`_model_failed` stands in for a model call
+that raised: its value is the failure's safe code, read by the gate hook as a failed step."""
+
+
+def _model_failed(request: ModelRequest[Any], exc: BaseException) -> ModelResponse[Any]:
+    """A model call that raised, as a reply the gate hook reads as a failed step: the safe code
+    only (the exception, its text and its traceback are the developer's, logged on
+    ``fencepost.model``, never in the messages). ``create_agent``'s model node writes a reply,
+    not a run's end, so the end is the next hook's (``after_model``)."""
+    code = failure_code_for(exc)
+    record = _record(getattr(request, "state", None))
+    run_id = record.run_id if record is not None else None
+    raised(MODEL, "the chat model", exc, run_id=run_id, call_id=None, code=code.value)
+    return ModelResponse(
+        result=[AIMessage(content="", response_metadata={MODEL_FAILED_KEY: code.value})]
+    )
+
+
+def _failure_of(message: AIMessage) -> ErrorCode | None:
+    """The safe code of a reply that stands in for a failed model call (:func:`_model_failed`);
+    ``None`` for a model's own reply. An unknown code (a forged reply) is ``internal_error``:
+    it can only end the run it is in."""
+    metadata = message.response_metadata
+    code = metadata.get(MODEL_FAILED_KEY) if isinstance(metadata, dict) else None
+    if code is None:
+        return None
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return ErrorCode.INTERNAL_ERROR
 
 
 def _end(run: RunState | None, request: StopRequest) -> dict[str, Any]:

@@ -3,6 +3,7 @@ in the list (last), the middleware it composes with, and what it cannot see."""
 
 from __future__ import annotations
 
+import pytest
 from langchain.agents.middleware import (
     ModelFallbackMiddleware,
     PIIMiddleware,
@@ -115,10 +116,27 @@ def test_it_cannot_see_the_second_model_a_fallback_middleware_calls_within_one_s
     primary = chat(iter([RuntimeError("provider down")] * 10))
     fallback = ModelFallbackMiddleware(chat(then_answer()))
     mw = fp.FencepostMiddleware(specs(tools), budget=budget(steps=5))
-    out = agent(primary, tools, [fallback, mw]).invoke(
+    # Listed after fencepost: inside its wrap_model_call, where the failure reaches it.
+    out = agent(primary, tools, fp.check_middleware([mw, fallback])).invoke(
         {"messages": [HumanMessage("why?")]}, thread(), context=ctx()
     )
     assert out["termination"] == fp.TerminationReason.COMPLETED.value
     # Two models were called; one model step was reserved.
     assert len(primary.received) == 1
     assert out["fencepost_run"]["budget"]["steps_used"] == 1
+
+
+def test_a_fallback_listed_before_fencepost_is_refused_and_would_never_see_the_failure() -> None:
+    ran = Ran()
+    tools = lc_tools(ran)
+    primary = chat(iter([RuntimeError("provider down")] * 10))
+    fallback = ModelFallbackMiddleware(chat(then_answer()))
+    mw = fp.FencepostMiddleware(specs(tools), budget=budget(steps=5))
+    with pytest.raises(fp.MiddlewareOrderError, match="ModelFallbackMiddleware"):
+        fp.check_middleware([fallback, mw])
+    # Unchecked: fencepost contains the failure first, and the run ends typed.
+    out = agent(primary, tools, [fallback, mw]).invoke(
+        {"messages": [HumanMessage("why?")]}, thread(), context=ctx()
+    )
+    assert (out["termination"], out["last_error_code"]) == ("failed", "internal_error")
+    assert ran.bodies == []

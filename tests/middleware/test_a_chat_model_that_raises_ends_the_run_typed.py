@@ -1,0 +1,107 @@
+"""A chat model that raises ends the middleware run with one typed reason, never escapes invoke.
+
+Invariant 1 (every path ends in exactly one ``TerminationReason``) and DESIGN, "Trace, logs and
+eval" (an exception from a model is logged, and never leaves the run), in the middleware
+binding, as the graph binding reads a failed model step: its safe code ends the run
+``failed``; a retryable one (rate limited, unavailable, timeout) is asked again at a step of its
+own, up to ``model_retries``; the exception's text is in the developer's log only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage
+
+import fencepost as fp
+from fencepost.adapters.middleware import MODEL_FAILED_KEY
+from tests.middleware.kit import (
+    SECRET,
+    Ran,
+    agent,
+    ask,
+    budget,
+    chat,
+    ctx,
+    lc_tools,
+    specs,
+    thread,
+)
+
+
+def _script(*items: Any) -> Any:
+    yield from items
+    while True:
+        yield AIMessage(content="checkout is down")
+
+
+@pytest.mark.parametrize("failure", [RuntimeError(SECRET), SystemExit(3)], ids=type)
+def test_a_chat_model_that_raises_ends_the_middleware_run_typed(
+    failure: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran = Ran()
+    tools = lc_tools(ran)
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget())
+    graph, config = agent(chat(_script(failure)), tools, [guard]), thread()
+    with caplog.at_level(logging.WARNING, logger="fencepost"):
+        out = graph.invoke(ask(), config, context=ctx())
+    assert out["termination"] == "failed"
+    assert out["last_error_code"] == "internal_error"
+    assert ran.bodies == []
+    # The text and the traceback are the developer's: logged, never in the thread's state.
+    assert SECRET not in json.dumps(graph.get_state(config).values, default=str)
+    assert any(r.exc_info for r in caplog.records if r.name == "fencepost.model")
+
+
+def test_a_retryable_model_failure_is_asked_again_at_a_step_of_its_own() -> None:
+    ran = Ran()
+    tools = lc_tools(ran)
+    model = chat(_script(TimeoutError(SECRET)))
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget(steps=5))
+    graph, config = agent(model, tools, [guard]), thread()
+    out = graph.invoke(ask(), config, context=ctx())
+    assert out["termination"] == "completed"
+    assert len(model.received) == 2
+    # The stand-in reply of the failed call is gone: the model is never shown it.
+    assert not any(
+        isinstance(m, AIMessage) and MODEL_FAILED_KEY in m.response_metadata
+        for m in out["messages"]
+    )
+    assert all(m.content or m.tool_calls for m in model.received[1] if isinstance(m, AIMessage))
+    run = out["fencepost_run"]
+    assert run["step"] == 2 and run["model_failures"] == 0
+
+
+def test_retryable_failures_past_model_retries_end_the_run_with_their_code() -> None:
+    ran = Ran()
+    tools = lc_tools(ran)
+    model = chat(_script(*[TimeoutError(SECRET)] * 5))
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget(steps=8), model_retries=2)
+    graph, config = agent(model, tools, [guard]), thread()
+    out = graph.invoke(ask(), config, context=ctx())
+    assert (out["termination"], out["last_error_code"]) == ("failed", "timeout")
+    assert len(model.received) == 3  # the first call and its two retries
+    assert SECRET not in json.dumps(graph.get_state(config).values, default=str)
+
+
+def test_with_no_model_retries_a_retryable_failure_ends_the_run() -> None:
+    tools = lc_tools(Ran())
+    model = chat(_script(TimeoutError(SECRET)))
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget(), model_retries=0)
+    out = agent(model, tools, [guard]).invoke(ask(), thread(), context=ctx())
+    assert (out["termination"], out["last_error_code"]) == ("failed", "timeout")
+    assert len(model.received) == 1
+
+
+def test_an_async_chat_model_that_raises_ends_the_run_typed() -> None:
+    ran = Ran()
+    tools = lc_tools(ran)
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget())
+    graph, config = agent(chat(_script(RuntimeError(SECRET))), tools, [guard]), thread()
+    out = asyncio.run(graph.ainvoke(ask(), config, context=ctx()))
+    assert (out["termination"], out["last_error_code"]) == ("failed", "internal_error")
+    assert ran.bodies == []
