@@ -40,9 +40,6 @@ MIDDLEWARE_LIMITS: dict[str, str] = {
     "test_a_model_call_whose_argument_key_has_no_utf8_form_is_an_invalid_proposal": (
         "test_a_model_call_with_an_argument_key_of_no_utf8_form_ends_typed_in_the_middleware"
     ),
-    "test_a_write_that_outlives_its_timeout_is_shown_uncertain_in_either_binding": (
-        "test_a_write_that_outlives_its_timeout_is_uncertain_in_the_middleware"
-    ),
     "test_after_a_resume_without_context_the_requester_can_still_answer": (
         "test_after_a_resume_without_context_the_middleware_run_still_takes_its_requesters_answer"
     ),
@@ -315,34 +312,6 @@ def test_after_a_resume_without_context_the_middleware_run_still_takes_its_reque
 
 @pytest.mark.xfail(
     strict=True,
-    reason="FencepostMiddleware calls LangChain's tool handler in wrap_tool_call as it is: no "
-    "timeout_seconds cuts it, so a write that outlives its deadline returns its result",
-)
-def test_a_write_that_outlives_its_timeout_is_uncertain_in_the_middleware(
-    on_time_pool: Any,
-) -> None:
-    """Invariant 9 (when a crash or a cut leaves it unknown whether the effect happened, the
-    receipt says ``uncertain``), in the middleware binding: a tool's ``timeout_seconds`` is
-    not enforced, so a write past its deadline is waited for (and a hung tool hangs the run).
-    Not fixed: the graph runs bodies in its own containment pool (``graph.containment``);
-    the middleware would have to run ``create_agent``'s tool handler there
-    (``docs/middleware.md``, "What it cannot see")."""
-    import threading
-
-    from tests.invariants.bindings import MiddlewareBinding
-    from tests.invariants.test_9_effects_at_most_once import (
-        test_a_write_that_outlives_its_timeout_is_shown_uncertain_in_either_binding as limit,
-    )
-
-    release = threading.Event()
-    try:
-        limit(MiddlewareBinding, release, on_time_pool)
-    finally:
-        release.set()
-
-
-@pytest.mark.xfail(
-    strict=True,
     reason="FencepostMiddleware's termination is a plain state field of create_agent's graph: "
     "update_state rewrites it after the run ended, and no hook runs again to restore it",
 )
@@ -405,7 +374,7 @@ def test_every_known_limit_is_strict_and_names_the_design_rule_it_breaks() -> No
         if isinstance(node, ast.FunctionDef)
     }
     limits = {name: found for name, found in marks.items() if found}
-    assert len(limits) == 11
+    assert len(limits) == 10
     for name, (mark,) in limits.items():
         assert isinstance(mark, ast.Call), name
         strict = {k.arg: k.value for k in mark.keywords}.get("strict")

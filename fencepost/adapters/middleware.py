@@ -27,6 +27,7 @@ Every run ends with one :class:`~fencepost.policy.TerminationReason` in the agen
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -66,6 +67,8 @@ from fencepost.graph.account import (
     tokens_left,
     with_budget_view,
 )
+from fencepost.graph.containment.model import run_model
+from fencepost.graph.containment.tools import run_callable_blocking
 from fencepost.graph.events import subscribe
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
@@ -85,6 +88,8 @@ from fencepost.policy import (
     AgentState as RunState,
 )
 from fencepost.policy import (
+    Deadline,
+    Effect,
     ErrorCode,
     RuntimeBudget,
     StepManifest,
@@ -92,6 +97,7 @@ from fencepost.policy import (
     TerminationReason,
     ToolProposal,
     ToolRegistry,
+    stage_deadline,
 )
 from fencepost.policy.approval import (
     ApprovalProblem,
@@ -455,15 +461,20 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         if isinstance(admitted, ToolMessage):
             return admitted
         with self._span(request, admitted) as span:
-            try:
-                result = handler(request)
-            except GraphBubbleUp:  # LangGraph's own control flow (an interrupt() in a tool)
-                raise
-            except BaseException as exc:  # a tool cannot end its run, nor the process
-                if cancelled_by_caller(exc):
-                    raise
-                return _spanned(span, drive(self._failed(io, request, admitted, exc)))
-            return _spanned(span, drive(self._ran(io, request, admitted, result)))
+            # The tool runs as a sync tool body does in the graph binding: on a fencepost thread
+            # of its tenant's share, left behind at its deadline (its late result never heard).
+            ran = run_callable_blocking(
+                lambda: handler(request),
+                timeout_seconds=self._tool_seconds(request, admitted),
+                tenant=admitted.ctx.tenant_id,
+            )
+            if not ran.finished:
+                return _spanned(span, drive(self._cut_off(io, request, admitted)))
+            if isinstance(ran.raised, GraphBubbleUp):  # LangGraph's control flow: interrupt()
+                raise ran.raised
+            if ran.raised is not None:  # a tool cannot end its run, nor the process
+                return _spanned(span, drive(self._failed(io, request, admitted, ran.raised)))
+            return _spanned(span, drive(self._ran(io, request, admitted, ran.value)))
 
     async def awrap_tool_call(
         self,
@@ -475,15 +486,28 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         if isinstance(admitted, ToolMessage):
             return admitted
         with self._span(request, admitted) as span:
-            try:
-                result = await handler(request)
-            except GraphBubbleUp:  # LangGraph's own control flow (an interrupt() in a tool)
-                raise
-            except BaseException as exc:  # a tool cannot end its run, nor the process
-                if cancelled_by_caller(exc):
-                    raise
-                return _spanned(span, await self._failed(io, request, admitted, exc))
-            return _spanned(span, await self._ran(io, request, admitted, result))
+
+            async def called() -> ToolMessage | Command[Any]:
+                try:
+                    return await handler(request)
+                except (KeyboardInterrupt, SystemExit) as exc:
+                    # asyncio re-raises these two out of the event loop after failing the
+                    # task: carried as data, they are this call's failure.
+                    raise _BodyRaised(exc) from None
+
+            # As an async tool body runs in the graph binding: a task on a leash, cancelled and
+            # left behind at its deadline. Only the caller's own cancellation propagates.
+            run = await run_model(called, self._tool_seconds(request, admitted))
+            if not run.finished:
+                return _spanned(span, await self._cut_off(io, request, admitted))
+            if isinstance(run.error, GraphBubbleUp):  # LangGraph's control flow: interrupt()
+                raise run.error
+            failure = run.error.raised if isinstance(run.error, _BodyRaised) else run.error
+            if run.cancelled:
+                failure = asyncio.CancelledError()
+            if failure is not None:  # a tool cannot end its run, nor the process
+                return _spanned(span, await self._failed(io, request, admitted, failure))
+            return _spanned(span, await self._ran(io, request, admitted, run.value))
 
     def _span(self, request: ToolCallRequest, admitted: _Admitted) -> telemetry.ToolCall:
         """The ``execute_tool`` span of an admitted call."""
@@ -822,6 +846,38 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         await mark_result(io, run, ctx, account_of(run), call_id)
         return result  # type: ignore[no-any-return]
 
+    def _tool_seconds(self, request: ToolCallRequest, admitted: _Admitted) -> float:
+        """The seconds a call may run: its tool's ``timeout_seconds``, within the run's
+        deadline (the graph binding's stage deadline)."""
+        spec = self.cfg.registry.get(str(request.tool_call.get("name") or ""))
+        clock = self.cfg.clock
+        run_deadline = admitted.ctx.deadline or Deadline.after(spec.timeout_seconds, clock=clock)
+        return stage_deadline(
+            run_deadline, max_stage_seconds=spec.timeout_seconds, clock=clock
+        ).remaining_seconds(clock=clock)
+
+    async def _cut_off(
+        self, io: NodeIO, request: ToolCallRequest, admitted: _Admitted
+    ) -> ToolMessage:
+        """A call its deadline cut off (``execution.ran`` with ``cut_off``): a write or an
+        external call may have had its effect, so it is ``execution_uncertain`` and never run
+        again (its start marker stays); a read is a ``timeout``. Its attempt is settled."""
+        run, _ctx, key, _attempt = admitted
+        call_id = str(request.tool_call.get("id") or "")
+        name = str(request.tool_call.get("name") or "")
+        spec = self.cfg.registry.get(name)
+        code = ErrorCode.TIMEOUT if spec.effect is Effect.READ else ErrorCode.EXECUTION_UNCERTAIN
+        TOOLS.warning(
+            "tool %s did not report by its deadline (run %s, call %s): recorded as %s",
+            name,
+            run.run_id,
+            call_id,
+            code.value,
+            extra={"run_id": run.run_id, "call_id": call_id, "code": code.value},
+        )
+        await io.settle(key)
+        return _refusal(call_id, name, code.value)
+
     async def _failed(
         self, io: NodeIO, request: ToolCallRequest, admitted: _Admitted, exc: BaseException
     ) -> ToolMessage:
@@ -960,6 +1016,14 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
 
 _DENIED = TerminationReason.POLICY_DENIED
 _INVALID = TerminationReason.INVALID_PROPOSAL
+
+
+class _BodyRaised(Exception):
+    """A ``SystemExit`` or ``KeyboardInterrupt`` a tool raised, carried off its task as data."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(type(raised).__name__)
+        self.raised = raised
 
 
 MODEL_FAILED_KEY = "fencepost_model_failed"
@@ -1202,5 +1266,8 @@ def _spanned(
 ) -> ToolMessage | Command[Any]:
     """``out`` (what the model gets of a call that ran), its receipt status on the span."""
     code = _error_code(out) if isinstance(out, ToolMessage) else None
-    span.settled("failed" if code is not None else "completed", code)
+    if code == ErrorCode.EXECUTION_UNCERTAIN.value:
+        span.settled("uncertain", code)
+    else:
+        span.settled("failed" if code is not None else "completed", code)
     return out
