@@ -83,7 +83,9 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     cited = plan.citations
     # A completed stop is judged by the ledger's markers, not by receipts in state.
     facts = await answer_facts(io, plan.current, cited) if cited is not None else None
-    end = plan.end(started, facts.pending, facts.produced) if facts else plan.end(started)
+    end = (
+        plan.end(started, facts.pending, facts.produced) if facts is not None else plan.end(started)
+    )
     if end.closes:
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
             end = end.after_close((await io.close_account(account, end.stop.reason.value)).closed)
