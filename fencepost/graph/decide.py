@@ -16,6 +16,7 @@ from fencepost.graph.account import (
     account_of,
     acting_in,
     answer_facts,
+    balance_of,
     chain_left,
     charge,
     node_thread,
@@ -23,7 +24,6 @@ from fencepost.graph.account import (
     started_run_id,
     with_budget_view,
 )
-from fencepost.graph.endings import unverified_ending
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import LoopConfig, Update
@@ -60,6 +60,7 @@ from fencepost.policy.decide import (
 )
 from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.keys import overage_key, step_key
+from fencepost.policy.terminate import reopened
 from fencepost.policy.usage import input_text
 
 
@@ -179,7 +180,8 @@ async def model_step(
     settle and charge what the plan says; the run with its stop and manifest, or gated."""
     if state.is_terminal:
         # An ending the terminal node did not make goes back to it to be judged.
-        return await unverified_ending(io, state) or state
+        balance = await balance_of(io, account_of(state))
+        return reopened(state, balance) or state
     if state.stop is not None:
         return state
     # After an approver's answer the run goes on for the requester, with the capabilities its

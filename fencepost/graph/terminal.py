@@ -1,4 +1,11 @@
-"""The terminal node: the single exit, and the only place a terminal state is made."""
+"""The terminal node: the single exit, and the only place a terminal state is made.
+
+The node loads the run and its ledger account, asks policy how the run ends
+(:func:`fencepost.policy.terminate.plan_ending`), reads what the plan names of the ledger (the
+batch's calls that started unreported; for a final answer, the work still pending and the
+cited calls its tools produced), closes the account the plan's ending says to close, and
+writes the ending.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +14,13 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from fencepost.graph.account import account_of, acting_in, open_run, started_run_id
-from fencepost.graph.endings import (
-    owned,
-    pending_at_end,
-    produced_at_end,
-    receipt_started,
-    unverified_ending,
+from fencepost.graph.account import (
+    account_of,
+    acting_in,
+    answer_facts,
+    balance_of,
+    open_run,
+    started_run_id,
 )
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import Update
@@ -26,22 +33,11 @@ from fencepost.policy import (
     LedgerConflict,
     Phase,
     StopRequest,
-    TerminationReason,
     UnknownAccount,
-    stop_report,
-    terminate,
 )
 from fencepost.policy.context import coerce_context
-from fencepost.policy.decide import verified_stop
-from fencepost.policy.recursion_limit import NEEDS_DECIDE
-from fencepost.policy.run_sources import answer_untrusted
-from fencepost.policy.state import stop
-from fencepost.policy.stopping import cancel_came_first, may_close_account, unasked_stop
-
-
-def _cancelled(current: AgentState) -> AgentState:
-    state = terminate(current, TerminationReason.CANCELLED, error_code="cancelled")
-    return state.model_copy(update={"report": stop_report(state, unfinished=current.batch)})
+from fencepost.policy.keys import started_key
+from fencepost.policy.terminate import plan_ending
 
 
 async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
@@ -64,59 +60,39 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
             opened = await open_run(io, current, ctx)
             if not isinstance(opened, StopRequest):
                 current = opened
-    elif before.is_terminal:
-        unended = await unverified_ending(io, before)
-        if unended is None:
-            # Nothing to do; but a value mended on reading (a phase a checkpoint revived as
-            # text) is written back, so the route out reads the run as ended.
-            return step_writes(before, before)
-        current = unended
     else:
         current = before
-    asked = current.stop or unasked_stop(values.get("remaining_steps"), NEEDS_DECIDE)
-    # A completed stop is judged by the ledger's completion markers, not by receipts in state.
-    completed = asked.reason is TerminationReason.COMPLETED and asked.answer is not None
     account = account_of(current)
+    cfg = io.cfg
+    plan = plan_ending(
+        current,
+        ctx,
+        await balance_of(io, account),
+        account=account,
+        remaining_steps=values.get("remaining_steps"),
+        require_citations=cfg.require_citations,
+        registry=cfg.registry,
+    )
+    if plan.stands:
+        # Nothing to do; but a value mended on reading (a phase a checkpoint revived as text)
+        # is written back, so the route out reads the run as ended.
+        return step_writes(before, plan.current)
     # Ended, whoever owns it: the room kept for its next step goes to runs waiting.
     run_ended(io.ledger, account)
-    mine = await owned(io, account, ctx, current.run_id)
-    if mine:
-        current = await receipt_started(io, current, account)
-    pending = await pending_at_end(io, current, mine) if completed else None
-    cited = (
-        await produced_at_end(io, current, mine, asked.answer.citations)
-        if completed and asked.answer is not None
-        else None
+    started = [c for c in plan.unreported if await io.get(started_key(account, c, 1)) is not None]
+    cited = plan.citations
+    # A completed stop is judged by the ledger's markers, not by receipts in state.
+    facts = await answer_facts(io, plan.current, cited) if cited is not None else None
+    end = (
+        plan.end(started, facts.pending, facts.produced) if facts is not None else plan.end(started)
     )
-    ending = verified_stop(
-        current,
-        asked,
-        require_citations=io.cfg.require_citations,
-        pending=pending,
-        produced=cited,
-        account_known=mine is not None,
-    )
-    state = terminate(current, ending.reason, answer=ending.answer, error_code=ending.error_code)
-    # The report needs the batch the run stopped in: terminate() clears it.
-    budget = ending.budget
-    if budget is not None:
-        budget = budget.model_copy(update={"own": budget.account == account})
-    report = stop_report(
-        state,
-        unfinished=current.batch,
-        budget=budget,
-        answer_untrusted=answer_untrusted(state, ctx, io.cfg.registry),
-    )
-    state = state.model_copy(update={"report": report})
-    if may_close_account(ending.error_code, owned=bool(mine)):
+    if end.closes:
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
-            closed = (await io.close_account(account, ending.reason.value)).closed
-            if cancel_came_first(closed, ending.reason):
-                state, ending = _cancelled(current), stop(TerminationReason.CANCELLED, "cancelled")
-            if io.cfg.owns_ledger:
+            end = end.after_close((await io.close_account(account, end.stop.reason.value)).closed)
+            if cfg.owns_ledger:
                 # The graph's own process-local ledger would otherwise keep every ended run.
                 await io.forget(account)
     m = manifest(
-        state, io.cfg, ctx, phase=Phase.TERMINAL, outcome="terminal", code=ending.reason.value
+        end.state, cfg, ctx, phase=Phase.TERMINAL, outcome="terminal", code=end.stop.reason.value
     )
-    return step_writes(before, recorded(state, runtime, [m]))
+    return step_writes(before, recorded(end.state, runtime, [m]))

@@ -16,14 +16,12 @@ import math
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from fencepost.policy.catalog import ToolCatalog, permitted_names
 from fencepost.policy.context import RunContext
-from fencepost.policy.contract import Frozen
 from fencepost.policy.deadline import Clock
 from fencepost.policy.decision import (
-    AbstainProposal,
     Decision,
     DecisionKind,
     FinalProposal,
@@ -36,9 +34,7 @@ from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import fits_checkpoint
 from fencepost.policy.ledger import Reservation
-from fencepost.policy.manifest import Outcome
 from fencepost.policy.may_go_on import check_before_acting
-from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.pricing import ModelPrice, price_micros
 from fencepost.policy.recursion_limit import NEEDS_DECIDE, recursion_stop
@@ -47,12 +43,10 @@ from fencepost.policy.reservations import (
     DEFAULT_OUTPUT_TOKENS,
     step_hold,
     stop_for_exceeded,
-    stop_for_unknown_account,
 )
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.stop_report import SAFE_CODE
-from fencepost.policy.tasks import pending_tasks
-from fencepost.policy.terminate import MissingCitation, UnsupportedCitation, validate_final_answer
+from fencepost.policy.terminate import conclude
 from fencepost.policy.tool import Principal
 from fencepost.policy.turns import TURN_WINDOW, EarlierTurn
 from fencepost.policy.usage import (
@@ -123,101 +117,6 @@ def model_failure(code: ErrorCode, *, run_deadline_passed: bool) -> StopRequest:
     if code is ErrorCode.TIMEOUT and run_deadline_passed:
         return stop(TerminationReason.DEADLINE_EXCEEDED, "deadline_exceeded")
     return stop(TerminationReason.FAILED, code.value)
-
-
-class FinalRefused(Frozen):
-    """A final answer that cannot end the run yet; the model is asked again (a step each)."""
-
-    code: Literal["tasks_pending"] = "tasks_pending"
-
-
-def _conclude(
-    state: AgentState,
-    decided: Decided | InvalidProposal,
-    *,
-    require_citations: bool,
-    pending_tasks: Sequence[str] = (),
-    final_turn: bool = False,
-    produced: Collection[str] | None = None,
-) -> StopRequest | FinalRefused | Sequence[ToolProposal]:
-    """A decision's consequence: the tool calls to gate, or the stop it asks for.
-
-    A final answer must cite evidence that is in the observations and that a tool of this run
-    produced (``produced``: the cited calls the ledger marks so; server-verified); an invalid
-    proposal or an unsupported citation ends the run ``invalid_proposal``, never ``completed``.
-    While accepted work is pending, a final answer is refused (work accepted is not work done).
-    In the final turn kept for answering, tool calls end the run ``step_budget_exhausted``.
-    """
-    if isinstance(decided, InvalidProposal):
-        return stop(TerminationReason.INVALID_PROPOSAL, invalid_code(decided, state.run_id))
-    decision = decided.decision
-    if isinstance(decision, FinalProposal) and pending_tasks:
-        return FinalRefused()
-    if isinstance(decision, ToolProposal | ToolBatch) and final_turn:
-        return stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "answer_margin")
-    if isinstance(decision, FinalProposal):
-        return _completed(
-            decision.answer, state, require_citations=require_citations, produced=produced
-        )
-    if isinstance(decision, AbstainProposal):
-        return StopRequest(reason=TerminationReason(decision.reason))
-    return calls_of(decided)
-
-
-def verified_stop(
-    state: AgentState,
-    ending: StopRequest,
-    *,
-    require_citations: bool,
-    pending: Collection[str] | None = None,
-    produced: Collection[str] | None = None,
-    account_known: bool = True,
-) -> StopRequest:
-    """The stop a run ends with, verified again against the state it ends in.
-
-    A ``completed`` stop is only what :func:`end_step` makes of a final answer; one that reached
-    the end by another road (written into state by a caller) must pass the same checks: an
-    answer, no accepted work pending, every citation an observation of the run. Otherwise the
-    run ends ``invalid_proposal``, never ``completed``. Any other stop is returned as it is.
-
-    ``pending``: the tasks accepted work still waits on as the ledger's completion markers tell
-    it (``tasks.unfinished``); a receipt saying ``completed`` can be a caller's. ``produced``:
-    the cited calls the ledger marks as having had their tool return a result; an observation
-    can be a caller's. ``None`` for either: only state is left to judge by (no ledger was
-    asked). ``account_known=False``: the ledger holds no account of the run (it never saw it,
-    or lost it with its process), so nothing can verify the answer and the run is refused as
-    every reservation on that ledger refuses it (``unknown_budget_account``).
-    """
-    if ending.reason is not TerminationReason.COMPLETED:
-        return ending
-    if not account_known:
-        return stop_for_unknown_account()
-    if ending.answer is None:
-        return stop(TerminationReason.INVALID_PROPOSAL, InvalidProposal().code)
-    if pending if pending is not None else pending_tasks(state.receipts):
-        return stop(TerminationReason.INVALID_PROPOSAL, FinalRefused().code)
-    verified = _completed(
-        ending.answer, state, require_citations=require_citations, produced=produced
-    )
-    return ending if verified.reason is TerminationReason.COMPLETED else verified
-
-
-def _completed(
-    answer: AnswerPayload,
-    state: AgentState,
-    *,
-    require_citations: bool,
-    produced: Collection[str] | None,
-) -> StopRequest:
-    """``completed`` with ``answer`` if its citations are server-verified, else the stop the
-    failed check means (``invalid_proposal``, never ``completed``)."""
-    try:
-        answer = validate_final_answer(
-            answer, state, require_citations=require_citations, produced=produced
-        )
-    except (UnsupportedCitation, MissingCitation) as exc:
-        return stop(TerminationReason.INVALID_PROPOSAL, exc.code)
-    return StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
 
 
 # --- The model step, as plans -----------------------------------------------------------------
@@ -474,9 +373,15 @@ def end_step(
     A model error is retried at the next step (each retry spends its own step) when it is
     retryable (``RETRYABLE_MODEL_CODES``), up to ``model_retries`` in a row, and otherwise ends
     the run; usage charged past a limit ends it (the decision refused); a decision starts the
-    retry count again. A final answer while accepted work is pending is refused and the model
-    asked again (work accepted is not work done); any other stop is recorded as the decision
-    that made it (:func:`_decision_record`); tool calls go to the gate.
+    retry count again. An invalid proposal ends the run ``invalid_proposal``
+    (:func:`invalid_code`); tool calls go to the gate, except in the final turn kept for
+    answering, where they end it ``step_budget_exhausted``. A final answer or an abstention
+    is what :func:`~fencepost.policy.terminate.conclude` makes of it, given the ledger's facts
+    (``pending``: the accepted work it still waits on; ``produced``: the cited calls whose tool
+    returned a result): a final answer while work is pending is refused and the model asked
+    again (work accepted is not work done); one whose citations fail ends the run
+    ``invalid_proposal``, never ``completed``. A stop is recorded as the decision that made it
+    (``decided``, or ``denied`` when it was refused).
     """
     cfg = plan.settings
     if isinstance(outcome, StopRequest):
@@ -501,48 +406,48 @@ def end_step(
     if over_stop is not None:
         record = {"outcome": "denied", "code": over_stop.error_code, **settled.usage}
         return StepEnd(state=state.model_copy(update={"stop": over_stop}), record=record)
-    conclusion = _conclude(
-        state,
-        outcome,
-        require_citations=cfg.require_citations,
-        pending_tasks=pending,
-        final_turn=settled.final_turn,
-        produced=produced,
-    )
-    if isinstance(conclusion, FinalRefused):
-        record = {
-            "outcome": "denied",
-            "decision_kind": "final",
-            "code": conclusion.code,
-            **settled.usage,
-        }
-        return StepEnd(
-            state=state.model_copy(update={"last_error_code": conclusion.code}), record=record
-        )
-    if isinstance(conclusion, StopRequest):
-        kind, result, code = _decision_record(outcome, conclusion)
-        record = {"outcome": result, "decision_kind": kind, "code": code, **settled.usage}
-        return StepEnd(state=state.model_copy(update={"stop": conclusion}), record=record)
-    return StepEnd(state=state, record=None, calls=conclusion)
-
-
-def _decision_record(
-    outcome: Decided | InvalidProposal, conclusion: StopRequest
-) -> tuple[DecisionKind, Outcome, str | None]:
-    """A decision that ended the model's part of the run, as its trace records it: what the
-    model decided, whether it stands (``decided``) or was refused (``denied``), and its code
-    (the stop's error code; an abstention's reason). A final answer stands only as
-    ``completed``; a malformed decision or a tool call that ends the run here was refused."""
-    code = conclusion.error_code
+    kind: DecisionKind
     if isinstance(outcome, InvalidProposal):
-        return "invalid", "denied", code
-    decision = outcome.decision
-    if isinstance(decision, AbstainProposal):
-        return "abstain", "decided", code or conclusion.reason.value
-    if isinstance(decision, FinalProposal):
-        completed = conclusion.reason is TerminationReason.COMPLETED
-        return "final", "decided" if completed else "denied", code
-    return "tool", "denied", code
+        kind, ending = (
+            "invalid",
+            stop(TerminationReason.INVALID_PROPOSAL, invalid_code(outcome, state.run_id)),
+        )
+    elif isinstance(outcome.decision, ToolProposal | ToolBatch):
+        if not settled.final_turn:
+            return StepEnd(state=state, record=None, calls=calls_of(outcome))
+        # The final turn is kept for answering.
+        kind, ending = "tool", stop(TerminationReason.STEP_BUDGET_EXHAUSTED, "answer_margin")
+    else:
+        decision = outcome.decision
+        if isinstance(decision, FinalProposal):
+            kind, asked = (
+                "final",
+                StopRequest(reason=TerminationReason.COMPLETED, answer=decision.answer),
+            )
+        else:
+            kind, asked = "abstain", StopRequest(reason=TerminationReason(decision.reason))
+        conclusion = conclude(
+            state,
+            asked,
+            require_citations=cfg.require_citations,
+            pending=pending,
+            produced=produced,
+        )
+        if conclusion.asks_again:
+            code = conclusion.stop.error_code
+            record = {"outcome": "denied", "decision_kind": kind, "code": code, **settled.usage}
+            return StepEnd(state=state.model_copy(update={"last_error_code": code}), record=record)
+        ending = conclusion.stop
+    # A decision stands only as an abstention or a final answer completed; the trace records
+    # an abstention's reason as its code.
+    stands = kind == "abstain" or ending.reason is TerminationReason.COMPLETED
+    record = {
+        "outcome": "decided" if stands else "denied",
+        "decision_kind": kind,
+        "code": ending.error_code or (ending.reason.value if kind == "abstain" else None),
+        **settled.usage,
+    }
+    return StepEnd(state=state.model_copy(update={"stop": ending}), record=record)
 
 
 def waiting_for_requester(state: AgentState) -> dict[str, Any]:

@@ -23,6 +23,14 @@ from fencepost.policy import (
     validate_final_answer,
 )
 from fencepost.policy.batch import BatchEntry
+from fencepost.policy.context import RunContext
+from fencepost.policy.ledger import Balance
+from fencepost.policy.ownership import run_owner
+from fencepost.policy.receipt import ReceiptStatus
+from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.state import StopRequest, stop
+from fencepost.policy.terminate import EndingPlan, plan_ending
+from fencepost.policy.tool import Principal
 from tests.policy.factories import make_proposal, make_state
 
 
@@ -98,16 +106,15 @@ def test_duplicate_citations_are_collapsed_in_order() -> None:
     assert answer.citations == ("b", "a")
 
 
-def test_a_completed_stop_is_verified_again_at_the_end_as_a_final_answer_would_be() -> None:
-    from fencepost.policy.decide import verified_stop
-    from fencepost.policy.state import StopRequest
+def test_a_completed_stop_is_concluded_at_the_end_as_a_final_answer_would_be() -> None:
+    from fencepost.policy.terminate import conclude
 
     def completed(answer: AnswerPayload | None) -> StopRequest:
         return StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
 
     observed = _observed()
     good = completed(AnswerPayload(text="One hit.", citations=("call-0001",)))
-    assert verified_stop(observed, good, require_citations=True) is good
+    assert conclude(observed, good, require_citations=True).stop is good
     for ending, code, required in (
         (completed(None), "malformed_decision", False),
         (
@@ -117,14 +124,14 @@ def test_a_completed_stop_is_verified_again_at_the_end_as_a_final_answer_would_b
         ),
         (completed(AnswerPayload(text="x")), "missing_citation", True),
     ):
-        verified = verified_stop(observed, ending, require_citations=required)
+        verified = conclude(observed, ending, require_citations=required).stop
         assert (verified.reason, verified.error_code, verified.answer) == (
             TerminationReason.INVALID_PROPOSAL,
             code,
             None,
         )
     # Accepted work still pending: the answer is not taken as done, however well it cites.
-    from fencepost.policy import Receipt, ReceiptStatus
+    from fencepost.policy import Receipt
 
     accepted = Receipt(
         call_id="call-0003",
@@ -133,10 +140,121 @@ def test_a_completed_stop_is_verified_again_at_the_end_as_a_final_answer_would_b
         task_id="task-1",
     )
     pending = observed.model_copy(update={"receipts": (*observed.receipts, accepted)})
-    verified = verified_stop(pending, good, require_citations=False)
+    verified = conclude(pending, good, require_citations=False).stop
     assert (verified.reason, verified.error_code) == (
         TerminationReason.INVALID_PROPOSAL,
         "tasks_pending",
     )
     other = StopRequest(reason=TerminationReason.POLICY_DENIED, error_code="x")
-    assert verified_stop(observed, other, require_citations=True) is other
+    assert conclude(observed, other, require_citations=True).stop is other
+
+
+# --- The terminal node's plan ---------------------------------------------------------------
+
+_CTX = RunContext(tenant_id="tenant-a", principal=Principal(id="user-1"))
+_COMPLETED = StopRequest(
+    reason=TerminationReason.COMPLETED,
+    answer=AnswerPayload(text="One hit.", citations=("call-0001",)),
+)
+
+
+def _balance(ctx: RunContext = _CTX, closed: str | None = None) -> Balance:
+    return Balance(
+        account="acct", parent=None, limits={}, owner=run_owner(ctx, "run-0001"), closed=closed
+    )
+
+
+def _plan(state: AgentState, balance: Balance | None, ctx: RunContext = _CTX) -> EndingPlan:
+    return plan_ending(
+        state,
+        ctx,
+        balance,
+        account="acct",
+        remaining_steps=None,
+        require_citations=True,
+        registry=ToolRegistry([]),
+    )
+
+
+def test_a_completed_stop_is_judged_by_the_ledgers_facts_on_the_callers_own_account() -> None:
+    plan = _plan(_observed().model_copy(update={"stop": _COMPLETED}), _balance())
+    assert (plan.owned, plan.citations) == (True, ("call-0001",))
+    vouched = plan.end(pending=(), produced={"call-0001"})
+    assert (vouched.stop, vouched.state.termination, vouched.closes) == (
+        _COMPLETED,
+        TerminationReason.COMPLETED,
+        True,
+    )
+    assert vouched.state.report is not None
+    # The observation in state is no marker: a citation the ledger does not vouch for fails.
+    unvouched = plan.end(pending=(), produced=frozenset()).stop
+    assert (unvouched.reason, unvouched.error_code) == (
+        TerminationReason.INVALID_PROPOSAL,
+        "unsupported_citation",
+    )
+
+
+def test_another_callers_account_vouches_for_nothing_and_is_not_closed() -> None:
+    other = RunContext(tenant_id="tenant-b", principal=Principal(id="user-9"))
+    plan = _plan(_observed().model_copy(update={"stop": _COMPLETED}), _balance(other))
+    assert (plan.owned, plan.citations) == (False, None)
+    end = plan.end()
+    assert (end.stop.reason, end.stop.error_code, end.closes) == (
+        TerminationReason.INVALID_PROPOSAL,
+        "unsupported_citation",
+        False,
+    )
+
+
+def test_a_completed_stop_on_no_account_of_the_ledger_is_unknown_budget_account() -> None:
+    plan = _plan(_observed().model_copy(update={"stop": _COMPLETED}), None)
+    assert plan.owned is None
+    end = plan.end()
+    assert (end.stop.error_code, end.closes) == ("unknown_budget_account", False)
+
+
+def test_an_ending_stands_unless_it_reads_completed_on_an_account_not_closed_completed() -> None:
+    done = terminate(_observed(), TerminationReason.COMPLETED, answer=_COMPLETED.answer)
+    assert _plan(done, _balance(closed="completed")).stands
+    assert _plan(done, None).stands
+    failed = terminate(_observed(), TerminationReason.FAILED)
+    assert _plan(failed, _balance()).stands
+    with pytest.raises(TerminalStateError):
+        _plan(failed, _balance()).end()
+    # Written by a caller: the account is still open, or closed for another reason.
+    for closed, reason in ((None, "policy_denied"), ("cancelled", "cancelled")):
+        plan = _plan(done, _balance(closed=closed))
+        assert not plan.stands and plan.asked == stop(TerminationReason(reason), "invalid_state")
+        assert plan.current.final_answer is None
+
+
+def test_a_cancel_that_closed_the_account_first_wins() -> None:
+    end = _plan(_observed().model_copy(update={"stop": _COMPLETED}), _balance()).end(
+        pending=(), produced={"call-0001"}
+    )
+    assert end.after_close("completed") is end
+    cancelled = end.after_close("cancelled")
+    assert (cancelled.stop.reason, cancelled.state.termination) == (
+        TerminationReason.CANCELLED,
+        TerminationReason.CANCELLED,
+    )
+
+
+def test_a_batch_call_the_ledger_shows_started_without_a_receipt_ends_uncertain() -> None:
+    proposal = make_proposal(call_id="call-0005")
+    entry = BatchEntry(
+        proposal=proposal,
+        verdict=Verdict(
+            call_id=proposal.call_id,
+            tool_name=proposal.tool_name,
+            fingerprint=proposal_fingerprint(proposal.tool_name, proposal.arguments),
+            code=VerdictCode.ALLOWED,
+        ),
+    )
+    stopped = stop(TerminationReason.CANCELLED, "cancelled")
+    state = _observed().model_copy(update={"batch": (entry,), "stop": stopped})
+    plan = _plan(state, _balance())
+    assert plan.unreported == ("call-0005",)
+    [receipt] = [r for r in plan.end(("call-0005",)).state.receipts if r.call_id == "call-0005"]
+    assert receipt.status is ReceiptStatus.UNCERTAIN
+    assert not [r for r in plan.end().state.receipts if r.call_id == "call-0005"]
