@@ -57,13 +57,14 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from functools import partial
 from typing import Literal, Protocol, TypeVar
 
 from fencepost.adapters._ledger_sql import ACCOUNT_COLUMNS, SCHEMA, SqlLedger, Transaction
+from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.deadline import Clock, SystemClock
 from fencepost.policy.ledger import Attempt, Balance, Reservation
 from fencepost.policy.remembered import ApprovalScope
@@ -396,6 +397,15 @@ class SqliteLedger(SqlLedger):
 
     async def arelease(self, key: str) -> Reservation:
         return await self._in_thread(partial(self.release, key))
+
+    async def asettle_and_reserve(
+        self,
+        key: str,
+        actual: Mapping[str, float] | None,
+        account: str,
+        holds: Sequence[tuple[str, Mapping[str, float]]],
+    ) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
+        return await self._in_thread(partial(self.settle_and_reserve, key, actual, account, holds))
 
     async def areserved(self, account: str, key: str) -> Reservation | None:
         return await self._in_thread(partial(self.reserved, account, key))
