@@ -5,7 +5,8 @@ Safe for many threads and many processes on one machine: every ``reserve``, ``se
 anything is read, so the check and the charge cannot interleave with another writer), and the file
 is in WAL mode so readers never block the writer. ``begin_attempt`` and ``finish_attempt`` write
 a call's two markers (a marker and a settlement) in one such transaction, one commit and one sync
-instead of two; ``reserved`` is a read, which takes no write lock. Not for several machines sharing a network file
+instead of two, and ``settle_and_reserve`` a model step's settlement with its calls' holds;
+``reserved`` is a read, which takes no write lock. Not for several machines sharing a network file
 system: use :class:`~fencepost.adapters.ledger_postgres.PostgresLedger` there.
 
 Durability: ``synchronous="FULL"`` by default: every commit is synced to disk before it returns,
