@@ -23,6 +23,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
+from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.deadline import Clock, SystemClock
 from fencepost.policy.ledger import (
     MARKER_REFUSALS,
@@ -844,6 +845,37 @@ class SqlLedger(Ledger, ScopeStore):
                 return self._settle_in(tx, key, actual), None
             except _REFUSALS as refused:
                 return None, refused  # the marker made above is kept, as two calls would
+
+        return _raised(self._run(work))
+
+    def settle_and_reserve(
+        self,
+        key: str,
+        actual: Mapping[str, float] | None,
+        account: str,
+        holds: Sequence[tuple[str, Mapping[str, float]]],
+    ) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
+        validate_name(key)
+        asked = list(holds)
+
+        def work(
+            tx: Transaction,
+        ) -> tuple[
+            tuple[Reservation, list[Reservation | BudgetExhausted]] | None, Exception | None
+        ]:
+            settled = self._settle_in(tx, key, actual)
+            held: list[Reservation | BudgetExhausted] = []
+            for hold, amounts in asked:
+                try:
+                    # Checked here, in order, as each separate reserve would check its own.
+                    validate_name(account, "account")
+                    validate_name(hold)
+                    held.append(self._reserve_in(tx, account, hold, validate_amounts(amounts)))
+                except BudgetExhausted as refused:
+                    held.append(refused)  # refused before it wrote: the next is asked
+                except _REFUSALS as refused:
+                    return None, refused  # what was written above is kept, as separate calls
+            return (settled, held), None
 
         return _raised(self._run(work))
 

@@ -9,7 +9,8 @@ reach a run's checkpoints must reach the same ledger. Checkpoints held in memory
 saver itself (never from a name a caller chooses): an app that builds its agent per request on
 one module-level saver has one budget truth. A SQLite checkpointer on a file gets a
 :class:`~fencepost.adapters.SqliteLedger` on that same file (its own tables beside LangGraph's),
-so every process that opens the file shares the books; a Postgres one that fencepost's
+so every process that opens the file shares the books (a ``SqliteSaver``'s ledger takes turns
+on the saver's lock, rather than finding the file busy with its commits); a Postgres one that fencepost's
 ``open_checkpointer`` opened (it knows the connection string) a
 :class:`~fencepost.adapters.PostgresLedger` in the same database. Any other — a Postgres saver
 built by hand, an ``AsyncSqliteSaver`` built by hand, one fencepost does not know — is refused
@@ -25,11 +26,14 @@ from __future__ import annotations
 import sqlite3
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langgraph.checkpoint.memory import InMemorySaver
 
 from fencepost.policy import InMemoryLedger, Ledger
+
+if TYPE_CHECKING:
+    from fencepost.adapters.ledger_sqlite import WriterLock
 
 
 class LedgerNeeded(ValueError):
@@ -64,7 +68,7 @@ def durable_ledger(checkpointer: Any) -> Ledger | None:
     if kind == "sqlite":
         from fencepost.adapters.ledger_sqlite import SqliteLedger
 
-        ledger = SqliteLedger(where)
+        ledger = SqliteLedger(where, writer_lock=_saver_lock(checkpointer))
     elif kind == "postgres":
         from fencepost.adapters.ledger_postgres import PostgresLedger
 
@@ -128,6 +132,20 @@ def _what_to_pass(kind: str) -> str:
         "durable ledger (SqliteLedger(path) or PostgresLedger(dsn)), or ledger=InMemoryLedger() "
         "to keep the budget in this process only"
     )
+
+
+def _saver_lock(checkpointer: Any) -> WriterLock | None:
+    """The lock a ``SqliteSaver`` holds around each of its transactions, for its ledger on the
+    same file to take turns with (``SqliteLedger``'s ``writer_lock``); ``None`` for any other
+    checkpointer (an ``AsyncSqliteSaver``'s lock is its event loop's)."""
+    try:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+    except ImportError:  # pragma: no cover - the sqlite extra is not installed
+        return None
+    if not isinstance(checkpointer, SqliteSaver):
+        return None
+    lock: WriterLock = checkpointer.lock
+    return lock
 
 
 def _sqlite_file(checkpointer: Any) -> str | None:

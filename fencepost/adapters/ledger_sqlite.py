@@ -5,7 +5,8 @@ Safe for many threads and many processes on one machine: every ``reserve``, ``se
 anything is read, so the check and the charge cannot interleave with another writer), and the file
 is in WAL mode so readers never block the writer. ``begin_attempt`` and ``finish_attempt`` write
 a call's two markers (a marker and a settlement) in one such transaction, one commit and one sync
-instead of two; ``reserved`` is a read, which takes no write lock. Not for several machines sharing a network file
+instead of two, and ``settle_and_reserve`` a model step's settlement with its calls' holds;
+``reserved`` is a read, which takes no write lock. Not for several machines sharing a network file
 system: use :class:`~fencepost.adapters.ledger_postgres.PostgresLedger` there.
 
 Durability: ``synchronous="FULL"`` by default: every commit is synced to disk before it returns,
@@ -25,6 +26,16 @@ jittered sleep (full jitter, capped at a millisecond), and while it waits it hol
 committed checks the waiting room (one non-blocking ``flock``); when someone is waiting, it
 pauses briefly before it returns, so the lock goes to a waiter instead of back to the same
 process. Uncontended, the cost is that one system call per write.
+
+Turns with a writer in this process: a ledger on the file a ``SqliteSaver`` writes (the ledger
+of a graph built with none) is given the saver's ``lock``, which the saver holds around each of
+its transactions, commit and sync included. Each write transaction of the ledger takes it too,
+so in this process the two take turns: a write waits on the lock and is woken as the saver's
+commit ends, instead of finding the file busy and sleeping (and the saver, finding the ledger's
+commit in the way, sleeping a millisecond or more in SQLite's busy handler while its
+checkpoints queue behind it). Reads take no turn: in WAL mode nothing blocks them. The turn is
+waited for at most a quarter of a second: past it (the lock held while its holder waits on
+something else), the transaction goes on as without it, waiting for the file as above.
 
 Async twins run the sync method in a thread of the ledger's own (one per instance and process):
 the connection is one and serialised anyway, so one thread is all it can use; a whole transaction
@@ -47,13 +58,14 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from functools import partial
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from fencepost.adapters._ledger_sql import ACCOUNT_COLUMNS, SCHEMA, SqlLedger, Transaction
+from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.deadline import Clock, SystemClock
 from fencepost.policy.ledger import Attempt, Balance, Reservation
 from fencepost.policy.remembered import ApprovalScope
@@ -64,7 +76,7 @@ try:
 except ImportError:  # pragma: no cover - not on Windows: no waiting room there
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["SqliteLedger"]
+__all__ = ["SqliteLedger", "WriterLock"]
 
 _T = TypeVar("_T")
 
@@ -77,6 +89,17 @@ _LONGEST_WAIT = 0.001
 _COURTESY = 0.0015
 """How long a writer that just committed pauses when others wait: longer than a waiter's longest
 wait, so one of them asks (and gets the lock) in the meantime."""
+_TURN_WAIT = 0.25
+"""The longest a write transaction waits for its turn on the writer lock it shares (seconds)."""
+
+
+class WriterLock(Protocol):
+    """A lock another writer of the same file in this process holds around each of its
+    transactions (a ``threading.Lock`` fits: a ``SqliteSaver``'s ``lock`` is one)."""
+
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+
+    def release(self) -> None: ...
 
 
 def _is_busy(error: sqlite3.OperationalError) -> bool:
@@ -138,9 +161,12 @@ class SqliteLedger(SqlLedger):
     ``path`` is the database file (created if missing; ``":memory:"`` works but is neither durable
     nor shared). ``busy_timeout`` is how many seconds a transaction waits for another process's
     write lock before it fails with ``database is locked``. ``synchronous`` is the durability
-    setting (see the module docstring: ``"FULL"``, the default, or ``"NORMAL"``). Tables are created (and a database of
-    the first version migrated) on construction (:meth:`setup` is idempotent). One connection per
-    instance and process, serialised by a lock.
+    setting (see the module docstring: ``"FULL"``, the default, or ``"NORMAL"``).
+    ``writer_lock`` is the lock another writer of the same file in this process holds around
+    its transactions (a ``SqliteSaver``'s ``lock``): write transactions take turns with it (see
+    the module docstring), in the process the ledger was made in. Tables are created (and a
+    database of the first version migrated) on construction (:meth:`setup` is idempotent). One
+    connection per instance and process, serialised by a lock.
     """
 
     # In the order the axes were first held, as InMemoryLedger keeps them.
@@ -153,6 +179,7 @@ class SqliteLedger(SqlLedger):
         busy_timeout: float = 30.0,
         synchronous: Literal["FULL", "NORMAL"] = "FULL",
         clock: Clock | None = None,
+        writer_lock: WriterLock | None = None,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
@@ -162,6 +189,9 @@ class SqliteLedger(SqlLedger):
         self._synchronous = synchronous
         self._lock = threading.RLock()
         self._pid = os.getpid()
+        # A lock is only this process's: a forked child (which may inherit it held by a thread
+        # it does not have) takes no turns.
+        self._turns = (writer_lock, self._pid) if writer_lock is not None else None
         self._closed = False
         self._executor: ThreadPoolExecutor | None = None
         self._executor_pid = self._pid
@@ -243,6 +273,7 @@ class SqliteLedger(SqlLedger):
         with self._lock:
             conn = self._connection()
             room = self._room
+            turn = self._turn(read_only)
             deadline = time.monotonic() + self._busy_timeout
             attempt = 0
             try:
@@ -257,11 +288,23 @@ class SqliteLedger(SqlLedger):
                     room.enter()
                     self._wait(attempt)
             finally:
+                if turn is not None:
+                    turn.release()
                 room.leave()
             courteous = not read_only and room.occupied()
         if courteous:  # others wait for the write lock: let one of them have it next
             time.sleep(_COURTESY)
         return result
+
+    def _turn(self, read_only: bool) -> WriterLock | None:
+        """The writer lock this write transaction took its turn on (see the module docstring),
+        or ``None``: a read, no lock shared, another process, or not had in time."""
+        if read_only or self._turns is None:
+            return None
+        lock, pid = self._turns
+        if pid != os.getpid() or not lock.acquire(timeout=_TURN_WAIT):
+            return None
+        return lock
 
     @staticmethod
     def _transaction(
@@ -355,6 +398,15 @@ class SqliteLedger(SqlLedger):
 
     async def arelease(self, key: str) -> Reservation:
         return await self._in_thread(partial(self.release, key))
+
+    async def asettle_and_reserve(
+        self,
+        key: str,
+        actual: Mapping[str, float] | None,
+        account: str,
+        holds: Sequence[tuple[str, Mapping[str, float]]],
+    ) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
+        return await self._in_thread(partial(self.settle_and_reserve, key, actual, account, holds))
 
     async def areserved(self, account: str, key: str) -> Reservation | None:
         return await self._in_thread(partial(self.reserved, account, key))

@@ -45,7 +45,7 @@ from fencepost.policy.keys import (
     started_key,
     task_run_id,
 )
-from fencepost.policy.ledger import AccountClosed, Attempt
+from fencepost.policy.ledger import AccountClosed, Attempt, settlement
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.ownership import check_funding, check_owner, run_owner
 from fencepost.policy.pricing import to_micros
@@ -482,6 +482,56 @@ def with_budget_view(state: AgentState, balance: Balance | None) -> AgentState:
     return state.model_copy(update={"budget": budget_view(balance.limits, balance.held)})
 
 
+StepSettlement = tuple[str, Mapping[str, float] | None]
+"""A model step's settlement not written yet: its reservation's key and the actual amounts."""
+
+
+def settles_as_held(held: Reservation, actual: Mapping[str, float] | None) -> bool:
+    """Whether settling the step ``held`` at ``actual`` gives nothing back: the budget view
+    its hold wrote stands, so the settlement can wait to be written with the calls the step
+    proposed (:func:`reserve_batch`, one ledger write)."""
+    return not settlement(held.amounts, actual)[0]
+
+
+async def settle_pending(io: NodeIO, settle: StepSettlement | None) -> None:
+    """Write a step's settlement that waited (:func:`settles_as_held`) where no call of its
+    came to be held with it: idempotent by key, so once however often it is asked."""
+    if settle is not None:
+        await io.settle(*settle)
+
+
+async def _settled_and_held(
+    io: NodeIO,
+    state: AgentState,
+    ctx: RunContext,
+    settle: StepSettlement,
+    account: str,
+    holds: Sequence[tuple[str, Mapping[str, float]]],
+) -> list[Reservation | BudgetExhausted] | StopRequest:
+    """Settle the step and hold the calls in one ledger write; each call's reservation, or the
+    ``BudgetExhausted`` that refused it, or the stop a refusal of the run means. The owner is
+    checked as :func:`reserve_or_exhausted` checks it (what was held for a caller it refuses
+    is given back)."""
+    try:
+        _, held = await io.settle_and_reserve(*settle, account, holds)
+    except AccountClosed as exc:
+        return stop_for_closed(exc.reason)
+    except UnknownAccount:
+        return stop_for_unknown_account()
+    except (LedgerConflict, ValueError):
+        return stop_for_conflict()
+    made = [h for h in held if isinstance(h, Reservation)]
+    if made and made[0].balance is not None:
+        refused = check_owner(made[0].balance.owner, ctx, state.run_id)
+        if refused is not None:
+            for reservation in made:
+                if not reservation.existing:
+                    with contextlib.suppress(LookupError, ValueError):
+                        await io.release(reservation.key)
+            return refused
+    return held
+
+
 async def reserve_batch(
     io: NodeIO,
     state: AgentState,
@@ -489,6 +539,7 @@ async def reserve_batch(
     only: frozenset[str] | None = None,
     *,
     gated: dict[str, Any] | None = None,
+    settle: StepSettlement | None = None,
 ) -> tuple[AgentState, StopRequest | None]:
     """Reserve the batch's allowed calls in order (attempt 1 of each; ``only`` these call ids
     when given); those the budget cannot cover are marked and receipted as never run, so with
@@ -496,20 +547,36 @@ async def reserve_batch(
 
     ``gated``: fields the gate step sets (its batch, phase and repeat counts), written into the
     state returned. Reserving reads only state's run id (the run's account, its owner), which
-    the gate step does not set."""
+    the gate step does not set. ``settle``: the step's settlement that waited for these holds,
+    written with them in one ledger write (``Ledger.settle_and_reserve``)."""
     cfg = io.cfg
     account = account_of(state)
     refused: dict[str, BudgetExhausted] = {}
     update: dict[str, Any] = dict(gated) if gated else {}
     current: Batch = update.get("batch", state.batch)
+    entries = [e for e in to_reserve(current) if only is None or e.call_id in only]
+    holds = [
+        (
+            call_key(account, e.call_id, 1),
+            call_amounts(cfg.registry.get(e.proposal.tool_name)),
+        )
+        for e in entries
+    ]
+    answers: list[Reservation | BudgetExhausted] | None = None
+    if settle is not None:
+        settled = await _settled_and_held(io, state, ctx, settle, account, holds)
+        if isinstance(settled, StopRequest):
+            return (state.model_copy(update=update) if update else state), settled
+        answers = settled
     # The last reservation's balance, viewed into state once, with the batch at the end.
     latest: Balance | None = None
-    for entry in to_reserve(current):
-        if only is not None and entry.call_id not in only:
-            continue
-        spec = cfg.registry.get(entry.proposal.tool_name)
-        key = call_key(account, entry.call_id, 1)
-        held = await reserve_or_exhausted(io, state, ctx, key, call_amounts(spec), account=account)
+    for n, entry in enumerate(entries):
+        key, amounts = holds[n]
+        held = (
+            answers[n]
+            if answers is not None
+            else await reserve_or_exhausted(io, state, ctx, key, amounts, account=account)
+        )
         if isinstance(held, StopRequest):
             if latest is not None:
                 update["budget"] = budget_view(latest.limits, latest.held)

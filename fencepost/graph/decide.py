@@ -13,6 +13,7 @@ from langgraph.types import interrupt
 
 from fencepost.graph.account import (
     AnswerFacts,
+    StepSettlement,
     account_of,
     acting_in,
     answer_facts,
@@ -21,6 +22,8 @@ from fencepost.graph.account import (
     charge,
     node_thread,
     open_run,
+    settle_pending,
+    settles_as_held,
     started_run_id,
     with_budget_view,
 )
@@ -47,6 +50,7 @@ from fencepost.policy import (
 )
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import (
+    Settlement,
     StepPlan,
     StepSettings,
     accept_decision,
@@ -237,7 +241,39 @@ async def model_step(
     outcome = await ask_model(io, plan, asked, ctx)
     settled = settle_step(plan, asked, outcome, holds, sent, count_tokens)
     key = step_key(account, asked.step)
-    state = with_budget_view(asked, (await io.settle(key, settled.actual)).balance)
+    # A settlement that gives nothing back leaves the view the hold wrote: it waits to be
+    # written with the calls the gate holds, in one ledger write.
+    later = (
+        (key, settled.actual)
+        if not settled.overage and settles_as_held(held, settled.actual)
+        else None
+    )
+    if later is None:
+        state = with_budget_view(asked, (await io.settle(key, settled.actual)).balance)
+    else:
+        state = asked
+    try:
+        return await _ended_step(io, plan, state, ctx, outcome, settled, runtime, later)
+    except BaseException:
+        await settle_pending(io, later)  # never left in flight by what the step raised
+        raise
+
+
+async def _ended_step(
+    io: NodeIO,
+    plan: StepPlan,
+    state: AgentState,
+    ctx: RunContext,
+    outcome: Decided | InvalidProposal | StopRequest,
+    settled: Settlement,
+    runtime: Runtime[Any],
+    later: StepSettlement | None,
+) -> AgentState:
+    """The rest of :func:`model_step`, its step settled or its settlement ``later``: charge
+    what it spent past its hold, judge its outcome, gate its calls."""
+    cfg = io.cfg
+    account = account_of(state)
+    key = step_key(account, state.step)
     over_stop: StopRequest | None = None
     if settled.overage:
         # Spent already: charged whatever the limits say (in the window the step was held in).
@@ -257,7 +293,8 @@ async def model_step(
         plan, state, outcome, settled, over_stop, pending=facts.pending, produced=facts.produced
     )
     if end.record is None:
-        state, manifests = await gate(io, end.state, ctx, end.calls, settled.usage)
+        state, manifests = await gate(io, end.state, ctx, end.calls, settled.usage, settle=later)
         return recorded(state, runtime, manifests)
+    await settle_pending(io, later)
     m = manifest(end.state, cfg, ctx, phase=Phase.DECIDE, **end.record)
     return recorded(end.state, runtime, [m])

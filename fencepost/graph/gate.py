@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from fencepost.graph.account import account_of, produced, reserve_batch
+from fencepost.graph.account import (
+    StepSettlement,
+    account_of,
+    produced,
+    reserve_batch,
+    settle_pending,
+)
 from fencepost.graph.containment.model import run_model
 from fencepost.graph.containment.tools import is_async, run_callable
 from fencepost.graph.events import EVENTS
@@ -77,13 +83,15 @@ async def gate(
     usage: dict[str, Any],
     *,
     outputs: Sequence[ObservedOutput] | None = None,
+    settle: StepSettlement | None = None,
 ) -> tuple[AgentState, list[StepManifest]]:
     """Plan the gate (what the ledger is asked, who decides what); judge the whole batch with
     the tools' rules contained; ask each ``needs_approval`` and the approver, contained, and
     judge again with their answers; write what the plan's end says and reserve the batch call
     by call, before any of it runs. ``outputs`` are the earlier tool outputs provenance traces
     values to (``None``: the run's own observations; a binding that keeps none passes its
-    record of them)."""
+    record of them). ``settle``: the model step's settlement that waited, written with the
+    batch's reservations (or alone, when there are none)."""
     cfg = io.cfg
     plan = plan_gate(calls, gate_settings(cfg))
     # The phase is set with the step's first real change (one state copy less per decision);
@@ -96,9 +104,10 @@ async def gate(
     end = end_gate(plan, state, judged, usage)
     manifests = [checked_manifest(state, cfg, ctx, phase=Phase.VALIDATE, **r) for r in end.records]
     if not end.reserves:
+        await settle_pending(io, settle)
         return end.state, manifests
     # Written with the reservations' result: one copy of state for both.
-    state, stopped = await reserve_batch(io, end.state, ctx, gated=end.gated)
+    state, stopped = await reserve_batch(io, end.state, ctx, gated=end.gated, settle=settle)
     return end.reserved(state, stopped), manifests
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from langchain_core.runnables import Runnable, RunnableConfig
@@ -25,7 +25,14 @@ from fencepost.graph.messages import with_messages
 from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import InvalidState
 from fencepost.graph.writes import refusal_writes, reset_prerun_values
-from fencepost.policy import Balance, InMemoryLedger, Reservation, ToolContext, ToolSpec
+from fencepost.policy import (
+    Balance,
+    BudgetExhausted,
+    InMemoryLedger,
+    Reservation,
+    ToolContext,
+    ToolSpec,
+)
 from fencepost.policy.ledger import Attempt
 from fencepost.policy.remembered import ApprovalScope, ScopeStore
 
@@ -56,6 +63,16 @@ class NodeIO:
         raise NotImplementedError
 
     async def release(self, key: str) -> Reservation:
+        raise NotImplementedError
+
+    async def settle_and_reserve(
+        self,
+        key: str,
+        actual: Mapping[str, float] | None,
+        account: str,
+        holds: Sequence[tuple[str, Mapping[str, float]]],
+    ) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
+        """Settle a step and hold its calls in one write (``Ledger.settle_and_reserve``)."""
         raise NotImplementedError
 
     async def reserved(self, account: str, key: str) -> Reservation | None:
@@ -153,6 +170,15 @@ class SyncIO(NodeIO):
     async def release(self, key: str) -> Reservation:
         return self.ledger.release(key)
 
+    async def settle_and_reserve(
+        self,
+        key: str,
+        actual: Mapping[str, float] | None,
+        account: str,
+        holds: Sequence[tuple[str, Mapping[str, float]]],
+    ) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
+        return self.ledger.settle_and_reserve(key, actual, account, holds)
+
     async def reserved(self, account: str, key: str) -> Reservation | None:
         return self.ledger.reserved(account, key)
 
@@ -234,6 +260,15 @@ class AsyncIO(NodeIO):
 
     async def release(self, key: str) -> Reservation:
         return await self.ledger.arelease(key)
+
+    async def settle_and_reserve(
+        self,
+        key: str,
+        actual: Mapping[str, float] | None,
+        account: str,
+        holds: Sequence[tuple[str, Mapping[str, float]]],
+    ) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
+        return await self.ledger.asettle_and_reserve(key, actual, account, holds)
 
     async def reserved(self, account: str, key: str) -> Reservation | None:
         return await self.ledger.areserved(account, key)

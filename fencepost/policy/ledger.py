@@ -11,7 +11,7 @@ import contextlib
 import threading
 import unicodedata
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from functools import partial
@@ -568,6 +568,42 @@ class Ledger(ABC):
                 self.reserve(account, result, {})
         return self.settle(key, actual)
 
+    def settle_and_reserve(
+        self,
+        key: str,
+        actual: Mapping[str, float] | None,
+        account: str,
+        holds: Sequence[tuple[str, Mapping[str, float]]],
+    ) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
+        """:meth:`settle` ``key`` at ``actual`` (a model step, its usage known), then
+        :meth:`reserve` each ``(key, amounts)`` of ``holds`` on ``account``, in order (the calls
+        its decision proposed, gated): what ``settle`` returned, and per hold its reservation,
+        or the ``BudgetExhausted`` that refused it (a hold refused does not stop the next).
+
+        Any other refusal raises as the separate call would, and what was written before it
+        stays written. A durable backend writes all in one transaction.
+
+        The default composes :meth:`settle` and :meth:`reserve`; backends override it.
+        """
+        settled = self.settle(key, actual)
+        held: list[Reservation | BudgetExhausted] = []
+        for hold, amounts in holds:
+            try:
+                held.append(self.reserve(account, hold, amounts))
+            except BudgetExhausted as refused:
+                held.append(refused)
+        return settled, held
+
+    async def asettle_and_reserve(
+        self,
+        key: str,
+        actual: Mapping[str, float] | None,
+        account: str,
+        holds: Sequence[tuple[str, Mapping[str, float]]],
+    ) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
+        """Async twin of :meth:`settle_and_reserve`."""
+        return await asyncio.to_thread(self.settle_and_reserve, key, actual, account, holds)
+
     def in_flight(self, account: str) -> dict[str, float]:
         """What reservations still in flight (reserved, not yet settled or released) hold on
         ``account``, per axis, its descendants' included: the part of ``Balance.held`` that is
@@ -984,7 +1020,8 @@ class InMemoryLedger(Ledger, ScopeStore):
             return self._out(key, prior, existing=True)
 
     # The port's compositions, under one hold of the (re-entrant) lock: no other thread sees
-    # the claim without the marker, or the result marker without the settlement.
+    # the claim without the marker, the result marker without the settlement, or a step
+    # settled without its calls held.
     def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
         with self._lock:
             return super().begin_attempt(account, marker, claim=claim)
@@ -999,6 +1036,16 @@ class InMemoryLedger(Ledger, ScopeStore):
     ) -> Reservation:
         with self._lock:
             return super().finish_attempt(account, key, result=result, actual=actual)
+
+    def settle_and_reserve(
+        self,
+        key: str,
+        actual: Mapping[str, float] | None,
+        account: str,
+        holds: Sequence[tuple[str, Mapping[str, float]]],
+    ) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
+        with self._lock:
+            return super().settle_and_reserve(key, actual, account, holds)
 
     def release(self, key: str) -> Reservation:
         validate_name(key)
@@ -1129,6 +1176,15 @@ class InMemoryLedger(Ledger, ScopeStore):
 
     async def asettle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         return self.settle(key, actual)
+
+    async def asettle_and_reserve(
+        self,
+        key: str,
+        actual: Mapping[str, float] | None,
+        account: str,
+        holds: Sequence[tuple[str, Mapping[str, float]]],
+    ) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
+        return self.settle_and_reserve(key, actual, account, holds)
 
     async def arelease(self, key: str) -> Reservation:
         return self.release(key)

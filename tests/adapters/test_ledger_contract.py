@@ -1084,6 +1084,118 @@ async def test_the_async_twins_of_begin_and_finish_attempt_answer_as_the_sync_on
     assert _plain(sync, "one-") == _plain(twins["out"], "two-")
 
 
+SettleAndReserve = Callable[..., tuple[Reservation, list[Reservation | BudgetExhausted]]]
+
+
+def _step_script(ledger: Ledger, p: str, settle_and_reserve: SettleAndReserve) -> list[Any]:
+    """One run's model steps settled with the calls they proposed held, on accounts and keys
+    named with ``p``: every answer and what the ledger holds after each."""
+    ledger.open_account(f"{p}tenant", {"tool_calls": 3})
+    ledger.open_account(f"{p}run", {"steps": 20, "tokens": 5000}, parent=f"{p}tenant")
+    ledger.open_account(f"{p}other", {}, parent=f"{p}tenant")
+    out: list[Any] = []
+
+    def step(n: int, holds: list[tuple[str, dict[str, float]]], actual: Any = None) -> None:
+        ledger.reserve(f"{p}run", f"{p}s{n}", {"steps": 1, "tokens": 100})
+        out.append(
+            _answer(
+                lambda: settle_and_reserve(
+                    f"{p}s{n}", actual, f"{p}run", [(f"{p}{k}", a) for k, a in holds]
+                )
+            )
+        )
+
+    def look(*keys: str) -> None:
+        out.append([ledger.get(f"{p}{k}") for k in keys])
+        out.append([ledger.balance(f"{p}{name}") for name in ("tenant", "run")])
+
+    # Settled below its hold (refunded), and two calls held.
+    step(1, [("k1", {"tool_calls": 1}), ("k2", {"tool_calls": 1})], {"steps": 1, "tokens": 40})
+    # Again (a node re-run on resume): the settlement and the holds found, nothing written twice.
+    out.append(
+        _answer(
+            lambda: settle_and_reserve(
+                f"{p}s1",
+                {"steps": 1, "tokens": 40},
+                f"{p}run",
+                [(f"{p}k1", {"tool_calls": 1}), (f"{p}k2", {"tool_calls": 1})],
+            )
+        )
+    )
+    look("s1", "k1", "k2")
+    # The tenant has room for one call more: the next is refused as data, the one after held.
+    step(2, [("k3", {"tool_calls": 1}), ("k4", {"tool_calls": 1}), ("k5", {})])
+    look("s2", "k3", "k4", "k5")
+    # A hold's key another account holds: the step and the hold before it stay written.
+    ledger.reserve(f"{p}other", f"{p}taken", {})
+    step(3, [("k6", {}), ("taken", {}), ("k7", {})])
+    look("s3", "k6", "k7")
+    # An invalid hold key, or amount: refused where a separate reserve would be.
+    step(4, [("k8", {}), ("bad\x00", {})])
+    step(5, [("k9", {"tool_calls": -1})])
+    look("s4", "k8", "s5", "k9")
+    # A step never reserved, or settled at a negative actual: nothing written.
+    out.append(_answer(lambda: settle_and_reserve(f"{p}nothing", None, f"{p}run", [])))
+    step(6, [("k10", {})], {"tokens": -1})
+    look("s6", "k10")
+    # A closed account (a cancel): the step settles, a call held before is found, none is new.
+    ledger.reserve(f"{p}run", f"{p}s7", {"steps": 1})
+    ledger.close_account(f"{p}run", "cancelled")
+    out.append(
+        _answer(
+            lambda: settle_and_reserve(
+                f"{p}s7", None, f"{p}run", [(f"{p}k1", {"tool_calls": 1}), (f"{p}k11", {})]
+            )
+        )
+    )
+    look("s7", "k11")
+    # An account never opened.
+    ledger.reserve(f"{p}other", f"{p}s8", {})
+    out.append(_answer(lambda: settle_and_reserve(f"{p}s8", None, f"{p}ghost", [(f"{p}k12", {})])))
+    look("s8", "k12")
+    return out
+
+
+def test_settle_and_reserve_answers_and_writes_as_the_separate_calls_do(ledger: Ledger) -> None:
+    combined = _step_script(ledger, "one-", ledger.settle_and_reserve)
+    separate = _step_script(ledger, "two-", partial(Ledger.settle_and_reserve, ledger))
+    assert _plain(combined, "one-") == _plain(separate, "two-")
+    # The script reached each answer it is there for.
+    settled, held = combined[0]
+    assert settled.status is ReservationStatus.SETTLED and settled.amounts["tokens"] == 40.0
+    assert [h.existing for h in held] == [False, False]
+    again, found = combined[1]
+    assert again.existing and [h.existing for h in found] == [True, True]
+    _, second = combined[4]
+    assert not isinstance(second[0], BudgetExhausted) and isinstance(second[1], BudgetExhausted)
+    assert not isinstance(second[2], BudgetExhausted)
+    assert isinstance(combined[7], LedgerConflict)
+    assert combined[8][0].status is ReservationStatus.SETTLED  # s3
+    assert combined[8][1] is not None and combined[8][2] is None  # k6 kept, k7 never asked
+    assert isinstance(combined[10], InvalidLedgerKey) and isinstance(combined[11], ValueError)
+    assert combined[12][1] is not None  # k8 kept
+    assert isinstance(combined[14], UnknownReservation) and isinstance(combined[15], ValueError)
+    assert combined[16][0].status is ReservationStatus.RESERVED  # s6: the settle refused
+    assert isinstance(combined[18], AccountClosed)
+    assert combined[19][0].status is ReservationStatus.SETTLED and combined[19][1] is None
+    assert isinstance(combined[21], UnknownAccount)
+
+
+async def test_the_async_twin_of_settle_and_reserve_answers_as_the_sync_one(
+    ledger: Ledger,
+) -> None:
+    sync = _step_script(ledger, "one-", ledger.settle_and_reserve)
+    loop = asyncio.get_running_loop()
+
+    def twin(*args: Any) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
+        return asyncio.run_coroutine_threadsafe(ledger.asettle_and_reserve(*args), loop).result(
+            timeout=60
+        )
+
+    out = await asyncio.to_thread(_step_script, ledger, "two-", twin)
+    assert _plain(sync, "one-") == _plain(out, "two-")
+
+
 def test_an_attempt_begun_or_finished_survives_reopening_the_ledger(backend: Backend) -> None:
     if backend.durable is None:
         pytest.skip("the in-memory ledger is not durable")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,3 +93,90 @@ def test_ledgers_on_one_file_name_the_same_books_and_an_in_memory_one_names_none
         assert other.books != absolute.books
         assert in_memory.books is None
     assert fp.InMemoryLedger().books is None
+
+
+class _CountedLock:
+    """A real lock that counts how often it was taken, and whether it is held now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.taken = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._lock.acquire(blocking, timeout)
+        self.taken += got
+        return got
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_a_write_takes_its_turn_on_the_writer_lock_it_shares_and_a_read_does_not(
+    tmp_path: Path,
+) -> None:
+    lock = _CountedLock()
+    held_inside: list[bool] = []
+    with SqliteLedger(tmp_path / "ledger.db", writer_lock=lock) as ledger:
+        ledger.open_account("run", {"tool_calls": 2})
+        real = ledger._transaction
+
+        def watched(conn: Any, work: Any, *, read_only: bool) -> Any:
+            held_inside.append(lock.locked())
+            return real(conn, work, read_only=read_only)
+
+        ledger._transaction = watched  # type: ignore[method-assign]
+        taken = lock.taken
+        ledger.reserve("run", "call-1", {"tool_calls": 1})
+        ledger.finish_attempt("run", "call-1", result="call-1:result")
+        assert lock.taken == taken + 2
+        assert held_inside == [True, True]
+        assert not lock.locked()  # given back after each transaction
+        ledger.balance("run")
+        ledger.get("call-1")
+        assert lock.taken == taken + 2
+        assert held_inside == [True, True, False, False]
+
+
+def test_a_writer_lock_held_elsewhere_delays_a_write_but_never_stops_it(
+    tmp_path: Path,
+) -> None:
+    # The lock's holder may be waiting on something else (a saver's checkpoints read lazily):
+    # the write goes on without its turn, waiting for the file as without a lock.
+    lock = threading.Lock()
+    with SqliteLedger(tmp_path / "ledger.db", writer_lock=lock) as ledger:
+        ledger.open_account("run", {"tool_calls": 2})
+        with lock:
+            held = ledger.reserve("run", "call-1", {"tool_calls": 1})
+        assert not held.existing
+        assert ledger.balance("run").held == {"tool_calls": 1.0}
+        assert not lock.locked()
+
+
+def test_the_ledger_of_a_sqlite_saver_takes_turns_on_the_savers_lock(tmp_path: Path) -> None:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from fencepost.adapters.default_ledger import durable_ledger
+
+    conn = sqlite3.connect(tmp_path / "app.db", check_same_thread=False)
+    saver = SqliteSaver(conn)
+    saver.setup()
+    lock = _CountedLock()
+    saver.lock = lock  # type: ignore[assignment]
+    ledger = durable_ledger(saver)
+    assert isinstance(ledger, SqliteLedger)
+    try:
+        taken = lock.taken
+        ledger.open_account("run", {"tool_calls": 2})
+        assert lock.taken == taken + 1
+    finally:
+        ledger.close()
+        conn.close()

@@ -696,6 +696,7 @@ SYNC_METHODS = (
     "reserved",
     "begin_attempt",
     "finish_attempt",
+    "settle_and_reserve",
 )
 
 
