@@ -256,7 +256,7 @@ async def run_batch(
     async def bounded(call: CallClaim) -> CallOutcome | StopRequest:
         entry = call.entry
         try:
-            outcomes = [await results[d] for d in plan.awaits(entry, broken=broken)]
+            outcomes = [await results[d] for d in plan.awaits(call, broken=broken)]
             start = plan.start(call, outcomes, earlier, broken=broken)
             result: CallOutcome | StopRequest
             if isinstance(start, CallOutcome):

@@ -431,13 +431,13 @@ class ExecutePlan:
             d for c in self.runnable for d in c.entry.proposal.depends_on if d not in inside
         )
 
-    def awaits(self, entry: BatchEntry, *, broken: bool) -> tuple[str, ...]:
-        """The calls of the batch ``entry`` waits for (holding no slot while it waits): none
+    def awaits(self, call: CallClaim, *, broken: bool) -> tuple[str, ...]:
+        """The calls of the batch ``call`` waits for (holding no slot while it waits): none
         when the batch's dependencies are broken (it never starts then)."""
         if broken:
             return ()
         inside = self.inside
-        return tuple(d for d in entry.proposal.depends_on if d in inside)
+        return tuple(d for d in call.entry.proposal.depends_on if d in inside)
 
     def start(
         self,

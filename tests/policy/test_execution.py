@@ -214,7 +214,7 @@ def test_a_dependent_call_starts_only_on_its_dependencies_verified_results() -> 
     failed = ran(_entry("call-0001"), SPEC, 1, error=ErrorCode.INTERNAL_ERROR)
     dependent = _entry("call-0002", depends_on=("call-0001",))
     plan, _ = _planned(_entry("call-0001"), dependent)
-    assert plan.awaits(dependent, broken=False) == ("call-0001",)
+    assert plan.awaits(CallClaim(dependent, SPEC), broken=False) == ("call-0001",)
     assert plan.start(CallClaim(dependent, SPEC), [done], {}, broken=False) == {
         "call-0001": {"hits": []}
     }
@@ -229,7 +229,7 @@ def test_a_batch_edited_into_impossible_dependencies_starts_none_of_them() -> No
     done = ran(_entry("call-0001"), SPEC, 1, value={"hits": []})
     dependent = _entry("call-0002", depends_on=("call-0001",))
     plan, _ = _planned(_entry("call-0001"), dependent, _entry("call-0003"))
-    assert plan.awaits(dependent, broken=True) == ()
+    assert plan.awaits(CallClaim(dependent, SPEC), broken=True) == ()
     assert not isinstance(plan.start(CallClaim(dependent, SPEC), [done], {}, broken=True), dict)
     # A call that depends on nothing starts, however broken the rest of its batch.
     assert plan.start(CallClaim(_entry("call-0003"), SPEC), [], {}, broken=True) == {}
