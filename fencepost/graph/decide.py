@@ -6,6 +6,7 @@ writes are plans of :mod:`fencepost.policy.decide` (facts in, one frozen plan ou
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -45,6 +46,7 @@ from fencepost.policy import (
     InvalidProposal,
     Phase,
     StopRequest,
+    ToolProposal,
     error_code_for,
     stage_deadline,
 )
@@ -141,10 +143,35 @@ async def ask_model(
 
 
 async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-    """Load or open the run, take its model step, write what the step made of it."""
+    """Load or open the run, take its model step, gate the calls it proposes, write what the
+    two phases made of it."""
     ctx = coerce_context(runtime.context)
     before, state = await _loaded(io, values, ctx)
-    return step_writes(before, await model_step(io, state, ctx, values, runtime))
+    stepped = await model_step(io, state, ctx, values, runtime)
+    if stepped.calls is None or stepped.ctx is None:
+        return step_writes(before, stepped.state)
+    try:
+        state, manifests = await gate(
+            io, stepped.state, stepped.ctx, stepped.calls, stepped.usage, settle=stepped.settle
+        )
+    except BaseException:
+        await settle_pending(io, stepped.settle)  # never left in flight by what the gate raised
+        raise
+    return step_writes(before, recorded(state, runtime, manifests))
+
+
+@dataclass(frozen=True, slots=True)
+class Stepped:
+    """What a model step made of the run: the run to write (its stop and manifest recorded),
+    or, when the model proposed calls, the run and the calls for the gate phase, with the
+    step's usage for their manifests and its settlement when it is to be written with the
+    calls' holds (``settle``)."""
+
+    state: AgentState
+    ctx: RunContext | None
+    calls: tuple[ToolProposal, ...] | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+    settle: StepSettlement | None = None
 
 
 async def _loaded(
@@ -179,15 +206,16 @@ async def model_step(
     ctx: RunContext | None,
     values: dict[str, Any],
     runtime: Runtime[Any],
-) -> AgentState:
+) -> Stepped:
     """Plan the step (a stop, or what it holds); hold it in the ledger's line; ask the model;
-    settle and charge what the plan says; the run with its stop and manifest, or gated."""
+    settle and charge what the plan says; the run with its stop and manifest, or the calls it
+    proposes for the gate phase."""
     if state.is_terminal:
         # An ending the terminal node did not make goes back to it to be judged.
         balance = await balance_of(io, account_of(state))
-        return reopened(state, balance) or state
+        return Stepped(reopened(state, balance) or state, ctx)
     if state.stop is not None:
-        return state
+        return Stepped(state, ctx)
     # After an approver's answer the run goes on for the requester, with the capabilities its
     # account recorded; an older account records none, and the run waits for the requester.
     acting = await acting_in(io, state, ctx)
@@ -204,11 +232,11 @@ async def model_step(
         clock=cfg.clock,
     )
     if plan.stop is not None or ctx is None:
-        return state.model_copy(update={"stop": plan.stop})
+        return Stepped(state.model_copy(update={"stop": plan.stop}), ctx)
     if plan.reads_money_limit:
         unpriced = plan.unpriced((await chain_left(io, state, ctx, (BudgetAxis.MONEY,))).money)
         if unpriced is not None:
-            return state.model_copy(update={"stop": unpriced})
+            return Stepped(state.model_copy(update={"stop": unpriced}), ctx)
     account = account_of(state)
     # What the model will be given, counted once and only where a token limit or a price needs
     # it (the count walks the whole run): the step number and budget it is also shown change
@@ -231,7 +259,7 @@ async def model_step(
         step = state.step + 1
         held, holds = await hold_step(io, state, ctx, step_key(account, step), hold)
         if isinstance(held, StopRequest):
-            return state.model_copy(update={"stop": held})
+            return Stepped(state.model_copy(update={"stop": held}), ctx)
         state = with_budget_view(state.model_copy(update={"step": step}), held.balance)
         if not held.existing:
             # A number the ledger held already was an earlier attempt that started and crashed:
@@ -268,9 +296,9 @@ async def _ended_step(
     settled: Settlement,
     runtime: Runtime[Any],
     later: StepSettlement | None,
-) -> AgentState:
+) -> Stepped:
     """The rest of :func:`model_step`, its step settled or its settlement ``later``: charge
-    what it spent past its hold, judge its outcome, gate its calls."""
+    what it spent past its hold, judge its outcome: the run's end, or the calls to gate."""
     cfg = io.cfg
     account = account_of(state)
     key = step_key(account, state.step)
@@ -293,8 +321,7 @@ async def _ended_step(
         plan, state, outcome, settled, over_stop, pending=facts.pending, produced=facts.produced
     )
     if end.record is None:
-        state, manifests = await gate(io, end.state, ctx, end.calls, settled.usage, settle=later)
-        return recorded(state, runtime, manifests)
+        return Stepped(end.state, ctx, tuple(end.calls), settled.usage, later)
     await settle_pending(io, later)
     m = manifest(end.state, cfg, ctx, phase=Phase.DECIDE, **end.record)
-    return recorded(end.state, runtime, [m])
+    return Stepped(recorded(end.state, runtime, [m]), ctx)
