@@ -265,7 +265,9 @@ async def model_step(
             # A number the ledger held already was an earlier attempt that started and crashed:
             # it stays charged, and this attempt holds the number after it.
             break
-    asked = state.model_copy(update={"phase": Phase.DECIDE})
+    # One name for the state the model is asked in: the budget view's copy before it is not
+    # kept alive through the call (a run in flight waits there).
+    state = asked = state.model_copy(update={"phase": Phase.DECIDE})
     outcome = await ask_model(io, plan, asked, ctx)
     settled = settle_step(plan, asked, outcome, holds, sent, count_tokens)
     key = step_key(account, asked.step)
