@@ -468,6 +468,8 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
                 timeout_seconds=self._tool_seconds(request, admitted),
                 tenant=admitted.ctx.tenant_id,
             )
+            if ran.never_started:  # no thread took it, or no time was left: nothing happened
+                return _spanned(span, drive(self._not_started(io, request, admitted)))
             if not ran.finished:
                 return _spanned(span, drive(self._cut_off(io, request, admitted)))
             if isinstance(ran.raised, GraphBubbleUp):  # LangGraph's control flow: interrupt()
@@ -877,6 +879,17 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         )
         await io.settle(key)
         return _refusal(call_id, name, code.value)
+
+    async def _not_started(
+        self, io: NodeIO, request: ToolCallRequest, admitted: _Admitted
+    ) -> ToolMessage:
+        """A call whose tool never started (no thread of its tenant's share took it in time):
+        ``unavailable``, as the graph binding's ``execution.ran`` with ``started=False``; its
+        attempt stays charged and its start marker stays, so it never runs later either."""
+        call_id = str(request.tool_call.get("id") or "")
+        name = str(request.tool_call.get("name") or "")
+        await io.settle(admitted.key)
+        return _refusal(call_id, name, ErrorCode.UNAVAILABLE.value)
 
     async def _failed(
         self, io: NodeIO, request: ToolCallRequest, admitted: _Admitted, exc: BaseException
