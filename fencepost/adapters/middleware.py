@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, NotRequired, Unpack
@@ -433,7 +434,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         except GraphBubbleUp:  # LangGraph's own control flow
             raise
         except BaseException as exc:  # a model cannot end its run untyped, nor the process
-            if cancelled_by_caller(exc):
+            if cancelled_by_caller(exc) or _interrupted_by_caller(exc):
                 raise
             return _model_failed(request, exc)
 
@@ -1055,6 +1056,16 @@ def _model_failed(request: ModelRequest[Any], exc: BaseException) -> ModelRespon
     raised(MODEL, "the chat model", exc, run_id=run_id, call_id=None, code=code.value)
     return ModelResponse(
         result=[AIMessage(content="", response_metadata={MODEL_FAILED_KEY: code.value})]
+    )
+
+
+def _interrupted_by_caller(exc: BaseException) -> bool:
+    """Whether ``exc`` is the caller's Ctrl-C: a ``KeyboardInterrupt`` on the main thread, where
+    Python raises SIGINT's, and where the sync graph calls its chat model (the graph binding's
+    caller gets it while it waits, its model running on another thread). A model that raises
+    one itself there cannot be told from it, and propagates too."""
+    return isinstance(exc, KeyboardInterrupt) and (
+        threading.current_thread() is threading.main_thread()
     )
 
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -105,3 +108,30 @@ def test_an_async_chat_model_that_raises_ends_the_run_typed() -> None:
     out = asyncio.run(graph.ainvoke(ask(), config, context=ctx()))
     assert (out["termination"], out["last_error_code"]) == ("failed", "internal_error")
     assert ran.bodies == []
+
+
+def test_ctrl_c_while_the_chat_model_runs_reaches_the_caller() -> None:
+    # Only the caller's own interruption propagates: a SIGINT lands on the main thread, which
+    # runs the sync graph's model call, so the KeyboardInterrupt it raises there is the
+    # caller's (Ctrl-C), not the model's failure to contain and end the run with.
+    started = threading.Event()
+
+    def slow() -> Any:
+        started.set()
+        for _ in range(600):  # a chat model waiting on its provider
+            time.sleep(0.1)
+        yield AIMessage(content="late")
+
+    main = threading.main_thread().ident
+    assert main is not None and threading.current_thread() is threading.main_thread()
+
+    def ctrl_c() -> None:
+        if started.wait(60):
+            signal.pthread_kill(main, signal.SIGINT)
+
+    tools = lc_tools(Ran())
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget())
+    graph = agent(chat(slow()), tools, [guard])
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        graph.invoke(ask(), thread(), context=ctx())
