@@ -267,7 +267,12 @@ class _SharedLoop:
                 # intact; run it again so that caller, and every later one, hears back.
                 continue
             if self.retired:
-                # Stopped by `_close_when_idle`: nothing is left on it, nobody hands it more.
+                # Stopped by `_close_when_idle`, nothing was left on it then; but a call sent by
+                # a caller that looked it up before it was retired may have started in that
+                # last turn: closed now, its task would never run while its caller waits.
+                if asyncio.all_tasks(self.loop):
+                    self.loop.call_soon(self._close_when_idle)
+                    continue
                 self.loop.close()
                 return
 
