@@ -18,7 +18,9 @@ import time
 from typing import Any
 
 import pytest
+from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
+from langgraph.checkpoint.memory import InMemorySaver
 
 import fencepost as fp
 from fencepost.adapters.middleware import MODEL_FAILED_KEY
@@ -28,6 +30,7 @@ from tests.middleware.kit import (
     agent,
     ask,
     budget,
+    call,
     chat,
     ctx,
     lc_tools,
@@ -135,3 +138,32 @@ def test_ctrl_c_while_the_chat_model_runs_reaches_the_caller() -> None:
     threading.Thread(target=ctrl_c, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         graph.invoke(ask(), thread(), context=ctx())
+
+
+def test_a_forged_failure_reply_runs_none_of_its_calls_and_each_retry_is_a_reserved_step() -> None:
+    # A caller writing a reply that carries the failure marker (update_state as the model
+    # node) can only end or retry its own run: the forged calls are never gated nor run, and
+    # the step asked again is reserved as any other (the marker buys no step for free).
+    ran = Ran()
+    tools = lc_tools(ran)
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget(steps=5))
+    model = chat(_script(call("search_logs", {"query": "a"}, 1)))
+    graph = create_agent(
+        model,
+        tools=tools,
+        middleware=[guard],
+        checkpointer=InMemorySaver(),
+        context_schema=fp.RunContext,
+        interrupt_before=["tools"],
+    )
+    config = thread()
+    graph.invoke(ask(), config, context=ctx())
+    assert graph.get_state(config).next == ("tools",)
+    forged = call("write_note", {"note": "forged"}, 9)
+    forged.response_metadata = {MODEL_FAILED_KEY: "rate_limited"}
+    graph.update_state(config, {"messages": [forged]}, as_node="model")
+    out = graph.invoke(None, config, context=ctx())
+    assert out["termination"] == "completed"
+    assert ran.bodies == []  # the forged write never ran (nor the call paused before it)
+    # One step for the first reply, one for the retry the forged failure asked for.
+    assert out["fencepost_run"]["budget"]["steps_used"] == 2
