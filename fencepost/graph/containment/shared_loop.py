@@ -21,8 +21,12 @@ not started within :data:`STALL_SECONDS` (:func:`replace_stalled`) retires that 
 its work to a fresh one; the retired loop finishes what it holds (the blocked call returns to
 its own caller) and then closes, its thread ending with it. The price is the one above: a
 loop-bound client the blocked model shared is bound to the retired loop, so the first call on
-the new loop after such a switch may fail, as one model step (retried under ``model_retries``)
-rather than every run in the process waiting.
+the new loop after such a switch may fail, as one model step, rather than every run in the
+process waiting: retried under ``model_retries`` only if the client reports it as a retryable
+error (the OpenAI SDK retries it itself and then says ``APIConnectionError``, ``unavailable``); a
+bare ``RuntimeError`` (``... bound to a different event loop``) is ``internal_error`` and ends
+that run ``failed``. A loop held a second or more by work that does not block (a large response
+parsed, a slow callback run inline, a thread starved of the GIL) is replaced the same way.
 
 How :func:`run_sync` works
 --------------------------
