@@ -131,9 +131,7 @@ def test_the_middleware_takes_the_settings_object() -> None:
     assert (middleware.cfg.answer_margin, middleware.cfg.repair_attempts) == (0, 0)
 
 
-@pytest.mark.parametrize(
-    "setting", [{"four_eyes": True}, {"model_retries": 5}, {"require_citations": True}]
-)
+@pytest.mark.parametrize("setting", [{"four_eyes": True}, {"require_citations": True}])
 def test_the_middleware_refuses_a_setting_it_does_not_take_from_the_settings_object(
     setting: dict[str, Any],
 ) -> None:
