@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, NotRequired, Unpack
@@ -433,7 +434,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         except GraphBubbleUp:  # LangGraph's own control flow
             raise
         except BaseException as exc:  # a model cannot end its run untyped, nor the process
-            if cancelled_by_caller(exc):
+            if cancelled_by_caller(exc) or _interrupted_by_caller(exc):
                 raise
             return _model_failed(request, exc)
 
@@ -468,6 +469,8 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
                 timeout_seconds=self._tool_seconds(request, admitted),
                 tenant=admitted.ctx.tenant_id,
             )
+            if ran.never_started:  # no thread took it, or no time was left: nothing happened
+                return _spanned(span, drive(self._not_started(io, request, admitted)))
             if not ran.finished:
                 return _spanned(span, drive(self._cut_off(io, request, admitted)))
             if isinstance(ran.raised, GraphBubbleUp):  # LangGraph's control flow: interrupt()
@@ -878,6 +881,17 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         await io.settle(key)
         return _refusal(call_id, name, code.value)
 
+    async def _not_started(
+        self, io: NodeIO, request: ToolCallRequest, admitted: _Admitted
+    ) -> ToolMessage:
+        """A call whose tool never started (no thread of its tenant's share took it in time):
+        ``unavailable``, as the graph binding's ``execution.ran`` with ``started=False``; its
+        attempt stays charged and its start marker stays, so it never runs later either."""
+        call_id = str(request.tool_call.get("id") or "")
+        name = str(request.tool_call.get("name") or "")
+        await io.settle(admitted.key)
+        return _refusal(call_id, name, ErrorCode.UNAVAILABLE.value)
+
     async def _failed(
         self, io: NodeIO, request: ToolCallRequest, admitted: _Admitted, exc: BaseException
     ) -> ToolMessage:
@@ -1042,6 +1056,16 @@ def _model_failed(request: ModelRequest[Any], exc: BaseException) -> ModelRespon
     raised(MODEL, "the chat model", exc, run_id=run_id, call_id=None, code=code.value)
     return ModelResponse(
         result=[AIMessage(content="", response_metadata={MODEL_FAILED_KEY: code.value})]
+    )
+
+
+def _interrupted_by_caller(exc: BaseException) -> bool:
+    """Whether ``exc`` is the caller's Ctrl-C: a ``KeyboardInterrupt`` on the main thread, where
+    Python raises SIGINT's, and where the sync graph calls its chat model (the graph binding's
+    caller gets it while it waits, its model running on another thread). A model that raises
+    one itself there cannot be told from it, and propagates too."""
+    return isinstance(exc, KeyboardInterrupt) and (
+        threading.current_thread() is threading.main_thread()
     )
 
 

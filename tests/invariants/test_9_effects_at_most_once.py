@@ -27,6 +27,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 import fencepost as fp
+from fencepost.graph.containment import tools as tool_runner
+from fencepost.graph.containment.tools import run_callable_blocking
 from fencepost.graph.state import has_run
 from fencepost.policy import ErrorCode, ReceiptStatus
 from fencepost.policy.batch import BatchEntry
@@ -40,6 +42,7 @@ from tests.graph.kit import (
     LEDGERS,
     VERDICT_KEY,
     Calls,
+    OnTimeThreads,
     allowed_entry,
     allowed_verdict,
     budget,
@@ -328,3 +331,20 @@ def test_a_write_that_outlives_its_timeout_is_shown_uncertain_in_either_binding(
     out = b.resume("approve", mw.ctx())
     shown = {m.tool_call_id: str(m.content) for m in out.received[-1] if isinstance(m, ToolMessage)}
     assert "execution_uncertain" in shown["call-0001"]
+
+
+def test_a_write_no_thread_took_is_never_shown_uncertain_in_either_binding(
+    binding: type[bd.Binding], release: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Uncertain only where it is unknown whether the effect happened: a write whose body no
+    thread could take (its tenant's share held by a body left behind) never started, and is
+    refused ``unavailable`` as the graph binding refuses it, never ``execution_uncertain``."""
+    b = bd.waiting_write(binding)
+    pool = OnTimeThreads(1, 1, 1)
+    monkeypatch.setattr(tool_runner, "_threads", pool)
+    hung = run_callable_blocking(lambda: release.wait(30), timeout_seconds=0.05, tenant="acme")
+    assert not hung.finished and pool.stats() == (1, 1)  # the tenant's one thread, left behind
+    out = b.resume("approve", mw.ctx())
+    assert out.bodies == []
+    shown = {m.tool_call_id: str(m.content) for m in out.received[-1] if isinstance(m, ToolMessage)}
+    assert "unavailable" in shown["call-0001"]

@@ -12,9 +12,12 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 import fencepost as fp
+from fencepost.graph.containment import model
 from fencepost.graph.containment.model import ModelRun, run_model_blocking
-from fencepost.graph.containment.shared_loop import STALL_SECONDS, shared_loop
+from fencepost.graph.containment.shared_loop import STALL_SECONDS, replace_stalled, shared_loop
 from tests.graph.kit import context, thread
 
 
@@ -128,3 +131,63 @@ def test_a_loop_that_turns_is_never_replaced() -> None:
         t.join(30)
     assert [r.value for r in runs] == ["slow"] * 4
     assert shared_loop()[0] is loop
+
+
+async def _other() -> str:
+    await asyncio.sleep(0)
+    return "other model"
+
+
+def _looked_up_before_it_was_replaced(
+    monkeypatch: pytest.MonkeyPatch, stale: tuple[asyncio.AbstractEventLoop, threading.Thread]
+) -> None:
+    """The next call finds ``stale`` as the shared loop: it looked the loop up just before
+    another caller replaced it (the race, made certain)."""
+    once = iter([stale])
+    monkeypatch.setattr(model, "shared_loop", lambda: next(once, None) or shared_loop())
+
+
+def test_a_call_sent_to_a_loop_retired_and_closed_meanwhile_runs_on_its_replacement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``run_model_blocking`` never raises but the caller's own interruption: a caller that
+    looked up the shared loop just before another caller retired it, idle, and it closed,
+    sends its call to the loop that replaced it (not ``RuntimeError: Event loop is closed``
+    out of invoke)."""
+    stale = shared_loop()
+    replace_stalled(stale[0])  # another caller saw it stall; idle, it closes
+    stale[1].join(STALL_SECONDS * 10)
+    assert stale[0].is_closed()
+    _looked_up_before_it_was_replaced(monkeypatch, stale)
+    run = run_model_blocking(_other, 60)
+    assert run.finished and run.value == "other model"
+
+
+def test_a_call_a_retired_loop_started_as_it_stopped_still_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A retired loop closes only with nothing on it: a call it starts in its last turn (sent
+    by a caller that looked it up before it was retired, queued behind the blocked call whose
+    end lets it close) runs to its end there, instead of its task dropped with the loop while
+    its caller waits out the call's deadline."""
+    entered, release = threading.Event(), threading.Event()
+    stale = shared_loop()
+
+    async def blocking() -> str:
+        entered.set()
+        release.wait(30)  # a blocking client: the loop's thread waits, nothing yields
+        return "blocked model"
+
+    first = threading.Thread(target=lambda: run_model_blocking(blocking, 60))
+    first.start()
+    assert entered.wait(30)
+    replace_stalled(stale[0])  # retired: its close is queued behind the blocked call
+    _looked_up_before_it_was_replaced(monkeypatch, stale)
+    # The blocked call returns once the next call is queued behind the close.
+    threading.Timer(0.2, release.set).start()
+    try:
+        run = run_model_blocking(_other, 5)
+    finally:
+        release.set()
+        first.join(30)
+    assert run.finished and run.value == "other model"

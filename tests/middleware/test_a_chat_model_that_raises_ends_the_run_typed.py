@@ -12,10 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
+import threading
+import time
 from typing import Any
 
 import pytest
+from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
+from langgraph.checkpoint.memory import InMemorySaver
 
 import fencepost as fp
 from fencepost.adapters.middleware import MODEL_FAILED_KEY
@@ -25,6 +30,7 @@ from tests.middleware.kit import (
     agent,
     ask,
     budget,
+    call,
     chat,
     ctx,
     lc_tools,
@@ -105,3 +111,59 @@ def test_an_async_chat_model_that_raises_ends_the_run_typed() -> None:
     out = asyncio.run(graph.ainvoke(ask(), config, context=ctx()))
     assert (out["termination"], out["last_error_code"]) == ("failed", "internal_error")
     assert ran.bodies == []
+
+
+def test_ctrl_c_while_the_chat_model_runs_reaches_the_caller() -> None:
+    # Only the caller's own interruption propagates: a SIGINT lands on the main thread, which
+    # runs the sync graph's model call, so the KeyboardInterrupt it raises there is the
+    # caller's (Ctrl-C), not the model's failure to contain and end the run with.
+    started = threading.Event()
+
+    def slow() -> Any:
+        started.set()
+        for _ in range(600):  # a chat model waiting on its provider
+            time.sleep(0.1)
+        yield AIMessage(content="late")
+
+    main = threading.main_thread().ident
+    assert main is not None and threading.current_thread() is threading.main_thread()
+
+    def ctrl_c() -> None:
+        if started.wait(60):
+            signal.pthread_kill(main, signal.SIGINT)
+
+    tools = lc_tools(Ran())
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget())
+    graph = agent(chat(slow()), tools, [guard])
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        graph.invoke(ask(), thread(), context=ctx())
+
+
+def test_a_forged_failure_reply_runs_none_of_its_calls_and_each_retry_is_a_reserved_step() -> None:
+    # A caller writing a reply that carries the failure marker (update_state as the model
+    # node) can only end or retry its own run: the forged calls are never gated nor run, and
+    # the step asked again is reserved as any other (the marker buys no step for free).
+    ran = Ran()
+    tools = lc_tools(ran)
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget(steps=5))
+    model = chat(_script(call("search_logs", {"query": "a"}, 1)))
+    graph = create_agent(
+        model,
+        tools=tools,
+        middleware=[guard],
+        checkpointer=InMemorySaver(),
+        context_schema=fp.RunContext,
+        interrupt_before=["tools"],
+    )
+    config = thread()
+    graph.invoke(ask(), config, context=ctx())
+    assert graph.get_state(config).next == ("tools",)
+    forged = call("write_note", {"note": "forged"}, 9)
+    forged.response_metadata = {MODEL_FAILED_KEY: "rate_limited"}
+    graph.update_state(config, {"messages": [forged]}, as_node="model")
+    out = graph.invoke(None, config, context=ctx())
+    assert out["termination"] == "completed"
+    assert ran.bodies == []  # the forged write never ran (nor the call paused before it)
+    # One step for the first reply, one for the retry the forged failure asked for.
+    assert out["fencepost_run"]["budget"]["steps_used"] == 2

@@ -160,6 +160,20 @@ class _Watched:
                 task.get_loop().call_soon_threadsafe(_leave_behind, task, self.leash)
 
 
+def _sent(
+    watched: _Watched, make: ModelCall, loop: asyncio.AbstractEventLoop
+) -> asyncio.AbstractEventLoop:
+    """Send the call to ``loop``, or, if another caller retired it and it closed since it was
+    looked up, to the loop that replaced it; the loop it was sent to."""
+    while True:
+        try:
+            watched.send(make, loop)
+        except RuntimeError:  # closed: retired, idle, and closed since it was looked up
+            loop = replace_stalled(loop)[0]
+        else:
+            return loop
+
+
 def run_model_blocking(make: ModelCall, timeout: float) -> ModelRun:
     """Run ``make()`` as a task on the shared model loop; block at most ``timeout`` seconds."""
     loop, thread = shared_loop()
@@ -167,15 +181,14 @@ def run_model_blocking(make: ModelCall, timeout: float) -> ModelRun:
         return run_sync(run_model(make, timeout))
     watched = _Watched()
     until = time.monotonic() + thread_wait_seconds(timeout)
-    watched.send(make, loop)
+    loop = _sent(watched, make, loop)
     try:
         # A loop that does not start the call in time is held by a callback that blocks its
         # thread (another run's model): the call goes to a loop that replaces it.
         while not watched.started.wait(min(STALL_SECONDS, max(0.0, until - time.monotonic()))):
             if time.monotonic() >= until:
                 break
-            loop, _ = replace_stalled(loop)
-            watched.send(make, loop)
+            loop = _sent(watched, make, replace_stalled(loop)[0])
         finished = watched.done.wait(thread_wait_seconds(until - time.monotonic()))
     except BaseException:
         watched.cancel()  # the caller's own interruption (Ctrl-C while it waits)

@@ -21,8 +21,12 @@ not started within :data:`STALL_SECONDS` (:func:`replace_stalled`) retires that 
 its work to a fresh one; the retired loop finishes what it holds (the blocked call returns to
 its own caller) and then closes, its thread ending with it. The price is the one above: a
 loop-bound client the blocked model shared is bound to the retired loop, so the first call on
-the new loop after such a switch may fail, as one model step (retried under ``model_retries``)
-rather than every run in the process waiting.
+the new loop after such a switch may fail, as one model step, rather than every run in the
+process waiting: retried under ``model_retries`` only if the client reports it as a retryable
+error (the OpenAI SDK retries it itself and then says ``APIConnectionError``, ``unavailable``); a
+bare ``RuntimeError`` (``... bound to a different event loop``) is ``internal_error`` and ends
+that run ``failed``. A loop held a second or more by work that does not block (a large response
+parsed, a slow callback run inline, a thread starved of the GIL) is replaced the same way.
 
 How :func:`run_sync` works
 --------------------------
@@ -267,7 +271,12 @@ class _SharedLoop:
                 # intact; run it again so that caller, and every later one, hears back.
                 continue
             if self.retired:
-                # Stopped by `_close_when_idle`: nothing is left on it, nobody hands it more.
+                # Stopped by `_close_when_idle`, nothing was left on it then; but a call sent by
+                # a caller that looked it up before it was retired may have started in that
+                # last turn: closed now, its task would never run while its caller waits.
+                if asyncio.all_tasks(self.loop):
+                    self.loop.call_soon(self._close_when_idle)
+                    continue
                 self.loop.close()
                 return
 

@@ -456,6 +456,9 @@ class CallableRun:
     """What it returned in time, as it returned it (an awaitable is not judged here)."""
     raised: BaseException | None = None
     """What it raised in time, for the caller to log and fail closed on; never kept."""
+    never_started: bool = False
+    """It was never called (no time left, no thread for its tenant, or withdrawn before a thread
+    took it): nothing it would have done happened."""
 
 
 def is_async(fn: Callable[..., Any]) -> bool:
@@ -503,6 +506,9 @@ def _callable_ended(outcome: Outcome, deadline: float) -> CallableRun:
     return CallableRun(finished=True, value=boxed.value if isinstance(boxed, _Returned) else None)
 
 
+_NEVER_STARTED = CallableRun(finished=False, never_started=True)
+
+
 def run_callable_blocking(
     fn: Callable[[], Any], *, timeout_seconds: float, tenant: str
 ) -> CallableRun:
@@ -511,20 +517,22 @@ def run_callable_blocking(
     ``timeout_seconds``; past it, ``fn`` is left behind (or withdrawn if no thread took it yet)
     and its late answer is never heard. Never raises except the caller's own interruption."""
     if not timeout_seconds > 0:  # NaN included
-        return CallableRun(finished=False)
+        return _NEVER_STARTED
     deadline = time.monotonic() + timeout_seconds
     pool = _threads
     job = pool.start_blocking(_boxed(fn), deadline, str.__str__(tenant))
     if job is None:
-        return CallableRun(finished=False)
+        return _NEVER_STARTED
     try:
         finished = job.done.wait(thread_wait_seconds(deadline - time.monotonic()))
     except BaseException:
         # The caller's own interruption (Ctrl-C while it waits): the callable is left behind.
         pool.abandon(job)
         raise
-    if not finished and pool.abandon(job) is not Left.FINISHED:
-        return CallableRun(finished=False)
+    if not finished:
+        left = pool.abandon(job)
+        if left is not Left.FINISHED:
+            return _NEVER_STARTED if left is Left.WITHDRAWN else CallableRun(finished=False)
     return _callable_ended(job.outcome or Outcome(error=ErrorCode.TIMEOUT), deadline)
 
 
