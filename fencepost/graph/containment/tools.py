@@ -595,6 +595,7 @@ async def run_callable(
     if job.future.done():
         return _callable_ended(job.future.result(), deadline)
     job.future.cancel()
-    if pool.abandon(job):
-        return CallableRun(finished=False)
+    left = pool.abandon(job)
+    if left is not Left.FINISHED:  # an enum member is always true: compare it
+        return CallableRun(finished=False, never_started=left is Left.WITHDRAWN)
     return _callable_ended(job.outcome or Outcome(error=ErrorCode.TIMEOUT), deadline)
