@@ -112,8 +112,8 @@ from fencepost.policy.cancellation import cancelled_by_caller
 from fencepost.policy.catalog import permitted_names
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import (
-    RETRYABLE_MODEL_CODES,
     accept_decision,
+    after_model_failure,
     invalid_code,
     model_failure,
 )
@@ -711,15 +711,10 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         passed = ctx.deadline is not None and ctx.deadline.expired(clock=self.cfg.clock)
         ended = model_failure(failed, run_deadline_passed=passed)
         run = self._noted(run, ctx, Phase.DECIDE, "error", code=ended.error_code, **usage)
-        retryable = (
-            ended.reason is TerminationReason.FAILED
-            and ended.error_code in RETRYABLE_MODEL_CODES
-            and run.model_failures < self.cfg.model_retries
-        )
-        if not retryable:
-            return await self._close(io, run, ended)
-        update = {"model_failures": run.model_failures + 1, "last_error_code": ended.error_code}
-        out = _written(run.model_copy(update=update), {"jump_to": "model"})
+        after = after_model_failure(run, ended, self.cfg.model_retries)
+        if after.stop is not None:
+            return await self._close(io, run, after.stop)
+        out = _written(after, {"jump_to": "model"})
         if message.id:
             out["messages"] = [RemoveMessage(id=message.id)]
         return out

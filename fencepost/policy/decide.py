@@ -109,6 +109,22 @@ def calls_of(decided: Decided) -> tuple[ToolProposal, ...]:
     return ()
 
 
+def after_model_failure(state: AgentState, failure: StopRequest, model_retries: int) -> AgentState:
+    """The run after a failed model step, in either binding: asked again at the next step (a
+    step each) when the failure is retryable (``RETRYABLE_MODEL_CODES``) and fewer than
+    ``model_retries`` failures came in a row, its stop set otherwise."""
+    retryable = (
+        failure.reason is TerminationReason.FAILED
+        and failure.error_code in RETRYABLE_MODEL_CODES
+        and state.model_failures < model_retries
+    )
+    if not retryable:
+        return state.model_copy(update={"stop": failure})
+    return state.model_copy(
+        update={"model_failures": state.model_failures + 1, "last_error_code": failure.error_code}
+    )
+
+
 def model_failure(code: ErrorCode, *, run_deadline_passed: bool) -> StopRequest:
     """The stop a failed model step asks for. A timeout once the run's own deadline has passed
     is the deadline's (``deadline_exceeded``): the deadline wins over the error it caused; any
@@ -387,19 +403,9 @@ def end_step(
     if isinstance(outcome, StopRequest):
         failure = over_stop or outcome
         record: dict[str, Any] = {"outcome": "error", "code": outcome.error_code}
-        retryable = (
-            failure.reason is TerminationReason.FAILED
-            and failure.error_code in RETRYABLE_MODEL_CODES
-            and settled_state.model_failures < cfg.model_retries
+        return StepEnd(
+            state=after_model_failure(settled_state, failure, cfg.model_retries), record=record
         )
-        if retryable:
-            update: dict[str, Any] = {
-                "model_failures": settled_state.model_failures + 1,
-                "last_error_code": failure.error_code,
-            }
-        else:
-            update = {"stop": failure}
-        return StepEnd(state=settled_state.model_copy(update=update), record=record)
     state = settled_state
     if state.model_failures:
         state = state.model_copy(update={"model_failures": 0, "last_error_code": None})
