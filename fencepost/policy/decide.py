@@ -18,7 +18,6 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fencepost.policy.catalog import ToolCatalog, permitted_names
 from fencepost.policy.context import RunContext
 from fencepost.policy.deadline import Clock
 from fencepost.policy.decision import (
@@ -38,7 +37,7 @@ from fencepost.policy.may_go_on import check_before_acting
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.pricing import ModelPrice, price_micros
 from fencepost.policy.recursion_limit import NEEDS_DECIDE, recursion_stop
-from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.registry import ToolCatalog, ToolRegistry
 from fencepost.policy.reservations import (
     DEFAULT_OUTPUT_TOKENS,
     step_hold,
@@ -212,12 +211,7 @@ class StepPlan:
         earlier run's tool output) with how many were left out. ``principal`` is the one the
         step acts for, the one its calls are gated under."""
         cfg = self.settings
-        catalog = cfg.registry.model_catalog()
-        if cfg.tool_catalog != "all":
-            allowed = (
-                permitted_names(cfg.registry, principal) if principal is not None else frozenset()
-            )
-            catalog = [entry for entry in catalog if entry["name"] in allowed]
+        catalog = cfg.registry.model_catalog(cfg.tool_catalog, principal)
         kept = state.turns[-TURN_WINDOW:]
         return DecisionInput.model_construct(
             run_id=state.run_id,

@@ -24,7 +24,7 @@ from fencepost.policy.developer_log import GATE, raised
 from fencepost.policy.fingerprint import canonical_json, fingerprint_of, proposal_fingerprint
 from fencepost.policy.progress import last_run_at, repeat_key
 from fencepost.policy.provenance import Provenance
-from fencepost.policy.registry import ToolRegistry, UnknownTool
+from fencepost.policy.registry import ToolRegistry, UnknownTool, holds_capability
 from fencepost.policy.rule_runner import RULE_TIMEOUT, RuleRunner, RuleTimedOut, run_directly
 from fencepost.policy.state import AgentState
 from fencepost.policy.stop_report import SAFE_CODE
@@ -406,12 +406,6 @@ def check_progress(
     ):
         raise NoProgressDetected(fingerprint)
     return key
-
-
-def holds_capability(principal: Principal, spec: ToolSpec) -> bool:
-    """Gate 5's capability check: whether ``principal`` holds the tool's capability. The one
-    spelling of it: the catalog a model is shown (:mod:`fencepost.policy.catalog`) asks it too."""
-    return principal.has(spec.capability)
 
 
 def authorize(
