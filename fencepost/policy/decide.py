@@ -33,10 +33,9 @@ from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import fits_checkpoint
 from fencepost.policy.ledger import Reservation
-from fencepost.policy.may_go_on import check_before_acting
+from fencepost.policy.may_go_on import NEEDS_DECIDE, check_before_acting
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.pricing import ModelPrice, price_micros
-from fencepost.policy.recursion_limit import NEEDS_DECIDE, recursion_stop
 from fencepost.policy.registry import ToolCatalog, ToolRegistry
 from fencepost.policy.reservations import (
     DEFAULT_OUTPUT_TOKENS,
@@ -253,10 +252,11 @@ def plan_step(
     remaining_steps: object,
     clock: Clock,
 ) -> StepPlan:
-    """Before a model step: whether the run may go on (``may_go_on.check_before_acting``,
-    then the recursion limit, ``recursion_limit.recursion_stop``), and what the step holds."""
-    refused = check_before_acting(state, ctx, clock=clock, given=given)
-    refused = refused or recursion_stop(remaining_steps, NEEDS_DECIDE)
+    """Before a model step: whether the run may go on (``may_go_on.check_before_acting``, the
+    recursion limit included), and what the step holds."""
+    refused = check_before_acting(
+        state, ctx, clock=clock, given=given, remaining_steps=remaining_steps, needs=NEEDS_DECIDE
+    )
     return StepPlan(
         stop=refused,
         settings=settings,
