@@ -24,7 +24,7 @@ from fencepost.policy.developer_log import GATE, raised
 from fencepost.policy.fingerprint import canonical_json, fingerprint_of, proposal_fingerprint
 from fencepost.policy.progress import last_run_at, repeat_key
 from fencepost.policy.provenance import Provenance
-from fencepost.policy.registry import ToolRegistry, UnknownTool, holds_capability
+from fencepost.policy.registry import ToolRegistry, UnknownTool
 from fencepost.policy.rule_runner import RULE_TIMEOUT, RuleRunner, RuleTimedOut, run_directly
 from fencepost.policy.state import AgentState
 from fencepost.policy.stop_report import SAFE_CODE
@@ -421,7 +421,8 @@ def authorize(
     (:mod:`fencepost.policy.conditional_approval`); ``None``: a write/external effect needs it.
     Raises :class:`ToolPolicyDenied` or :class:`HumanApprovalRequired`.
     """
-    if not holds_capability(principal, spec):
+    # The catalog a model is shown asks the same (``registry.permitted_names``): one spelling.
+    if not principal.has(spec.capability):
         raise ToolPolicyDenied(spec.name, spec.capability)
     needed = spec.effect is not Effect.READ if needs_approval is None else needs_approval
     if needed and not approved:

@@ -35,12 +35,6 @@ capability the run's principal holds."""
 TOOL_CATALOGS: tuple[ToolCatalog, ...] = ("all", "permitted")
 
 
-def holds_capability(principal: Principal, spec: ToolSpec) -> bool:
-    """Gate 5's capability check: whether ``principal`` holds the tool's capability. The one
-    spelling of it: the gate (``gates.authorize``) and the catalog a model is shown ask it."""
-    return principal.has(spec.capability)
-
-
 class UnknownTool(Exception):
     """The model asked for a tool that is not registered."""
 
@@ -165,5 +159,6 @@ class ToolRegistry:
 
 
 def permitted_names(registry: ToolRegistry, principal: Principal) -> frozenset[str]:
-    """The registered tools ``principal`` may call, by the gate's own capability check."""
-    return frozenset(spec.name for spec in registry if holds_capability(principal, spec))
+    """The registered tools ``principal`` may call, by the gate's own capability check
+    (``Principal.has``, as ``gates.authorize`` asks it)."""
+    return frozenset(spec.name for spec in registry if principal.has(spec.capability))
