@@ -15,7 +15,7 @@ every call; each hook only loads the run, asks policy, does the I/O the answer n
   rules, no-progress, capability, effect and approval) and reserved before any runs; with
   ``approval="interrupt"`` a call that needs approval waits for a person (``interrupt()``).
 - ``wrap_model_call``: with ``tool_catalog="permitted"``, the model is shown only the tools the
-  run's principal may call (``policy.catalog``).
+  run's principal may call (``policy.registry``).
 - ``wrap_tool_call``: the executor's own check of the recorded verdict for this very call id and
   these very arguments, a durable start marker, the tool, its error as a safe code. Denial is
   enforced here, so neither another middleware's ``jump_to`` nor a retry wrapper runs a call the
@@ -109,7 +109,6 @@ from fencepost.policy.approval import (
 )
 from fencepost.policy.budget import default_budget
 from fencepost.policy.cancellation import cancelled_by_caller
-from fencepost.policy.catalog import permitted_names
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import (
     accept_decision,
@@ -128,6 +127,7 @@ from fencepost.policy.ledger import UnknownAccount, UnknownReservation
 from fencepost.policy.may_go_on import check_before_acting, context_refusal
 from fencepost.policy.phase import Phase
 from fencepost.policy.provenance import ObservedOutput, output_of
+from fencepost.policy.registry import permitted_names
 from fencepost.policy.reservations import (
     Claim,
     call_amounts,

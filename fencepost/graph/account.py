@@ -40,12 +40,14 @@ from fencepost.policy.keys import (
     call_key,
     claim_key,
     completed_key,
+    overage_key,
     result_key,
     run_account,
     started_key,
+    step_key,
     task_run_id,
 )
-from fencepost.policy.ledger import AccountClosed, Attempt, settlement
+from fencepost.policy.ledger import AccountClosed, Attempt
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.ownership import check_funding, check_owner, run_owner
 from fencepost.policy.pricing import to_micros
@@ -486,11 +488,67 @@ StepSettlement = tuple[str, Mapping[str, float] | None]
 """A model step's settlement not written yet: its reservation's key and the actual amounts."""
 
 
-def settles_as_held(held: Reservation, actual: Mapping[str, float] | None) -> bool:
-    """Whether settling the step ``held`` at ``actual`` gives nothing back: the budget view
-    its hold wrote stands, so the settlement can wait to be written with the calls the step
-    proposed (:func:`reserve_batch`, one ledger write)."""
-    return not settlement(held.amounts, actual)[0]
+@dataclass(frozen=True, slots=True)
+class StepFacts:
+    """What the ledger says before a model step is planned: the context the step acts in
+    (:func:`acting_in`) and, where asked, what the run's chain has left of money
+    (:func:`chain_left`; ``None``: nothing limits it, or it was not read)."""
+
+    acting: Acting
+    money_left: float | None = None
+
+
+async def step_facts(
+    io: NodeIO, state: AgentState, ctx: RunContext | None, *, money: bool
+) -> StepFacts:
+    """The ledger's facts a model step is planned on (:class:`StepFacts`), read together
+    before the plan; the chain's money only when ``money`` (``decide.reads_money_limit``) and
+    the step acts in a context of its own (one waiting for its requester acts in none yet)."""
+    acting = await acting_in(io, state, ctx)
+    if not money or acting.context is None or acting.waits_for_requester:
+        return StepFacts(acting)
+    left = await chain_left(io, state, acting.context, (BudgetAxis.MONEY,))
+    return StepFacts(acting, left.money)
+
+
+def step_reservation(state: AgentState, step: int) -> str:
+    """The key model step ``step`` of the run in ``state`` is held under (``keys.step_key``)."""
+    return step_key(account_of(state), step)
+
+
+@dataclass(frozen=True, slots=True)
+class StepWritten:
+    """A model step's settlement as written: the run with the budget view the ledger gave it,
+    the charge of what it spent past its hold (``None``: nothing past it), and the
+    settlement that waits to be written with the calls' holds (``later``)."""
+
+    state: AgentState
+    charged: Reservation | StopRequest | None
+    later: StepSettlement | None
+
+
+async def write_step(
+    io: NodeIO,
+    state: AgentState,
+    actual: Mapping[str, float],
+    overage: Mapping[str, float],
+    *,
+    now: bool,
+) -> StepWritten:
+    """Settle the run's model step (``state.step``) at ``actual`` (``now``; else it waits:
+    :class:`StepWritten` ``later``), and charge ``overage`` (spent already: charged whatever
+    the limits say, in the window the step was held in), as the step's settlement plan says."""
+    account = account_of(state)
+    key = step_key(account, state.step)
+    if not now:
+        return StepWritten(state, None, (key, actual))
+    state = with_budget_view(state, (await io.settle(key, actual)).balance)
+    if not overage:
+        return StepWritten(state, None, None)
+    charged = await charge(io, overage_key(account, state.step), overage, account=account, of=key)
+    if isinstance(charged, Reservation):
+        state = with_budget_view(state, charged.balance)
+    return StepWritten(state, charged, None)
 
 
 async def settle_pending(io: NodeIO, settle: StepSettlement | None) -> None:

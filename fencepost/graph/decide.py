@@ -15,18 +15,19 @@ from langgraph.types import interrupt
 from fencepost.graph.account import (
     AnswerFacts,
     StepSettlement,
+    StepWritten,
     account_of,
-    acting_in,
     answer_facts,
     balance_of,
     chain_left,
-    charge,
     node_thread,
     open_run,
     settle_pending,
-    settles_as_held,
     started_run_id,
+    step_facts,
+    step_reservation,
     with_budget_view,
+    write_step,
 )
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import NodeIO
@@ -60,12 +61,12 @@ from fencepost.policy.decide import (
     model_failure,
     overage_stop,
     plan_step,
+    reads_money_limit,
     settle_step,
     vouched_answer,
     waiting_for_requester,
 )
 from fencepost.policy.developer_log import MODEL, raised
-from fencepost.policy.keys import overage_key, step_key
 from fencepost.policy.terminate import reopened
 from fencepost.policy.usage import input_text
 
@@ -149,7 +150,10 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     before, state = await _loaded(io, values, ctx)
     stepped = await model_step(io, state, ctx, values, runtime)
     if stepped.calls is None or stepped.ctx is None:
-        return step_writes(before, stepped.state)
+        if stepped.record is None or stepped.ctx is None:
+            return step_writes(before, stepped.state)
+        m = manifest(stepped.state, io.cfg, stepped.ctx, phase=Phase.DECIDE, **stepped.record)
+        return step_writes(before, recorded(stepped.state, runtime, [m]))
     try:
         state, manifests = await gate(
             io, stepped.state, stepped.ctx, stepped.calls, stepped.usage, settle=stepped.settle
@@ -162,9 +166,10 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
 
 @dataclass(frozen=True, slots=True)
 class Stepped:
-    """What a model step made of the run: the run to write (its stop and manifest recorded),
-    or, when the model proposed calls, the run and the calls for the gate phase, with the
-    step's usage for their manifests and its settlement when it is to be written with the
+    """What a model step made of the run: the run to write (its stop, if any, set) with the
+    manifest fields the node records of the decision (``record``: none where no decision was
+    made), or, when the model proposed calls, the run and the calls for the gate phase, with
+    the step's usage for their manifests and its settlement when it is to be written with the
     calls' holds (``settle``)."""
 
     state: AgentState
@@ -172,6 +177,7 @@ class Stepped:
     calls: tuple[ToolProposal, ...] | None = None
     usage: dict[str, Any] = field(default_factory=dict)
     settle: StepSettlement | None = None
+    record: dict[str, Any] | None = None
 
 
 async def _loaded(
@@ -207,37 +213,35 @@ async def model_step(
     values: dict[str, Any],
     runtime: Runtime[Any],
 ) -> Stepped:
-    """Plan the step (a stop, or what it holds); hold it in the ledger's line; ask the model;
-    settle and charge what the plan says; the run with its stop and manifest, or the calls it
-    proposes for the gate phase."""
+    """Read what the ledger says (the context the step acts in, the money limit where the plan
+    needs it); plan the step (a stop, or what it holds); hold it in the ledger's line; ask the
+    model; settle and charge what the settlement plan says; judge the outcome: the run with its
+    stop and the manifest fields it records, or the calls it proposes for the gate phase."""
     if state.is_terminal:
         # An ending the terminal node did not make goes back to it to be judged.
         balance = await balance_of(io, account_of(state))
         return Stepped(reopened(state, balance) or state, ctx)
     if state.stop is not None:
         return Stepped(state, ctx)
+    cfg = io.cfg
+    settings = step_settings(cfg)
+    facts = await step_facts(io, state, ctx, money=reads_money_limit(state, settings))
     # After an approver's answer the run goes on for the requester, with the capabilities its
     # account recorded; an older account records none, and the run waits for the requester.
-    acting = await acting_in(io, state, ctx)
-    while acting.waits_for_requester:
+    while facts.acting.waits_for_requester:
         interrupt(waiting_for_requester(state))
-    ctx = acting.context
-    cfg = io.cfg
+    ctx = facts.acting.context
     plan = plan_step(
         state,
         ctx,
-        step_settings(cfg),
+        settings,
         given=runtime.context,
         remaining_steps=values.get("remaining_steps"),
         clock=cfg.clock,
+        money_left=facts.money_left,
     )
     if plan.stop is not None or ctx is None:
         return Stepped(state.model_copy(update={"stop": plan.stop}), ctx)
-    if plan.reads_money_limit:
-        unpriced = plan.unpriced((await chain_left(io, state, ctx, (BudgetAxis.MONEY,))).money)
-        if unpriced is not None:
-            return Stepped(state.model_copy(update={"stop": unpriced}), ctx)
-    account = account_of(state)
     # What the model will be given, counted once and only where a token limit or a price needs
     # it (the count walks the whole run): the step number and budget it is also shown change
     # with the reservation, the text does not.
@@ -257,7 +261,7 @@ async def model_step(
 
     while True:
         step = state.step + 1
-        held, holds = await hold_step(io, state, ctx, step_key(account, step), hold)
+        held, holds = await hold_step(io, state, ctx, step_reservation(state, step), hold)
         if isinstance(held, StopRequest):
             return Stepped(state.model_copy(update={"stop": held}), ctx)
         state = with_budget_view(state.model_copy(update={"step": step}), held.balance)
@@ -270,49 +274,29 @@ async def model_step(
     state = asked = state.model_copy(update={"phase": Phase.DECIDE})
     outcome = await ask_model(io, plan, asked, ctx)
     settled = settle_step(plan, asked, outcome, holds, sent, count_tokens)
-    key = step_key(account, asked.step)
     # A settlement that gives nothing back leaves the view the hold wrote: it waits to be
     # written with the calls the gate holds, in one ledger write.
-    later = (
-        (key, settled.actual)
-        if not settled.overage and settles_as_held(held, settled.actual)
-        else None
-    )
-    if later is None:
-        state = with_budget_view(asked, (await io.settle(key, settled.actual)).balance)
-    else:
-        state = asked
+    written = await write_step(io, asked, settled.actual, settled.overage, now=settled.settles_now)
     try:
-        return await _ended_step(io, plan, state, ctx, outcome, settled, runtime, later)
+        return await _ended_step(io, plan, ctx, outcome, settled, written)
     except BaseException:
-        await settle_pending(io, later)  # never left in flight by what the step raised
+        await settle_pending(io, written.later)  # never left in flight by what the step raised
         raise
 
 
 async def _ended_step(
     io: NodeIO,
     plan: StepPlan,
-    state: AgentState,
     ctx: RunContext,
     outcome: Decided | InvalidProposal | StopRequest,
     settled: Settlement,
-    runtime: Runtime[Any],
-    later: StepSettlement | None,
+    written: StepWritten,
 ) -> Stepped:
-    """The rest of :func:`model_step`, its step settled or its settlement ``later``: charge
-    what it spent past its hold, judge its outcome: the run's end, or the calls to gate."""
-    cfg = io.cfg
-    account = account_of(state)
-    key = step_key(account, state.step)
-    over_stop: StopRequest | None = None
-    if settled.overage:
-        # Spent already: charged whatever the limits say (in the window the step was held in).
-        extra = await charge(
-            io, overage_key(account, state.step), settled.overage, account=account, of=key
-        )
-        over_stop = overage_stop(extra)
-        if not isinstance(extra, StopRequest):
-            state = with_budget_view(state, extra.balance)
+    """The rest of :func:`model_step`, its settlement written (or waiting, ``written.later``):
+    judge its outcome, with the ledger's facts about a final answer: the run's end, or the
+    calls to gate."""
+    state = written.state
+    over_stop = overage_stop(written.charged)
     final = vouched_answer(outcome, over_stop)
     facts = (
         await answer_facts(io, state, final.answer.citations)
@@ -323,7 +307,6 @@ async def _ended_step(
         plan, state, outcome, settled, over_stop, pending=facts.pending, produced=facts.produced
     )
     if end.record is None:
-        return Stepped(end.state, ctx, tuple(end.calls), settled.usage, later)
-    await settle_pending(io, later)
-    m = manifest(end.state, cfg, ctx, phase=Phase.DECIDE, **end.record)
-    return Stepped(recorded(end.state, runtime, [m]), ctx)
+        return Stepped(end.state, ctx, tuple(end.calls), settled.usage, written.later)
+    await settle_pending(io, written.later)
+    return Stepped(end.state, ctx, record=end.record)

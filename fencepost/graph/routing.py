@@ -13,7 +13,7 @@ from typing_extensions import TypedDict
 
 from fencepost.graph.record import record_of
 from fencepost.policy import Phase, TerminationReason, VerdictCode
-from fencepost.policy.recursion_limit import NEEDS_DECIDE, out_of_supersteps
+from fencepost.policy.may_go_on import NEEDS_DECIDE, out_of_supersteps
 
 Next = Literal["decide", "approve", "execute", "terminal"]
 Exit = Literal["terminal", "__end__"]

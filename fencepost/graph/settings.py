@@ -28,10 +28,10 @@ from fencepost.policy import (
 )
 from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.approver import Approver
-from fencepost.policy.catalog import TOOL_CATALOGS, ToolCatalog
 from fencepost.policy.denial import DENIAL_MODES, DenialMode
 from fencepost.policy.pricing import PRICES, ModelPrice, PriceTable
 from fencepost.policy.provenance import PROVENANCE_MODES, ProvenanceMode
+from fencepost.policy.registry import TOOL_CATALOGS, ToolCatalog
 from fencepost.policy.repair import DEFAULT_REPAIR_ATTEMPTS
 from fencepost.policy.tool import NeedsApproval
 
@@ -194,7 +194,7 @@ class LoopSettings:
     tool_catalog: ToolCatalog = "all"
     """Which tools the model is shown: ``"all"``, or ``"permitted"`` — only those the run's
     principal may call, by the gate's own capability check, each step
-    (:mod:`fencepost.policy.catalog`). The gate still refuses a call to a tool not shown."""
+    (:mod:`fencepost.policy.registry`). The gate still refuses a call to a tool not shown."""
     provenance: ProvenanceMode = "observe"
     """The built-in provenance rule (:mod:`fencepost.policy.provenance`): a write or external
     call whose sensitive arguments (``@fp.tool(..., sensitive=("recipient",))``) trace only to

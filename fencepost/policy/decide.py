@@ -18,7 +18,6 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fencepost.policy.catalog import ToolCatalog, permitted_names
 from fencepost.policy.context import RunContext
 from fencepost.policy.deadline import Clock
 from fencepost.policy.decision import (
@@ -34,13 +33,13 @@ from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import fits_checkpoint
 from fencepost.policy.ledger import Reservation
-from fencepost.policy.may_go_on import check_before_acting
+from fencepost.policy.may_go_on import NEEDS_DECIDE, check_before_acting
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.pricing import ModelPrice, price_micros
-from fencepost.policy.recursion_limit import NEEDS_DECIDE, recursion_stop
-from fencepost.policy.registry import ToolRegistry
+from fencepost.policy.registry import ToolCatalog, ToolRegistry
 from fencepost.policy.reservations import (
     DEFAULT_OUTPUT_TOKENS,
+    step_amounts,
     step_hold,
     stop_for_exceeded,
 )
@@ -158,26 +157,16 @@ class StepSettings:
 class StepPlan:
     """Before the model is asked: the stop the run ends in here, or what the step holds.
 
-    ``reads_money_limit``: the step is unpriced and the run's first, so the ledger's money limit
-    is read and handed to :meth:`unpriced` (a limit the graph cannot price is refused, never
-    guessed; an account's limits are fixed when it opens, so once is enough).
     ``holds_money``: the step is priced, so its hold reads what the chain has left of money.
     """
 
     stop: StopRequest | None
     settings: StepSettings
-    reads_money_limit: bool = False
 
     @property
     def holds_money(self) -> bool:
         """Whether the step holds money (it is priced) beside its tokens."""
         return self.settings.price is not None
-
-    def unpriced(self, money_left: float | None) -> StopRequest | None:
-        """The stop for a money limit on a step the graph cannot price; ``None``: no limit."""
-        if money_left is None:
-            return None
-        return stop(TerminationReason.POLICY_DENIED, "money_unpriced")
 
     def hold(
         self, sent: Callable[[], int], tokens_left: float | None, money_left: float | None
@@ -212,12 +201,7 @@ class StepPlan:
         earlier run's tool output) with how many were left out. ``principal`` is the one the
         step acts for, the one its calls are gated under."""
         cfg = self.settings
-        catalog = cfg.registry.model_catalog()
-        if cfg.tool_catalog != "all":
-            allowed = (
-                permitted_names(cfg.registry, principal) if principal is not None else frozenset()
-            )
-            catalog = [entry for entry in catalog if entry["name"] in allowed]
+        catalog = cfg.registry.model_catalog(cfg.tool_catalog, principal)
         kept = state.turns[-TURN_WINDOW:]
         return DecisionInput.model_construct(
             run_id=state.run_id,
@@ -250,6 +234,21 @@ class StepPlan:
         return state.budget.steps_remaining < self.settings.answer_margin
 
 
+def reads_money_limit(state: AgentState, settings: StepSettings) -> bool:
+    """Whether the facts a step is planned on include what the chain has left of money: an
+    unpriced run's first step, whose money limit :func:`plan_step` refuses (a limit the graph
+    cannot price is refused, never guessed; an account's limits are fixed when it opens, so
+    once is enough)."""
+    return settings.price is None and state.step == 0
+
+
+def unpriced_stop(money_left: float | None) -> StopRequest | None:
+    """The stop for a money limit on a step the graph cannot price; ``None``: no limit."""
+    if money_left is None:
+        return None
+    return stop(TerminationReason.POLICY_DENIED, "money_unpriced")
+
+
 def plan_step(
     state: AgentState,
     ctx: RunContext | None,
@@ -258,16 +257,18 @@ def plan_step(
     given: object,
     remaining_steps: object,
     clock: Clock,
+    money_left: float | None = None,
 ) -> StepPlan:
-    """Before a model step: whether the run may go on (``may_go_on.check_before_acting``,
-    then the recursion limit, ``recursion_limit.recursion_stop``), and what the step holds."""
-    refused = check_before_acting(state, ctx, clock=clock, given=given)
-    refused = refused or recursion_stop(remaining_steps, NEEDS_DECIDE)
-    return StepPlan(
-        stop=refused,
-        settings=settings,
-        reads_money_limit=settings.price is None and state.step == 0,
+    """Before a model step: whether the run may go on (``may_go_on.check_before_acting``, the
+    recursion limit included), and what the step holds. ``money_left``: what the chain has
+    left of money where :func:`reads_money_limit` says it was read: a limit on an unpriced
+    run is its stop (:func:`unpriced_stop`)."""
+    refused = check_before_acting(
+        state, ctx, clock=clock, given=given, remaining_steps=remaining_steps, needs=NEEDS_DECIDE
     )
+    if refused is None and ctx is not None and reads_money_limit(state, settings):
+        refused = unpriced_stop(money_left)
+    return StepPlan(stop=refused, settings=settings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +282,10 @@ class Settlement:
     """The reported tokens its manifests record."""
     final_turn: bool
     """Whether the step was asked as one of the run's last ``answer_margin`` steps."""
+    settles_now: bool = True
+    """Whether the settlement is written at once: it gives back part of the hold (the budget
+    view the hold wrote is then stale) or charges beyond it. ``False``: it waits to be written
+    with the holds of the calls the step proposes, in one ledger write."""
 
 
 def settle_step(
@@ -334,14 +339,25 @@ def settle_step(
         "input_tokens": report.input_tokens,
         "output_tokens": report.output_tokens,
     }
+    # The ledger's own rule (``ledger.settlement``): an axis settled below what was held gives
+    # the rest back; an axis the actual does not name keeps all of it.
+    gives_back = any(
+        actual.get(axis, amount) < amount for axis, amount in step_amounts(*held).items()
+    )
     return Settlement(
-        actual=actual, overage=overage, usage=usage, final_turn=plan.final_turn(asked)
+        actual=actual,
+        overage=overage,
+        usage=usage,
+        final_turn=plan.final_turn(asked),
+        settles_now=gives_back or bool(overage),
     )
 
 
-def overage_stop(charged: Reservation | StopRequest) -> StopRequest | None:
+def overage_stop(charged: Reservation | StopRequest | None) -> StopRequest | None:
     """The stop an overage's charge ends the run with: the ledger's refusal, or the limit the
-    charge crossed; ``None`` when it crossed none."""
+    charge crossed; ``None`` when it crossed none (or nothing was charged)."""
+    if charged is None:
+        return None
     if isinstance(charged, StopRequest):
         return charged
     if charged.exceeded is not None:

@@ -44,7 +44,13 @@ from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gates import HumanApprovalRequired, ToolPolicyDenied, authorize
 from fencepost.policy.ledger import Attempt, Reservation, ReservationStatus
 from fencepost.policy.manifest import Outcome
-from fencepost.policy.may_go_on import check_before_acting
+from fencepost.policy.may_go_on import (
+    NEEDS_ANOTHER_DECIDE,
+    NEEDS_EXECUTE,
+    RECURSION_LIMIT,
+    check_before_acting,
+    recursion_stop,
+)
 from fencepost.policy.observation import Observation
 from fencepost.policy.outcome import (
     CallOutcome,
@@ -58,12 +64,6 @@ from fencepost.policy.outcome import (
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.progress import recorded_evidence
 from fencepost.policy.receipt import Accepted, Completed, Receipt, ReceiptStatus
-from fencepost.policy.recursion_limit import (
-    NEEDS_ANOTHER_DECIDE,
-    NEEDS_EXECUTE,
-    RECURSION_LIMIT,
-    recursion_stop,
-)
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import (
     Claim,

@@ -408,12 +408,6 @@ def check_progress(
     return key
 
 
-def holds_capability(principal: Principal, spec: ToolSpec) -> bool:
-    """Gate 5's capability check: whether ``principal`` holds the tool's capability. The one
-    spelling of it: the catalog a model is shown (:mod:`fencepost.policy.catalog`) asks it too."""
-    return principal.has(spec.capability)
-
-
 def authorize(
     spec: ToolSpec,
     principal: Principal,
@@ -427,7 +421,8 @@ def authorize(
     (:mod:`fencepost.policy.conditional_approval`); ``None``: a write/external effect needs it.
     Raises :class:`ToolPolicyDenied` or :class:`HumanApprovalRequired`.
     """
-    if not holds_capability(principal, spec):
+    # The catalog a model is shown asks the same (``registry.permitted_names``): one spelling.
+    if not principal.has(spec.capability):
         raise ToolPolicyDenied(spec.name, spec.capability)
     needed = spec.effect is not Effect.READ if needs_approval is None else needs_approval
     if needed and not approved:

@@ -1,11 +1,38 @@
-"""The allowlist: the only tools a run can ever execute."""
+"""The allowlist: the only tools a run can ever execute, and what the model is shown of them.
+
+What the model is shown, per graph (``build_agent_graph(tool_catalog=...)``,
+``FencepostMiddleware(tool_catalog=...)``):
+
+- ``"all"`` (the default): every registered tool is shown; a call to one the principal may not
+  use is refused by the gate (``capability_denied``).
+- ``"permitted"``: each model step is shown only the tools whose capability the run's principal
+  holds — the principal the gate judges that step's calls under (after an approval by someone
+  else, the requester with the capabilities its account recorded at start). A tool outside its
+  rights is not even proposed, and what the catalog says costs tokens only for tools the caller
+  can use.
+
+The filter is not the enforcement: the gate still refuses any call the principal may not make,
+whatever the model was shown (a model may name a tool it was never given). The catalog is worked
+out for each step from the step's principal (:meth:`ToolRegistry.model_catalog`): never kept
+across runs, so one caller's catalog is never another's.
+
+>>> from fencepost.policy.tool import Principal
+>>> permitted_names(ToolRegistry([]), Principal(id="u-1"))
+frozenset()
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Literal
 
-from fencepost.policy.tool import ToolSpec
+from fencepost.policy.tool import Principal, ToolSpec
+
+ToolCatalog = Literal["all", "permitted"]
+"""``"all"``: the model is shown every registered tool; ``"permitted"``: only the tools whose
+capability the run's principal holds."""
+
+TOOL_CATALOGS: tuple[ToolCatalog, ...] = ("all", "permitted")
 
 
 class UnknownTool(Exception):
@@ -119,6 +146,19 @@ class ToolRegistry:
         """Registered names, in registration order."""
         return tuple(self._by_name)
 
-    def model_catalog(self) -> list[dict[str, Any]]:
-        """What the model is shown: name, description and JSON schema of each tool, nothing else."""
-        return [dict(entry) for entry in self._catalog]
+    def model_catalog(
+        self, shown: ToolCatalog = "all", principal: Principal | None = None
+    ) -> list[dict[str, Any]]:
+        """What the model is shown: name, description and JSON schema of each tool, nothing
+        else; of every tool (``shown="all"``), or of those ``principal`` may call
+        (``"permitted"``: none without a principal)."""
+        if shown == "all":
+            return [dict(entry) for entry in self._catalog]
+        allowed = permitted_names(self, principal) if principal is not None else frozenset()
+        return [dict(entry) for entry in self._catalog if entry["name"] in allowed]
+
+
+def permitted_names(registry: ToolRegistry, principal: Principal) -> frozenset[str]:
+    """The registered tools ``principal`` may call, by the gate's own capability check
+    (``Principal.has``, as ``gates.authorize`` asks it)."""
+    return frozenset(spec.name for spec in registry if principal.has(spec.capability))

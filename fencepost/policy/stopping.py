@@ -15,11 +15,11 @@ from fencepost.policy.context import RunContext
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.execution import not_run
 from fencepost.policy.ledger import AccountClosed, Balance, check_open, check_room
+from fencepost.policy.may_go_on import recursion_stop
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.ownership import check_owner
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import ReceiptStatus
-from fencepost.policy.recursion_limit import recursion_stop
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import stop_for_closed, stop_for_exhausted
 from fencepost.policy.state import StopRequest, stop

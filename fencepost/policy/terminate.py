@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from fencepost.policy.context import RunContext
 from fencepost.policy.decision import InvalidProposal
 from fencepost.policy.ledger import Balance
+from fencepost.policy.may_go_on import NEEDS_DECIDE
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.ownership import check_owner
 from fencepost.policy.phase import Phase, TerminationReason
-from fencepost.policy.recursion_limit import NEEDS_DECIDE
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import stop_for_unknown_account
 from fencepost.policy.run_sources import answer_untrusted

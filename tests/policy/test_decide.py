@@ -28,6 +28,7 @@ from fencepost.policy.decide import (
     StepSettings,
     end_step,
     model_failure,
+    unpriced_stop,
 )
 from fencepost.policy.decision_model import Decided
 from fencepost.policy.pricing import ModelPrice
@@ -72,8 +73,8 @@ def test_an_unpriced_step_holds_no_money_and_counts_no_text_where_nothing_limits
     plan = _plan()
     assert not plan.holds_money
     assert plan.hold(sent, None, None) == (0, 0)
-    assert plan.unpriced(None) is None
-    refused = plan.unpriced(100.0)
+    assert unpriced_stop(None) is None
+    refused = unpriced_stop(100.0)
     assert refused is not None and refused.error_code == "money_unpriced"
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import fencepost as fp
-from fencepost.policy.recursion_limit import (
+from fencepost.policy.may_go_on import (
     NEEDS_ANOTHER_DECIDE,
     NEEDS_DECIDE,
     NEEDS_EXECUTE,

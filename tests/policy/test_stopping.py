@@ -121,7 +121,7 @@ def test_no_child_starts_under_a_closed_parent(closed: str, reason: TerminationR
 
 
 def test_a_run_at_the_terminal_node_with_no_stop_ends_invalid_state_unless_out_of_steps() -> None:
-    from fencepost.policy.recursion_limit import NEEDS_DECIDE
+    from fencepost.policy.may_go_on import NEEDS_DECIDE
     from fencepost.policy.stopping import unasked_stop
 
     assert unasked_stop(100, NEEDS_DECIDE).error_code == "invalid_state"

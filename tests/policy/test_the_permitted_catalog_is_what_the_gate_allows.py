@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fencepost.policy import ToolRegistry, VerdictCode, gate_proposal
-from fencepost.policy.catalog import ToolCatalog
 from fencepost.policy.decide import StepPlan, StepSettings
+from fencepost.policy.registry import ToolCatalog
 from fencepost.policy.tool import Principal
 from tests.policy.factories import make_proposal, make_spec, make_state
 
