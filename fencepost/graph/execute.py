@@ -61,15 +61,26 @@ from fencepost.policy.keys import call_key, step_key
 from fencepost.policy.outcome import CallOutcome
 
 
+_LAST_EXECUTE: tuple[LoopConfig, ExecuteSettings] | None = None
+"""The last graph's execute settings (see ``gate._LAST_GATE``): held by identity of the
+graph's settings, which never change."""
+
+
 def execute_settings(cfg: LoopConfig) -> ExecuteSettings:
     """The settings the execute phase reads, from the graph's."""
-    return ExecuteSettings(
+    global _LAST_EXECUTE
+    last = _LAST_EXECUTE
+    if last is not None and last[0] is cfg:
+        return last[1]
+    made = ExecuteSettings(
         registry=cfg.registry,
         approval=cfg.approval,
         verdict_key=cfg.verdict_key,
         approver=cfg.approver is not None,
         conditional=cfg.needs_approval is not None,
     )
+    _LAST_EXECUTE = (cfg, made)
+    return made
 
 
 async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
