@@ -60,7 +60,6 @@ from fencepost.policy.gating import invalid_dependencies
 from fencepost.policy.keys import call_key, step_key
 from fencepost.policy.outcome import CallOutcome
 
-
 _LAST_EXECUTE: tuple[LoopConfig, ExecuteSettings] | None = None
 """The last graph's execute settings (see ``gate._LAST_GATE``): held by identity of the
 graph's settings, which never change."""

@@ -60,7 +60,6 @@ from fencepost.policy.provenance import ObservedOutput
 from fencepost.policy.remembered import Remember, scopes_named, scopes_to_remember
 from fencepost.policy.tool import NeedsApproval
 
-
 _LAST_GATE: tuple[LoopConfig, GateSettings] | None = None
 """The last graph's gate settings: a graph's settings never change, so each step of its runs
 reads the same ones (held by identity of the graph's settings, never by their values)."""

@@ -30,7 +30,7 @@ KEPT = tuple(_obs(n) for n in range(4))
 
 def test_a_step_writes_the_items_it_added_and_nothing_before_them() -> None:
     before = _state(KEPT)
-    after = before.model_copy(update={"observations": KEPT + (_obs(4),)})
+    after = before.model_copy(update={"observations": (*KEPT, _obs(4))})
     write = step_writes(before, after)["run"]
     assert [o["sequence"] for o in write["observations"]] == [4]
 
@@ -42,7 +42,7 @@ def test_a_step_writes_the_items_it_added_and_nothing_before_them() -> None:
         tuple(_obs(n) for n in range(5)),  # rebuilt: every item a new object
         (_obs(0), *KEPT[1:], _obs(4)),  # the first item replaced
         (*KEPT[:3], _obs(3), _obs(4)),  # the last kept item replaced
-        list(KEPT) + [_obs(4)],  # no tuple
+        [*KEPT, _obs(4)],  # no tuple
     ],
 )
 def test_a_step_that_takes_back_a_record_item_is_refused(rewritten: object) -> None:
@@ -52,11 +52,9 @@ def test_a_step_that_takes_back_a_record_item_is_refused(rewritten: object) -> N
         step_writes(before, after)
 
 
-def test_a_write_folded_twice_onto_one_record_makes_one_record_and_onto_another_its_own() -> (
-    None
-):
+def test_a_write_folded_twice_onto_one_record_makes_one_record_and_onto_another_its_own() -> None:
     before = _state(KEPT)
-    after = before.model_copy(update={"observations": KEPT + (_obs(4),), "step": 2})
+    after = before.model_copy(update={"observations": (*KEPT, _obs(4)), "step": 2})
     base = fold(RunRecord(), [step_writes(None, before)["run"]])
     write = step_writes(before, after)["run"]
     routed = fold(base, [write])
