@@ -32,7 +32,7 @@ from fencepost.graph.events import EVENTS
 from fencepost.graph.node_io import AsyncIO, NodeIO
 from fencepost.graph.settings import LoopConfig, Update
 from fencepost.graph.state import require_state
-from fencepost.graph.trace import manifest, recorded
+from fencepost.graph.trace import checked_manifest, recorded
 from fencepost.graph.writes import step_writes
 from fencepost.policy import (
     AgentState,
@@ -60,16 +60,26 @@ from fencepost.policy.gating import invalid_dependencies
 from fencepost.policy.keys import call_key, step_key
 from fencepost.policy.outcome import CallOutcome
 
+_LAST_EXECUTE: tuple[LoopConfig, ExecuteSettings] | None = None
+"""The last graph's execute settings (see ``gate._LAST_GATE``): held by identity of the
+graph's settings, which never change."""
+
 
 def execute_settings(cfg: LoopConfig) -> ExecuteSettings:
     """The settings the execute phase reads, from the graph's."""
-    return ExecuteSettings(
+    global _LAST_EXECUTE
+    last = _LAST_EXECUTE
+    if last is not None and last[0] is cfg:
+        return last[1]
+    made = ExecuteSettings(
         registry=cfg.registry,
         approval=cfg.approval,
         verdict_key=cfg.verdict_key,
         approver=cfg.approver is not None,
         conditional=cfg.needs_approval is not None,
     )
+    _LAST_EXECUTE = (cfg, made)
+    return made
 
 
 async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:
@@ -117,7 +127,11 @@ async def execute(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     EVENTS.calls_ended(state.run_id, state.batch, end.done)
     # Accepted work becomes done only on verified evidence from a later call, marked in the ledger.
     completed, refused = await certify(io, end.state, ctx, end.certified_against, end.done)
-    manifests = [manifest(end.state, cfg, ctx, phase=Phase.EXECUTE, **r) for r in end.records]
+    # The records' values are fencepost's own (a registered tool's name and effect, a receipt
+    # status or safe code): assembled as validation would make them.
+    manifests = [
+        checked_manifest(end.state, cfg, ctx, phase=Phase.EXECUTE, **r) for r in end.records
+    ]
     return step_writes(before, recorded(end.closed(completed, refused), runtime, manifests))
 
 

@@ -60,10 +60,18 @@ from fencepost.policy.provenance import ObservedOutput
 from fencepost.policy.remembered import Remember, scopes_named, scopes_to_remember
 from fencepost.policy.tool import NeedsApproval
 
+_LAST_GATE: tuple[LoopConfig, GateSettings] | None = None
+"""The last graph's gate settings: a graph's settings never change, so each step of its runs
+reads the same ones (held by identity of the graph's settings, never by their values)."""
+
 
 def gate_settings(cfg: LoopConfig) -> GateSettings:
     """The settings the gate phase reads, from the graph's."""
-    return GateSettings(
+    global _LAST_GATE
+    last = _LAST_GATE
+    if last is not None and last[0] is cfg:
+        return last[1]
+    made = GateSettings(
         registry=cfg.registry,
         repeat_limit=cfg.repeat_limit,
         approval=cfg.approval,
@@ -73,6 +81,8 @@ def gate_settings(cfg: LoopConfig) -> GateSettings:
         needs_approval=cfg.needs_approval,
         repair_attempts=cfg.repair_attempts,
     )
+    _LAST_GATE = (cfg, made)
+    return made
 
 
 async def gate(

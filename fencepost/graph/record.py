@@ -199,10 +199,14 @@ class StepWrite(dict[str, Any]):
     Made only by :func:`step_write`, which records it as the node's own: the record it makes
     keeps ``after`` as its view without validating what the node itself made."""
 
-    __slots__ = ("__weakref__", "after", "before")
+    __slots__ = ("__weakref__", "after", "before", "folded")
 
     before: AgentState | None
     after: AgentState
+    folded: tuple[Mapping[str, Any], RunRecord] | None
+    """The record this write was last folded onto and the record it made, until read once:
+    LangGraph folds a node's write twice (the copy a routing function reads, then the channel
+    itself), onto the same record."""
 
 
 _OWN: weakref.WeakValueDictionary[int, StepWrite] = weakref.WeakValueDictionary()
@@ -213,7 +217,7 @@ whatever its class, is never one of them."""
 def step_write(before: AgentState | None, after: AgentState, changes: dict[str, Any]) -> StepWrite:
     """A node's write to the run record: ``changes`` (plain), made from ``before`` to ``after``."""
     write = StepWrite(changes)
-    write.before, write.after = before, after
+    write.before, write.after, write.folded = before, after, None
     _OWN[id(write)] = write
     return write
 
@@ -407,9 +411,15 @@ def _started_over(out: Mapping[str, Any], write: Any) -> RunRecord:
 def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
     """The record after ``writes`` (a step's, or a checkpoint's history replayed) in order."""
     base = current if isinstance(current, dict) else {}
-    out = RunRecord(base)
     if len(writes) == 1 and own(writes[0]):
         write: StepWrite = writes[0]
+        folded = write.folded
+        if folded is not None and folded[0] is base:
+            # A record is never changed in place, nor is a write: the same fold again (the
+            # channel after its routing copy) makes the same record. Read once, then let go.
+            write.folded = None
+            return folded[1]
+        out = RunRecord(base)
         started = _starts_run(out, write)
         if started:
             out = _started_over(out, write)
@@ -419,7 +429,10 @@ def fold(current: Mapping[str, Any] | None, writes: Sequence[Any]) -> RunRecord:
             write.before is None and started
         ):
             out.view = write.after
-        return _completed(out)
+        out = _completed(out)
+        write.folded = (base, out)
+        return out
+    out = RunRecord(base)
     for write in writes:
         if own(write):
             changes: Mapping[str, Any] | None = write

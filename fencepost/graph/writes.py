@@ -62,9 +62,11 @@ def step_writes(before: AgentState | None, after: AgentState) -> Writes:
                 continue  # the record reads it as the default unwritten
             changes[name] = plain(value)
     else:
+        # A state's fields are its instance dict's (validated, copied or assembled alike).
+        now, then = after.__dict__, before.__dict__
         for name in FIELDS:
-            value = getattr(after, name)
-            old = getattr(before, name)
+            value = now[name]
+            old = then[name]
             if value is old:
                 continue
             if name in COUNTED or name in LATEST:
@@ -72,10 +74,11 @@ def step_writes(before: AgentState | None, after: AgentState) -> Writes:
                 if added:
                     changes[name] = added
             elif name in APPENDED:
-                if len(value) < len(old) or value[: len(old)] != old:
+                kept = len(old)
+                if not _extends(value, old, kept):
                     raise ValueError(f"{name} is append-only")
-                if len(value) > len(old):
-                    changes[name] = plain(value[len(old) :])
+                if len(value) > kept:
+                    changes[name] = plain(value[kept:])
             elif not _same(value, old):
                 # An equal value made again (the budget view after a settlement that changed
                 # no balance) is not written: each write is stored in every checkpoint after.
@@ -101,6 +104,16 @@ def refusal_writes(state: MendedState) -> Writes:
     if "stop" in state.rewrite:
         writes["run"] = step_write(state, state, {"stop": plain(state.stop)})
     return writes
+
+
+def _extends(value: Any, old: Any, kept: int) -> bool:
+    """Whether ``value`` is ``old`` with items added after it. A record's items are only ever
+    added (``old + added``, every item kept as the same object), so the check is its length
+    and its first and last kept items, by identity: a record rebuilt, reordered at either end
+    or cut short is refused. Comparing every item would cost the run's length at each step."""
+    if type(value) is not tuple or type(old) is not tuple or len(value) < kept:
+        return isinstance(value, tuple | list) and value[:kept] == old
+    return kept == 0 or (value[0] is old[0] and value[kept - 1] is old[kept - 1])
 
 
 def _same(value: Any, old: Any) -> bool:

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, JsonValue, Strict, TypeAdapter
 
-from fencepost.policy.contract import Frozen
+from fencepost.policy.contract import Frozen, assemble
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.fingerprint import canonical_json, fits_checkpoint, with_encodable_text
 from fencepost.policy.observation import Observation
@@ -66,8 +66,49 @@ def serialize_tool_result(result: Any) -> JsonValue:
     return value
 
 
+_SUCCEEDED_GIVEN = frozenset(("sequence", "step", "call_id", "tool_name", "kind", "result"))
+_FAILED_GIVEN = frozenset(
+    ("sequence", "step", "call_id", "tool_name", "kind", "error_code", "retryable")
+)
+
+
 def observation_for(event: RuntimeEvent, sequence: int, *, step: int = 0) -> Observation:
     """The observation an event becomes at position ``sequence``, answering a step's proposal."""
+    kind = type(event)
+    if (kind is ToolSucceeded or kind is ToolFailed) and _position(sequence, step):
+        # An event of these exact types was validated when it was made (its result JSON data,
+        # its code a safe one), and ``sequence`` and ``step`` are counts: the observation holds
+        # the same values, so it is assembled as validation would make it, not validated again.
+        fields = event.__dict__
+        if kind is ToolSucceeded:
+            return assemble(
+                Observation,
+                {
+                    "sequence": sequence,
+                    "step": step,
+                    "call_id": fields["call_id"],
+                    "tool_name": fields["tool_name"],
+                    "kind": "tool_result",
+                    "result": fields["result"],
+                    "error_code": None,
+                    "retryable": False,
+                },
+                _SUCCEEDED_GIVEN,
+            )
+        return assemble(
+            Observation,
+            {
+                "sequence": sequence,
+                "step": step,
+                "call_id": fields["call_id"],
+                "tool_name": fields["tool_name"],
+                "kind": "tool_error",
+                "result": None,
+                "error_code": fields["error_code"],
+                "retryable": fields["retryable"],
+            },
+            _FAILED_GIVEN,
+        )
     if isinstance(event, ToolSucceeded):
         return Observation(
             sequence=sequence,
@@ -86,6 +127,10 @@ def observation_for(event: RuntimeEvent, sequence: int, *, step: int = 0) -> Obs
         error_code=event.error_code,
         retryable=event.retryable,
     )
+
+
+def _position(sequence: object, step: object) -> bool:
+    return type(sequence) is int and type(step) is int and sequence >= 0 and step >= 0
 
 
 def reduce_tool_events(state: AgentState, events: tuple[RuntimeEvent, ...]) -> AgentState:

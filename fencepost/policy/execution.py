@@ -30,6 +30,7 @@ from fencepost.policy.approval import ApprovalMode
 from fencepost.policy.batch import Batch, BatchEntry
 from fencepost.policy.budget import BudgetAxis, BudgetExhausted
 from fencepost.policy.context import RunContext
+from fencepost.policy.contract import assemble
 from fencepost.policy.deadline import Clock, Deadline
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode, is_retryable
@@ -241,6 +242,8 @@ def ran(
         except (UnserializableResult, MalformedMarker):
             error = ErrorCode.UNSERIALIZABLE_RESULT
         else:
+            if marker is None and not isinstance(value, RunReport) and _count(attempt):
+                return _completed_call(entry, spec, attempt, result)
             return CallOutcome(
                 event=ToolSucceeded(call_id=entry.call_id, tool_name=spec.name, result=result),
                 status=result_status(value if marker is None else marker),
@@ -262,6 +265,48 @@ def ran(
         attempts=attempt,
         effect=spec.effect,
     )
+
+
+_SUCCEEDED_GIVEN = frozenset(("call_id", "tool_name", "result"))
+_COMPLETED_GIVEN = frozenset(
+    ("event", "status", "attempts", "effect", "task_id", "code", "completes", "evidence_for")
+)
+
+
+def _completed_call(entry: BatchEntry, spec: ToolSpec, attempt: int, result: Any) -> CallOutcome:
+    """What :func:`ran` makes of a plain result (no marker, no run report): ``completed``,
+    assembled as validation would make it. Every value is already one of its field's: the
+    call id and tool name of a validated entry and spec, the result checked JSON data
+    (``serialize_tool_result``), the attempt a count."""
+    event = assemble(
+        ToolSucceeded,
+        {"call_id": entry.call_id, "tool_name": spec.name, "result": result},
+        _SUCCEEDED_GIVEN,
+    )
+    return assemble(
+        CallOutcome,
+        {
+            "event": event,
+            "status": ReceiptStatus.COMPLETED,
+            "attempts": attempt,
+            "effect": spec.effect,
+            "task_id": None,
+            "completes": None,
+            "evidence_for": spec.evidence_for,
+            "approval": None,
+            "scope_id": None,
+            "approved_by": None,
+            "rule": None,
+            "code": None,
+            "missing_capability": None,
+            "provenance": None,
+        },
+        _COMPLETED_GIVEN,
+    )
+
+
+def _count(value: object) -> bool:
+    return type(value) is int and value >= 0
 
 
 def _never_began(value: Any) -> bool:

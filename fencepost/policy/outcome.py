@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, Strict
 
 from fencepost.policy.batch import BatchEntry
-from fencepost.policy.contract import Frozen
+from fencepost.policy.contract import Frozen, assemble
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.events import ToolFailed, ToolSucceeded
@@ -96,6 +96,11 @@ class CallOutcome(Frozen):
         return isinstance(self.event, ToolSucceeded)
 
 
+_EVENTS = frozenset((ToolSucceeded, ToolFailed))
+_RECEIPT_GIVEN = frozenset(Receipt.model_fields) - {"completed_by"}
+"""The fields :func:`receipt_for` gives (validation records them as given, defaults or not)."""
+
+
 def receipt_for(outcome: CallOutcome) -> Receipt:
     """The receipt ``outcome`` is reported as: status, safe error code, attempts.
 
@@ -106,6 +111,30 @@ def receipt_for(outcome: CallOutcome) -> Receipt:
     code = event.error_code if isinstance(event, ToolFailed) else outcome.code
     if code is None and outcome.status is ReceiptStatus.FAILED:
         code = ErrorCode.INCOMPLETE
+    if type(outcome) is CallOutcome and type(event) in _EVENTS:
+        # Made by validation (or copied from one with values that were): every value the
+        # receipt takes is already one of its field's, so it is assembled, not checked again.
+        fields = outcome.__dict__
+        return assemble(
+            Receipt,
+            {
+                "call_id": event.__dict__["call_id"],
+                "tool_name": event.__dict__["tool_name"],
+                "status": fields["status"],
+                "error_code": code,
+                "attempts": fields["attempts"],
+                "effect": fields["effect"],
+                "task_id": fields["task_id"],
+                "completed_by": None,
+                "approval": fields["approval"],
+                "scope_id": fields["scope_id"],
+                "approved_by": fields["approved_by"],
+                "rule": fields["rule"],
+                "missing_capability": fields["missing_capability"],
+                "provenance": fields["provenance"],
+            },
+            _RECEIPT_GIVEN,
+        )
     return Receipt(
         call_id=event.call_id,
         tool_name=event.tool_name,
