@@ -11,10 +11,11 @@ interruption propagates.
 - :func:`run_model` (the async graph): a task on the caller's loop. An ``async`` approver runs
   here too (:func:`fencepost.graph.gate.ask_approver`), on its caller's loop in either graph.
 - :func:`run_model_blocking` (the sync graph): a task on the process's shared model loop (see
-  :mod:`fencepost.graph.containment.shared_loop` for why models share one loop), while the calling thread waits
-  on a thread event; no loop runs on the calling thread and no second task wraps the first. A
-  call the shared loop does not start within ``STALL_SECONDS`` (another run's model blocks the
-  loop's thread) is taken back and started on a fresh loop that replaces the stalled one.
+  :mod:`fencepost.graph.containment.shared_loop` for why models share one loop), while the
+  calling thread waits on a lock released as the call ends (woken once per call); no loop runs
+  on the calling thread and no second task wraps the first. A call the shared loop does not
+  start within ``STALL_SECONDS`` (another run's model blocks the loop's thread) is taken back
+  and started on a fresh loop that replaces the stalled one.
 """
 
 from __future__ import annotations
@@ -111,27 +112,42 @@ async def run_model(make: ModelCall, timeout: float) -> ModelRun:
 
 
 class _Watched:
-    """A task on another thread's loop, watched from the calling thread."""
+    """A task on another thread's loop, watched from the calling thread.
+
+    The caller blocks on one lock, released once when the call has ended (or was given up
+    before it started): it is woken once per call. An event for "started" as well woke it a
+    second time, mid-call, for nothing in the common case; whether the call started is read
+    only once a wait of ``STALL_SECONDS`` has passed without its end.
+    """
+
+    __slots__ = ("_cancelled", "_ended_lock", "_lock", "_on", "_task", "leash", "run", "started")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
-        self.started = threading.Event()
+        self.started = False
+        """Set (under the lock) by the loop that took the call: it stays there from then on."""
         self.run = ModelRun(finished=False)
         self.leash = Leash()
         self._lock = threading.Lock()
+        self._ended_lock = threading.Lock()
+        self._ended_lock.acquire()  # released once, as the call ends: the caller's wake-up
         self._task: asyncio.Task[Any] | None = None
         self._cancelled = False
         self._on: asyncio.AbstractEventLoop | None = None
+
+    def wait(self, seconds: float) -> bool:
+        """Block up to ``seconds`` for the call's end; whether it has ended. Once true, the
+        caller stops waiting (a second wait after a true one would block)."""
+        return self._ended_lock.acquire(timeout=thread_wait_seconds(seconds))
 
     def start(self, make: ModelCall, on: asyncio.AbstractEventLoop) -> None:
         """On the loop's thread: start the task, unless the caller already gave up or took it
         to another loop (``on`` is no longer where it is to run)."""
         with self._lock:
-            if self._on is not on:
+            if self._on is not on or self.started:
                 return
-            self.started.set()
+            self.started = True
             if self._cancelled:
-                self.done.set()
+                self._ended_lock.release()
                 return
             self._task = task = asyncio.ensure_future(_leashed(make, self.leash))
         task.add_done_callback(self._ended)
@@ -140,7 +156,7 @@ class _Watched:
         """From the calling thread: have ``loop`` start the call, unless a loop started it
         already (False)."""
         with self._lock:
-            if self.started.is_set():
+            if self.started:
                 return False
             self._on = loop
         loop.call_soon_threadsafe(self.start, make, loop)
@@ -148,7 +164,7 @@ class _Watched:
 
     def _ended(self, task: asyncio.Task[Any]) -> None:
         self.run = _ended(task)
-        self.done.set()
+        self._ended_lock.release()
 
     def cancel(self) -> None:
         """From the calling thread: cancel the task; its end is still retrieved and dropped."""
@@ -185,11 +201,13 @@ def run_model_blocking(make: ModelCall, timeout: float) -> ModelRun:
     try:
         # A loop that does not start the call in time is held by a callback that blocks its
         # thread (another run's model): the call goes to a loop that replaces it.
-        while not watched.started.wait(min(STALL_SECONDS, max(0.0, until - time.monotonic()))):
+        while not (finished := watched.wait(min(STALL_SECONDS, until - time.monotonic()))):
+            if watched.started:
+                finished = watched.wait(until - time.monotonic())
+                break
             if time.monotonic() >= until:
                 break
             loop = _sent(watched, make, replace_stalled(loop)[0])
-        finished = watched.done.wait(thread_wait_seconds(until - time.monotonic()))
     except BaseException:
         watched.cancel()  # the caller's own interruption (Ctrl-C while it waits)
         raise

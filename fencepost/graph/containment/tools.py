@@ -59,7 +59,7 @@ from fencepost.graph.containment.tool_threads import (
     ToolThreads,
     returned,
 )
-from fencepost.graph.containment.waiting import thread_wait_seconds, within
+from fencepost.graph.containment.waiting import within
 from fencepost.policy import ErrorCode, ToolContext, ToolError, ToolSpec
 from fencepost.policy.developer_log import TOOLS, CallScope, current_call, raised
 from fencepost.policy.error_codes import failure_code_for
@@ -430,7 +430,7 @@ def _run_sync_body_blocking(
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)
     try:
-        finished = job.done.wait(thread_wait_seconds(deadline - time.monotonic()))
+        finished = job.wait(deadline - time.monotonic())
     except BaseException:
         # The caller's own interruption (Ctrl-C while it waits): the body is left behind.
         pool.abandon(job)
@@ -524,7 +524,7 @@ def run_callable_blocking(
     if job is None:
         return _NEVER_STARTED
     try:
-        finished = job.done.wait(thread_wait_seconds(deadline - time.monotonic()))
+        finished = job.wait(deadline - time.monotonic())
     except BaseException:
         # The caller's own interruption (Ctrl-C while it waits): the callable is left behind.
         pool.abandon(job)
