@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fencepost.graph.containment.leash import GRACE_SECONDS, Leash
@@ -35,7 +36,7 @@ from fencepost.graph.containment.shared_loop import (
     run_sync,
     shared_loop,
 )
-from fencepost.graph.containment.waiting import thread_wait_seconds, within
+from fencepost.graph.containment.waiting import settled_within, thread_wait_seconds
 
 __all__ = ["ModelRun", "run_model", "run_model_blocking"]
 
@@ -52,15 +53,6 @@ class ModelRun:
     """It ended cancelled from inside (nothing here had cancelled it)."""
     error: BaseException | None = None
     value: Any = None
-
-
-def _ended(task: asyncio.Future[Any]) -> ModelRun:
-    if task.cancelled():
-        return ModelRun(finished=True, cancelled=True)
-    error = task.exception()  # retrieved here, so a failure is never logged by asyncio
-    if error is not None:
-        return ModelRun(finished=True, error=error)
-    return ModelRun(finished=True, value=task.result())
 
 
 _left_behind: set[asyncio.Future[Any]] = set()
@@ -84,9 +76,26 @@ def _drop_if_running(leash: Leash, task: asyncio.Future[Any]) -> None:
         leash.drop(task)
 
 
-async def _leashed(make: ModelCall, leash: Leash) -> Any:
-    # The call is made in the task, so a task cancelled before it starts never makes it.
-    return await leash.hold(make())
+async def _reporting(make: ModelCall, leash: Leash, report: Callable[[ModelRun], None]) -> None:
+    """The model call's task: how it ended is reported from the task's own last step, so its
+    caller wakes a loop turn sooner than a done callback on the task would wake it.
+
+    Whatever it raises is reported and ends here (nothing is left on the task for asyncio to
+    log, and a ``SystemExit`` or ``KeyboardInterrupt`` does not go on out of the loop), a
+    ``GeneratorExit`` too: the model's own, or the task being closed with its loop, which a
+    return satisfies; its own ``CancelledError`` is reported and re-raised (the task ends
+    cancelled).
+    """
+    try:
+        # The call is made in the task, so a task cancelled before it starts never makes it.
+        value = await leash.hold(make())
+    except asyncio.CancelledError:
+        report(ModelRun(finished=True, cancelled=True))
+        raise
+    except BaseException as exc:  # contained: the caller decides what it means
+        report(ModelRun(finished=True, error=exc))
+        return
+    report(ModelRun(finished=True, value=value))
 
 
 def _forget(task: asyncio.Future[Any]) -> None:
@@ -98,17 +107,24 @@ def _forget(task: asyncio.Future[Any]) -> None:
 async def run_model(make: ModelCall, timeout: float) -> ModelRun:
     """Run ``make()`` as a task on the running loop; wait at most ``timeout`` seconds."""
     leash = Leash()
-    task = asyncio.ensure_future(_leashed(make, leash))
+    ended: asyncio.Future[ModelRun | None] = asyncio.get_running_loop().create_future()
+    task = asyncio.ensure_future(_reporting(make, leash, partial(_settle, ended)))
     try:
-        done = await within(task, timeout)
+        run = await settled_within(ended, timeout)
     except asyncio.CancelledError:
         _leave_behind(task, leash)  # one that ignores the cancel may still fail later
         raise
-    if not done:
+    if run is None:
         # A model that swallows its cancellation is not waited for; its late end is dropped.
         _leave_behind(task, leash)
         return ModelRun(finished=False)
-    return _ended(task)
+    return run
+
+
+def _settle(ended: asyncio.Future[ModelRun | None], run: ModelRun) -> None:
+    if not ended.done():  # else its caller stopped waiting (its deadline, its cancellation)
+        with contextlib.suppress(RuntimeError):  # its loop closed: nobody is waiting
+            ended.set_result(run)
 
 
 class _Watched:
@@ -149,8 +165,7 @@ class _Watched:
             if self._cancelled:
                 self._ended_lock.release()
                 return
-            self._task = task = asyncio.ensure_future(_leashed(make, self.leash))
-        task.add_done_callback(self._ended)
+            self._task = asyncio.ensure_future(_reporting(make, self.leash, self._ended))
 
     def send(self, make: ModelCall, loop: asyncio.AbstractEventLoop) -> bool:
         """From the calling thread: have ``loop`` start the call, unless a loop started it
@@ -162,8 +177,9 @@ class _Watched:
         loop.call_soon_threadsafe(self.start, make, loop)
         return True
 
-    def _ended(self, task: asyncio.Task[Any]) -> None:
-        self.run = _ended(task)
+    def _ended(self, run: ModelRun) -> None:
+        # Called once, from the task's last step (see `_reporting`).
+        self.run = run
         self._ended_lock.release()
 
     def cancel(self) -> None:

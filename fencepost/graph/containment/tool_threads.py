@@ -150,7 +150,8 @@ class LoopJob(Job):
     """A job whose caller awaits ``future`` on its event loop."""
 
     def __init__(self, fn: Callable[[], Any], loop: asyncio.AbstractEventLoop, tenant: str) -> None:
-        self.future: asyncio.Future[Outcome] = loop.create_future()
+        self.future: asyncio.Future[Outcome | None] = loop.create_future()
+        """The outcome; None if its caller stopped waiting first (``settled_within``)."""
         super().__init__(fn, partial(_on_loop, loop, _deliver, self.future), tenant)
 
 

@@ -59,7 +59,7 @@ from fencepost.graph.containment.tool_threads import (
     ToolThreads,
     returned,
 )
-from fencepost.graph.containment.waiting import within
+from fencepost.graph.containment.waiting import settled_within, within
 from fencepost.policy import ErrorCode, ToolContext, ToolError, ToolSpec
 from fencepost.policy.developer_log import TOOLS, CallScope, current_call, raised
 from fencepost.policy.error_codes import failure_code_for
@@ -313,13 +313,12 @@ async def _run_sync_body(
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)
     try:
-        await within(job.future, deadline - time.monotonic())
+        outcome = await settled_within(job.future, deadline - time.monotonic())
     except asyncio.CancelledError:
         pool.abandon(job)
         raise
-    if job.future.done():
-        return _result(job.future.result(), deadline)
-    job.future.cancel()
+    if outcome is not None:
+        return _result(outcome, deadline)
     return _past_deadline(pool, job, deadline)
 
 
@@ -561,8 +560,9 @@ async def run_callable_watched(
     except asyncio.CancelledError:
         pool.abandon(job)
         raise
-    if future.done():
-        return _callable_ended(future.result(), math.inf)
+    outcome = future.result() if future.done() else None  # never cancelled by `within`
+    if outcome is not None:
+        return _callable_ended(outcome, math.inf)
     future.cancel()
     if pool.abandon(job) is not Left.FINISHED:
         return CallableRun(finished=False)
@@ -588,13 +588,12 @@ async def run_callable(
     if job is None:
         return CallableRun(finished=False)
     try:
-        await within(job.future, deadline - time.monotonic())
+        outcome = await settled_within(job.future, deadline - time.monotonic())
     except asyncio.CancelledError:
         pool.abandon(job)
         raise
-    if job.future.done():
-        return _callable_ended(job.future.result(), deadline)
-    job.future.cancel()
+    if outcome is not None:
+        return _callable_ended(outcome, deadline)
     left = pool.abandon(job)
     if left is not Left.FINISHED:  # an enum member is always true: compare it
         return CallableRun(finished=False, never_started=left is Left.WITHDRAWN)
