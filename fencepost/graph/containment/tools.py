@@ -405,7 +405,7 @@ def run_tool_blocking(
 ) -> ToolRun:
     """:func:`run_tool` for the sync graph: the calling thread blocks until the result.
 
-    A sync body is handed to the pool and waited for on a thread event, with no event loop in
+    A sync body is handed to the pool and waited for on a thread lock, with no event loop in
     between (a loop turn and a thread-safe wake-up cost several times the thread hop itself);
     an async body runs as :func:`run_tool` does, on the calling thread's own loop.
     """
@@ -512,7 +512,7 @@ def run_callable_blocking(
     fn: Callable[[], Any], *, timeout_seconds: float, tenant: str
 ) -> CallableRun:
     """:func:`run_callable` for a caller with no event loop to wait on (a gate judging a batch,
-    a tool's own rule): the calling thread blocks on a thread event no longer than
+    a tool's own rule): the calling thread blocks on a thread lock no longer than
     ``timeout_seconds``; past it, ``fn`` is left behind (or withdrawn if no thread took it yet)
     and its late answer is never heard. Never raises except the caller's own interruption."""
     if not timeout_seconds > 0:  # NaN included
