@@ -80,17 +80,24 @@ async def _reporting(make: ModelCall, leash: Leash, report: Callable[[ModelRun],
     """The model call's task: how it ended is reported from the task's own last step, so its
     caller wakes a loop turn sooner than a done callback on the task would wake it.
 
-    Whatever it raises is reported and ends here (nothing is left on the task for asyncio to
-    log, and a ``SystemExit`` or ``KeyboardInterrupt`` does not go on out of the loop), a
-    ``GeneratorExit`` too: the model's own, or the task being closed with its loop, which a
-    return satisfies; its own ``CancelledError`` is reported and re-raised (the task ends
-    cancelled).
+    Whatever it raises is reported. An exception, or a ``GeneratorExit`` (the model's own, or
+    the task being closed with its loop, which a return satisfies), ends here: nothing is left
+    on the task for asyncio to log. Its own ``CancelledError`` is re-raised (the task ends
+    cancelled), and so are ``SystemExit`` and ``KeyboardInterrupt``, which asyncio then raises
+    out of the loop, as it did before this wrapper: Ctrl-C landing in a model's code on the
+    caller's own loop still reaches the caller (the shared loop's thread runs on after it).
     """
     try:
         # The call is made in the task, so a task cancelled before it starts never makes it.
         value = await leash.hold(make())
     except asyncio.CancelledError:
         report(ModelRun(finished=True, cancelled=True))
+        raise
+    except (KeyboardInterrupt, SystemExit) as exc:
+        report(ModelRun(finished=True, error=exc))
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(_retrieved)  # never logged by asyncio as unretrieved
         raise
     except BaseException as exc:  # contained: the caller decides what it means
         report(ModelRun(finished=True, error=exc))
@@ -119,6 +126,11 @@ async def run_model(make: ModelCall, timeout: float) -> ModelRun:
         _leave_behind(task, leash)
         return ModelRun(finished=False)
     return run
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _settle(ended: asyncio.Future[ModelRun | None], run: ModelRun) -> None:
