@@ -143,9 +143,9 @@ class _Watched:
     """A task on another thread's loop, watched from the calling thread.
 
     The caller blocks on one lock, released once when the call has ended (or was given up
-    before it started): it is woken once per call. An event for "started" as well woke it a
-    second time, mid-call, for nothing in the common case; whether the call started is read
-    only once a wait of ``STALL_SECONDS`` has passed without its end.
+    before it started): it is woken once per call. Whether the call started is read only once
+    a wait of ``STALL_SECONDS`` has passed without its end: a wake-up as it starts would wake
+    the caller a second time, mid-call, for nothing in the common case.
     """
 
     __slots__ = ("_cancelled", "_ended_lock", "_lock", "_on", "_task", "leash", "run", "started")
