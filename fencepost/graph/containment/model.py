@@ -11,10 +11,11 @@ interruption propagates.
 - :func:`run_model` (the async graph): a task on the caller's loop. An ``async`` approver runs
   here too (:func:`fencepost.graph.gate.ask_approver`), on its caller's loop in either graph.
 - :func:`run_model_blocking` (the sync graph): a task on the process's shared model loop (see
-  :mod:`fencepost.graph.containment.shared_loop` for why models share one loop), while the calling thread waits
-  on a thread event; no loop runs on the calling thread and no second task wraps the first. A
-  call the shared loop does not start within ``STALL_SECONDS`` (another run's model blocks the
-  loop's thread) is taken back and started on a fresh loop that replaces the stalled one.
+  :mod:`fencepost.graph.containment.shared_loop` for why models share one loop), while the
+  calling thread waits on a lock released as the call ends (woken once per call); no loop runs
+  on the calling thread and no second task wraps the first. A call the shared loop does not
+  start within ``STALL_SECONDS`` (another run's model blocks the loop's thread) is taken back
+  and started on a fresh loop that replaces the stalled one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fencepost.graph.containment.leash import GRACE_SECONDS, Leash
@@ -34,7 +36,7 @@ from fencepost.graph.containment.shared_loop import (
     run_sync,
     shared_loop,
 )
-from fencepost.graph.containment.waiting import thread_wait_seconds, within
+from fencepost.graph.containment.waiting import settled_within, thread_wait_seconds
 
 __all__ = ["ModelRun", "run_model", "run_model_blocking"]
 
@@ -51,15 +53,6 @@ class ModelRun:
     """It ended cancelled from inside (nothing here had cancelled it)."""
     error: BaseException | None = None
     value: Any = None
-
-
-def _ended(task: asyncio.Future[Any]) -> ModelRun:
-    if task.cancelled():
-        return ModelRun(finished=True, cancelled=True)
-    error = task.exception()  # retrieved here, so a failure is never logged by asyncio
-    if error is not None:
-        return ModelRun(finished=True, error=error)
-    return ModelRun(finished=True, value=task.result())
 
 
 _left_behind: set[asyncio.Future[Any]] = set()
@@ -83,9 +76,33 @@ def _drop_if_running(leash: Leash, task: asyncio.Future[Any]) -> None:
         leash.drop(task)
 
 
-async def _leashed(make: ModelCall, leash: Leash) -> Any:
-    # The call is made in the task, so a task cancelled before it starts never makes it.
-    return await leash.hold(make())
+async def _reporting(make: ModelCall, leash: Leash, report: Callable[[ModelRun], None]) -> None:
+    """The model call's task: how it ended is reported from the task's own last step, so its
+    caller wakes a loop turn sooner than a done callback on the task would wake it.
+
+    Whatever it raises is reported. An exception, or a ``GeneratorExit`` (the model's own, or
+    the task being closed with its loop, which a return satisfies), ends here: nothing is left
+    on the task for asyncio to log. Its own ``CancelledError`` is re-raised (the task ends
+    cancelled), and so are ``SystemExit`` and ``KeyboardInterrupt``, which asyncio then raises
+    out of the loop, as it did before this wrapper: Ctrl-C landing in a model's code on the
+    caller's own loop still reaches the caller (the shared loop's thread runs on after it).
+    """
+    try:
+        # The call is made in the task, so a task cancelled before it starts never makes it.
+        value = await leash.hold(make())
+    except asyncio.CancelledError:
+        report(ModelRun(finished=True, cancelled=True))
+        raise
+    except (KeyboardInterrupt, SystemExit) as exc:
+        report(ModelRun(finished=True, error=exc))
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(_retrieved)  # never logged by asyncio as unretrieved
+        raise
+    except BaseException as exc:  # contained: the caller decides what it means
+        report(ModelRun(finished=True, error=exc))
+        return
+    report(ModelRun(finished=True, value=value))
 
 
 def _forget(task: asyncio.Future[Any]) -> None:
@@ -97,58 +114,85 @@ def _forget(task: asyncio.Future[Any]) -> None:
 async def run_model(make: ModelCall, timeout: float) -> ModelRun:
     """Run ``make()`` as a task on the running loop; wait at most ``timeout`` seconds."""
     leash = Leash()
-    task = asyncio.ensure_future(_leashed(make, leash))
+    ended: asyncio.Future[ModelRun | None] = asyncio.get_running_loop().create_future()
+    task = asyncio.ensure_future(_reporting(make, leash, partial(_settle, ended)))
     try:
-        done = await within(task, timeout)
+        run = await settled_within(ended, timeout)
     except asyncio.CancelledError:
         _leave_behind(task, leash)  # one that ignores the cancel may still fail later
         raise
-    if not done:
+    if run is None:
         # A model that swallows its cancellation is not waited for; its late end is dropped.
         _leave_behind(task, leash)
         return ModelRun(finished=False)
-    return _ended(task)
+    return run
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _settle(ended: asyncio.Future[ModelRun | None], run: ModelRun) -> None:
+    if not ended.done():  # else its caller stopped waiting (its deadline, its cancellation)
+        with contextlib.suppress(RuntimeError):  # its loop closed: nobody is waiting
+            ended.set_result(run)
 
 
 class _Watched:
-    """A task on another thread's loop, watched from the calling thread."""
+    """A task on another thread's loop, watched from the calling thread.
+
+    The caller blocks on one lock, released once when the call has ended (or was given up
+    before it started): it is woken once per call. Whether the call started is read only once
+    a wait of ``STALL_SECONDS`` has passed without its end: a wake-up as it starts would wake
+    the caller a second time, mid-call, for nothing in the common case.
+    """
+
+    __slots__ = ("_cancelled", "_ended_lock", "_lock", "_on", "_task", "leash", "run", "started")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
-        self.started = threading.Event()
+        self.started = False
+        """Set (under the lock) by the loop that took the call: it stays there from then on."""
         self.run = ModelRun(finished=False)
         self.leash = Leash()
         self._lock = threading.Lock()
+        self._ended_lock = threading.Lock()
+        self._ended_lock.acquire()  # released once, as the call ends: the caller's wake-up
         self._task: asyncio.Task[Any] | None = None
         self._cancelled = False
         self._on: asyncio.AbstractEventLoop | None = None
+
+    def wait(self, seconds: float) -> bool:
+        """Block up to ``seconds`` for the call's end; whether it has ended. Once true, the
+        caller stops waiting (a second wait after a true one would block)."""
+        return self._ended_lock.acquire(timeout=thread_wait_seconds(seconds))
 
     def start(self, make: ModelCall, on: asyncio.AbstractEventLoop) -> None:
         """On the loop's thread: start the task, unless the caller already gave up or took it
         to another loop (``on`` is no longer where it is to run)."""
         with self._lock:
-            if self._on is not on:
+            if self._on is not on or self.started:
                 return
-            self.started.set()
+            self.started = True
             if self._cancelled:
-                self.done.set()
+                self._ended_lock.release()
                 return
-            self._task = task = asyncio.ensure_future(_leashed(make, self.leash))
-        task.add_done_callback(self._ended)
+            self._task = asyncio.ensure_future(_reporting(make, self.leash, self._ended))
 
     def send(self, make: ModelCall, loop: asyncio.AbstractEventLoop) -> bool:
         """From the calling thread: have ``loop`` start the call, unless a loop started it
         already (False)."""
         with self._lock:
-            if self.started.is_set():
+            if self.started:
                 return False
             self._on = loop
         loop.call_soon_threadsafe(self.start, make, loop)
         return True
 
-    def _ended(self, task: asyncio.Task[Any]) -> None:
-        self.run = _ended(task)
-        self.done.set()
+    def _ended(self, run: ModelRun) -> None:
+        # Called once, from the task's last step (see `_reporting`).
+        self.run = run
+        self._ended_lock.release()
 
     def cancel(self) -> None:
         """From the calling thread: cancel the task; its end is still retrieved and dropped."""
@@ -185,11 +229,13 @@ def run_model_blocking(make: ModelCall, timeout: float) -> ModelRun:
     try:
         # A loop that does not start the call in time is held by a callback that blocks its
         # thread (another run's model): the call goes to a loop that replaces it.
-        while not watched.started.wait(min(STALL_SECONDS, max(0.0, until - time.monotonic()))):
+        while not (finished := watched.wait(min(STALL_SECONDS, until - time.monotonic()))):
+            if watched.started:
+                finished = watched.wait(until - time.monotonic())
+                break
             if time.monotonic() >= until:
                 break
             loop = _sent(watched, make, replace_stalled(loop)[0])
-        finished = watched.done.wait(thread_wait_seconds(until - time.monotonic()))
     except BaseException:
         watched.cancel()  # the caller's own interruption (Ctrl-C while it waits)
         raise

@@ -112,7 +112,8 @@ class _Share:
 
 class Job:
     """One sync body: run by a worker thread, its outcome handed to the caller by ``notify``
-    (onto the caller's loop, or to a blocked caller's event)."""
+    (onto the caller's loop, or to a blocked caller's lock) once its thread is back in the
+    pool."""
 
     def __init__(
         self, fn: Callable[[], Any], notify: Callable[[Outcome], None], tenant: str
@@ -143,26 +144,33 @@ class Job:
             outcome = Outcome(error=failure_code_for(exc), finished=time.monotonic())
         del self.fn
         self.outcome = outcome  # read by the caller once `finished` is set under the pool's lock
-        self.notify(outcome)
 
 
 class LoopJob(Job):
     """A job whose caller awaits ``future`` on its event loop."""
 
     def __init__(self, fn: Callable[[], Any], loop: asyncio.AbstractEventLoop, tenant: str) -> None:
-        self.future: asyncio.Future[Outcome] = loop.create_future()
+        self.future: asyncio.Future[Outcome | None] = loop.create_future()
+        """The outcome; None if its caller stopped waiting first (``settled_within``)."""
         super().__init__(fn, partial(_on_loop, loop, _deliver, self.future), tenant)
 
 
 class BlockingJob(Job):
-    """A job whose caller blocks its thread on ``done`` (the sync graph: no event loop)."""
+    """A job whose caller blocks its thread in :meth:`wait` (the sync graph: no event loop)."""
 
     def __init__(self, fn: Callable[[], Any], tenant: str) -> None:
-        self.done = threading.Event()
+        # A lock released once as the job ends: one C call on each side (an Event's condition
+        # costs several Python-level lock operations on both threads, per call).
+        self._ended = threading.Lock()
+        self._ended.acquire()
         super().__init__(fn, self._notified, tenant)
 
     def _notified(self, _: Outcome) -> None:
-        self.done.set()
+        self._ended.release()
+
+    def wait(self, seconds: float) -> bool:
+        """Block up to ``seconds`` for the job's end; whether it ended (at most once true)."""
+        return self._ended.acquire(timeout=thread_wait_seconds(seconds))
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
@@ -191,11 +199,17 @@ class _Worker:
     def _work(self) -> None:
         job = self.jobs.get()
         while job is not None:
-            if self.pool._begin(job):
+            ran = self.pool._begin(job)
+            if ran:
                 job.run()
             else:
                 job.discard()
             keep = self.pool._finished(self, job)
+            # The caller hears only now, with this thread back in the pool: its next call
+            # takes this thread rather than starting another, and the woken caller does not
+            # wait for the GIL while this thread does the pool's bookkeeping.
+            if ran and job.outcome is not None:
+                job.notify(job.outcome)
             del job
             job = self.jobs.get() if keep else None
 
@@ -444,7 +458,9 @@ class ToolThreads:
             keep = len(self._idle) < self.base
             if keep:
                 self._idle.append(worker)
-        self._wake_callers()
+            waiting = bool(self._waiting)  # a waiter registers under this lock: none missed
+        if waiting:
+            self._wake_callers()
         return keep
 
     def _wake_callers(self) -> None:

@@ -59,7 +59,7 @@ from fencepost.graph.containment.tool_threads import (
     ToolThreads,
     returned,
 )
-from fencepost.graph.containment.waiting import thread_wait_seconds, within
+from fencepost.graph.containment.waiting import settled_within, within
 from fencepost.policy import ErrorCode, ToolContext, ToolError, ToolSpec
 from fencepost.policy.developer_log import TOOLS, CallScope, current_call, raised
 from fencepost.policy.error_codes import failure_code_for
@@ -313,13 +313,12 @@ async def _run_sync_body(
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)
     try:
-        await within(job.future, deadline - time.monotonic())
+        outcome = await settled_within(job.future, deadline - time.monotonic())
     except asyncio.CancelledError:
         pool.abandon(job)
         raise
-    if job.future.done():
-        return _result(job.future.result(), deadline)
-    job.future.cancel()
+    if outcome is not None:
+        return _result(outcome, deadline)
     return _past_deadline(pool, job, deadline)
 
 
@@ -406,7 +405,7 @@ def run_tool_blocking(
 ) -> ToolRun:
     """:func:`run_tool` for the sync graph: the calling thread blocks until the result.
 
-    A sync body is handed to the pool and waited for on a thread event, with no event loop in
+    A sync body is handed to the pool and waited for on a thread lock, with no event loop in
     between (a loop turn and a thread-safe wake-up cost several times the thread hop itself);
     an async body runs as :func:`run_tool` does, on the calling thread's own loop.
     """
@@ -430,7 +429,7 @@ def _run_sync_body_blocking(
     if job is None:
         return ToolRun(error=ErrorCode.UNAVAILABLE, never_started=True)
     try:
-        finished = job.done.wait(thread_wait_seconds(deadline - time.monotonic()))
+        finished = job.wait(deadline - time.monotonic())
     except BaseException:
         # The caller's own interruption (Ctrl-C while it waits): the body is left behind.
         pool.abandon(job)
@@ -513,7 +512,7 @@ def run_callable_blocking(
     fn: Callable[[], Any], *, timeout_seconds: float, tenant: str
 ) -> CallableRun:
     """:func:`run_callable` for a caller with no event loop to wait on (a gate judging a batch,
-    a tool's own rule): the calling thread blocks on a thread event no longer than
+    a tool's own rule): the calling thread blocks on a thread lock no longer than
     ``timeout_seconds``; past it, ``fn`` is left behind (or withdrawn if no thread took it yet)
     and its late answer is never heard. Never raises except the caller's own interruption."""
     if not timeout_seconds > 0:  # NaN included
@@ -524,7 +523,7 @@ def run_callable_blocking(
     if job is None:
         return _NEVER_STARTED
     try:
-        finished = job.done.wait(thread_wait_seconds(deadline - time.monotonic()))
+        finished = job.wait(deadline - time.monotonic())
     except BaseException:
         # The caller's own interruption (Ctrl-C while it waits): the callable is left behind.
         pool.abandon(job)
@@ -561,8 +560,9 @@ async def run_callable_watched(
     except asyncio.CancelledError:
         pool.abandon(job)
         raise
-    if future.done():
-        return _callable_ended(future.result(), math.inf)
+    outcome = future.result() if future.done() else None  # never cancelled by `within`
+    if outcome is not None:
+        return _callable_ended(outcome, math.inf)
     future.cancel()
     if pool.abandon(job) is not Left.FINISHED:
         return CallableRun(finished=False)
@@ -588,13 +588,12 @@ async def run_callable(
     if job is None:
         return CallableRun(finished=False)
     try:
-        await within(job.future, deadline - time.monotonic())
+        outcome = await settled_within(job.future, deadline - time.monotonic())
     except asyncio.CancelledError:
         pool.abandon(job)
         raise
-    if job.future.done():
-        return _callable_ended(job.future.result(), deadline)
-    job.future.cancel()
+    if outcome is not None:
+        return _callable_ended(outcome, deadline)
     left = pool.abandon(job)
     if left is not Left.FINISHED:  # an enum member is always true: compare it
         return CallableRun(finished=False, never_started=left is Left.WITHDRAWN)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["thread_wait_seconds", "within"]
+__all__ = ["settled_within", "thread_wait_seconds", "within"]
+
+T = TypeVar("T")
 
 
 async def within(future: asyncio.Future[Any], seconds: float) -> bool:
@@ -41,6 +43,31 @@ async def within(future: asyncio.Future[Any], seconds: float) -> bool:
         timer.cancel()
         future.remove_done_callback(wake)
     return future.done()
+
+
+async def settled_within(future: asyncio.Future[T], seconds: float) -> T | None:
+    """Await ``future`` for at most ``seconds``: its result, or None past them.
+
+    For a future the caller owns, set by whatever does the work (a thread's callback, the
+    work's own task as it ends): the caller resumes in the loop turn after it is set, where
+    :func:`within` takes one turn more (a done callback, then its waiter). The price: the
+    caller's cancellation cancels ``future`` (the caller's own), and that cancellation
+    propagates. Its timer is scheduled in an empty context, as :func:`within`'s.
+    """
+    if not future.done():
+        timer = asyncio.get_running_loop().call_later(
+            max(0.0, seconds), _expire, future, context=contextvars.Context()
+        )
+        try:
+            return await future
+        finally:
+            timer.cancel()
+    return future.result()
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def thread_wait_seconds(timeout: float) -> float:
