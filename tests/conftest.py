@@ -20,7 +20,6 @@ _WORKER_PRELOAD = [
     "fencepost.adapters",
     "psycopg",
     "tests.adapters.test_ledger_contract",
-    "tests.adapters.test_ledger_fairness",
     "tests.adapters.test_ledger_postgres_concurrency",
     "tests.adapters.test_ledger_window_processes",
 ]

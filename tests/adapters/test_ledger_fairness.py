@@ -1,6 +1,6 @@
 """Durable ledgers under contention: fair, never overspent, and opened by many at once.
 
-8 processes, each with its own run account under ONE tenant account that can hold only
+8 spawned processes, each with its own run account under ONE tenant account that can hold only
 half of what they ask for (8 x 50 attempts against a limit of 200), all start at the same instant
 and reserve in a tight loop. Every process must get at least a quarter of its fair share (200 / 8
 = 25, so at least 7), and the tenant must hold exactly its limit: not one reservation more.
@@ -9,6 +9,7 @@ Throughput is the benchmark's business (``benchmarks/ledger_throughput.py``), ne
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -20,7 +21,6 @@ import pytest
 from fencepost.adapters import PostgresLedger, SqliteLedger
 from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.ledger import Ledger
-from tests.conftest import worker_processes
 
 PROCESSES = 8
 ATTEMPTS = 50
@@ -61,7 +61,12 @@ def _warm(seconds: float) -> int:
 
 @pytest.fixture(scope="module")
 def processes() -> Iterator[ProcessPoolExecutor]:
-    pool = ProcessPoolExecutor(max_workers=PROCESSES, mp_context=worker_processes())
+    # Spawned, not forked from tests.conftest.worker_processes like the other races: forked so,
+    # the SQLite race came out unfair on a loaded machine in two runs of three (one lane 6 of 50),
+    # spawned it held; why is not known yet.
+    pool = ProcessPoolExecutor(
+        max_workers=PROCESSES, mp_context=multiprocessing.get_context("spawn")
+    )
     list(pool.map(_warm, [0.3] * PROCESSES))  # every worker started and imported before a race
     yield pool
     pool.shutdown(wait=True, cancel_futures=True)
