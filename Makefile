@@ -10,9 +10,10 @@ STAMP := $(VENV)/.installed
 # seconds, not minutes, setting up its two environments); pip only installs uv itself.
 UV := $(BIN)/uv
 
+# pip is used once, to install uv: it is not upgraded first (seconds of a clean setup for nothing).
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip uv
+	$(BIN)/python -m pip install --quiet uv
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(UV) pip install --quiet --python $(BIN)/python -e '.[dev,sqlite,postgres]'
@@ -30,7 +31,7 @@ ADJ_STAMP := $(ADJ_VENV)/.installed
 
 $(ADJ_STAMP): $(BIN)/python pyproject.toml benchmarks/agentdojo/requirements.txt
 	rm -rf $(ADJ_VENV)
-	$(PY) -m venv $(ADJ_VENV)
+	$(PY) -m venv --without-pip $(ADJ_VENV)
 	$(UV) pip install --quiet --python $(ADJ_VENV)/bin/python -r benchmarks/agentdojo/requirements.txt -e .
 	touch $(ADJ_STAMP)
 
@@ -39,7 +40,10 @@ $(ADJ_STAMP): $(BIN)/python pyproject.toml benchmarks/agentdojo/requirements.txt
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: lint docs $(ADJ_STAMP)
+# Lint, the docs and the harness environment are built side by side (mypy, mkdocs and uv each use
+# one core), each one's output kept together; any failure stops make test before the suite runs.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint docs $(ADJ_STAMP)
 	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/pytest -q --durations=25
 
 # All four AgentDojo suites under every policy, offline; writes benchmarks/agentdojo.md.

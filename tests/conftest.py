@@ -2,15 +2,41 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import uuid
 from collections.abc import Iterator
+from multiprocessing.context import BaseContext
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 POSTGRES_DSN_ENV = "FENCEPOST_TEST_POSTGRES_DSN"
+
+# What the races between processes import: the one server process below imports it once.
+_WORKER_PRELOAD = [
+    "fencepost",
+    "fencepost.adapters",
+    "psycopg",
+    "tests.adapters.test_ledger_contract",
+    "tests.adapters.test_ledger_postgres_concurrency",
+    "tests.adapters.test_ledger_window_processes",
+]
+
+
+def worker_processes() -> BaseContext:
+    """How the tests that race real processes start them: each a fresh process forked from one
+    single-threaded server that imported fencepost and the racing test modules once.
+
+    Nothing is shared with the test process (no threads, connections or state): the children
+    are what ``spawn`` made, without paying an interpreter's start and fencepost's imports each
+    (dozens of seconds of CPU across the suite, which a busy machine stretches many times over).
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_WORKER_PRELOAD)
+    return context
+
 
 # Every property test, its own @settings included (they inherit what they leave unset): no
 # deadline per example and no "too slow" health check. Both judge wall-clock time, which a

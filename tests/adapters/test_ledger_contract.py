@@ -1,14 +1,13 @@
 """One contract for every Ledger backend: in-memory (the reference), SQLite and Postgres.
 
 Each test names the rule it checks. The Postgres rows skip unless FENCEPOST_TEST_POSTGRES_DSN is
-set. The concurrency tests race real contenders: threads on the in-memory ledger, spawned
+set. The concurrency tests race real contenders: threads on the in-memory ledger, separate
 *processes* on one SQLite file, and threads that each hold their own Postgres connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +42,7 @@ from fencepost.policy.ledger import (
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.remembered import ApprovalScope, ScopeStore, matching_scope
 from fencepost.policy.windows import ROLLING_STEPS, Window
+from tests.conftest import worker_processes
 
 Job = tuple[str, str, str, dict[str, float] | None]  # operation, account, key, amounts
 
@@ -55,7 +55,7 @@ def stored(reservation: Reservation) -> Reservation:
     return reservation.model_copy(update={"balance": None, "exceeded": None})
 
 
-# -- racing contenders (module level so spawned processes can import them) -----------------------
+# -- racing contenders (module level so the worker processes can import them) -----------------------
 
 
 def _attempt(ledger: Ledger, job: Job) -> str:
@@ -98,7 +98,7 @@ def _warm(seconds: float) -> int:
 @pytest.fixture(scope="module")
 def process_pool() -> Iterator[ProcessPoolExecutor]:
     """Spawned worker processes, started once: the SQLite races run across real processes."""
-    pool = ProcessPoolExecutor(max_workers=LANES, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=LANES, mp_context=worker_processes())
     list(pool.map(_warm, [0.3] * LANES))  # start (and import) every worker before any race
     yield pool
     pool.shutdown(wait=True, cancel_futures=True)

@@ -10,7 +10,6 @@ switched off, so a cycle of waits fails the test instead of being retried away.
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import threading
 import time
@@ -25,6 +24,7 @@ import pytest
 
 from fencepost.adapters import PostgresLedger, ledger_postgres
 from fencepost.policy import AccountClosed, BudgetExhausted
+from tests.conftest import worker_processes
 
 
 @pytest.fixture
@@ -176,9 +176,7 @@ def test_many_processes_reserving_on_one_shared_parent_grant_exactly_its_limit(d
             for t in range(THREADS):
                 ledger.open_account(f"run-{lane}-{t}", {"tool_calls": 4}, parent="tenant")
         start_at = time.time() + 3
-        with ProcessPoolExecutor(
-            max_workers=PROCESSES, mp_context=multiprocessing.get_context("spawn")
-        ) as pool:
+        with ProcessPoolExecutor(max_workers=PROCESSES, mp_context=worker_processes()) as pool:
             futures = [pool.submit(_spend, dsn, lane, start_at) for lane in range(PROCESSES)]
             results = [row for f in futures for row in f.result(timeout=300)]
         granted = [(key, account) for key, account, outcome in results if outcome == "ok"]

@@ -1,4 +1,4 @@
-"""Spend windows under many processes: eight spawned processes reserving and settling on runs of
+"""Spend windows under many processes: eight processes reserving and settling on runs of
 one tenant never take its window past its limit, on SQLite (one file) and Postgres (one server).
 
 The window is rolling over a day, so no reset falls inside the race; the books are checked after
@@ -8,7 +8,6 @@ limit (each grant saw the window with every earlier one in it; none is given bac
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -21,6 +20,7 @@ from fencepost.adapters import PostgresLedger, SqliteLedger
 from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.ledger import Ledger
 from fencepost.policy.windows import Window
+from tests.conftest import worker_processes
 
 PROCESSES = 8
 PER_PROCESS = 15
@@ -72,9 +72,7 @@ def test_many_processes_never_take_a_window_past_its_limit(where: tuple[str, str
         for lane in range(PROCESSES):
             ledger.open_account(f"run-{lane}", {}, parent="tenant")
         start_at = time.time() + 3
-        with ProcessPoolExecutor(
-            max_workers=PROCESSES, mp_context=multiprocessing.get_context("spawn")
-        ) as pool:
+        with ProcessPoolExecutor(max_workers=PROCESSES, mp_context=worker_processes()) as pool:
             futures = [
                 pool.submit(_spend, kind, place, lane, start_at) for lane in range(PROCESSES)
             ]
