@@ -20,13 +20,23 @@ Exit = Literal["terminal", "__end__"]
 
 
 class RouteView(TypedDict, total=False):
-    """The channels a router reads: LangGraph reads a conditional edge's input from the type of
-    its first parameter (typed as the whole state, each route would read every channel)."""
+    """The channels the entry route reads: LangGraph reads a conditional edge's input from the
+    type of its first parameter (typed as the whole state, each route would read every
+    channel)."""
 
     run: dict[str, Any]
     run_id: str
     turn: str
     remaining_steps: RemainingSteps
+
+
+class RunView(TypedDict, total=False):
+    """The one channel a route after a node reads: the run record. A conditional edge reads
+    its channels afresh (a copy of each, with the node's writes applied) after every node,
+    so a route reads no channel it does not look at (``remaining_steps`` is computed for each
+    read)."""
+
+    run: dict[str, Any]
 
 
 _PENDING = VerdictCode.APPROVAL_PENDING.value
@@ -87,7 +97,7 @@ def route_start(values: RouteView) -> Next:
     return _after_gate(record)
 
 
-def route_after_decide(values: RouteView) -> Next:
+def route_after_decide(values: RunView) -> Next:
     """After a decision was gated: pause for approval, execute, or end."""
     record = record_of(values)
     if _stopped(record):
@@ -98,7 +108,7 @@ def route_after_decide(values: RouteView) -> Next:
     return _after_gate(record)
 
 
-def route_after_approve(values: RouteView) -> Next:
+def route_after_approve(values: RunView) -> Next:
     """After a human answered: run what was approved, or ask the model again."""
     record = record_of(values)
     if _stopped(record):
@@ -106,14 +116,14 @@ def route_after_approve(values: RouteView) -> Next:
     return _after_gate(record)
 
 
-def route_after_execute(values: RouteView) -> Next:
+def route_after_execute(values: RunView) -> Next:
     """After tools ran: back to the model, or end."""
     if _stopped(record_of(values)):
         return "terminal"
     return "decide"
 
 
-def route_after_terminal(values: RouteView) -> Exit:
+def route_after_terminal(values: RunView) -> Exit:
     """After the terminal node: out of the graph once the run has ended (or none began).
 
     The node always ends a run; only a state update made as the terminal node (which LangGraph

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any
+from typing import Any, get_type_hints
 
 from hypothesis import given
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage
-from langgraph.graph import StateGraph
+from langgraph.graph import START, StateGraph
 from langgraph.types import Overwrite
 
 import fencepost as fp
+from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.graph.record import (
     APPENDED,
     COUNTED,
@@ -74,6 +75,23 @@ def test_a_run_is_three_channels_the_request_the_record_and_the_conversation() -
     # checkpoint the thread's latest branch was forked from.
     written = {n for n, c in _channels().items() if type(c).__name__ != "RetiredChannel"}
     assert written == {"request", "run", "messages", "turn", "fork"}
+
+
+def test_a_route_after_a_node_reads_the_run_record_alone() -> None:
+    # A conditional edge reads its channels afresh after every node (a copy of each with the
+    # node's writes applied): a channel it reads and never looks at is paid for at every step.
+    graph = fp.build_agent_graph(fp.ToolRegistry([]), ScriptedDecisionModel([]))
+    read = {
+        source: {name: list(get_type_hints(spec.input_schema)) for name, spec in by.items()}
+        for source, by in graph.branches.items()
+    }
+    for node in ("decide", "approve", "execute", "terminal"):
+        assert list(read[node].values()) == [["run"]], node
+    # Only the entry route reads more: the superstep budget, and the layout and turn of a
+    # thread's input.
+    assert [sorted(names) for names in read[START].values()] == [
+        ["remaining_steps", "run", "run_id", "turn"]
+    ]
 
 
 def test_every_agent_state_field_has_one_way_to_be_written() -> None:
