@@ -682,7 +682,9 @@ def end_execute(
     done = with_approvers([by_id.pop(e.call_id) for e in batch if e.call_id in by_id], batch)
     if plan.started is None:
         raise ValueError("only a plan whose calls ran ends")
-    evidence = recorded_evidence(state, done, now=plan.started)
+    # Every runnable call's entry passed ``admits``, which checked its verdict's fingerprint.
+    verified = [call.entry for call in plan.runnable]
+    evidence = recorded_evidence(state, done, now=plan.started, verified=verified)
     state = state.model_copy(update={"evidence": evidence})
     state = reduce_tool_events(state, tuple(o.event for o in done))
     receipts = tuple(receipt_for(o) for o in [*done, *budget_refusals(batch)])

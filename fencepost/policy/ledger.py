@@ -758,6 +758,10 @@ class InMemoryLedger(Ledger, ScopeStore):
         """Each account's reservation keys, so a closed account's can be forgotten in O(its own)."""
         self._valid_names: set[str] = set()
         """The names of open accounts that were opened as exact strs (validated then)."""
+        self._valid_keys: set[str] = set()
+        """The keys of stored reservations that were reserved as exact strs (validated then):
+        a key is settled, released or read again by the same text, and whether a text is a
+        valid key depends on the text alone."""
         self._scopes: dict[str, ApprovalScope] = {}
 
     def open_account(
@@ -830,6 +834,7 @@ class InMemoryLedger(Ledger, ScopeStore):
                     kept.append(key)
                     continue
                 del self._reservations[key]
+                self._valid_keys.discard(key)
                 dropped += 1
             if kept:
                 self._keys[account] = kept
@@ -841,19 +846,43 @@ class InMemoryLedger(Ledger, ScopeStore):
         # only: a str subclass opened as a name may claim to equal any text.
         if type(account) is not str or account not in self._valid_names:
             validate_name(account, "account")
-        validate_name(key)
+        self._check_key(key)
         clean = validate_amounts(amounts)
         with self._lock:
             return self._reserve(account, key, clean)
 
+    def _check_key(self, key: str) -> None:
+        """``InvalidLedgerKey`` unless ``key`` is a valid key. A key this ledger stored as an
+        exact str was validated then: looked up among exact strs only, since a str subclass may
+        claim to equal any text."""
+        if type(key) is not str or key not in self._valid_keys:
+            validate_name(key)
+
     def _reserve(self, account: str, key: str, clean: dict[str, float]) -> Reservation:
         """:meth:`reserve` of checked values, under the lock."""
+        stored, existing = self._put(account, key, clean)
+        return self._out(key, stored, existing=existing)
+
+    def _hold(self, account: str, key: str, amounts: Mapping[str, float]) -> None:
+        """:meth:`reserve`, its refusals and all, for a caller that drops the answer (a claim
+        or a result marker): no Reservation or Balance is assembled only to be thrown away."""
+        if type(account) is not str or account not in self._valid_names:
+            validate_name(account, "account")
+        self._check_key(key)
+        clean = validate_amounts(amounts)
+        with self._lock:
+            self._put(account, key, clean)
+
+    def _put(self, account: str, key: str, clean: dict[str, float]) -> tuple[_Record, bool]:
+        """The stored reservation of ``key`` after reserving ``clean`` on ``account`` (checked
+        values, under the lock), and whether it was there before."""
         prior = self._reservations.get(key)
         if prior is not None:
             if prior.account != account:
-                # raises LedgerConflict
-                return existing_reservation(self._model(key, prior), account)
-            return self._out(key, prior, existing=True)
+                # The shared rule raises LedgerConflict; never hand back another account's.
+                existing_reservation(self._model(key, prior), account)
+                raise LedgerConflict(f"key {key!r} is held by another account")
+            return prior, True
         chain = walk_chain(account, self._parents)
         check_open((name, self._closed.get(name)) for name in chain)
         check_room(
@@ -873,12 +902,14 @@ class InMemoryLedger(Ledger, ScopeStore):
         self._add_windows(chain, clean, now)
         stored = _new_record(_Record, (account, clean, ReservationStatus.RESERVED, now))
         self._reservations[key] = stored
+        if type(key) is str:
+            self._valid_keys.add(key)
         keys = self._keys.get(account)
         if keys is None:
             self._keys[account] = [key]
         else:
             keys.append(key)
-        return self._out(key, stored)
+        return stored, False
 
     def charge(
         self, account: str, key: str, amounts: Mapping[str, float], *, of: str | None = None
@@ -901,6 +932,8 @@ class InMemoryLedger(Ledger, ScopeStore):
                 self._add_windows(chain, clean, now)
                 prior = _new_record(_Record, (account, clean, ReservationStatus.SETTLED, now))
                 self._reservations[key] = prior
+                if type(key) is str:
+                    self._valid_keys.add(key)
                 self._keys.setdefault(account, []).append(key)
                 existing = False
             elif prior.account != account:
@@ -993,7 +1026,7 @@ class InMemoryLedger(Ledger, ScopeStore):
         return reservation
 
     def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
-        validate_name(key)
+        self._check_key(key)
         with self._lock:
             return self._settle(key, actual)
 
@@ -1009,8 +1042,9 @@ class InMemoryLedger(Ledger, ScopeStore):
         return self._out(key, settled)
 
     def reserved(self, account: str, key: str) -> Reservation | None:
-        validate_name(account, "account")
-        validate_name(key)
+        if type(account) is not str or account not in self._valid_names:
+            validate_name(account, "account")
+        self._check_key(key)
         with self._lock:
             prior = self._reservations.get(key)
             if prior is None:
@@ -1023,8 +1057,14 @@ class InMemoryLedger(Ledger, ScopeStore):
     # the claim without the marker, the result marker without the settlement, or a step
     # settled without its calls held.
     def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
+        # The port's default, the claim held without assembling the answer it drops.
         with self._lock:
-            return super().begin_attempt(account, marker, claim=claim)
+            if claim is not None:
+                try:
+                    self._hold(account, claim, {})
+                except LedgerConflict:
+                    return Attempt(claimed=False)
+            return Attempt(claimed=True, started=self.reserve(account, marker, {}))
 
     def finish_attempt(
         self,
@@ -1034,8 +1074,12 @@ class InMemoryLedger(Ledger, ScopeStore):
         result: str | None = None,
         actual: Mapping[str, float] | None = None,
     ) -> Reservation:
+        # The port's default, the result marker held without assembling the answer it drops.
         with self._lock:
-            return super().finish_attempt(account, key, result=result, actual=actual)
+            if result is not None:
+                with contextlib.suppress(*MARKER_REFUSALS):
+                    self._hold(account, result, {})
+            return self.settle(key, actual)
 
     def settle_and_reserve(
         self,
@@ -1048,7 +1092,7 @@ class InMemoryLedger(Ledger, ScopeStore):
             return super().settle_and_reserve(key, actual, account, holds)
 
     def release(self, key: str) -> Reservation:
-        validate_name(key)
+        self._check_key(key)
         with self._lock:
             reservation = self._stored(key)
             if reservation.status is not ReservationStatus.RESERVED:
@@ -1059,7 +1103,7 @@ class InMemoryLedger(Ledger, ScopeStore):
             return self._out(key, released)
 
     def get(self, key: str) -> Reservation | None:
-        validate_name(key)
+        self._check_key(key)
         with self._lock:
             stored = self._reservations.get(key)
             if stored is None:
@@ -1077,7 +1121,7 @@ class InMemoryLedger(Ledger, ScopeStore):
                 "held": dict(self._held[account]),
                 "owner": dict(self._owners[account]),
                 "closed": self._closed.get(account),
-                "windows": self._window_uses(account),
+                "windows": self._window_uses(account) if self._windows[account] else (),
             },
         )
 

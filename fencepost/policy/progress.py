@@ -9,8 +9,10 @@ are kept as hashes in ``AgentState.evidence``, never as text.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from datetime import datetime
 
+from fencepost.policy.batch import BatchEntry
 from fencepost.policy.events import ToolFailed, ToolSucceeded
 from fencepost.policy.fingerprint import canonical_json, proposal_fingerprint
 from fencepost.policy.outcome import CallOutcome
@@ -66,17 +68,32 @@ def last_run_at(fingerprint: str, state: AgentState) -> datetime | None:
 
 
 def recorded_evidence(
-    state: AgentState, outcomes: list[CallOutcome], *, now: datetime
+    state: AgentState,
+    outcomes: list[CallOutcome],
+    *,
+    now: datetime,
+    verified: Iterable[BatchEntry] = (),
 ) -> dict[str, str]:
-    """``state.evidence`` with what ``outcomes`` returned recorded for their calls."""
-    calls = {entry.call_id: entry.proposal for entry in state.batch}
+    """``state.evidence`` with what ``outcomes`` returned recorded for their calls.
+
+    ``verified``: entries of ``state.batch`` whose verdict's fingerprint the executor has just
+    checked against their proposal (``execution.admits``); theirs is used as it is rather than
+    computed again. Matched by identity, never by call id: an entry that is not one of these
+    very objects (a batch a caller wrote since) is fingerprinted from its proposal.
+    """
+    # Holding the entries keeps their ids from being reused while the map is read.
+    checked = {id(entry): entry for entry in verified}
+    calls = {entry.call_id: entry for entry in state.batch}
     evidence: dict[str, str] = {}
     stamp = now.isoformat()
     for outcome in outcomes:
-        proposal = calls.get(outcome.call_id)
-        if proposal is None or outcome.attempts == 0:
+        entry = calls.get(outcome.call_id)
+        if entry is None or outcome.attempts == 0:
             continue
-        fingerprint = proposal_fingerprint(proposal.tool_name, proposal.arguments)
+        if checked.get(id(entry)) is entry:
+            fingerprint = entry.verdict.fingerprint
+        else:
+            fingerprint = proposal_fingerprint(entry.proposal.tool_name, entry.proposal.arguments)
         digest = result_hash(outcome)
         epoch = 0
         seen = evidence.get(fingerprint) or state.evidence.get(fingerprint)

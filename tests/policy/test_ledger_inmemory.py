@@ -509,3 +509,58 @@ def test_reservations_on_open_accounts_from_many_threads_are_each_booked_once() 
         th.join()
     held = sum(ledger.balance(f"run-{n}").held["tool_calls"] for n in range(4))
     assert held == 500 + 8 * 500
+
+
+# -- the key of a stored reservation --------------------------------------------------------------
+
+
+def test_an_invalid_key_is_refused_even_when_a_stored_key_claims_to_equal_it() -> None:
+    # A stored key is not checked again when settled, released or read; "stored" is never judged
+    # by a lookup a str subclass some tenant reserved under can answer for another text.
+    ledger = InMemoryLedger()
+    ledger.open_account("run-1", {"tool_calls": 5})
+    ledger.reserve("run-1", _ClaimsEveryName("k-1"), {"tool_calls": 1})
+    for read in (ledger.settle, ledger.release, ledger.get):
+        with pytest.raises(InvalidLedgerKey):
+            read(_INVALID)
+    with pytest.raises(InvalidLedgerKey):
+        ledger.reserve("run-1", _INVALID, {"tool_calls": 1})
+    with pytest.raises(InvalidLedgerKey):
+        ledger.reserved("run-1", _INVALID)
+
+
+def test_a_stored_key_settles_by_its_text_and_a_forgotten_one_is_checked_again() -> None:
+    ledger = InMemoryLedger()
+    ledger.open_account("run-1", {"tool_calls": 5})
+    ledger.reserve("run-1", "k-1", {"tool_calls": 1})
+    assert ledger.settle("k-1").status is ReservationStatus.SETTLED
+    assert ledger.get(_Str("k-1")) is not None
+    ledger.close_account("run-1", "completed")
+    assert ledger.forget("run-1") == 1
+    with pytest.raises(UnknownReservation):
+        ledger.settle("k-1")
+
+
+def test_an_attempts_claim_and_result_marker_are_booked_as_reserve_books_them() -> None:
+    # begin_attempt and finish_attempt write their markers without assembling the answers they
+    # drop: what they book, refuse and leave alone is what reserve does.
+    ledger = InMemoryLedger()
+    ledger.open_account("run-1", {"tool_calls": 5})
+    ledger.open_account("run-2", {"tool_calls": 5})
+    attempt = ledger.begin_attempt("run-1", "m-1", claim="c-1")
+    assert attempt.claimed and attempt.started is not None and not attempt.started.existing
+    assert ledger.begin_attempt("run-1", "m-1", claim="c-1").started.existing  # type: ignore[union-attr]
+    assert ledger.begin_attempt("run-2", "m-2", claim="c-1").claimed is False
+    assert ledger.get("m-2") is None
+    with pytest.raises(InvalidLedgerKey):
+        ledger.begin_attempt("run-1", "m-3", claim="c-\x00")
+    ledger.reserve("run-1", "k-1", {"tool_calls": 1})
+    settled = ledger.finish_attempt("run-1", "k-1", result="r-1")
+    assert settled.status is ReservationStatus.SETTLED
+    got = ledger.get("r-1")
+    assert got is not None and got.account == "run-1" and got.amounts == {}
+    ledger.reserve("run-2", "r-2", {})
+    ledger.reserve("run-1", "k-2", {"tool_calls": 1})
+    # A result marker another account holds is not written and stops nothing.
+    assert ledger.finish_attempt("run-1", "k-2", result="r-2").status is ReservationStatus.SETTLED
+    assert ledger.get("r-2").account == "run-2"  # type: ignore[union-attr]
