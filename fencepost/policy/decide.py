@@ -430,9 +430,10 @@ def end_step(
         return StepEnd(state=state.model_copy(update={"stop": over_stop}), record=record)
     kind: DecisionKind
     if isinstance(outcome, InvalidProposal):
+        invalid = invalid_code(outcome, state.run_id)
         kind, ending = (
             "invalid",
-            stop(TerminationReason.INVALID_PROPOSAL, invalid_code(outcome, state.run_id)),
+            StopRequest(reason=TerminationReason.INVALID_PROPOSAL, error_code=invalid),
         )
     elif isinstance(outcome.decision, ToolProposal | ToolBatch):
         if not settled.final_turn:
