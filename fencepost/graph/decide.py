@@ -122,7 +122,7 @@ async def ask_model(
     deadline = stage_deadline(
         run_deadline, max_stage_seconds=cfg.model_timeout_seconds, clock=cfg.clock
     )
-    inp = plan.decision_input(state, ctx.principal)
+    inp = plan.decision_input(state)
     run = await io.run_model(
         lambda: _contained(cfg, inp, deadline), deadline.remaining_seconds(clock=cfg.clock)
     )
@@ -245,11 +245,11 @@ async def model_step(
     # What the model will be given, counted once and only where a token limit or a price needs
     # it (the count walks the whole run): the step number and budget it is also shown change
     # with the reservation, the text does not.
-    shown, principal, counted = state, ctx.principal, list[int]()
+    shown, counted = state, list[int]()
 
     def sent() -> int:
         if not counted:
-            counted.append(count_tokens(input_text(plan.decision_input(shown, principal))))
+            counted.append(count_tokens(input_text(plan.decision_input(shown))))
         return counted[0]
 
     axes = (BudgetAxis.TOKENS, BudgetAxis.MONEY) if plan.holds_money else (BudgetAxis.TOKENS,)

@@ -46,7 +46,6 @@ from fencepost.policy.reservations import (
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.stop_report import SAFE_CODE
 from fencepost.policy.terminate import conclude
-from fencepost.policy.tool import Principal
 from fencepost.policy.turns import TURN_WINDOW, EarlierTurn
 from fencepost.policy.usage import (
     UsageKind,
@@ -162,6 +161,10 @@ class StepPlan:
 
     stop: StopRequest | None
     settings: StepSettings
+    catalog: tuple[dict[str, Any], ...] = ()
+    """The tools the model is shown: all of them, or, ``tool_catalog="permitted"``, what the
+    principal the step acts for (the one its calls are gated under) may call, none without
+    one. Worked out once per step by :func:`plan_step`, never kept across runs."""
 
     @property
     def holds_money(self) -> bool:
@@ -193,22 +196,18 @@ class StepPlan:
             money = max(1, min(money, math.floor(money_left)))
         return tokens, money
 
-    def decision_input(self, state: AgentState, principal: Principal | None) -> DecisionInput:
-        """What the model is shown: the question, the observations as data, the tool catalog
-        (all of it, or, ``tool_catalog="permitted"``, what ``principal`` may call: none without
-        one; worked out each step, never kept across runs), and the latest
-        ``turns.TURN_WINDOW`` earlier turns of the thread (question and answer text, never an
-        earlier run's tool output) with how many were left out. ``principal`` is the one the
-        step acts for, the one its calls are gated under."""
-        cfg = self.settings
-        catalog = cfg.registry.model_catalog(cfg.tool_catalog, principal)
+    def decision_input(self, state: AgentState) -> DecisionInput:
+        """What the model is shown: the question, the observations as data, the plan's tool
+        :attr:`catalog`, and the latest ``turns.TURN_WINDOW`` earlier turns of the thread
+        (question and answer text, never an earlier run's tool output) with how many were left
+        out."""
         kept = state.turns[-TURN_WINDOW:]
         return DecisionInput.model_construct(
             run_id=state.run_id,
             question=state.question,
             observations=state.observations,
             proposals=state.proposals,
-            catalog=tuple(catalog),
+            catalog=self.catalog,
             budget=state.budget,
             step=state.step,
             pending_tasks=state.open_tasks,
@@ -262,13 +261,17 @@ def plan_step(
     """Before a model step: whether the run may go on (``may_go_on.check_before_acting``, the
     recursion limit included), and what the step holds. ``money_left``: what the chain has
     left of money where :func:`reads_money_limit` says it was read: a limit on an unpriced
-    run is its stop (:func:`unpriced_stop`)."""
+    run is its stop (:func:`unpriced_stop`); else the tools the model is shown, for the principal
+    ``ctx`` names (:attr:`StepPlan.catalog`)."""
     refused = check_before_acting(
         state, ctx, clock=clock, given=given, remaining_steps=remaining_steps, needs=NEEDS_DECIDE
     )
     if refused is None and ctx is not None and reads_money_limit(state, settings):
         refused = unpriced_stop(money_left)
-    return StepPlan(stop=refused, settings=settings)
+    if refused is not None or ctx is None:
+        return StepPlan(stop=refused, settings=settings)
+    catalog = settings.registry.model_catalog(settings.tool_catalog, ctx.principal)
+    return StepPlan(stop=None, settings=settings, catalog=tuple(catalog))
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,9 +433,10 @@ def end_step(
         return StepEnd(state=state.model_copy(update={"stop": over_stop}), record=record)
     kind: DecisionKind
     if isinstance(outcome, InvalidProposal):
+        invalid = invalid_code(outcome, state.run_id)
         kind, ending = (
             "invalid",
-            stop(TerminationReason.INVALID_PROPOSAL, invalid_code(outcome, state.run_id)),
+            StopRequest(reason=TerminationReason.INVALID_PROPOSAL, error_code=invalid),
         )
     elif isinstance(outcome.decision, ToolProposal | ToolBatch):
         if not settled.final_turn:

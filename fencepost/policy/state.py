@@ -13,7 +13,7 @@ from fencepost.policy.decision import ToolProposal
 from fencepost.policy.manifest import StepManifest
 from fencepost.policy.observation import AnswerPayload, Observation
 from fencepost.policy.phase import Phase, TerminationReason
-from fencepost.policy.receipt import Receipt, ReceiptStatus, current_receipts
+from fencepost.policy.receipt import Receipt, evidence_ids
 from fencepost.policy.stop_report import StopReport
 from fencepost.policy.turns import Turn
 
@@ -113,14 +113,7 @@ class AgentState(Frozen):
         """Ids a final answer may cite: call ids of successful tool results whose work was done
         (a result receipted ``failed``, a child run that did not complete, or ``denied``, one
         that never started, is not evidence)."""
-        failed = {
-            r.call_id
-            for r in current_receipts(self.receipts)
-            if r.status in (ReceiptStatus.FAILED, ReceiptStatus.DENIED)
-        }
-        return frozenset(
-            o.evidence_id for o in self.observations if o.is_evidence and o.call_id not in failed
-        )
+        return evidence_ids(self.receipts, self.observations)
 
 
 def as_turn(state: AgentState) -> Turn:

@@ -27,6 +27,7 @@ from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.ownership import check_owner
 from fencepost.policy.phase import Phase, TerminationReason
+from fencepost.policy.receipt import evidence_ids
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import stop_for_unknown_account
 from fencepost.policy.run_sources import answer_untrusted
@@ -121,7 +122,7 @@ def conclude(
     Any stop but ``completed`` stands as asked (an abstention ends ``insufficient_evidence`` or
     ``needs_clarification``). ``completed`` stands only with an answer, no accepted work
     pending, and every citation server-verified: an observation of a successful call of the
-    run (``AgentState.evidence_ids``) whose tool the ledger marks as having returned a result
+    run (``receipt.evidence_ids``) whose tool the ledger marks as having returned a result
     (``produced``: an observation in state is a caller's ``update_state`` away from forged, the
     ledger's mark is not); with ``require_citations``, at least one citation unless the answer
     is empty (an action's agent with nothing to add claims nothing to cite for).
@@ -144,7 +145,7 @@ def conclude(
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, TASKS_PENDING))
     if require_citations and not answer.citations and not answer.is_empty:
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, MissingCitation.code))
-    known = state.evidence_ids()
+    known = evidence_ids(state.receipts, state.observations)
     if any(
         citation not in known or (produced is not None and citation not in produced)
         for citation in answer.citations

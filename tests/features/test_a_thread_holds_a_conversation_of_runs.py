@@ -304,7 +304,7 @@ def test_turns_past_the_window_are_left_out_with_a_notice() -> None:
         require_citations=False,
     )
     state = make_state(turns=turns)
-    planned = StepPlan(stop=None, settings=settings).decision_input(state, None)
+    planned = StepPlan(stop=None, settings=settings).decision_input(state)
     shown, left_out = planned.turns, planned.turns_left_out
     assert left_out == 3
     assert [t.question for t in shown] == [f"q{n}" for n in range(3, TURN_WINDOW + 3)]

@@ -54,7 +54,7 @@ def _plan(**settings: Any) -> StepPlan:
 def test_the_last_answer_margin_steps_are_the_final_turn(left: int, margin: int) -> None:
     state = make_state(steps=left)
     assert _plan(answer_margin=margin).final_turn(state) is (left < margin)
-    assert _plan(answer_margin=margin).decision_input(state, None).final_turn is (left < margin)
+    assert _plan(answer_margin=margin).decision_input(state).final_turn is (left < margin)
     assert not _plan(answer_margin=0).final_turn(state)  # a margin of 0 turns it off
 
 

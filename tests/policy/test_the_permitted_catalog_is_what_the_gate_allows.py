@@ -8,7 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fencepost.policy import ToolRegistry, VerdictCode, gate_proposal
-from fencepost.policy.decide import StepPlan, StepSettings
+from fencepost.policy.context import RunContext
+from fencepost.policy.deadline import SystemClock
+from fencepost.policy.decide import StepPlan, StepSettings, plan_step
 from fencepost.policy.registry import ToolCatalog
 from fencepost.policy.tool import Principal
 from tests.policy.factories import make_proposal, make_spec, make_state
@@ -27,7 +29,14 @@ def shown_catalog(
         model_retries=0,
         require_citations=False,
     )
-    return StepPlan(stop=None, settings=settings).decision_input(make_state(), principal).catalog
+    if principal is None:
+        # No trusted principal: the step acts in no context, and nothing is planned to be shown.
+        return StepPlan(stop=None, settings=settings).decision_input(make_state()).catalog
+    state = make_state()  # acting for user-1, the principal the tests hold
+    ctx = RunContext(tenant_id=state.tenant_id or "", principal=principal)
+    plan = plan_step(state, ctx, settings, given=ctx, remaining_steps=None, clock=SystemClock())
+    assert plan.stop is None
+    return plan.decision_input(state).catalog
 
 
 CAPABILITIES = ["logs:read", "notes:write", "payments:write", "admin"]
