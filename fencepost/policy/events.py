@@ -50,10 +50,10 @@ def serialize_tool_result(result: Any) -> JsonValue:
     place of each such character: the result is untrusted data, shown to the model as such, and
     no checkpoint stores the character as it is."""
     try:
-        if isinstance(result, BaseModel):
-            value: JsonValue = result.model_dump(mode="json")
-        else:
-            value = _JSON.validate_python(result, strict=True)
+        # A model's dump is checked as any value is: a model may dump its own classes (a str
+        # or dict subclass), and the records assembled from this value are not validated again.
+        dumped = result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+        value: JsonValue = _JSON.validate_python(dumped, strict=True)
         # NaN/Infinity pass the JsonValue check but are not JSON: they would not survive a JSON
         # checkpoint and would never compare equal after one.
         canonical_json(value)

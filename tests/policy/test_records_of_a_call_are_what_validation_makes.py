@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from fencepost.policy import ErrorCode, Verdict, VerdictCode
 from fencepost.policy.batch import BatchEntry
@@ -136,3 +137,43 @@ def test_a_receipt_is_what_validation_makes(status: ReceiptStatus, failed: bool)
         provenance=None,
     )
     assert_same_record(receipt_for(outcome), validated)
+
+
+class _Text(str):
+    """Text that claims to equal anything: a tool's own str subclass."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = str.__hash__
+
+
+class _Mapping(dict[str, Any]):
+    pass
+
+
+class _DumpsItsOwn(BaseModel):
+    """A tool's pydantic result whose dump is its own classes, not JSON data."""
+
+    def model_dump(self, **_: Any) -> Any:  # type: ignore[override]
+        return _Mapping(note=_Text("text"), items=[_Text("a"), _Mapping(k=_Text("v"))])
+
+
+def _kinds(value: Any) -> Any:
+    if isinstance(value, dict):
+        return (type(value), {(type(k), k): _kinds(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return (type(value), [_kinds(v) for v in value])
+    return (type(value), value)
+
+
+def test_a_pydantic_results_outcome_holds_plain_json_data() -> None:
+    made = ran(_entry(), make_spec(), 1, value=_DumpsItsOwn())
+    plain = {"note": "text", "items": ["a", {"k": "v"}]}
+    assert _kinds(made.event.result) == _kinds(plain)
+    assert_same_record(
+        observation_for(made.event, 0),
+        observation_for(
+            ToolSucceeded(call_id="call-0001", tool_name=made.event.tool_name, result=plain), 0
+        ),
+    )
