@@ -80,21 +80,7 @@ def observation_for(event: RuntimeEvent, sequence: int, *, step: int = 0) -> Obs
         # its code a safe one), and ``sequence`` and ``step`` are counts: the observation holds
         # the same values, so it is assembled as validation would make it, not validated again.
         fields = event.__dict__
-        if kind is ToolSucceeded:
-            return assemble(
-                Observation,
-                {
-                    "sequence": sequence,
-                    "step": step,
-                    "call_id": fields["call_id"],
-                    "tool_name": fields["tool_name"],
-                    "kind": "tool_result",
-                    "result": fields["result"],
-                    "error_code": None,
-                    "retryable": False,
-                },
-                _SUCCEEDED_GIVEN,
-            )
+        succeeded = kind is ToolSucceeded
         return assemble(
             Observation,
             {
@@ -102,12 +88,12 @@ def observation_for(event: RuntimeEvent, sequence: int, *, step: int = 0) -> Obs
                 "step": step,
                 "call_id": fields["call_id"],
                 "tool_name": fields["tool_name"],
-                "kind": "tool_error",
-                "result": None,
-                "error_code": fields["error_code"],
-                "retryable": fields["retryable"],
+                "kind": "tool_result" if succeeded else "tool_error",
+                "result": fields["result"] if succeeded else None,
+                "error_code": None if succeeded else fields["error_code"],
+                "retryable": False if succeeded else fields["retryable"],
             },
-            _FAILED_GIVEN,
+            _SUCCEEDED_GIVEN if succeeded else _FAILED_GIVEN,
         )
     if isinstance(event, ToolSucceeded):
         return Observation(
