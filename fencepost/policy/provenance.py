@@ -589,6 +589,25 @@ def _spans(words: list[str]) -> set[str]:
     return {" ".join(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
+def _spans_held(spans: Mapping[str, frozenset[str]], index: SourceIndex) -> set[str]:
+    """The spans (each with its set of words) that ``index``'s text holds. A span whose words
+    are not all in the source is not in it, which a set lookup says; the text is read only
+    for the rest, and a run of words joined only where one of them starts."""
+    maybe = {span for span, words in spans.items() if words <= index.words}
+    if not maybe:
+        return maybe
+    n = ANSWER_SPAN_WORDS
+    firsts = {span.split(" ", 1)[0] for span in maybe}
+    words = _words(index.text)
+    held: set[str] = set()
+    for i in range(len(words) - n + 1):
+        if words[i] in firsts:
+            span = " ".join(words[i : i + n])
+            if span in maybe:
+                held.add(span)
+    return held
+
+
 def answer_traceable(answer: str) -> bool:
     """Whether a final answer holds anything that could repeat a source: an identifier, or a
     run of :data:`ANSWER_SPAN_WORDS` words. One that holds neither repeats nothing, which its
@@ -615,7 +634,7 @@ def answer_repeats_untrusted(
         return ()
     # What each untrusted output holds of the answer first: the trusted sources are read only
     # for what some untrusted output holds, and not at all in the usual case, where none does.
-    spans = _spans(_words(text))
+    spans = {span: frozenset(span.split(" ")) for span in _spans(_words(text))}
     held: dict[str, tuple[list[_Atom], set[str]]] = {}
     for atom in identifiers(text):
         for o in untrusted:
@@ -623,7 +642,7 @@ def answer_repeats_untrusted(
                 held.setdefault(o.call_id, ([], set()))[0].append(atom)
     if spans:
         for o in untrusted:
-            common = spans & _spans(_words(o.index.text))
+            common = _spans_held(spans, o.index)
             if common:
                 held.setdefault(o.call_id, ([], set()))[1].update(common)
     if not held:
@@ -637,7 +656,7 @@ def answer_repeats_untrusted(
     for index in trusted:
         if not untrusted_spans:
             break
-        untrusted_spans -= _spans(_words(index.text))
+        untrusted_spans -= _spans_held({s: spans[s] for s in untrusted_spans}, index)
     found = {
         call_id
         for call_id, (ids, copied) in held.items()

@@ -139,3 +139,24 @@ def test_an_answer_that_could_repeat_nothing_costs_no_output_of_the_run(
     )
     assert answer_untrusted(copied, context, registry) == ("c0", "c1", "c2")
     assert indexed
+
+
+def _runs(words: list[str]) -> set[tuple[str, ...]]:
+    n = ANSWER_SPAN_WORDS
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+WORDS = st.lists(st.sampled_from(["red", "blue", "Red", "green"]), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(WORDS, WORDS, WORDS)
+def test_an_answer_repeats_an_output_exactly_when_they_share_a_run_no_trusted_source_holds(
+    answer: list[str], untrusted: list[str], trusted: list[str]
+) -> None:
+    def lower(words: list[str]) -> list[str]:
+        return [w.lower() for w in words]
+
+    shared = _runs(lower(answer)) & _runs(lower(untrusted)) - _runs(lower(trusted))
+    sources = [out("u", " ".join(untrusted)), out("t", {"t": ", ".join(trusted)}, trusted=True)]
+    assert repeats(" ".join(answer), sources, request="?") == (("u",) if shared else ())
