@@ -6,6 +6,8 @@ writes are plans of :mod:`fencepost.policy.decide` (facts in, one frozen plan ou
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,7 @@ from fencepost.graph.account import (
     with_budget_view,
     write_step,
 )
+from fencepost.graph.containment.tools import is_async
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import LoopConfig, Update
@@ -92,9 +95,12 @@ class _ModelRaised(Exception):
         self.code = code
 
 
-async def _contained(cfg: LoopConfig, inp: DecisionInput, deadline: Deadline) -> object:
+async def _contained(
+    cfg: LoopConfig, inp: DecisionInput, deadline: Deadline, made: Awaitable[object] | None = None
+) -> object:
     try:
-        return await cfg.model.decide(inp, deadline=deadline)
+        asked = cfg.model.decide(inp, deadline=deadline) if made is None else made
+        return await asked if inspect.isawaitable(asked) else asked
     except (KeyboardInterrupt, SystemExit) as exc:
         # asyncio re-raises these two out of the event loop after failing the task: caught
         # here they are this step's failure, as they are for a tool.
@@ -111,11 +117,12 @@ async def ask_model(
 ) -> Decided | InvalidProposal | StopRequest:
     """Ask the decision model, within the run's deadline and the model's own timeout.
 
-    The model runs as a task of its own (:mod:`fencepost.graph.containment.model`), so whatever it
-    raises — an exception, a ``BaseException``, its own ``CancelledError`` — is this step's
-    failure with a safe code, and a model that ignores its deadline is left behind: its text
-    never reaches state and nothing it raises escapes ``invoke``. Only the caller's own
-    cancellation propagates.
+    An ``async def`` model runs as a task of its own, a plain ``def`` one on a thread of the
+    tenant's share (:mod:`fencepost.graph.containment.model`), so whatever it raises — an
+    exception, a ``BaseException``, its own ``CancelledError`` — is this step's failure with a
+    safe code, and a model that ignores its deadline is left behind: its text never reaches
+    state and nothing it raises escapes ``invoke``. Only the caller's own cancellation
+    propagates; no thread of its tenant's share for a ``def`` one: ``unavailable``.
     """
     cfg = io.cfg
     run_deadline = ctx.deadline or Deadline.after(cfg.model_timeout_seconds, clock=cfg.clock)
@@ -123,12 +130,26 @@ async def ask_model(
         run_deadline, max_stage_seconds=cfg.model_timeout_seconds, clock=cfg.clock
     )
     inp = plan.decision_input(state)
-    run = await io.run_model(
-        lambda: _contained(cfg, inp, deadline), deadline.remaining_seconds(clock=cfg.clock)
-    )
+    timeout = deadline.remaining_seconds(clock=cfg.clock)
+    if is_async(cfg.model.decide):
+        run = await io.run_model(lambda: _contained(cfg, inp, deadline), timeout)
+    else:
+        # A plain ``def decide`` runs on a thread of the tenant's share, as a sync tool body.
+        run = await io.run_model_on_thread(
+            lambda: cfg.model.decide(inp, deadline=deadline), timeout, tenant=ctx.tenant_id
+        )
+        if run.finished and inspect.isawaitable(run.value):
+            # A ``def`` handing back an awaitable (a decorated ``async def``) is awaited where
+            # an ``async def`` would be.
+            made = run.value
+            run = await io.run_model(
+                lambda: _contained(cfg, inp, deadline, made),
+                deadline.remaining_seconds(clock=cfg.clock),
+            )
     passed = ctx.deadline is not None and ctx.deadline.expired(clock=cfg.clock)
     if not run.finished:
-        return model_failure(ErrorCode.TIMEOUT, run_deadline_passed=passed)
+        code = ErrorCode.UNAVAILABLE if run.unavailable else ErrorCode.TIMEOUT
+        return model_failure(code, run_deadline_passed=passed)
     if run.cancelled:
         return model_failure(ErrorCode.CANCELLED, run_deadline_passed=passed)
     exc = run.error

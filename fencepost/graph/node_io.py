@@ -18,7 +18,14 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.runtime import Runtime, get_runtime
 from pydantic import BaseModel
 
-from fencepost.graph.containment.model import ModelCall, ModelRun, run_model, run_model_blocking
+from fencepost.graph.containment.model import (
+    ModelCall,
+    ModelRun,
+    run_model,
+    run_model_blocking,
+    run_model_on_thread,
+    run_model_on_thread_blocking,
+)
 from fencepost.graph.containment.shared_loop import run_sync
 from fencepost.graph.containment.tools import ToolRun, run_tool, run_tool_blocking
 from fencepost.graph.messages import with_messages
@@ -141,6 +148,13 @@ class NodeIO:
         """Run the model call ``make`` builds, contained (see :mod:`fencepost.graph.containment.model`)."""
         raise NotImplementedError
 
+    async def run_model_on_thread(
+        self, call: Callable[[], Any], timeout: float, *, tenant: str
+    ) -> ModelRun:
+        """Run a sync model's call on a thread of ``tenant``'s share, contained (see
+        :mod:`fencepost.graph.containment.model`)."""
+        raise NotImplementedError
+
     async def run_tool(
         self, spec: ToolSpec, args: BaseModel, ctx: ToolContext, *, timeout_seconds: float
     ) -> ToolRun:
@@ -233,6 +247,11 @@ class SyncIO(NodeIO):
         # call goes to the one shared loop, never to a per-thread one (tools do).
         return run_model_blocking(make, timeout)
 
+    async def run_model_on_thread(
+        self, call: Callable[[], Any], timeout: float, *, tenant: str
+    ) -> ModelRun:
+        return run_model_on_thread_blocking(call, timeout, tenant=tenant)
+
     async def run_tool(
         self, spec: ToolSpec, args: BaseModel, ctx: ToolContext, *, timeout_seconds: float
     ) -> ToolRun:
@@ -317,6 +336,11 @@ class AsyncIO(NodeIO):
 
     async def run_model(self, make: ModelCall, timeout: float) -> ModelRun:
         return await run_model(make, timeout)
+
+    async def run_model_on_thread(
+        self, call: Callable[[], Any], timeout: float, *, tenant: str
+    ) -> ModelRun:
+        return await run_model_on_thread(call, timeout, tenant=tenant)
 
     async def run_tool(
         self, spec: ToolSpec, args: BaseModel, ctx: ToolContext, *, timeout_seconds: float

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Annotated, Any, Protocol, runtime_checkable
 
 from pydantic import Field, Strict
@@ -61,8 +62,15 @@ class DecisionModel(Protocol):
 
     Raise :class:`~fencepost.policy.decision.InvalidProposal` for output that is not a decision;
     any other exception is treated as a model failure and mapped to a safe code.
+
+    ``decide`` is an ``async def`` (a model client's call: awaited on the caller's loop under
+    ``ainvoke``, on the process's one model loop under ``invoke``) or a plain ``def`` (work
+    done where it is called, a local model or a script: run on a thread of the run's tenant's
+    share, as a sync tool body is, under either). Either is held to its deadline the same way.
     """
 
-    async def decide(self, input: DecisionInput, *, deadline: Deadline) -> Decision | Decided:
-        """Return the next decision."""
+    def decide(
+        self, input: DecisionInput, *, deadline: Deadline
+    ) -> Awaitable[Decision | Decided] | Decision | Decided:
+        """Return the next decision (or an awaitable of it)."""
         ...

@@ -52,7 +52,10 @@ Cost: each observation's normalised text, identifiers, numbers and word set are 
 and kept with the observation object (a weak reference: it goes with the run's state), so a
 proposal costs, per traced value and earlier output, a few set lookups — a substring search
 only in the outputs that hold every word of the value — never a re-indexing of the run's text.
-The app data is indexed once per run context. (200 proposals over a run growing to 200 outputs
+The app data is indexed once per run context. A final answer is read first: one that names no
+identifier and is shorter than a span (:func:`answer_traceable`) repeats nothing, and the run's
+outputs are not read for it; the trusted sources are read only for what some untrusted output
+holds of the answer. (200 proposals over a run growing to 200 outputs
 of 2 KB each: about half a second in all on a busy 2-core machine, most of it reading the
 run's outputs afresh at each gate.)
 """
@@ -88,6 +91,7 @@ __all__ = [
     "SourceIndex",
     "ValueSource",
     "answer_repeats_untrusted",
+    "answer_traceable",
     "index_of",
     "normalise",
     "observed_output",
@@ -585,6 +589,33 @@ def _spans(words: list[str]) -> set[str]:
     return {" ".join(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
+def _spans_held(spans: Mapping[str, frozenset[str]], index: SourceIndex) -> set[str]:
+    """The spans (each with its set of words) that ``index``'s text holds. A span whose words
+    are not all in the source is not in it, which a set lookup says; the text is read only
+    for the rest, and a run of words joined only where one of them starts."""
+    maybe = {span for span, words in spans.items() if words <= index.words}
+    if not maybe:
+        return maybe
+    n = ANSWER_SPAN_WORDS
+    firsts = {span.split(" ", 1)[0] for span in maybe}
+    words = _words(index.text)
+    held: set[str] = set()
+    for i in range(len(words) - n + 1):
+        if words[i] in firsts:
+            span = " ".join(words[i : i + n])
+            if span in maybe:
+                held.add(span)
+    return held
+
+
+def answer_traceable(answer: str) -> bool:
+    """Whether a final answer holds anything that could repeat a source: an identifier, or a
+    run of :data:`ANSWER_SPAN_WORDS` words. One that holds neither repeats nothing, which its
+    own text says without reading a single output of the run."""
+    text = normalise(answer)
+    return len(_words(text)) >= ANSWER_SPAN_WORDS or bool(identifiers(text))
+
+
 def answer_repeats_untrusted(
     answer: str,
     *,
@@ -601,23 +632,36 @@ def answer_repeats_untrusted(
     untrusted = [o for o in outputs if not o.trusted]
     if not text or not untrusted:
         return ()
+    # What each untrusted output holds of the answer first: the trusted sources are read only
+    # for what some untrusted output holds, and not at all in the usual case, where none does.
+    spans = {span: frozenset(span.split(" ")) for span in _spans(_words(text))}
+    held: dict[str, tuple[list[_Atom], set[str]]] = {}
+    for atom in identifiers(text):
+        for o in untrusted:
+            if _seen_in(atom, o.index, trusted=False):
+                held.setdefault(o.call_id, ([], set()))[0].append(atom)
+    if spans:
+        for o in untrusted:
+            common = _spans_held(spans, o.index)
+            if common:
+                held.setdefault(o.call_id, ([], set()))[1].update(common)
+    if not held:
+        return ()
     asked = index_of(request) if isinstance(request, str) else request
     app = app_data if isinstance(app_data, SourceIndex) else index_of(app_data or {})
     trusted = [asked, app, *(o.index for o in outputs if o.trusted)]
-    found: dict[str, None] = {}
-    for atom in identifiers(text):
-        if any(_seen_in(atom, index) for index in trusted):
-            continue
-        found.update((o.call_id, None) for o in untrusted if _seen_in(atom, o.index, trusted=False))
-    spans = _spans(_words(text))
-    if spans:
-        for index in trusted:
-            spans -= _spans(_words(index.text))
-            if not spans:
-                break
-        for output in untrusted:
-            if output.call_id not in found and spans & _spans(_words(output.index.text)):
-                found[output.call_id] = None
+    atoms = {a for found, _ in held.values() for a in found}
+    theirs = {a for a in atoms if any(_seen_in(a, index) for index in trusted)}
+    untrusted_spans: set[str] = set().union(*(found for _, found in held.values()))
+    for index in trusted:
+        if not untrusted_spans:
+            break
+        untrusted_spans -= _spans_held({s: spans[s] for s in untrusted_spans}, index)
+    found = {
+        call_id
+        for call_id, (ids, copied) in held.items()
+        if any(a not in theirs for a in ids) or copied & untrusted_spans
+    }
     return tuple(c for c in dict.fromkeys(o.call_id for o in untrusted) if c in found)
 
 

@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fencepost.policy.context import RunContext
-from fencepost.policy.provenance import ObservedOutput, RunSources, observed_outputs, run_sources
+from fencepost.policy.provenance import (
+    ObservedOutput,
+    RunSources,
+    answer_traceable,
+    observed_outputs,
+    run_sources,
+)
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.state import AgentState
 from fencepost.policy.trust import Trust
@@ -48,6 +54,10 @@ def answer_untrusted(
     """The call ids of the untrusted outputs the run's final answer repeats text of (empty:
     none, or no answer): see :func:`~fencepost.policy.provenance.answer_repeats_untrusted`."""
     answer = state.final_answer
+    # The answer's own text first: one too short to hold a span, naming no identifier, costs
+    # what it is long, not what the run observed.
     if answer is None or answer.is_empty or not state.observations:
+        return ()
+    if not answer_traceable(answer.text):
         return ()
     return sources_of(state, context, registry).answer_repeats(answer.text)

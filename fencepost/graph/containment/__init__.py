@@ -2,7 +2,8 @@
 ``BaseException``, block, ignore their deadline or cancellation, never return — can hurt the
 run, another run or the process.
 
-- :mod:`~fencepost.graph.containment.model`: the decision model, on the shared model loop;
+- :mod:`~fencepost.graph.containment.model`: the decision model, on the shared model loop (a
+  plain ``def decide``: on the tool threads, as a sync tool body);
 - :mod:`~fencepost.graph.containment.tools`: one tool body, sync on a tenant's share of the
   tool threads (:mod:`~fencepost.graph.containment.tool_threads`), async on the caller's loop on
   a :mod:`~fencepost.graph.containment.leash`;

@@ -16,6 +16,13 @@ interruption propagates.
   on the calling thread and no second task wraps the first. A call the shared loop does not
   start within ``STALL_SECONDS`` (another run's model blocks the loop's thread) is taken back
   and started on a fresh loop that replaces the stalled one.
+- :func:`run_model_on_thread` and :func:`run_model_on_thread_blocking`: a model whose ``decide``
+  is a plain ``def`` runs on a thread of the run's tenant's share, as a sync tool body does
+  (:func:`fencepost.graph.containment.tools.run_callable`), in either graph: no event loop runs
+  it, so none is hopped through (in the sync graph a thread hop costs about half a loop hop),
+  and none is blocked by it. Past its deadline it is left behind on its thread, which then no
+  longer counts against the tenant's healthy share; what it raises, ``BaseException`` included,
+  is this call's failure; no thread for its tenant: it never ran (``unavailable``).
 """
 
 from __future__ import annotations
@@ -36,9 +43,20 @@ from fencepost.graph.containment.shared_loop import (
     run_sync,
     shared_loop,
 )
+from fencepost.graph.containment.tools import (
+    CallableRun,
+    run_callable,
+    run_callable_blocking,
+)
 from fencepost.graph.containment.waiting import settled_within, thread_wait_seconds
 
-__all__ = ["ModelRun", "run_model", "run_model_blocking"]
+__all__ = [
+    "ModelRun",
+    "run_model",
+    "run_model_blocking",
+    "run_model_on_thread",
+    "run_model_on_thread_blocking",
+]
 
 ModelCall = Callable[[], Coroutine[Any, Any, Any]]
 
@@ -53,6 +71,9 @@ class ModelRun:
     """It ended cancelled from inside (nothing here had cancelled it)."""
     error: BaseException | None = None
     value: Any = None
+    unavailable: bool = False
+    """With ``finished`` false: no thread of its tenant's share could take it before its
+    deadline (only a model run on a thread waits for one); it never ran."""
 
 
 _left_behind: set[asyncio.Future[Any]] = set()
@@ -243,3 +264,33 @@ def run_model_blocking(make: ModelCall, timeout: float) -> ModelRun:
         watched.cancel()
         return ModelRun(finished=False)
     return watched.run
+
+
+def _thread_ended(ran: CallableRun, deadline: float) -> ModelRun:
+    if not ran.finished:
+        # Never started with time left: no thread for its tenant, not a slow model.
+        unavailable = ran.never_started and time.monotonic() < deadline
+        return ModelRun(finished=False, unavailable=unavailable)
+    if isinstance(ran.raised, asyncio.CancelledError):
+        return ModelRun(finished=True, cancelled=True)  # its own, as a task's would be
+    if ran.raised is not None:
+        return ModelRun(finished=True, error=ran.raised)
+    return ModelRun(finished=True, value=ran.value)
+
+
+async def run_model_on_thread(call: Callable[[], Any], timeout: float, *, tenant: str) -> ModelRun:
+    """Run the sync model call ``call`` on a thread of ``tenant``'s share; wait at most
+    ``timeout`` seconds (the async graph: the caller's loop is never blocked by it)."""
+    deadline = time.monotonic() + timeout
+    return _thread_ended(await run_callable(call, timeout_seconds=timeout, tenant=tenant), deadline)
+
+
+def run_model_on_thread_blocking(
+    call: Callable[[], Any], timeout: float, *, tenant: str
+) -> ModelRun:
+    """:func:`run_model_on_thread` for the sync graph: the calling thread blocks on a lock
+    released as the call ends, no longer than ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    return _thread_ended(
+        run_callable_blocking(call, timeout_seconds=timeout, tenant=tenant), deadline
+    )

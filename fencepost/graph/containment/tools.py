@@ -440,7 +440,7 @@ def _run_sync_body_blocking(
 
 
 # ---------------------------------------------------------------------------------------------
-# One sync callable with a deadline: an approver, a needs-approval predicate
+# One sync callable with a deadline: an approver, a needs-approval predicate, a sync model
 # ---------------------------------------------------------------------------------------------
 
 
@@ -551,7 +551,7 @@ async def run_callable_watched(
     pool = _threads
     job = await pool.start(_boxed(fn), answer_by(), str.__str__(tenant))
     if job is None:
-        return CallableRun(finished=False)
+        return _NEVER_STARTED
     future = job.future
     try:
         while not await within(future, min(answer_by(), _FAR) - time.monotonic()):
@@ -581,12 +581,12 @@ async def run_callable(
     (its thread is abandoned, its late answer never heard) and the caller goes on. Never raises
     except the caller's own cancellation."""
     if not timeout_seconds > 0:  # NaN included
-        return CallableRun(finished=False)
+        return _NEVER_STARTED
     deadline = time.monotonic() + timeout_seconds
     pool = _threads
     job = await pool.start(_boxed(fn), deadline, str.__str__(tenant))
     if job is None:
-        return CallableRun(finished=False)
+        return _NEVER_STARTED
     try:
         outcome = await settled_within(job.future, deadline - time.monotonic())
     except asyncio.CancelledError:
