@@ -59,6 +59,7 @@ from fencepost.adapters import telemetry
 from fencepost.adapters.agent import registry_of
 from fencepost.adapters.chat_model import parse_ai_message
 from fencepost.graph.account import (
+    RunAccount,
     account_of,
     charge,
     mark_result,
@@ -582,7 +583,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         sent: int | None = None
         asking = run
 
-        async def hold(_: RunState) -> tuple[int, int]:
+        async def hold() -> tuple[int, int]:
             """What the step holds (``reservations.step_hold``, as the graph binding's decide
             node): the tokens of what the model is about to be sent (its messages and the tool
             catalog, counted once) and its output cap, within the headroom read now; nothing
@@ -597,8 +598,9 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
 
         # The graph's own wait: a step crowded out by other runs' steps in flight waits for
         # them (busy is not exhausted), in the ledger's line.
+        account = RunAccount(account_of(run), run.run_id)
         held, (estimate, _money) = await hold_step(
-            io, run, ctx, step_key(account_of(run), run.step + 1), hold
+            io, account, ctx, step_key(account.name, run.step + 1), hold, under_way=run.step > 0
         )
         if isinstance(held, StopRequest):
             return await self._close(io, run, held)
@@ -799,16 +801,19 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             )
         ):
             return _refusal(call_id, name, ErrorCode.PERMISSION_DENIED.value)
-        account = account_of(run)
+        run_account = RunAccount(account_of(run), run.run_id)
+        account = run_account.name
         attempt = 1
         # The gate reserved attempt 1: reserving it again returns that reservation. A call
         # whose budget the gate never reserved (a batch entry a caller wrote into the record)
         # is held against the limits here, before it can run, as the graph's executor does.
-        held = await reserve(io, run, ctx, call_key(account, call_id, 1), call_amounts(spec))
+        held = await reserve(
+            io, run_account, ctx, call_key(account, call_id, 1), call_amounts(spec)
+        )
         if isinstance(held, StopRequest):
             return _refusal(call_id, name, held.error_code or held.reason.value)
         while True:
-            marker = await reserve(io, run, ctx, started_key(account, call_id, attempt), {})
+            marker = await reserve(io, run_account, ctx, started_key(account, call_id, attempt), {})
             if isinstance(marker, StopRequest):
                 return _refusal(call_id, name, marker.error_code or marker.reason.value)
             if not marker.existing:
@@ -817,7 +822,7 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
                 return _refusal(call_id, name, ErrorCode.EXECUTION_UNCERTAIN.value)
             attempt += 1
             held = await reserve(
-                io, run, ctx, call_key(account, call_id, attempt), call_amounts(spec)
+                io, run_account, ctx, call_key(account, call_id, attempt), call_amounts(spec)
             )
             if isinstance(held, StopRequest):
                 return _refusal(call_id, name, held.error_code or held.reason.value)

@@ -60,6 +60,7 @@ from fencepost.policy.reservations import (
     to_reserve,
 )
 from fencepost.policy.tasks import accepting, completions, recorded_done, unfinished, waited_for
+from fencepost.policy.terminate import AnswerFacts
 
 
 def _thread() -> tuple[str, str]:
@@ -93,6 +94,23 @@ def account_of(state: AgentState) -> str:
     """The ledger account of the run in ``state`` on this node's thread (and namespace)."""
     thread, namespace = _thread()
     return run_account(thread, state.run_id, namespace, len(state.turns), state.branch)
+
+
+@dataclass(frozen=True, slots=True)
+class RunAccount:
+    """The run's ledger account as a node names it once (:func:`run_account_of`): its ``name``
+    and the run it was opened for, whose id every reservation on it checks the account's
+    recorded owner against (``ownership.check_owner``). What the ledger says of the run is
+    read through it, never through the run's state: a step's reservations, settlements and
+    markers take the account, and state takes the budget view they give back."""
+
+    name: str
+    run_id: str
+
+
+def run_account_of(state: AgentState) -> RunAccount:
+    """The :class:`RunAccount` of the run in ``state`` on this node's thread."""
+    return RunAccount(account_of(state), state.run_id)
 
 
 async def open_run(io: NodeIO, state: AgentState, ctx: RunContext) -> StopRequest | AgentState:
@@ -167,7 +185,7 @@ async def mark_result(
     settled. A refused marker (a cancel closed the account meanwhile) leaves the result
     unmarked, so never citable, and is no stop of its own: the call did run, and its outcome
     stands (the closed account refuses the run's next step)."""
-    await reserve(io, state, ctx, result_key(account, call_id), {}, account=account)
+    await reserve(io, RunAccount(account, state.run_id), ctx, result_key(account, call_id), {})
 
 
 def node_thread() -> tuple[str, str]:
@@ -218,35 +236,29 @@ async def marked_done(io: NodeIO, account: str, calls: Iterable[str]) -> frozens
     return frozenset([c for c in calls if await io.get(completed_key(account, c)) is not None])
 
 
-async def pending_work(io: NodeIO, state: AgentState) -> tuple[str, ...]:
-    """The tasks (or call ids) accepted work still waits on, judged by the ledger's markers: a
-    receipt in state saying ``completed`` is not enough (a caller can append one), and one
-    saying ``accepted_pending`` counts only for a call the ledger shows started."""
-    account = account_of(state)
-    accepted = accepting(state.receipts)
+async def pending_work(io: NodeIO, account: str, receipts: tuple[Receipt, ...]) -> tuple[str, ...]:
+    """The tasks (or call ids) accepted work still waits on, judged by the ledger's markers on
+    the run's ``account``: a receipt in state saying ``completed`` is not enough (a caller can
+    append one), and one saying ``accepted_pending`` counts only for a call the ledger shows
+    started."""
+    accepted = accepting(receipts)
     started = frozenset(
         [r.call_id for r in accepted if await io.get(_started(account, r)) is not None]
     )
     marked = await marked_done(io, account, started)
-    return tuple(r.task_id or r.call_id for r in unfinished(state.receipts, marked, started))
+    return tuple(r.task_id or r.call_id for r in unfinished(receipts, marked, started))
 
 
-@dataclass(frozen=True, slots=True)
-class AnswerFacts:
-    """What the ledger says about a final answer before it is judged: the work accepted that it
-    still waits on (:func:`pending_work`) and which of its cited calls had their tool return a
+async def answer_facts(
+    io: NodeIO, account: str, state: AgentState, citations: Iterable[str]
+) -> AnswerFacts:
+    """The ledger's facts, on the run's ``account``, about a final answer of the run in
+    ``state`` citing ``citations`` (``terminate.AnswerFacts``): the work accepted that it still
+    waits on (:func:`pending_work`) and which of its cited calls had their tool return a
     result (:func:`produced`)."""
-
-    pending: tuple[str, ...]
-    produced: frozenset[str]
-
-
-async def answer_facts(io: NodeIO, state: AgentState, citations: Iterable[str]) -> AnswerFacts:
-    """The ledger's facts about a final answer citing ``citations`` (:class:`AnswerFacts`)."""
-    return AnswerFacts(
-        pending=await pending_work(io, state),
-        produced=await produced(io, account_of(state), citations),
-    )
+    pending = await pending_work(io, account, state.receipts)
+    made = await produced(io, account, citations)
+    return AnswerFacts.from_ledger(state, pending=pending, produced=made)
 
 
 def _started(account: str, receipt: Receipt) -> str:
@@ -269,7 +281,8 @@ async def certify(
     """
     if not any(o.completes is not None for o in outcomes):
         return (), None
-    account = account_of(state)
+    run = run_account_of(state)
+    account = run.name
     done = completions(
         receipts,
         outcomes,
@@ -278,48 +291,33 @@ async def certify(
     )
     for receipt in done:
         key = completed_key(account, receipt.call_id)
-        held = await reserve(io, state, ctx, key, {}, account=account)
+        held = await reserve(io, run, ctx, key, {})
         if isinstance(held, StopRequest):
             return (), held
     return done, None
 
 
 async def reserve(
-    io: NodeIO,
-    state: AgentState,
-    ctx: RunContext,
-    key: str,
-    amounts: Mapping[str, float],
-    *,
-    account: str | None = None,
+    io: NodeIO, run: RunAccount, ctx: RunContext, key: str, amounts: Mapping[str, float]
 ) -> Reservation | StopRequest:
     """Reserve ``amounts`` under ``key`` on the run's account, or the stop the refusal means."""
-    held = await reserve_or_exhausted(io, state, ctx, key, amounts, account=account)
+    held = await reserve_or_exhausted(io, run, ctx, key, amounts)
     return stop_for_exhausted(held) if isinstance(held, BudgetExhausted) else held
 
 
 async def reserve_or_exhausted(
-    io: NodeIO,
-    state: AgentState,
-    ctx: RunContext,
-    key: str,
-    amounts: Mapping[str, float],
-    *,
-    account: str | None = None,
+    io: NodeIO, run: RunAccount, ctx: RunContext, key: str, amounts: Mapping[str, float]
 ) -> Reservation | StopRequest | BudgetExhausted:
     """As :func:`reserve`, but a budget that cannot cover ``amounts`` comes back as data (a batch
     reserves call by call and marks the ones that do not fit).
 
-    Checks the account's recorded owner against the caller: a state update that rewrote the
-    run's identity lands here, on an account opened for somebody else, and is refused.
-    ``account`` is the run's account when the caller already knows it (off the node's thread,
-    where LangGraph's config is not in context). An account the ledger does not hold is never
-    opened here (its limits and owner would be read from state): the run is refused.
+    Checks the account's recorded owner against the caller and ``run``'s id: a state update
+    that rewrote the run's identity lands here, on an account opened for somebody else, and is
+    refused. An account the ledger does not hold is never opened here (its limits and owner
+    would be read from state): the run is refused.
     """
-    if account is None:
-        account = account_of(state)
     try:
-        held = await io.reserve(account, key, amounts)
+        held = await io.reserve(run.name, key, amounts)
     except BudgetExhausted as exc:
         return exc
     except AccountClosed as exc:
@@ -329,7 +327,7 @@ async def reserve_or_exhausted(
     except (LedgerConflict, ValueError):
         return stop_for_conflict()
     if held.balance is not None:
-        refused = check_owner(held.balance.owner, ctx, state.run_id)
+        refused = check_owner(held.balance.owner, ctx, run.run_id)
         if refused is not None:
             if not held.existing:
                 # Made on somebody else's account for a caller it refuses: given back, so
@@ -499,21 +497,17 @@ class StepFacts:
 
 
 async def step_facts(
-    io: NodeIO, state: AgentState, ctx: RunContext | None, *, money: bool
+    io: NodeIO, run: RunAccount, state: AgentState, ctx: RunContext | None, *, money: bool
 ) -> StepFacts:
-    """The ledger's facts a model step is planned on (:class:`StepFacts`), read together
-    before the plan; the chain's money only when ``money`` (``decide.reads_money_limit``) and
-    the step acts in a context of its own (one waiting for its requester acts in none yet)."""
-    acting = await acting_in(io, state, ctx)
+    """The ledger's facts a model step of the run on account ``run`` is planned on
+    (:class:`StepFacts`), read together before the plan; the chain's money only when ``money``
+    (``decide.reads_money_limit``) and the step acts in a context of its own (one waiting for
+    its requester acts in none yet)."""
+    acting = await acting_in(io, state, ctx, account=run.name)
     if not money or acting.context is None or acting.waits_for_requester:
         return StepFacts(acting)
     left = await chain_left(io, state, acting.context, (BudgetAxis.MONEY,))
     return StepFacts(acting, left.money)
-
-
-def step_reservation(state: AgentState, step: int) -> str:
-    """The key model step ``step`` of the run in ``state`` is held under (``keys.step_key``)."""
-    return step_key(account_of(state), step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -529,16 +523,17 @@ class StepWritten:
 
 async def write_step(
     io: NodeIO,
+    account: str,
     state: AgentState,
     actual: Mapping[str, float],
     overage: Mapping[str, float],
     *,
     now: bool,
 ) -> StepWritten:
-    """Settle the run's model step (``state.step``) at ``actual`` (``now``; else it waits:
-    :class:`StepWritten` ``later``), and charge ``overage`` (spent already: charged whatever
-    the limits say, in the window the step was held in), as the step's settlement plan says."""
-    account = account_of(state)
+    """Settle the run's model step (``state.step``) on its ``account`` at ``actual`` (``now``;
+    else it waits: :class:`StepWritten` ``later``), and charge ``overage`` (spent already:
+    charged whatever the limits say, in the window the step was held in), as the step's
+    settlement plan says."""
     key = step_key(account, state.step)
     if not now:
         return StepWritten(state, None, (key, actual))
@@ -560,10 +555,9 @@ async def settle_pending(io: NodeIO, settle: StepSettlement | None) -> None:
 
 async def _settled_and_held(
     io: NodeIO,
-    state: AgentState,
+    run: RunAccount,
     ctx: RunContext,
     settle: StepSettlement,
-    account: str,
     holds: Sequence[tuple[str, Mapping[str, float]]],
 ) -> list[Reservation | BudgetExhausted] | StopRequest:
     """Settle the step and hold the calls in one ledger write; each call's reservation, or the
@@ -571,7 +565,7 @@ async def _settled_and_held(
     checked as :func:`reserve_or_exhausted` checks it (what was held for a caller it refuses
     is given back)."""
     try:
-        _, held = await io.settle_and_reserve(*settle, account, holds)
+        _, held = await io.settle_and_reserve(*settle, run.name, holds)
     except AccountClosed as exc:
         return stop_for_closed(exc.reason)
     except UnknownAccount:
@@ -580,7 +574,7 @@ async def _settled_and_held(
         return stop_for_conflict()
     made = [h for h in held if isinstance(h, Reservation)]
     if made and made[0].balance is not None:
-        refused = check_owner(made[0].balance.owner, ctx, state.run_id)
+        refused = check_owner(made[0].balance.owner, ctx, run.run_id)
         if refused is not None:
             for reservation in made:
                 if not reservation.existing:
@@ -608,7 +602,8 @@ async def reserve_batch(
     the gate step does not set. ``settle``: the step's settlement that waited for these holds,
     written with them in one ledger write (``Ledger.settle_and_reserve``)."""
     cfg = io.cfg
-    account = account_of(state)
+    run = run_account_of(state)
+    account = run.name
     refused: dict[str, BudgetExhausted] = {}
     update: dict[str, Any] = dict(gated) if gated else {}
     current: Batch = update.get("batch", state.batch)
@@ -622,7 +617,7 @@ async def reserve_batch(
     ]
     answers: list[Reservation | BudgetExhausted] | None = None
     if settle is not None:
-        settled = await _settled_and_held(io, state, ctx, settle, account, holds)
+        settled = await _settled_and_held(io, run, ctx, settle, holds)
         if isinstance(settled, StopRequest):
             return (state.model_copy(update=update) if update else state), settled
         answers = settled
@@ -633,7 +628,7 @@ async def reserve_batch(
         held = (
             answers[n]
             if answers is not None
-            else await reserve_or_exhausted(io, state, ctx, key, amounts, account=account)
+            else await reserve_or_exhausted(io, run, ctx, key, amounts)
         )
         if isinstance(held, StopRequest):
             if latest is not None:
@@ -672,17 +667,24 @@ async def account_owner(io: NodeIO, account: str) -> Mapping[str, str] | None:
 
 
 async def acting_in(
-    io: NodeIO, state: AgentState, ctx: RunContext | None, fallback: Iterable[str] = ()
+    io: NodeIO,
+    state: AgentState,
+    ctx: RunContext | None,
+    fallback: Iterable[str] = (),
+    *,
+    account: str | None = None,
 ) -> Acting:
     """The context a node of the run acts in (``approval.acting_context``): the caller's, or,
     for an approver the run's ledger marks as having answered one of its approvals, the
     requester's identity holding the capabilities its account recorded.
 
     The ledger is read only for a caller other than the one state names: the requester's
-    context acts as itself (and every reservation checks it against the account's owner)."""
+    context acts as itself (and every reservation checks it against the account's owner).
+    ``account``: the run's ledger account, where the node named it already."""
     if ctx is None or (ctx.tenant_id, ctx.principal.id) == (state.tenant_id, state.principal_id):
         return Acting(ctx)
-    account = account_of(state)
+    if account is None:
+        account = account_of(state)
     owner = await account_owner(io, account)
     marked = owner is not None and await io.get(approver_key(account, ctx.principal.id)) is not None
     return acting_context(owner, ctx, approver=marked, fallback=fallback)

@@ -12,7 +12,13 @@ from langgraph.errors import GraphInterrupt
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
-from fencepost.graph.account import account_of, account_owner, reserve, reserve_batch
+from fencepost.graph.account import (
+    RunAccount,
+    account_of,
+    account_owner,
+    reserve,
+    reserve_batch,
+)
 from fencepost.graph.events import EVENTS
 from fencepost.graph.gate import remember_approvals
 from fencepost.graph.node_io import NodeIO
@@ -82,7 +88,13 @@ async def approve(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> 
     if plan.stop is not None or acting is None:
         return step_writes(before, before.model_copy(update={"stop": plan.stop}))
     if plan.marks_approver is not None:
-        marked = await reserve(io, before, acting, approver_key(account, plan.marks_approver), {})
+        marked = await reserve(
+            io,
+            RunAccount(account, before.run_id),
+            acting,
+            approver_key(account, plan.marks_approver),
+            {},
+        )
         if isinstance(marked, StopRequest):
             return step_writes(before, before.model_copy(update={"stop": marked}))
     answered_at = cfg.clock.now()

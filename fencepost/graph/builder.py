@@ -1,5 +1,6 @@
 """The bounded loop as an uncompiled LangGraph ``StateGraph``: its nodes and edges over the
-loop's resolved settings.
+loop's resolved settings. Each node is one body over the node I/O, run by the sync or the async
+graph, with a fork of the thread taken first and the messages view added (:func:`loop_node`).
 
 The graph binding does not pick a ledger for a saver, nor who listens to its events: the
 composition root (``fp.build_agent_graph``, which ``fp.create_agent`` calls) gives
@@ -9,19 +10,23 @@ composition root (``fp.build_agent_graph``, which ``fp.create_agent`` calls) giv
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime, get_runtime
 
 from fencepost.graph.approve import approve
 from fencepost.graph.compiled import BoundedStateGraph
 from fencepost.graph.context import ContextInput
 from fencepost.graph.decide import decide
 from fencepost.graph.execute import execute
-from fencepost.graph.node_io import loop_node
+from fencepost.graph.fork import fork_written, take_fork
+from fencepost.graph.messages import with_messages
+from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
 from fencepost.graph.routing import (
     route_after_approve,
     route_after_decide,
@@ -29,11 +34,82 @@ from fencepost.graph.routing import (
     route_after_terminal,
     route_start,
 )
-from fencepost.graph.settings import LoopConfig, remember
-from fencepost.graph.state import GraphState, InputState
+from fencepost.graph.settings import LoopConfig, Update, remember
+from fencepost.graph.state import GraphState, InputState, InvalidState
 from fencepost.graph.terminal import terminal
+from fencepost.graph.writes import refusal_writes, reset_prerun_values
 from fencepost.policy import InMemoryLedger, Ledger
 from fencepost.policy.context import RunContext
+
+NodeBody = Callable[[NodeIO, dict[str, Any], Runtime[Any]], Coroutine[Any, Any, Update]]
+
+
+class LoopNode(Runnable[Any, Update]):
+    """One node of the loop as a LangChain ``Runnable`` with a sync and an async body: the
+    public way to give a LangGraph node both (``invoke`` runs the sync graph's, ``ainvoke`` the
+    async graph's). It reads the graph's ``Runtime`` with :func:`langgraph.runtime.get_runtime`,
+    and, like a function node, opens no callback run of its own."""
+
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[dict[str, Any], Runtime[Any]], Update],
+        arun: Callable[[dict[str, Any], Runtime[Any]], Coroutine[Any, Any, Update]],
+    ) -> None:
+        self.name = name
+        self._run = run
+        self._arun = arun
+
+    def invoke(
+        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Update:
+        return self._run(input, get_runtime())
+
+    async def ainvoke(
+        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Update:
+        return await self._arun(input, get_runtime())
+
+
+def loop_node(cfg: LoopConfig, name: str, body: NodeBody) -> LoopNode:
+    """The node ``name`` running ``body``, sync or async. It adds the ``messages`` that show
+    what its body changed (:mod:`fencepost.graph.messages`), so no body writes them itself,
+    and resets what a caller wrote before a run began (:func:`~fencepost.graph.writes.reset_prerun_values`).
+
+    A body that acts on state (approves, runs tools) reads it with ``require_state``, which
+    raises :class:`~fencepost.graph.state.InvalidState` on a value no field can hold: the body
+    is not run; only the stop that ends the run is written (``writes.refusal_writes``), routing it to
+    the terminal node, as a node ends a run on a missing or mismatched context.
+    """
+    sync_io, async_io = SyncIO(cfg), AsyncIO(cfg)
+
+    def run(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
+        # A fork of the thread (time travel) is taken first: its run goes on on its own account.
+        forked = drive(take_fork(sync_io, values, runtime))
+        if forked is not None:
+            values = forked[0]
+        try:
+            writes = drive(body(sync_io, values, runtime))
+        except InvalidState as invalid:
+            writes = refusal_writes(invalid.state)
+        if forked is not None:
+            writes = fork_written(writes, forked[1])
+        return with_messages(values, reset_prerun_values(values, writes))
+
+    async def arun(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
+        forked = await take_fork(async_io, values, runtime)
+        if forked is not None:
+            values = forked[0]
+        try:
+            writes = await body(async_io, values, runtime)
+        except InvalidState as invalid:
+            writes = refusal_writes(invalid.state)
+        if forked is not None:
+            writes = fork_written(writes, forked[1])
+        return with_messages(values, reset_prerun_values(values, writes))
+
+    return LoopNode(name, run, arun)
+
 
 LedgerFor = Callable[[Any], Ledger | None]
 """Given the checkpointer a graph built with no ledger is compiled with: the ledger to run it
@@ -48,7 +124,7 @@ def assemble(
     into instead with a checkpointer."""
     # A mapping context is validated by the nodes, not by LangGraph (see ContextInput).
     graph = BoundedStateGraph(GraphState, context_schema=ContextInput, input_schema=InputState)
-    # One body per node, run by the sync or the async path (see fencepost.graph.node_io).
+    # One body per node, run by the sync or the async path (see :func:`loop_node`).
     for name, body in (
         ("decide", decide),
         ("execute", execute),

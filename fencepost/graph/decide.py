@@ -15,19 +15,18 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from fencepost.graph.account import (
-    AnswerFacts,
+    RunAccount,
     StepSettlement,
     StepWritten,
-    account_of,
     answer_facts,
     balance_of,
     chain_left,
     node_thread,
     open_run,
+    run_account_of,
     settle_pending,
     started_run_id,
     step_facts,
-    step_reservation,
     with_budget_view,
     write_step,
 )
@@ -70,7 +69,8 @@ from fencepost.policy.decide import (
     waiting_for_requester,
 )
 from fencepost.policy.developer_log import MODEL, raised
-from fencepost.policy.terminate import reopened
+from fencepost.policy.keys import step_key
+from fencepost.policy.terminate import AnswerFacts, reopened
 from fencepost.policy.usage import input_text
 
 
@@ -169,7 +169,7 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     two phases made of it."""
     ctx = coerce_context(runtime.context)
     before, state = await _loaded(io, values, ctx)
-    stepped = await model_step(io, state, ctx, values, runtime)
+    stepped = await model_step(io, run_account_of(state), state, ctx, values, runtime)
     if stepped.calls is None or stepped.ctx is None:
         if stepped.record is None or stepped.ctx is None:
             return step_writes(before, stepped.state)
@@ -229,24 +229,26 @@ async def _loaded(
 
 async def model_step(
     io: NodeIO,
+    run: RunAccount,
     state: AgentState,
     ctx: RunContext | None,
     values: dict[str, Any],
     runtime: Runtime[Any],
 ) -> Stepped:
-    """Read what the ledger says (the context the step acts in, the money limit where the plan
-    needs it); plan the step (a stop, or what it holds); hold it in the ledger's line; ask the
-    model; settle and charge what the settlement plan says; judge the outcome: the run with its
-    stop and the manifest fields it records, or the calls it proposes for the gate phase."""
+    """Read what the ledger says on the run's account (``run``: the context the step acts in,
+    the money limit where the plan needs it); plan the step (a stop, or what it holds); hold it
+    in the ledger's line; ask the model; settle and charge what the settlement plan says; judge
+    the outcome: the run with its stop and the manifest fields it records, or the calls it
+    proposes for the gate phase."""
     if state.is_terminal:
         # An ending the terminal node did not make goes back to it to be judged.
-        balance = await balance_of(io, account_of(state))
+        balance = await balance_of(io, run.name)
         return Stepped(reopened(state, balance) or state, ctx)
     if state.stop is not None:
         return Stepped(state, ctx)
     cfg = io.cfg
     settings = step_settings(cfg)
-    facts = await step_facts(io, state, ctx, money=reads_money_limit(state, settings))
+    facts = await step_facts(io, run, state, ctx, money=reads_money_limit(state, settings))
     # After an approver's answer the run goes on for the requester, with the capabilities its
     # account recorded; an older account records none, and the run waits for the requester.
     while facts.acting.waits_for_requester:
@@ -275,14 +277,16 @@ async def model_step(
 
     axes = (BudgetAxis.TOKENS, BudgetAxis.MONEY) if plan.holds_money else (BudgetAxis.TOKENS,)
 
-    async def hold(facts: AgentState) -> tuple[int, int]:
+    async def hold() -> tuple[int, int]:
         # Read again after each refusal (``step_line.hold_step``): others' steps settle.
-        left = await chain_left(io, facts, ctx, axes)
+        left = await chain_left(io, state, ctx, axes)
         return plan.hold(sent, left.tokens, left.money)
 
     while True:
         step = state.step + 1
-        held, holds = await hold_step(io, state, ctx, step_reservation(state, step), hold)
+        held, holds = await hold_step(
+            io, run, ctx, step_key(run.name, step), hold, under_way=state.step > 0
+        )
         if isinstance(held, StopRequest):
             return Stepped(state.model_copy(update={"stop": held}), ctx)
         state = with_budget_view(state.model_copy(update={"step": step}), held.balance)
@@ -297,9 +301,11 @@ async def model_step(
     settled = settle_step(plan, asked, outcome, holds, sent, count_tokens)
     # A settlement that gives nothing back leaves the view the hold wrote: it waits to be
     # written with the calls the gate holds, in one ledger write.
-    written = await write_step(io, asked, settled.actual, settled.overage, now=settled.settles_now)
+    written = await write_step(
+        io, run.name, asked, settled.actual, settled.overage, now=settled.settles_now
+    )
     try:
-        return await _ended_step(io, plan, ctx, outcome, settled, written)
+        return await _ended_step(io, run, plan, ctx, outcome, settled, written)
     except BaseException:
         await settle_pending(io, written.later)  # never left in flight by what the step raised
         raise
@@ -307,6 +313,7 @@ async def model_step(
 
 async def _ended_step(
     io: NodeIO,
+    run: RunAccount,
     plan: StepPlan,
     ctx: RunContext,
     outcome: Decided | InvalidProposal | StopRequest,
@@ -320,13 +327,11 @@ async def _ended_step(
     over_stop = overage_stop(written.charged)
     final = vouched_answer(outcome, over_stop)
     facts = (
-        await answer_facts(io, state, final.answer.citations)
+        await answer_facts(io, run.name, state, final.answer.citations)
         if final
-        else AnswerFacts(pending=state.open_tasks, produced=frozenset())
+        else AnswerFacts(pending=state.open_tasks, citable=frozenset())
     )
-    end = end_step(
-        plan, state, outcome, settled, over_stop, pending=facts.pending, produced=facts.produced
-    )
+    end = end_step(plan, state, outcome, settled, over_stop, facts)
     if end.record is None:
         return Stepped(end.state, ctx, tuple(end.calls), settled.usage, written.later)
     await settle_pending(io, written.later)

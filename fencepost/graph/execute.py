@@ -15,6 +15,7 @@ from langgraph.runtime import Runtime
 from pydantic import JsonValue
 
 from fencepost.graph.account import (
+    RunAccount,
     account_of,
     acting_in,
     balance_of,
@@ -171,7 +172,9 @@ async def run_call(
         held = (
             found
             if found is not None
-            else await reserve_or_exhausted(io, state, ctx, key, call.amounts, account=account)
+            else await reserve_or_exhausted(
+                io, RunAccount(account, state.run_id), ctx, key, call.amounts
+            )
         )
         if isinstance(held, StopRequest):
             return held

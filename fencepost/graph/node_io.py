@@ -14,8 +14,6 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from langchain_core.runnables import Runnable, RunnableConfig
-from langgraph.runtime import Runtime, get_runtime
 from pydantic import BaseModel
 
 from fencepost.graph.containment.model import (
@@ -28,10 +26,7 @@ from fencepost.graph.containment.model import (
 )
 from fencepost.graph.containment.shared_loop import run_sync
 from fencepost.graph.containment.tools import ToolRun, run_tool, run_tool_blocking
-from fencepost.graph.messages import with_messages
-from fencepost.graph.settings import LoopConfig, Update
-from fencepost.graph.state import InvalidState
-from fencepost.graph.writes import refusal_writes, reset_prerun_values
+from fencepost.graph.settings import LoopConfig
 from fencepost.policy import (
     Balance,
     BudgetExhausted,
@@ -356,76 +351,3 @@ def drive(body: Coroutine[Any, Any, T]) -> T:
         return done.value  # type: ignore[no-any-return]
     body.close()
     raise RuntimeError("a sync node body suspended; its I/O must go through SyncIO")
-
-
-NodeBody = Callable[[NodeIO, dict[str, Any], Runtime[Any]], Coroutine[Any, Any, Update]]
-
-
-class LoopNode(Runnable[Any, Update]):
-    """One node of the loop as a LangChain ``Runnable`` with a sync and an async body: the
-    public way to give a LangGraph node both (``invoke`` runs the sync graph's, ``ainvoke`` the
-    async graph's). It reads the graph's ``Runtime`` with :func:`langgraph.runtime.get_runtime`,
-    and, like a function node, opens no callback run of its own."""
-
-    def __init__(
-        self,
-        name: str,
-        run: Callable[[dict[str, Any], Runtime[Any]], Update],
-        arun: Callable[[dict[str, Any], Runtime[Any]], Coroutine[Any, Any, Update]],
-    ) -> None:
-        self.name = name
-        self._run = run
-        self._arun = arun
-
-    def invoke(
-        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Update:
-        return self._run(input, get_runtime())
-
-    async def ainvoke(
-        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Update:
-        return await self._arun(input, get_runtime())
-
-
-def loop_node(cfg: LoopConfig, name: str, body: NodeBody) -> LoopNode:
-    """The node ``name`` running ``body``, sync or async. It adds the ``messages`` that show
-    what its body changed (:mod:`fencepost.graph.messages`), so no body writes them itself,
-    and resets what a caller wrote before a run began (:func:`~fencepost.graph.writes.reset_prerun_values`).
-
-    A body that acts on state (approves, runs tools) reads it with ``require_state``, which
-    raises :class:`~fencepost.graph.state.InvalidState` on a value no field can hold: the body
-    is not run; only the stop that ends the run is written (``writes.refusal_writes``), routing it to
-    the terminal node, as a node ends a run on a missing or mismatched context.
-    """
-    # Imported here: the fork module opens accounts through this module's I/O.
-    from fencepost.graph.fork import fork_written, take_fork
-
-    sync_io, async_io = SyncIO(cfg), AsyncIO(cfg)
-
-    def run(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-        # A fork of the thread (time travel) is taken first: its run goes on on its own account.
-        forked = drive(take_fork(sync_io, values, runtime))
-        if forked is not None:
-            values = forked[0]
-        try:
-            writes = drive(body(sync_io, values, runtime))
-        except InvalidState as invalid:
-            writes = refusal_writes(invalid.state)
-        if forked is not None:
-            writes = fork_written(writes, forked[1])
-        return with_messages(values, reset_prerun_values(values, writes))
-
-    async def arun(values: dict[str, Any], runtime: Runtime[Any]) -> Update:
-        forked = await take_fork(async_io, values, runtime)
-        if forked is not None:
-            values = forked[0]
-        try:
-            writes = await body(async_io, values, runtime)
-        except InvalidState as invalid:
-            writes = refusal_writes(invalid.state)
-        if forked is not None:
-            writes = fork_written(writes, forked[1])
-        return with_messages(values, reset_prerun_values(values, writes))
-
-    return LoopNode(name, run, arun)

@@ -362,7 +362,7 @@ class MendedState(AgentState):
 
 class InvalidState(Exception):
     """Raised by :func:`require_state` for an invalid state: a node that acts does not read
-    stops, so ``node_io.loop_node`` writes the mended state instead (its stop ends the run)."""
+    stops, so ``builder.loop_node`` writes the mended state instead (its stop ends the run)."""
 
     def __init__(self, state: MendedState) -> None:
         super().__init__(f"no valid value in state field(s) {', '.join(state.rewrite)}")

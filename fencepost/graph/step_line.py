@@ -35,9 +35,9 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 
-from fencepost.graph.account import account_of, chain_pools, reserve_or_exhausted
+from fencepost.graph.account import RunAccount, chain_pools, reserve_or_exhausted
 from fencepost.graph.node_io import NodeIO
-from fencepost.policy import AgentState, BudgetAxis, BudgetExhausted, Reservation, StopRequest
+from fencepost.policy import BudgetAxis, BudgetExhausted, Reservation, StopRequest
 from fencepost.policy.context import RunContext
 from fencepost.policy.ledger import Ledger, exhausted
 from fencepost.policy.reservations import (
@@ -243,20 +243,22 @@ def _kept_until(io: NodeIO, deadline_left: float | None) -> float:
 
 async def hold_step(
     io: NodeIO,
-    state: AgentState,
+    run: RunAccount,
     ctx: RunContext,
     key: str,
-    hold: Callable[[AgentState], Awaitable[tuple[int, int]]],
+    hold: Callable[[], Awaitable[tuple[int, int]]],
+    *,
+    under_way: bool,
 ) -> tuple[Reservation | StopRequest, tuple[int, int]]:
-    """Reserve a model step under ``key``, holding what ``hold`` says (tokens, by
-    ``reservations.step_hold``, and money's micro-units, by ``decide.StepPlan.hold``, of the
-    facts it gathers, read again after every refusal), waiting its turn and for steps in flight
-    while the ledger says it is busy, and, for a new run's first step, for runs under way to
-    take theirs (``reservations.first_step_admitted``); the reservation, or the stop its
-    refusal means, and the tokens and money held."""
+    """Reserve a model step of the run on account ``run`` under ``key``, holding what ``hold``
+    says (tokens, by ``reservations.step_hold``, and money's micro-units, by
+    ``decide.StepPlan.hold``, of the facts it gathers, read again after every refusal), waiting
+    its turn and for steps in flight while the ledger says it is busy, and, for a new run's
+    first step (not ``under_way``: the run has taken no step yet), for runs under way to take
+    theirs (``reservations.first_step_admitted``); the reservation, or the stop its refusal
+    means, and the tokens and money held."""
     line = _line(io.ledger)
-    account = account_of(state)
-    under_way = state.step > 0
+    account = run.name
     ticket: int | None = None
     chain: frozenset[str] | None = None
     held_step = False
@@ -264,7 +266,7 @@ async def hold_step(
     clock = io.cfg.clock
     try:
         while True:
-            estimate = await hold(state)
+            estimate = await hold()
             deadline_left = (
                 ctx.deadline.remaining_seconds(clock=clock) if ctx.deadline is not None else None
             )
@@ -305,7 +307,7 @@ async def hold_step(
                         waited, attempt = waited + pause, attempt + 1
                         continue
                     # waited as long as it may: it asks the ledger, out of turn, once
-            held = await reserve_or_exhausted(io, state, ctx, key, step_amounts(*estimate))
+            held = await reserve_or_exhausted(io, run, ctx, key, step_amounts(*estimate))
             if not isinstance(held, BudgetExhausted):
                 if any(estimate):
                     line.under_way(account, chain, estimate, _kept_until(io, deadline_left))
@@ -318,7 +320,7 @@ async def hold_step(
                 held,
                 account=account,
                 asked=estimate[on],
-                hold_now=(await hold(state))[on] if not held.busy else estimate[on],
+                hold_now=(await hold())[on] if not held.busy else estimate[on],
                 waited=waited,
                 attempt=attempt,
                 deadline_left=deadline_left,

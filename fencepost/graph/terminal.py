@@ -45,9 +45,6 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     account refuses every later reservation, so no state edit can reopen the run."""
     before = load_state(values)
     ctx = coerce_context(runtime.context)
-    if before is not None:
-        # An approver whose answer ended the run closes it for the requester.
-        ctx = (await acting_in(io, before, ctx)).context
     current: AgentState
     if before is None:
         # The recursion limit left no room even for a first decision: the run still ends with a
@@ -63,6 +60,9 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     else:
         current = before
     account = account_of(current)
+    if before is not None:
+        # An approver whose answer ended the run closes it for the requester.
+        ctx = (await acting_in(io, before, ctx, account=account)).context
     cfg = io.cfg
     plan = plan_ending(
         current,
@@ -82,10 +82,8 @@ async def terminal(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) ->
     started = [c for c in plan.unreported if await io.get(started_key(account, c, 1)) is not None]
     cited = plan.citations
     # A completed stop is judged by the ledger's markers, not by receipts in state.
-    facts = await answer_facts(io, plan.current, cited) if cited is not None else None
-    end = (
-        plan.end(started, facts.pending, facts.produced) if facts is not None else plan.end(started)
-    )
+    facts = await answer_facts(io, account, plan.current, cited) if cited is not None else None
+    end = plan.end(started, facts)
     if end.closes:
         with contextlib.suppress(UnknownAccount, LedgerConflict, ValueError):
             end = end.after_close((await io.close_account(account, end.stop.reason.value)).closed)

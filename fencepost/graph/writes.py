@@ -42,7 +42,7 @@ _DEFAULTS: dict[str, Any] = {
 class Writes(dict[str, Any]):
     """A node's channel writes (what :func:`step_writes` returns), with the two states they were
     made from: the messages view is derived from those, not from the record read back a second
-    time. Never handed to LangGraph itself (see ``node_io.loop_node``)."""
+    time. Never handed to LangGraph itself (see ``builder.loop_node``)."""
 
     __slots__ = ("after", "before")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,7 @@ from fencepost.policy.reservations import (
 )
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.stop_report import SAFE_CODE
-from fencepost.policy.terminate import conclude
+from fencepost.policy.terminate import AnswerFacts, conclude
 from fencepost.policy.turns import TURN_WINDOW, EarlierTurn
 from fencepost.policy.usage import (
     UsageKind,
@@ -398,9 +398,7 @@ def end_step(
     outcome: Decided | InvalidProposal | StopRequest,
     settled: Settlement,
     over_stop: StopRequest | None,
-    *,
-    pending: Sequence[str],
-    produced: Collection[str],
+    facts: AnswerFacts,
 ) -> StepEnd:
     """What a model step's outcome means for the run (``settled_state``: the run as the model
     was asked, its step settled and charged).
@@ -411,11 +409,11 @@ def end_step(
     retry count again. An invalid proposal ends the run ``invalid_proposal``
     (:func:`invalid_code`); tool calls go to the gate, except in the final turn kept for
     answering, where they end it ``step_budget_exhausted``. A final answer or an abstention
-    is what :func:`~fencepost.policy.terminate.conclude` makes of it, given the ledger's facts
-    (``pending``: the accepted work it still waits on; ``produced``: the cited calls whose tool
-    returned a result): a final answer while work is pending is refused and the model asked
-    again (work accepted is not work done); one whose citations fail ends the run
-    ``invalid_proposal``, never ``completed``. A stop is recorded as the decision that made it
+    is what :func:`~fencepost.policy.terminate.conclude` makes of it, given the ledger's
+    ``facts`` (``terminate.AnswerFacts``: the accepted work it still waits on, what it may
+    cite): a final answer while work is pending is refused and the model asked again (work
+    accepted is not work done); one whose citations fail ends the run ``invalid_proposal``,
+    never ``completed``. A stop is recorded as the decision that made it
     (``decided``, or ``denied`` when it was refused).
     """
     cfg = plan.settings
@@ -452,13 +450,7 @@ def end_step(
             )
         else:
             kind, asked = "abstain", StopRequest(reason=TerminationReason(decision.reason))
-        conclusion = conclude(
-            state,
-            asked,
-            require_citations=cfg.require_citations,
-            pending=pending,
-            produced=produced,
-        )
+        conclusion = conclude(asked, facts, require_citations=cfg.require_citations)
         if conclusion.asks_again:
             code = conclusion.stop.error_code
             record = {"outcome": "denied", "decision_kind": kind, "code": code, **settled.usage}

@@ -1,8 +1,8 @@
 """How a run ends: what its final answer comes to, and the terminal state it ends in.
 
 Both places a run can end ask here, with the facts they gathered (the run, the stop asked
-for, and what the ledger vouches for: the accepted work still pending, the cited calls its
-tools produced), and get one frozen answer back:
+for, and what the ledger vouches for, :class:`AnswerFacts`: the accepted work still pending,
+what the answer may cite), and get one frozen answer back:
 
 - :func:`conclude`: what an ending comes to — ``completed`` with a server-verified answer, an
   abstention or any other stop as asked, or refused and why (``invalid_proposal``, never
@@ -16,7 +16,7 @@ tools produced), and get one frozen answer back:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from fencepost.policy.context import RunContext
@@ -108,28 +108,56 @@ class Conclusion:
         return self.stop.error_code == TASKS_PENDING
 
 
+@dataclass(frozen=True, slots=True)
+class AnswerFacts:
+    """What a final answer is judged by (:func:`conclude`), gathered before it is judged: the
+    work accepted that it still waits on (``pending``: task ids, or call ids) and what it may
+    cite (``citable``).
+
+    The graph gathers them from the ledger's markers (:meth:`from_ledger`): a receipt or an
+    observation in state is a caller's ``update_state`` away from forged, the ledger's marker
+    is not. :meth:`from_state` reads them from state alone, where no ledger was asked."""
+
+    pending: tuple[str, ...]
+    citable: frozenset[str]
+
+    @classmethod
+    def from_ledger(
+        cls, state: AgentState, *, pending: Sequence[str], produced: Collection[str]
+    ) -> AnswerFacts:
+        """The facts about an answer of the run in ``state``, as the ledger vouches for them:
+        ``pending``, the tasks accepted work still waits on as its completion markers tell it;
+        ``produced``, the calls it marks as having had their tool return a result. A citable
+        call is an observation of a successful call of the run (``receipt.evidence_ids``) that
+        the ledger marks as produced."""
+        known = evidence_ids(state.receipts, state.observations)
+        return cls(pending=tuple(pending), citable=known.intersection(produced))
+
+    @classmethod
+    def from_state(cls, state: AgentState) -> AnswerFacts:
+        """The facts about an answer of the run in ``state`` as state alone tells them (no
+        ledger was asked): its pending tasks' receipts, and its evidence."""
+        return cls(
+            pending=tuple(r.task_id or r.call_id for r in pending_tasks(state.receipts)),
+            citable=evidence_ids(state.receipts, state.observations),
+        )
+
+
 def conclude(
-    state: AgentState,
     asked: StopRequest,
+    facts: AnswerFacts,
     *,
     require_citations: bool,
-    pending: Collection[str] | None = None,
-    produced: Collection[str] | None = None,
     account_known: bool = True,
 ) -> Conclusion:
-    """What the stop ``asked`` comes to for the run in ``state``.
+    """What the stop ``asked`` comes to, judged by ``facts``.
 
     Any stop but ``completed`` stands as asked (an abstention ends ``insufficient_evidence`` or
     ``needs_clarification``). ``completed`` stands only with an answer, no accepted work
-    pending, and every citation server-verified: an observation of a successful call of the
-    run (``receipt.evidence_ids``) whose tool the ledger marks as having returned a result
-    (``produced``: an observation in state is a caller's ``update_state`` away from forged, the
-    ledger's mark is not); with ``require_citations``, at least one citation unless the answer
-    is empty (an action's agent with nothing to add claims nothing to cite for).
+    pending (``facts.pending``), and every citation server-verified (``facts.citable``); with
+    ``require_citations``, at least one citation unless the answer is empty (an action's agent
+    with nothing to add claims nothing to cite for).
 
-    ``pending``: the tasks accepted work still waits on as the ledger's completion markers tell
-    it (a receipt saying ``completed`` can be a caller's). ``None`` for ``pending`` or
-    ``produced``: only state is left to judge by (no ledger was asked).
     ``account_known=False``: the ledger holds no account of the run (it never saw it, or lost
     it with its process), so nothing can vouch for the answer and the run is refused as every
     reservation on that ledger refuses it (``unknown_budget_account``).
@@ -141,15 +169,11 @@ def conclude(
     answer = asked.answer
     if answer is None:
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, InvalidProposal().code))
-    if pending if pending is not None else pending_tasks(state.receipts):
+    if facts.pending:
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, TASKS_PENDING))
     if require_citations and not answer.citations and not answer.is_empty:
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, MissingCitation.code))
-    known = evidence_ids(state.receipts, state.observations)
-    if any(
-        citation not in known or (produced is not None and citation not in produced)
-        for citation in answer.citations
-    ):
+    if any(citation not in facts.citable for citation in answer.citations):
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, UnsupportedCitation.code))
     return Conclusion(asked)
 
@@ -168,9 +192,9 @@ def validate_final_answer(
     Raises :class:`UnsupportedCitation` or (with ``require_citations``) :class:`MissingCitation`.
     """
     asked = StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
-    code = conclude(
-        state, asked, require_citations=require_citations, pending=(), produced=produced
-    ).stop.error_code
+    known = evidence_ids(state.receipts, state.observations)
+    facts = AnswerFacts(pending=(), citable=known if produced is None else known & set(produced))
+    code = conclude(asked, facts, require_citations=require_citations).stop.error_code
     if code == MissingCitation.code:
         raise MissingCitation("answer has no citations")
     if code == UnsupportedCitation.code:
@@ -275,17 +299,12 @@ class EndingPlan:
             return None
         return asked.answer.citations if asked.answer is not None else None
 
-    def end(
-        self,
-        started: Collection[str] = (),
-        pending: Collection[str] | None = None,
-        produced: Collection[str] | None = None,
-    ) -> Ending:
+    def end(self, started: Collection[str] = (), facts: AnswerFacts | None = None) -> Ending:
         """How the run ends, given what the ledger said: ``started``, the :attr:`unreported`
         calls it shows started (each receipted ``uncertain``: a run ending while such a call
         still runs, or after its worker died, keeps the call's id and effect, instead of
-        reporting a call that never started); ``pending`` and ``produced``, its facts about
-        the answer's :attr:`citations` (``None``: not read).
+        reporting a call that never started); ``facts``, its facts about the answer's
+        :attr:`citations` (``None``: not read, state alone tells them).
 
         The stop is verified again (:func:`conclude`): a ``completed`` stop that reached the
         end by another road than a final answer (written into state by a caller) must pass the
@@ -307,13 +326,13 @@ class EndingPlan:
             )
         if not self.owned:
             pending = tuple(r.task_id or r.call_id for r in unfinished(current.receipts, ()))
-            produced = frozenset()
+            facts = AnswerFacts(pending=pending, citable=frozenset())
+        elif facts is None:
+            facts = AnswerFacts.from_state(current)
         ending = conclude(
-            current,
             asked,
+            facts,
             require_citations=self.require_citations,
-            pending=pending,
-            produced=produced,
             account_known=self.owned is not None,
         ).stop
         state = terminate(

@@ -33,6 +33,7 @@ from fencepost.policy.decide import (
 from fencepost.policy.decision_model import Decided
 from fencepost.policy.pricing import ModelPrice
 from fencepost.policy.state import AgentState
+from fencepost.policy.terminate import AnswerFacts
 from tests.policy.factories import make_proposal, make_state
 
 
@@ -110,7 +111,8 @@ def _end(
         usage={"input_tokens": None, "output_tokens": None},
         final_turn=final_turn,
     )
-    return end_step(_plan(**settings), state, outcome, settled, None, pending=(), produced=())
+    facts = AnswerFacts(pending=(), citable=frozenset())
+    return end_step(_plan(**settings), state, outcome, settled, None, facts)
 
 
 def test_a_retryable_model_error_is_retried_up_to_model_retries_in_a_row() -> None:

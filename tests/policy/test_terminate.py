@@ -29,7 +29,7 @@ from fencepost.policy.ownership import run_owner
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.state import StopRequest, stop
-from fencepost.policy.terminate import EndingPlan, plan_ending
+from fencepost.policy.terminate import AnswerFacts, EndingPlan, plan_ending
 from fencepost.policy.tool import Principal
 from tests.policy.factories import make_proposal, make_state
 
@@ -114,7 +114,8 @@ def test_a_completed_stop_is_concluded_at_the_end_as_a_final_answer_would_be() -
 
     observed = _observed()
     good = completed(AnswerPayload(text="One hit.", citations=("call-0001",)))
-    assert conclude(observed, good, require_citations=True).stop is good
+    facts = AnswerFacts.from_state(observed)
+    assert conclude(good, facts, require_citations=True).stop is good
     for ending, code, required in (
         (completed(None), "malformed_decision", False),
         (
@@ -124,7 +125,7 @@ def test_a_completed_stop_is_concluded_at_the_end_as_a_final_answer_would_be() -
         ),
         (completed(AnswerPayload(text="x")), "missing_citation", True),
     ):
-        verified = conclude(observed, ending, require_citations=required).stop
+        verified = conclude(ending, facts, require_citations=required).stop
         assert (verified.reason, verified.error_code, verified.answer) == (
             TerminationReason.INVALID_PROPOSAL,
             code,
@@ -140,13 +141,13 @@ def test_a_completed_stop_is_concluded_at_the_end_as_a_final_answer_would_be() -
         task_id="task-1",
     )
     pending = observed.model_copy(update={"receipts": (*observed.receipts, accepted)})
-    verified = conclude(pending, good, require_citations=False).stop
+    verified = conclude(good, AnswerFacts.from_state(pending), require_citations=False).stop
     assert (verified.reason, verified.error_code) == (
         TerminationReason.INVALID_PROPOSAL,
         "tasks_pending",
     )
     other = StopRequest(reason=TerminationReason.POLICY_DENIED, error_code="x")
-    assert conclude(observed, other, require_citations=True).stop is other
+    assert conclude(other, facts, require_citations=True).stop is other
 
 
 # --- The terminal node's plan ---------------------------------------------------------------
@@ -179,7 +180,9 @@ def _plan(state: AgentState, balance: Balance | None, ctx: RunContext = _CTX) ->
 def test_a_completed_stop_is_judged_by_the_ledgers_facts_on_the_callers_own_account() -> None:
     plan = _plan(_observed().model_copy(update={"stop": _COMPLETED}), _balance())
     assert (plan.owned, plan.citations) == (True, ("call-0001",))
-    vouched = plan.end(pending=(), produced={"call-0001"})
+    vouched = plan.end(
+        facts=AnswerFacts.from_ledger(plan.current, pending=(), produced={"call-0001"})
+    )
     assert (vouched.stop, vouched.state.termination, vouched.closes) == (
         _COMPLETED,
         TerminationReason.COMPLETED,
@@ -187,7 +190,7 @@ def test_a_completed_stop_is_judged_by_the_ledgers_facts_on_the_callers_own_acco
     )
     assert vouched.state.report is not None
     # The observation in state is no marker: a citation the ledger does not vouch for fails.
-    unvouched = plan.end(pending=(), produced=frozenset()).stop
+    unvouched = plan.end(facts=AnswerFacts.from_ledger(plan.current, pending=(), produced=())).stop
     assert (unvouched.reason, unvouched.error_code) == (
         TerminationReason.INVALID_PROPOSAL,
         "unsupported_citation",
@@ -229,9 +232,8 @@ def test_an_ending_stands_unless_it_reads_completed_on_an_account_not_closed_com
 
 
 def test_a_cancel_that_closed_the_account_first_wins() -> None:
-    end = _plan(_observed().model_copy(update={"stop": _COMPLETED}), _balance()).end(
-        pending=(), produced={"call-0001"}
-    )
+    plan = _plan(_observed().model_copy(update={"stop": _COMPLETED}), _balance())
+    end = plan.end(facts=AnswerFacts.from_ledger(plan.current, pending=(), produced={"call-0001"}))
     assert end.after_close("completed") is end
     cancelled = end.after_close("cancelled")
     assert (cancelled.stop.reason, cancelled.state.termination) == (
