@@ -48,6 +48,31 @@ settings.register_profile("fencepost", deadline=None, suppress_health_check=[Hea
 settings.load_profile("fencepost")
 
 
+def _utf8_safe(value: Any) -> Any:
+    """``value`` with every string that has no UTF-8 form (a lone surrogate) backslash-escaped."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {_utf8_safe(k): _utf8_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_utf8_safe(v) for v in value)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(report: Any) -> Any:
+    """A test's report as data that a pytest-xdist worker can send: many tests feed lone
+    surrogates to the runtime on purpose (``tests.strategies.any_text``), and their captured
+    logs and failure messages quote them; execnet refuses a string with no UTF-8 form, which
+    crashed the whole run instead of reporting the test."""
+    data = yield
+    return _utf8_safe(data)
+
+
 @pytest.fixture
 def postgres_dsn() -> str:
     """The test server's DSN; skips with the reason when the variable is not set.
