@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, settings
 
 POSTGRES_DSN_ENV = "FENCEPOST_TEST_POSTGRES_DSN"
 
-# What the races between processes import: the one server process below imports it once.
+# What the races between processes and the crash tests' processes import: the one server
+# process below imports it once.
 _WORKER_PRELOAD = [
     "fencepost",
     "fencepost.adapters",
@@ -29,7 +30,8 @@ _WORKER_PRELOAD = [
 
 
 def worker_processes() -> BaseContext:
-    """How the tests that race real processes start them: each a fresh process forked from one
+    """How the tests that race real processes, or SIGKILL one mid-call and resume in another
+    (``tests/graph/test_crash_resume.py``), start them: each a fresh process forked from one
     single-threaded server that imported fencepost and the racing test modules once.
 
     Nothing is shared with the test process (no threads, connections or state): the children
