@@ -42,9 +42,16 @@ docs: $(STAMP)
 
 # Lint, the docs and the harness environment are built side by side (mypy, mkdocs and uv each use
 # one core), each one's output kept together; any failure stops make test before the suite runs.
+# The tests marked serial (a race whose fairness depends on its processes being scheduled) run
+# first, alone; then the rest in two pytest-xdist workers, one a core, a module at a time
+# (--dist loadfile: a module's tests and its module-scoped fixtures, such as a pool of racing
+# processes, stay in one worker). Each worker has its own fork server and temporary directory;
+# Postgres tests each work in a schema of their own. More workers than cores would only add
+# load: the races start processes of their own.
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint docs $(ADJ_STAMP)
-	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/pytest -q --durations=25
+	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/pytest -q -m serial
+	LANGGRAPH_STRICT_MSGPACK=true $(BIN)/pytest -q -n 2 --dist loadfile -m "not serial" --durations=25
 
 # All four AgentDojo suites under every policy, offline; writes benchmarks/agentdojo.md.
 agentdojo: $(ADJ_STAMP)

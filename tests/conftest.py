@@ -14,11 +14,15 @@ from hypothesis import HealthCheck, settings
 
 POSTGRES_DSN_ENV = "FENCEPOST_TEST_POSTGRES_DSN"
 
-# What the races between processes import: the one server process below imports it once.
+# What the races between processes and the crash tests' processes import: the one server
+# process below imports it once.
 _WORKER_PRELOAD = [
     "fencepost",
     "fencepost.adapters",
     "psycopg",
+    "langgraph.checkpoint.sqlite",
+    "langgraph.checkpoint.postgres",
+    "tests.graph.crash_worker",
     "tests.adapters.test_ledger_contract",
     "tests.adapters.test_ledger_postgres_concurrency",
     "tests.adapters.test_ledger_window_processes",
@@ -26,7 +30,8 @@ _WORKER_PRELOAD = [
 
 
 def worker_processes() -> BaseContext:
-    """How the tests that race real processes start them: each a fresh process forked from one
+    """How the tests that race real processes, or SIGKILL one mid-call and resume in another
+    (``tests/graph/test_crash_resume.py``), start them: each a fresh process forked from one
     single-threaded server that imported fencepost and the racing test modules once.
 
     Nothing is shared with the test process (no threads, connections or state): the children
@@ -43,6 +48,31 @@ def worker_processes() -> BaseContext:
 # machine whose cores are all busy stretches many times over, and the suite must pass there.
 settings.register_profile("fencepost", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("fencepost")
+
+
+def _utf8_safe(value: Any) -> Any:
+    """``value`` with every string that has no UTF-8 form (a lone surrogate) backslash-escaped."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {_utf8_safe(k): _utf8_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_utf8_safe(v) for v in value)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(report: Any) -> Any:
+    """A test's report as data that a pytest-xdist worker can send: many tests feed lone
+    surrogates to the runtime on purpose (``tests.strategies.any_text``), and their captured
+    logs and failure messages quote them; execnet refuses a string with no UTF-8 form, which
+    crashed the whole run instead of reporting the test."""
+    data = yield
+    return _utf8_safe(data)
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
 """The child process of the crash tests: builds the graph on a durable saver + ledger and runs it.
 
-Run as ``python tests/graph/crash_worker.py '<json spec>'`` (see :class:`Spec`). Phases:
+The tests start it with :func:`run_phase` in a process forked from
+``tests.conftest.worker_processes`` (a fresh process that shares nothing with the test's, without
+an interpreter's start and fencepost's imports each time); by hand it runs as
+``python tests/graph/crash_worker.py '<json spec>'`` (see :class:`Spec`). Phases:
 
 - ``crash``: start the run (approving a write in interrupt mode) and reach a point that hangs —
   a tool body or the decision model. The parent SIGKILLs this process there; it never returns.
@@ -22,10 +25,12 @@ import logging
 import os
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -420,6 +425,33 @@ def _span_record(span: Any) -> dict[str, Any]:
         "attributes": dict(span.attributes or {}),
         "events": [{"name": e.name, **dict(e.attributes or {})} for e in span.events],
     }
+
+
+def run_phase(
+    spec_json: str, out: str, err: str, env: dict[str, str], handshake: Connection | None
+) -> None:
+    """The entry of a forked worker process: one phase, its stdout and stderr in ``out`` and
+    ``err`` (the last stdout line is the report), the exit status that of the script.
+
+    ``env`` is the test's environment, taken as this process's own: a forked process has the
+    environment its fork server started with, not the one the test set since. ``handshake`` is
+    the write end of the pipe the crash phase signals its hang point on (``HANDSHAKE_FD``)."""
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    os.environ.clear()
+    os.environ.update(env)
+    if handshake is not None:
+        os.environ[HANDSHAKE_FD] = str(handshake.fileno())
+    try:
+        code = main([__file__, spec_json])
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
 
 
 def main(argv: list[str]) -> int:

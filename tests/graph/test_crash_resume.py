@@ -1,6 +1,7 @@
 """Reservation is durable before the call: SIGKILL a real process mid-call, resume in a new one.
 
-Each scenario runs ``crash_worker.py`` twice. The first process starts the run on a durable
+Each scenario runs ``crash_worker.py`` twice, each time in a fresh process forked from the suite's
+fork server (``tests.conftest.worker_processes``). The first process starts the run on a durable
 checkpointer + ledger (a SQLite file each, or Postgres) and hangs at one point — a tool body or
 the decision model — after writing a durable log line; the test SIGKILLs it there. A second,
 fresh process resumes the thread with ``graph.invoke(None, config, context=<same RunContext>)``.
@@ -29,11 +30,11 @@ import json
 import os
 import select
 import signal
-import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +44,15 @@ import fencepost as fp
 from fencepost.adapters import PostgresLedger, SqliteLedger
 from fencepost.policy.keys import call_key, run_account, step_key
 from fencepost.policy.ledger import Balance, Reservation, ReservationStatus
+from tests.conftest import worker_processes
 from tests.graph.crash_worker import (
     FIRST_CALL_ID,
-    HANDSHAKE_FD,
     IDEMPOTENT_WRITE_TOOL,
     NON_IDEMPOTENT_WRITE_TOOL,
     READ_TOOL,
+    run_phase,
 )
 
-WORKER = Path(__file__).with_name("crash_worker.py")
-ROOT = Path(__file__).resolve().parents[2]
 CHILD_HANG_GUARD_SECONDS = 600.0
 """Only a guard against a child that hangs for good (a bug: the test fails instead of hanging
 the suite); nothing waits for it on a healthy machine, however loaded."""
@@ -104,27 +104,37 @@ class Outcome:
     spec: dict[str, Any]
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["LANGGRAPH_STRICT_MSGPACK"] = "true"
-    return env
+def _start_child(
+    spec: dict[str, Any], workdir: Path, handshake: Connection | None = None
+) -> tuple[BaseProcess, Path, Path]:
+    """Start one worker phase in a fresh process forked from the suite's fork server (see
+    ``tests.conftest.worker_processes``: nothing shared with this process, no interpreter start
+    or fencepost import paid per phase). Its stdout and stderr go to files in ``workdir``."""
+    name = f"{spec['phase']}-{uuid.uuid4().hex[:8]}"
+    out, err = workdir / f"{name}.out", workdir / f"{name}.err"
+    # The test's environment as it is now (FENCEPOST_TEST_SPANS among it), which the fork server
+    # may not have: it keeps the environment it started with.
+    args = (json.dumps(spec), str(out), str(err), dict(os.environ), handshake)
+    proc = worker_processes().Process(target=run_phase, args=args, daemon=True)
+    proc.start()
+    return proc, out, err
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
 
 def _run_child(
-    spec: dict[str, Any], *, timeout: float = CHILD_HANG_GUARD_SECONDS
+    spec: dict[str, Any], workdir: Path, *, timeout: float = CHILD_HANG_GUARD_SECONDS
 ) -> dict[str, Any]:
     """Run one worker phase to completion; its last stdout line is its JSON report."""
-    done = subprocess.run(
-        [sys.executable, str(WORKER), json.dumps(spec)],
-        cwd=ROOT,
-        env=_child_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert done.returncode == 0, f"{spec['phase']} failed:\n{done.stderr[-4000:]}"
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    proc, out, err = _start_child(spec, workdir)
+    proc.join(timeout)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+    assert proc.exitcode == 0, f"{spec['phase']} failed ({proc.exitcode}):\n{_tail(err)}"
+    report: dict[str, Any] = json.loads(out.read_text().strip().splitlines()[-1])
     return report
 
 
@@ -132,38 +142,30 @@ def _crash_child(spec: dict[str, Any], workdir: Path) -> None:
     """Start the crash phase, wait until it says it hangs at its point, and SIGKILL it there.
 
     A handshake, not a clock: the child writes one byte to a pipe at its hang point, and the
-    pipe reads empty only once the child has exited (every write end closed). However slowly a
-    loaded machine starts it, the wait ends the moment one of the two happens."""
-    out, err = workdir / "crash.out", workdir / "crash.err"
-    heard, told = os.pipe()
-    with out.open("w") as stdout, err.open("w") as stderr:
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, str(WORKER), json.dumps(spec)],
-                cwd=ROOT,
-                env={**_child_env(), HANDSHAKE_FD: str(told)},
-                stdout=stdout,
-                stderr=stderr,
-                pass_fds=(told,),
+    pipe reads empty only once the child has exited (every write end closed: the fork server
+    closes its copy once the child is forked, and this process its own below). However slowly
+    a loaded machine starts it, the wait ends the moment one of the two happens."""
+    heard, told = worker_processes().Pipe(duplex=False)
+    try:
+        proc, out, err = _start_child(spec, workdir, told)
+    finally:
+        told.close()  # the child's copy is the only write end left
+    try:
+        ready, _, _ = select.select([heard], [], [], CHILD_HANG_GUARD_SECONDS)
+        if not ready:
+            pytest.fail(f"the crash process hung before its point:\n{_tail(err)}")
+        if os.read(heard.fileno(), 1) != b"!":
+            proc.join(CHILD_HANG_GUARD_SECONDS)
+            pytest.fail(
+                f"the crash process exited ({proc.exitcode}) before it hung:\n"
+                f"{_tail(out)}\n{_tail(err)}"
             )
-        finally:
-            os.close(told)  # the child's copy is the only write end left
-        try:
-            ready, _, _ = select.select([heard], [], [], CHILD_HANG_GUARD_SECONDS)
-            if not ready:
-                pytest.fail(f"the crash process hung before its point:\n{err.read_text()[-4000:]}")
-            if os.read(heard, 1) != b"!":
-                proc.wait(timeout=CHILD_HANG_GUARD_SECONDS)
-                pytest.fail(
-                    f"the crash process exited ({proc.returncode}) before it hung:\n"
-                    f"{out.read_text()}\n{err.read_text()[-4000:]}"
-                )
-        finally:
-            os.close(heard)
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=CHILD_HANG_GUARD_SECONDS)
-    assert proc.returncode == -signal.SIGKILL, "the child must die by SIGKILL, mid-call"
+    finally:
+        heard.close()
+        if proc.exitcode is None:
+            proc.kill()
+        proc.join(CHILD_HANG_GUARD_SECONDS)
+    assert proc.exitcode == -signal.SIGKILL, "the child must die by SIGKILL, mid-call"
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -201,7 +203,7 @@ def crash_and_resume(
         "tool_calls": tool_calls,
     }
     _crash_child({**spec, "phase": "crash"}, workdir)
-    report = _run_child({**spec, "phase": "resume"})
+    report = _run_child({**spec, "phase": "resume"}, workdir)
     assert report["interrupted"] is False, "the resumed run must not stop for a second approval"
     state = fp.AgentState.model_validate(report["state"])
     ledger = backend.open_ledger()
@@ -431,7 +433,7 @@ def finished_sqlite_run(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
 
 
 def _read_back(o: Outcome, serde: str) -> dict[str, Any]:
-    return _run_child({**o.spec, "phase": "read", "serde": serde})
+    return _run_child({**o.spec, "phase": "read", "serde": serde}, Path(o.spec["workdir"]))
 
 
 def test_finished_run_read_back_in_a_new_process_validates_into_agent_state(
