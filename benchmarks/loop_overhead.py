@@ -167,10 +167,12 @@ class BenchDecisionModel:
     """A minimal DecisionModel for LangGraph's-floor rows: no LangChain, no messages.
 
     One tool proposal per turn (from :data:`TALLY`), then a final answer: what is left of an
-    iteration is fencepost's own machinery (state, gate, ledger, nodes, checkpoints).
+    iteration is fencepost's own machinery (state, gate, ledger, nodes, checkpoints). Its
+    ``decide`` is a plain ``def``, as the floor loop's model node is: it does no I/O, so it runs
+    where fencepost runs a sync model (a thread of the tenant's share), not on the model loop.
     """
 
-    async def decide(self, input: Any, *, deadline: Any) -> Any:
+    def decide(self, input: Any, *, deadline: Any) -> Any:
         i = TALLY.turn()
         if i is None:
             return fp.FinalProposal(answer=fp.AnswerPayload(text=FINAL_TEXT))
@@ -327,18 +329,28 @@ def _called_inline() -> Any:
         except Exception as exc:
             return ModelRun(finished=True, error=exc)
 
+    async def run_model_on_thread(self: Any, call: Any, timeout: float, **kw: Any) -> Any:
+        try:
+            return ModelRun(finished=True, value=call())
+        except Exception as exc:
+            return ModelRun(finished=True, error=exc)
+
     async def run_tool(self: Any, spec: Any, args: Any, ctx: Any, **kw: Any) -> Any:
         try:
             return ToolRun(value=spec.execute(args, ctx))
         except Exception:
             return ToolRun(error=fp.ErrorCode.INTERNAL_ERROR)
 
-    saved = SyncIO.run_model, SyncIO.run_tool
-    SyncIO.run_model, SyncIO.run_tool = run_model, run_tool  # type: ignore[method-assign]
+    saved = SyncIO.run_model, SyncIO.run_model_on_thread, SyncIO.run_tool
+    SyncIO.run_model, SyncIO.run_model_on_thread, SyncIO.run_tool = (  # type: ignore[method-assign]
+        run_model,
+        run_model_on_thread,
+        run_tool,
+    )
     try:
         yield
     finally:
-        SyncIO.run_model, SyncIO.run_tool = saved  # type: ignore[method-assign]
+        SyncIO.run_model, SyncIO.run_model_on_thread, SyncIO.run_tool = saved  # type: ignore[method-assign]
 
 
 class _Uncontained:
@@ -361,7 +373,7 @@ def build_fencepost_uncontained(saver: BaseCheckpointSaver[Any]) -> System:
     (``SyncIO.run_model``/``run_tool``): when they move, the row is skipped and says why."""
     from fencepost.graph.node_io import SyncIO
 
-    for name in ("run_model", "run_tool"):
+    for name in ("run_model", "run_model_on_thread", "run_tool"):
         if name not in vars(SyncIO):
             raise RuntimeError(f"fencepost.graph.node_io.SyncIO has no {name}")
     system = build_fencepost(saver, decider=BenchDecisionModel(), name="fencepost (uncontained)")
