@@ -869,11 +869,14 @@ class InMemoryLedger(Ledger, ScopeStore):
         before (exact strs: a str subclass may claim to equal any text) without validating
         their names again: whether a text is a valid name depends on the text alone."""
         valid = self._valid_axes
-        if type(amounts) is dict and all(
-            type(axis) is str and axis in valid and type(value) is float and value >= 0
-            for axis, value in amounts.items()
-        ):
-            return amounts.copy()
+        if type(amounts) is dict:
+            for axis, value in amounts.items():
+                if not (
+                    type(axis) is str and axis in valid and type(value) is float and value >= 0
+                ):
+                    break
+            else:
+                return amounts.copy()
         clean = validate_amounts(amounts)
         valid.update(axis for axis in clean if type(axis) is str)
         return clean
@@ -929,8 +932,13 @@ class InMemoryLedger(Ledger, ScopeStore):
             self._add_windows(chain, clean, now)
         else:
             now = 0.0  # never read: no account of the chain counts windows
-        self._add_held(chain, clean)
-        self._add_in_flight(chain, clean)
+        # _add_held and _add_in_flight, in one pass over the chain.
+        flying = self._in_flight
+        for name in chain:
+            holds, flies = held[name], flying[name]
+            for axis, amount in clean.items():
+                holds[axis] = holds.get(axis, 0.0) + amount
+                flies[axis] = flies.get(axis, 0.0) + amount
         stored = _new_record(_Record, (account, clean, ReservationStatus.RESERVED, now))
         self._reservations[key] = stored
         if type(key) is str:
