@@ -232,7 +232,7 @@ def gate_batch(
             trace = traces[call.call_id] = sources.trace(
                 call.arguments, known.args_model.model_fields
             )
-        if call.call_id in traces:
+        if traces and call.call_id in traces:
             verdict = verdict.model_copy(update={"provenance": recorded(traces[call.call_id])})
         if flagged and provenance == "refuse" and verdict.code in _REACHED:
             verdict = verdict.model_copy(
