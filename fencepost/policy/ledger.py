@@ -920,7 +920,9 @@ class InMemoryLedger(Ledger, ScopeStore):
         if not closed.keys().isdisjoint(chain):
             check_open((name, closed.get(name)) for name in chain)
         limits, held = self._limits, self._held
-        check_room([(name, limits[name], held[name]) for name in chain], clean, self._in_flight)
+        links = [(name, limits[name], held[name]) for name in chain]
+        if _short(links, clean) is not None:  # check_room's own test, first: it raises
+            check_room(links, clean, self._in_flight)
         if self._windowed[account]:
             now = self._now()
             check_windows(
