@@ -58,6 +58,8 @@ from fencepost.policy.developer_log import APPROVAL, raised
 from fencepost.policy.gating import GatedBatch, GatePlan, GateSettings, end_gate, plan_gate
 from fencepost.policy.provenance import ObservedOutput
 from fencepost.policy.remembered import Remember, scopes_named, scopes_to_remember
+from fencepost.policy.rule_runner import run_directly
+from fencepost.policy.state import StopRequest
 from fencepost.policy.tool import NeedsApproval
 
 _LAST_GATE: tuple[LoopConfig, GateSettings] | None = None
@@ -110,7 +112,12 @@ async def gate(
     refused = plan.refused(state, outside)
     if refused is not None:
         EVENTS.batch_refused(state.run_id, calls, cfg.registry, refused.error_code or "")
-    judged = refused if refused is not None else await judge_batch(io, plan, state, ctx, outputs)
+    if refused is not None:
+        judged: GatedBatch | StopRequest = refused
+    elif plan.in_place:
+        judged = judged_in_place(io, plan, state, ctx, outputs)
+    else:
+        judged = await judge_batch(io, plan, state, ctx, outputs)
     end = end_gate(plan, state, judged, usage)
     manifests = [checked_manifest(state, cfg, ctx, phase=Phase.VALIDATE, **r) for r in end.records]
     if not end.reserves:
@@ -119,6 +126,27 @@ async def gate(
     # Written with the reservations' result: one copy of state for both.
     state, stopped = await reserve_batch(io, end.state, ctx, gated=end.gated, settle=settle)
     return end.reserved(state, stopped), manifests
+
+
+def judged_in_place(
+    io: NodeIO,
+    plan: GatePlan,
+    state: AgentState,
+    ctx: RunContext,
+    outputs: Sequence[ObservedOutput] | None,
+) -> GatedBatch:
+    """The batch as ``plan`` judges it when that needs no I/O (``GatePlan.in_place``: no
+    scope to read, nobody to ask, no rule of a tool to contain): judged here, on the node."""
+    gated = plan.judge(
+        state,
+        ctx,
+        now=io.cfg.clock.now(),
+        remembered={},
+        outputs=outputs,
+        run_rule=run_directly,
+    )
+    EVENTS.gated(state.run_id, gated.batch, gated.specs)
+    return gated
 
 
 async def judge_batch(

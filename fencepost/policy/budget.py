@@ -190,15 +190,7 @@ class RuntimeBudget(Frozen):
         return out
 
 
-_INTEGER_AXES = (BudgetAxis.STEPS, BudgetAxis.TOOL_CALLS, BudgetAxis.TOKENS, BudgetAxis.MUTATIONS)
-# Per axis: its ledger name, the view's two field names, and whether it counts whole units.
-_VIEW_FIELDS = tuple(
-    (axis.value, f"{axis.value}_used", f"{axis.value}_remaining", axis in _INTEGER_AXES)
-    for axis in BudgetAxis
-    if axis is not BudgetAxis.MONEY
-)
 _MONEY = BudgetAxis.MONEY.value
-_ALWAYS_LIMITED = ("steps_remaining", "tool_calls_remaining")
 
 
 def budget_view(limits: dict[str, float], held: dict[str, float]) -> RuntimeBudget:
@@ -206,30 +198,43 @@ def budget_view(limits: dict[str, float], held: dict[str, float]) -> RuntimeBudg
 
     State carries this view for the trace and the report; limits are checked by the ledger.
     """
-    remaining: dict[str, Any] = {}
-    spent: dict[str, Any] = {}
-    for name, used_field, remaining_field, whole in _VIEW_FIELDS:
-        used = held.get(name, 0.0)
-        limit = limits.get(name)
-        left = None if limit is None else max(0.0, limit - used)
-        if whole:
-            spent[used_field] = round(used)
-            remaining[remaining_field] = None if left is None else round(left)
-        else:
-            spent[used_field] = used
-            remaining[remaining_field] = left
-    money_limit = limits.get(_MONEY)
-    money_used = held.get(_MONEY, 0.0)
-    remaining["money_remaining"] = (
-        None if money_limit is None else from_micros(max(0.0, money_limit - money_used))
-    )
-    spent["money_used"] = from_micros(money_used)
-    for required in _ALWAYS_LIMITED:
-        if remaining[required] is None:
-            remaining[required] = 0
-    # In the order the fields are declared, as validation would have made them.
-    fields = remaining | spent
+    # Written out axis by axis, in the order the fields are declared, as validation would have
+    # made them: the view is made at every reservation and settlement, and a loop over the
+    # axes with a merge of two dicts costs twice this.
+    steps, calls = held.get("steps", 0.0), held.get("tool_calls", 0.0)
+    tokens, cost = held.get("tokens", 0.0), held.get("cost", 0.0)
+    mutations_used, money_used = held.get("mutations", 0.0), held.get(_MONEY, 0.0)
+    get = limits.get
+    steps_limit, calls_limit = get("steps"), get("tool_calls")
+    tokens_limit, cost_limit, mutations_limit = get("tokens"), get("cost"), get("mutations")
+    money_limit = get(_MONEY)
+    fields: dict[str, Any] = {
+        "steps_remaining": 0 if steps_limit is None else round(_left(steps_limit, steps)),
+        "tool_calls_remaining": 0 if calls_limit is None else round(_left(calls_limit, calls)),
+        "tokens_remaining": None if tokens_limit is None else round(_left(tokens_limit, tokens)),
+        "cost_remaining": None if cost_limit is None else _left(cost_limit, cost),
+        "mutations_remaining": (
+            None if mutations_limit is None else round(_left(mutations_limit, mutations_used))
+        ),
+        "money_remaining": (
+            None if money_limit is None else from_micros(_left(money_limit, money_used))
+        ),
+        "steps_used": round(steps),
+        "tool_calls_used": round(calls),
+        "tokens_used": round(tokens),
+        "cost_used": cost,
+        "mutations_used": round(mutations_used),
+        "money_used": from_micros(money_used) if money_used else _NO_MONEY,
+    }
     return assemble(RuntimeBudget, fields)
+
+
+def _left(limit: float, used: float) -> float:
+    return limit - used if limit > used else 0.0
+
+
+_NO_MONEY = Decimal(0)
+"""``from_micros(0)``: a Decimal is immutable, so every view that spent none shares it."""
 
 
 DEFAULT_STEPS = 8

@@ -13,8 +13,10 @@ from pydantic_core.core_schema import ErrorType
 
 M = TypeVar("M", bound=BaseModel)
 _set = object.__setattr__
+_new = object.__new__
 # BaseModel's own slots, set through their descriptors: ``object.__setattr__`` by name looks each
 # up through the model's MRO first, and an instance is made a dozen times a step.
+_set_dict = BaseModel.__dict__["__dict__"].__set__
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
@@ -67,8 +69,10 @@ def _shared(names: AbstractSet[str]) -> set[str]:
 
 
 def _made(cls: type[M], values: dict[str, Any], names: set[str]) -> M:
-    made = cls.__new__(cls)
-    _set(made, "__dict__", values)
+    # object's own __new__ (no contract type defines one; pydantic's BaseModel neither), not
+    # looked up through the model's MRO.
+    made = _new(cls)
+    _set_dict(made, values)
     _set_fields_set(made, names)
     _set_extra(made, None)
     _set_private(made, None)

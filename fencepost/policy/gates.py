@@ -11,6 +11,7 @@ import inspect
 import re
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
@@ -23,7 +24,7 @@ from fencepost.policy.decision import ToolProposal
 from fencepost.policy.developer_log import GATE, raised
 from fencepost.policy.fingerprint import canonical_json, fingerprint_of, proposal_fingerprint
 from fencepost.policy.progress import last_run_at, repeat_key
-from fencepost.policy.provenance import Provenance
+from fencepost.policy.provenance import Provenance, traced
 from fencepost.policy.registry import ToolRegistry, UnknownTool
 from fencepost.policy.rule_runner import RULE_TIMEOUT, RuleRunner, RuleTimedOut, run_directly
 from fencepost.policy.state import AgentState
@@ -120,10 +121,20 @@ def check_schema(
     """
     if canonical_arguments is None:
         canonical_arguments = canonical_json(proposal.arguments)
+    return _validated(spec, tool_gate(spec), proposal, canonical_arguments, run_id)
+
+
+def _validated(
+    spec: ToolSpec,
+    gate: ToolGate,
+    proposal: ToolProposal,
+    canonical_arguments: str,
+    run_id: str | None,
+) -> BaseModel:
+    """:func:`check_schema` with the tool's gate in hand."""
     model = spec.args_model
     try:
-        # getattr: an override need not be a bound method (a staticmethod has no ``__func__``).
-        if getattr(model.model_validate_json, "__func__", None) is _VALIDATE_JSON:
+        if gate.pydantic_json:
             # What pydantic's own model_validate_json calls, without its wrapper (a third of the
             # check); a model that overrides model_validate_json is validated through its own.
             args: BaseModel = model.__pydantic_validator__.validate_json(
@@ -234,6 +245,67 @@ def takes_provenance(rule: Callable[..., Any]) -> bool:
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class ToolGate:
+    """What the gates read of one registered tool that never changes (a spec is frozen, its
+    arguments model a class): worked out once per spec (:func:`tool_gate`), not per proposal."""
+
+    pydantic_json: bool
+    """Whether the arguments model validates JSON as pydantic's own ``model_validate_json``
+    does: its validator is then called directly (:func:`check_schema`)."""
+    query_fields: tuple[str, ...]
+    """The query-like fields the built-in empty-query rule checks (none when the tool allows
+    an empty query)."""
+    range_pairs: tuple[tuple[str, str], ...]
+    """The ``(low, high)`` field pairs the built-in reversed-range rule checks."""
+    rule_takes_context: bool
+    """Whether the tool's semantic validator takes the run's context (:func:`takes_context`)."""
+    rule_takes_provenance: bool
+    """Whether it takes the call's provenance (:func:`takes_provenance`)."""
+    traced: bool
+    """Whether a call's arguments are traced to their sources: the tool's calls are
+    (``provenance.traced``), or its semantic validator takes their provenance."""
+    runs_rules: bool
+    """Whether the tool has rules of its own (a semantic validator, a progress predicate): code
+    the graph runs contained."""
+
+
+# By id of a live spec (the weak reference tells a spec from a later one at the same address;
+# the entry goes with its spec): nothing here keeps a spec, or a rule closed over a request's
+# data, alive.
+_TOOL_GATES: dict[int, tuple[weakref.ref[ToolSpec], ToolGate]] = {}
+
+
+def tool_gate(spec: ToolSpec) -> ToolGate:
+    """The :class:`ToolGate` of ``spec``, worked out on its first proposal."""
+    key = id(spec)
+    found = _TOOL_GATES.get(key)
+    if found is not None and found[0]() is spec:
+        return found[1]
+    rule = spec.semantic_validator
+    query_fields, range_pairs = _semantic_plan(spec.args_model)
+    with_provenance = rule is not None and takes_provenance(rule)
+    made = ToolGate(
+        # getattr: an override need not be a bound method (a staticmethod has no ``__func__``).
+        pydantic_json=getattr(spec.args_model.model_validate_json, "__func__", None)
+        is _VALIDATE_JSON,
+        query_fields=() if spec.allow_empty_query else query_fields,
+        range_pairs=range_pairs,
+        rule_takes_context=rule is not None and takes_context(rule),
+        rule_takes_provenance=with_provenance,
+        traced=traced(spec) or with_provenance,
+        runs_rules=rule is not None or spec.progress_predicate is not None,
+    )
+
+    def forget(ref: weakref.ref[ToolSpec], key: int = key) -> None:
+        entry = _TOOL_GATES.get(key)
+        if entry is not None and entry[0] is ref:
+            del _TOOL_GATES[key]
+
+    _TOOL_GATES[key] = (weakref.ref(spec, forget), made)
+    return made
+
+
 def check_semantics(
     spec: ToolSpec,
     args: BaseModel,
@@ -261,10 +333,37 @@ def check_semantics(
     answer in time is the rule :data:`~fencepost.policy.rule_runner.RULE_TIMEOUT`, logged the
     same way (never its text).
     """
+    _check_semantics(
+        spec,
+        tool_gate(spec),
+        args,
+        state,
+        context,
+        call_id=call_id,
+        provenance=provenance,
+        run_rule=run_rule,
+    )
+
+
+def _check_semantics(
+    spec: ToolSpec,
+    gate: ToolGate,
+    args: BaseModel,
+    state: AgentState,
+    context: RunContext | None,
+    *,
+    call_id: str | None,
+    provenance: Provenance | None,
+    run_rule: RuleRunner,
+) -> None:
+    """:func:`check_semantics` with the tool's gate in hand."""
     values: Mapping[str, Any] = args.__dict__
-    query_fields, range_pairs = _semantic_plan(type(args))
-    if spec.allow_empty_query:
-        query_fields = ()
+    if type(args) is spec.args_model:
+        query_fields, range_pairs = gate.query_fields, gate.range_pairs
+    else:  # an arguments model whose own validation made another model
+        query_fields, range_pairs = _semantic_plan(type(args))
+        if spec.allow_empty_query:
+            query_fields = ()
     for name in query_fields:
         value = values.get(name)
         if isinstance(value, str) and _is_empty_like(value):
@@ -281,9 +380,9 @@ def check_semantics(
             raise ToolSemanticError(f"reversed_range_{low}_{high}")
     if spec.semantic_validator is not None:
         rule: Callable[..., None] = spec.semantic_validator
-        extra: dict[str, Any] = {"provenance": provenance} if takes_provenance(rule) else {}
+        extra: dict[str, Any] = {"provenance": provenance} if gate.rule_takes_provenance else {}
         try:
-            if takes_context(rule):
+            if gate.rule_takes_context:
                 run_rule(lambda: rule(args, state, context, **extra))
             else:
                 run_rule(lambda: rule(args, state, **extra))
@@ -517,47 +616,91 @@ def gate_with_findings(
     ``needs_approval``: this call's answer of its ``needs_approval`` callable, if asked.
     ``provenance``: the call's, for the semantic rules that take it.
     ``run_rule``: how the tool's own rules are run (:mod:`fencepost.policy.rule_runner`)."""
+    try:
+        spec: ToolSpec | None = check_registered(registry, proposal)
+    except UnknownTool:
+        spec = None
+    return gate_call(
+        spec,
+        proposal,
+        state,
+        principal,
+        repeat_limit=repeat_limit,
+        approved=approved,
+        counts=counts,
+        now=now,
+        context=context,
+        needs_approval=needs_approval,
+        provenance=provenance,
+        run_rule=run_rule,
+    )
+
+
+def _verdict(
+    proposal: ToolProposal,
+    fingerprint: str,
+    code: VerdictCode,
+    problems: tuple[str, ...] = (),
+    missing: str | None = None,
+) -> Verdict:
+    # Every field is already a checked value: skip re-validating on the hot path.
+    return assemble(
+        Verdict,
+        {
+            "call_id": proposal.call_id,
+            "tool_name": proposal.tool_name,
+            "fingerprint": fingerprint,
+            "code": code,
+            "problems": problems,
+            "exhausted_axis": None,
+            "seal": None,
+            "approval": None,
+            "scope_id": None,
+            "missing_capability": missing,
+            "approved_by": None,
+            "provenance": None,
+        },
+    )
+
+
+def gate_call(
+    spec: ToolSpec | None,
+    proposal: ToolProposal,
+    state: AgentState,
+    principal: Principal,
+    *,
+    repeat_limit: int = DEFAULT_REPEAT_LIMIT,
+    approved: bool = False,
+    counts: Mapping[str, int] | None = None,
+    now: datetime | None = None,
+    context: RunContext | None = None,
+    needs_approval: bool | None = None,
+    provenance: Provenance | None = None,
+    run_rule: RuleRunner = run_directly,
+    gate: ToolGate | None = None,
+) -> tuple[Verdict, ToolSpec | None, str | None]:
+    """:func:`gate_with_findings` of a call whose tool was looked up (``spec``: the registered
+    one, ``None`` for a name the registry does not hold); ``gate``: ``spec``'s
+    :func:`tool_gate`, when the caller has it."""
     # One canonical text of the arguments serves the fingerprint and the schema check.
     canonical_arguments = canonical_json(proposal.arguments)
     fingerprint = fingerprint_of(proposal.tool_name, canonical_arguments)
-
-    def verdict(
-        code: VerdictCode, problems: tuple[str, ...] = (), missing: str | None = None
-    ) -> Verdict:
-        # Every field is already a checked value: skip re-validating on the hot path.
-        return assemble(
-            Verdict,
-            {
-                "call_id": proposal.call_id,
-                "tool_name": proposal.tool_name,
-                "fingerprint": fingerprint,
-                "code": code,
-                "problems": problems,
-                "exhausted_axis": None,
-                "seal": None,
-                "approval": None,
-                "scope_id": None,
-                "missing_capability": missing,
-                "approved_by": None,
-                "provenance": None,
-            },
-        )
-
+    if spec is None:
+        return _verdict(proposal, fingerprint, VerdictCode.UNKNOWN_TOOL), None, None
+    if gate is None:
+        gate = tool_gate(spec)
     try:
-        spec = check_registered(registry, proposal)
-    except UnknownTool:
-        return verdict(VerdictCode.UNKNOWN_TOOL), None, None
-    try:
-        args = check_schema(
-            spec, proposal, canonical_arguments=canonical_arguments, run_id=state.run_id
-        )
+        args = _validated(spec, gate, proposal, canonical_arguments, state.run_id)
     except ValidationError as exc:
-        return verdict(VerdictCode.SCHEMA_VIOLATION, schema_problems(spec, exc)), spec, None
+        problems = schema_problems(spec, exc)
+        return _verdict(proposal, fingerprint, VerdictCode.SCHEMA_VIOLATION, problems), spec, None
     except ArgumentsValidatorFailed:
-        return verdict(VerdictCode.SCHEMA_VIOLATION, ("*: validator_failed",)), spec, None
+        problems = ("*: validator_failed",)
+        return _verdict(proposal, fingerprint, VerdictCode.SCHEMA_VIOLATION, problems), spec, None
     try:
-        check_semantics(
+        _check_semantics(
             spec,
+            gate,
             args,
             state,
             context,
@@ -566,7 +709,8 @@ def gate_with_findings(
             run_rule=run_rule,
         )
     except ToolSemanticError as exc:
-        return verdict(VerdictCode.SEMANTIC_VIOLATION, (f"rule: {exc.rule}",)), spec, None
+        problems = (f"rule: {exc.rule}",)
+        return _verdict(proposal, fingerprint, VerdictCode.SEMANTIC_VIOLATION, problems), spec, None
     try:
         key: str | None = check_progress(
             spec,
@@ -579,13 +723,14 @@ def gate_with_findings(
             run_rule=run_rule,
         )
     except NoProgressDetected:
-        return verdict(VerdictCode.NO_PROGRESS), spec, None
+        return _verdict(proposal, fingerprint, VerdictCode.NO_PROGRESS), spec, None
     if spec.poll_interval_seconds is not None:
         key = None
     try:
         authorize(spec, principal, approved=approved, needs_approval=needs_approval)
     except ToolPolicyDenied:
-        return verdict(VerdictCode.CAPABILITY_DENIED, missing=spec.capability), spec, key
+        code, missing = VerdictCode.CAPABILITY_DENIED, spec.capability
+        return _verdict(proposal, fingerprint, code, missing=missing), spec, key
     except HumanApprovalRequired:
-        return verdict(VerdictCode.APPROVAL_REQUIRED), spec, key
-    return verdict(VerdictCode.ALLOWED), spec, key
+        return _verdict(proposal, fingerprint, VerdictCode.APPROVAL_REQUIRED), spec, key
+    return _verdict(proposal, fingerprint, VerdictCode.ALLOWED), spec, key

@@ -42,7 +42,7 @@ from fencepost.policy.effect import Effect
 from fencepost.policy.events import reduce_tool_events
 from fencepost.policy.execution import budget_refusals
 from fencepost.policy.fingerprint import proposal_fingerprint
-from fencepost.policy.gates import gate_with_findings, repeat_limit_of, takes_provenance
+from fencepost.policy.gates import gate_call, repeat_limit_of, tool_gate
 from fencepost.policy.manifest import verdict_outcome
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.phase import Phase, TerminationReason
@@ -53,7 +53,6 @@ from fencepost.policy.provenance import (
     Provenance,
     ProvenanceMode,
     RunSources,
-    traced,
     untrusted_sensitive,
 )
 from fencepost.policy.registry import ToolRegistry
@@ -193,12 +192,10 @@ def gate_batch(
             counts = ChainMap(raised, run_counts)  # made only for a call after an allowed one
         scope = remembered.get(call.call_id) if remembered else None
         known = registry.get(call.tool_name) if call.tool_name in registry else None
+        gate = tool_gate(known) if known is not None else None
         flagged: tuple[str, ...] = ()
         trace: Provenance | None = None
-        if known is not None and (
-            traced(known)
-            or (known.semantic_validator is not None and takes_provenance(known.semantic_validator))
-        ):
+        if known is not None and gate is not None and gate.traced:
             if sources is None:
                 sources = sources_of(state, context, registry, outputs)
             # The tool's own argument names only: a key the model made up is never recorded.
@@ -208,8 +205,8 @@ def gate_batch(
             flagged = untrusted_sensitive(known, trace)
         ask = provenance == "ask" and bool(flagged)
         asked_before = needs_approval.get(call.call_id) if needs_approval else None
-        verdict, spec, counted = gate_with_findings(
-            registry,
+        verdict, spec, counted = gate_call(
+            known,
             call,
             state,
             principal,
@@ -222,6 +219,7 @@ def gate_batch(
             needs_approval=True if ask else asked_before,
             provenance=trace,
             run_rule=run_rule,
+            gate=gate,
         )
         if (
             trace is None
@@ -234,7 +232,7 @@ def gate_batch(
             trace = traces[call.call_id] = sources.trace(
                 call.arguments, known.args_model.model_fields
             )
-        if call.call_id in traces:
+        if traces and call.call_id in traces:
             verdict = verdict.model_copy(update={"provenance": recorded(traces[call.call_id])})
         if flagged and provenance == "refuse" and verdict.code in _REACHED:
             verdict = verdict.model_copy(
@@ -361,8 +359,7 @@ class GateSettings:
     repair_attempts: int
 
 
-@dataclass(frozen=True, slots=True)
-class GatePlan:
+class GatePlan(NamedTuple):
     """Before the batch is judged: what the ledger is asked, and how the batch is judged.
 
     ``outside``: the dependencies named outside the batch; each must be an earlier call whose
@@ -371,6 +368,11 @@ class GatePlan:
     the batch whose remembered approval scopes the run's tenant may hold (a live scope
     approves a call before the approver or a human is asked). ``deciders``: per call id, the
     ``needs_approval`` callable that decides the call (its tool's, else the graph's).
+    ``in_place``: judging the batch needs no I/O at all: no dependency to read, no scope, no
+    ``needs_approval`` or approver to ask (no call of it can need approval), no rule of a tool
+    to contain; the node then judges it in place (:meth:`judge`, the rules run directly).
+
+    A named tuple, as :class:`GatedBatch` is: made once per decision.
     """
 
     calls: Sequence[ToolProposal]
@@ -379,6 +381,7 @@ class GatePlan:
     outside: frozenset[str]
     scoped: tuple[str, ...]
     deciders: Mapping[str, NeedsApproval]
+    in_place: bool = False
 
     def refused(self, state: AgentState, produced: Collection[str]) -> StopRequest | None:
         """The stop that refuses the whole batch before any call of it is gated
@@ -511,37 +514,49 @@ asked about."""
 def plan_gate(calls: Sequence[ToolProposal], settings: GateSettings) -> GatePlan:
     """Before a batch is judged: what the ledger is asked about it, and who decides per call
     whether it needs approval (:func:`~fencepost.policy.conditional_approval.deciding`)."""
-    registry = settings.registry
-    inside = {c.call_id for c in calls}
-    outside = frozenset(d for c in calls for d in c.depends_on if d not in inside)
-    scoped = {
-        c.tool_name
-        for c in calls
-        if type(c.tool_name) is str
-        and c.tool_name in registry
-        and registry.get(c.tool_name).effect is not Effect.READ
-    }
+    registry, graph_decides = settings.registry, settings.needs_approval
+    outside: frozenset[str] = _NONE
+    if any(c.depends_on for c in calls):
+        inside = {c.call_id for c in calls}
+        outside = frozenset(d for c in calls for d in c.depends_on if d not in inside)
+    scoped: set[str] = set()
     deciders: dict[str, NeedsApproval] = {}
+    # A read no ``needs_approval`` decides never needs approval: nobody is asked about it.
+    in_place = not outside
     for call in calls:
-        if call.tool_name in registry:
-            decider = deciding(registry.get(call.tool_name), settings.needs_approval)
-            if decider is not None:
-                deciders[call.call_id] = decider
+        name = call.tool_name
+        if name not in registry:
+            continue
+        spec = registry.get(name)
+        if spec.effect is not Effect.READ:
+            in_place = False
+            if type(name) is str:
+                scoped.add(name)
+        decider = deciding(spec, graph_decides)
+        if decider is not None:
+            deciders[call.call_id] = decider
+            in_place = False
+        elif in_place and tool_gate(spec).runs_rules:
+            in_place = False
     return GatePlan(
         calls=calls,
         settings=settings,
         names=tuple(c.tool_name for c in calls),
         outside=outside,
-        scoped=tuple(sorted(scoped)),
+        scoped=tuple(sorted(scoped)) if scoped else (),
         deciders=deciders,
+        in_place=in_place,
     )
 
 
-@dataclass(frozen=True, slots=True)
-class GateEnd:
+_NONE: frozenset[str] = frozenset()
+
+
+class GateEnd(NamedTuple):
     """After the batch was judged (and its approver answered): the run to write, one
     manifest's fields per call, and whether the batch is reserved (``reserves``: its allowed
-    calls, in order, with ``gated``, the fields the gate sets, written into the run)."""
+    calls, in order, with ``gated``, the fields the gate sets, written into the run). A named
+    tuple: made once per decision."""
 
     state: AgentState
     records: tuple[dict[str, Any], ...]

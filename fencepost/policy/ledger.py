@@ -747,6 +747,12 @@ class InMemoryLedger(Ledger, ScopeStore):
         """Per account, per window (in order), what each bucket holds."""
         self._lock = threading.RLock()
         self._parents: dict[str, str | None] = {}
+        self._chains: dict[str, tuple[str, ...]] = {}
+        """Each open account and its ancestors, nearest first: fixed when it is opened (its
+        parent then, never changed), so a reservation does not walk the parents again."""
+        self._windowed: dict[str, bool] = {}
+        """Per account, whether an account of its chain has spend windows (fixed at open too):
+        most have none, and a reservation then reads no clock and counts no window."""
         self._limits: dict[str, dict[str, float]] = {}
         self._owners: dict[str, dict[str, str]] = {}
         self._closed: dict[str, str] = {}
@@ -758,6 +764,8 @@ class InMemoryLedger(Ledger, ScopeStore):
         """Each account's reservation keys, so a closed account's can be forgotten in O(its own)."""
         self._valid_names: set[str] = set()
         """The names of open accounts that were opened as exact strs (validated then)."""
+        self._valid_axes: set[str] = set()
+        """Axis names reserved before as exact strs (validated then)."""
         self._valid_keys: set[str] = set()
         """The keys of stored reservations that were reserved as exact strs (validated then):
         a key is settled, released or read again by the same text, and whether a text is a
@@ -789,6 +797,11 @@ class InMemoryLedger(Ledger, ScopeStore):
                 )
             else:
                 self._parents[account] = parent
+                chain = (account, *self._chains[parent]) if parent is not None else (account,)
+                self._chains[account] = chain
+                self._windowed[account] = bool(spans) or (
+                    parent is not None and self._windowed[parent]
+                )
                 self._limits[account] = clean
                 self._owners[account] = who
                 self._windows[account] = spans
@@ -847,9 +860,26 @@ class InMemoryLedger(Ledger, ScopeStore):
         if type(account) is not str or account not in self._valid_names:
             validate_name(account, "account")
         self._check_key(key)
-        clean = validate_amounts(amounts)
+        clean = self._clean_amounts(amounts)
         with self._lock:
             return self._reserve(account, key, clean)
+
+    def _clean_amounts(self, amounts: Mapping[str, float]) -> dict[str, float]:
+        """:func:`validate_amounts`, for amounts of exact floats on axes this ledger validated
+        before (exact strs: a str subclass may claim to equal any text) without validating
+        their names again: whether a text is a valid name depends on the text alone."""
+        valid = self._valid_axes
+        if type(amounts) is dict:
+            for axis, value in amounts.items():
+                if not (
+                    type(axis) is str and axis in valid and type(value) is float and value >= 0
+                ):
+                    break
+            else:
+                return amounts.copy()
+        clean = validate_amounts(amounts)
+        valid.update(axis for axis in clean if type(axis) is str)
+        return clean
 
     def _check_key(self, key: str) -> None:
         """``InvalidLedgerKey`` unless ``key`` is a valid key. A key this ledger stored as an
@@ -869,7 +899,7 @@ class InMemoryLedger(Ledger, ScopeStore):
         if type(account) is not str or account not in self._valid_names:
             validate_name(account, "account")
         self._check_key(key)
-        clean = validate_amounts(amounts)
+        clean = self._clean_amounts(amounts)
         with self._lock:
             self._put(account, key, clean)
 
@@ -883,23 +913,34 @@ class InMemoryLedger(Ledger, ScopeStore):
                 existing_reservation(self._model(key, prior), account)
                 raise LedgerConflict(f"key {key!r} is held by another account")
             return prior, True
-        chain = walk_chain(account, self._parents)
-        check_open((name, self._closed.get(name)) for name in chain)
-        check_room(
-            ((name, self._limits[name], self._held[name]) for name in chain),
-            clean,
-            self._in_flight,
-        )
-        now = self._chain_now(chain)
-        check_windows(
-            ((name, self._windows_held(name, now)) for name in chain if self._windows[name]),
-            clean,
-            now,
-            self._in_flight,
-        )
-        self._add_held(chain, clean)
-        self._add_in_flight(chain, clean)
-        self._add_windows(chain, clean, now)
+        chain = self._chains.get(account)
+        if chain is None:
+            raise UnknownAccount(account)
+        closed = self._closed
+        if not closed.keys().isdisjoint(chain):
+            check_open((name, closed.get(name)) for name in chain)
+        limits, held = self._limits, self._held
+        links = [(name, limits[name], held[name]) for name in chain]
+        if _short(links, clean) is not None:  # check_room's own test, first: it raises
+            check_room(links, clean, self._in_flight)
+        if self._windowed[account]:
+            now = self._now()
+            check_windows(
+                ((name, self._windows_held(name, now)) for name in chain if self._windows[name]),
+                clean,
+                now,
+                self._in_flight,
+            )
+            self._add_windows(chain, clean, now)
+        else:
+            now = 0.0  # never read: no account of the chain counts windows
+        # _add_held and _add_in_flight, in one pass over the chain.
+        flying = self._in_flight
+        for name in chain:
+            holds, flies = held[name], flying[name]
+            for axis, amount in clean.items():
+                holds[axis] = holds.get(axis, 0.0) + amount
+                flies[axis] = flies.get(axis, 0.0) + amount
         stored = _new_record(_Record, (account, clean, ReservationStatus.RESERVED, now))
         self._reservations[key] = stored
         if type(key) is str:
@@ -968,7 +1009,7 @@ class InMemoryLedger(Ledger, ScopeStore):
     def _model(key: str, stored: _Record) -> Reservation:
         return _reservation(stored.account, key, stored.amounts, stored.status)
 
-    def _add_held(self, chain: list[str], delta: Mapping[str, float]) -> None:
+    def _add_held(self, chain: Sequence[str], delta: Mapping[str, float]) -> None:
         for name in chain:
             held = self._held[name]
             for axis, amount in delta.items():
@@ -997,7 +1038,7 @@ class InMemoryLedger(Ledger, ScopeStore):
             out.append((window, sum(buckets.values())))
         return out
 
-    def _add_windows(self, chain: list[str], delta: Mapping[str, float], at: float) -> None:
+    def _add_windows(self, chain: Sequence[str], delta: Mapping[str, float], at: float) -> None:
         """Count ``delta`` in the windows of the chain, in the buckets of instant ``at``."""
         for name in chain:
             for window, buckets in zip(self._windows[name], self._window_held[name], strict=True):
@@ -1006,7 +1047,7 @@ class InMemoryLedger(Ledger, ScopeStore):
                     bucket = window.bucket(at)
                     buckets[bucket] = buckets.get(bucket, 0.0) + amount
 
-    def _add_in_flight(self, chain: list[str], delta: Mapping[str, float]) -> None:
+    def _add_in_flight(self, chain: Sequence[str], delta: Mapping[str, float]) -> None:
         for name in chain:
             flying = self._in_flight[name]
             for axis, amount in delta.items():

@@ -93,3 +93,16 @@ def test_copies_sharing_a_field_set_never_change_each_other() -> None:
     widened = budget.model_copy(update={"steps_used": 1})
     assert "steps_used" in widened.model_fields_set
     assert "steps_used" not in budget.model_fields_set
+
+
+def test_no_contract_type_makes_its_instances_its_own_way() -> None:
+    # Assembled records are made with object's own __new__: a contract type with a __new__ of
+    # its own would be skipped by it.
+    import fencepost.policy  # noqa: F401  (every contract type defined)
+    from fencepost.policy.contract import Frozen
+
+    def subclasses(cls: type) -> list[type]:
+        return [s for sub in cls.__subclasses__() for s in (sub, *subclasses(sub))]
+
+    assert subclasses(Frozen)
+    assert all(cls.__new__ is object.__new__ for cls in subclasses(Frozen))

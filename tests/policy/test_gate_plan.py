@@ -210,3 +210,35 @@ def test_only_a_call_the_approval_let_through_remembers_its_scope() -> None:
     named = scopes_named(gated.batch, {"call-0001": scopes[0][1].scope_id})
     assert [e.verdict.scope_id for e in named] == [scopes[0][1].scope_id, None]
     assert scopes_named(gated.batch, {}) is gated.batch
+
+
+def test_a_batch_of_reads_nobody_decides_is_judged_in_place() -> None:
+    reads = [make_proposal(call_id="call-0001"), make_proposal(call_id="call-0002")]
+    assert plan_gate(reads, _settings()).in_place
+    # An unknown tool is refused by the registry gate: nobody is asked about it either.
+    assert plan_gate([make_proposal(tool_name="nowhere")], _settings()).in_place
+
+
+def test_a_write_a_decider_a_rule_or_a_dependency_takes_the_judging_off_the_node() -> None:
+    def rule(args: object, state: object) -> None:
+        return None
+
+    ruled = make_spec("ruled_read", semantic_validator=rule)
+    polled = make_spec("polled_read", progress_predicate=lambda proposal, state: False)
+    registry = ToolRegistry([make_spec(), SEND, DECIDED, ruled, polled])
+    read = make_proposal(call_id="call-0001")
+    for other in (
+        make_proposal(tool_name="send_money", call_id="call-0002"),
+        make_proposal(tool_name="decided_read", call_id="call-0002"),
+        make_proposal(tool_name="ruled_read", call_id="call-0002"),
+        make_proposal(tool_name="polled_read", call_id="call-0002"),
+        ToolProposal(
+            call_id="call-0002",
+            tool_name="search_logs",
+            arguments={"query": "x"},
+            depends_on=("call-0000",),
+        ),
+    ):
+        assert not plan_gate([read, other], _settings(registry=registry)).in_place
+    # The graph's own ``needs_approval`` decides every call, a read's too.
+    assert not plan_gate([read], _settings(needs_approval=_over_100)).in_place

@@ -495,3 +495,19 @@ def test_a_schema_whose_model_validate_json_is_a_staticmethod_is_validated_throu
     # tests/invariants/test_1_every_run_ends_typed.py).
     with pytest.raises(ArgumentsValidatorFailed):
         check_schema(spec, make_proposal({"query": "forbidden"}))
+
+
+def test_what_the_gate_works_out_once_per_tool_keeps_no_tool_alive() -> None:
+    import gc
+    import weakref
+
+    def rule(args: Any, state: Any, context: Any) -> None:
+        return None
+
+    spec = make_spec("made_per_request", semantic_validator=rule)
+    proposal = make_proposal(tool_name="made_per_request")
+    assert gate_proposal(ToolRegistry([spec]), proposal, make_state(), reader()).allowed
+    gone = weakref.ref(spec)
+    del spec
+    gc.collect()
+    assert gone() is None
