@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from types import FunctionType, MethodType
 from typing import Any, cast
 
 from langgraph.runtime import Runtime
@@ -30,7 +31,6 @@ from fencepost.graph.account import (
     with_budget_view,
     write_step,
 )
-from fencepost.graph.containment.tools import is_async
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import LoopConfig, Update
@@ -109,6 +109,17 @@ def _read_on_thread(cfg: LoopConfig, inp: DecisionInput, deadline: Deadline) -> 
     return _Awaiting(made) if inspect.isawaitable(made) else accept_decision(made)
 
 
+def _async_decide(model: object) -> bool:
+    """Whether ``model``'s ``decide`` is an ``async def``, told without running any of the
+    model's code: looking ``decide`` up is its code too (a property), and runs in containment.
+    Only a plain function or method is judged here; any other ``decide`` is looked up and
+    called on a thread, and an awaitable it hands back is awaited as an async one's."""
+    found = inspect.getattr_static(model, "decide", None)
+    if type(found) is MethodType:
+        found = found.__func__
+    return type(found) is FunctionType and inspect.iscoroutinefunction(found)
+
+
 async def _contained(
     cfg: LoopConfig, inp: DecisionInput, deadline: Deadline, made: Awaitable[object] | None = None
 ) -> object:
@@ -147,7 +158,7 @@ async def ask_model(
     )
     inp = plan.decision_input(state)
     timeout = deadline.remaining_seconds(clock=cfg.clock)
-    if is_async(cfg.model.decide):
+    if _async_decide(cfg.model):
         run = await io.run_model(lambda: _contained(cfg, inp, deadline), timeout)
     else:
         # A plain ``def decide`` runs on a thread of the tenant's share, as a sync tool body.
