@@ -1327,3 +1327,50 @@ def test_a_model_whose_decide_raises_when_looked_up_ends_its_run_typed(
     assert state.last_error_code == "internal_error"
     assert SECRET.encode() not in saver_bytes(saver)
     assert any(SECRET in (r.exc_text or "") for r in caplog.records if r.name == "fencepost.model")
+
+
+class _CodeBreaksWhenRead(fp.InvalidProposal):
+    """An ``InvalidProposal`` whose ``code`` raises ``SystemExit`` when the runtime reads it."""
+
+    @property  # type: ignore[override]
+    def code(self) -> str:
+        raise SystemExit(f"code: {SECRET}")
+
+    @code.setter
+    def code(self, _: str) -> None:
+        pass
+
+
+class _DefRaisesBrokenInvalid:
+    def decide(self, input: fp.DecisionInput, *, deadline: fp.Deadline) -> Any:
+        raise _CodeBreaksWhenRead()
+
+
+class _AsyncRaisesBrokenInvalid:
+    async def decide(self, input: fp.DecisionInput, *, deadline: fp.Deadline) -> Any:
+        raise _CodeBreaksWhenRead()
+
+
+@pytest.mark.parametrize(
+    "model", [_DefRaisesBrokenInvalid, _AsyncRaisesBrokenInvalid], ids=["def", "async"]
+)
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_an_invalid_proposal_a_model_raises_is_read_in_its_containment(
+    model: type[Any], mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    saver = InMemorySaver()
+    graph = fp.build_agent_graph(make_registry(Calls()), model(), model_retries=0).compile(
+        checkpointer=saver
+    )
+
+    def run() -> Any:
+        if mode == "invoke":
+            return graph.invoke(fp.start("q", budget()), thread(), context=context())
+        return asyncio.run(graph.ainvoke(fp.start("q", budget()), thread(), context=context()))
+
+    state = fp.run_output(finishes(run))
+    assert state.termination is TerminationReason.FAILED
+    assert state.last_error_code == "internal_error"
+    assert SECRET.encode() not in saver_bytes(saver)
+    assert any(SECRET in (r.exc_text or "") for r in caplog.records if r.name == "fencepost.model")
