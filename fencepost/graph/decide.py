@@ -60,7 +60,6 @@ from fencepost.policy.decide import (
     StepSettings,
     accept_decision,
     end_step,
-    invalid_code,
     model_failure,
     overage_stop,
     plan_step,
@@ -105,26 +104,9 @@ class _Awaiting:
 
 
 def _read_on_thread(cfg: LoopConfig, inp: DecisionInput, deadline: Deadline) -> object:
-    try:
-        made = cfg.model.decide(inp, deadline=deadline)
-        # Read where it was made: a reply that raises as it is read raises on its thread.
-        return _Awaiting(made) if inspect.isawaitable(made) else accept_decision(made)
-    except InvalidProposal as exc:
-        return _invalid_read(exc, inp.run_id)
-    except Exception as exc:
-        raise _raised_read(exc, inp.run_id) from None
-
-
-def _invalid_read(exc: InvalidProposal, run_id: str) -> InvalidProposal:
-    # What the model raised is its code too (a ``code`` property that raises): read here, in
-    # its containment; only the runtime's own value leaves it.
-    return InvalidProposal(invalid_code(exc, run_id))
-
-
-def _raised_read(exc: Exception, run_id: str) -> _ModelRaised:
-    code = error_code_for(exc)
-    _model_raised(exc, run_id, code)
-    return _ModelRaised(code)
+    made = cfg.model.decide(inp, deadline=deadline)
+    # Read where it was made: a reply that raises as it is read raises on its thread.
+    return _Awaiting(made) if inspect.isawaitable(made) else accept_decision(made)
 
 
 def _async_decide(model: object) -> bool:
@@ -142,16 +124,10 @@ async def _contained(
     cfg: LoopConfig, inp: DecisionInput, deadline: Deadline, made: Awaitable[object] | None = None
 ) -> object:
     try:
-        try:
-            asked = cfg.model.decide(inp, deadline=deadline) if made is None else made
-            # The reply is read here, in the model's containment: what the model hands back
-            # is its code too (a property that raises ``SystemExit`` as the runtime asks its
-            # type), and so is what it raises.
-            return accept_decision(await asked if inspect.isawaitable(asked) else asked)
-        except InvalidProposal as exc:
-            return _invalid_read(exc, inp.run_id)
-        except Exception as exc:
-            raise _raised_read(exc, inp.run_id) from None
+        asked = cfg.model.decide(inp, deadline=deadline) if made is None else made
+        # The reply is read here, in the model's containment: what the model hands back is
+        # its code too (a property that raises ``SystemExit`` as the runtime asks its type).
+        return accept_decision(await asked if inspect.isawaitable(asked) else asked)
     except (KeyboardInterrupt, SystemExit) as exc:
         # asyncio re-raises these two out of the event loop after failing the task: caught
         # here they are this step's failure, as they are for a tool.
