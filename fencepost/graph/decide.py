@@ -9,7 +9,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from types import FunctionType, MethodType
+from typing import Any, cast
 
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
@@ -30,7 +31,6 @@ from fencepost.graph.account import (
     with_budget_view,
     write_step,
 )
-from fencepost.graph.containment.tools import is_async
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.settings import LoopConfig, Update
@@ -95,12 +95,39 @@ class _ModelRaised(Exception):
         self.code = code
 
 
+@dataclass(frozen=True, slots=True)
+class _Awaiting:
+    """What a plain ``def decide`` handed back when it is an awaitable, carried off its thread
+    to be awaited (and read) in containment too."""
+
+    made: Awaitable[object]
+
+
+def _read_on_thread(cfg: LoopConfig, inp: DecisionInput, deadline: Deadline) -> object:
+    made = cfg.model.decide(inp, deadline=deadline)
+    # Read where it was made: a reply that raises as it is read raises on its thread.
+    return _Awaiting(made) if inspect.isawaitable(made) else accept_decision(made)
+
+
+def _async_decide(model: object) -> bool:
+    """Whether ``model``'s ``decide`` is an ``async def``, told without running any of the
+    model's code: looking ``decide`` up is its code too (a property), and runs in containment.
+    Only a plain function or method is judged here; any other ``decide`` is looked up and
+    called on a thread, and an awaitable it hands back is awaited as an async one's."""
+    found = inspect.getattr_static(model, "decide", None)
+    if type(found) is MethodType:
+        found = found.__func__
+    return type(found) is FunctionType and inspect.iscoroutinefunction(found)
+
+
 async def _contained(
     cfg: LoopConfig, inp: DecisionInput, deadline: Deadline, made: Awaitable[object] | None = None
 ) -> object:
     try:
         asked = cfg.model.decide(inp, deadline=deadline) if made is None else made
-        return await asked if inspect.isawaitable(asked) else asked
+        # The reply is read here, in the model's containment: what the model hands back is
+        # its code too (a property that raises ``SystemExit`` as the runtime asks its type).
+        return accept_decision(await asked if inspect.isawaitable(asked) else asked)
     except (KeyboardInterrupt, SystemExit) as exc:
         # asyncio re-raises these two out of the event loop after failing the task: caught
         # here they are this step's failure, as they are for a tool.
@@ -131,17 +158,17 @@ async def ask_model(
     )
     inp = plan.decision_input(state)
     timeout = deadline.remaining_seconds(clock=cfg.clock)
-    if is_async(cfg.model.decide):
+    if _async_decide(cfg.model):
         run = await io.run_model(lambda: _contained(cfg, inp, deadline), timeout)
     else:
         # A plain ``def decide`` runs on a thread of the tenant's share, as a sync tool body.
         run = await io.run_model_on_thread(
-            lambda: cfg.model.decide(inp, deadline=deadline), timeout, tenant=ctx.tenant_id
+            lambda: _read_on_thread(cfg, inp, deadline), timeout, tenant=ctx.tenant_id
         )
-        if run.finished and inspect.isawaitable(run.value):
+        if run.finished and isinstance(run.value, _Awaiting):
             # A ``def`` handing back an awaitable (a decorated ``async def``) is awaited where
             # an ``async def`` would be.
-            made = run.value
+            made = run.value.made
             run = await io.run_model(
                 lambda: _contained(cfg, inp, deadline, made),
                 deadline.remaining_seconds(clock=cfg.clock),
@@ -161,7 +188,8 @@ async def ask_model(
         code = error_code_for(exc) if isinstance(exc, Exception) else ErrorCode.INTERNAL_ERROR
         _model_raised(exc, state.run_id, code)
         return model_failure(code, run_deadline_passed=passed)
-    return accept_decision(run.value)
+    # Read in containment already (``accept_decision``): a decision or why it is none.
+    return cast("Decided | InvalidProposal", run.value)
 
 
 async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:

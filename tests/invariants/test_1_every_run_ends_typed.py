@@ -1243,3 +1243,87 @@ def test_a_reply_that_is_no_decision_ends_invalid_proposal_never_completed_and_r
         fp.TerminationReason.INVALID_PROPOSAL.value,
         code,
     )
+
+
+class _BreaksWhenRead:
+    """A model's reply that raises ``SystemExit`` as soon as the runtime asks what it is."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        raise SystemExit(f"read me: {SECRET}")
+
+
+class _DefReplyBreaks:
+    def decide(self, input: fp.DecisionInput, *, deadline: fp.Deadline) -> Any:
+        return _BreaksWhenRead()
+
+
+class _AsyncReplyBreaks:
+    async def decide(self, input: fp.DecisionInput, *, deadline: fp.Deadline) -> Any:
+        return _BreaksWhenRead()
+
+
+@pytest.mark.parametrize("model", [_DefReplyBreaks, _AsyncReplyBreaks], ids=["def", "async"])
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_a_model_reply_that_raises_when_read_ends_its_run_typed_and_nothing_escapes_invoke(
+    model: type[Any], mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    saver = InMemorySaver()
+    graph = fp.build_agent_graph(make_registry(Calls()), model(), model_retries=0).compile(
+        checkpointer=saver
+    )
+
+    def run() -> Any:
+        if mode == "invoke":
+            return graph.invoke(fp.start("q", budget()), thread(), context=context())
+        return asyncio.run(graph.ainvoke(fp.start("q", budget()), thread(), context=context()))
+
+    state = fp.run_output(finishes(run))
+    assert state.termination is TerminationReason.FAILED
+    assert state.last_error_code == "internal_error"
+    assert SECRET.encode() not in saver_bytes(saver)
+    assert any(SECRET in (r.exc_text or "") for r in caplog.records if r.name == "fencepost.model")
+
+
+class _DecideBreaksWhenLooked:
+    """A model whose ``decide`` is a property: looked up once as the graph is built, it
+    raises ``SystemExit`` when a step looks it up again."""
+
+    def __init__(self) -> None:
+        self.looked = 0
+
+    @property
+    def decide(self) -> Any:
+        self.looked += 1
+        if self.looked > 1:
+            raise SystemExit(f"looked up: {SECRET}")
+
+        async def decide(input: fp.DecisionInput, *, deadline: fp.Deadline) -> fp.Decision:
+            return ABSTAIN
+
+        return decide
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_a_model_whose_decide_raises_when_looked_up_ends_its_run_typed(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    saver = InMemorySaver()
+    model = _DecideBreaksWhenLooked()
+    graph = fp.build_agent_graph(make_registry(Calls()), model, model_retries=0).compile(
+        checkpointer=saver
+    )
+
+    def run() -> Any:
+        if mode == "invoke":
+            return graph.invoke(fp.start("q", budget()), thread(), context=context())
+        return asyncio.run(graph.ainvoke(fp.start("q", budget()), thread(), context=context()))
+
+    state = fp.run_output(finishes(run))
+    assert model.looked > 1
+    assert state.termination is TerminationReason.FAILED
+    assert state.last_error_code == "internal_error"
+    assert SECRET.encode() not in saver_bytes(saver)
+    assert any(SECRET in (r.exc_text or "") for r in caplog.records if r.name == "fencepost.model")
