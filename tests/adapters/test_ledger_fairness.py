@@ -10,6 +10,7 @@ Throughput is the benchmark's business (``benchmarks/ledger_throughput.py``), ne
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -23,9 +24,9 @@ from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.ledger import Ledger
 
 # `make test` runs this module on its own, before the rest of the suite goes to its two parallel
-# workers: what a lane gets depends on it being scheduled, and a test beside it in the other
-# worker would take a core from the race (the ledger does not queue its waiters: see the
-# fairness note in fencepost.adapters.ledger_sqlite).
+# workers: a lane that is not running gets nothing, and a test beside it in the other worker would
+# take a core from the race (the SQLite ledger's waiters queue in the kernel, see the fairness note
+# in fencepost.adapters.ledger_sqlite, but a lane still has to be scheduled to join the queue).
 pytestmark = pytest.mark.serial
 
 PROCESSES = 8
@@ -62,7 +63,7 @@ def _contend(opener: Callable[[], Ledger], lane: int, start_at: float) -> int:
 
 def _warm(seconds: float) -> int:
     time.sleep(seconds)
-    return 0
+    return os.getpid()
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,12 @@ def processes() -> Iterator[ProcessPoolExecutor]:
     pool = ProcessPoolExecutor(
         max_workers=PROCESSES, mp_context=multiprocessing.get_context("spawn")
     )
-    list(pool.map(_warm, [0.3] * PROCESSES))  # every worker started and imported before a race
+    # Every worker started and imported before a race: a round answered by fewer than all of
+    # them (the first ready took a second item while another was still importing) is repeated,
+    # else a late lane starts after the others have spent the limit ([50, 50, 50, 50, 0, ...]).
+    for _ in range(20):
+        if len(set(pool.map(_warm, [0.3] * PROCESSES))) == PROCESSES:
+            break
     yield pool
     pool.shutdown(wait=True, cancel_futures=True)
 
