@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -180,3 +182,68 @@ def test_the_ledger_of_a_sqlite_saver_takes_turns_on_the_savers_lock(tmp_path: P
     finally:
         ledger.close()
         conn.close()
+
+
+def _writer_lock_free(path: Path) -> bool:
+    """Whether the writer file's lock is free for another open file (taken and given back)."""
+    fd = os.open(f"{path}-fencepost-writer", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing the only descriptor of this open file gives its lock back
+    return True
+
+
+def test_a_write_holds_the_writer_queue_through_its_transaction_and_a_read_takes_none(
+    tmp_path: Path,
+) -> None:
+    # Writers wait for each other in the kernel, on a lock beside the file, not by polling
+    # SQLite's lock: the lock is held for the whole transaction, and given back after it.
+    path = tmp_path / "ledger.db"
+    free_inside: list[bool] = []
+    with SqliteLedger(path) as ledger:
+        ledger.open_account("run", {"tool_calls": 2})
+        real = ledger._transaction
+
+        def watched(conn: Any, work: Any, *, read_only: bool) -> Any:
+            free_inside.append(_writer_lock_free(path))
+            return real(conn, work, read_only=read_only)
+
+        ledger._transaction = watched  # type: ignore[method-assign]
+        ledger.reserve("run", "call-1", {"tool_calls": 1})
+        ledger.balance("run")
+        assert free_inside == [False, True]
+        assert _writer_lock_free(path)
+
+
+def test_two_ledgers_of_one_process_on_one_file_queue_as_two_processes(tmp_path: Path) -> None:
+    # flock locks belong to an open file: each ledger opens its own, so one ledger's write
+    # holds the lock against the other ledger of the same process too.
+    path = tmp_path / "ledger.db"
+    free_inside: list[bool] = []
+    with SqliteLedger(path) as first, SqliteLedger(path) as second:
+        first.open_account("run", {"tool_calls": 2})
+        real = first._transaction
+
+        def watched(conn: Any, work: Any, *, read_only: bool) -> Any:
+            free_inside.append(_writer_lock_free(path))
+            return real(conn, work, read_only=read_only)
+
+        first._transaction = watched  # type: ignore[method-assign]
+        first.reserve("run", "call-1", {"tool_calls": 1})
+        assert free_inside == [False]
+        held = second.reserve("run", "call-2", {"tool_calls": 1})
+        assert held.balance is not None
+        assert held.balance.held == {"tool_calls": 2.0}
+
+
+def test_an_in_memory_ledger_needs_no_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with SqliteLedger(":memory:") as ledger:
+        ledger.open_account("run", {"tool_calls": 1})
+        ledger.reserve("run", "call-1", {"tool_calls": 1})
+    assert list(tmp_path.iterdir()) == []
