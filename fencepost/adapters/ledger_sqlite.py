@@ -179,8 +179,10 @@ class SqliteLedger(SqlLedger):
     """Accounts and reservations in a SQLite file; atomic across threads and processes.
 
     ``path`` is the database file (created if missing; ``":memory:"`` works but is neither durable
-    nor shared). ``busy_timeout`` is how many seconds a transaction waits for another process's
-    write lock before it fails with ``database is locked``. ``synchronous`` is the durability
+    nor shared). ``busy_timeout`` is how many seconds a transaction waits for SQLite's write lock
+    held by a writer outside the ledgers' queue before it fails with ``database is locked``; the
+    wait in the queue has no timeout (each writer ahead holds it for one transaction, and a
+    process that dies gives it back). ``synchronous`` is the durability
     setting (see the module docstring: ``"FULL"``, the default, or ``"NORMAL"``).
     ``writer_lock`` is the lock another writer of the same file in this process holds around
     its transactions (a ``SqliteSaver``'s ``lock``): write transactions take turns with it (see
