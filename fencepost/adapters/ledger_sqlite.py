@@ -25,8 +25,9 @@ waiter on a loaded machine (a process woken a few milliseconds late finds the lo
 a writer descheduled mid-transaction holds it while the waiters spin on the CPU it needs). So each
 write transaction first takes an exclusive ``flock`` on ``<path>-fencepost-writer``, through a
 gate: it takes ``<path>-fencepost-queue``, then the writer lock, then lets go of the gate. Waiters
-sleep in the kernel (no CPU, no timeout to run out), which queues ``flock`` waiters in the order
-they came; the gate keeps a writer that has just committed from taking the lock straight back
+sleep in the kernel (no CPU; a contended wait runs on a thread so that it can end at
+``busy_timeout``, and a wait given up keeps its place for the ledger's next write), which queues
+``flock`` waiters in the order they came; the gate keeps a writer that has just committed from taking the lock straight back
 before the waiter it woke has run (the one waiting on the writer lock holds the gate, so the
 writer queues behind the others). A process that dies holding either lock loses it with its open
 files. Uncontended, the cost is four system calls per write; reads take no lock (WAL readers never
@@ -127,6 +128,60 @@ def _lock_file(name: str) -> int | None:
         return None
 
 
+class _Waiting:
+    """One wait for a ``flock`` in the kernel queue, on a thread: a wait can be given up at its
+    time limit (``flock`` has none) and taken up again by the next write, so a holder that never
+    lets go costs each ledger at most one waiting thread per lock file, never one per write."""
+
+    def __init__(self, name: str) -> None:
+        # A descriptor of its own: a lock belongs to an open file description, and one taken
+        # after the wait was given up must never be the lock this ledger writes under.
+        fd = _lock_file(name)
+        if fd is None:
+            raise sqlite3.OperationalError("database is locked")
+        self.fd = fd
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.got = False
+        self.abandoned = False
+        threading.Thread(target=self._wait, name="fencepost-ledger-queue", daemon=True).start()
+
+    def _wait(self) -> None:
+        assert fcntl is not None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError:
+            with self.lock:
+                self.abandoned = True  # nobody takes up a wait that failed
+            os.close(self.fd)
+            self.done.set()
+            return
+        with self.lock:
+            if self.abandoned:  # given up: the lock goes on to the next in the queue
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                os.close(self.fd)
+            else:
+                self.got = True
+        self.done.set()
+
+    def taken_within(self, seconds: float) -> bool:
+        """Whether the lock is held within ``seconds``; if not, the wait is given up."""
+        self.done.wait(max(0.0, seconds))
+        with self.lock:
+            if self.got:
+                return True
+            self.abandoned = True
+            return False
+
+    def take_up(self) -> bool:
+        """Take up a wait given up earlier and still in the queue (its place kept)."""
+        with self.lock:
+            if self.done.is_set():
+                return False
+            self.abandoned = False
+            return True
+
+
 class _WriterQueue:
     """The kernel queue of this ledger's writers: a gate file and a writer file beside the database.
 
@@ -136,39 +191,76 @@ class _WriterQueue:
     parent's descriptions (its lock would be the parent's): it opens its own
     (:meth:`SqliteLedger._connection`). Where ``fcntl`` is missing (Windows, not a target), for
     an in-memory database, or where the files cannot be opened, every method is a no-op.
+
+    A wait is bounded (``enter(seconds)``): a writer ahead that never lets go (a process stopped
+    with its lock, a hung disk) fails the writers behind it with ``database is locked`` after
+    ``busy_timeout``, as SQLite's own lock did, instead of holding their runs past any deadline.
     """
 
     def __init__(self, database: str) -> None:
         self._gate: int | None = None
         self._writer: int | None = None
+        self._names = (f"{database}-fencepost-queue", f"{database}-fencepost-writer")
+        self._pending: dict[str, _Waiting] = {}
+        self._held: int | None = None
         if fcntl is None or database in ("", ":memory:"):
             return
-        gate = _lock_file(f"{database}-fencepost-queue")
-        writer = _lock_file(f"{database}-fencepost-writer") if gate is not None else None
+        gate = _lock_file(self._names[0])
+        writer = _lock_file(self._names[1]) if gate is not None else None
         if writer is None:
             if gate is not None:
                 os.close(gate)
             return
         self._gate, self._writer = gate, writer
 
-    def enter(self) -> None:
-        """Wait in the kernel until this ledger is the file's one writer (through the gate)."""
+    def _take(self, name: str, fd: int, deadline: float) -> int:
+        """The descriptor holding the exclusive lock on ``name`` (``fd`` when it was free, else
+        the one a wait took it with), waiting until ``deadline`` at most."""
+        assert fcntl is not None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        waiting = self._pending.pop(name, None)
+        if waiting is None or not waiting.take_up():
+            waiting = _Waiting(name)
+        if waiting.taken_within(deadline - time.monotonic()):
+            return waiting.fd
+        self._pending[name] = waiting  # given up, kept in the queue for the next write
+        raise sqlite3.OperationalError("database is locked")
+
+    def _let_go(self, held: int, own: int) -> None:
+        assert fcntl is not None
+        fcntl.flock(held, fcntl.LOCK_UN)
+        if held != own:
+            os.close(held)
+
+    def enter(self, seconds: float) -> None:
+        """Wait in the kernel until this ledger is the file's one writer (through the gate), for
+        ``seconds`` at most (then ``sqlite3.OperationalError``: database is locked)."""
         if self._gate is None or self._writer is None or fcntl is None:
             return
-        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        deadline = time.monotonic() + seconds
+        gate = self._take(self._names[0], self._gate, deadline)
         try:
-            fcntl.flock(self._writer, fcntl.LOCK_EX)
+            self._held = self._take(self._names[1], self._writer, deadline)
         finally:
-            fcntl.flock(self._gate, fcntl.LOCK_UN)
+            self._let_go(gate, self._gate)
 
     def leave(self) -> None:
         """Hand the writer lock to the next in the queue."""
-        if self._writer is not None and fcntl is not None:
-            fcntl.flock(self._writer, fcntl.LOCK_UN)
+        if self._held is not None and self._writer is not None and fcntl is not None:
+            held, self._held = self._held, None
+            self._let_go(held, self._writer)
 
     def close(self) -> None:
         """Close the files. In a forked child this never unlocks the parent's lock: a ``flock``
-        goes with the last descriptor of its open file, and the parent keeps its own."""
+        goes with the last descriptor of its open file, and the parent keeps its own. A wait
+        still in the queue is given up (its thread lets the lock go if it ever gets it)."""
+        for waiting in self._pending.values():
+            waiting.taken_within(0)
+        self._pending.clear()
         for fd in (self._gate, self._writer):
             if fd is not None:
                 os.close(fd)
@@ -180,9 +272,9 @@ class SqliteLedger(SqlLedger):
 
     ``path`` is the database file (created if missing; ``":memory:"`` works but is neither durable
     nor shared). ``busy_timeout`` is how many seconds a transaction waits for SQLite's write lock
-    held by a writer outside the ledgers' queue before it fails with ``database is locked``; the
-    wait in the queue has no timeout (each writer ahead holds it for one transaction, and a
-    process that dies gives it back). ``synchronous`` is the durability
+    (in the ledgers' queue, or held by a writer outside it) before it fails with ``database is
+    locked``: a writer ahead that never lets go (a stopped process, a hung disk) holds the others
+    that long, never past it. ``synchronous`` is the durability
     setting (see the module docstring: ``"FULL"``, the default, or ``"NORMAL"``).
     ``writer_lock`` is the lock another writer of the same file in this process holds around
     its transactions (a ``SqliteSaver``'s ``lock``): write transactions take turns with it (see
@@ -248,7 +340,7 @@ class SqliteLedger(SqlLedger):
         try:
             conn.execute("PRAGMA busy_timeout = 0")
             # Queued like a write: processes opening a new file at once do not spin on it.
-            self._queue.enter()
+            self._queue.enter(self._busy_timeout)
             try:
                 self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
             finally:
@@ -307,7 +399,7 @@ class SqliteLedger(SqlLedger):
             conn = self._connection()
             queue = None if read_only else self._queue
             if queue is not None:
-                queue.enter()
+                queue.enter(self._busy_timeout)
             try:
                 # Queue first, then the turn: a saver's transaction never waits on the queue, so
                 # holding the queue while waiting for the turn cannot close a cycle.

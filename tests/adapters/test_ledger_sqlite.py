@@ -247,3 +247,29 @@ def test_an_in_memory_ledger_needs_no_lock_file(
         ledger.open_account("run", {"tool_calls": 1})
         ledger.reserve("run", "call-1", {"tool_calls": 1})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_writer_ahead_that_never_lets_go_fails_the_next_write_after_busy_timeout_not_never(
+    tmp_path: Path,
+) -> None:
+    # A holder of the writer lock that is stopped (SIGSTOP, a hung disk) would hold every writer
+    # behind it for good if the kernel wait had no end: the wait ends at busy_timeout, as
+    # SQLite's own lock did, and the write fails typed. Once the holder lets go, the next write
+    # goes through, and no waiting thread is left per failed write.
+    path = tmp_path / "ledger.db"
+    with SqliteLedger(path, busy_timeout=0.3) as ledger:
+        ledger.open_account("run", {"tool_calls": 3})
+        holder = os.open(f"{path}-fencepost-writer", os.O_RDWR)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        try:
+            for call in ("call-1", "call-2"):
+                with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+                    ledger.reserve("run", call, {"tool_calls": 1})
+            waiting = [t for t in threading.enumerate() if t.name == "fencepost-ledger-queue"]
+            assert len(waiting) == 1  # the second write took up the first one's wait
+        finally:
+            fcntl.flock(holder, fcntl.LOCK_UN)
+            os.close(holder)
+        held = ledger.reserve("run", "call-3", {"tool_calls": 1})
+        assert held.balance is not None and held.balance.held == {"tool_calls": 1.0}
+        assert _writer_lock_free(path)
