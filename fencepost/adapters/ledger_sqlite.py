@@ -17,15 +17,24 @@ synced at checkpoints), so a reservation survives a crash of the process but the
 a power cut or an OS crash may be lost (the file stays consistent). Choose it only where losing
 the record that an attempt started is acceptable.
 
-Fairness: SQLite's own busy handler lets a waiting process sleep up to 100 ms between attempts, so
-a process in a tight loop re-takes the write lock again and again while the others sleep (8
-processes against one account: one got 1,445 of 1,600 reservations, three got none). This ledger
-sets SQLite's busy timeout to zero and waits itself: a waiting process asks again after a short
-jittered sleep (full jitter, capped at a millisecond), and while it waits it holds a shared
-``flock`` on a side file, ``<path>-fencepost-wait`` (the waiting room). A writer that has just
-committed checks the waiting room (one non-blocking ``flock``); when someone is waiting, it
-pauses briefly before it returns, so the lock goes to a waiter instead of back to the same
-process. Uncontended, the cost is that one system call per write.
+Fairness: writers queue in the kernel, not in SQLite. SQLite's own busy handler lets a waiting
+process sleep up to 100 ms between attempts, so a process in a tight loop re-takes the write lock
+again and again while the others sleep (8 processes against one account: one got 1,445 of 1,600
+reservations, three got none); retrying after short jittered sleeps instead still starves a
+waiter on a loaded machine (a process woken a few milliseconds late finds the lock re-taken, and
+a writer descheduled mid-transaction holds it while the waiters spin on the CPU it needs). So each
+write transaction first takes an exclusive ``flock`` on ``<path>-fencepost-writer``, through a
+gate: it takes ``<path>-fencepost-queue``, then the writer lock, then lets go of the gate. Waiters
+sleep in the kernel (no CPU; a contended wait runs on a thread so that it can end at
+``busy_timeout``, and a wait given up keeps its place for the ledger's next write), which queues
+``flock`` waiters in the order they came; the gate keeps a writer that has just committed from taking the lock straight back
+before the waiter it woke has run (the one waiting on the writer lock holds the gate, so the
+writer queues behind the others). A process that dies holding either lock loses it with its open
+files. Uncontended, the cost is four system calls per write; reads take no lock (WAL readers never
+block the writer). ``BEGIN IMMEDIATE`` still waits out SQLite's lock when a writer outside the
+queue holds it (another program, a ``SqliteSaver`` of the same file): the transaction is retried
+after a jittered wait (full jitter, capped at a millisecond) until ``busy_timeout``. ``flock`` is
+POSIX: on Windows (not a target) and for an in-memory database there is no queue, only that wait.
 
 Turns with a writer in this process: a ledger on the file a ``SqliteSaver`` writes (the ledger
 of a graph built with none) is given the saver's ``lock``, which the saver holds around each of
@@ -73,7 +82,7 @@ from fencepost.policy.windows import Window
 
 try:
     import fcntl
-except ImportError:  # pragma: no cover - not on Windows: no waiting room there
+except ImportError:  # pragma: no cover - Windows is not a target: no queue there
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["SqliteLedger", "WriterLock"]
@@ -86,9 +95,6 @@ _FIRST_WAIT = 0.0002
 """The cap of the first jittered wait for the write lock, in seconds; it doubles per attempt."""
 _LONGEST_WAIT = 0.001
 """The cap never grows beyond this: a waiting process asks at least every millisecond."""
-_COURTESY = 0.0015
-"""How long a writer that just committed pauses when others wait: longer than a waiter's longest
-wait, so one of them asks (and gets the lock) in the meantime."""
 _TURN_WAIT = 0.25
 """The longest a write transaction waits for its turn on the writer lock it shares (seconds)."""
 
@@ -109,58 +115,166 @@ def _is_busy(error: sqlite3.OperationalError) -> bool:
     return code is not None and code & 0xFF in _BUSY_CODES
 
 
-class _WaitingRoom:
-    """A side file whose shared ``flock`` says "a process is waiting for the write lock".
+def _lock_file(name: str) -> int | None:
+    """An open descriptor of the lock file ``name`` (created if missing), or ``None`` where it can
+    be neither created nor opened (a read-only directory: writers then wait as without a queue)."""
+    try:
+        return os.open(name, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        pass
+    try:
+        return os.open(name, os.O_RDONLY)  # flock needs no write access
+    except OSError:
+        return None
 
-    Opened per process (``flock`` locks belong to an open file; a forked child opens its own).
-    Where ``fcntl`` is missing, or for an in-memory database, every method is a no-op.
+
+class _Waiting:
+    """One wait for a ``flock`` in the kernel queue, on a thread: a wait can be given up at its
+    time limit (``flock`` has none) and taken up again by the next write, so a holder that never
+    lets go costs each ledger at most one waiting thread per lock file, never one per write."""
+
+    def __init__(self, name: str) -> None:
+        # A descriptor of its own: a lock belongs to an open file description, and one taken
+        # after the wait was given up must never be the lock this ledger writes under.
+        fd = _lock_file(name)
+        if fd is None:
+            raise sqlite3.OperationalError("database is locked")
+        self.fd = fd
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.got = False
+        self.abandoned = False
+        threading.Thread(target=self._wait, name="fencepost-ledger-queue", daemon=True).start()
+
+    def _wait(self) -> None:
+        assert fcntl is not None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError:
+            with self.lock:
+                self.abandoned = True  # nobody takes up a wait that failed
+            os.close(self.fd)
+            self.done.set()
+            return
+        with self.lock:
+            if self.abandoned:  # given up: the lock goes on to the next in the queue
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                os.close(self.fd)
+            else:
+                self.got = True
+        self.done.set()
+
+    def taken_within(self, seconds: float) -> bool:
+        """Whether the lock is held within ``seconds``; if not, the wait is given up."""
+        self.done.wait(max(0.0, seconds))
+        with self.lock:
+            if self.got:
+                return True
+            self.abandoned = True
+            return False
+
+    def take_up(self) -> bool:
+        """Take up a wait given up earlier and still in the queue (its place kept)."""
+        with self.lock:
+            if self.done.is_set():
+                return False
+            self.abandoned = False
+            return True
+
+
+class _WriterQueue:
+    """The kernel queue of this ledger's writers: a gate file and a writer file beside the database.
+
+    One per ledger object and process: ``flock`` locks belong to an open file description, so
+    two ledgers of one process on one file queue like two processes, while the threads of one
+    ledger are serialised by its own lock before they get here. A forked child shares its
+    parent's descriptions (its lock would be the parent's): it opens its own
+    (:meth:`SqliteLedger._connection`). Where ``fcntl`` is missing (Windows, not a target), for
+    an in-memory database, or where the files cannot be opened, every method is a no-op.
+
+    A wait is bounded (``enter(seconds)``): a writer ahead that never lets go (a process stopped
+    with its lock, a hung disk) fails the writers behind it with ``database is locked`` after
+    ``busy_timeout``, as SQLite's own lock did, instead of holding their runs past any deadline.
     """
 
     def __init__(self, database: str) -> None:
-        self._fd: int | None = None
-        self._inside = False
+        self._gate: int | None = None
+        self._writer: int | None = None
+        self._names = (f"{database}-fencepost-queue", f"{database}-fencepost-writer")
+        self._pending: dict[str, _Waiting] = {}
+        self._held: int | None = None
         if fcntl is None or database in ("", ":memory:"):
             return
-        self._fd = os.open(f"{database}-fencepost-wait", os.O_RDWR | os.O_CREAT, 0o644)
-
-    def enter(self) -> None:
-        """Say this process waits (retried on every wait until it holds the shared lock)."""
-        if self._fd is None or self._inside or fcntl is None:
+        gate = _lock_file(self._names[0])
+        writer = _lock_file(self._names[1]) if gate is not None else None
+        if writer is None:
+            if gate is not None:
+                os.close(gate)
             return
+        self._gate, self._writer = gate, writer
+
+    def _take(self, name: str, fd: int, deadline: float) -> int:
+        """The descriptor holding the exclusive lock on ``name`` (``fd`` when it was free, else
+        the one a wait took it with), waiting until ``deadline`` at most."""
+        assert fcntl is not None
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return  # a writer is looking right now; say it on the next wait
-        self._inside = True
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        waiting = self._pending.pop(name, None)
+        if waiting is None or not waiting.take_up():
+            waiting = _Waiting(name)
+        if waiting.taken_within(deadline - time.monotonic()):
+            return waiting.fd
+        self._pending[name] = waiting  # given up, kept in the queue for the next write
+        raise sqlite3.OperationalError("database is locked")
+
+    def _let_go(self, held: int, own: int) -> None:
+        assert fcntl is not None
+        fcntl.flock(held, fcntl.LOCK_UN)
+        if held != own:
+            os.close(held)
+
+    def enter(self, seconds: float) -> None:
+        """Wait in the kernel until this ledger is the file's one writer (through the gate), for
+        ``seconds`` at most (then ``sqlite3.OperationalError``: database is locked)."""
+        if self._gate is None or self._writer is None or fcntl is None:
+            return
+        deadline = time.monotonic() + seconds
+        gate = self._take(self._names[0], self._gate, deadline)
+        try:
+            self._held = self._take(self._names[1], self._writer, deadline)
+        finally:
+            self._let_go(gate, self._gate)
 
     def leave(self) -> None:
-        if self._fd is not None and self._inside and fcntl is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            self._inside = False
-
-    def occupied(self) -> bool:
-        """Whether another process is waiting (it holds the shared lock)."""
-        if self._fd is None or fcntl is None:
-            return False
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        return False
+        """Hand the writer lock to the next in the queue."""
+        if self._held is not None and self._writer is not None and fcntl is not None:
+            held, self._held = self._held, None
+            self._let_go(held, self._writer)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Close the files. In a forked child this never unlocks the parent's lock: a ``flock``
+        goes with the last descriptor of its open file, and the parent keeps its own. A wait
+        still in the queue is given up (its thread lets the lock go if it ever gets it)."""
+        for waiting in self._pending.values():
+            waiting.taken_within(0)
+        self._pending.clear()
+        for fd in (self._gate, self._writer):
+            if fd is not None:
+                os.close(fd)
+        self._gate = self._writer = None
 
 
 class SqliteLedger(SqlLedger):
     """Accounts and reservations in a SQLite file; atomic across threads and processes.
 
     ``path`` is the database file (created if missing; ``":memory:"`` works but is neither durable
-    nor shared). ``busy_timeout`` is how many seconds a transaction waits for another process's
-    write lock before it fails with ``database is locked``. ``synchronous`` is the durability
+    nor shared). ``busy_timeout`` is how many seconds a transaction waits for SQLite's write lock
+    (in the ledgers' queue, or held by a writer outside it) before it fails with ``database is
+    locked``: a writer ahead that never lets go (a stopped process, a hung disk) holds the others
+    that long, never past it. ``synchronous`` is the durability
     setting (see the module docstring: ``"FULL"``, the default, or ``"NORMAL"``).
     ``writer_lock`` is the lock another writer of the same file in this process holds around
     its transactions (a ``SqliteSaver``'s ``lock``): write transactions take turns with it (see
@@ -197,8 +311,12 @@ class SqliteLedger(SqlLedger):
         self._executor_pid = self._pid
         self._executor_lock = threading.Lock()
         self._inherited: list[sqlite3.Connection] = []
-        self._conn: sqlite3.Connection | None = self._connect()
-        self._room = _WaitingRoom(self._path)
+        self._queue = _WriterQueue(self._path)
+        try:
+            self._conn: sqlite3.Connection | None = self._connect()
+        except BaseException:
+            self._queue.close()
+            raise
         try:
             self.setup()
         except BaseException:
@@ -221,7 +339,12 @@ class SqliteLedger(SqlLedger):
         )
         try:
             conn.execute("PRAGMA busy_timeout = 0")
-            self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
+            # Queued like a write: processes opening a new file at once do not spin on it.
+            self._queue.enter(self._busy_timeout)
+            try:
+                self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
+            finally:
+                self._queue.leave()
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
         except BaseException:
@@ -259,42 +382,52 @@ class SqliteLedger(SqlLedger):
             self._inherited.append(self._conn)
             self._pid = os.getpid()
             self._lock = threading.RLock()
+            self._queue.close()  # the parent's open files: locking them would lock the parent's
+            self._queue = _WriterQueue(self._path)
             self._conn = self._connect()
-            self._room = _WaitingRoom(self._path)  # the parent's open file shares its locks
         return self._conn
 
     def _run(self, work: Callable[[Transaction], _T], *, read_only: bool = False) -> _T:
         """Run ``work`` in one transaction: ``BEGIN IMMEDIATE`` takes the write lock up front.
 
-        While another process holds the lock, the whole transaction is retried after a jittered
-        wait, until ``busy_timeout`` has passed.
+        A write first waits for its turn in the writer queue (see the module docstring), then on
+        the writer lock it shares. While a writer outside the queue holds SQLite's lock, the
+        whole transaction is retried after a jittered wait, until ``busy_timeout`` has passed.
         """
         self._connection()  # a forked child reconnects before it takes the (new) lock
         with self._lock:
             conn = self._connection()
-            room = self._room
-            turn = self._turn(read_only)
-            deadline = time.monotonic() + self._busy_timeout
-            attempt = 0
+            queue = None if read_only else self._queue
+            if queue is not None:
+                queue.enter(self._busy_timeout)
             try:
-                while True:
-                    try:
-                        result = self._transaction(conn, work, read_only=read_only)
-                        break
-                    except sqlite3.OperationalError as error:
-                        if not _is_busy(error) or time.monotonic() >= deadline:
-                            raise
-                    attempt += 1
-                    room.enter()
-                    self._wait(attempt)
+                # Queue first, then the turn: a saver's transaction never waits on the queue, so
+                # holding the queue while waiting for the turn cannot close a cycle.
+                turn = self._turn(read_only)
+                try:
+                    return self._retrying(conn, work, read_only=read_only)
+                finally:
+                    if turn is not None:
+                        turn.release()
             finally:
-                if turn is not None:
-                    turn.release()
-                room.leave()
-            courteous = not read_only and room.occupied()
-        if courteous:  # others wait for the write lock: let one of them have it next
-            time.sleep(_COURTESY)
-        return result
+                if queue is not None:
+                    queue.leave()
+
+    def _retrying(
+        self, conn: sqlite3.Connection, work: Callable[[Transaction], _T], *, read_only: bool
+    ) -> _T:
+        """The transaction, retried after a jittered wait while another connection holds a lock
+        it needs, until ``busy_timeout`` has passed."""
+        deadline = time.monotonic() + self._busy_timeout
+        attempt = 0
+        while True:
+            try:
+                return self._transaction(conn, work, read_only=read_only)
+            except sqlite3.OperationalError as error:
+                if not _is_busy(error) or time.monotonic() >= deadline:
+                    raise
+            attempt += 1
+            self._wait(attempt)
 
     def _turn(self, read_only: bool) -> WriterLock | None:
         """The writer lock this write transaction took its turn on (see the module docstring),
@@ -351,7 +484,7 @@ class SqliteLedger(SqlLedger):
             if self._conn is not None:
                 if self._pid == os.getpid():
                     self._conn.close()
-                    self._room.close()
+                    self._queue.close()
                 self._conn = None
 
     # -- async twins: the whole sync transaction in the ledger's own thread -----------------------

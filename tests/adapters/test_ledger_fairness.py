@@ -24,9 +24,9 @@ from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.ledger import Ledger
 
 # `make test` runs this module on its own, before the rest of the suite goes to its two parallel
-# workers: what a lane gets depends on it being scheduled, and a test beside it in the other
-# worker would take a core from the race (the ledger does not queue its waiters: see the
-# fairness note in fencepost.adapters.ledger_sqlite).
+# workers: a lane that is not running gets nothing, and a test beside it in the other worker would
+# take a core from the race (the SQLite ledger's waiters queue in the kernel, see the fairness note
+# in fencepost.adapters.ledger_sqlite, but a lane still has to be scheduled to join the queue).
 pytestmark = pytest.mark.serial
 
 PROCESSES = 8

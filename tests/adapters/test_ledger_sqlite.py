@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -220,21 +222,21 @@ def test_two_ledgers_of_one_process_on_one_file_queue_as_two_processes(tmp_path:
     # flock locks belong to an open file: each ledger opens its own, so one ledger's write
     # holds the lock against the other ledger of the same process too.
     path = tmp_path / "ledger.db"
-    seen: list[bool] = []
+    free_inside: list[bool] = []
     with SqliteLedger(path) as first, SqliteLedger(path) as second:
         first.open_account("run", {"tool_calls": 2})
         real = first._transaction
 
         def watched(conn: Any, work: Any, *, read_only: bool) -> Any:
-            seen.append(second._queue.enter is not None and _writer_lock_free(path))
+            free_inside.append(_writer_lock_free(path))
             return real(conn, work, read_only=read_only)
 
         first._transaction = watched  # type: ignore[method-assign]
         first.reserve("run", "call-1", {"tool_calls": 1})
-        assert seen == [False]
-        assert second.reserve("run", "call-2", {"tool_calls": 1}).balance.held == {
-            "tool_calls": 2.0
-        }
+        assert free_inside == [False]
+        held = second.reserve("run", "call-2", {"tool_calls": 1})
+        assert held.balance is not None
+        assert held.balance.held == {"tool_calls": 2.0}
 
 
 def test_an_in_memory_ledger_needs_no_lock_file(
@@ -245,3 +247,29 @@ def test_an_in_memory_ledger_needs_no_lock_file(
         ledger.open_account("run", {"tool_calls": 1})
         ledger.reserve("run", "call-1", {"tool_calls": 1})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_writer_ahead_that_never_lets_go_fails_the_next_write_after_busy_timeout_not_never(
+    tmp_path: Path,
+) -> None:
+    # A holder of the writer lock that is stopped (SIGSTOP, a hung disk) would hold every writer
+    # behind it for good if the kernel wait had no end: the wait ends at busy_timeout, as
+    # SQLite's own lock did, and the write fails typed. Once the holder lets go, the next write
+    # goes through, and no waiting thread is left per failed write.
+    path = tmp_path / "ledger.db"
+    with SqliteLedger(path, busy_timeout=0.3) as ledger:
+        ledger.open_account("run", {"tool_calls": 3})
+        holder = os.open(f"{path}-fencepost-writer", os.O_RDWR)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        try:
+            for call in ("call-1", "call-2"):
+                with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+                    ledger.reserve("run", call, {"tool_calls": 1})
+            waiting = [t for t in threading.enumerate() if t.name == "fencepost-ledger-queue"]
+            assert len(waiting) == 1  # the second write took up the first one's wait
+        finally:
+            fcntl.flock(holder, fcntl.LOCK_UN)
+            os.close(holder)
+        held = ledger.reserve("run", "call-3", {"tool_calls": 1})
+        assert held.balance is not None and held.balance.held == {"tool_calls": 1.0}
+        assert _writer_lock_free(path)
