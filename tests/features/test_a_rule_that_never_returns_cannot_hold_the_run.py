@@ -5,8 +5,8 @@ sooner, and the call fails closed — a validator that did not answer refuses th
 ``rule_timeout``, a predicate that did not answer has shown no progress. Over both bindings
 (fencepost's graph and ``create_agent`` with ``fp.FencepostMiddleware``), sync and async.
 
-Each blocked rule waits for an event the test sets only at its end: the run ending while the
-rule is still blocked is what shows it was not waited for."""
+Each blocked rule waits for an event the test sets only after the run ended: the run ending
+while the rule is still blocked is what shows it was not waited for."""
 
 from __future__ import annotations
 
@@ -78,6 +78,39 @@ def small_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fencepost.graph.rules, "RULE_TIMEOUT_SECONDS", 1.0)
 
 
+LIMITS = (1.0, 4.0, 16.0)
+"""The rule's limits (``RULE_TIMEOUT_SECONDS``) a run is tried with, in turn, until its rule is
+entered: the limit also covers getting the rule a thread and reaching it, and a busy machine may
+not do that within a small one (the rule, never started, is denied all the same, but the test
+would not see it block). Each is far below :data:`FOREVER`."""
+
+
+@pytest.fixture
+def entered_rule(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> Iterator[Callable[[Callable[[Blocked], bd.Outcome]], tuple[Blocked, bd.Outcome]]]:
+    """Runs ``start`` (a run whose rule blocks on the :class:`Blocked` it is given) with each
+    of :data:`LIMITS` until the rule was entered; returns that rule and the run's outcome, with
+    only that run's ``fencepost`` warnings in ``caplog``. Every rule is released at the end."""
+    rules: list[Blocked] = []
+
+    def run(start: Callable[[Blocked], bd.Outcome]) -> tuple[Blocked, bd.Outcome]:
+        for limit in LIMITS:
+            monkeypatch.setattr(fencepost.graph.rules, "RULE_TIMEOUT_SECONDS", limit)
+            rule = Blocked(answer=True)
+            rules.append(rule)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="fencepost"):
+                out = start(rule)
+            if rule.entered.is_set():
+                break
+        return rule, out
+
+    yield run
+    for rule in rules:
+        rule.release.set()
+
+
 def _probe() -> Any:
     @lc_tool
     def probe(query: str) -> str:
@@ -100,27 +133,29 @@ def _validators(rule: Blocked) -> dict[str, Callable[..., None]]:
     return {"two": two, "context": with_context, "provenance": with_provenance}
 
 
-@pytest.mark.usefixtures("small_limit")
 @pytest.mark.parametrize(("binding", "mode"), BINDINGS)
 @pytest.mark.parametrize("form", ["two", "context", "provenance"])
 def test_a_validator_that_never_returns_refuses_the_call_rule_timeout(
     caplog: pytest.LogCaptureFixture,
-    blocked: Blocked,
+    entered_rule: Callable[[Callable[[Blocked], bd.Outcome]], tuple[Blocked, bd.Outcome]],
     binding: type[bd.Binding],
     mode: str,
     form: str,
 ) -> None:
     probe = _probe()
-    declared = {**bd.READ, "semantic_validator": _validators(blocked)[form]}
-    b = binding(
-        bd.then_answer(bd.call("probe", {"query": "x"}, 1)),
-        steps=4,
-        tools=2,
-        extra_tools=[(probe, declared)],
-        mode=mode,
-    )
-    with caplog.at_level(logging.WARNING, logger="fencepost"):
-        out = b.start(mw.ctx())
+
+    def start(rule: Blocked) -> bd.Outcome:
+        declared = {**bd.READ, "semantic_validator": _validators(rule)[form]}
+        b = binding(
+            bd.then_answer(bd.call("probe", {"query": "x"}, 1)),
+            steps=4,
+            tools=2,
+            extra_tools=[(probe, declared)],
+            mode=mode,
+        )
+        return b.start(mw.ctx())
+
+    blocked, out = entered_rule(start)
     assert blocked.entered.is_set()
     assert not blocked.returned.is_set()  # the run ended while the rule still blocked
     assert (out.termination, out.error_code) == (
@@ -176,21 +211,27 @@ def test_a_validator_that_never_returns_is_left_behind_at_the_runs_deadline(
     assert out.bodies == []
 
 
-@pytest.mark.usefixtures("small_limit")
 @pytest.mark.parametrize(("binding", "mode"), BINDINGS)
 def test_a_progress_predicate_that_never_returns_has_shown_no_progress(
-    caplog: pytest.LogCaptureFixture, blocked: Blocked, binding: type[bd.Binding], mode: str
+    caplog: pytest.LogCaptureFixture,
+    entered_rule: Callable[[Callable[[Blocked], bd.Outcome]], tuple[Blocked, bd.Outcome]],
+    binding: type[bd.Binding],
+    mode: str,
 ) -> None:
     probe = _probe()
 
-    def progressed(proposal: Any, state: Any) -> bool:
-        return bool(blocked.block())  # would answer True (progress), had it answered in time
+    def start(rule: Blocked) -> bd.Outcome:
+        def progressed(proposal: Any, state: Any) -> bool:
+            return bool(rule.block())  # would answer True (progress), had it answered in time
 
-    declared = {**bd.READ, "progress_predicate": progressed}
-    same = [bd.call("probe", {"query": "x"}, n) for n in range(1, 5)]
-    b = binding(bd.then_answer(*same), steps=8, tools=8, extra_tools=[(probe, declared)], mode=mode)
-    with caplog.at_level(logging.WARNING, logger="fencepost"):
-        out = b.start(mw.ctx())
+        declared = {**bd.READ, "progress_predicate": progressed}
+        same = [bd.call("probe", {"query": "x"}, n) for n in range(1, 5)]
+        b = binding(
+            bd.then_answer(*same), steps=8, tools=8, extra_tools=[(probe, declared)], mode=mode
+        )
+        return b.start(mw.ctx())
+
+    blocked, out = entered_rule(start)
     assert blocked.entered.is_set()
     assert not blocked.returned.is_set()
     assert out.termination == fp.TerminationReason.NO_PROGRESS.value
