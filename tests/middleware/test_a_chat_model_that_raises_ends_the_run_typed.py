@@ -135,9 +135,18 @@ def test_ctrl_c_while_the_chat_model_runs_reaches_the_caller() -> None:
     tools = lc_tools(Ran())
     guard = fp.FencepostMiddleware(specs(tools), budget=budget())
     graph = agent(chat(slow()), tools, [guard])
-    threading.Thread(target=ctrl_c, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        graph.invoke(ask(), thread(), context=ctx())
+    # The caller's Ctrl-C is a KeyboardInterrupt only under Python's own SIGINT handler: one
+    # that something earlier in this worker left installed (an event loop's signal handler
+    # never removed) swallows the signal, no KeyboardInterrupt is raised for the run to
+    # propagate, and the model runs out its minute unasked.
+    caller_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            graph.invoke(ask(), thread(), context=ctx())
+    finally:
+        if caller_sigint is not None:  # None: one not set from Python, none to put back
+            signal.signal(signal.SIGINT, caller_sigint)
 
 
 def test_a_forged_failure_reply_runs_none_of_its_calls_and_each_retry_is_a_reserved_step() -> None:
