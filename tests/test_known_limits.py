@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage
-from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 import fencepost as fp
@@ -26,18 +24,14 @@ from tests.features.test_dependent_calls import ON_UPLOAD, UPLOAD, upload_regist
 from tests.graph.kit import (
     ABSTAIN,
     DOCS,
-    Calls,
     budget,
     call,
     context,
     drive_editing,
     final_citing_all,
     harness,
-    make_registry,
-    saver_bytes,
     thread,
 )
-from tests.graph.test_tool_isolation import finishes
 from tests.invariants.test_7_repeats_end_as_no_progress import bump_evidence, same_search
 
 TESTS = Path(__file__).parent
@@ -536,22 +530,11 @@ def test_an_invalid_proposal_a_model_raises_is_read_in_its_containment(
     code and the error code in containment and logs outside only a failure that counts, which
     needs a quiet ``invalid_code`` in policy. Exceptions whose ``__class__`` or ``__str__``
     raise are the same limit."""
-    caplog.set_level(logging.DEBUG)
-    saver = InMemorySaver()
-    graph = fp.build_agent_graph(make_registry(Calls()), model(), model_retries=0).compile(
-        checkpointer=saver
+    from tests.invariants.test_1_every_run_ends_typed import (
+        assert_the_model_fails_its_run_in_containment,
     )
 
-    def run() -> Any:
-        if mode == "invoke":
-            return graph.invoke(fp.start("q", budget()), thread(), context=context())
-        return asyncio.run(graph.ainvoke(fp.start("q", budget()), thread(), context=context()))
-
-    state = fp.run_output(finishes(run))
-    assert state.termination is fp.TerminationReason.FAILED
-    assert state.last_error_code == "internal_error"
-    assert SECRET.encode() not in saver_bytes(saver)
-    assert any(SECRET in (r.exc_text or "") for r in caplog.records if r.name == "fencepost.model")
+    assert_the_model_fails_its_run_in_containment(model(), mode, caplog)
 
 
 def test_every_middleware_limit_names_a_strict_xfail_here() -> None:

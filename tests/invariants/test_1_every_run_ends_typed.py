@@ -1245,6 +1245,30 @@ def test_a_reply_that_is_no_decision_ends_invalid_proposal_never_completed_and_r
     )
 
 
+def assert_the_model_fails_its_run_in_containment(
+    model: Any, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Run ``model`` once (``invoke`` or ``ainvoke``): the run ends ``failed``/``internal_error``,
+    nothing escapes, the model's text (``SECRET``) never reaches the checkpoint and is logged,
+    with its traceback, on ``fencepost.model`` only."""
+    caplog.set_level(logging.DEBUG)
+    saver = InMemorySaver()
+    graph = fp.build_agent_graph(make_registry(Calls()), model, model_retries=0).compile(
+        checkpointer=saver
+    )
+
+    def run() -> Any:
+        if mode == "invoke":
+            return graph.invoke(fp.start("q", budget()), thread(), context=context())
+        return asyncio.run(graph.ainvoke(fp.start("q", budget()), thread(), context=context()))
+
+    state = fp.run_output(finishes(run))
+    assert state.termination is TerminationReason.FAILED
+    assert state.last_error_code == "internal_error"
+    assert SECRET.encode() not in saver_bytes(saver)
+    assert any(SECRET in (r.exc_text or "") for r in caplog.records if r.name == "fencepost.model")
+
+
 class _BreaksWhenRead:
     """A model's reply that raises ``SystemExit`` as soon as the runtime asks what it is."""
 
@@ -1268,22 +1292,7 @@ class _AsyncReplyBreaks:
 def test_a_model_reply_that_raises_when_read_ends_its_run_typed_and_nothing_escapes_invoke(
     model: type[Any], mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG)
-    saver = InMemorySaver()
-    graph = fp.build_agent_graph(make_registry(Calls()), model(), model_retries=0).compile(
-        checkpointer=saver
-    )
-
-    def run() -> Any:
-        if mode == "invoke":
-            return graph.invoke(fp.start("q", budget()), thread(), context=context())
-        return asyncio.run(graph.ainvoke(fp.start("q", budget()), thread(), context=context()))
-
-    state = fp.run_output(finishes(run))
-    assert state.termination is TerminationReason.FAILED
-    assert state.last_error_code == "internal_error"
-    assert SECRET.encode() not in saver_bytes(saver)
-    assert any(SECRET in (r.exc_text or "") for r in caplog.records if r.name == "fencepost.model")
+    assert_the_model_fails_its_run_in_containment(model(), mode, caplog)
 
 
 class _DecideBreaksWhenLooked:
@@ -1309,21 +1318,6 @@ class _DecideBreaksWhenLooked:
 def test_a_model_whose_decide_raises_when_looked_up_ends_its_run_typed(
     mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG)
-    saver = InMemorySaver()
     model = _DecideBreaksWhenLooked()
-    graph = fp.build_agent_graph(make_registry(Calls()), model, model_retries=0).compile(
-        checkpointer=saver
-    )
-
-    def run() -> Any:
-        if mode == "invoke":
-            return graph.invoke(fp.start("q", budget()), thread(), context=context())
-        return asyncio.run(graph.ainvoke(fp.start("q", budget()), thread(), context=context()))
-
-    state = fp.run_output(finishes(run))
+    assert_the_model_fails_its_run_in_containment(model, mode, caplog)
     assert model.looked > 1
-    assert state.termination is TerminationReason.FAILED
-    assert state.last_error_code == "internal_error"
-    assert SECRET.encode() not in saver_bytes(saver)
-    assert any(SECRET in (r.exc_text or "") for r in caplog.records if r.name == "fencepost.model")
