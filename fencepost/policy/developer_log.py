@@ -34,6 +34,7 @@ argument or a result.
 from __future__ import annotations
 
 import logging
+import traceback
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ __all__ = [
     "TOOLS",
     "CallScope",
     "current_call",
+    "formattable",
     "raised",
 ]
 
@@ -100,3 +102,17 @@ def raised(
             exc_info=exc,
             extra={"run_id": run_id, "call_id": call_id, "code": code},
         )
+
+
+def formattable(exc: BaseException) -> bool:
+    """Whether a log handler can show ``exc`` as :func:`raised` logs it: its type's name and its
+    traceback, notes and chained exceptions formatted. Formatting reads the exception (a
+    ``__notes__`` or ``__cause__`` property, a metaclass's ``__name__``), which is the code of
+    whoever raised it: ask where that code is contained, before the log line is written
+    outside it."""
+    try:
+        str.__str__(type(exc).__name__)
+        traceback.format_exception(exc)
+    except BaseException:  # whatever formatting raised is the exception's own code
+        return False
+    return True
