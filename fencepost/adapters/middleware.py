@@ -1103,7 +1103,10 @@ def _model_failed(request: ModelRequest[Any], exc: BaseException) -> ModelRespon
     only (the exception, its text and its traceback are the developer's, logged on
     ``fencepost.model``, never in the messages). ``create_agent``'s model node writes a reply,
     not a run's end, so the end is the next hook's (``after_model``)."""
-    code = failure_code_for(exc)
+    try:
+        code = failure_code_for(exc)
+    except BaseException as unread:  # its type or status is the model's code too: it failed
+        code, exc = ErrorCode.INTERNAL_ERROR, unread
     record = _record(getattr(request, "state", None))
     run_id = record.run_id if record is not None else None
     raised(MODEL, "the chat model", exc, run_id=run_id, call_id=None, code=code.value)
@@ -1117,7 +1120,7 @@ def _interrupted_by_caller(exc: BaseException) -> bool:
     Python raises SIGINT's, and where the sync graph calls its chat model (the graph binding's
     caller gets it while it waits, its model running on another thread). A model that raises
     one itself there cannot be told from it, and propagates too."""
-    return isinstance(exc, KeyboardInterrupt) and (
+    return issubclass(type(exc), KeyboardInterrupt) and (
         threading.current_thread() is threading.main_thread()
     )
 

@@ -12,7 +12,6 @@ names the I/O the node does (hold, ask the model, settle and charge, gate) and w
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -31,7 +30,7 @@ from fencepost.policy.decision import (
     ToolProposal,
 )
 from fencepost.policy.decision_model import Decided, DecisionInput
-from fencepost.policy.developer_log import MODEL, formattable, raised
+from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.error_codes import ErrorCode, error_code_for
 from fencepost.policy.fingerprint import fits_checkpoint
 from fencepost.policy.ledger import Reservation
@@ -174,17 +173,7 @@ class ModelRaised:
     code: ErrorCode
     """A failure's safe code (an invalid proposal's is ``invalid``'s own)."""
     logged: BaseException | None
-    """What the developer log shows, with its traceback; ``None``: nothing to log, or nothing
-    a log can format (``unformattable``)."""
-    unformattable: bool = False
-    """Something is logged, but no traceback: formatting it raised (its own code)."""
-
-
-def _to_log(invalid: InvalidProposal | None, code: ErrorCode, exc: BaseException) -> ModelRaised:
-    # A logger that logs nothing formats nothing: no need to find out whether it could.
-    if not MODEL.isEnabledFor(logging.WARNING) or formattable(exc):
-        return ModelRaised(invalid, code, exc)
-    return ModelRaised(invalid, code, None, unformattable=True)
+    """What the developer log shows, with its traceback; ``None``: nothing to log."""
 
 
 def read_raised(exc: BaseException) -> ModelRaised:
@@ -194,23 +183,23 @@ def read_raised(exc: BaseException) -> ModelRaised:
     type and status only, :func:`~fencepost.policy.error_codes.error_code_for`), a
     ``BaseException`` ``internal_error``.
 
-    Reading it runs the model's code (a ``code`` property, a ``status_code`` that raises, what
-    formatting its traceback reads): call it in the model's containment, and take what reading
-    raises as the model's failure (:func:`unreadable`). Nothing is logged here."""
+    Reading it runs the model's code (a ``code`` property, a ``status_code`` that raises): call
+    it in the model's containment, and take what reading raises as the model's failure
+    (:func:`unreadable`). Nothing is logged here."""
     if issubclass(type(exc), InvalidProposal):
         code = safe_invalid_code(getattr(exc, "code", None))
         if code is not None:
             return ModelRaised(InvalidProposal(code), ErrorCode.INTERNAL_ERROR, None)
-        return _to_log(InvalidProposal(), ErrorCode.INTERNAL_ERROR, exc)
+        return ModelRaised(InvalidProposal(), ErrorCode.INTERNAL_ERROR, exc)
     code_of = error_code_for(exc) if issubclass(type(exc), Exception) else ErrorCode.INTERNAL_ERROR
-    return _to_log(None, code_of, exc)
+    return ModelRaised(None, code_of, exc)
 
 
 def unreadable(exc: BaseException) -> ModelRaised:
     """A model's failure that raised ``exc`` as it was read (:func:`read_raised`, or its reply
     as :func:`accept_decision` read it): ``internal_error``, ``exc`` logged (its traceback
     shows what the model raised first, as its context). In containment too."""
-    return _to_log(None, ErrorCode.INTERNAL_ERROR, exc)
+    return ModelRaised(None, ErrorCode.INTERNAL_ERROR, exc)
 
 
 def log_raised(read: ModelRaised, run_id: str) -> None:
@@ -221,14 +210,6 @@ def log_raised(read: ModelRaised, run_id: str) -> None:
         what, code = "the decision model", read.code.value
     if read.logged is not None:
         raised(MODEL, what, read.logged, run_id=run_id, call_id=None, code=code)
-    elif read.unformattable:
-        MODEL.warning(
-            "%s raised an exception no log can format (run %s, call -): recorded as %s",
-            what,
-            run_id,
-            code,
-            extra={"run_id": run_id, "call_id": None, "code": code},
-        )
 
 
 def calls_of(decided: Decided) -> tuple[ToolProposal, ...]:
