@@ -443,98 +443,39 @@ def test_model_calls_that_never_return_hold_a_bounded_number_of_threads() -> Non
 
 @pytest.mark.xfail(
     strict=True,
-    reason="awrap_tool_call awaits create_agent's async tool handler on a leash: a LangChain tool "
-    "with no coroutine runs there on the event loop's default executor (run_in_executor(None)), "
-    "outside its tenant's thread share, and a hung one keeps that thread after its cut-off",
+    reason="BaseChatModel.agenerate runs each generation as a task of its own (asyncio.gather): "
+    "a SystemExit the chat model raises there is re-raised by asyncio out of the event loop, "
+    "before awrap_model_call sees it",
 )
-def test_a_sync_tool_in_an_async_middleware_run_runs_on_its_tenants_thread_share() -> None:
-    """DESIGN, "Isolation: runs, tenants, callers" (a blocked or leaked worker cannot starve
-    healthy tools; each tenant holds a bounded share of the threads). With ``ainvoke``, a sync
-    LangChain tool's body runs where LangChain's ``BaseTool._arun`` sends it: the loop's
-    default executor (``min(32, cores + 4)`` threads, shared by every run on the loop and by
-    everything else that calls ``run_in_executor(None)``, a sync chat model's ``_agenerate``
-    among them). Cut off at its timeout, a hung body keeps its executor thread: a few of them,
-    from one tenant, leave every other tenant's sync tools and sync models on that loop queued
-    behind them (measured: one hung tool on a one-thread default executor held the next model
-    step for the tool's whole 30 s; the run it belonged to was cut off at 0.5 s). The graph
-    binding never uses the default executor (``tool_threads``). Not fixed: ``awrap_tool_call``
-    gets only the async handler; running a tool that has no coroutine through the tenant's
-    share needs the sync execution (``request.tool.invoke`` with the call and its injected
-    runtime, as ``ToolNode``'s sync path does) handed to ``run_callable``."""
-    import threading
+def test_a_chat_model_raising_system_exit_under_ainvoke_ends_the_middleware_run_typed() -> None:
+    """Invariant 1 (every path ends in exactly one TerminationReason; nothing escapes
+    ``ainvoke``) and DESIGN, "Isolation" (a ``BaseException`` from an application's code is
+    contained), in the middleware binding: a chat model whose call raises ``SystemExit`` (or
+    ``KeyboardInterrupt``) under ``ainvoke`` ends the caller's event loop; under ``invoke`` the
+    run ends ``failed`` (``internal_error``). Not fixed: the model is called by LangChain inside
+    a task LangChain makes, which no middleware hook wraps; containing it would take a
+    ``wrap_model_call`` handing the handler a wrapped model that catches these two inside that
+    task (found while the hostile-exception tests of the model hooks were written)."""
+    from langchain_core.messages import HumanMessage
 
-    from langchain_core.tools import tool
+    from tests.middleware.kit import Ran, agent, budget, chat, ctx, lc_tools, specs
+    from tests.middleware.kit import thread as mw_thread
 
-    from tests.middleware.kit import agent, ask, budget, call, chat, ctx, then_answer, thread
+    def script() -> Any:
+        yield SystemExit(3)
+        while True:
+            yield AIMessage(content="checkout is down")
 
-    ran_on: list[str] = []
-
-    @tool
-    def search_logs(query: str) -> str:
-        """Search the service logs."""
-        ran_on.append(threading.current_thread().name)
-        return f"found {query}"
-
-    spec = fp.tool(search_logs, effect="read", capability="logs:read")
-    guard = fp.FencepostMiddleware([spec], budget=budget())
-    graph = agent(chat(then_answer(call("search_logs", {"query": "q"}, 1))), [search_logs], [guard])
-    out = asyncio.run(graph.ainvoke(ask(), thread(), context=ctx()))
-    assert out["termination"] == "completed"
-    assert ran_on == ["fencepost-tool"]
-
-
-SECRET = "password=hunter2"
-
-
-class _CodeBreaksWhenRead(fp.InvalidProposal):
-    """An ``InvalidProposal`` whose ``code`` raises ``SystemExit`` when the runtime reads it."""
-
-    @property  # type: ignore[override]
-    def code(self) -> str:
-        raise SystemExit(f"code: {SECRET}")
-
-    @code.setter
-    def code(self, _: str) -> None:
-        pass
-
-
-class _DefRaisesBrokenInvalid:
-    def decide(self, input: fp.DecisionInput, *, deadline: fp.Deadline) -> Any:
-        raise _CodeBreaksWhenRead()
-
-
-class _AsyncRaisesBrokenInvalid:
-    async def decide(self, input: fp.DecisionInput, *, deadline: fp.Deadline) -> Any:
-        raise _CodeBreaksWhenRead()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="what a decision model raises is read outside its containment (ask_model's "
-    "isinstance checks, invalid_code's getattr of code, the log line's str): an InvalidProposal "
-    "whose code property raises SystemExit escapes invoke, for a def and an async def model",
-)
-@pytest.mark.parametrize(
-    "model", [_DefRaisesBrokenInvalid, _AsyncRaisesBrokenInvalid], ids=["def", "async"]
-)
-@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
-def test_an_invalid_proposal_a_model_raises_is_read_in_its_containment(
-    model: type[Any], mode: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """DESIGN, invariant 1 (nothing escapes ``invoke``) and "Isolation" (``BaseException``
-    from the model's code is contained): a model that raises an ``InvalidProposal`` whose
-    ``code`` raises ``SystemExit`` as the runtime reads it. Held at 278462a no better (an
-    ``async def`` model escaped the same way). Not fixed: reading it inside the model's thread
-    or task (ea38e25, reverted) logged there too, so a left-behind model's late failure was
-    logged, which the rule forbids (``tests/graph/test_blocking_paths.py``); the fix reads the
-    code and the error code in containment and logs outside only a failure that counts, which
-    needs a quiet ``invalid_code`` in policy. Exceptions whose ``__class__`` or ``__str__``
-    raise are the same limit."""
-    from tests.invariants.test_1_every_run_ends_typed import (
-        assert_the_model_fails_its_run_in_containment,
-    )
-
-    assert_the_model_fails_its_run_in_containment(model(), mode, caplog)
+    tools = lc_tools(Ran())
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget(), model_retries=0)
+    graph = agent(chat(script()), tools, [guard])
+    try:
+        out = asyncio.run(
+            graph.ainvoke({"messages": [HumanMessage("why?")]}, mw_thread(), context=ctx())
+        )
+    except SystemExit:
+        out = {}
+    assert out.get("termination") == "failed"
 
 
 def test_every_middleware_limit_names_a_strict_xfail_here() -> None:
@@ -564,7 +505,7 @@ def test_every_known_limit_is_strict_and_names_the_design_rule_it_breaks() -> No
         if isinstance(node, ast.FunctionDef)
     }
     limits = {name: found for name, found in marks.items() if found}
-    assert len(limits) == 14
+    assert len(limits) == 13
     for name, (mark,) in limits.items():
         assert isinstance(mark, ast.Call), name
         strict = {k.arg: k.value for k in mark.keywords}.get("strict")

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, NotRequired, Unpack
@@ -58,6 +59,7 @@ from pydantic import ValidationError
 from fencepost.adapters import telemetry
 from fencepost.adapters.agent import registry_of
 from fencepost.adapters.chat_model import parse_ai_message
+from fencepost.adapters.tools import has_async_body
 from fencepost.graph.account import (
     RunAccount,
     account_of,
@@ -70,7 +72,7 @@ from fencepost.graph.account import (
     with_budget_view,
 )
 from fencepost.graph.containment.model import run_model
-from fencepost.graph.containment.tools import run_callable_blocking
+from fencepost.graph.containment.tools import run_callable, run_callable_blocking
 from fencepost.graph.events import subscribe
 from fencepost.graph.gate import gate
 from fencepost.graph.node_io import AsyncIO, NodeIO, SyncIO, drive
@@ -143,6 +145,8 @@ from fencepost.policy.usage import step_settlement, usage_report
 from fencepost.policy.verdict import VerdictCode
 
 if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import BaseTool
     from langgraph.prebuilt.tool_node import ToolCallRequest
     from langgraph.runtime import Runtime
 
@@ -490,10 +494,20 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         if isinstance(admitted, ToolMessage):
             return admitted
         with self._span(request, admitted) as span:
+            seconds = self._tool_seconds(request, admitted)
+            sent = request
+            if request.tool is not None and not has_async_body(request.tool):
+                # create_agent's async handler would run a sync tool's body on the loop's
+                # default executor, shared by every tenant and never given back by a hung
+                # body: it runs on its tenant's share, as in the sync binding.
+                on_threads = _on_tenant_threads(
+                    request.tool, admitted.ctx.tenant_id, time.monotonic() + seconds
+                )
+                sent = request.override(tool=on_threads)
 
             async def called() -> ToolMessage | Command[Any]:
                 try:
-                    return await handler(request)
+                    return await handler(sent)
                 except (KeyboardInterrupt, SystemExit) as exc:
                     # asyncio re-raises these two out of the event loop after failing the
                     # task: carried as data, they are this call's failure.
@@ -501,8 +515,10 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
 
             # As an async tool body runs in the graph binding: a task on a leash, cancelled and
             # left behind at its deadline. Only the caller's own cancellation propagates.
-            run = await run_model(called, self._tool_seconds(request, admitted))
-            if not run.finished:
+            run = await run_model(called, seconds)
+            if isinstance(run.error, _NotOnThread) and not run.error.started:
+                return _spanned(span, await self._not_started(io, request, admitted))
+            if not run.finished or isinstance(run.error, _NotOnThread):
                 return _spanned(span, await self._cut_off(io, request, admitted))
             if isinstance(run.error, GraphBubbleUp):  # LangGraph's control flow: interrupt()
                 raise run.error
@@ -1040,6 +1056,43 @@ class _BodyRaised(Exception):
         self.raised = raised
 
 
+class _NotOnThread(BaseException):
+    """A sync tool that its tenant's share did not run to its end: no thread took it in time
+    (``started`` false: it never ran), or its deadline came first (it was left behind). A
+    ``BaseException``, so that create_agent's tool node, which turns a tool's ``Exception``
+    into an error message, hands it on to the middleware unread."""
+
+    def __init__(self, started: bool) -> None:
+        super().__init__()
+        self.started = started
+
+
+def _on_tenant_threads(tool: BaseTool, tenant: str, until: float) -> BaseTool:
+    """A copy of the sync-only ``tool`` whose ``ainvoke`` runs its own sync ``invoke`` (what
+    create_agent's sync tool handler calls, with the same call and injected arguments) on a
+    thread of ``tenant``'s share, until the ``time.monotonic()`` instant ``until``: left behind
+    past it, its late answer never heard. What the body raises is raised on in the handler, as
+    ``invoke`` raises it there; anything but an end in time is :class:`_NotOnThread`."""
+
+    async def ainvoke(input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        ran = await run_callable(
+            lambda: tool.invoke(input, config, **kwargs),
+            timeout_seconds=until - time.monotonic(),
+            tenant=tenant,
+        )
+        if not ran.finished:
+            raise _NotOnThread(started=not ran.never_started)
+        if ran.raised is not None:
+            raise ran.raised
+        return ran.value
+
+    copy = tool.model_copy()
+    # An instance attribute shadows the class's method on this copy only (a pydantic model
+    # keeps a ``__dict__``); the caller's tool is never changed.
+    object.__setattr__(copy, "ainvoke", ainvoke)
+    return copy
+
+
 MODEL_FAILED_KEY = "fencepost_model_failed"
 """The ``response_metadata`` key of the reply :func:`_model_failed` stands in for a model call
 that raised: its value is the failure's safe code, read by the gate hook as a failed step."""
@@ -1050,7 +1103,10 @@ def _model_failed(request: ModelRequest[Any], exc: BaseException) -> ModelRespon
     only (the exception, its text and its traceback are the developer's, logged on
     ``fencepost.model``, never in the messages). ``create_agent``'s model node writes a reply,
     not a run's end, so the end is the next hook's (``after_model``)."""
-    code = failure_code_for(exc)
+    try:
+        code = failure_code_for(exc)
+    except BaseException as unread:  # its type or status is the model's code too: it failed
+        code, exc = ErrorCode.INTERNAL_ERROR, unread
     record = _record(getattr(request, "state", None))
     run_id = record.run_id if record is not None else None
     raised(MODEL, "the chat model", exc, run_id=run_id, call_id=None, code=code.value)
@@ -1064,7 +1120,7 @@ def _interrupted_by_caller(exc: BaseException) -> bool:
     Python raises SIGINT's, and where the sync graph calls its chat model (the graph binding's
     caller gets it while it waits, its model running on another thread). A model that raises
     one itself there cannot be told from it, and propagates too."""
-    return isinstance(exc, KeyboardInterrupt) and (
+    return issubclass(type(exc), KeyboardInterrupt) and (
         threading.current_thread() is threading.main_thread()
     )
 

@@ -52,7 +52,7 @@ from fencepost.policy.trust import Trust
 if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
 
-__all__ = ["ToolAdapterError", "tool_spec"]
+__all__ = ["ToolAdapterError", "has_async_body", "tool_spec"]
 
 Injector = Callable[[ToolContext], Any]
 """Makes an injected argument's value from the trusted tool context."""
@@ -585,8 +585,9 @@ def _log_raised(tool: BaseTool, exc: BaseException, code: ErrorCode) -> None:
     )
 
 
-def _runs_async(tool: BaseTool) -> bool:
-    """Whether the tool has an async body of its own (else LangChain runs ``_run`` in a thread)."""
+def has_async_body(tool: BaseTool) -> bool:
+    """Whether the LangChain tool has an async body of its own; else LangChain's ``ainvoke``
+    runs its sync body on the event loop's default executor, which fencepost never uses."""
     from langchain_core.tools import BaseTool, StructuredTool, Tool
 
     if getattr(tool, "coroutine", None) is not None:
@@ -838,7 +839,7 @@ def tool_spec(
         timeout_seconds=timeout_seconds,
         # A bound ``async def`` for a tool with an async body (the loop awaits it), a plain method
         # for a sync-only tool (the runtime runs it on its own bounded thread pool).
-        execute=execute.run if _runs_async(tool) else execute.run_sync,
+        execute=execute.run if has_async_body(tool) else execute.run_sync,
         semantic_validator=semantic_validator,
         progress_predicate=progress_predicate,
         idempotent=idempotent,

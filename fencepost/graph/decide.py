@@ -6,6 +6,7 @@ writes are plans of :mod:`fencepost.policy.decide` (facts in, one frozen plan ou
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -50,25 +51,27 @@ from fencepost.policy import (
     Phase,
     StopRequest,
     ToolProposal,
-    error_code_for,
     stage_deadline,
 )
 from fencepost.policy.context import RunContext, coerce_context
 from fencepost.policy.decide import (
+    ModelRaised,
     Settlement,
     StepPlan,
     StepSettings,
     accept_decision,
     end_step,
+    log_raised,
     model_failure,
     overage_stop,
     plan_step,
+    read_raised,
     reads_money_limit,
     settle_step,
+    unreadable,
     vouched_answer,
     waiting_for_requester,
 )
-from fencepost.policy.developer_log import MODEL, raised
 from fencepost.policy.keys import step_key
 from fencepost.policy.terminate import AnswerFacts, reopened
 from fencepost.policy.usage import input_text
@@ -87,14 +90,6 @@ def step_settings(cfg: LoopConfig) -> StepSettings:
     )
 
 
-class _ModelRaised(Exception):
-    """A BaseException the decision model raised, carried as data off its task."""
-
-    def __init__(self, code: ErrorCode) -> None:
-        super().__init__(code.value)
-        self.code = code
-
-
 @dataclass(frozen=True, slots=True)
 class _Awaiting:
     """What a plain ``def decide`` handed back when it is an awaitable, carried off its thread
@@ -104,9 +99,23 @@ class _Awaiting:
 
 
 def _read_on_thread(cfg: LoopConfig, inp: DecisionInput, deadline: Deadline) -> object:
-    made = cfg.model.decide(inp, deadline=deadline)
-    # Read where it was made: a reply that raises as it is read raises on its thread.
-    return _Awaiting(made) if inspect.isawaitable(made) else accept_decision(made)
+    try:
+        made = cfg.model.decide(inp, deadline=deadline)
+        # Read where it was made: a reply that raises as it is read raises on its thread.
+        return _Awaiting(made) if inspect.isawaitable(made) else accept_decision(made)
+    except asyncio.CancelledError:
+        raise  # its own: the step ends cancelled, as a task's would
+    except BaseException as exc:
+        return _read(exc)
+
+
+def _read(exc: BaseException) -> ModelRaised:
+    """What the model raised, read in its containment, where reading it (its ``code``, its
+    type, its status) runs the model's code too; logged by the caller, only if it counts."""
+    try:
+        return read_raised(exc)
+    except BaseException as unread:  # what the model raised, raising as it was read
+        return unreadable(unread)
 
 
 def _async_decide(model: object) -> bool:
@@ -128,15 +137,12 @@ async def _contained(
         # The reply is read here, in the model's containment: what the model hands back is
         # its code too (a property that raises ``SystemExit`` as the runtime asks its type).
         return accept_decision(await asked if inspect.isawaitable(asked) else asked)
-    except (KeyboardInterrupt, SystemExit) as exc:
-        # asyncio re-raises these two out of the event loop after failing the task: caught
-        # here they are this step's failure, as they are for a tool.
-        _model_raised(exc, inp.run_id, ErrorCode.INTERNAL_ERROR)
-    raise _ModelRaised(ErrorCode.INTERNAL_ERROR)
-
-
-def _model_raised(exc: BaseException, run_id: str, code: ErrorCode) -> None:
-    raised(MODEL, "the decision model", exc, run_id=run_id, call_id=None, code=code.value)
+    except (asyncio.CancelledError, GeneratorExit):
+        raise  # the task cancelled or closed (or the model's own cancellation): its end
+    except BaseException as exc:
+        # Read here, what it raised is this step's outcome; asyncio would re-raise a
+        # ``SystemExit`` or ``KeyboardInterrupt`` out of the event loop after failing the task.
+        return _read(exc)
 
 
 async def ask_model(
@@ -179,17 +185,15 @@ async def ask_model(
         return model_failure(code, run_deadline_passed=passed)
     if run.cancelled:
         return model_failure(ErrorCode.CANCELLED, run_deadline_passed=passed)
-    exc = run.error
-    if isinstance(exc, InvalidProposal):
-        return exc
-    if isinstance(exc, _ModelRaised):
-        return model_failure(exc.code, run_deadline_passed=passed)
-    if exc is not None:
-        code = error_code_for(exc) if isinstance(exc, Exception) else ErrorCode.INTERNAL_ERROR
-        _model_raised(exc, state.run_id, code)
-        return model_failure(code, run_deadline_passed=passed)
-    # Read in containment already (``accept_decision``): a decision or why it is none.
-    return cast("Decided | InvalidProposal", run.value)
+    # Read in containment already (``accept_decision``, ``read_raised``): a decision, why it
+    # is none, or what the model raised; only a ``GeneratorExit`` of its own is left unread.
+    value = run.value if run.error is None else unreadable(run.error)
+    if isinstance(value, ModelRaised):
+        log_raised(value, state.run_id)  # here, where the step's outcome counts
+        if value.invalid is not None:
+            return value.invalid
+        return model_failure(value.code, run_deadline_passed=passed)
+    return cast("Decided | InvalidProposal", value)
 
 
 async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> Update:

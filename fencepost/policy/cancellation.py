@@ -28,7 +28,8 @@ def cancelled_by_caller(exc: BaseException) -> bool:
     >>> cancelled_by_caller(asyncio.CancelledError())  # no task was cancelled here
     False
     """
-    if not isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+    # By its type alone: ``isinstance`` would ask an exception's own ``__class__``.
+    if not issubclass(type(exc), (asyncio.CancelledError, GeneratorExit)):
         return False
     try:
         task = asyncio.current_task()

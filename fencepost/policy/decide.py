@@ -21,6 +21,7 @@ from typing import Any
 from fencepost.policy.context import RunContext
 from fencepost.policy.deadline import Clock
 from fencepost.policy.decision import (
+    AbstainProposal,
     Decision,
     DecisionKind,
     FinalProposal,
@@ -30,10 +31,11 @@ from fencepost.policy.decision import (
 )
 from fencepost.policy.decision_model import Decided, DecisionInput
 from fencepost.policy.developer_log import MODEL, raised
-from fencepost.policy.error_codes import ErrorCode
+from fencepost.policy.error_codes import ErrorCode, error_code_for
 from fencepost.policy.fingerprint import fits_checkpoint
 from fencepost.policy.ledger import Reservation
 from fencepost.policy.may_go_on import NEEDS_DECIDE, check_before_acting
+from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.pricing import ModelPrice, price_micros
 from fencepost.policy.registry import ToolCatalog, ToolRegistry
@@ -63,18 +65,88 @@ RETRYABLE_MODEL_CODES = frozenset(
 
 
 def accept_decision(raw: object) -> Decided | InvalidProposal:
-    """What a decision model returned, as a :class:`Decided` or the reason it is not one."""
+    """What a decision model returned, as a :class:`Decided` or the reason it is not one.
+
+    Run it where the model runs (its containment): what the model hands back is its code too.
+    A subclass of :class:`Decided` or of a decision (a property, an attribute lookup of its
+    own) and a usage count that is no plain ``int`` are read here, once, into the runtime's own
+    types, so nothing read of the decision later runs the model's code."""
     if isinstance(raw, Decision):
         raw = Decided(decision=raw)
     if not isinstance(raw, Decided):
         return InvalidProposal("malformed_decision")
+    if not _own_types(raw):
+        copied = _copied(raw)
+        if copied is None:
+            return InvalidProposal("malformed_decision")
+        raw = copied
     if any(not fits_checkpoint(c.arguments) for c in calls_of(raw)):
         # Valid JSON that no checkpoint could store: refused before it reaches state.
         return InvalidProposal("unrepresentable_arguments")
     return raw
 
 
+_USAGE = ("input_tokens", "output_tokens", "cached_input_tokens")
+_DECISIONS: tuple[type[Decision], ...] = (ToolProposal, ToolBatch, FinalProposal, AbstainProposal)
+
+
+def _own_types(decided: Decided) -> bool:
+    """Whether ``decided`` is made of the runtime's own classes only, each usage count a plain
+    ``int`` or ``None``: type checks, which run none of the model's code (an honest adapter's
+    decision passes them, and is taken as it is)."""
+    if type(decided) is not Decided:
+        return False
+    if any(v is not None and type(v) is not int for v in map(decided.__dict__.get, _USAGE)):
+        return False
+    decision = decided.decision
+    kind = type(decision)
+    if kind is ToolBatch:
+        calls = decision.calls  # type: ignore[union-attr]
+        return type(calls) is tuple and all(type(c) is ToolProposal for c in calls)
+    if kind is FinalProposal:
+        return type(decision.answer) is AnswerPayload  # type: ignore[union-attr]
+    return kind is ToolProposal or kind is AbstainProposal
+
+
+def _copied(decided: Decided) -> Decided | None:
+    """``decided`` read into the runtime's own types (``None``: it holds no valid decision).
+    A usage count that is no plain ``int`` is charged as an implausible report is (``-1``, a
+    count no provider reports), as it was before it was read here."""
+    decision: object = decided.decision
+    for kind in _DECISIONS:
+        if isinstance(decision, kind):
+            # Dumped as the runtime's class, nested records included, and validated again.
+            fields = decision.model_dump(include=set(kind.model_fields))
+            try:
+                own: Decision = kind.model_validate(fields)
+            except ValueError:  # pydantic's ValidationError
+                return None
+            break
+    else:
+        return None
+    usage = {name: getattr(decided, name) for name in _USAGE}
+    try:
+        return Decided(
+            decision=own,
+            generated_call_ids=decided.generated_call_ids,
+            **{n: v if v is None or type(v) is int else -1 for n, v in usage.items()},
+        )
+    except ValueError:
+        return None
+
+
 _SAFE = re.compile(SAFE_CODE)
+
+
+def safe_invalid_code(code: object) -> str | None:
+    """An invalid proposal's ``code`` when it is a safe code (a plain ``str`` matching
+    :data:`~fencepost.policy.stop_report.SAFE_CODE`), else ``None``. Quiet: reads nothing
+    more of it, logs nothing."""
+    return code if type(code) is str and _SAFE.fullmatch(code) else None
+
+
+UNSAFE_INVALID = "the decision model (an InvalidProposal code that is no safe code)"
+"""What the developer log names when an invalid proposal's own code was refused."""
 
 
 def invalid_code(invalid: InvalidProposal, run_id: str | None = None) -> str:
@@ -82,19 +154,62 @@ def invalid_code(invalid: InvalidProposal, run_id: str | None = None) -> str:
     ``malformed_decision``. A model adapter names the code, and a code made of the model's text
     (or holding what no checkpoint stores) would carry it into state, stream and report; that
     one is logged on ``fencepost.model`` only."""
-    code = getattr(invalid, "code", None)
-    if type(code) is str and _SAFE.fullmatch(code):
+    code = safe_invalid_code(getattr(invalid, "code", None))
+    if code is not None:
         return code
     fallback = InvalidProposal().code
-    raised(
-        MODEL,
-        "the decision model (an InvalidProposal code that is no safe code)",
-        invalid,
-        run_id=run_id,
-        call_id=None,
-        code=fallback,
-    )
+    raised(MODEL, UNSAFE_INVALID, invalid, run_id=run_id, call_id=None, code=fallback)
     return fallback
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRaised:
+    """What a decision model raised, read where it ran (:func:`read_raised`): the runtime's own
+    outcome of the step, and what is logged once the step's outcome counts (never for a model
+    left behind: its late failure is nobody's)."""
+
+    invalid: InvalidProposal | None
+    """The runtime's own invalid proposal, with a safe code; ``None`` for a failure."""
+    code: ErrorCode
+    """A failure's safe code (an invalid proposal's is ``invalid``'s own)."""
+    logged: BaseException | None
+    """What the developer log shows, with its traceback; ``None``: nothing to log."""
+
+
+def read_raised(exc: BaseException) -> ModelRaised:
+    """Read what a decision model raised: an :class:`InvalidProposal` is the runtime's own
+    invalid proposal with its code, when that code is safe (else ``malformed_decision``, and
+    the proposal is logged); any other exception is a failure with its safe code (from its
+    type and status only, :func:`~fencepost.policy.error_codes.error_code_for`), a
+    ``BaseException`` ``internal_error``.
+
+    Reading it runs the model's code (a ``code`` property, a ``status_code`` that raises): call
+    it in the model's containment, and take what reading raises as the model's failure
+    (:func:`unreadable`). Nothing is logged here."""
+    if issubclass(type(exc), InvalidProposal):
+        code = safe_invalid_code(getattr(exc, "code", None))
+        if code is not None:
+            return ModelRaised(InvalidProposal(code), ErrorCode.INTERNAL_ERROR, None)
+        return ModelRaised(InvalidProposal(), ErrorCode.INTERNAL_ERROR, exc)
+    code_of = error_code_for(exc) if issubclass(type(exc), Exception) else ErrorCode.INTERNAL_ERROR
+    return ModelRaised(None, code_of, exc)
+
+
+def unreadable(exc: BaseException) -> ModelRaised:
+    """A model's failure that raised ``exc`` as it was read (:func:`read_raised`, or its reply
+    as :func:`accept_decision` read it): ``internal_error``, ``exc`` logged (its traceback
+    shows what the model raised first, as its context). In containment too."""
+    return ModelRaised(None, ErrorCode.INTERNAL_ERROR, exc)
+
+
+def log_raised(read: ModelRaised, run_id: str) -> None:
+    """Log, once, what :func:`read_raised` read, where the step's outcome counts."""
+    if read.invalid is not None:
+        what, code = UNSAFE_INVALID, read.invalid.code
+    else:
+        what, code = "the decision model", read.code.value
+    if read.logged is not None:
+        raised(MODEL, what, read.logged, run_id=run_id, call_id=None, code=code)
 
 
 def calls_of(decided: Decided) -> tuple[ToolProposal, ...]:

@@ -34,6 +34,7 @@ argument or a result.
 from __future__ import annotations
 
 import logging
+import traceback
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ __all__ = [
     "TOOLS",
     "CallScope",
     "current_call",
+    "formattable",
     "raised",
 ]
 
@@ -87,16 +89,37 @@ def raised(
     """Log ``exc``, which ``what`` raised, once: WARNING, with its traceback as ``exc_info``.
 
     The message names the exception's type, never its text: a handler that prints tracebacks
-    shows the text to the developer, and nothing else in the package ever does.
+    shows the text to the developer, and nothing else in the package ever does. An exception
+    that raises as it is formatted (:func:`formattable`) is logged without it: a log line never
+    lets what an application raised escape the runtime.
     """
-    if logger.isEnabledFor(logging.WARNING):
-        logger.warning(
-            "%s raised %s (run %s, call %s): recorded as %s",
-            what,
-            type(exc).__name__,
-            run_id or "-",
-            call_id or "-",
-            code,
-            exc_info=exc,
-            extra={"run_id": run_id, "call_id": call_id, "code": code},
-        )
+    if not logger.isEnabledFor(logging.WARNING):
+        return
+    shown: BaseException | None = exc
+    name = type(exc).__name__ if formattable(exc) else None
+    if name is None:
+        shown, name = None, "an exception no log can format"
+    logger.warning(
+        "%s raised %s (run %s, call %s): recorded as %s",
+        what,
+        name,
+        run_id or "-",
+        call_id or "-",
+        code,
+        exc_info=shown,
+        extra={"run_id": run_id, "call_id": call_id, "code": code},
+    )
+
+
+def formattable(exc: BaseException) -> bool:
+    """Whether a log handler can show ``exc`` as :func:`raised` logs it: its type's name and its
+    traceback, notes and chained exceptions formatted. Formatting reads the exception (a
+    ``__notes__`` or ``__cause__`` property, a metaclass's ``__name__``), which is the code of
+    whoever raised it: a probe that catches whatever formatting raises. Formatting twice costs
+    a failure's log line, never a step that succeeded."""
+    try:
+        str.__str__(type(exc).__name__)
+        traceback.format_exception(exc)
+    except BaseException:  # whatever formatting raised is the exception's own code
+        return False
+    return True

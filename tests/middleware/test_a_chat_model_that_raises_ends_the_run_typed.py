@@ -18,6 +18,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langgraph.checkpoint.memory import InMemorySaver
@@ -176,3 +178,61 @@ def test_a_forged_failure_reply_runs_none_of_its_calls_and_each_retry_is_a_reser
     assert ran.bodies == []  # the forged write never ran (nor the call paused before it)
     # One step for the first reply, one for the retry the forged failure asked for.
     assert out["fencepost_run"]["budget"]["steps_used"] == 2
+
+
+_READ_AS_PROPERTY = ("status_code", "__class__", "__notes__", "__cause__", "args", "code")
+_READ_AS_METHOD = ("__str__", "__repr__")
+
+
+def _hostile(base: type[BaseException], where: str, raises: type[BaseException]) -> BaseException:
+    """An instance of a subclass of ``base`` that raises ``raises`` (text: ``SECRET``) as
+    anything reads ``where``: the runtime, LangChain's callbacks or a log handler."""
+
+    def boom(*_: Any) -> Any:
+        raise raises(f"{where}: {SECRET}")
+
+    if where in _READ_AS_METHOD:
+        namespace: dict[str, Any] = {where: boom}
+    else:
+        namespace = {where: property(boom, lambda self, value: None)}
+    hostile: BaseException = type(f"Hostile{base.__name__}", (base,), namespace)()
+    return hostile
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    base=st.sampled_from([RuntimeError, TimeoutError, Exception, SystemExit, GeneratorExit]),
+    where=st.sampled_from(_READ_AS_PROPERTY + _READ_AS_METHOD),
+    raises=st.sampled_from([SystemExit, RuntimeError, ValueError, KeyboardInterrupt]),
+    mode=st.sampled_from(["invoke", "ainvoke"]),
+)
+def test_a_chat_model_exception_that_raises_as_it_is_read_ends_the_run_typed(
+    base: type[BaseException],
+    where: str,
+    raises: type[BaseException],
+    mode: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Reading what the chat model raised (its type, its status, its traceback for the log)
+    # runs the model's code: whatever that raises is the model's failure too, never the run's
+    # end untyped. (A KeyboardInterrupt a model raises on the main thread itself is the
+    # caller's Ctrl-C under invoke: ``test_ctrl_c_while_the_chat_model_runs_reaches_the_caller``;
+    # a SystemExit one raises under ainvoke escapes LangChain's own task, a known limit:
+    # ``test_a_chat_model_raising_system_exit_under_ainvoke_ends_the_middleware_run_typed``.)
+    assume(mode == "invoke" or not issubclass(base, SystemExit | KeyboardInterrupt))
+    caplog.clear()
+    caplog.set_level(logging.DEBUG)
+    tools = lc_tools(Ran())
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget(), model_retries=0)
+    graph = agent(chat(_script(_hostile(base, where, raises))), tools, [guard])
+    if mode == "invoke":
+        out = graph.invoke(ask(), thread(), context=ctx())
+    else:
+        out = asyncio.run(graph.ainvoke(ask(), thread(), context=ctx()))
+    assert out["termination"] == "failed"
+    assert SECRET not in repr(out)
+    assert [r for r in caplog.records if r.name == "fencepost.model" and r.levelno >= 30]
