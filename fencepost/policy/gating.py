@@ -528,13 +528,16 @@ def plan_gate(calls: Sequence[ToolProposal], settings: GateSettings) -> GatePlan
         outside = frozenset(d for c in calls for d in c.depends_on if d not in inside)
     scoped: set[str] = set()
     deciders: dict[str, NeedsApproval] = {}
-    specs = tuple([registry.get(c.tool_name) if c.tool_name in registry else None for c in calls])
+    specs: list[ToolSpec | None] = []
     # A read no ``needs_approval`` decides never needs approval: nobody is asked about it.
     in_place = not outside
-    for call, spec in zip(calls, specs, strict=True):
-        if spec is None:
-            continue
+    for call in calls:
         name = call.tool_name
+        if name not in registry:
+            specs.append(None)
+            continue
+        spec = registry.get(name)
+        specs.append(spec)
         if spec.effect is not Effect.READ:
             in_place = False
             if type(name) is str:
@@ -553,7 +556,7 @@ def plan_gate(calls: Sequence[ToolProposal], settings: GateSettings) -> GatePlan
         scoped=tuple(sorted(scoped)) if scoped else (),
         deciders=deciders,
         in_place=in_place,
-        specs=specs,
+        specs=tuple(specs),
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from functools import partial
+from types import MappingProxyType
 from typing import Annotated, Generic, NamedTuple, TypeVar
 
 from pydantic import Field, Strict
@@ -1191,7 +1192,7 @@ class InMemoryLedger(Ledger, ScopeStore):
                 except (AccountClosed, UnknownAccount, LedgerConflict, ValueError) as refusal:
                     return self._batch_held(account, outcomes, made, stopped_by=refusal)
                 if not made and refuses is not None:
-                    refused = refuses(dict(self._owners[account]))
+                    refused = refuses(MappingProxyType(self._owners[account]))
                     if refused is not None:
                         if not existing:
                             self.release(key)
