@@ -47,7 +47,7 @@ from fencepost.policy.keys import (
     step_key,
     task_run_id,
 )
-from fencepost.policy.ledger import AccountClosed, Attempt
+from fencepost.policy.ledger import AccountClosed, Attempt, BatchHeld, InMemoryLedger
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.ownership import check_funding, check_owner, run_owner
 from fencepost.policy.pricing import to_micros
@@ -604,7 +604,6 @@ async def reserve_batch(
     cfg = io.cfg
     run = run_account_of(state)
     account = run.name
-    refused: dict[str, BudgetExhausted] = {}
     update: dict[str, Any] = dict(gated) if gated else {}
     current: Batch = update.get("batch", state.batch)
     entries = [e for e in to_reserve(current) if only is None or e.call_id in only]
@@ -615,38 +614,94 @@ async def reserve_batch(
         )
         for e in entries
     ]
+    ledger = io.ledger
+    # The in-memory ledger never waits: its batch is held in one call, its books read once and
+    # its owner checked once, with no Reservation or Balance made per hold. Only the exact type:
+    # a subclass may change what reserve or settle does.
+    if type(ledger) is InMemoryLedger:
+        try:
+            held = ledger.reserve_batch(
+                account,
+                holds,
+                settle=settle,
+                refuses=lambda owner: check_owner(owner, ctx, run.run_id),
+            )
+        except (AccountClosed, UnknownAccount, LedgerConflict, ValueError) as refusal:
+            # Only the settlement raises: each hold's refusal comes back as data.
+            return (state.model_copy(update=update) if update else state), _stop_for(refusal)
+    else:
+        held = await _held_one_by_one(io, run, ctx, holds, settle)
+    # The books after the last hold, viewed into state once, with the batch at the end.
+    if held.limits is not None and held.held is not None:
+        update["budget"] = budget_view(held.limits, held.held)
+    stopped = held.refused
+    if stopped is None and held.stopped_by is not None:
+        stopped = _stop_for(held.stopped_by)
+    if stopped is not None:
+        return (state.model_copy(update=update) if update else state), stopped
+    refused = {
+        entry.call_id: short
+        for entry, short in zip(entries, held.outcomes, strict=True)
+        if short is not None
+    }
+    batch, stopped = after_reservations(
+        current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key, only=only
+    )
+    if refused:
+        EVENTS.budget_refused(state.run_id, current, refused, cfg.registry)
+    if batch is not state.batch:
+        update["batch"] = batch
+    return (state.model_copy(update=update) if update else state), stopped
+
+
+def _stop_for(refusal: Exception) -> StopRequest:
+    """The stop a ledger's refusal of a hold means (as :func:`reserve_or_exhausted` reads it)."""
+    if isinstance(refusal, AccountClosed):
+        return stop_for_closed(refusal.reason)
+    if isinstance(refusal, UnknownAccount):
+        return stop_for_unknown_account()
+    return stop_for_conflict()
+
+
+async def _held_one_by_one(
+    io: NodeIO,
+    run: RunAccount,
+    ctx: RunContext,
+    holds: Sequence[tuple[str, Mapping[str, float]]],
+    settle: StepSettlement | None,
+) -> BatchHeld[StopRequest]:
+    """:meth:`InMemoryLedger.reserve_batch`'s answer from any ledger, through its port: each
+    hold reserved and its owner checked (:func:`reserve_or_exhausted`), or all held with the
+    step's settlement in one write (``settle``: :func:`_settled_and_held`); a stop, as
+    ``refused``, with the books of the last hold made before it."""
     answers: list[Reservation | BudgetExhausted] | None = None
     if settle is not None:
         settled = await _settled_and_held(io, run, ctx, settle, holds)
         if isinstance(settled, StopRequest):
-            return (state.model_copy(update=update) if update else state), settled
+            return BatchHeld((), None, None, refused=settled)
         answers = settled
-    # The last reservation's balance, viewed into state once, with the batch at the end.
+    outcomes: list[BudgetExhausted | None] = []
     latest: Balance | None = None
-    for n, entry in enumerate(entries):
-        key, amounts = holds[n]
+    for n, (key, amounts) in enumerate(holds):
         held = (
             answers[n]
             if answers is not None
             else await reserve_or_exhausted(io, run, ctx, key, amounts)
         )
         if isinstance(held, StopRequest):
-            if latest is not None:
-                update["budget"] = budget_view(latest.limits, latest.held)
-            return (state.model_copy(update=update) if update else state), held
+            limits, books = _books(latest)
+            return BatchHeld(tuple(outcomes), limits, books, refused=held)
         if isinstance(held, BudgetExhausted):
-            refused[entry.call_id] = held
+            outcomes.append(held)
             continue
         latest = held.balance
-    batch, stopped = after_reservations(
-        current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key, only=only
-    )
-    EVENTS.budget_refused(state.run_id, current, refused, cfg.registry)
-    if batch is not state.batch:
-        update["batch"] = batch
-    if latest is not None:
-        update["budget"] = budget_view(latest.limits, latest.held)
-    return (state.model_copy(update=update) if update else state), stopped
+        outcomes.append(None)
+    limits, books = _books(latest)
+    return BatchHeld(tuple(outcomes), limits, books)
+
+
+def _books(balance: Balance | None) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+    return (balance.limits, balance.held) if balance is not None else (None, None)
 
 
 async def balance_of(io: NodeIO, account: str) -> Balance | None:

@@ -636,6 +636,14 @@ def gate_with_findings(
     )
 
 
+_VERDICT_DEFAULTS: dict[str, Any] = {
+    name: None if info.is_required() else info.get_default()
+    for name, info in Verdict.model_fields.items()
+}
+"""Every field of a verdict in declared order, at its default (the required ones ``None``,
+always given): what the gate's verdicts are made from."""
+
+
 def _verdict(
     proposal: ToolProposal,
     fingerprint: str,
@@ -644,23 +652,16 @@ def _verdict(
     missing: str | None = None,
 ) -> Verdict:
     # Every field is already a checked value: skip re-validating on the hot path.
-    return assemble(
-        Verdict,
-        {
-            "call_id": proposal.call_id,
-            "tool_name": proposal.tool_name,
-            "fingerprint": fingerprint,
-            "code": code,
-            "problems": problems,
-            "exhausted_axis": None,
-            "seal": None,
-            "approval": None,
-            "scope_id": None,
-            "missing_capability": missing,
-            "approved_by": None,
-            "provenance": None,
-        },
-    )
+    values = _VERDICT_DEFAULTS.copy()
+    values["call_id"] = proposal.call_id
+    values["tool_name"] = proposal.tool_name
+    values["fingerprint"] = fingerprint
+    values["code"] = code
+    if problems:
+        values["problems"] = problems
+    if missing is not None:
+        values["missing_capability"] = missing
+    return assemble(Verdict, values)
 
 
 def gate_call(

@@ -153,6 +153,7 @@ def gate_batch(
     provenance: ProvenanceMode = "observe",
     outputs: Sequence[ObservedOutput] | None = None,
     run_rule: RuleRunner = run_directly,
+    specs: Sequence[ToolSpec | None] | None = None,
 ) -> GatedBatch:
     """Gate every call of a batch in order; the first denial that ends a run stops it all.
 
@@ -177,21 +178,24 @@ def gate_batch(
     observed_output`); ``None``: the state's observations, trusted as their tools declare.
     ``run_rule``: how the tools' own rules are run (:mod:`fencepost.policy.rule_runner`; the
     graph's leaves one that blocks behind at its timeout).
+    ``specs``: per call, its tool's spec in ``registry`` (``None``: not registered), when the
+    caller looked them up already (:attr:`GatePlan.specs`).
     """
+    if specs is None:
+        specs = [registry.get(c.tool_name) if c.tool_name in registry else None for c in calls]
     # Only the counts this batch raises: read through to the run's own (not copied per step).
     run_counts = state.fingerprints
     raised: dict[str, int] = {}
     counts: Mapping[str, int] = run_counts  # until a call of the batch is allowed
     entries: list[BatchEntry] = []
-    specs: list[ToolSpec | None] = []
+    found: list[ToolSpec | None] = []
     first_stop: StopRequest | None = None
     sources: RunSources | None = None
     traces: dict[str, Provenance] = {}
-    for call in calls:
+    for call, known in zip(calls, specs, strict=True):
         if raised and counts is run_counts:
             counts = ChainMap(raised, run_counts)  # made only for a call after an allowed one
         scope = remembered.get(call.call_id) if remembered else None
-        known = registry.get(call.tool_name) if call.tool_name in registry else None
         gate = tool_gate(known) if known is not None else None
         flagged: tuple[str, ...] = ()
         trace: Provenance | None = None
@@ -270,12 +274,12 @@ def gate_batch(
         elif first_stop is None and verdict.termination is not None:
             first_stop = stop(verdict.termination, verdict.code.value)
         entries.append(assemble(BatchEntry, {"proposal": call, "verdict": verdict}))
-        specs.append(spec)
+        found.append(spec)
     return GatedBatch(
         batch=tuple(entries),
         fingerprints=revised(state.fingerprints, raised),
         stop=first_stop,
-        specs=tuple(specs),
+        specs=tuple(found),
         provenance=traces,
     )
 
@@ -371,6 +375,7 @@ class GatePlan(NamedTuple):
     ``in_place``: judging the batch needs no I/O at all: no dependency to read, no scope, no
     ``needs_approval`` or approver to ask (no call of it can need approval), no rule of a tool
     to contain; the node then judges it in place (:meth:`judge`, the rules run directly).
+    ``specs``: per call, its registered tool (``None``: not registered), looked up once.
 
     A named tuple, as :class:`GatedBatch` is: made once per decision.
     """
@@ -382,6 +387,7 @@ class GatePlan(NamedTuple):
     scoped: tuple[str, ...]
     deciders: Mapping[str, NeedsApproval]
     in_place: bool = False
+    specs: tuple[ToolSpec | None, ...] | None = None
 
     def refused(self, state: AgentState, produced: Collection[str]) -> StopRequest | None:
         """The stop that refuses the whole batch before any call of it is gated
@@ -438,6 +444,7 @@ class GatePlan(NamedTuple):
             provenance=cfg.provenance,
             outputs=outputs,
             run_rule=run_rule,
+            specs=self.specs,
         )
 
     def questions(
@@ -521,13 +528,16 @@ def plan_gate(calls: Sequence[ToolProposal], settings: GateSettings) -> GatePlan
         outside = frozenset(d for c in calls for d in c.depends_on if d not in inside)
     scoped: set[str] = set()
     deciders: dict[str, NeedsApproval] = {}
+    specs: list[ToolSpec | None] = []
     # A read no ``needs_approval`` decides never needs approval: nobody is asked about it.
     in_place = not outside
     for call in calls:
         name = call.tool_name
         if name not in registry:
+            specs.append(None)
             continue
         spec = registry.get(name)
+        specs.append(spec)
         if spec.effect is not Effect.READ:
             in_place = False
             if type(name) is str:
@@ -546,6 +556,7 @@ def plan_gate(calls: Sequence[ToolProposal], settings: GateSettings) -> GatePlan
         scoped=tuple(sorted(scoped)) if scoped else (),
         deciders=deciders,
         in_place=in_place,
+        specs=tuple(specs),
     )
 
 

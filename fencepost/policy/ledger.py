@@ -11,11 +11,12 @@ import contextlib
 import threading
 import unicodedata
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from functools import partial
-from typing import Annotated, NamedTuple
+from types import MappingProxyType
+from typing import Annotated, Generic, NamedTuple, TypeVar
 
 from pydantic import Field, Strict
 
@@ -728,6 +729,26 @@ class _Record(NamedTuple):
 # A record made from its three fields without the NamedTuple's Python-level __new__.
 _new_record = tuple.__new__
 
+R = TypeVar("R")
+
+
+class BatchHeld(NamedTuple, Generic[R]):
+    """What :meth:`InMemoryLedger.reserve_batch` did with a batch's holds."""
+
+    outcomes: tuple[BudgetExhausted | None, ...]
+    """Per hold tried, in order: ``None`` where it is held (made now, or before), else the
+    ``BudgetExhausted`` that refused it. Holds after the one that ended the batch are missing."""
+    limits: dict[str, float] | None
+    """The account's limits (a copy); ``None`` when no hold was made."""
+    held: dict[str, float] | None
+    """What the account holds per axis once the batch is held (a copy); ``None`` when no
+    hold was made."""
+    stopped_by: Exception | None = None
+    """The ledger's refusal that ended the batch (``AccountClosed``, ``UnknownAccount``,
+    ``LedgerConflict``, an invalid key), if one did."""
+    refused: R | None = None
+    """What ``refuses`` answered for the account's owner, if it refused."""
+
 
 class InMemoryLedger(Ledger, ScopeStore):
     """A process-local ledger for tests and notebooks. Atomic under a lock; not durable.
@@ -1131,6 +1152,72 @@ class InMemoryLedger(Ledger, ScopeStore):
     ) -> tuple[Reservation, list[Reservation | BudgetExhausted]]:
         with self._lock:
             return super().settle_and_reserve(key, actual, account, holds)
+
+    def reserve_batch(
+        self,
+        account: str,
+        holds: Sequence[tuple[str, Mapping[str, float]]],
+        *,
+        settle: tuple[str, Mapping[str, float] | None] | None = None,
+        refuses: Callable[[Mapping[str, str]], R | None] | None = None,
+    ) -> BatchHeld[R]:
+        """Reserve each ``(key, amounts)`` of ``holds`` on ``account`` in order, under one hold
+        of the lock, as :meth:`reserve` would one by one (a hold the budget cannot cover is
+        refused and the next still tried), after settling ``settle`` (``(key, actual)``: a
+        model step whose calls these are) when given; and the account's limits and what it
+        holds once, not a :class:`Balance` and a :class:`Reservation` per hold.
+
+        ``refuses``: asked once, with the account's owner, as soon as a hold is made (or found
+        made before); what it answers other than ``None`` gives that hold back (unless it was
+        held before), ends the batch, and is :attr:`BatchHeld.refused`. Any other refusal of
+        the ledger (a closed or unknown account, a key held by another account, an invalid
+        key) ends the batch too, as :attr:`BatchHeld.stopped_by`; what was held before it
+        stays held, as separate calls would leave it.
+        """
+        with self._lock:
+            if settle is not None:
+                self._check_key(settle[0])
+                self._settle(*settle)
+            outcomes: list[BudgetExhausted | None] = []
+            made = False
+            for key, amounts in holds:
+                try:
+                    if type(account) is not str or account not in self._valid_names:
+                        validate_name(account, "account")
+                    self._check_key(key)
+                    _, existing = self._put(account, key, self._clean_amounts(amounts))
+                except BudgetExhausted as short:
+                    outcomes.append(short)
+                    continue
+                except (AccountClosed, UnknownAccount, LedgerConflict, ValueError) as refusal:
+                    return self._batch_held(account, outcomes, made, stopped_by=refusal)
+                if not made and refuses is not None:
+                    refused = refuses(MappingProxyType(self._owners[account]))
+                    if refused is not None:
+                        if not existing:
+                            self.release(key)
+                        return self._batch_held(account, outcomes, made, refused=refused)
+                made = True
+                outcomes.append(None)
+            return self._batch_held(account, outcomes, made)
+
+    def _batch_held(
+        self,
+        account: str,
+        outcomes: list[BudgetExhausted | None],
+        made: bool,
+        *,
+        stopped_by: Exception | None = None,
+        refused: R | None = None,
+    ) -> BatchHeld[R]:
+        """What :meth:`reserve_batch` did, with the account's books copied once a hold was made."""
+        return BatchHeld(
+            outcomes=tuple(outcomes),
+            limits=dict(self._limits[account]) if made else None,
+            held=dict(self._held[account]) if made else None,
+            stopped_by=stopped_by,
+            refused=refused,
+        )
 
     def release(self, key: str) -> Reservation:
         self._check_key(key)

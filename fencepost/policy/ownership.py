@@ -105,8 +105,12 @@ def check_owner(
     """
     if not owner:
         return None
-    if identity(owner) != ctx.owner():
+    # ``identity(owner) != ctx.owner()``, without building either (checked at every hold): a
+    # context's tenant and principal are always strs, so an owner that lacks one differs.
+    if owner.get("tenant") != ctx.tenant_id or owner.get("principal") != ctx.principal.id:
         return stop(TerminationReason.POLICY_DENIED, "context_mismatch")
-    if run_id is not None and owner.get(RUN, run_tag(run_id)) != run_tag(run_id):
-        return stop(TerminationReason.POLICY_DENIED, "account_conflict")
+    if run_id is not None:
+        tag = run_tag(run_id)
+        if owner.get(RUN, tag) != tag:
+            return stop(TerminationReason.POLICY_DENIED, "account_conflict")
     return None

@@ -22,6 +22,7 @@ from fencepost.policy.ledger import ReservationStatus
 from fencepost.policy.phase import TerminationReason
 from fencepost.policy.state import StopRequest, stop
 from fencepost.policy.tool import ToolSpec
+from fencepost.policy.verdict import VerdictCode
 
 # -- what each thing reserves ---------------------------------------------------------------------
 
@@ -230,7 +231,7 @@ def call_amounts(spec: ToolSpec) -> dict[str, float]:
 
 def to_reserve(batch: Batch) -> list[BatchEntry]:
     """The entries of a gated batch whose budget must be reserved now: those the gate allowed."""
-    return [e for e in batch if e.verdict.allowed]
+    return [e for e in batch if e.verdict.code is VerdictCode.ALLOWED]  # ``Verdict.allowed``
 
 
 # -- the stop a refusal means ---------------------------------------------------------------------

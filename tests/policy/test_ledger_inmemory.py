@@ -564,3 +564,55 @@ def test_an_attempts_claim_and_result_marker_are_booked_as_reserve_books_them() 
     # A result marker another account holds is not written and stops nothing.
     assert ledger.finish_attempt("run-1", "k-2", result="r-2").status is ReservationStatus.SETTLED
     assert ledger.get("r-2").account == "run-2"  # type: ignore[union-attr]
+
+
+def test_a_batch_held_at_once_refuses_only_the_holds_its_budget_cannot_cover(
+    ledger: InMemoryLedger,
+) -> None:
+    ledger.open_account("run", {"tool_calls": 2})
+    holds = [(f"call-{n}", {"tool_calls": 1.0}) for n in range(3)]
+    held = ledger.reserve_batch("run", [holds[0], holds[1]])
+    again = ledger.reserve_batch("run", holds)
+    assert held.outcomes == (None, None)
+    assert again.outcomes[:2] == (None, None)  # held before: idempotent by key
+    assert isinstance(again.outcomes[2], BudgetExhausted)
+    assert again.limits == {"tool_calls": 2.0} and again.held == {"tool_calls": 2.0}
+    assert ledger.get("call-2") is None
+    again.held["tool_calls"] = 0.0  # a copy: the books are not changed through it
+    assert ledger.balance("run").held == {"tool_calls": 2.0}
+
+
+def test_a_batch_its_owner_refuses_gives_back_what_it_held_and_holds_no_more(
+    ledger: InMemoryLedger,
+) -> None:
+    ledger.open_account("run", {"tool_calls": 5}, owner={"tenant": "acme"})
+    holds = [(f"call-{n}", {"tool_calls": 1.0}) for n in range(3)]
+    seen: list[dict[str, str]] = []
+
+    def refuses(owner: Any) -> str | None:
+        seen.append(dict(owner))
+        return "not yours"
+
+    held = ledger.reserve_batch("run", holds, refuses=refuses)
+    assert held.refused == "not yours" and held.limits is None
+    assert seen == [{"tenant": "acme"}]  # asked once, with the owner the account records
+    assert ledger.get("call-0").status is ReservationStatus.RELEASED  # given back
+    assert ledger.get("call-1") is None and ledger.get("call-2") is None
+    assert ledger.balance("run").held == {"tool_calls": 0.0}
+
+
+def test_a_batch_stops_at_the_ledgers_refusal_and_keeps_what_it_held(
+    ledger: InMemoryLedger,
+) -> None:
+    ledger.open_account("run", {"tool_calls": 5})
+    ledger.open_account("other", {"tool_calls": 5})
+    ledger.reserve("other", "taken", {"tool_calls": 1.0})
+    held = ledger.reserve_batch(
+        "run", [("mine", {"tool_calls": 1.0}), ("taken", {"tool_calls": 1.0})]
+    )
+    assert held.outcomes == (None,)
+    assert isinstance(held.stopped_by, LedgerConflict)
+    assert held.held == {"tool_calls": 1.0}
+    ledger.close_account("run", "completed")
+    closed = ledger.reserve_batch("run", [("late", {"tool_calls": 1.0})])
+    assert isinstance(closed.stopped_by, AccountClosed) and closed.limits is None
