@@ -15,14 +15,12 @@ from fencepost.policy.context import RunContext
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.execution import not_run
 from fencepost.policy.ledger import AccountClosed, Balance, check_open, check_room
-from fencepost.policy.may_go_on import recursion_stop
 from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.ownership import check_owner
-from fencepost.policy.phase import TerminationReason
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import stop_for_closed, stop_for_exhausted
-from fencepost.policy.state import StopRequest, stop
+from fencepost.policy.state import StopRequest
 
 
 class CancelRefused(PermissionError):
@@ -114,38 +112,3 @@ def child_start_refusal(
     except BudgetExhausted as exhausted:
         return stop_for_exhausted(exhausted)
     return None
-
-
-NOT_THIS_RUNS_ACCOUNT = frozenset(
-    {
-        "account_conflict",
-        "unknown_budget_account",
-        "context_mismatch",
-        "missing_context",
-        "invalid_context",
-    }
-)
-"""Stop codes that mean the account on a thread is not (or not provably) the caller's."""
-
-
-def may_close_account(error_code: str | None, *, owned: bool) -> bool:
-    """Whether the terminal node closes the run's ledger account as it ends the run: only the
-    caller's own account (the identity it was opened for), and never on a stop that says the
-    account is not (provably) this caller's: closing it would let a stranger end somebody
-    else's run."""
-    return owned and error_code not in NOT_THIS_RUNS_ACCOUNT
-
-
-def unasked_stop(remaining_steps: object, needs: int) -> StopRequest:
-    """Why a run that reaches the terminal node with no stop ends: every node that ends a run
-    asks with a stop, so it is the recursion limit (the entry had no room to decide), or else a
-    caller's state update made as the terminal node, which is no ending (``invalid_state``)."""
-    return recursion_stop(remaining_steps, needs) or stop(
-        TerminationReason.POLICY_DENIED, "invalid_state"
-    )
-
-
-def cancel_came_first(closed_reason: str | None, ending: TerminationReason) -> bool:
-    """Whether a cancel closed the run's account before the terminal node could: the first
-    close stands, so the run ends ``cancelled`` whatever it was about to end with."""
-    return closed_reason == TerminationReason.CANCELLED.value != ending.value

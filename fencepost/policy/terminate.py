@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from fencepost.policy.context import RunContext
 from fencepost.policy.decision import InvalidProposal
 from fencepost.policy.ledger import Balance
-from fencepost.policy.may_go_on import NEEDS_DECIDE
+from fencepost.policy.may_go_on import NEEDS_DECIDE, recursion_stop
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.ownership import check_owner
@@ -34,17 +34,26 @@ from fencepost.policy.reservations import stop_for_unknown_account
 from fencepost.policy.run_sources import answer_untrusted
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.stop_report import stop_report
-from fencepost.policy.stopping import (
-    cancel_came_first,
-    may_close_account,
-    started_unreported,
-    unasked_stop,
-)
+from fencepost.policy.stopping import started_unreported
 from fencepost.policy.tasks import pending_tasks, unfinished
 
 TASKS_PENDING = "tasks_pending"
 """The code of a final answer given while accepted work is pending (work accepted is not work
 done): the model is asked again; at the end, the run ends ``invalid_proposal`` with it."""
+
+
+NOT_THIS_RUNS_ACCOUNT = frozenset(
+    {
+        "account_conflict",
+        "unknown_budget_account",
+        "context_mismatch",
+        "missing_context",
+        "invalid_context",
+    }
+)
+"""Stop codes that mean the account on a thread is not (or not provably) the caller's: the
+terminal node never closes it on one (closing it would let a stranger end somebody else's
+run)."""
 
 
 class TerminalStateError(RuntimeError):
@@ -224,8 +233,10 @@ class Ending:
 
     def after_close(self, closed: str | None) -> Ending:
         """The ending once the account is closed (``closed``: the reason the ledger holds):
-        a cancel that closed it first wins, and the run ends ``cancelled``."""
-        if not cancel_came_first(closed, self.stop.reason):
+        the first close stands, so a cancel that closed it first wins, and the run ends
+        ``cancelled`` whatever it was about to end with."""
+        cancelled = TerminationReason.CANCELLED
+        if closed != cancelled.value or self.stop.reason is cancelled:
             return self
         state = terminate(self.current, TerminationReason.CANCELLED, error_code="cancelled")
         report = stop_report(state, unfinished=self.current.batch)
@@ -318,7 +329,7 @@ class EndingPlan:
         no citation is vouched for (a receipt or an observation in state is no marker). The
         stop report names a budget stop's account as the run's own or another's, and the
         untrusted outputs the answer repeats. The account is closed only when it is the
-        caller's and the stop is this run's (``stopping.may_close_account``).
+        caller's and the stop does not say it is not (:data:`NOT_THIS_RUNS_ACCOUNT`).
         """
         asked, current = self.asked, self.current
         if asked is None:
@@ -356,7 +367,7 @@ class EndingPlan:
         return Ending(
             state=state.model_copy(update={"report": report}),
             stop=ending,
-            closes=may_close_account(ending.error_code, owned=bool(self.owned)),
+            closes=bool(self.owned) and ending.error_code not in NOT_THIS_RUNS_ACCOUNT,
             current=current,
         )
 
@@ -374,14 +385,20 @@ def plan_ending(
     """The terminal node's plan for the run in ``current`` (``balance``: its ledger account,
     ``None`` when the ledger holds none), acting for ``ctx``.
 
-    An ended run's ending stands unless a caller wrote it (:func:`reopened`); a run with no
-    stop ends as ``stopping.unasked_stop`` says (the recursion limit, or ``invalid_state``).
+    An ended run's ending stands unless a caller wrote it (:func:`reopened`). Every node that
+    ends a run asks with a stop, so a run with none ends at the recursion limit (the entry had
+    no room to decide), or else it is a caller's state update made as the terminal node, which
+    is no ending (``invalid_state``).
     """
     if current.is_terminal:
         current = reopened(current, balance) or current
     asked = None
     if not current.is_terminal:
-        asked = current.stop or unasked_stop(remaining_steps, NEEDS_DECIDE)
+        asked = (
+            current.stop
+            or recursion_stop(remaining_steps, NEEDS_DECIDE)
+            or stop(TerminationReason.POLICY_DENIED, "invalid_state")
+        )
     owned = None
     if balance is not None:
         owned = ctx is not None and check_owner(balance.owner, ctx, current.run_id) is None

@@ -115,36 +115,3 @@ def test_no_child_starts_under_a_closed_parent(closed: str, reason: TerminationR
     parent = balance("parent", {"steps": 10}, {}, closed=closed)
     refused = child_start_refusal({"steps": 5}, [parent], first_step_amounts(0))
     assert refused is not None and refused.reason is reason
-
-
-# -- the end of a run: a stop nobody asked for, which account closes -------------------------------
-
-
-def test_a_run_at_the_terminal_node_with_no_stop_ends_invalid_state_unless_out_of_steps() -> None:
-    from fencepost.policy.may_go_on import NEEDS_DECIDE
-    from fencepost.policy.stopping import unasked_stop
-
-    assert unasked_stop(100, NEEDS_DECIDE).error_code == "invalid_state"
-    assert unasked_stop(0, NEEDS_DECIDE).error_code == "recursion_limit"
-
-
-@pytest.mark.parametrize(
-    "code",
-    ["account_conflict", "unknown_budget_account", "context_mismatch", "missing_context"],
-)
-def test_an_account_not_provably_the_callers_is_never_closed(code: str) -> None:
-    from fencepost.policy.stopping import may_close_account
-
-    assert not may_close_account(code, owned=True)
-    assert not may_close_account(None, owned=False)
-    assert may_close_account("tool_budget_exhausted", owned=True)
-    assert may_close_account(None, owned=True)
-
-
-def test_a_cancel_that_closed_the_account_first_is_the_runs_ending() -> None:
-    from fencepost.policy.stopping import cancel_came_first
-
-    assert cancel_came_first("cancelled", TerminationReason.COMPLETED)
-    assert not cancel_came_first("cancelled", TerminationReason.CANCELLED)
-    assert not cancel_came_first(None, TerminationReason.COMPLETED)
-    assert not cancel_came_first("completed", TerminationReason.COMPLETED)

@@ -235,6 +235,10 @@ def test_a_cancel_that_closed_the_account_first_wins() -> None:
     plan = _plan(_observed().model_copy(update={"stop": _COMPLETED}), _balance())
     end = plan.end(facts=AnswerFacts.from_ledger(plan.current, pending=(), produced={"call-0001"}))
     assert end.after_close("completed") is end
+    assert end.after_close(None) is end
+    cancel = stop(TerminationReason.CANCELLED, "cancelled")
+    own = _plan(_observed().model_copy(update={"stop": cancel}), _balance()).end()
+    assert own.after_close("cancelled") is own  # the run's own cancel: nothing to change
     cancelled = end.after_close("cancelled")
     assert (cancelled.stop.reason, cancelled.state.termination) == (
         TerminationReason.CANCELLED,
@@ -260,3 +264,38 @@ def test_a_batch_call_the_ledger_shows_started_without_a_receipt_ends_uncertain(
     [receipt] = [r for r in plan.end(("call-0005",)).state.receipts if r.call_id == "call-0005"]
     assert receipt.status is ReceiptStatus.UNCERTAIN
     assert not [r for r in plan.end().state.receipts if r.call_id == "call-0005"]
+
+
+# -- the end of a run: a stop nobody asked for, which account closes -------------------------------
+
+
+@pytest.mark.parametrize(("left", "code"), [(100, "invalid_state"), (0, "recursion_limit")])
+def test_a_run_at_the_terminal_node_with_no_stop_ends_invalid_state_unless_out_of_steps(
+    left: int, code: str
+) -> None:
+    plan = plan_ending(
+        _observed(),
+        _CTX,
+        _balance(),
+        account="acct",
+        remaining_steps=left,
+        require_citations=True,
+        registry=ToolRegistry([]),
+    )
+    assert plan.asked is not None and plan.asked.error_code == code
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["account_conflict", "unknown_budget_account", "context_mismatch", "missing_context"],
+)
+def test_an_account_not_provably_the_callers_is_never_closed(code: str) -> None:
+    def closes(stopped: StopRequest, balance: Balance) -> bool:
+        return _plan(_observed().model_copy(update={"stop": stopped}), balance).end().closes
+
+    other = RunContext(tenant_id="tenant-b", principal=Principal(id="user-9"))
+    spent = stop(TerminationReason.TOOL_BUDGET_EXHAUSTED, "tool_budget_exhausted")
+    assert not closes(stop(TerminationReason.POLICY_DENIED, code), _balance())
+    assert not closes(spent, _balance(other))
+    assert closes(spent, _balance())
+    assert closes(stop(TerminationReason.INSUFFICIENT_EVIDENCE), _balance())
