@@ -1,24 +1,19 @@
-"""Stopping is not undoing: who may stop a run, and what a stop keeps of the work it cut short.
+"""Stopping is not undoing: who may stop a run, and when a child run may not start.
 
 Seed 002: a stop blocks new children, follows the work already started to its real end, and
-keeps the id and lookup path of every effect already started. The graph's cancel and the child
-run tool do the ledger and checkpoint I/O; the decisions are these functions.
+keeps the id and lookup path of every effect already started (the ending's plan receipts each
+such call ``uncertain``: ``terminate.EndingPlan.end``). The graph's cancel and the child run
+tool do the ledger and checkpoint I/O; the decisions are these functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
-from fencepost.policy.batch import BatchEntry
 from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.context import RunContext
-from fencepost.policy.error_codes import ErrorCode
-from fencepost.policy.execution import not_run
 from fencepost.policy.ledger import AccountClosed, Balance, check_open, check_room
-from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.ownership import check_owner
-from fencepost.policy.receipt import ReceiptStatus
-from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import stop_for_closed, stop_for_exhausted
 from fencepost.policy.state import StopRequest
 
@@ -63,31 +58,6 @@ def cancel_refusal(
     if (tenant_id, principal_id) != (ctx.tenant_id, ctx.principal.id):
         return "context_mismatch"
     return None
-
-
-def started_unreported(
-    batch: Sequence[BatchEntry],
-    receipted: Collection[str],
-    started: Collection[str],
-    registry: ToolRegistry,
-) -> tuple[CallOutcome, ...]:
-    """The batch's calls the ledger shows started (``started``: their first attempt's start
-    marker) that have no receipt, as ``uncertain``: a run that ends while (or after) such a call
-    ran — a cancel's record made while the tool still runs, a worker that died mid-call — keeps
-    its id and effect on record, never reported as a call that never started."""
-    outcomes: dict[str, CallOutcome] = {}
-    for entry in batch:
-        if entry.call_id in receipted or entry.call_id not in started:
-            continue
-        name = entry.proposal.tool_name
-        spec = registry.get(name) if name in registry else None
-        outcomes.setdefault(
-            entry.call_id,
-            not_run(
-                entry, spec, ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN, attempts=1
-            ),
-        )
-    return tuple(outcomes.values())
 
 
 def child_start_refusal(

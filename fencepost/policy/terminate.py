@@ -22,19 +22,20 @@ from dataclasses import dataclass
 
 from fencepost.policy.context import RunContext
 from fencepost.policy.decision import InvalidProposal
+from fencepost.policy.error_codes import ErrorCode
+from fencepost.policy.execution import not_run
 from fencepost.policy.ledger import Balance
 from fencepost.policy.may_go_on import NEEDS_DECIDE, recursion_stop
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.ownership import check_owner
 from fencepost.policy.phase import Phase, TerminationReason
-from fencepost.policy.receipt import evidence_ids
+from fencepost.policy.receipt import Receipt, ReceiptStatus, evidence_ids
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import stop_for_unknown_account
 from fencepost.policy.run_sources import answer_untrusted
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.stop_report import stop_report
-from fencepost.policy.stopping import started_unreported
 from fencepost.policy.tasks import pending_tasks, unfinished
 
 TASKS_PENDING = "tasks_pending"
@@ -336,10 +337,19 @@ class EndingPlan:
             # The run ended already, and its ending stands: there is nothing to end.
             raise TerminalStateError
         if started:
+            # Stopping is not undoing: a call the run started keeps its id and effect on
+            # record, ``uncertain``, never reported as a call that never started.
             fresh = set(started).intersection(self.unreported)
-            outcomes = started_unreported(current.batch, (), fresh, self.registry)
+            cut_short: dict[str, Receipt] = {}
+            for entry in current.batch:
+                name = entry.proposal.tool_name
+                if entry.call_id in fresh and entry.call_id not in cut_short:
+                    spec = self.registry.get(name) if name in self.registry else None
+                    code, status = ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN
+                    uncertain = not_run(entry, spec, code, status, attempts=1)
+                    cut_short[entry.call_id] = receipt_for(uncertain)
             current = current.model_copy(
-                update={"receipts": current.receipts + tuple(receipt_for(o) for o in outcomes)}
+                update={"receipts": current.receipts + tuple(cut_short.values())}
             )
         if not self.owned:
             pending = tuple(r.task_id or r.call_id for r in unfinished(current.receipts, ()))

@@ -1,4 +1,5 @@
-"""Stopping is not undoing: who may cancel, what a stop keeps, when a child may start."""
+"""Stopping is not undoing: who may cancel, when a child may start (what a stop keeps of the
+work it cut short: tests/policy/test_terminate.py)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,13 @@ import pytest
 
 from fencepost.policy import (
     Balance,
-    Effect,
-    ErrorCode,
     Principal,
-    ReceiptStatus,
     RunContext,
     TerminationReason,
-    ToolProposal,
-    ToolRegistry,
-    Verdict,
-    VerdictCode,
 )
-from fencepost.policy.batch import BatchEntry
-from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.keys import run_tag
 from fencepost.policy.reservations import first_step_amounts
-from fencepost.policy.stopping import cancel_refusal, child_start_refusal, started_unreported
-from tests.policy.factories import make_spec
+from fencepost.policy.stopping import cancel_refusal, child_start_refusal
 
 OWNER = {"tenant": "acme", "principal": "u-1", "run": run_tag("run-1")}
 
@@ -59,30 +50,6 @@ def test_without_an_account_the_identity_in_state_decides() -> None:
 
 def test_the_operators_cancel_names_no_context() -> None:
     assert refusal(OWNER, None) is None
-
-
-def entry(call_id: str, tool: str) -> BatchEntry:
-    return BatchEntry(
-        proposal=ToolProposal(call_id=call_id, tool_name=tool, arguments={}),
-        verdict=Verdict(
-            call_id=call_id,
-            tool_name=tool,
-            fingerprint=proposal_fingerprint(tool, {}),
-            code=VerdictCode.ALLOWED,
-        ),
-    )
-
-
-def test_a_call_started_and_never_reported_is_uncertain_with_its_effect() -> None:
-    registry = ToolRegistry([make_spec("send", effect=Effect.WRITE, capability="x")])
-    batch = [entry(f"call-000{n}", "send") for n in (1, 2, 3)]
-    started = {"call-0001", "call-0002"}
-    (outcome,) = started_unreported(batch, {"call-0001"}, started, registry)
-    assert outcome.call_id == "call-0002"
-    assert outcome.status is ReceiptStatus.UNCERTAIN
-    assert outcome.effect is Effect.WRITE
-    assert outcome.event.error_code is ErrorCode.EXECUTION_UNCERTAIN  # type: ignore[union-attr]
-    assert outcome.attempts == 1
 
 
 def balance(account: str, limits: dict[str, float], held: dict[str, float], **kw: Any) -> Balance:

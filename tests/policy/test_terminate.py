@@ -7,12 +7,14 @@ import pytest
 from fencepost.policy import (
     AgentState,
     AnswerPayload,
+    Effect,
     ErrorCode,
     MissingCitation,
     Phase,
     TerminalStateError,
     TerminationReason,
     ToolFailed,
+    ToolProposal,
     ToolSucceeded,
     UnsupportedCitation,
     Verdict,
@@ -26,12 +28,12 @@ from fencepost.policy.batch import BatchEntry
 from fencepost.policy.context import RunContext
 from fencepost.policy.ledger import Balance
 from fencepost.policy.ownership import run_owner
-from fencepost.policy.receipt import ReceiptStatus
+from fencepost.policy.receipt import Receipt, ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.state import StopRequest, stop
 from fencepost.policy.terminate import AnswerFacts, EndingPlan, plan_ending
 from fencepost.policy.tool import Principal
-from tests.policy.factories import make_proposal, make_state
+from tests.policy.factories import make_proposal, make_spec, make_state
 
 
 def test_terminal_state_cannot_terminate_twice() -> None:
@@ -264,6 +266,46 @@ def test_a_batch_call_the_ledger_shows_started_without_a_receipt_ends_uncertain(
     [receipt] = [r for r in plan.end(("call-0005",)).state.receipts if r.call_id == "call-0005"]
     assert receipt.status is ReceiptStatus.UNCERTAIN
     assert not [r for r in plan.end().state.receipts if r.call_id == "call-0005"]
+
+
+def test_a_call_started_and_never_reported_is_uncertain_with_its_effect() -> None:
+    registry = ToolRegistry([make_spec("send", effect=Effect.WRITE, capability="x")])
+
+    def entry(n: int) -> BatchEntry:
+        proposal = ToolProposal(call_id=f"call-000{n}", tool_name="send", arguments={})
+        verdict = Verdict(
+            call_id=proposal.call_id,
+            tool_name="send",
+            fingerprint=proposal_fingerprint("send", {}),
+            code=VerdictCode.ALLOWED,
+        )
+        return BatchEntry(proposal=proposal, verdict=verdict)
+
+    ran = Receipt(call_id="call-0001", tool_name="send", status=ReceiptStatus.COMPLETED)
+    state = _observed().model_copy(
+        update={
+            "batch": (entry(1), entry(2), entry(3)),
+            "receipts": (*_observed().receipts, ran),
+            "stop": stop(TerminationReason.CANCELLED, "cancelled"),
+        }
+    )
+    plan = plan_ending(
+        state,
+        _CTX,
+        _balance(),
+        account="acct",
+        remaining_steps=None,
+        require_citations=False,
+        registry=registry,
+    )
+    assert plan.unreported == ("call-0002", "call-0003")
+    receipts = plan.end(("call-0001", "call-0002")).state.receipts
+    (receipt,) = receipts[len(state.receipts) :]
+    assert receipt.call_id == "call-0002"
+    assert receipt.status is ReceiptStatus.UNCERTAIN
+    assert receipt.effect is Effect.WRITE
+    assert receipt.error_code is ErrorCode.EXECUTION_UNCERTAIN
+    assert receipt.attempts == 1
 
 
 # -- the end of a run: a stop nobody asked for, which account closes -------------------------------
