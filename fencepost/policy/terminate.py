@@ -225,7 +225,7 @@ class Ending:
     edit can reopen the run)."""
 
     state: AgentState
-    """The terminal state, its stop report attached."""
+    """The terminal state, its stop report and the stop it ends with attached."""
     stop: StopRequest
     closes: bool
     current: AgentState
@@ -236,14 +236,15 @@ class Ending:
         """The ending once the account is closed (``closed``: the reason the ledger holds):
         the first close stands, so a cancel that closed it first wins, and the run ends
         ``cancelled`` whatever it was about to end with."""
-        cancelled = TerminationReason.CANCELLED
-        if closed != cancelled.value or self.stop.reason is cancelled:
+        reason = TerminationReason.CANCELLED
+        if closed != reason.value or self.stop.reason is reason:
             return self
-        state = terminate(self.current, TerminationReason.CANCELLED, error_code="cancelled")
+        state = terminate(self.current, reason, error_code="cancelled")
         report = stop_report(state, unfinished=self.current.batch)
+        cancelled = stop(reason, "cancelled")
         return Ending(
-            state=state.model_copy(update={"report": report}),
-            stop=stop(TerminationReason.CANCELLED, "cancelled"),
+            state=state.model_copy(update={"report": report, "stop": cancelled}),
+            stop=cancelled,
             closes=False,
             current=self.current,
         )
@@ -374,8 +375,10 @@ class EndingPlan:
             budget=budget,
             answer_untrusted=answer_untrusted(state, self.ctx, self.registry),
         )
+        # The terminal state holds the stop it ended with: an answer refused here (its
+        # citations) is not kept in it.
         return Ending(
-            state=state.model_copy(update={"report": report}),
+            state=state.model_copy(update={"report": report, "stop": ending}),
             stop=ending,
             closes=bool(self.owned) and ending.error_code not in NOT_THIS_RUNS_ACCOUNT,
             current=current,

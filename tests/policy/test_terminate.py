@@ -192,11 +192,14 @@ def test_a_completed_stop_is_judged_by_the_ledgers_facts_on_the_callers_own_acco
     )
     assert vouched.state.report is not None
     # The observation in state is no marker: a citation the ledger does not vouch for fails.
-    unvouched = plan.end(facts=AnswerFacts.from_ledger(plan.current, pending=(), produced=())).stop
+    refused = plan.end(facts=AnswerFacts.from_ledger(plan.current, pending=(), produced=()))
+    unvouched = refused.stop
     assert (unvouched.reason, unvouched.error_code) == (
         TerminationReason.INVALID_PROPOSAL,
         "unsupported_citation",
     )
+    # The terminal state holds the stop it ended with, not the refused answer.
+    assert refused.state.stop == unvouched and refused.state.final_answer is None
 
 
 def test_another_callers_account_vouches_for_nothing_and_is_not_closed() -> None:
@@ -246,6 +249,7 @@ def test_a_cancel_that_closed_the_account_first_wins() -> None:
         TerminationReason.CANCELLED,
         TerminationReason.CANCELLED,
     )
+    assert cancelled.state.stop == cancelled.stop
 
 
 def test_a_batch_call_the_ledger_shows_started_without_a_receipt_ends_uncertain() -> None:
