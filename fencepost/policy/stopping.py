@@ -1,28 +1,21 @@
-"""Stopping is not undoing: who may stop a run, and what a stop keeps of the work it cut short.
+"""Stopping is not undoing: who may stop a run, and when a child run may not start.
 
 Seed 002: a stop blocks new children, follows the work already started to its real end, and
-keeps the id and lookup path of every effect already started. The graph's cancel and the child
-run tool do the ledger and checkpoint I/O; the decisions are these functions.
+keeps the id and lookup path of every effect already started (the ending's plan receipts each
+such call ``uncertain``: ``terminate.EndingPlan.end``). The graph's cancel and the child run
+tool do the ledger and checkpoint I/O; the decisions are these functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
-from fencepost.policy.batch import BatchEntry
 from fencepost.policy.budget import BudgetExhausted
 from fencepost.policy.context import RunContext
-from fencepost.policy.error_codes import ErrorCode
-from fencepost.policy.execution import not_run
 from fencepost.policy.ledger import AccountClosed, Balance, check_open, check_room
-from fencepost.policy.may_go_on import recursion_stop
-from fencepost.policy.outcome import CallOutcome
 from fencepost.policy.ownership import check_owner
-from fencepost.policy.phase import TerminationReason
-from fencepost.policy.receipt import ReceiptStatus
-from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import stop_for_closed, stop_for_exhausted
-from fencepost.policy.state import StopRequest, stop
+from fencepost.policy.state import StopRequest
 
 
 class CancelRefused(PermissionError):
@@ -67,31 +60,6 @@ def cancel_refusal(
     return None
 
 
-def started_unreported(
-    batch: Sequence[BatchEntry],
-    receipted: Collection[str],
-    started: Collection[str],
-    registry: ToolRegistry,
-) -> tuple[CallOutcome, ...]:
-    """The batch's calls the ledger shows started (``started``: their first attempt's start
-    marker) that have no receipt, as ``uncertain``: a run that ends while (or after) such a call
-    ran — a cancel's record made while the tool still runs, a worker that died mid-call — keeps
-    its id and effect on record, never reported as a call that never started."""
-    outcomes: dict[str, CallOutcome] = {}
-    for entry in batch:
-        if entry.call_id in receipted or entry.call_id not in started:
-            continue
-        name = entry.proposal.tool_name
-        spec = registry.get(name) if name in registry else None
-        outcomes.setdefault(
-            entry.call_id,
-            not_run(
-                entry, spec, ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN, attempts=1
-            ),
-        )
-    return tuple(outcomes.values())
-
-
 def child_start_refusal(
     limits: Mapping[str, float],
     parents: Iterable[Balance],
@@ -114,38 +82,3 @@ def child_start_refusal(
     except BudgetExhausted as exhausted:
         return stop_for_exhausted(exhausted)
     return None
-
-
-NOT_THIS_RUNS_ACCOUNT = frozenset(
-    {
-        "account_conflict",
-        "unknown_budget_account",
-        "context_mismatch",
-        "missing_context",
-        "invalid_context",
-    }
-)
-"""Stop codes that mean the account on a thread is not (or not provably) the caller's."""
-
-
-def may_close_account(error_code: str | None, *, owned: bool) -> bool:
-    """Whether the terminal node closes the run's ledger account as it ends the run: only the
-    caller's own account (the identity it was opened for), and never on a stop that says the
-    account is not (provably) this caller's: closing it would let a stranger end somebody
-    else's run."""
-    return owned and error_code not in NOT_THIS_RUNS_ACCOUNT
-
-
-def unasked_stop(remaining_steps: object, needs: int) -> StopRequest:
-    """Why a run that reaches the terminal node with no stop ends: every node that ends a run
-    asks with a stop, so it is the recursion limit (the entry had no room to decide), or else a
-    caller's state update made as the terminal node, which is no ending (``invalid_state``)."""
-    return recursion_stop(remaining_steps, needs) or stop(
-        TerminationReason.POLICY_DENIED, "invalid_state"
-    )
-
-
-def cancel_came_first(closed_reason: str | None, ending: TerminationReason) -> bool:
-    """Whether a cancel closed the run's account before the terminal node could: the first
-    close stands, so the run ends ``cancelled`` whatever it was about to end with."""
-    return closed_reason == TerminationReason.CANCELLED.value != ending.value

@@ -6,8 +6,9 @@ what the answer may cite), and get one frozen answer back:
 
 - :func:`conclude`: what an ending comes to — ``completed`` with a server-verified answer, an
   abstention or any other stop as asked, or refused and why (``invalid_proposal``, never
-  ``completed``). The decide phase asks it of a model's final answer or abstention
-  (``decide.end_step``);
+  ``completed``). The decide phase asks it whether a model's final answer or abstention ends
+  the run now (``decide.end_step``: accepted work still pending asks the model again); the
+  answer's citations are judged once, by the terminal node;
 - :func:`plan_ending`: the terminal node's plan (:class:`EndingPlan`) — whether an ended run's
   ending stands, and what the ledger is asked; then (:meth:`EndingPlan.end`) the stop verified
   again, the terminal state and its stop report, and whether the run's ledger account is closed
@@ -21,29 +22,39 @@ from dataclasses import dataclass
 
 from fencepost.policy.context import RunContext
 from fencepost.policy.decision import InvalidProposal
+from fencepost.policy.error_codes import ErrorCode
+from fencepost.policy.execution import not_run
 from fencepost.policy.ledger import Balance
-from fencepost.policy.may_go_on import NEEDS_DECIDE
+from fencepost.policy.may_go_on import NEEDS_DECIDE, recursion_stop
 from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.ownership import check_owner
 from fencepost.policy.phase import Phase, TerminationReason
-from fencepost.policy.receipt import evidence_ids
+from fencepost.policy.receipt import Receipt, ReceiptStatus, evidence_ids
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import stop_for_unknown_account
 from fencepost.policy.run_sources import answer_untrusted
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.stop_report import stop_report
-from fencepost.policy.stopping import (
-    cancel_came_first,
-    may_close_account,
-    started_unreported,
-    unasked_stop,
-)
 from fencepost.policy.tasks import pending_tasks, unfinished
 
 TASKS_PENDING = "tasks_pending"
 """The code of a final answer given while accepted work is pending (work accepted is not work
 done): the model is asked again; at the end, the run ends ``invalid_proposal`` with it."""
+
+
+NOT_THIS_RUNS_ACCOUNT = frozenset(
+    {
+        "account_conflict",
+        "unknown_budget_account",
+        "context_mismatch",
+        "missing_context",
+        "invalid_context",
+    }
+)
+"""Stop codes that mean the account on a thread is not (or not provably) the caller's: the
+terminal node never closes it on one (closing it would let a stranger end somebody else's
+run)."""
 
 
 class TerminalStateError(RuntimeError):
@@ -119,7 +130,10 @@ class AnswerFacts:
     is not. :meth:`from_state` reads them from state alone, where no ledger was asked."""
 
     pending: tuple[str, ...]
-    citable: frozenset[str]
+    citable: frozenset[str] | None = None
+    """``None``: the citations are not judged here. The model step asks only whether the run
+    may end now (pending work asks the model again); the answer's citations are judged once,
+    where the run ends (:meth:`EndingPlan.end`)."""
 
     @classmethod
     def from_ledger(
@@ -156,7 +170,8 @@ def conclude(
     ``needs_clarification``). ``completed`` stands only with an answer, no accepted work
     pending (``facts.pending``), and every citation server-verified (``facts.citable``); with
     ``require_citations``, at least one citation unless the answer is empty (an action's agent
-    with nothing to add claims nothing to cite for).
+    with nothing to add claims nothing to cite for); ``facts.citable`` ``None`` leaves the
+    citations to be judged where the run ends.
 
     ``account_known=False``: the ledger holds no account of the run (it never saw it, or lost
     it with its process), so nothing can vouch for the answer and the run is refused as every
@@ -173,7 +188,8 @@ def conclude(
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, TASKS_PENDING))
     if require_citations and not answer.citations and not answer.is_empty:
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, MissingCitation.code))
-    if any(citation not in facts.citable for citation in answer.citations):
+    citable = facts.citable
+    if citable is not None and any(citation not in citable for citation in answer.citations):
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, UnsupportedCitation.code))
     return Conclusion(asked)
 
@@ -209,7 +225,7 @@ class Ending:
     edit can reopen the run)."""
 
     state: AgentState
-    """The terminal state, its stop report attached."""
+    """The terminal state, its stop report and the stop it ends with attached."""
     stop: StopRequest
     closes: bool
     current: AgentState
@@ -218,14 +234,17 @@ class Ending:
 
     def after_close(self, closed: str | None) -> Ending:
         """The ending once the account is closed (``closed``: the reason the ledger holds):
-        a cancel that closed it first wins, and the run ends ``cancelled``."""
-        if not cancel_came_first(closed, self.stop.reason):
+        the first close stands, so a cancel that closed it first wins, and the run ends
+        ``cancelled`` whatever it was about to end with."""
+        reason = TerminationReason.CANCELLED
+        if closed != reason.value or self.stop.reason is reason:
             return self
-        state = terminate(self.current, TerminationReason.CANCELLED, error_code="cancelled")
+        state = terminate(self.current, reason, error_code="cancelled")
         report = stop_report(state, unfinished=self.current.batch)
+        cancelled = stop(reason, "cancelled")
         return Ending(
-            state=state.model_copy(update={"report": report}),
-            stop=stop(TerminationReason.CANCELLED, "cancelled"),
+            state=state.model_copy(update={"report": report, "stop": cancelled}),
+            stop=cancelled,
             closes=False,
             current=self.current,
         )
@@ -312,17 +331,26 @@ class EndingPlan:
         no citation is vouched for (a receipt or an observation in state is no marker). The
         stop report names a budget stop's account as the run's own or another's, and the
         untrusted outputs the answer repeats. The account is closed only when it is the
-        caller's and the stop is this run's (``stopping.may_close_account``).
+        caller's and the stop does not say it is not (:data:`NOT_THIS_RUNS_ACCOUNT`).
         """
         asked, current = self.asked, self.current
         if asked is None:
             # The run ended already, and its ending stands: there is nothing to end.
             raise TerminalStateError
         if started:
+            # Stopping is not undoing: a call the run started keeps its id and effect on
+            # record, ``uncertain``, never reported as a call that never started.
             fresh = set(started).intersection(self.unreported)
-            outcomes = started_unreported(current.batch, (), fresh, self.registry)
+            cut_short: dict[str, Receipt] = {}
+            for entry in current.batch:
+                name = entry.proposal.tool_name
+                if entry.call_id in fresh and entry.call_id not in cut_short:
+                    spec = self.registry.get(name) if name in self.registry else None
+                    code, status = ErrorCode.EXECUTION_UNCERTAIN, ReceiptStatus.UNCERTAIN
+                    uncertain = not_run(entry, spec, code, status, attempts=1)
+                    cut_short[entry.call_id] = receipt_for(uncertain)
             current = current.model_copy(
-                update={"receipts": current.receipts + tuple(receipt_for(o) for o in outcomes)}
+                update={"receipts": current.receipts + tuple(cut_short.values())}
             )
         if not self.owned:
             pending = tuple(r.task_id or r.call_id for r in unfinished(current.receipts, ()))
@@ -347,10 +375,12 @@ class EndingPlan:
             budget=budget,
             answer_untrusted=answer_untrusted(state, self.ctx, self.registry),
         )
+        # The terminal state holds the stop it ended with: an answer refused here (its
+        # citations) is not kept in it.
         return Ending(
-            state=state.model_copy(update={"report": report}),
+            state=state.model_copy(update={"report": report, "stop": ending}),
             stop=ending,
-            closes=may_close_account(ending.error_code, owned=bool(self.owned)),
+            closes=bool(self.owned) and ending.error_code not in NOT_THIS_RUNS_ACCOUNT,
             current=current,
         )
 
@@ -368,14 +398,20 @@ def plan_ending(
     """The terminal node's plan for the run in ``current`` (``balance``: its ledger account,
     ``None`` when the ledger holds none), acting for ``ctx``.
 
-    An ended run's ending stands unless a caller wrote it (:func:`reopened`); a run with no
-    stop ends as ``stopping.unasked_stop`` says (the recursion limit, or ``invalid_state``).
+    An ended run's ending stands unless a caller wrote it (:func:`reopened`). Every node that
+    ends a run asks with a stop, so a run with none ends at the recursion limit (the entry had
+    no room to decide), or else it is a caller's state update made as the terminal node, which
+    is no ending (``invalid_state``).
     """
     if current.is_terminal:
         current = reopened(current, balance) or current
     asked = None
     if not current.is_terminal:
-        asked = current.stop or unasked_stop(remaining_steps, NEEDS_DECIDE)
+        asked = (
+            current.stop
+            or recursion_stop(remaining_steps, NEEDS_DECIDE)
+            or stop(TerminationReason.POLICY_DENIED, "invalid_state")
+        )
     owned = None
     if balance is not None:
         owned = ctx is not None and check_owner(balance.owner, ctx, current.run_id) is None

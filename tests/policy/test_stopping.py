@@ -1,4 +1,5 @@
-"""Stopping is not undoing: who may cancel, what a stop keeps, when a child may start."""
+"""Stopping is not undoing: who may cancel, when a child may start (what a stop keeps of the
+work it cut short: tests/policy/test_terminate.py)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,13 @@ import pytest
 
 from fencepost.policy import (
     Balance,
-    Effect,
-    ErrorCode,
     Principal,
-    ReceiptStatus,
     RunContext,
     TerminationReason,
-    ToolProposal,
-    ToolRegistry,
-    Verdict,
-    VerdictCode,
 )
-from fencepost.policy.batch import BatchEntry
-from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.keys import run_tag
 from fencepost.policy.reservations import first_step_amounts
-from fencepost.policy.stopping import cancel_refusal, child_start_refusal, started_unreported
-from tests.policy.factories import make_spec
+from fencepost.policy.stopping import cancel_refusal, child_start_refusal
 
 OWNER = {"tenant": "acme", "principal": "u-1", "run": run_tag("run-1")}
 
@@ -61,30 +52,6 @@ def test_the_operators_cancel_names_no_context() -> None:
     assert refusal(OWNER, None) is None
 
 
-def entry(call_id: str, tool: str) -> BatchEntry:
-    return BatchEntry(
-        proposal=ToolProposal(call_id=call_id, tool_name=tool, arguments={}),
-        verdict=Verdict(
-            call_id=call_id,
-            tool_name=tool,
-            fingerprint=proposal_fingerprint(tool, {}),
-            code=VerdictCode.ALLOWED,
-        ),
-    )
-
-
-def test_a_call_started_and_never_reported_is_uncertain_with_its_effect() -> None:
-    registry = ToolRegistry([make_spec("send", effect=Effect.WRITE, capability="x")])
-    batch = [entry(f"call-000{n}", "send") for n in (1, 2, 3)]
-    started = {"call-0001", "call-0002"}
-    (outcome,) = started_unreported(batch, {"call-0001"}, started, registry)
-    assert outcome.call_id == "call-0002"
-    assert outcome.status is ReceiptStatus.UNCERTAIN
-    assert outcome.effect is Effect.WRITE
-    assert outcome.event.error_code is ErrorCode.EXECUTION_UNCERTAIN  # type: ignore[union-attr]
-    assert outcome.attempts == 1
-
-
 def balance(account: str, limits: dict[str, float], held: dict[str, float], **kw: Any) -> Balance:
     return Balance(account=account, parent=None, limits=limits, held=held, **kw)
 
@@ -115,36 +82,3 @@ def test_no_child_starts_under_a_closed_parent(closed: str, reason: TerminationR
     parent = balance("parent", {"steps": 10}, {}, closed=closed)
     refused = child_start_refusal({"steps": 5}, [parent], first_step_amounts(0))
     assert refused is not None and refused.reason is reason
-
-
-# -- the end of a run: a stop nobody asked for, which account closes -------------------------------
-
-
-def test_a_run_at_the_terminal_node_with_no_stop_ends_invalid_state_unless_out_of_steps() -> None:
-    from fencepost.policy.may_go_on import NEEDS_DECIDE
-    from fencepost.policy.stopping import unasked_stop
-
-    assert unasked_stop(100, NEEDS_DECIDE).error_code == "invalid_state"
-    assert unasked_stop(0, NEEDS_DECIDE).error_code == "recursion_limit"
-
-
-@pytest.mark.parametrize(
-    "code",
-    ["account_conflict", "unknown_budget_account", "context_mismatch", "missing_context"],
-)
-def test_an_account_not_provably_the_callers_is_never_closed(code: str) -> None:
-    from fencepost.policy.stopping import may_close_account
-
-    assert not may_close_account(code, owned=True)
-    assert not may_close_account(None, owned=False)
-    assert may_close_account("tool_budget_exhausted", owned=True)
-    assert may_close_account(None, owned=True)
-
-
-def test_a_cancel_that_closed_the_account_first_is_the_runs_ending() -> None:
-    from fencepost.policy.stopping import cancel_came_first
-
-    assert cancel_came_first("cancelled", TerminationReason.COMPLETED)
-    assert not cancel_came_first("cancelled", TerminationReason.CANCELLED)
-    assert not cancel_came_first(None, TerminationReason.COMPLETED)
-    assert not cancel_came_first("completed", TerminationReason.COMPLETED)

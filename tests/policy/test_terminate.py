@@ -7,12 +7,14 @@ import pytest
 from fencepost.policy import (
     AgentState,
     AnswerPayload,
+    Effect,
     ErrorCode,
     MissingCitation,
     Phase,
     TerminalStateError,
     TerminationReason,
     ToolFailed,
+    ToolProposal,
     ToolSucceeded,
     UnsupportedCitation,
     Verdict,
@@ -26,12 +28,12 @@ from fencepost.policy.batch import BatchEntry
 from fencepost.policy.context import RunContext
 from fencepost.policy.ledger import Balance
 from fencepost.policy.ownership import run_owner
-from fencepost.policy.receipt import ReceiptStatus
+from fencepost.policy.receipt import Receipt, ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.state import StopRequest, stop
 from fencepost.policy.terminate import AnswerFacts, EndingPlan, plan_ending
 from fencepost.policy.tool import Principal
-from tests.policy.factories import make_proposal, make_state
+from tests.policy.factories import make_proposal, make_spec, make_state
 
 
 def test_terminal_state_cannot_terminate_twice() -> None:
@@ -190,11 +192,14 @@ def test_a_completed_stop_is_judged_by_the_ledgers_facts_on_the_callers_own_acco
     )
     assert vouched.state.report is not None
     # The observation in state is no marker: a citation the ledger does not vouch for fails.
-    unvouched = plan.end(facts=AnswerFacts.from_ledger(plan.current, pending=(), produced=())).stop
+    refused = plan.end(facts=AnswerFacts.from_ledger(plan.current, pending=(), produced=()))
+    unvouched = refused.stop
     assert (unvouched.reason, unvouched.error_code) == (
         TerminationReason.INVALID_PROPOSAL,
         "unsupported_citation",
     )
+    # The terminal state holds the stop it ended with, not the refused answer.
+    assert refused.state.stop == unvouched and refused.state.final_answer is None
 
 
 def test_another_callers_account_vouches_for_nothing_and_is_not_closed() -> None:
@@ -235,11 +240,16 @@ def test_a_cancel_that_closed_the_account_first_wins() -> None:
     plan = _plan(_observed().model_copy(update={"stop": _COMPLETED}), _balance())
     end = plan.end(facts=AnswerFacts.from_ledger(plan.current, pending=(), produced={"call-0001"}))
     assert end.after_close("completed") is end
+    assert end.after_close(None) is end
+    cancel = stop(TerminationReason.CANCELLED, "cancelled")
+    own = _plan(_observed().model_copy(update={"stop": cancel}), _balance()).end()
+    assert own.after_close("cancelled") is own  # the run's own cancel: nothing to change
     cancelled = end.after_close("cancelled")
     assert (cancelled.stop.reason, cancelled.state.termination) == (
         TerminationReason.CANCELLED,
         TerminationReason.CANCELLED,
     )
+    assert cancelled.state.stop == cancelled.stop
 
 
 def test_a_batch_call_the_ledger_shows_started_without_a_receipt_ends_uncertain() -> None:
@@ -260,3 +270,78 @@ def test_a_batch_call_the_ledger_shows_started_without_a_receipt_ends_uncertain(
     [receipt] = [r for r in plan.end(("call-0005",)).state.receipts if r.call_id == "call-0005"]
     assert receipt.status is ReceiptStatus.UNCERTAIN
     assert not [r for r in plan.end().state.receipts if r.call_id == "call-0005"]
+
+
+def test_a_call_started_and_never_reported_is_uncertain_with_its_effect() -> None:
+    registry = ToolRegistry([make_spec("send", effect=Effect.WRITE, capability="x")])
+
+    def entry(n: int) -> BatchEntry:
+        proposal = ToolProposal(call_id=f"call-000{n}", tool_name="send", arguments={})
+        verdict = Verdict(
+            call_id=proposal.call_id,
+            tool_name="send",
+            fingerprint=proposal_fingerprint("send", {}),
+            code=VerdictCode.ALLOWED,
+        )
+        return BatchEntry(proposal=proposal, verdict=verdict)
+
+    ran = Receipt(call_id="call-0001", tool_name="send", status=ReceiptStatus.COMPLETED)
+    state = _observed().model_copy(
+        update={
+            "batch": (entry(1), entry(2), entry(3)),
+            "receipts": (*_observed().receipts, ran),
+            "stop": stop(TerminationReason.CANCELLED, "cancelled"),
+        }
+    )
+    plan = plan_ending(
+        state,
+        _CTX,
+        _balance(),
+        account="acct",
+        remaining_steps=None,
+        require_citations=False,
+        registry=registry,
+    )
+    assert plan.unreported == ("call-0002", "call-0003")
+    receipts = plan.end(("call-0001", "call-0002")).state.receipts
+    (receipt,) = receipts[len(state.receipts) :]
+    assert receipt.call_id == "call-0002"
+    assert receipt.status is ReceiptStatus.UNCERTAIN
+    assert receipt.effect is Effect.WRITE
+    assert receipt.error_code is ErrorCode.EXECUTION_UNCERTAIN
+    assert receipt.attempts == 1
+
+
+# -- the end of a run: a stop nobody asked for, which account closes -------------------------------
+
+
+@pytest.mark.parametrize(("left", "code"), [(100, "invalid_state"), (0, "recursion_limit")])
+def test_a_run_at_the_terminal_node_with_no_stop_ends_invalid_state_unless_out_of_steps(
+    left: int, code: str
+) -> None:
+    plan = plan_ending(
+        _observed(),
+        _CTX,
+        _balance(),
+        account="acct",
+        remaining_steps=left,
+        require_citations=True,
+        registry=ToolRegistry([]),
+    )
+    assert plan.asked is not None and plan.asked.error_code == code
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["account_conflict", "unknown_budget_account", "context_mismatch", "missing_context"],
+)
+def test_an_account_not_provably_the_callers_is_never_closed(code: str) -> None:
+    def closes(stopped: StopRequest, balance: Balance) -> bool:
+        return _plan(_observed().model_copy(update={"stop": stopped}), balance).end().closes
+
+    other = RunContext(tenant_id="tenant-b", principal=Principal(id="user-9"))
+    spent = stop(TerminationReason.TOOL_BUDGET_EXHAUSTED, "tool_budget_exhausted")
+    assert not closes(stop(TerminationReason.POLICY_DENIED, code), _balance())
+    assert not closes(spent, _balance(other))
+    assert closes(spent, _balance())
+    assert closes(stop(TerminationReason.INSUFFICIENT_EVIDENCE), _balance())
