@@ -770,10 +770,12 @@ class InMemoryLedger(Ledger, ScopeStore):
         """The names of open accounts that were opened as exact strs (validated then)."""
         self._valid_axes: set[str] = set()
         """Axis names reserved before as exact strs (validated then)."""
-        self._valid_keys: set[str] = set()
-        """The keys of stored reservations that were reserved as exact strs (validated then):
-        a key is settled, released or read again by the same text, and whether a text is a
-        valid key depends on the text alone."""
+        self._odd_keys = False
+        """Whether a key that is not an exact str (a str subclass) was ever stored. Until one
+        is, every key of ``_reservations`` is an exact str validated when it was stored, and a
+        key is settled, released or read again by the same text: whether a text is a valid
+        key depends on the text alone, so an exact str found there needs no validation (no set
+        of valid keys beside the records: 26 keys a run, held while it is in flight)."""
         self._scopes: dict[str, ApprovalScope] = {}
 
     def open_account(
@@ -852,7 +854,6 @@ class InMemoryLedger(Ledger, ScopeStore):
                     kept.append(key)
                     continue
                 del self._reservations[key]
-                self._valid_keys.discard(key)
                 dropped += 1
             if kept:
                 self._keys[account] = kept
@@ -888,9 +889,9 @@ class InMemoryLedger(Ledger, ScopeStore):
 
     def _check_key(self, key: str) -> None:
         """``InvalidLedgerKey`` unless ``key`` is a valid key. A key this ledger stored as an
-        exact str was validated then: looked up among exact strs only, since a str subclass may
-        claim to equal any text."""
-        if type(key) is not str or key not in self._valid_keys:
+        exact str was validated then: looked up only while every stored key is an exact str,
+        since a str subclass may claim to equal any text."""
+        if type(key) is not str or self._odd_keys or key not in self._reservations:
             validate_name(key)
 
     def _reserve(self, account: str, key: str, clean: dict[str, float]) -> Reservation:
@@ -949,9 +950,9 @@ class InMemoryLedger(Ledger, ScopeStore):
         stored = _new_record(
             _Record, (account, tuple(clean.items()), ReservationStatus.RESERVED, now)
         )
+        if type(key) is not str:
+            self._odd_keys = True  # before it is stored: _check_key reads outside the lock
         self._reservations[key] = stored
-        if type(key) is str:
-            self._valid_keys.add(key)
         keys = self._keys.get(account)
         if keys is None:
             self._keys[account] = [key]
@@ -981,9 +982,9 @@ class InMemoryLedger(Ledger, ScopeStore):
                 prior = _new_record(
                     _Record, (account, tuple(clean.items()), ReservationStatus.SETTLED, now)
                 )
+                if type(key) is not str:
+                    self._odd_keys = True  # before it is stored: _check_key reads unlocked
                 self._reservations[key] = prior
-                if type(key) is str:
-                    self._valid_keys.add(key)
                 self._keys.setdefault(account, []).append(key)
                 existing = False
             elif prior.account != account:
