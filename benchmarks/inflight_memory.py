@@ -42,6 +42,9 @@ from common import (
 SHORT_N = 5
 """Tool iterations each run does before it waits."""
 
+HELD_SECONDS = 3600.0
+"""fencepost's model timeout here: longer than the part can hold a run paused."""
+
 TARGET_KB = 150.0
 BY_FILE_ROWS = 12
 
@@ -210,7 +213,12 @@ def memory_part(lo: ModuleType | None, fp_error: str, runs: int) -> tuple[str, l
     else:
 
         def build_fp(saver: Any, chat: Any) -> System:
-            return lo.build_fencepost(saver, decider=lo.make_decider(chat))
+            # The first runs wait inside their model call until the last is paused and every
+            # point is read: minutes on a loaded machine, past the default model timeout
+            # (its runs would retry or end, and verification fail). A setting, no bytes a run.
+            return lo.build_fencepost(
+                saver, decider=lo.make_decider(chat), model_timeout_seconds=HELD_SECONDS
+            )
 
         rows["fencepost"] = measure(build_fp, counts)
     rows["bare loop"] = measure(lambda saver, chat: build_bare(saver, chat), counts)
