@@ -11,8 +11,8 @@ Parts (each has a flag; no flag runs them all):
     --floor    fencepost with a minimal DecisionModel vs an empty two-node LangGraph loop
     --growth   ms per iteration and SQLite checkpoint bytes per iteration at the start, middle
                and end of one long run
-    --short    5-iteration runs vs the bare loop, and memory per in-flight run with many runs in
-               flight at once
+    --short    5-iteration runs vs the bare loop, and memory per in-flight run: the slope of
+               traced bytes over five counts of runs held in flight at once (to --inflight)
     --gate     the gate's µs per proposal, policy functions and in the node, at 0 and 1,000
                prior proposals
     --fairness how soon tenant B's sync tool starts while tenant A holds 8, 32 or 256 hung
@@ -312,7 +312,7 @@ def sizes(quick: bool, iterations: int | None, rounds: int | None) -> dict[str, 
         "growth": 1000,
         "growth_runs": 2,
         "short_runs": 100,
-        "inflight": 1000,
+        "inflight": 500,
         "prior": 1000,
         "profile": 500,
         "budget": 480,

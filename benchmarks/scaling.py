@@ -16,13 +16,11 @@ not import; the fencepost rows then say so and the LangGraph rows still run.
 from __future__ import annotations
 
 import asyncio
-import gc
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
-import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +32,6 @@ from common import (
     Cell,
     Entry,
     Key,
-    PausingChatModel,
     System,
     ToolLoopChatModel,
     async_sqlite_saver,
@@ -47,10 +44,10 @@ from common import (
     memory_saver,
     out_of_time,
     ratio,
-    run_config,
     settle,
     sqlite_saver,
 )
+from inflight_memory import memory_part
 
 Target = tuple[str, str, bool | None]
 """(what, measured, met) for the summary at the top of results.md."""
@@ -620,159 +617,3 @@ def short_part(
     lines.append("")
     text, mem_targets = memory_part(lo, fp_error, inflight)
     return "\n".join(lines) + "\n" + text, [*targets, *mem_targets]
-
-
-def deep_size(obj: Any, seen: set[int] | None = None) -> int:
-    """``sys.getsizeof`` summed over containers, bytes and strings reachable from ``obj``."""
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
-        return 0
-    seen.add(id(obj))
-    size = sys.getsizeof(obj)
-    if isinstance(obj, dict):
-        size += sum(deep_size(k, seen) + deep_size(v, seen) for k, v in obj.items())
-    elif isinstance(obj, list | tuple | set | frozenset):
-        size += sum(deep_size(v, seen) for v in obj)
-    return size
-
-
-def saver_bytes(saver: Any) -> int:
-    """What an InMemorySaver holds: its storage, writes and blobs, deep."""
-    seen: set[int] = set()
-    return sum(deep_size(getattr(saver, name, {}), seen) for name in ("storage", "writes", "blobs"))
-
-
-@dataclass
-class InFlight:
-    traced_kb: float = 0.0
-    saver_kb: float = 0.0
-    error: str | None = None
-
-
-def _inflight(build: Callable[[Any, Any], System], runs: int, traced: int) -> InFlight:
-    """``runs`` concurrent ``ainvoke`` runs of ``SHORT_N`` tool iterations each, all held at
-    their next model call; tracemalloc over the last ``traced`` runs started."""
-    chat = PausingChatModel(n=SHORT_N)
-    saver = memory_saver()
-    system = build(saver, chat)
-    TALLY.reset(0)
-    settle()
-    result = InFlight()
-
-    async def main() -> None:
-        chat.gate = asyncio.Event()
-        tasks: list[asyncio.Task[Any]] = []
-
-        def launch(k: int) -> None:
-            for _ in range(k):
-                config = run_config(SHORT_N)
-                coro = system.graph.ainvoke(system.make_input(SHORT_N), config, **system.kwargs)
-                tasks.append(asyncio.ensure_future(coro))
-
-        async def until_paused(count: int) -> None:
-            while chat.paused < count:
-                done = [t for t in tasks if t.done()]
-                if done:  # a run that ended before its pause failed or did not loop
-                    exc = done[0].exception()
-                    raise exc or RuntimeError(
-                        f"a run ended before its pause: {done[0].result()!r:.80}"
-                    )
-                await asyncio.sleep(0.005)
-
-        try:
-            launch(runs - traced)
-            await until_paused(runs - traced)
-            gc.collect()
-            tracemalloc.start()
-            try:
-                base = tracemalloc.get_traced_memory()[0]
-                launch(traced)
-                await until_paused(runs)
-                gc.collect()
-                result.traced_kb = (tracemalloc.get_traced_memory()[0] - base) / traced / 1024
-            finally:
-                tracemalloc.stop()
-            result.saver_kb = saver_bytes(saver) / runs / 1024
-            chat.gate.set()
-            outs = await asyncio.gather(*tasks)
-        except BaseException:
-            chat.gate.set()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        problems = {p for out in outs if (p := system.check(out, SHORT_N))}
-        if (
-            problems
-            or TALLY.tool_calls != SHORT_N * runs
-            or TALLY.model_calls != (SHORT_N + 1) * runs
-        ):
-            raise RuntimeError(
-                f"verification failed: {TALLY.tool_calls} tool calls and {TALLY.model_calls} "
-                f"model calls for {runs} runs; {sorted(problems)[:2]}"
-            )
-
-    try:
-        asyncio.run(main())
-    except Exception as exc:
-        result.error = describe(exc)
-    return result
-
-
-def memory_part(lo: ModuleType | None, fp_error: str, runs: int) -> tuple[str, list[Target]]:
-    traced = max(1, runs // 10)
-    rows: dict[str, InFlight] = {}
-    if lo is None:
-        rows["fencepost"] = InFlight(error=fp_error)
-    else:
-
-        def build_fp(saver: Any, chat: Any) -> System:
-            return lo.build_fencepost(saver, decider=lo.make_decider(chat))
-
-        rows["fencepost"] = _inflight(build_fp, runs, traced)
-    rows["bare loop"] = _inflight(lambda saver, chat: build_bare(saver, chat), runs, traced)
-    for name, row in rows.items():
-        print(f"  memory {name}: {row}", file=sys.stderr)
-    lines = [
-        f"### Memory per in-flight run: {runs} concurrent runs",
-        "",
-        f"{runs} `ainvoke` runs started on one event loop, one InMemorySaver and one compiled "
-        f"graph; each does {SHORT_N} tool iterations and then waits inside its next model call "
-        "(an `asyncio.Event`), so all of them are in flight at once: checkpoints in the saver, "
-        "the run's task, LangGraph's loop state, and any per-run state the system keeps. "
-        f"**Per run (tracemalloc)** is the traced memory still allocated, after `gc.collect()`, "
-        f"by starting the last {traced} runs (runs {runs - traced + 1}-{runs}, started with "
-        f"{runs - traced} already in flight; tracing only those keeps the part fast), divided "
-        f"by {traced}. **Saver share** is the deep `sys.getsizeof` of the InMemorySaver's "
-        f"storage, writes and blobs with all {runs} runs in, divided by {runs}. Then the runs "
-        "are released and each is verified (`completed` / final answer, "
-        f"{SHORT_N} tool calls each).",
-        "",
-        "| system | per run (tracemalloc) | saver share | vs bare loop | target |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    bare = rows["bare loop"]
-    targets: list[Target] = []
-    for name, row in rows.items():
-        if row.error:
-            lines.append(f"| {name} | {row.error} | | | |")
-            continue
-        vs = (
-            f"{row.traced_kb / bare.traced_kb:.2f}x" if not bare.error and bare.traced_kb else "n/a"
-        )
-        target = ""
-        if name == "fencepost":
-            met = row.traced_kb <= 150
-            target = f"<= 150 KB: {'met' if met else 'MISSED'}"
-            targets.append(
-                (
-                    f"memory per in-flight run at {runs} runs (<= 150 KB)",
-                    f"{row.traced_kb:.0f} KB",
-                    met,
-                )
-            )
-        lines.append(
-            f"| {name} | {row.traced_kb:.0f} KB | {row.saver_kb:.0f} KB | {vs} | {target} |"
-        )
-    lines.append("")
-    return "\n".join(lines), targets
