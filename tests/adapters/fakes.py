@@ -24,6 +24,7 @@ from pydantic import Field
 import fencepost as fp
 from fencepost.adapters.chat_model import UNTRUSTED_KEY, ChatModelDecider
 from fencepost.adapters.tools import tool_spec
+from tests.unhurried import UNHURRIED_SECONDS
 
 SECRET = "password=hunter2 in /srv/app/db.py"
 """Text a failing tool or provider emits; it must never reach the model, state or checkpoint."""
@@ -175,7 +176,9 @@ def langchain_registry(log: ToolLog, *, extra: Sequence[fp.ToolSpec] = ()) -> fp
     )
 
 
-def ctx(caps: Sequence[str] = ("logs:read",), *, seconds: float = 30) -> fp.RunContext:
+def ctx(
+    caps: Sequence[str] = ("logs:read",), *, seconds: float = UNHURRIED_SECONDS
+) -> fp.RunContext:
     return fp.RunContext(
         tenant_id="acme",
         principal=fp.Principal(id="u-1", capabilities=frozenset(caps)),

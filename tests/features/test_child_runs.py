@@ -389,9 +389,9 @@ def test_three_children_asking_60_never_spend_more_than_the_parents_100(
     out = family.parent.invoke(
         fp.start("q", fp.RuntimeBudget(steps_remaining=100, tool_calls_remaining=100)),
         config,
-        # The budget, not the clock, must end every child: on a loaded machine ~100 ledger
-        # round trips outlasted the kit's 30 s, and the children after the deadline never ran.
-        context=parent_context(seconds=600),
+        # The budget, not the clock, ends every child (the kit's deadline is unhurried: ~100
+        # ledger round trips on a loaded machine outlasted a 30 s one).
+        context=parent_context(),
     )
     state = fp.run_output(out)
     children = family.child_results(state)

@@ -15,13 +15,14 @@ from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.policy.keys import run_account
 from fencepost.policy.tool_decorator import tool
 from tests.graph.kit import CAPS
+from tests.unhurried import UNHURRIED_SECONDS
 
 DELEGATE = "agents:delegate"
 PARENT_CAPS = CAPS | {DELEGATE, "admin"}
 ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
 
 
-def parent_context(seconds: float = 30) -> fp.RunContext:
+def parent_context(seconds: float = UNHURRIED_SECONDS) -> fp.RunContext:
     return fp.RunContext(
         tenant_id="acme",
         principal=fp.Principal(id="u-1", capabilities=PARENT_CAPS),

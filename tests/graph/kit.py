@@ -27,6 +27,7 @@ from fencepost.graph.settings import LoopConfig, settings_of
 from fencepost.policy.keys import run_account
 from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.tool_decorator import tool
+from tests.unhurried import UNHURRIED_SECONDS
 
 
 class OnTimeThreads(tool_threads.ToolThreads):
@@ -146,7 +147,7 @@ def context(
     tenant: str = "acme",
     principal: str = "u-1",
     caps: frozenset[str] = CAPS,
-    seconds: float | None = 30,
+    seconds: float | None = UNHURRIED_SECONDS,
     deadline: fp.Deadline | None = None,
 ) -> fp.RunContext:
     return fp.RunContext(
