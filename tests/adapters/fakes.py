@@ -170,7 +170,12 @@ def langchain_registry(log: ToolLog, *, extra: Sequence[fp.ToolSpec] = ()) -> fp
             tool_spec(
                 search_logs, effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5
             ),
-            tool_spec(explode, effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5),
+            tool_spec(
+                explode,
+                effect=fp.Effect.READ,
+                capability="logs:read",
+                timeout_seconds=UNHURRIED_SECONDS,
+            ),
             *extra,
         ]
     )

@@ -55,7 +55,7 @@ class Greedy:
         return fp.ToolBatch(calls=tuple(calls))
 
 
-@tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
+@tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=UNHURRIED_SECONDS)
 def ping(n: int, ctx: fp.ToolContext) -> dict[str, int]:
     """Ping."""
     return {"n": n}
