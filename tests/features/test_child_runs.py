@@ -45,6 +45,7 @@ from tests.graph.child_kit import (
     ping,
 )
 from tests.graph.kit import thread
+from tests.unhurried import UNHURRIED_SECONDS
 
 
 def _citing_the_child(inp: fp.DecisionInput) -> fp.FinalProposal:
@@ -342,7 +343,7 @@ async def test_no_child_run_starts_under_a_cancelled_parent() -> None:
         run_id="parent",
         tenant_id="acme",
         principal_id="u-1",
-        deadline=fp.Deadline.after(30),
+        deadline=fp.Deadline.after(UNHURRIED_SECONDS),
         idempotency_key="child-call-1",
         budget_account="parent-run",
     )
@@ -636,7 +637,7 @@ async def test_a_retried_child_call_resumes_the_same_child_instead_of_starting_a
         run_id="parent",
         tenant_id="acme",
         principal_id="u-1",
-        deadline=fp.Deadline.after(30),
+        deadline=fp.Deadline.after(UNHURRIED_SECONDS),
         idempotency_key="child-call-1",
         budget_account="parent-run",
     )

@@ -106,6 +106,7 @@ class Family:
             capability=DELEGATE,
             capabilities=capabilities,
             ledger=self.ledger,
+            timeout_seconds=UNHURRIED_SECONDS,
         )
         self.parent_model = ScriptedDecisionModel(parent_script)
         self.parent = fp.build_agent_graph(
