@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from multiprocessing.context import BaseContext
@@ -124,13 +125,53 @@ def on_time_pool(monkeypatch: pytest.MonkeyPatch) -> Any:
     return pool
 
 
+_sigint_left: list[Any] = []
+"""The SIGINT handler the last test in this process left (none yet: the process's own)."""
+
+
 @pytest.fixture(autouse=True)
-def _sigint_handler_put_back() -> Iterator[None]:
-    """Whatever a test leaves as the SIGINT handler is put back after it: in a loaded whole-suite
-    run an earlier test in a worker left one that swallows Ctrl-C, and the Ctrl-C tests that
-    followed skipped or failed for a reason of another test's making. Which test leaves it is
-    not known yet (see the session notes); this keeps each test's start the same."""
+def _sigint_handler_left_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that leaves SIGINT's handler other than it found it fails (and the handler is put
+    back), and so does one that finds it other than the last test left it (a fixture of wider
+    scope, or an import, changed it in between): a handler left behind (an event loop's, which
+    swallows Ctrl-C) would make the Ctrl-C tests that follow in its worker prove nothing, or
+    fail, for a reason of another's making. A test that needs Python's own handler asks for
+    ``python_sigint``."""
     before = signal.getsignal(signal.SIGINT)
+    if _sigint_left and before is not _sigint_left[0]:
+        found, _sigint_left[:] = _sigint_left[0], [before]
+        pytest.fail(
+            f"SIGINT's handler changed before {request.node.nodeid} ran: {before!r}, where the "
+            f"test before it left {found!r} (a fixture of wider scope or an import set it)",
+            pytrace=False,
+        )
+    _sigint_left[:] = [before]
     yield
-    if signal.getsignal(signal.SIGINT) is not before and before is not None:
-        signal.signal(signal.SIGINT, before)
+    after = signal.getsignal(signal.SIGINT)
+    if after is before or before is None:  # None: one not set from Python, none to put back
+        return
+    signal.signal(signal.SIGINT, before)
+    pytest.fail(
+        f"{request.node.nodeid} left SIGINT's handler {after!r} (it found {before!r})",
+        pytrace=False,
+    )
+
+
+@pytest.fixture
+def python_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler for the test (Ctrl-C raises ``KeyboardInterrupt`` in the
+    main thread), and the process's own put back after it.
+
+    A Ctrl-C test proves what a caller's Ctrl-C does, and that holds only under Python's
+    handler: the process may have been started with SIGINT ignored (a background job of a
+    non-interactive shell, as a CI step or ``make test &`` can be), and such a test would then
+    skip, or wait out its model's minute for a KeyboardInterrupt that never comes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("Ctrl-C reaches the main thread only")
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)

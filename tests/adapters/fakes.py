@@ -24,6 +24,7 @@ from pydantic import Field
 import fencepost as fp
 from fencepost.adapters.chat_model import UNTRUSTED_KEY, ChatModelDecider
 from fencepost.adapters.tools import tool_spec
+from tests.unhurried import UNHURRIED_SECONDS
 
 SECRET = "password=hunter2 in /srv/app/db.py"
 """Text a failing tool or provider emits; it must never reach the model, state or checkpoint."""
@@ -169,13 +170,20 @@ def langchain_registry(log: ToolLog, *, extra: Sequence[fp.ToolSpec] = ()) -> fp
             tool_spec(
                 search_logs, effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5
             ),
-            tool_spec(explode, effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5),
+            tool_spec(
+                explode,
+                effect=fp.Effect.READ,
+                capability="logs:read",
+                timeout_seconds=UNHURRIED_SECONDS,
+            ),
             *extra,
         ]
     )
 
 
-def ctx(caps: Sequence[str] = ("logs:read",), *, seconds: float = 30) -> fp.RunContext:
+def ctx(
+    caps: Sequence[str] = ("logs:read",), *, seconds: float = UNHURRIED_SECONDS
+) -> fp.RunContext:
     return fp.RunContext(
         tenant_id="acme",
         principal=fp.Principal(id="u-1", capabilities=frozenset(caps)),

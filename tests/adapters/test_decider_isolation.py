@@ -39,6 +39,7 @@ from tests.adapters.fakes import (
     langchain_registry,
     tool_observation,
 )
+from tests.unhurried import UNHURRIED_SECONDS
 
 
 class NoArgs(BaseModel):
@@ -163,7 +164,7 @@ def test_a_callback_tagging_the_system_message_in_one_tenants_run_is_not_shown_t
         return fp.RunContext(
             tenant_id=tenant,
             principal=fp.Principal(id="u-1", capabilities=frozenset({"logs:read"})),
-            deadline=fp.Deadline.after(30),
+            deadline=fp.Deadline.after(UNHURRIED_SECONDS),
         )
 
     first = asyncio.run(arun(graph, context=context("acme")))

@@ -42,6 +42,7 @@ from fencepost.adapters.chat_model import ChatModelDecider
 from fencepost.adapters.tools import tool_spec
 from fencepost.policy.approval import ApprovalMode
 from tests.adapters.fakes import FakeToolChatModel
+from tests.unhurried import UNHURRIED_SECONDS
 
 SECRET = "password=hunter2"
 QUESTION = "why is checkout failing?"
@@ -154,7 +155,7 @@ def ctx() -> fp.RunContext:
     return fp.RunContext(
         tenant_id="acme",
         principal=fp.Principal(id="u-1", capabilities=frozenset({"logs:read", "notes:write"})),
-        deadline=fp.Deadline.after(30),
+        deadline=fp.Deadline.after(UNHURRIED_SECONDS),
     )
 
 

@@ -15,13 +15,14 @@ from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.policy.keys import run_account
 from fencepost.policy.tool_decorator import tool
 from tests.graph.kit import CAPS
+from tests.unhurried import UNHURRIED_SECONDS
 
 DELEGATE = "agents:delegate"
 PARENT_CAPS = CAPS | {DELEGATE, "admin"}
 ABSTAIN = fp.AbstainProposal(reason="insufficient_evidence")
 
 
-def parent_context(seconds: float = 30) -> fp.RunContext:
+def parent_context(seconds: float = UNHURRIED_SECONDS) -> fp.RunContext:
     return fp.RunContext(
         tenant_id="acme",
         principal=fp.Principal(id="u-1", capabilities=PARENT_CAPS),
@@ -54,7 +55,7 @@ class Greedy:
         return fp.ToolBatch(calls=tuple(calls))
 
 
-@tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
+@tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=UNHURRIED_SECONDS)
 def ping(n: int, ctx: fp.ToolContext) -> dict[str, int]:
     """Ping."""
     return {"n": n}
@@ -105,6 +106,7 @@ class Family:
             capability=DELEGATE,
             capabilities=capabilities,
             ledger=self.ledger,
+            timeout_seconds=UNHURRIED_SECONDS,
         )
         self.parent_model = ScriptedDecisionModel(parent_script)
         self.parent = fp.build_agent_graph(

@@ -27,6 +27,7 @@ from fencepost.graph.settings import LoopConfig, settings_of
 from fencepost.policy.keys import run_account
 from fencepost.policy.tasks import pending_tasks
 from fencepost.policy.tool_decorator import tool
+from tests.unhurried import UNHURRIED_SECONDS
 
 
 class OnTimeThreads(tool_threads.ToolThreads):
@@ -100,7 +101,7 @@ DOCS = frozenset({"docs:write"})
 def make_registry(
     calls: Calls, *, search_result: Any = None, extra: Sequence[fp.ToolSpec] = ()
 ) -> fp.ToolRegistry:
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=UNHURRIED_SECONDS)
     def search_logs(query: str, ctx: fp.ToolContext) -> Any:
         """Search logs."""
         calls.log.append(("search_logs", {"query": query}, ctx.idempotency_key))
@@ -110,13 +111,13 @@ def make_registry(
             else {"hits": [{"id": "log-1", "line": "500 /checkout"}]}
         )
 
-    @tool(effect=fp.Effect.WRITE, capability="notes:write", timeout_seconds=5)
+    @tool(effect=fp.Effect.WRITE, capability="notes:write", timeout_seconds=UNHURRIED_SECONDS)
     async def write_note(note: str, ctx: fp.ToolContext) -> Any:
         """Write a note."""
         calls.log.append(("write_note", {"note": note}, ctx.idempotency_key))
         return {"written": True}
 
-    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=5)
+    @tool(effect=fp.Effect.READ, capability="logs:read", timeout_seconds=UNHURRIED_SECONDS)
     def explode(ctx: fp.ToolContext) -> Any:
         """Always fails."""
         calls.log.append(("explode", {}, ctx.idempotency_key))
@@ -129,7 +130,7 @@ def make_registry(
         await asyncio.sleep(30)
         return {"never": True}
 
-    @tool(effect=fp.Effect.READ, capability="admin", timeout_seconds=5)
+    @tool(effect=fp.Effect.READ, capability="admin", timeout_seconds=UNHURRIED_SECONDS)
     def admin_reset(ctx: fp.ToolContext) -> Any:
         """Admin only."""
         calls.log.append(("admin_reset", {}, ctx.idempotency_key))
@@ -146,7 +147,7 @@ def context(
     tenant: str = "acme",
     principal: str = "u-1",
     caps: frozenset[str] = CAPS,
-    seconds: float | None = 30,
+    seconds: float | None = UNHURRIED_SECONDS,
     deadline: fp.Deadline | None = None,
 ) -> fp.RunContext:
     return fp.RunContext(
@@ -283,7 +284,7 @@ def upload_registry(status_result: Any = UPLOAD_DONE) -> fp.ToolRegistry:
                 args_model=UploadArgs,
                 effect=fp.Effect.READ,
                 capability="docs:write",
-                timeout_seconds=5,
+                timeout_seconds=UNHURRIED_SECONDS,
                 execute=upload,
             ),
             fp.ToolSpec(
@@ -292,7 +293,7 @@ def upload_registry(status_result: Any = UPLOAD_DONE) -> fp.ToolRegistry:
                 args_model=StatusArgs,
                 effect=fp.Effect.READ,
                 capability="docs:write",
-                timeout_seconds=5,
+                timeout_seconds=UNHURRIED_SECONDS,
                 execute=status,
                 completion_evidence=("document_id", "version", "access_path"),
                 evidence_for=("upload_document",),
@@ -353,6 +354,7 @@ def start_upload(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None
         context=ctx,
         interrupt_after=["execute"],
     )
+    _assert_accepted(state_of(h, config))
 
 
 async def astart_upload(h: Harness, config: dict[str, Any], ctx: fp.RunContext) -> None:
@@ -363,6 +365,14 @@ async def astart_upload(h: Harness, config: dict[str, Any], ctx: fp.RunContext) 
         context=ctx,
         interrupt_after=["execute"],
     )
+    _assert_accepted(fp.run_output((await h.graph.aget_state(config)).values))
+
+
+def _assert_accepted(state: fp.AgentState) -> None:
+    # What the tests after it build on: else a test of completions fails later, and for another
+    # reason (an upload that timed out leaves no task, so "nothing pending" holds vacuously).
+    accepted = [r.task_id for r in pending_tasks(state.receipts)]
+    assert accepted == ["task-17"], (state.receipts, state.last_error_code)
 
 
 @contextmanager

@@ -218,12 +218,8 @@ def test_a_def_decide_handing_back_an_awaitable_is_awaited_as_an_async_one(mode:
 
 
 def test_ctrl_c_while_invoke_waits_on_a_sync_decide_reaches_the_caller_and_leaves_it_behind(
-    small_pool: tool_threads.ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event, python_sigint: None
 ) -> None:
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("Ctrl-C reaches the main thread only")
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT is not Python's default handler here")
     started = threading.Event()
 
     def blocks(_: fp.DecisionInput) -> Any:

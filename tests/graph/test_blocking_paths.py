@@ -106,13 +106,6 @@ def _stuck(gate: threading.Event, ran: list[str] | None = None) -> Callable[...,
     return stuck
 
 
-def _main_thread_with_default_sigint() -> None:
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("Ctrl-C reaches the main thread only")
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT is not Python's default handler here")
-
-
 def _ctrl_c_once(started: threading.Event) -> None:
     """A real SIGINT to the main thread once ``started`` is set (and the caller is waiting)."""
     main = threading.main_thread().ident
@@ -417,9 +410,8 @@ def test_a_sync_invoke_from_inside_an_async_tool_or_a_model_on_the_shared_loop_d
 
 
 def test_ctrl_c_while_invoke_waits_on_a_sync_tool_reaches_the_caller_and_leaves_the_body_behind(
-    small_pool: tool_threads.ToolThreads, release: threading.Event
+    small_pool: tool_threads.ToolThreads, release: threading.Event, python_sigint: None
 ) -> None:
-    _main_thread_with_default_sigint()
     started = threading.Event()
 
     def waits(_: NoArgs, __: fp.ToolContext) -> str:
@@ -440,9 +432,8 @@ def test_ctrl_c_while_invoke_waits_on_a_sync_tool_reaches_the_caller_and_leaves_
 
 
 def test_ctrl_c_while_invoke_waits_on_the_model_reaches_the_caller_and_cancels_it(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, python_sigint: None
 ) -> None:
-    _main_thread_with_default_sigint()
     caplog.set_level(logging.DEBUG)
     started, cancelled = threading.Event(), threading.Event()
 

@@ -18,6 +18,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 import fencepost as fp
 from tests.adapters.fakes import FakeToolChatModel
+from tests.unhurried import UNHURRIED_SECONDS
 
 SECRET = "password=hunter2"
 QUESTION = "why is checkout failing?"
@@ -92,7 +93,7 @@ def ctx(*capabilities: str) -> fp.RunContext:
         principal=fp.Principal(
             id="u-1", capabilities=frozenset(capabilities or ("logs:read", "notes:write"))
         ),
-        deadline=fp.Deadline.after(60),
+        deadline=fp.Deadline.after(UNHURRIED_SECONDS),
     )
 
 

@@ -115,7 +115,7 @@ def test_an_async_chat_model_that_raises_ends_the_run_typed() -> None:
     assert ran.bodies == []
 
 
-def test_ctrl_c_while_the_chat_model_runs_reaches_the_caller() -> None:
+def test_ctrl_c_while_the_chat_model_runs_reaches_the_caller(python_sigint: None) -> None:
     # Only the caller's own interruption propagates: a SIGINT lands on the main thread, which
     # runs the sync graph's model call, so the KeyboardInterrupt it raises there is the
     # caller's (Ctrl-C), not the model's failure to contain and end the run with.
@@ -128,7 +128,7 @@ def test_ctrl_c_while_the_chat_model_runs_reaches_the_caller() -> None:
         yield AIMessage(content="late")
 
     main = threading.main_thread().ident
-    assert main is not None and threading.current_thread() is threading.main_thread()
+    assert main is not None
 
     def ctrl_c() -> None:
         if started.wait(60):
@@ -137,18 +137,9 @@ def test_ctrl_c_while_the_chat_model_runs_reaches_the_caller() -> None:
     tools = lc_tools(Ran())
     guard = fp.FencepostMiddleware(specs(tools), budget=budget())
     graph = agent(chat(slow()), tools, [guard])
-    # The caller's Ctrl-C is a KeyboardInterrupt only under Python's own SIGINT handler: one
-    # that something earlier in this worker left installed (an event loop's signal handler
-    # never removed) swallows the signal, no KeyboardInterrupt is raised for the run to
-    # propagate, and the model runs out its minute unasked.
-    caller_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        threading.Thread(target=ctrl_c, daemon=True).start()
-        with pytest.raises(KeyboardInterrupt):
-            graph.invoke(ask(), thread(), context=ctx())
-    finally:
-        if caller_sigint is not None:  # None: one not set from Python, none to put back
-            signal.signal(signal.SIGINT, caller_sigint)
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        graph.invoke(ask(), thread(), context=ctx())
 
 
 def test_a_forged_failure_reply_runs_none_of_its_calls_and_each_retry_is_a_reserved_step() -> None:

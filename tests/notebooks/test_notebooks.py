@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
@@ -26,13 +30,19 @@ def test_notebook_runs_top_to_bottom_without_a_cell_error(name: str) -> None:
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     # A fresh kernel on this interpreter (jupyter_client maps the spec's "python" to it); a cell
     # that raises makes execute() raise CellExecutionError, failing the test with its traceback.
+    # The waits are generous: a kernel's start, a cell and a cell's output all take wall-clock
+    # time that a machine whose cores are all busy stretches many times over (nbclient's own
+    # defaults: 60 s to start, and 4 s for output, after which it is dropped without an error).
     client = NotebookClient(
         nb,
-        timeout=120,
+        timeout=600,
+        startup_timeout=600,
+        iopub_timeout=60,
         kernel_name="python3",
         resources={"metadata": {"path": str(NOTEBOOKS)}},
     )
-    client.execute()
+    with _signal_handlers_put_back():
+        client.execute()
     errors = [
         o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
     ]
@@ -53,6 +63,26 @@ def test_notebook_is_committed_with_the_outputs_of_a_clean_run(name: str) -> Non
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
     # Something to read on a code host: most cells show an output.
     assert sum(bool(c.outputs) for c in code) >= len(code) // 2
+
+
+@contextmanager
+def _signal_handlers_put_back() -> Iterator[None]:
+    """The SIGINT and SIGTERM handlers as they were, however the run ended.
+
+    nbclient sets its event loop's handlers for both (asyncio's no-op, which swallows Ctrl-C)
+    and removes them only if the kernel started: a kernel that did not (its start timed out on
+    a loaded machine) left them for every later test of the worker, and its Ctrl-C tests got no
+    KeyboardInterrupt. The loop is the main thread's own, which nbclient set and never closes.
+    """
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+        for sig, handler in kept.items():
+            loop.remove_signal_handler(sig)  # and the loop's wake-up descriptor with the last
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def _cell(nb: nbformat.NotebookNode, marker: str) -> nbformat.NotebookNode:

@@ -39,15 +39,17 @@ from fencepost.adapters import PostgresLedger
 from fencepost.policy.keys import call_key, run_account
 from fencepost.policy.ledger import ReservationStatus
 from tests.conftest import POSTGRES_DSN_ENV
+from tests.unhurried import UNHURRIED_SECONDS
 from tests.workers.worker import READ_TOOL, WRITE_TOOL, RunSpec, setup
 
 WORKER = Path(__file__).with_name("worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 4
-READY_SECONDS = 60.0
-"""How long four workers may take to start (imports on a busy 2-core machine dominate)."""
-JOB_SECONDS = 60.0
-"""How long a test waits for its jobs; far above what they take."""
+READY_SECONDS = UNHURRIED_SECONDS
+"""How long four workers may take to start (imports on a busy 2-core machine dominate: with
+every core busy, four starting at once were not ready in 60 s)."""
+JOB_SECONDS = UNHURRIED_SECONDS
+"""How long a test waits for its jobs; far above what they take, on a machine however busy."""
 
 
 @dataclass
@@ -236,7 +238,7 @@ def new_run(plan: str, *, steps: int = 6, tool_calls: int = 3) -> RunSpec:
         plan=plan,
         steps=steps,
         tool_calls=tool_calls,
-        deadline=datetime.now(UTC) + timedelta(minutes=5),
+        deadline=datetime.now(UTC) + timedelta(seconds=UNHURRIED_SECONDS),
     )
 
 

@@ -47,8 +47,10 @@ if str(_ROOT) not in sys.path:
 
 import fencepost as fp  # noqa: E402
 
-LIFETIME_SECONDS = 240.0
-"""A worker never outlives this, whatever happens to the test that started it."""
+LIFETIME_SECONDS = 1800.0
+"""A worker never outlives this, whatever happens to the test that started it (it also exits
+when the test process goes away): longer than the module takes on a machine however busy, whose
+workers started with it and serve it to the end."""
 HANG_SECONDS = 60.0
 """How long a hanging tool body blocks: far longer than any test waits before the SIGKILL."""
 RACE_WAIT_SECONDS = 20.0
