@@ -67,7 +67,12 @@ def _add_messages(current: list[AnyMessage] | None, batches: Sequence[Any]) -> l
     for batch in batches:
         given = batch if isinstance(batch, list) else [batch]
         try:
-            converted = convert_to_messages(given)
+            # A node's own write is messages already (every step's): nothing to convert.
+            converted = (
+                given
+                if all(isinstance(m, BaseMessage) for m in given)
+                else convert_to_messages(given)
+            )
         except Exception:  # noqa: S112 - dropped, see below
             # No message (a number, an unknown role): dropped. LangGraph saves a Command's
             # writes before it applies them, so raising here would fail every later invoke.

@@ -105,7 +105,8 @@ def plain(value: Any) -> Any:
     if kind is tuple or kind is list:
         return [plain(v) for v in value]
     if isinstance(value, BaseModel):
-        return _dump(value)
+        ahead = _AHEAD.pop(id(value), None) if _AHEAD else None
+        return ahead[1] if ahead is not None and ahead[0] is value else _dump(value)
     if isinstance(value, Enum):
         return value.value
     if kind is dict or isinstance(value, dict):
@@ -122,6 +123,23 @@ def _dump(record: BaseModel) -> Any:
     return record.__pydantic_serializer__.to_python(
         record, mode="json", exclude_defaults=True, warnings=False
     )
+
+
+_AHEAD: dict[int, tuple[BaseModel, Any]] = {}
+"""Plain forms made before the write that holds them (a manifest's, to stream it), by the
+record's identity and with the record (an id is only ever that record's while it lives): the
+write takes its record's. Bounded: one a write never takes (its node raised) is let go."""
+_AHEAD_MOST = 64
+
+
+def plain_ahead(record: BaseModel) -> Any:
+    """``record``'s plain form (see :func:`plain`), made now for something else (a stream) and
+    kept for the step's write of it, so a record is dumped once."""
+    made = _dump(record)
+    if len(_AHEAD) >= _AHEAD_MOST:
+        _AHEAD.clear()
+    _AHEAD[id(record)] = (record, made)
+    return made
 
 
 UNREPRESENTABLE_KEY = "__unrepresentable__"

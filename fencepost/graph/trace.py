@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from typing import Any, get_args
 
 from langgraph.runtime import Runtime
+from pydantic_core import to_jsonable_python
 
 from fencepost.graph.events import EVENTS
+from fencepost.graph.record import plain_ahead
 from fencepost.graph.settings import LoopConfig
 from fencepost.policy import AgentState, Phase, StepManifest
 from fencepost.policy.context import RunContext
@@ -55,6 +57,13 @@ _MANIFEST_DEFAULTS: dict[str, Any] = {
     name: None if info.is_required() else info.get_default(call_default_factory=True)
     for name, info in StepManifest.model_fields.items()
 }
+
+
+_MANIFEST_SHOWN: dict[str, Any] = {
+    name: to_jsonable_python(default) for name, default in _MANIFEST_DEFAULTS.items()
+}
+"""A manifest's fields in declared order, each at its default in JSON form (the required ones
+are in every plain form, and take their place here)."""
 
 
 def checked_manifest(
@@ -119,6 +128,8 @@ def recorded(
     stream (:mod:`fencepost.graph.events`: the agent span, the run's log lines) hears them too."""
     writer = runtime.stream_writer
     for m in manifests:
-        writer({"fencepost": "manifest", **m.model_dump(mode="json")})
+        # Its plain form, the step's write of it too, with the fields it leaves at their
+        # default: what ``model_dump(mode="json")`` makes, in the fields' order.
+        writer({"fencepost": "manifest", **_MANIFEST_SHOWN, **plain_ahead(m)})
     EVENTS.recorded(state, manifests)
     return state.model_copy(update={"manifests": state.manifests + tuple(manifests)})

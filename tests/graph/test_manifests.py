@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any, get_args
+
+from hypothesis import given
+from hypothesis import strategies as st
+
 import fencepost as fp
+from fencepost.graph.trace import recorded
+from fencepost.graph.writes import step_writes
+from fencepost.policy import AgentState, Phase, StepManifest, VerdictCode
+from fencepost.policy.budget import default_budget
+from fencepost.policy.decision import DecisionKind
+from fencepost.policy.effect import Effect
+from fencepost.policy.manifest import Outcome
 from tests.graph.kit import budget, call, context, harness, thread
 
 
@@ -26,3 +39,71 @@ def test_manifests_stream_on_custom_mode_and_stay_in_state() -> None:
         fp.policy.Phase.DECIDE,
         fp.policy.Phase.TERMINAL,
     ]
+
+
+_texts = st.none() | st.text(max_size=6)
+_counts = st.integers(0, 2**31)
+
+
+@given(
+    step=_counts,
+    phase=st.sampled_from(list(Phase)),
+    decision_kind=st.sampled_from([None, *get_args(DecisionKind)]),
+    tool_name=_texts,
+    effect=st.sampled_from([None, *Effect]),
+    verdict=st.sampled_from([None, *VerdictCode]),
+    remaining=st.tuples(_counts, _counts),
+    tokens_used=_counts,
+    deadline_remaining_ms=st.none() | _counts,
+    outcome=st.sampled_from(get_args(Outcome)),
+    code=_texts,
+    approval=st.sampled_from([None, "approver", "human"]),
+    provenance=st.none() | st.dictionaries(st.text(max_size=4), st.lists(st.text(max_size=4))),
+)
+def test_a_streamed_manifest_is_its_json_dump_and_its_write_its_plain_form(
+    step: int,
+    phase: Phase,
+    decision_kind: Any,
+    tool_name: str | None,
+    effect: Effect | None,
+    verdict: VerdictCode | None,
+    remaining: tuple[int, int],
+    tokens_used: int,
+    deadline_remaining_ms: int | None,
+    outcome: Any,
+    code: str | None,
+    approval: Any,
+    provenance: dict[str, list[str]] | None,
+) -> None:
+    manifest = StepManifest.model_validate(
+        {
+            "run_id": "run-1",
+            "step": step,
+            "phase": phase,
+            "decision_kind": decision_kind,
+            "tool_name": tool_name,
+            "effect": effect,
+            "verdict": verdict,
+            "steps_remaining": remaining[0],
+            "tool_calls_remaining": remaining[1],
+            "tokens_used": tokens_used,
+            "deadline_remaining_ms": deadline_remaining_ms,
+            "outcome": outcome,
+            "code": code,
+            "approval": approval,
+            "provenance": provenance,
+        },
+        strict=False,
+    )
+    streamed: list[Any] = []
+    runtime = SimpleNamespace(stream_writer=streamed.append)
+    state = AgentState(run_id="run-1", question="q", budget=default_budget())
+    after = recorded(state, runtime, [manifest])  # type: ignore[arg-type]
+    # Streamed once, the manifest is dumped once: the step's write takes that plain form.
+    (chunk,) = streamed
+    assert list(chunk.items()) == [
+        ("fencepost", "manifest"),
+        *manifest.model_dump(mode="json").items(),
+    ]
+    (written,) = step_writes(state, after)["run"]["manifests"]
+    assert written == manifest.model_dump(mode="json", exclude_defaults=True)
