@@ -1222,6 +1222,12 @@ class _DiesWritingTheSecond(SqliteLedger):
             raise KeyboardInterrupt  # the process going away: nothing after it runs
         return held
 
+    def _mark_in(self, tx: Any, account: str, key: str) -> None:
+        # A claim or result marker: written without an answer, dies the same way.
+        super()._mark_in(tx, account, key)
+        if key == self.dies_at:
+            raise KeyboardInterrupt
+
 
 def test_a_crash_inside_begin_or_finish_attempt_leaves_none_of_its_writes(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
