@@ -855,36 +855,63 @@ class SqlLedger(Ledger, ScopeStore):
         validate_name(key)
         return self._run(lambda tx: self._settle_in(tx, key, actual))
 
+    def _reserved_in(self, tx: Transaction, account: str, key: str) -> Reservation | None:
+        """:meth:`reserved` inside ``tx``."""
+        prior = self._reservation(tx, key)
+        if prior is None:
+            return None
+        return existing_reservation(prior, account, self._balance(tx, account))
+
     def reserved(self, account: str, key: str) -> Reservation | None:
         validate_name(account, "account")
         validate_name(key)
+        return self._run(lambda tx: self._reserved_in(tx, account, key), read_only=True)
 
-        def work(tx: Transaction) -> Reservation | None:
-            prior = self._reservation(tx, key)
-            if prior is None:
-                return None
-            return existing_reservation(prior, account, self._balance(tx, account))
-
-        return self._run(work, read_only=True)
+    def _begin_in(
+        self, tx: Transaction, account: str, marker: str, claim: str | None
+    ) -> tuple[Attempt | None, Exception | None]:
+        """:meth:`begin_attempt` inside ``tx``: the attempt, or the refusal to raise once what
+        was written before it (the claim) is committed, as two calls would leave it."""
+        if claim is not None:
+            try:
+                self._mark_in(tx, account, claim)
+            except LedgerConflict:
+                return Attempt(claimed=False), None
+        try:
+            return Attempt(claimed=True, started=self._reserve_in(tx, account, marker, {})), None
+        except _REFUSALS as refused:
+            return None, refused
 
     def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
         validate_name(account, "account")
         validate_name(marker)
         if claim is not None:
             validate_name(claim)
+        return _raised(self._run(lambda tx: self._begin_in(tx, account, marker, claim)))
 
-        def work(tx: Transaction) -> tuple[Attempt | None, Exception | None]:
-            if claim is not None:
-                try:
-                    self._mark_in(tx, account, claim)
-                except LedgerConflict:
-                    return Attempt(claimed=False), None
-            try:
-                return Attempt(
-                    claimed=True, started=self._reserve_in(tx, account, marker, {})
-                ), None
-            except _REFUSALS as refused:
-                return None, refused  # the claim made above is kept, as two calls would
+    def start_attempt(
+        self,
+        account: str,
+        key: str,
+        marker: str,
+        *,
+        claim: str | None = None,
+        begins: Callable[[Reservation], bool],
+    ) -> tuple[Reservation | None, Attempt | None]:
+        validate_name(account, "account")
+        validate_name(key)
+        validate_name(marker)
+        if claim is not None:
+            validate_name(claim)
+
+        def work(
+            tx: Transaction,
+        ) -> tuple[tuple[Reservation | None, Attempt | None] | None, Exception | None]:
+            found = self._reserved_in(tx, account, key)
+            if found is None or not begins(found):
+                return (found, None), None  # a write transaction that wrote nothing
+            begun, refused = self._begin_in(tx, account, marker, claim)
+            return (None, refused) if refused is not None else ((found, begun), None)
 
         return _raised(self._run(work))
 
