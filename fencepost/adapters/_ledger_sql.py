@@ -301,6 +301,9 @@ class KeyRace(Exception):
 _Link = tuple[str, str | None, str, str | None]
 """One account of a chain as read: ``(name, parent, owner, closed)``."""
 
+_ChainRead = tuple[list[_Link], dict[str, list[tuple[int, Window]]]]
+"""An account's chain and the chain's windows (by account, ``(position, window)``), as read."""
+
 
 class SqlLedger(Ledger, ScopeStore):
     """The :class:`~fencepost.policy.ledger.Ledger` flow over SQL; see the module docstring."""
@@ -531,6 +534,33 @@ class SqlLedger(Ledger, ScopeStore):
                 into[name][axis] = float(value)
         return [(name, limits[name], held[name]) for name in chain]
 
+    @staticmethod
+    def _room(
+        tx: Transaction, chain: list[str]
+    ) -> tuple[list[tuple[str, dict[str, float], dict[str, float]]], dict[str, dict[str, float]]]:
+        """:meth:`_holdings` and :meth:`_in_flight` of ``chain``, read in one statement: what a
+        reservation is checked against."""
+        limits: dict[str, dict[str, float]] = {name: {} for name in chain}
+        held: dict[str, dict[str, float]] = {name: {} for name in chain}
+        flying: dict[str, dict[str, float]] = {name: {} for name in chain}
+        marks = ", ".join("?" for _ in chain)
+        # Only our table names and one placeholder per account are formatted in.
+        query = (
+            "SELECT 0, account, axis, amount, position FROM fencepost_ledger_limits"  # noqa: S608
+            f" WHERE account IN ({marks})"
+            " UNION ALL SELECT 1, account, axis, amount, 0 FROM fencepost_ledger_held"
+            f" WHERE account IN ({marks})"
+            " UNION ALL SELECT 2, account, axis, amount, 0 FROM fencepost_ledger_in_flight"
+            f" WHERE account IN ({marks})"
+        )
+        into = (limits, held, flying)
+        rows = tx.execute(query, [*chain, *chain, *chain]).fetchall()
+        # Limits in their opening order; held and in flight as each table gives them (a stable
+        # sort keeps their order).
+        for kind, name, axis, value, _ in sorted(rows, key=lambda row: (row[0], row[4])):
+            into[kind][name][axis] = float(value)
+        return [(name, limits[name], held[name]) for name in chain], flying
+
     def _reservation(self, tx: Transaction, key: str, *, lock: bool = False) -> Reservation | None:
         query = self._RESERVATION_FOR_UPDATE if lock else self._RESERVATION
         found = tx.execute(query, (key,)).fetchone()
@@ -684,14 +714,19 @@ class SqlLedger(Ledger, ScopeStore):
         return found
 
     def _reserve_in(
-        self, tx: Transaction, account: str, key: str, clean: dict[str, float]
+        self,
+        tx: Transaction,
+        account: str,
+        key: str,
+        clean: dict[str, float],
+        read: _ChainRead | None = None,
     ) -> Reservation:
-        """:meth:`reserve` of checked values, inside ``tx``."""
+        """:meth:`reserve` of checked values, inside ``tx`` (``read``: see :meth:`_insert_in`)."""
         found = self._prior_in(tx, account, key)
         if found is not None:
             prior = self._with_amounts(tx, key, found)
             return existing_reservation(prior, account, self._balance(tx, account))
-        links, holdings, windows = self._insert_in(tx, account, key, clean)
+        links, holdings, windows = self._insert_in(tx, account, key, clean, read)
         if holdings is None:
             # A marker holds nothing: the account's holdings are as they were.
             limits, after = self._limits(tx, account), self._held(tx, account)
@@ -712,14 +747,22 @@ class SqlLedger(Ledger, ScopeStore):
         )
         return Reservation(account=account, key=key, amounts=clean, balance=balance)
 
-    def _mark_in(self, tx: Transaction, account: str, key: str) -> None:
+    def _mark_in(self, tx: Transaction, account: str, key: str) -> _ChainRead | None:
         """:meth:`_reserve_in` of a zero-amount marker whose answer is dropped (a call's claim,
-        a result marker): its refusals and its writes, without reading what no one reads."""
-        if self._prior_in(tx, account, key) is None:
-            self._insert_in(tx, account, key, {})
+        a result marker): its refusals and its writes, without reading what no one reads. The
+        account's chain and windows as it read them (``None``: the key was there, nothing read)."""
+        if self._prior_in(tx, account, key) is not None:
+            return None
+        links, _, windows = self._insert_in(tx, account, key, {})
+        return links, windows
 
     def _insert_in(
-        self, tx: Transaction, account: str, key: str, clean: dict[str, float]
+        self,
+        tx: Transaction,
+        account: str,
+        key: str,
+        clean: dict[str, float],
+        read: _ChainRead | None = None,
     ) -> tuple[
         list[_Link],
         list[tuple[str, dict[str, float], dict[str, float]]] | None,
@@ -727,18 +770,23 @@ class SqlLedger(Ledger, ScopeStore):
     ]:
         """Check a reservation of ``clean`` under the new ``key`` against the chain and write
         it: the chain's rows, its holdings before (``None`` for a marker of ``{}``, which no
-        limit or window can refuse: they are not read) and its windows."""
-        links = self._chain(tx, account)
-        chain = [link[0] for link in links]
-        self._lock_chain(tx, chain)
+        limit or window can refuse: they are not read) and its windows. ``read``: the account's
+        chain and windows as read (and locked) earlier in ``tx``, which nothing since changed
+        (a claim's, for the start marker after it): not read again."""
+        if read is None:
+            links = self._chain(tx, account)
+            chain = [link[0] for link in links]
+            self._lock_chain(tx, chain)
+        else:
+            links = read[0]
+            chain = [link[0] for link in links]
         check_open((name, closed) for name, _, _, closed in links)
         holdings = None
         flying: dict[str, dict[str, float]] = {}
         if clean:
-            holdings = self._holdings(tx, chain)
-            flying = self._in_flight(tx, chain)
+            holdings, flying = self._room(tx, chain)
             check_room(holdings, clean, flying)
-        windows = self._windows(tx, chain)
+        windows = self._windows(tx, chain) if read is None else read[1]
         now = self._clock.now().timestamp() if windows else 0.0
         if windows and clean:
             check_windows(
@@ -872,13 +920,15 @@ class SqlLedger(Ledger, ScopeStore):
     ) -> tuple[Attempt | None, Exception | None]:
         """:meth:`begin_attempt` inside ``tx``: the attempt, or the refusal to raise once what
         was written before it (the claim) is committed, as two calls would leave it."""
+        read = None
         if claim is not None:
             try:
-                self._mark_in(tx, account, claim)
+                read = self._mark_in(tx, account, claim)
             except LedgerConflict:
                 return Attempt(claimed=False), None
         try:
-            return Attempt(claimed=True, started=self._reserve_in(tx, account, marker, {})), None
+            started = self._reserve_in(tx, account, marker, {}, read)
+            return Attempt(claimed=True, started=started), None
         except _REFUSALS as refused:
             return None, refused
 

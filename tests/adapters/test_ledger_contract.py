@@ -1312,17 +1312,20 @@ class _DiesWritingTheSecond(SqliteLedger):
 
     dies_at = ""
 
-    def _reserve_in(self, tx: Any, account: str, key: str, clean: dict[str, float]) -> Any:
-        held = super()._reserve_in(tx, account, key, clean)
+    def _reserve_in(
+        self, tx: Any, account: str, key: str, clean: dict[str, float], read: Any = None
+    ) -> Any:
+        held = super()._reserve_in(tx, account, key, clean, read)
         if key == self.dies_at:
             raise KeyboardInterrupt  # the process going away: nothing after it runs
         return held
 
-    def _mark_in(self, tx: Any, account: str, key: str) -> None:
+    def _mark_in(self, tx: Any, account: str, key: str) -> Any:
         # A claim or result marker: written without an answer, dies the same way.
-        super()._mark_in(tx, account, key)
+        read = super()._mark_in(tx, account, key)
         if key == self.dies_at:
             raise KeyboardInterrupt
+        return read
 
 
 def test_a_crash_inside_begin_or_finish_attempt_leaves_none_of_its_writes(tmp_path: Path) -> None:
