@@ -253,7 +253,8 @@ async def start_attempt(
         return stop_for_unknown_account(), None
     except ValueError:
         return stop_for_conflict(), None
-    if found is not None and found.balance is not None:
+    if begun is None and found is not None and found.balance is not None:
+        # Begun means the judge found the owner to be the caller; not begun may mean it did not.
         refused = check_owner(found.balance.owner, ctx, run.run_id)
         if refused is not None:
             return refused, None
