@@ -301,6 +301,9 @@ class KeyRace(Exception):
 _Link = tuple[str, str | None, str, str | None]
 """One account of a chain as read: ``(name, parent, owner, closed)``."""
 
+_ChainRead = tuple[list[_Link], dict[str, list[tuple[int, Window]]]]
+"""An account's chain and the chain's windows (by account, ``(position, window)``), as read."""
+
 
 class SqlLedger(Ledger, ScopeStore):
     """The :class:`~fencepost.policy.ledger.Ledger` flow over SQL; see the module docstring."""
@@ -358,11 +361,16 @@ class SqlLedger(Ledger, ScopeStore):
         ).fetchone()
         if row is None:
             raise UnknownAccount(account)
+        return row[0], SqlLedger._limits(tx, account), row[1], row[2]
+
+    @staticmethod
+    def _limits(tx: Transaction, account: str) -> dict[str, float]:
+        """The limits of ``account``, in their opening order."""
         limits = tx.execute(
             "SELECT axis, amount FROM fencepost_ledger_limits WHERE account = ? ORDER BY position",
             (account,),
         ).fetchall()
-        return row[0], {axis: float(amount) for axis, amount in limits}, row[1], row[2]
+        return {axis: float(amount) for axis, amount in limits}
 
     def _held(self, tx: Transaction, account: str) -> dict[str, float]:
         rows = tx.execute(self._HELD, (account,)).fetchall()
@@ -380,10 +388,18 @@ class SqlLedger(Ledger, ScopeStore):
 
     def _balance(self, tx: Transaction, account: str) -> Balance:
         parent, limits, owner, closed = self._account(tx, account)
+        return self._balance_of(tx, (account, parent, owner, closed), limits)
+
+    def _balance_of(
+        self, tx: Transaction, link: _Link, limits: dict[str, float] | None = None
+    ) -> Balance:
+        """The balance of the account of ``link`` (its row as :meth:`_chain` read it in this
+        transaction: parent, owner and closed are not read again), and ``limits`` where read."""
+        account, parent, owner, closed = link
         return Balance(
             account=account,
             parent=parent,
-            limits=limits,
+            limits=self._limits(tx, account) if limits is None else limits,
             held=self._held(tx, account),
             owner=decode_owner(owner),
             closed=closed,
@@ -465,10 +481,12 @@ class SqlLedger(Ledger, ScopeStore):
         self, tx: Transaction, key: str, chain: list[str], refund: Mapping[str, float]
     ) -> None:
         """Give ``refund`` back in the buckets the reservation under ``key`` was counted in."""
+        if not refund:
+            return
         row = tx.execute(
             "SELECT at FROM fencepost_ledger_reservation_at WHERE key = ?", (key,)
         ).fetchone()
-        if row is None or not refund:
+        if row is None:
             return
         windows = self._windows(tx, chain)
         self._add_windows(tx, windows, {a: -v for a, v in refund.items()}, float(row[0]))
@@ -516,11 +534,43 @@ class SqlLedger(Ledger, ScopeStore):
                 into[name][axis] = float(value)
         return [(name, limits[name], held[name]) for name in chain]
 
+    @staticmethod
+    def _room(
+        tx: Transaction, chain: list[str]
+    ) -> tuple[list[tuple[str, dict[str, float], dict[str, float]]], dict[str, dict[str, float]]]:
+        """:meth:`_holdings` and :meth:`_in_flight` of ``chain``, read in one statement: what a
+        reservation is checked against."""
+        limits: dict[str, dict[str, float]] = {name: {} for name in chain}
+        held: dict[str, dict[str, float]] = {name: {} for name in chain}
+        flying: dict[str, dict[str, float]] = {name: {} for name in chain}
+        marks = ", ".join("?" for _ in chain)
+        # Only our table names and one placeholder per account are formatted in.
+        query = (
+            "SELECT 0, account, axis, amount, position FROM fencepost_ledger_limits"  # noqa: S608
+            f" WHERE account IN ({marks})"
+            " UNION ALL SELECT 1, account, axis, amount, 0 FROM fencepost_ledger_held"
+            f" WHERE account IN ({marks})"
+            " UNION ALL SELECT 2, account, axis, amount, 0 FROM fencepost_ledger_in_flight"
+            f" WHERE account IN ({marks})"
+        )
+        into = (limits, held, flying)
+        rows = tx.execute(query, [*chain, *chain, *chain]).fetchall()
+        # Limits in their opening order; held and in flight as each table gives them (a stable
+        # sort keeps their order).
+        for kind, name, axis, value, _ in sorted(rows, key=lambda row: (row[0], row[4])):
+            into[kind][name][axis] = float(value)
+        return [(name, limits[name], held[name]) for name in chain], flying
+
     def _reservation(self, tx: Transaction, key: str, *, lock: bool = False) -> Reservation | None:
         query = self._RESERVATION_FOR_UPDATE if lock else self._RESERVATION
         found = tx.execute(query, (key,)).fetchone()
         if found is None:
             return None
+        return self._with_amounts(tx, key, found)
+
+    @staticmethod
+    def _with_amounts(tx: Transaction, key: str, found: Sequence[Any]) -> Reservation:
+        """The reservation under ``key`` whose row (``account, status``) was read as ``found``."""
         amounts = tx.execute(
             "SELECT axis, amount FROM fencepost_ledger_reservation_amounts"
             " WHERE key = ? ORDER BY position",
@@ -533,25 +583,31 @@ class SqlLedger(Ledger, ScopeStore):
             status=ReservationStatus(found[1]),
         )
 
-    def _locked_reservation(self, tx: Transaction, key: str) -> tuple[Reservation, list[str]]:
-        """The reservation under ``key`` and its account's chain, both locked."""
-        row = tx.execute(
-            "SELECT account FROM fencepost_ledger_reservations WHERE key = ?", (key,)
-        ).fetchone()
+    def _locked_reservation(
+        self, tx: Transaction, key: str
+    ) -> tuple[Reservation, list[str], _Link]:
+        """The reservation under ``key`` and its account's chain, both locked, with the
+        account's row as the chain read it."""
+        row = tx.execute(self._RESERVATION, (key,)).fetchone()
         if row is None:
             raise UnknownReservation(key)
         # an account's parent never changes once opened
-        chain = [link[0] for link in self._chain(tx, row[0])]
+        links = self._chain(tx, row[0])
+        chain = [link[0] for link in links]
         self._lock_chain(tx, chain)
-        reservation = self._reservation(tx, key, lock=True)
-        if reservation is None:  # pragma: no cover - reservations are never deleted
-            raise UnknownReservation(key)
-        return reservation, chain
+        if self._RESERVATION_FOR_UPDATE != self._RESERVATION:
+            # A backend with row locks reads it again under its lock, after the chain's.
+            row = tx.execute(self._RESERVATION_FOR_UPDATE, (key,)).fetchone()
+            if row is None:  # pragma: no cover - reservations are never deleted
+                raise UnknownReservation(key)
+        return self._with_amounts(tx, key, row), chain, links[0]
 
     # -- writes inside a transaction --------------------------------------------------------------
 
     @staticmethod
     def _add_held(tx: Transaction, chain: list[str], delta: Mapping[str, float]) -> None:
+        if not delta:
+            return
         tx.executemany(
             "INSERT INTO fencepost_ledger_held (account, axis, amount) VALUES (?, ?, ?)"
             " ON CONFLICT (account, axis)"
@@ -561,6 +617,8 @@ class SqlLedger(Ledger, ScopeStore):
 
     @staticmethod
     def _add_in_flight(tx: Transaction, chain: list[str], delta: Mapping[str, float]) -> None:
+        if not delta:
+            return
         tx.executemany(
             "INSERT INTO fencepost_ledger_in_flight (account, axis, amount) VALUES (?, ?, ?)"
             " ON CONFLICT (account, axis)"
@@ -647,25 +705,90 @@ class SqlLedger(Ledger, ScopeStore):
 
         return self._run(work)
 
+    def _prior_in(self, tx: Transaction, account: str, key: str) -> Sequence[Any] | None:
+        """The row (``account, status``) of the reservation of ``key`` made before on
+        ``account``, or ``None``; ``LedgerConflict`` where another account holds the key."""
+        found: Sequence[Any] | None = tx.execute(self._RESERVATION, (key,)).fetchone()
+        if found is not None and found[0] != account:
+            raise LedgerConflict(f"key {key!r} is held by another account")
+        return found
+
     def _reserve_in(
-        self, tx: Transaction, account: str, key: str, clean: dict[str, float]
+        self,
+        tx: Transaction,
+        account: str,
+        key: str,
+        clean: dict[str, float],
+        read: _ChainRead | None = None,
     ) -> Reservation:
-        """:meth:`reserve` of checked values, inside ``tx``."""
-        prior = self._reservation(tx, key)
-        if prior is not None:
-            if prior.account != account:
-                raise LedgerConflict(f"key {key!r} is held by another account")
+        """:meth:`reserve` of checked values, inside ``tx`` (``read``: see :meth:`_insert_in`)."""
+        found = self._prior_in(tx, account, key)
+        if found is not None:
+            prior = self._with_amounts(tx, key, found)
             return existing_reservation(prior, account, self._balance(tx, account))
-        links = self._chain(tx, account)
-        chain = [link[0] for link in links]
-        self._lock_chain(tx, chain)
+        links, holdings, windows = self._insert_in(tx, account, key, clean, read)
+        if holdings is None:
+            # A marker holds nothing: the account's holdings are as they were.
+            limits, after = self._limits(tx, account), self._held(tx, account)
+        else:
+            # The balance after the charge, from what was read under the lock: no second read.
+            _, limits, held = holdings[0]
+            after = dict(held)
+            for axis, amount in clean.items():
+                after[axis] = after.get(axis, 0.0) + amount
+        _, parent, owner, _ = links[0]
+        balance = Balance(
+            account=account,
+            parent=parent,
+            limits=limits,
+            held=after,
+            owner=decode_owner(owner),
+            windows=self._window_uses(tx, account) if account in windows else (),
+        )
+        return Reservation(account=account, key=key, amounts=clean, balance=balance)
+
+    def _mark_in(self, tx: Transaction, account: str, key: str) -> _ChainRead | None:
+        """:meth:`_reserve_in` of a zero-amount marker whose answer is dropped (a call's claim,
+        a result marker): its refusals and its writes, without reading what no one reads. The
+        account's chain and windows as it read them (``None``: the key was there, nothing read)."""
+        if self._prior_in(tx, account, key) is not None:
+            return None
+        links, _, windows = self._insert_in(tx, account, key, {})
+        return links, windows
+
+    def _insert_in(
+        self,
+        tx: Transaction,
+        account: str,
+        key: str,
+        clean: dict[str, float],
+        read: _ChainRead | None = None,
+    ) -> tuple[
+        list[_Link],
+        list[tuple[str, dict[str, float], dict[str, float]]] | None,
+        dict[str, list[tuple[int, Window]]],
+    ]:
+        """Check a reservation of ``clean`` under the new ``key`` against the chain and write
+        it: the chain's rows, its holdings before (``None`` for a marker of ``{}``, which no
+        limit or window can refuse: they are not read) and its windows. ``read``: the account's
+        chain and windows as read (and locked) earlier in ``tx``, which nothing since changed
+        (a claim's, for the start marker after it): not read again."""
+        if read is None:
+            links = self._chain(tx, account)
+            chain = [link[0] for link in links]
+            self._lock_chain(tx, chain)
+        else:
+            links = read[0]
+            chain = [link[0] for link in links]
         check_open((name, closed) for name, _, _, closed in links)
-        holdings = self._holdings(tx, chain)
-        flying = self._in_flight(tx, chain)
-        check_room(holdings, clean, flying)
-        windows = self._windows(tx, chain)
+        holdings = None
+        flying: dict[str, dict[str, float]] = {}
+        if clean:
+            holdings, flying = self._room(tx, chain)
+            check_room(holdings, clean, flying)
+        windows = self._windows(tx, chain) if read is None else read[1]
         now = self._clock.now().timestamp() if windows else 0.0
-        if windows:
+        if windows and clean:
             check_windows(
                 (
                     (name, self._window_held(tx, name, windows[name], now))
@@ -691,26 +814,13 @@ class SqlLedger(Ledger, ScopeStore):
                 "INSERT INTO fencepost_ledger_reservation_at (key, at) VALUES (?, ?)",
                 (key, now),
             )
-        tx.executemany(
-            "INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)"
-            " VALUES (?, ?, ?, ?)",
-            [(key, axis, i, value) for i, (axis, value) in enumerate(clean.items())],
-        )
-        # The balance after the charge, from what was read under the lock: no second read.
-        _, limits, held = holdings[0]
-        after = dict(held)
-        for axis, amount in clean.items():
-            after[axis] = after.get(axis, 0.0) + amount
-        _, parent, owner, _ = links[0]
-        balance = Balance(
-            account=account,
-            parent=parent,
-            limits=limits,
-            held=after,
-            owner=decode_owner(owner),
-            windows=self._window_uses(tx, account) if account in windows else (),
-        )
-        return Reservation(account=account, key=key, amounts=clean, balance=balance)
+        if clean:
+            tx.executemany(
+                "INSERT INTO fencepost_ledger_reservation_amounts (key, axis, position, amount)"
+                " VALUES (?, ?, ?, ?)",
+                [(key, axis, i, value) for i, (axis, value) in enumerate(clean.items())],
+            )
+        return links, holdings, windows
 
     def reserve(self, account: str, key: str, amounts: Mapping[str, float]) -> Reservation:
         validate_name(account, "account")
@@ -767,23 +877,25 @@ class SqlLedger(Ledger, ScopeStore):
         self, tx: Transaction, key: str, actual: Mapping[str, float] | None
     ) -> Reservation:
         """:meth:`settle` inside ``tx``."""
-        reservation, chain = self._locked_reservation(tx, key)
+        reservation, chain, link = self._locked_reservation(tx, key)
         if (outcome := existing_outcome(reservation)) is not None:
-            return outcome.model_copy(update={"balance": self._balance(tx, chain[0])})
+            return outcome.model_copy(update={"balance": self._balance_of(tx, link)})
         refund, final = settlement(reservation.amounts, actual)
         self._add_held(tx, chain, {axis: -amount for axis, amount in refund.items()})
         self._refund_windows(tx, key, chain, refund)
         self._landed(tx, chain, reservation)
-        tx.executemany(
-            "UPDATE fencepost_ledger_reservation_amounts SET amount = ? WHERE key = ? AND axis = ?",
-            [(final[axis], key, axis) for axis in refund],
-        )
+        if refund:
+            tx.executemany(
+                "UPDATE fencepost_ledger_reservation_amounts SET amount = ?"
+                " WHERE key = ? AND axis = ?",
+                [(final[axis], key, axis) for axis in refund],
+            )
         self._set_status(tx, key, ReservationStatus.SETTLED)
         return reservation.model_copy(
             update={
                 "amounts": final,
                 "status": ReservationStatus.SETTLED,
-                "balance": self._balance(tx, chain[0]),
+                "balance": self._balance_of(tx, link),
             }
         )
 
@@ -791,36 +903,65 @@ class SqlLedger(Ledger, ScopeStore):
         validate_name(key)
         return self._run(lambda tx: self._settle_in(tx, key, actual))
 
+    def _reserved_in(self, tx: Transaction, account: str, key: str) -> Reservation | None:
+        """:meth:`reserved` inside ``tx``."""
+        prior = self._reservation(tx, key)
+        if prior is None:
+            return None
+        return existing_reservation(prior, account, self._balance(tx, account))
+
     def reserved(self, account: str, key: str) -> Reservation | None:
         validate_name(account, "account")
         validate_name(key)
+        return self._run(lambda tx: self._reserved_in(tx, account, key), read_only=True)
 
-        def work(tx: Transaction) -> Reservation | None:
-            prior = self._reservation(tx, key)
-            if prior is None:
-                return None
-            return existing_reservation(prior, account, self._balance(tx, account))
-
-        return self._run(work, read_only=True)
+    def _begin_in(
+        self, tx: Transaction, account: str, marker: str, claim: str | None
+    ) -> tuple[Attempt | None, Exception | None]:
+        """:meth:`begin_attempt` inside ``tx``: the attempt, or the refusal to raise once what
+        was written before it (the claim) is committed, as two calls would leave it."""
+        read = None
+        if claim is not None:
+            try:
+                read = self._mark_in(tx, account, claim)
+            except LedgerConflict:
+                return Attempt(claimed=False), None
+        try:
+            started = self._reserve_in(tx, account, marker, {}, read)
+            return Attempt(claimed=True, started=started), None
+        except _REFUSALS as refused:
+            return None, refused
 
     def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
         validate_name(account, "account")
         validate_name(marker)
         if claim is not None:
             validate_name(claim)
+        return _raised(self._run(lambda tx: self._begin_in(tx, account, marker, claim)))
 
-        def work(tx: Transaction) -> tuple[Attempt | None, Exception | None]:
-            if claim is not None:
-                try:
-                    self._reserve_in(tx, account, claim, {})
-                except LedgerConflict:
-                    return Attempt(claimed=False), None
-            try:
-                return Attempt(
-                    claimed=True, started=self._reserve_in(tx, account, marker, {})
-                ), None
-            except _REFUSALS as refused:
-                return None, refused  # the claim made above is kept, as two calls would
+    def start_attempt(
+        self,
+        account: str,
+        key: str,
+        marker: str,
+        *,
+        claim: str | None = None,
+        begins: Callable[[Reservation], bool],
+    ) -> tuple[Reservation | None, Attempt | None]:
+        validate_name(account, "account")
+        validate_name(key)
+        validate_name(marker)
+        if claim is not None:
+            validate_name(claim)
+
+        def work(
+            tx: Transaction,
+        ) -> tuple[tuple[Reservation | None, Attempt | None] | None, Exception | None]:
+            found = self._reserved_in(tx, account, key)
+            if found is None or not begins(found):
+                return (found, None), None  # a write transaction that wrote nothing
+            begun, refused = self._begin_in(tx, account, marker, claim)
+            return (None, refused) if refused is not None else ((found, begun), None)
 
         return _raised(self._run(work))
 
@@ -840,7 +981,7 @@ class SqlLedger(Ledger, ScopeStore):
         def work(tx: Transaction) -> tuple[Reservation | None, Exception | None]:
             if result is not None:
                 with contextlib.suppress(*MARKER_REFUSALS):
-                    self._reserve_in(tx, account, result, {})
+                    self._mark_in(tx, account, result)
             try:
                 return self._settle_in(tx, key, actual), None
             except _REFUSALS as refused:
@@ -883,9 +1024,9 @@ class SqlLedger(Ledger, ScopeStore):
         validate_name(key)
 
         def work(tx: Transaction) -> Reservation:
-            reservation, chain = self._locked_reservation(tx, key)
+            reservation, chain, link = self._locked_reservation(tx, key)
             if (outcome := existing_outcome(reservation)) is not None:
-                return outcome.model_copy(update={"balance": self._balance(tx, chain[0])})
+                return outcome.model_copy(update={"balance": self._balance_of(tx, link)})
             refund = {axis: -amount for axis, amount in reservation.amounts.items()}
             self._add_held(tx, chain, refund)
             self._refund_windows(tx, key, chain, reservation.amounts)
@@ -894,7 +1035,7 @@ class SqlLedger(Ledger, ScopeStore):
             return reservation.model_copy(
                 update={
                     "status": ReservationStatus.RELEASED,
-                    "balance": self._balance(tx, chain[0]),
+                    "balance": self._balance_of(tx, link),
                 }
             )
 

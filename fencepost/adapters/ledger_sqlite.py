@@ -5,8 +5,9 @@ Safe for many threads and many processes on one machine: every ``reserve``, ``se
 anything is read, so the check and the charge cannot interleave with another writer), and the file
 is in WAL mode so readers never block the writer. ``begin_attempt`` and ``finish_attempt`` write
 a call's two markers (a marker and a settlement) in one such transaction, one commit and one sync
-instead of two, and ``settle_and_reserve`` a model step's settlement with its calls' holds;
-``reserved`` is a read, which takes no write lock. Not for several machines sharing a network file
+instead of two, ``start_attempt`` reads a call's reservation and begins its attempt in one,
+and ``settle_and_reserve`` a model step's settlement with its calls' holds; ``reserved`` is a
+read, which takes no write lock. Not for several machines sharing a network file
 system: use :class:`~fencepost.adapters.ledger_postgres.PostgresLedger` there.
 
 Durability: ``synchronous="FULL"`` by default: every commit is synced to disk before it returns,
@@ -548,6 +549,19 @@ class SqliteLedger(SqlLedger):
         self, account: str, marker: str, *, claim: str | None = None
     ) -> Attempt:
         return await self._in_thread(partial(self.begin_attempt, account, marker, claim=claim))
+
+    async def astart_attempt(
+        self,
+        account: str,
+        key: str,
+        marker: str,
+        *,
+        claim: str | None = None,
+        begins: Callable[[Reservation], bool],
+    ) -> tuple[Reservation | None, Attempt | None]:
+        return await self._in_thread(
+            partial(self.start_attempt, account, key, marker, claim=claim, begins=begins)
+        )
 
     async def afinish_attempt(
         self,

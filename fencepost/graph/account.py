@@ -10,7 +10,7 @@ what state says, and the run is refused (``unknown_budget_account``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,6 +217,50 @@ async def begin_attempt(
         return stop_for_conflict()
 
 
+async def start_attempt(
+    io: NodeIO,
+    run: RunAccount,
+    ctx: RunContext,
+    call_id: str,
+    where: tuple[str, str],
+    *,
+    begins: Callable[[Reservation], bool],
+) -> tuple[Reservation | StopRequest | None, Attempt | StopRequest | None]:
+    """:func:`reserved_before` and :func:`begin_attempt` of a call's first attempt in one
+    ledger step (``Ledger.start_attempt``): the reservation the gate made (``None``: none was,
+    or the stop a refusal means), and the attempt begun where the account's owner is the
+    caller and ``begins`` (the claim's rule) accepts that reservation (``None``: not begun,
+    nothing written; or the stop a refusal means). The owner is checked before anything is
+    written on the account, as the two steps check it."""
+    account = run.name
+    thread, namespace = where
+    claim = claim_key(thread, namespace, run.run_id, call_id) if thread else None
+
+    def owned(held: Reservation) -> bool:
+        return held.balance is None or check_owner(held.balance.owner, ctx, run.run_id) is None
+
+    try:
+        found, begun = await io.start_attempt(
+            account,
+            call_key(account, call_id, 1),
+            started_key(account, call_id, 1),
+            claim=claim,
+            begins=lambda held: owned(held) and begins(held),
+        )
+    except AccountClosed as exc:
+        return stop_for_closed(exc.reason), None
+    except UnknownAccount:
+        return stop_for_unknown_account(), None
+    except ValueError:
+        return stop_for_conflict(), None
+    if begun is None and found is not None and found.balance is not None:
+        # Begun means the judge found the owner to be the caller; not begun may mean it did not.
+        refused = check_owner(found.balance.owner, ctx, run.run_id)
+        if refused is not None:
+            return refused, None
+    return found, begun
+
+
 async def finish_attempt(
     io: NodeIO, account: str, call_id: str, attempt: int, *, produced: bool
 ) -> Reservation:
@@ -334,27 +378,6 @@ async def reserve_or_exhausted(
                 # the owner is charged nothing for it.
                 with contextlib.suppress(LookupError, ValueError):
                     await io.release(key)
-            return refused
-    return held
-
-
-async def reserved_before(
-    io: NodeIO, state: AgentState, ctx: RunContext, key: str, *, account: str
-) -> Reservation | StopRequest | None:
-    """The reservation the run's ``account`` holds under ``key`` already (a call's first
-    attempt, which the gate reserved), as :func:`reserve_or_exhausted` would return it, read
-    without taking the ledger's write lock: its owner checked against the caller the same way.
-    ``None`` where the ledger holds none: the caller reserves it then (a forged batch entry the
-    gate never saw), checked against the limits before it can run."""
-    try:
-        held = await io.reserved(account, key)
-    except UnknownAccount:
-        return stop_for_unknown_account()
-    except ValueError:
-        return stop_for_conflict()
-    if held is not None and held.balance is not None:
-        refused = check_owner(held.balance.owner, ctx, state.run_id)
-        if refused is not None:
             return refused
     return held
 

@@ -26,7 +26,7 @@ from fencepost.graph.account import (
     produced,
     release_reserved,
     reserve_or_exhausted,
-    reserved_before,
+    start_attempt,
     with_budget_view,
 )
 from fencepost.graph.events import EVENTS
@@ -41,6 +41,7 @@ from fencepost.policy import (
     Deadline,
     ErrorCode,
     Phase,
+    Reservation,
     StopRequest,
     ToolContext,
     check_schema,
@@ -59,6 +60,7 @@ from fencepost.policy.execution import (
 )
 from fencepost.policy.gating import invalid_dependencies
 from fencepost.policy.keys import call_key, step_key
+from fencepost.policy.ledger import Attempt
 from fencepost.policy.outcome import CallOutcome
 
 _LAST_EXECUTE: tuple[LoopConfig, ExecuteSettings] | None = None
@@ -160,33 +162,38 @@ async def run_call(
     """
     cfg = io.cfg
     entry, spec = call.entry, call.spec
+    run = RunAccount(account, state.run_id)
     attempt = 1
     while True:
-        # Attempt 1 was reserved at the gate: read back, not reserved again (no write). A call
-        # whose budget the gate never reserved (a forged batch entry), and every retry, is
-        # reserved here, checked against the limits before it can run.
+        # Attempt 1 was reserved at the gate: read back, not reserved again, and its start
+        # claimed in the same ledger step where the claim's rule needs nothing more read
+        # (``CallClaim.begins_on``). A call whose budget the gate never reserved (a forged
+        # batch entry), and every retry, is reserved here, checked against the limits before
+        # it can run.
         key = call_key(account, entry.call_id, attempt)
-        found = (
-            await reserved_before(io, state, ctx, key, account=account) if attempt == 1 else None
-        )
+        found: Reservation | StopRequest | None = None
+        begun: Attempt | StopRequest | None = None
+        if attempt == 1:
+            found, begun = await start_attempt(
+                io, run, ctx, entry.call_id, where, begins=call.begins_on
+            )
         held = (
             found
             if found is not None
-            else await reserve_or_exhausted(
-                io, RunAccount(account, state.run_id), ctx, key, call.amounts
-            )
+            else await reserve_or_exhausted(io, run, ctx, key, call.amounts)
         )
         if isinstance(held, StopRequest):
             return held
-        went_on = (
-            call.asks_if_run_went_on(held)
-            and await io.get(step_key(account, state.step + 1)) is not None
-        )
-        ended = call.reserved(attempt, held, run_went_on=went_on)
-        if ended is not None:
-            return ended
-        # The thread's claim of the call id (first attempt) and the start marker: one write.
-        begun = await begin_attempt(io, account, state.run_id, entry.call_id, attempt, where)
+        if begun is None:
+            went_on = (
+                call.asks_if_run_went_on(held)
+                and await io.get(step_key(account, state.step + 1)) is not None
+            )
+            ended = call.reserved(attempt, held, run_went_on=went_on)
+            if ended is not None:
+                return ended
+            # The thread's claim of the call id (first attempt) and the start marker: one write.
+            begun = await begin_attempt(io, account, state.run_id, entry.call_id, attempt, where)
         if isinstance(begun, StopRequest):
             return begun
         step = call.begun(attempt, begun)

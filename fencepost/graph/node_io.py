@@ -87,6 +87,19 @@ class NodeIO:
         (``Ledger.begin_attempt``)."""
         raise NotImplementedError
 
+    async def start_attempt(
+        self,
+        account: str,
+        key: str,
+        marker: str,
+        *,
+        claim: str | None,
+        begins: Callable[[Reservation], bool],
+    ) -> tuple[Reservation | None, Attempt | None]:
+        """Read an attempt's reservation and, where ``begins`` accepts it, claim the call and
+        write the start marker, in one step (``Ledger.start_attempt``)."""
+        raise NotImplementedError
+
     async def finish_attempt(self, account: str, key: str, *, result: str | None) -> Reservation:
         """Mark the attempt's result (when given) and settle it in one write
         (``Ledger.finish_attempt``)."""
@@ -194,6 +207,17 @@ class SyncIO(NodeIO):
     async def begin_attempt(self, account: str, marker: str, *, claim: str | None) -> Attempt:
         return self.ledger.begin_attempt(account, marker, claim=claim)
 
+    async def start_attempt(
+        self,
+        account: str,
+        key: str,
+        marker: str,
+        *,
+        claim: str | None,
+        begins: Callable[[Reservation], bool],
+    ) -> tuple[Reservation | None, Attempt | None]:
+        return self.ledger.start_attempt(account, key, marker, claim=claim, begins=begins)
+
     async def finish_attempt(self, account: str, key: str, *, result: str | None) -> Reservation:
         return self.ledger.finish_attempt(account, key, result=result)
 
@@ -289,6 +313,17 @@ class AsyncIO(NodeIO):
 
     async def begin_attempt(self, account: str, marker: str, *, claim: str | None) -> Attempt:
         return await self.ledger.abegin_attempt(account, marker, claim=claim)
+
+    async def start_attempt(
+        self,
+        account: str,
+        key: str,
+        marker: str,
+        *,
+        claim: str | None,
+        begins: Callable[[Reservation], bool],
+    ) -> tuple[Reservation | None, Attempt | None]:
+        return await self.ledger.astart_attempt(account, key, marker, claim=claim, begins=begins)
 
     async def finish_attempt(self, account: str, key: str, *, result: str | None) -> Reservation:
         return await self.ledger.afinish_attempt(account, key, result=result)

@@ -419,6 +419,14 @@ class CallClaim:
             return finished_before(entry, spec, attempt, started=started)
         return None
 
+    def begins_on(self, held: Reservation) -> bool:
+        """Whether the first attempt's start is claimed on what the ledger found for it, in the
+        same ledger step as the read (``Ledger.start_attempt``): a reservation still in flight
+        (the gate's) needs no other read, and :meth:`reserved` lets its claim go on."""
+        return (
+            not self.asks_if_run_went_on(held) and self.reserved(1, held, run_went_on=False) is None
+        )
+
     def begun(self, attempt: int, begun: Attempt) -> ClaimStep:
         """What the attempt's start (the thread's claim of the call id, and its start marker)
         means. A call id another run of the thread claimed (a fork's origin, another branch)

@@ -546,6 +546,34 @@ class Ledger(ABC):
                 return Attempt(claimed=False)
         return Attempt(claimed=True, started=self.reserve(account, marker, {}))
 
+    def start_attempt(
+        self,
+        account: str,
+        key: str,
+        marker: str,
+        *,
+        claim: str | None = None,
+        begins: Callable[[Reservation], bool],
+    ) -> tuple[Reservation | None, Attempt | None]:
+        """:meth:`reserved` of ``key`` on ``account`` (an attempt's reservation made before it:
+        a call the gate reserved) and, where one is found that ``begins`` accepts,
+        :meth:`begin_attempt` of ``marker`` (and ``claim``), in one step: what ``reserved``
+        found (``None``: the key was never reserved), and the attempt begun (``None`` where
+        none was: nothing is written then).
+
+        ``begins`` judges the reservation as ``reserved`` returns it (its account's balance,
+        owner included) between the read and the writes, so a caller whose rules refuse it
+        (an account opened for someone else, an attempt already settled) writes nothing on
+        the account. It must not call the ledger. Refusals raise as the separate calls would;
+        a durable backend reads and writes in one transaction.
+
+        The default composes :meth:`reserved` and :meth:`begin_attempt`; backends override it.
+        """
+        found = self.reserved(account, key)
+        if found is None or not begins(found):
+            return found, None
+        return found, self.begin_attempt(account, marker, claim=claim)
+
     def finish_attempt(
         self,
         account: str,
@@ -629,6 +657,22 @@ class Ledger(ABC):
     ) -> Attempt:
         """Async twin of :meth:`begin_attempt`."""
         return await asyncio.to_thread(partial(self.begin_attempt, account, marker, claim=claim))
+
+    async def astart_attempt(
+        self,
+        account: str,
+        key: str,
+        marker: str,
+        *,
+        claim: str | None = None,
+        begins: Callable[[Reservation], bool],
+    ) -> tuple[Reservation | None, Attempt | None]:
+        """Async twin of :meth:`start_attempt`; the default composes the async twins of
+        :meth:`reserved` and :meth:`begin_attempt`."""
+        found = await self.areserved(account, key)
+        if found is None or not begins(found):
+            return found, None
+        return found, await self.abegin_attempt(account, marker, claim=claim)
 
     async def afinish_attempt(
         self,
@@ -1140,6 +1184,22 @@ class InMemoryLedger(Ledger, ScopeStore):
                     return Attempt(claimed=False)
             return Attempt(claimed=True, started=self.reserve(account, marker, {}))
 
+    def start_attempt(
+        self,
+        account: str,
+        key: str,
+        marker: str,
+        *,
+        claim: str | None = None,
+        begins: Callable[[Reservation], bool],
+    ) -> tuple[Reservation | None, Attempt | None]:
+        # The port's default, read and begun under one hold of the lock.
+        with self._lock:
+            found = self.reserved(account, key)
+            if found is None or not begins(found):
+                return found, None
+            return found, self.begin_attempt(account, marker, claim=claim)
+
     def finish_attempt(
         self,
         account: str,
@@ -1347,6 +1407,17 @@ class InMemoryLedger(Ledger, ScopeStore):
         self, account: str, marker: str, *, claim: str | None = None
     ) -> Attempt:
         return self.begin_attempt(account, marker, claim=claim)
+
+    async def astart_attempt(
+        self,
+        account: str,
+        key: str,
+        marker: str,
+        *,
+        claim: str | None = None,
+        begins: Callable[[Reservation], bool],
+    ) -> tuple[Reservation | None, Attempt | None]:
+        return self.start_attempt(account, key, marker, claim=claim, begins=begins)
 
     async def afinish_attempt(
         self,

@@ -1084,6 +1084,102 @@ async def test_the_async_twins_of_begin_and_finish_attempt_answer_as_the_sync_on
     assert _plain(sync, "one-") == _plain(twins["out"], "two-")
 
 
+StartAttempt = Callable[..., tuple[Reservation | None, Attempt | None]]
+
+
+def _in_flight_only(found: Reservation) -> bool:
+    return found.status is ReservationStatus.RESERVED
+
+
+def _start_script(ledger: Ledger, p: str, start: StartAttempt) -> list[Any]:
+    """A run's first attempts started on accounts and keys named with ``p`` (each attempt's
+    reservation read and, where ``begins`` accepts it, the attempt begun): every answer, what
+    ``begins`` was shown, and what the ledger holds after each."""
+    ledger.open_account(f"{p}tenant", {"tool_calls": 10})
+    ledger.open_account(f"{p}run", {"tool_calls": 9}, parent=f"{p}tenant", owner={"run": "r"})
+    ledger.open_account(f"{p}other", {"tool_calls": 5}, parent=f"{p}tenant")
+    out: list[Any] = []
+    shown: list[Reservation] = []
+
+    def begins(found: Reservation) -> bool:
+        shown.append(found)
+        return _in_flight_only(found)
+
+    def go(account: str, n: int, *, claim: bool = True, judge: Any = begins) -> None:
+        out.append(
+            _answer(
+                lambda: start(
+                    f"{p}{account}",
+                    f"{p}k{n}",
+                    f"{p}m{n}",
+                    claim=f"{p}c{n}" if claim else None,
+                    begins=judge,
+                )
+            )
+        )
+        out.append([ledger.get(f"{p}{k}{n}") for k in ("c", "m")])
+
+    ledger.reserve(f"{p}run", f"{p}k1", {"tool_calls": 1})
+    go("run", 1)  # the gate's reservation: read, the claim and the start marker written
+    go("run", 1)  # again (a re-run after a crash): the claim and marker found, existing
+    go("run", 2)  # never reserved: nothing begun, nothing written
+    ledger.reserve(f"{p}run", f"{p}k3", {"tool_calls": 1})
+    go("run", 3, judge=lambda found: False)  # refused by the caller's rule: nothing written
+    ledger.reserve(f"{p}run", f"{p}k4", {"tool_calls": 1})
+    ledger.settle(f"{p}k4")
+    go("run", 4)  # settled already: begins refuses it, nothing written
+    ledger.reserve(f"{p}run", f"{p}k5", {"tool_calls": 1})
+    go("run", 5, claim=False)  # a retry's attempt: no claim asked
+    ledger.reserve(f"{p}other", f"{p}k6", {"tool_calls": 1})
+    go("run", 6)  # the reservation is another account's: LedgerConflict
+    ledger.reserve(f"{p}run", f"{p}k7", {"tool_calls": 1})
+    ledger.reserve(f"{p}other", f"{p}c7", {})
+    go("run", 7)  # the claim is another account's (a fork's origin): not claimed, no marker
+    ledger.reserve(f"{p}run", f"{p}k8", {"tool_calls": 1})
+    ledger.close_account(f"{p}run", "cancelled")
+    go("run", 8)  # found on a closed account; the claim refused: AccountClosed, nothing written
+    out.append([ledger.balance(f"{p}{name}") for name in ("tenant", "run", "other")])
+    out.append(shown)
+    return out
+
+
+def test_start_attempt_answers_and_writes_as_reserved_then_begin_attempt_do(
+    ledger: Ledger,
+) -> None:
+    combined = _start_script(ledger, "one-", ledger.start_attempt)
+    separate = _start_script(ledger, "two-", partial(Ledger.start_attempt, ledger))
+    assert _plain(combined, "one-") == _plain(separate, "two-")
+    # The script reached each answer it is there for.
+    first, again = combined[0], combined[2]
+    assert first[0] is not None and first[0].existing and first[1] is not None
+    assert first[1].claimed and first[1].started is not None and not first[1].started.existing
+    assert again[1].started.existing and combined[3] == [combined[1][0], combined[1][1]]
+    assert combined[4] == (None, None) and combined[5] == [None, None]
+    for refused in (6, 8):
+        assert combined[refused][0] is not None and combined[refused][1] is None
+        assert combined[refused + 1] == [None, None]
+    assert combined[10][1].started is not None and combined[11][0] is None
+    assert isinstance(combined[12], LedgerConflict) and combined[13] == [None, None]
+    assert not combined[14][1].claimed and combined[15][1] is None
+    assert isinstance(combined[16], AccountClosed) and combined[17] == [None, None]
+    shown = combined[19]
+    assert all(found.balance is not None for found in shown)
+    assert shown[0].balance.owner == {"run": "r"}  # the account's owner, for the caller to judge
+
+
+async def test_the_async_twin_of_start_attempt_answers_as_the_sync_one(ledger: Ledger) -> None:
+    sync = _start_script(ledger, "one-", ledger.start_attempt)
+    loop = asyncio.get_running_loop()
+
+    def start(*args: Any, **kwargs: Any) -> tuple[Reservation | None, Attempt | None]:
+        return asyncio.run_coroutine_threadsafe(
+            ledger.astart_attempt(*args, **kwargs), loop
+        ).result(timeout=60)
+
+    out = await asyncio.to_thread(_start_script, ledger, "two-", start)
+    assert _plain(sync, "one-") == _plain(out, "two-")
+
+
 SettleAndReserve = Callable[..., tuple[Reservation, list[Reservation | BudgetExhausted]]]
 
 
@@ -1216,11 +1312,20 @@ class _DiesWritingTheSecond(SqliteLedger):
 
     dies_at = ""
 
-    def _reserve_in(self, tx: Any, account: str, key: str, clean: dict[str, float]) -> Any:
-        held = super()._reserve_in(tx, account, key, clean)
+    def _reserve_in(
+        self, tx: Any, account: str, key: str, clean: dict[str, float], read: Any = None
+    ) -> Any:
+        held = super()._reserve_in(tx, account, key, clean, read)
         if key == self.dies_at:
             raise KeyboardInterrupt  # the process going away: nothing after it runs
         return held
+
+    def _mark_in(self, tx: Any, account: str, key: str) -> Any:
+        # A claim or result marker: written without an answer, dies the same way.
+        read = super()._mark_in(tx, account, key)
+        if key == self.dies_at:
+            raise KeyboardInterrupt
+        return read
 
 
 def test_a_crash_inside_begin_or_finish_attempt_leaves_none_of_its_writes(tmp_path: Path) -> None:

@@ -695,6 +695,7 @@ SYNC_METHODS = (
     "balance",
     "reserved",
     "begin_attempt",
+    "start_attempt",
     "finish_attempt",
     "settle_and_reserve",
 )
@@ -798,7 +799,6 @@ def test_an_async_graph_never_runs_a_blocking_ledger_call_on_the_event_loop_thre
         "areserve",
         "asettle",
         "aclose_account",
-        "areserved",
-        "abegin_attempt",
+        "astart_attempt",
         "afinish_attempt",
     } <= set(log.twins)
