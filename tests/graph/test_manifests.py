@@ -107,3 +107,43 @@ def test_a_streamed_manifest_is_its_json_dump_and_its_write_its_plain_form(
     ]
     (written,) = step_writes(state, after)["run"]["manifests"]
     assert written == manifest.model_dump(mode="json", exclude_defaults=True)
+
+
+@given(
+    provenance=st.dictionaries(
+        st.text(max_size=4), st.lists(st.text(max_size=4)), min_size=1, max_size=3
+    ),
+)
+def test_a_streamed_manifest_edited_in_place_by_its_consumer_never_changes_the_steps_write(
+    provenance: dict[str, list[str]],
+) -> None:
+    # A stream consumer owns its chunk: a manifest dumped once for its chunk and its write
+    # shares no container with the write (a checkpoint, the next node's state).
+    manifest = StepManifest.model_validate(
+        {
+            "run_id": "run-1",
+            "step": 1,
+            "phase": "validate",
+            "steps_remaining": 1,
+            "tool_calls_remaining": 1,
+            "outcome": "allowed",
+            "provenance": provenance,
+        },
+        strict=False,
+    )
+    streamed: list[Any] = []
+    runtime = SimpleNamespace(stream_writer=streamed.append)
+    state = AgentState(run_id="run-1", question="q", budget=default_budget())
+    after = recorded(state, runtime, [manifest])  # type: ignore[arg-type]
+    (chunk,) = streamed
+    # Every other field of a chunk is a scalar: nothing there to edit in place.
+    assert all(
+        type(value) in (str, int, bool, type(None))
+        for name, value in chunk.items()
+        if name != "provenance"
+    )
+    for labels in chunk["provenance"].values():
+        labels.append("forged")
+    chunk["provenance"]["forged"] = ["forged"]
+    (written,) = step_writes(state, after)["run"]["manifests"]
+    assert written == manifest.model_dump(mode="json", exclude_defaults=True)
