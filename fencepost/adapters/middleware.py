@@ -495,18 +495,19 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
             return admitted
         with self._span(request, admitted) as span:
             seconds = self._tool_seconds(request, admitted)
-            sent = request
-            if request.tool is not None and not has_async_body(request.tool):
-                # create_agent's async handler would run a sync tool's body on the loop's
-                # default executor, shared by every tenant and never given back by a hung
-                # body: it runs on its tenant's share, as in the sync binding.
-                on_threads = _on_tenant_threads(
-                    request.tool, admitted.ctx.tenant_id, time.monotonic() + seconds
-                )
-                sent = request.override(tool=on_threads)
+            until = time.monotonic() + seconds
 
             async def called() -> ToolMessage | Command[Any]:
                 try:
+                    sent = request
+                    # Read and copied here, in the call's containment: what the tool's class
+                    # does as it is asked (``coroutine``, ``model_copy``) is its code too.
+                    if request.tool is not None and not has_async_body(request.tool):
+                        # create_agent's async handler would run a sync tool's body on the
+                        # loop's default executor, shared by every tenant and never given back
+                        # by a hung body: it runs on its tenant's share, as in the sync binding.
+                        on_threads = _on_tenant_threads(request.tool, admitted.ctx.tenant_id, until)
+                        sent = request.override(tool=on_threads)
                     return await handler(sent)
                 except (KeyboardInterrupt, SystemExit) as exc:
                     # asyncio re-raises these two out of the event loop after failing the

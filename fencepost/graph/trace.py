@@ -130,6 +130,12 @@ def recorded(
     for m in manifests:
         # Its plain form, the step's write of it too, with the fields it leaves at their
         # default: what ``model_dump(mode="json")`` makes, in the fields' order.
-        writer({"fencepost": "manifest", **_MANIFEST_SHOWN, **plain_ahead(m)})
+        chunk = {"fencepost": "manifest", **_MANIFEST_SHOWN, **plain_ahead(m)}
+        provenance = chunk["provenance"]
+        if provenance:
+            # The one field holding containers: the consumer's own copy, as the chunk is, so
+            # an edit made to it in place never reaches the write (a checkpoint, a next step).
+            chunk["provenance"] = {name: list(labels) for name, labels in provenance.items()}
+        writer(chunk)
     EVENTS.recorded(state, manifests)
     return state.model_copy(update={"manifests": state.manifests + tuple(manifests)})

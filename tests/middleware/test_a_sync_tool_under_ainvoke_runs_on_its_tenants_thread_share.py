@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool, tool
+from pydantic import Field
 
 import fencepost as fp
 from fencepost.graph.containment import tool_threads
@@ -143,3 +144,34 @@ def test_the_callers_sync_tool_is_left_as_it_was() -> None:
     # Only the copy handed to create_agent's handler runs on the share; the tool given to
     # create_agent keeps LangChain's own ``ainvoke``.
     assert "ainvoke" not in search_logs.__dict__
+
+
+class _Uncopyable(BaseTool):
+    """A sync tool whose copy (application code: its class overrides ``model_copy``) raises
+    once it has been registered (``fp.tool`` copies it then, where raising is the developer's
+    to see)."""
+
+    name: str = "search_logs"
+    description: str = "Search the service logs."
+    raises: type[BaseException] = RuntimeError
+    copies: list[int] = Field(default_factory=list)
+
+    def _run(self, query: str) -> str:
+        return f"found {query}"
+
+    def model_copy(self, *, update: Any = None, deep: bool = False) -> Any:
+        if self.copies:
+            raise self.raises("no copy of me")
+        self.copies.append(1)
+        return super().model_copy(update=update, deep=deep)
+
+
+@pytest.mark.parametrize("raises", [RuntimeError, SystemExit, KeyboardInterrupt])
+def test_a_sync_tool_whose_copy_raises_under_ainvoke_fails_its_call_and_never_ends_the_process(
+    raises: type[BaseException],
+) -> None:
+    # What the tool's own code raises as it is readied for its thread is its call's failure,
+    # as what its body raises is: the run goes on, and nothing leaves ``ainvoke``.
+    out = _run(_Uncopyable(raises=raises))
+    assert out["termination"] == "completed"
+    assert _answers(out) == [{"error_code": "internal_error"}]

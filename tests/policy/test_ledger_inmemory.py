@@ -616,3 +616,36 @@ def test_a_batch_stops_at_the_ledgers_refusal_and_keeps_what_it_held(
     ledger.close_account("run", "completed")
     closed = ledger.reserve_batch("run", [("late", {"tool_calls": 1.0})])
     assert isinstance(closed.stopped_by, AccountClosed) and closed.limits is None
+
+
+def test_batches_from_many_threads_on_children_of_one_parent_hold_exactly_what_the_parent_has(
+    ledger: InMemoryLedger,
+) -> None:
+    # Invariant 3 (with N calls left exactly N run) for batches held at once: threads of two
+    # tenants' runs, each batch racing the others and the other child's, one parent's budget.
+    ledger.open_account("tenant", {"tool_calls": 7})
+    for child in ("run-a", "run-b"):
+        ledger.open_account(child, {"tool_calls": 100}, parent="tenant")
+    start = threading.Barrier(8)
+    outcomes: list[BudgetExhausted | None] = []
+    lock = threading.Lock()
+
+    def batches(worker: int) -> None:
+        child = "run-a" if worker % 2 else "run-b"
+        start.wait()
+        for n in range(3):
+            holds = [(f"w{worker}-b{n}-c{c}", {"tool_calls": 1.0}) for c in range(2)]
+            held = ledger.reserve_batch(child, holds, refuses=lambda owner: None)
+            with lock:
+                outcomes.extend(held.outcomes)
+
+    threads = [threading.Thread(target=batches, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(outcomes) == 8 * 3 * 2
+    assert outcomes.count(None) == 7
+    assert ledger.balance("tenant").held == {"tool_calls": 7.0}
+    held = [ledger.balance(child).held.get("tool_calls", 0.0) for child in ("run-a", "run-b")]
+    assert sum(held) == 7.0
