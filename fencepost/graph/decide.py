@@ -20,11 +20,11 @@ from fencepost.graph.account import (
     RunAccount,
     StepSettlement,
     StepWritten,
+    answer_facts,
     balance_of,
     chain_left,
     node_thread,
     open_run,
-    pending_work,
     run_account_of,
     settle_pending,
     started_run_id,
@@ -63,15 +63,17 @@ from fencepost.policy.decide import (
     end_step,
     log_raised,
     model_failure,
+    overage_stop,
     plan_step,
     read_raised,
     reads_money_limit,
     settle_step,
     unreadable,
+    vouched_answer,
     waiting_for_requester,
 )
 from fencepost.policy.keys import step_key
-from fencepost.policy.terminate import reopened
+from fencepost.policy.terminate import AnswerFacts, reopened
 from fencepost.policy.usage import input_text
 
 
@@ -351,13 +353,17 @@ async def _ended_step(
     written: StepWritten,
 ) -> Stepped:
     """The rest of :func:`model_step`, its settlement written (or waiting, ``written.later``):
-    judge its outcome, a final answer by the work the ledger shows it still waits on: the
-    run's end, or the calls to gate."""
+    judge its outcome, with the ledger's facts about a final answer: the run's end, or the
+    calls to gate."""
     state = written.state
-    # A final answer waits on the accepted work the ledger's markers show pending, not on what
-    # the receipts in state say (a caller's ``update_state`` away from forged).
-    pending = await pending_work(io, run.name, state.receipts) if settled.final_answer else ()
-    end = end_step(plan, state, outcome, settled, written.charged, pending)
+    over_stop = overage_stop(written.charged)
+    final = vouched_answer(outcome, over_stop)
+    facts = (
+        await answer_facts(io, run.name, state, final.answer.citations)
+        if final
+        else AnswerFacts(pending=state.open_tasks, citable=frozenset())
+    )
+    end = end_step(plan, state, outcome, settled, over_stop, facts)
     if end.record is None:
         return Stepped(end.state, ctx, tuple(end.calls), settled.usage, written.later)
     await settle_pending(io, written.later)

@@ -6,9 +6,8 @@ what the answer may cite), and get one frozen answer back:
 
 - :func:`conclude`: what an ending comes to — ``completed`` with a server-verified answer, an
   abstention or any other stop as asked, or refused and why (``invalid_proposal``, never
-  ``completed``). The decide phase asks it whether a model's final answer or abstention ends
-  the run now (``decide.end_step``: accepted work still pending asks the model again); the
-  answer's citations are judged once, by the terminal node;
+  ``completed``). The decide phase asks it of a model's final answer or abstention
+  (``decide.end_step``);
 - :func:`plan_ending`: the terminal node's plan (:class:`EndingPlan`) — whether an ended run's
   ending stands, and what the ledger is asked; then (:meth:`EndingPlan.end`) the stop verified
   again, the terminal state and its stop report, and whether the run's ledger account is closed
@@ -130,10 +129,7 @@ class AnswerFacts:
     is not. :meth:`from_state` reads them from state alone, where no ledger was asked."""
 
     pending: tuple[str, ...]
-    citable: frozenset[str] | None = None
-    """``None``: the citations are not judged here. The model step asks only whether the run
-    may end now (pending work asks the model again); the answer's citations are judged once,
-    where the run ends (:meth:`EndingPlan.end`)."""
+    citable: frozenset[str]
 
     @classmethod
     def from_ledger(
@@ -170,8 +166,7 @@ def conclude(
     ``needs_clarification``). ``completed`` stands only with an answer, no accepted work
     pending (``facts.pending``), and every citation server-verified (``facts.citable``); with
     ``require_citations``, at least one citation unless the answer is empty (an action's agent
-    with nothing to add claims nothing to cite for); ``facts.citable`` ``None`` leaves the
-    citations to be judged where the run ends.
+    with nothing to add claims nothing to cite for).
 
     ``account_known=False``: the ledger holds no account of the run (it never saw it, or lost
     it with its process), so nothing can vouch for the answer and the run is refused as every
@@ -188,8 +183,7 @@ def conclude(
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, TASKS_PENDING))
     if require_citations and not answer.citations and not answer.is_empty:
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, MissingCitation.code))
-    citable = facts.citable
-    if citable is not None and any(citation not in citable for citation in answer.citations):
+    if any(citation not in facts.citable for citation in answer.citations):
         return Conclusion(stop(TerminationReason.INVALID_PROPOSAL, UnsupportedCitation.code))
     return Conclusion(asked)
 

@@ -21,8 +21,6 @@ from fencepost.policy import (
     TerminationReason,
     ToolRegistry,
 )
-from fencepost.policy.context import RunContext
-from fencepost.policy.deadline import SystemClock
 from fencepost.policy.decide import (
     Settlement,
     StepEnd,
@@ -30,14 +28,12 @@ from fencepost.policy.decide import (
     StepSettings,
     end_step,
     model_failure,
-    plan_step,
+    unpriced_stop,
 )
 from fencepost.policy.decision_model import Decided
-from fencepost.policy.ledger import Reservation
 from fencepost.policy.pricing import ModelPrice
-from fencepost.policy.reservations import stop_for_exceeded
 from fencepost.policy.state import AgentState
-from fencepost.policy.tool import Principal
+from fencepost.policy.terminate import AnswerFacts
 from tests.policy.factories import make_proposal, make_state
 
 
@@ -78,31 +74,9 @@ def test_an_unpriced_step_holds_no_money_and_counts_no_text_where_nothing_limits
     plan = _plan()
     assert not plan.holds_money
     assert plan.hold(sent, None, None) == (0, 0)
-
-
-def test_a_money_limit_on_an_unpriced_run_is_its_stop() -> None:
-    state = make_state()
-    ctx = RunContext(tenant_id="tenant-a", principal=Principal(id="user-1"))
-
-    def planned(money_left: float | None) -> StopRequest | None:
-        settings = _plan().settings
-        return plan_step(
-            state,
-            ctx,
-            settings,
-            given=ctx,
-            remaining_steps=None,
-            clock=SystemClock(),
-            money_left=money_left,
-        ).stop
-
-    assert planned(None) is None
-    refused = planned(100.0)
-    assert refused is not None
-    assert (refused.reason, refused.error_code) == (
-        TerminationReason.POLICY_DENIED,
-        "money_unpriced",
-    )
+    assert unpriced_stop(None) is None
+    refused = unpriced_stop(100.0)
+    assert refused is not None and refused.error_code == "money_unpriced"
 
 
 @pytest.mark.parametrize("passed", [False, True])
@@ -137,7 +111,8 @@ def _end(
         usage={"input_tokens": None, "output_tokens": None},
         final_turn=final_turn,
     )
-    return end_step(_plan(**settings), state, outcome, settled, None)
+    facts = AnswerFacts(pending=(), citable=frozenset())
+    return end_step(_plan(**settings), state, outcome, settled, None, facts)
 
 
 def test_a_retryable_model_error_is_retried_up_to_model_retries_in_a_row() -> None:
@@ -186,38 +161,3 @@ def test_a_decisions_trace_record_says_whether_it_stands() -> None:
     assert _record(_end(state, invalid))[:2] == ("invalid", "denied")
     gated = _end(state, tool)
     assert gated.record is None and list(gated.calls) == [tool.decision]
-
-
-def test_usage_charged_past_a_limit_ends_the_run_and_refuses_the_decision() -> None:
-    state = make_state()
-    final = _decided(FinalProposal(answer=AnswerPayload(text="x")))
-    settled = Settlement(actual={}, overage={"tokens": 5.0}, usage={}, final_turn=False)
-    over = Reservation(account="a", key="k", amounts={}, exceeded=("a", "tokens"))
-    end = end_step(_plan(), state, final, settled, over)
-    assert end.state.stop is not None
-    assert end.state.stop == stop_for_exceeded("tokens")
-    assert end.state.stop.error_code == "tokens_exhausted"
-    assert end.record is not None and end.record["outcome"] == "denied"
-    within = Reservation(account="a", key="k", amounts={})
-    assert end_step(_plan(), state, final, settled, within).state.stop == StopRequest(
-        reason=TerminationReason.COMPLETED, answer=AnswerPayload(text="x")
-    )
-    refused = StopRequest(reason=TerminationReason.POLICY_DENIED, error_code="run_closed")
-    assert end_step(_plan(), state, final, settled, refused).state.stop == refused
-
-
-def test_a_final_answer_while_accepted_work_is_pending_asks_the_model_again() -> None:
-    final = _decided(FinalProposal(answer=AnswerPayload(text="x")))
-    settled = Settlement(actual={}, overage={}, usage={}, final_turn=False, final_answer=True)
-    end = end_step(_plan(), make_state(), final, settled, None, ("task-17",))
-    assert end.state.stop is None and end.state.last_error_code == "tasks_pending"
-    assert _record(end) == ("final", "denied", "tasks_pending")
-
-
-def test_a_final_answers_citations_are_judged_where_the_run_ends_not_in_the_model_step() -> None:
-    # The model step leaves them to the terminal node, which judges them on the ledger's
-    # markers (tests/policy/test_terminate.py; the run's ending: tests/features).
-    cited = _decided(FinalProposal(answer=AnswerPayload(text="x", citations=["call-9"])))
-    end = _end(make_state(), cited)
-    assert end.state.stop is not None and end.state.stop.reason is TerminationReason.COMPLETED
-    assert _record(end) == ("final", "decided", None)
