@@ -956,7 +956,14 @@ class InMemoryLedger(Ledger, ScopeStore):
         """``InvalidLedgerKey`` unless ``key`` is a valid key. A key this ledger stored as an
         exact str was validated then: looked up only while every stored key is an exact str,
         since a str subclass may claim to equal any text."""
-        if type(key) is not str or self._odd_keys or key not in self._reservations:
+        # Read without the lock, so the flag is read again after the lookup: it is set before a
+        # str subclass is stored, so a lookup that could have matched one sees it set.
+        if (
+            type(key) is not str
+            or self._odd_keys
+            or key not in self._reservations
+            or self._odd_keys
+        ):
             validate_name(key)
 
     def _reserve(self, account: str, key: str, clean: dict[str, float]) -> Reservation:
