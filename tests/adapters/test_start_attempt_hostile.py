@@ -301,3 +301,17 @@ def test_a_crash_between_the_claim_and_the_marker_leaves_neither(tmp_path: Path)
         found, begun = _start(ledger)  # the retry: the attempt begins as the first it is
         assert found is not None and begun is not None and begun.started is not None
         assert not begun.started.existing
+
+
+@pytest.mark.parametrize("marker", ["m\ud800", "m" * 2000], ids=["lone-surrogate", "too-long"])
+def test_an_invalid_marker_key_writes_no_claim_on_any_backend(opener: Opener, marker: str) -> None:
+    ledger = opener()
+    _run_account(ledger)
+    ledger.reserve("run", "k1", {"tool_calls": 1})
+    for begin in (
+        lambda: ledger.start_attempt("run", "k1", marker, claim="c1", begins=_in_flight),
+        lambda: ledger.begin_attempt("run", marker, claim="c1"),
+    ):
+        with pytest.raises(ValueError, match="key"):
+            begin()
+        assert ledger.get("c1") is None
