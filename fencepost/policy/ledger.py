@@ -1182,7 +1182,10 @@ class InMemoryLedger(Ledger, ScopeStore):
     # the claim without the marker, the result marker without the settlement, or a step
     # settled without its calls held.
     def begin_attempt(self, account: str, marker: str, *, claim: str | None = None) -> Attempt:
-        # The port's default, the claim held without assembling the answer it drops.
+        # The port's default, the claim held without assembling the answer it drops. The
+        # marker's key is checked first: an invalid one writes no claim, as a durable backend
+        # checks every argument before its one transaction.
+        self._check_key(marker)
         with self._lock:
             if claim is not None:
                 try:

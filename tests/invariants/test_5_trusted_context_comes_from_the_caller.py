@@ -36,6 +36,8 @@ from pydantic import BaseModel, ConfigDict
 import fencepost as fp
 from fencepost.adapters.scripted import ScriptedDecisionModel
 from fencepost.policy import TerminationReason
+from fencepost.policy.keys import started_key
+from fencepost.policy.ledger import ReservationStatus
 from tests.graph.kit import (
     ABSTAIN,
     DOCS,
@@ -303,3 +305,28 @@ def test_a_write_approved_after_the_callers_deadline_never_runs(binding: type[bd
     out = b.resume("approve", ctx)
     assert out.bodies == []
     assert out.termination == fp.TerminationReason.DEADLINE_EXCEEDED.value
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "sqlite"])
+@pytest.mark.parametrize("who", ["tenant", "principal"])
+def test_a_call_the_gate_reserved_is_never_claimed_or_started_under_another_identity(
+    binding: type[bd.Binding], who: str, durable: bool, tmp_path: Path
+) -> None:
+    # Paused between the gate and the tools, the first attempt's reservation the gate's: the
+    # run going on under another identity leaves it as it was, and no start marker is written.
+    # The run is refused before execute's ledger step here; that step's own owner judge is
+    # pinned in tests/graph/test_a_call_starts_only_on_its_callers_account.py.
+    ledger = fp.SqliteLedger(str(tmp_path / "ledger.db")) if durable else fp.InMemoryLedger()
+    b = binding(bd.searches(), steps=6, tools=6, ledger=ledger)
+    b.start(mw.ctx(), interrupt_before=[binding.TOOLS])
+    assert b.graph.get_state(b.config).next == (binding.TOOLS,)
+    held = b.reservation("call-0001")
+    assert held is not None and held.status is ReservationStatus.RESERVED
+    out = b.go_on(_other(who))
+    assert out.bodies == []
+    assert (out.termination, out.error_code) == (
+        fp.TerminationReason.POLICY_DENIED.value,
+        "context_mismatch",
+    )
+    assert ledger.get(started_key(b.account(), "call-0001", 1)) is None
+    assert b.reservation("call-0001") == held.model_copy(update={"balance": None})
