@@ -564,10 +564,13 @@ class Ledger(ABC):
         ``begins`` judges the reservation as ``reserved`` returns it (its account's balance,
         owner included) between the read and the writes, so a caller whose rules refuse it
         (an account opened for someone else, an attempt already settled) writes nothing on
-        the account. It must not call the ledger. Refusals raise as the separate calls would;
-        a durable backend reads and writes in one transaction.
+        the account. It must not call the ledger. Refusals raise as the separate calls would.
 
-        The default composes :meth:`reserved` and :meth:`begin_attempt`; backends override it.
+        The default composes :meth:`reserved` and :meth:`begin_attempt` (two steps: a
+        reservation settled or an account closed between them is still caught, by the marker
+        already written or by :class:`AccountClosed`). The in-memory ledger holds its lock
+        across both and the SQLite ledger runs both in one transaction; the Postgres ledger
+        uses the default.
         """
         found = self.reserved(account, key)
         if found is None or not begins(found):
