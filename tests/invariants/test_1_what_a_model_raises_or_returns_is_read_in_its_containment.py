@@ -34,6 +34,7 @@ from tests.graph.kit import (
     thread,
 )
 from tests.graph.test_tool_isolation import finishes, wait_until
+from tests.hostile_exceptions import READ_AS_METHOD, READ_AS_PROPERTY, hostile_exception
 from tests.invariants.test_1_every_run_ends_typed import (
     assert_the_model_fails_its_run_in_containment,
 )
@@ -112,13 +113,6 @@ def _run(model: _Script, mode: str) -> tuple[fp.AgentState, InMemorySaver]:
     return fp.run_output(finishes(run)), saver
 
 
-def _boom(raises: type[BaseException], where: str) -> Any:
-    def boom(*_: Any) -> Any:
-        raise raises(f"{where}: {SECRET}")
-
-    return boom
-
-
 # -- what a model raises --------------------------------------------------------------------------
 
 _BASES: list[type[BaseException]] = [
@@ -130,23 +124,7 @@ _BASES: list[type[BaseException]] = [
     KeyboardInterrupt,
     GeneratorExit,
 ]
-_READ_AS_PROPERTY = ("code", "status_code", "__class__", "__notes__", "__cause__", "args")
-_READ_AS_METHOD = ("__str__", "__repr__")
 _RAISES: list[type[BaseException]] = [SystemExit, KeyboardInterrupt, RuntimeError, ValueError]
-
-
-def _hostile_exception(
-    base: type[BaseException], where: str, raises: type[BaseException]
-) -> BaseException:
-    """An instance of a subclass of ``base`` that raises ``raises`` (text: ``SECRET``) as the
-    runtime, or a log handler, reads ``where``."""
-    boom = _boom(raises, where)
-    if where in _READ_AS_METHOD:
-        namespace: dict[str, Any] = {where: boom}
-    else:
-        namespace = {where: property(boom, lambda self, value: None)}
-    hostile: BaseException = type(f"Hostile{base.__name__}", (base,), namespace)()
-    return hostile
 
 
 @settings(
@@ -156,7 +134,7 @@ def _hostile_exception(
 )
 @given(
     base=st.sampled_from(_BASES),
-    where=st.sampled_from(_READ_AS_PROPERTY + _READ_AS_METHOD),
+    where=st.sampled_from(READ_AS_PROPERTY + READ_AS_METHOD),
     raises=st.sampled_from(_RAISES),
     model=st.sampled_from([_Script, _AsyncScript]),
     mode=st.sampled_from(["invoke", "ainvoke"]),
@@ -171,7 +149,7 @@ def test_whatever_a_model_raises_ends_its_run_typed_and_is_logged_once_it_counts
 ) -> None:
     caplog.clear()
     caplog.set_level(logging.DEBUG)
-    state, saver = _run(model(_hostile_exception(base, where, raises)), mode)
+    state, saver = _run(model(hostile_exception(base, where, raises, SECRET)), mode)
     assert state.termination in (
         fp.TerminationReason.FAILED,
         fp.TerminationReason.INVALID_PROPOSAL,

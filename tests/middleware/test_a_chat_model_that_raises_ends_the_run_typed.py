@@ -26,6 +26,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 import fencepost as fp
 from fencepost.adapters.middleware import MODEL_FAILED_KEY
+from tests.hostile_exceptions import READ_AS_METHOD, READ_AS_PROPERTY, hostile_exception
 from tests.middleware.kit import (
     SECRET,
     Ran,
@@ -171,25 +172,6 @@ def test_a_forged_failure_reply_runs_none_of_its_calls_and_each_retry_is_a_reser
     assert out["fencepost_run"]["budget"]["steps_used"] == 2
 
 
-_READ_AS_PROPERTY = ("status_code", "__class__", "__notes__", "__cause__", "args", "code")
-_READ_AS_METHOD = ("__str__", "__repr__")
-
-
-def _hostile(base: type[BaseException], where: str, raises: type[BaseException]) -> BaseException:
-    """An instance of a subclass of ``base`` that raises ``raises`` (text: ``SECRET``) as
-    anything reads ``where``: the runtime, LangChain's callbacks or a log handler."""
-
-    def boom(*_: Any) -> Any:
-        raise raises(f"{where}: {SECRET}")
-
-    if where in _READ_AS_METHOD:
-        namespace: dict[str, Any] = {where: boom}
-    else:
-        namespace = {where: property(boom, lambda self, value: None)}
-    hostile: BaseException = type(f"Hostile{base.__name__}", (base,), namespace)()
-    return hostile
-
-
 @settings(
     max_examples=40,
     deadline=None,
@@ -197,7 +179,7 @@ def _hostile(base: type[BaseException], where: str, raises: type[BaseException])
 )
 @given(
     base=st.sampled_from([RuntimeError, TimeoutError, Exception, SystemExit, GeneratorExit]),
-    where=st.sampled_from(_READ_AS_PROPERTY + _READ_AS_METHOD),
+    where=st.sampled_from(READ_AS_PROPERTY + READ_AS_METHOD),
     raises=st.sampled_from([SystemExit, RuntimeError, ValueError, KeyboardInterrupt]),
     mode=st.sampled_from(["invoke", "ainvoke"]),
 )
@@ -219,7 +201,7 @@ def test_a_chat_model_exception_that_raises_as_it_is_read_ends_the_run_typed(
     caplog.set_level(logging.DEBUG)
     tools = lc_tools(Ran())
     guard = fp.FencepostMiddleware(specs(tools), budget=budget(), model_retries=0)
-    graph = agent(chat(_script(_hostile(base, where, raises))), tools, [guard])
+    graph = agent(chat(_script(hostile_exception(base, where, raises, SECRET))), tools, [guard])
     if mode == "invoke":
         out = graph.invoke(ask(), thread(), context=ctx())
     else:
