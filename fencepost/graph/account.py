@@ -247,12 +247,8 @@ async def start_attempt(
             claim=claim,
             begins=lambda held: owned(held) and begins(held),
         )
-    except AccountClosed as exc:
-        return stop_for_closed(exc.reason), None
-    except UnknownAccount:
-        return stop_for_unknown_account(), None
-    except ValueError:
-        return stop_for_conflict(), None
+    except (AccountClosed, UnknownAccount, ValueError) as refusal:
+        return _stop_for(refusal), None
     if begun is None and found is not None and found.balance is not None:
         # Begun means the judge found the owner to be the caller; not begun may mean it did not.
         refused = check_owner(found.balance.owner, ctx, run.run_id)

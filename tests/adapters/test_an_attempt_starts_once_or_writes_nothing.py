@@ -1,7 +1,8 @@
-"""``Ledger.start_attempt`` from hostile seats, on every backend: a ``begins`` that raises (an
-exception, ``SystemExit``, a cancellation) inside the ledger's lock or transaction, a closed
-account up the chain, markers on a spent window or limit, and two ledgers on one SQLite file
-racing the same call's first attempt.
+"""A call's attempt starts at most once, and an attempt that does not start writes nothing
+(``Ledger.start_attempt``, on every backend): a ``begins`` that raises (an exception,
+``SystemExit``, a cancellation) inside the ledger's lock or transaction, a closed account up the
+chain, markers on a spent window or limit, and ledgers and processes on one store racing the
+same call's first attempt.
 
 The Postgres rows skip unless FENCEPOST_TEST_POSTGRES_DSN is set.
 """
