@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, NotRequired, Unpack
 
@@ -44,6 +45,7 @@ from langchain.agents.middleware import (
     hook_config,
 )
 from langchain.agents.middleware.types import OmitFromInput
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
     AnyMessage,
@@ -449,10 +451,14 @@ class FencepostMiddleware(AgentMiddleware[FencepostState, Any, Any]):
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> Any:
         try:
-            return await handler(self._shown(request))
+            return await handler(_model_contained(self._shown(request)))
         except GraphBubbleUp:
             raise
         except BaseException as exc:
+            # type(), not isinstance(): isinstance reads a foreign exception's ``__class__``,
+            # which is the model's code.
+            if type(exc) is _ModelRaised:
+                return _model_failed(request, exc.raised)
             if cancelled_by_caller(exc):
                 raise
             return _model_failed(request, exc)
@@ -1092,6 +1098,74 @@ def _on_tenant_threads(tool: BaseTool, tenant: str, until: float) -> BaseTool:
     # keeps a ``__dict__``); the caller's tool is never changed.
     object.__setattr__(copy, "ainvoke", ainvoke)
     return copy
+
+
+class _ModelRaised(Exception):
+    """A ``SystemExit`` or ``KeyboardInterrupt`` a chat model raised under ``ainvoke``, carried
+    off the task LangChain runs the model in as data. An ``Exception``: LangChain's
+    ``agenerate`` reads any other ``BaseException`` its task ended with as a result (so a
+    middleware listed inside fencepost's that retries on an ``Exception`` may retry it, where
+    under ``invoke`` the ``SystemExit`` itself passes it by)."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(type(raised).__name__)
+        self.raised = raised
+
+
+def _model_contained(request: ModelRequest[Any]) -> ModelRequest[Any]:
+    """The request with a copy of its chat model whose calls raise :class:`_ModelRaised`
+    instead of ``SystemExit`` or ``KeyboardInterrupt``: ``BaseChatModel.agenerate`` runs each
+    call as a task of its own, and asyncio re-raises those two out of the caller's event loop,
+    before any hook sees them.
+
+    What is wrapped is what a chat model implements (``_agenerate``, and the streaming methods
+    it defines: ``_astream``, ``_astream_chat_model_events``), each bound to the caller's model
+    (what the model keeps on itself, a call count or a client, stays on the model the caller
+    holds) and keeping its signature (LangChain passes ``run_manager`` only to a method that
+    takes one). The copy serves only as the entry LangChain calls them through: its fields,
+    callbacks, cache and rate limiter are the same objects. A model that is not a LangChain
+    chat model is sent as it is."""
+    model = request.model
+    if not isinstance(model, BaseChatModel):
+        return request
+    copy = model.model_copy()
+    # An instance attribute shadows the class's method on this copy only (a pydantic model
+    # keeps a ``__dict__``); the caller's model is never changed.
+    object.__setattr__(copy, "_agenerate", _carried_call(model._agenerate))
+    for name in ("_astream", "_astream_chat_model_events"):
+        method = getattr(model, name, None)
+        if method is not None:
+            object.__setattr__(copy, name, _carried_stream(method))
+    return request.override(model=copy)
+
+
+def _carried_call(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """``method``, raising :class:`_ModelRaised` where it raises ``SystemExit`` or
+    ``KeyboardInterrupt``."""
+
+    @functools.wraps(method)
+    async def carried(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(*args, **kwargs)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            raise _ModelRaised(exc) from None
+
+    return carried
+
+
+def _carried_stream(method: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """The async generator ``method``, raising :class:`_ModelRaised` where it raises
+    ``SystemExit`` or ``KeyboardInterrupt``."""
+
+    @functools.wraps(method)
+    async def carried(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        try:
+            async for chunk in method(*args, **kwargs):
+                yield chunk
+        except (KeyboardInterrupt, SystemExit) as exc:
+            raise _ModelRaised(exc) from None
+
+    return carried
 
 
 MODEL_FAILED_KEY = "fencepost_model_failed"

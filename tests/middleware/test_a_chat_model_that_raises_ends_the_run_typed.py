@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
@@ -26,6 +26,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 import fencepost as fp
 from fencepost.adapters.middleware import MODEL_FAILED_KEY
+from tests.adapters.fakes import FakeToolChatModel
 from tests.hostile_exceptions import READ_AS_METHOD, READ_AS_PROPERTY, hostile_exception
 from tests.middleware.kit import (
     SECRET,
@@ -64,6 +65,68 @@ def test_a_chat_model_that_raises_ends_the_middleware_run_typed(
     # The text and the traceback are the developer's: logged, never in the thread's state.
     assert SECRET not in json.dumps(graph.get_state(config).values, default=str)
     assert any(r.exc_info for r in caplog.records if r.name == "fencepost.model")
+
+
+class _Counting(FakeToolChatModel):
+    """The fake chat model, keeping a count of its calls on itself (as a client, a cache or a
+    rate limiter keeps its state), and streaming its replies where it is asked to."""
+
+    calls: int = 0
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return super()._generate(*args, **kwargs)
+
+
+@pytest.mark.parametrize("failure", [SystemExit(3), KeyboardInterrupt()], ids=type)
+@pytest.mark.parametrize("streamed", [False, True], ids=["generated", "streamed"])
+def test_a_chat_model_raising_system_exit_under_ainvoke_ends_the_run_typed(
+    failure: BaseException, streamed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # LangChain runs each generation as a task of its own, and asyncio re-raises these two out
+    # of the caller's event loop: the middleware hands LangChain a model whose calls carry
+    # them off the task as data, and the run ends as under invoke.
+    ran = Ran()
+    tools = lc_tools(ran)
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget(), model_retries=0)
+    graph, config = agent(chat(_script(failure)), tools, [guard]), thread()
+
+    async def go() -> Any:
+        if not streamed:
+            return await graph.ainvoke(ask(), config, context=ctx())
+        async for _ in graph.astream(ask(), config, context=ctx(), stream_mode="messages"):
+            pass
+        return (await graph.aget_state(config)).values
+
+    with caplog.at_level(logging.WARNING, logger="fencepost"):
+        out = asyncio.run(go())
+    assert (out["termination"], out["last_error_code"]) == ("failed", "internal_error")
+    assert ran.bodies == []
+    logged = [r for r in caplog.records if r.name == "fencepost.model" and r.exc_info]
+    assert logged and logged[0].exc_info is not None
+    assert logged[0].exc_info[0] is type(failure)
+
+
+def test_a_chat_model_called_under_ainvoke_keeps_its_own_state_and_streams_its_tokens() -> None:
+    # The model LangChain calls under ainvoke is the caller's own: what it keeps on itself
+    # changes on the instance the caller holds, and its streamed tokens reach the stream.
+    tools = lc_tools(Ran())
+    model = _Counting(messages=_script(call("search_logs", {"query": "a"}, 1)))
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget(steps=5))
+    graph, config = agent(model, tools, [guard]), thread()
+
+    async def go() -> list[Any]:
+        return [
+            chunk
+            async for chunk in graph.astream(ask(), config, context=ctx(), stream_mode="messages")
+        ]
+
+    chunks = asyncio.run(go())
+    assert model.calls == 2
+    assert "checkout is down" in "".join(
+        str(m.content) for m, _ in chunks if m.type == "AIMessageChunk"
+    )
+    assert asyncio.run(graph.aget_state(config)).values["termination"] == "completed"
 
 
 def test_a_retryable_model_failure_is_asked_again_at_a_step_of_its_own() -> None:
@@ -193,10 +256,7 @@ def test_a_chat_model_exception_that_raises_as_it_is_read_ends_the_run_typed(
     # Reading what the chat model raised (its type, its status, its traceback for the log)
     # runs the model's code: whatever that raises is the model's failure too, never the run's
     # end untyped. (A KeyboardInterrupt a model raises on the main thread itself is the
-    # caller's Ctrl-C under invoke: ``test_ctrl_c_while_the_chat_model_runs_reaches_the_caller``;
-    # a SystemExit one raises under ainvoke escapes LangChain's own task, a known limit:
-    # ``test_a_chat_model_raising_system_exit_under_ainvoke_ends_the_middleware_run_typed``.)
-    assume(mode == "invoke" or not issubclass(base, SystemExit | KeyboardInterrupt))
+    # caller's Ctrl-C under invoke: ``test_ctrl_c_while_the_chat_model_runs_reaches_the_caller``.)
     caplog.clear()
     caplog.set_level(logging.DEBUG)
     tools = lc_tools(Ran())
