@@ -23,8 +23,8 @@ A second table answers "how many supersteps per iteration": fencepost as built a
 nodes with a pass-through ``gate`` node between decide and execute, i.e. what one more LangGraph
 node boundary per iteration costs (sync ``invoke``, both savers).
 
-Run it through ``bench.py`` (``make bench``, or ``bench.py --loop``); running this file does the
-same as ``bench.py --loop``.
+Run it through ``bench.py`` (``make bench``, or ``bench.py --loop``): this module is one of its
+parts and imports nothing of it.
 """
 
 from __future__ import annotations
@@ -663,9 +663,3 @@ def loop_part(n: int, rounds: int, with_async: bool, middleware_only: bool = Fal
     return (
         loop_table(cells, n, rounds) + "\n" + gate_table(cells, n, rounds, checkpoints, gate_skip)
     )
-
-
-if __name__ == "__main__":
-    import bench
-
-    sys.exit(bench.main(["--loop", *sys.argv[1:]]))
