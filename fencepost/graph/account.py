@@ -59,7 +59,14 @@ from fencepost.policy.reservations import (
     stop_for_unknown_account,
     to_reserve,
 )
-from fencepost.policy.tasks import accepting, completions, recorded_done, unfinished, waited_for
+from fencepost.policy.tasks import (
+    accepting,
+    completions,
+    evidence_ids,
+    recorded_done,
+    unfinished,
+    waited_for,
+)
 from fencepost.policy.terminate import AnswerFacts
 
 
@@ -294,11 +301,12 @@ async def answer_facts(
 ) -> AnswerFacts:
     """The ledger's facts, on the run's ``account``, about a final answer of the run in
     ``state`` citing ``citations`` (``terminate.AnswerFacts``): the work accepted that it still
-    waits on (:func:`pending_work`) and which of its cited calls had their tool return a
-    result (:func:`produced`)."""
+    waits on (:func:`pending_work`) and what it may cite: the run's evidence
+    (``tasks.evidence_ids``) among the cited calls the ledger marks as having had their tool
+    return a result (:func:`produced`)."""
     pending = await pending_work(io, account, state.receipts)
     made = await produced(io, account, citations)
-    return AnswerFacts.from_ledger(state, pending=pending, produced=made)
+    return AnswerFacts(pending, evidence_ids(state.receipts, state.observations, made))
 
 
 def _started(account: str, receipt: Receipt) -> str:

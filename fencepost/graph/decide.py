@@ -63,17 +63,15 @@ from fencepost.policy.decide import (
     end_step,
     log_raised,
     model_failure,
-    overage_stop,
     plan_step,
     read_raised,
     reads_money_limit,
     settle_step,
     unreadable,
-    vouched_answer,
     waiting_for_requester,
 )
 from fencepost.policy.keys import step_key
-from fencepost.policy.terminate import AnswerFacts, reopened
+from fencepost.policy.terminate import reopened
 from fencepost.policy.usage import input_text
 
 
@@ -353,17 +351,12 @@ async def _ended_step(
     written: StepWritten,
 ) -> Stepped:
     """The rest of :func:`model_step`, its settlement written (or waiting, ``written.later``):
-    judge its outcome, with the ledger's facts about a final answer: the run's end, or the
-    calls to gate."""
+    judge its outcome, with the ledger's facts about a final answer (``settled.citations``):
+    the run's end, or the calls to gate."""
     state = written.state
-    over_stop = overage_stop(written.charged)
-    final = vouched_answer(outcome, over_stop)
-    facts = (
-        await answer_facts(io, run.name, state, final.answer.citations)
-        if final
-        else AnswerFacts(pending=state.open_tasks, citable=frozenset())
-    )
-    end = end_step(plan, state, outcome, settled, over_stop, facts)
+    cited = settled.citations
+    facts = await answer_facts(io, run.name, state, cited) if cited is not None else None
+    end = end_step(plan, state, outcome, settled, written.charged, facts)
     if end.record is None:
         return Stepped(end.state, ctx, tuple(end.calls), settled.usage, written.later)
     await settle_pending(io, written.later)

@@ -356,13 +356,6 @@ def reads_money_limit(state: AgentState, settings: StepSettings) -> bool:
     return settings.price is None and state.step == 0
 
 
-def unpriced_stop(money_left: float | None) -> StopRequest | None:
-    """The stop for a money limit on a step the graph cannot price; ``None``: no limit."""
-    if money_left is None:
-        return None
-    return stop(TerminationReason.POLICY_DENIED, "money_unpriced")
-
-
 def plan_step(
     state: AgentState,
     ctx: RunContext | None,
@@ -375,14 +368,15 @@ def plan_step(
 ) -> StepPlan:
     """Before a model step: whether the run may go on (``may_go_on.check_before_acting``, the
     recursion limit included), and what the step holds. ``money_left``: what the chain has
-    left of money where :func:`reads_money_limit` says it was read: a limit on an unpriced
-    run is its stop (:func:`unpriced_stop`); else the tools the model is shown, for the principal
-    ``ctx`` names (:attr:`StepPlan.catalog`)."""
+    left of money where :func:`reads_money_limit` says it was read: any limit on an unpriced
+    run is its stop (``policy_denied``, ``money_unpriced``); else the tools the model is shown,
+    for the principal ``ctx`` names (:attr:`StepPlan.catalog`)."""
     refused = check_before_acting(
         state, ctx, clock=clock, given=given, remaining_steps=remaining_steps, needs=NEEDS_DECIDE
     )
-    if refused is None and ctx is not None and reads_money_limit(state, settings):
-        refused = unpriced_stop(money_left)
+    unpriced = ctx is not None and money_left is not None and reads_money_limit(state, settings)
+    if refused is None and unpriced:
+        refused = stop(TerminationReason.POLICY_DENIED, "money_unpriced")
     if refused is not None or ctx is None:
         return StepPlan(stop=refused, settings=settings)
     catalog = settings.registry.model_catalog(settings.tool_catalog, ctx.principal)
@@ -391,8 +385,9 @@ def plan_step(
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """After the model answered or failed: what the step's reservation settles at, and what
-    is charged beyond its hold (spent already: charged whatever the limits say)."""
+    """After the model answered or failed: what the step's reservation settles at, what is
+    charged beyond its hold (spent already: charged whatever the limits say), and what the
+    ledger is asked about a final answer before it is judged (:func:`end_step`)."""
 
     actual: dict[str, float]
     overage: dict[str, float]
@@ -404,6 +399,11 @@ class Settlement:
     """Whether the settlement is written at once: it gives back part of the hold (the budget
     view the hold wrote is then stale) or charges beyond it. ``False``: it waits to be written
     with the holds of the calls the step proposes, in one ledger write."""
+    citations: tuple[str, ...] | None = None
+    """The model's final answer's citations (``None``: no final answer): the ledger is asked
+    about the work the answer still waits on and which cited calls had their tool return a
+    result (``terminate.AnswerFacts``). What the model was shown is a view: the accepting
+    receipts and the ledger's markers judge it."""
 
 
 def settle_step(
@@ -427,7 +427,10 @@ def settle_step(
     estimate, money_held = held
     price = plan.settings.price
     money: tuple[int, int] | None = None
+    citations = None
     if isinstance(outcome, Decided):
+        if isinstance(outcome.decision, FinalProposal):
+            citations = outcome.decision.answer.citations
         received = count(reply_text(outcome.decision)) if estimate or price is not None else 0
         report = usage_report(
             outcome.input_tokens,
@@ -468,33 +471,8 @@ def settle_step(
         usage=usage,
         final_turn=plan.final_turn(asked),
         settles_now=gives_back or bool(overage),
+        citations=citations,
     )
-
-
-def overage_stop(charged: Reservation | StopRequest | None) -> StopRequest | None:
-    """The stop an overage's charge ends the run with: the ledger's refusal, or the limit the
-    charge crossed; ``None`` when it crossed none (or nothing was charged)."""
-    if charged is None:
-        return None
-    if isinstance(charged, StopRequest):
-        return charged
-    if charged.exceeded is not None:
-        return stop_for_exceeded(charged.exceeded[1])
-    return None
-
-
-def vouched_answer(
-    outcome: Decided | InvalidProposal | StopRequest, over_stop: StopRequest | None
-) -> FinalProposal | None:
-    """The final answer whose pending work and citations the ledger is asked about before it
-    is judged (what the model was shown is a view: the accepting receipts and the ledger's
-    completion markers judge it, and a citation names a call the ledger marks as having had
-    its tool return a result); ``None`` when no final answer is judged."""
-    if over_stop is None and isinstance(outcome, Decided):
-        decision = outcome.decision
-        if isinstance(decision, FinalProposal):
-            return decision
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,26 +490,31 @@ def end_step(
     settled_state: AgentState,
     outcome: Decided | InvalidProposal | StopRequest,
     settled: Settlement,
-    over_stop: StopRequest | None,
-    facts: AnswerFacts,
+    charged: Reservation | StopRequest | None,
+    facts: AnswerFacts | None,
 ) -> StepEnd:
     """What a model step's outcome means for the run (``settled_state``: the run as the model
-    was asked, its step settled and charged).
+    was asked, its step settled and charged; ``charged``: what the ledger made of the charge
+    beyond the hold, ``None`` where there was none).
 
     A model error is retried at the next step (each retry spends its own step) when it is
     retryable (``RETRYABLE_MODEL_CODES``), up to ``model_retries`` in a row, and otherwise ends
-    the run; usage charged past a limit ends it (the decision refused); a decision starts the
-    retry count again. An invalid proposal ends the run ``invalid_proposal``
-    (:func:`invalid_code`); tool calls go to the gate, except in the final turn kept for
-    answering, where they end it ``step_budget_exhausted``. A final answer or an abstention
-    is what :func:`~fencepost.policy.terminate.conclude` makes of it, given the ledger's
-    ``facts`` (``terminate.AnswerFacts``: the accepted work it still waits on, what it may
-    cite): a final answer while work is pending is refused and the model asked again (work
+    the run; usage charged past a limit (or refused by the ledger) ends it, the decision
+    refused; a decision starts the retry count again. An invalid proposal ends the run
+    ``invalid_proposal`` (:func:`invalid_code`); tool calls go to the gate, except in the final
+    turn kept for answering, where they end it ``step_budget_exhausted``. A final answer or an
+    abstention is what :func:`~fencepost.policy.terminate.conclude` makes of it, given the
+    ledger's ``facts`` about :attr:`Settlement.citations` (``terminate.AnswerFacts``: the
+    accepted work it still waits on, what it may cite; ``None``: not read, nothing is
+    citable): a final answer while work is pending is refused and the model asked again (work
     accepted is not work done); one whose citations fail ends the run ``invalid_proposal``,
-    never ``completed``. A stop is recorded as the decision that made it
-    (``decided``, or ``denied`` when it was refused).
+    never ``completed``. A stop is recorded as the decision that made it (``decided``, or
+    ``denied`` when it was refused).
     """
     cfg = plan.settings
+    over_stop = charged if isinstance(charged, StopRequest) else None
+    if isinstance(charged, Reservation) and charged.exceeded is not None:
+        over_stop = stop_for_exceeded(charged.exceeded[1])
     if isinstance(outcome, StopRequest):
         failure = over_stop or outcome
         record: dict[str, Any] = {"outcome": "error", "code": outcome.error_code}
@@ -565,6 +548,8 @@ def end_step(
             )
         else:
             kind, asked = "abstain", StopRequest(reason=TerminationReason(decision.reason))
+        if facts is None:
+            facts = AnswerFacts(pending=state.open_tasks, citable=frozenset())
         conclusion = conclude(asked, facts, require_citations=cfg.require_citations)
         if conclusion.asks_again:
             code = conclusion.stop.error_code

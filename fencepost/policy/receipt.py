@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -11,7 +11,6 @@ from pydantic import Field, Strict
 from fencepost.policy.contract import Frozen
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
-from fencepost.policy.observation import Observation
 from fencepost.policy.value_source import Recorded
 
 
@@ -105,20 +104,3 @@ def current_receipts(receipts: Iterable[Receipt]) -> tuple[Receipt, ...]:
     for receipt in receipts:
         latest[receipt.call_id] = receipt
     return tuple(latest.values())
-
-
-def evidence_ids(
-    receipts: Iterable[Receipt], observations: Sequence[Observation]
-) -> frozenset[str]:
-    """Ids a final answer may cite: call ids of successful tool results whose work was done
-    (a result receipted ``failed``, a child run that did not complete, or ``denied``, one
-    that never started, is not evidence). With ``tasks.pending_tasks``, the receipts' view a
-    final answer is judged by (``terminate.conclude``)."""
-    failed = {
-        r.call_id
-        for r in current_receipts(receipts)
-        if r.status in (ReceiptStatus.FAILED, ReceiptStatus.DENIED)
-    }
-    return frozenset(
-        o.evidence_id for o in observations if o.is_evidence and o.call_id not in failed
-    )

@@ -13,8 +13,9 @@ from fencepost.policy.decision import ToolProposal
 from fencepost.policy.manifest import StepManifest
 from fencepost.policy.observation import AnswerPayload, Observation
 from fencepost.policy.phase import Phase, TerminationReason
-from fencepost.policy.receipt import Receipt, evidence_ids
+from fencepost.policy.receipt import Receipt
 from fencepost.policy.stop_report import StopReport
+from fencepost.policy.tasks import evidence_ids
 from fencepost.policy.turns import Turn
 
 

@@ -1,19 +1,44 @@
-"""Work accepted is not work done: accepted tasks, and the evidence that completes them.
+"""What a final answer is judged by, from the receipts: the work accepted and not yet shown
+done (work accepted is not work done), the evidence that completes it, and what the answer may
+cite.
 
 A receipt in state is a caller's ``update_state`` away from forged (receipts only grow, but a
 caller can append one saying ``completed``). What decides that accepted work was shown done is a
 durable ledger marker (``keys.completed_key``) the execute node writes, before the completion
-receipt, only on verified evidence. The functions here are pure: they take the call ids the
-ledger marks (``marked``); the graph's nodes do the ledger I/O.
-"""
+receipt, only on verified evidence; what decides that a cited call returned a result is its
+``keys.result_key`` marker. The functions here are pure: they take the call ids the ledger marks
+(``marked``, ``produced``); the graph's nodes do the ledger I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from fencepost.policy.decision import ToolProposal
-from fencepost.policy.outcome import CallOutcome
+from fencepost.policy.observation import Observation
 from fencepost.policy.receipt import Receipt, ReceiptStatus, current_receipts
+
+
+class TaskOutcome(Protocol):
+    """What the functions here read of a call's outcome (``outcome.CallOutcome``). A shape,
+    not the class: the state asks here what an answer may cite, and the outcome's events
+    import the state."""
+
+    @property
+    def call_id(self) -> str:
+        """The call the outcome answers."""
+
+    @property
+    def task_id(self) -> str | None:
+        """The task the call's tool accepted, if it accepted one."""
+
+    @property
+    def completes(self) -> str | None:
+        """The accepted task the call's tool found finished, with its evidence."""
+
+    @property
+    def evidence_for(self) -> tuple[str, ...]:
+        """The accepting tools whose tasks the call's tool is evidence for."""
 
 
 def pending_tasks(receipts: tuple[Receipt, ...]) -> tuple[Receipt, ...]:
@@ -21,6 +46,26 @@ def pending_tasks(receipts: tuple[Receipt, ...]) -> tuple[Receipt, ...]:
     return tuple(
         r for r in current_receipts(receipts) if r.status is ReceiptStatus.ACCEPTED_PENDING
     )
+
+
+def evidence_ids(
+    receipts: Iterable[Receipt],
+    observations: Sequence[Observation],
+    produced: Collection[str] | None = None,
+) -> frozenset[str]:
+    """Ids a final answer may cite: call ids of successful tool results whose work was done
+    (a result receipted ``failed``, a child run that did not complete, or ``denied``, one
+    that never started, is not evidence). With ``produced`` (the calls the ledger marks as
+    having had their tool return a result), only those: an observation in state is a caller's
+    ``update_state`` away from forged, the ledger's marker is not."""
+    # A call's latest receipt is its current one (``receipt.current_receipts``): its status
+    # alone is read here.
+    status = {r.call_id: r.status for r in receipts}
+    failed = {c for c, s in status.items() if s in (ReceiptStatus.FAILED, ReceiptStatus.DENIED)}
+    known = frozenset(
+        o.evidence_id for o in observations if o.is_evidence and o.call_id not in failed
+    )
+    return known if produced is None else known.intersection(produced)
 
 
 def recorded_done(receipts: tuple[Receipt, ...]) -> tuple[str, ...]:
@@ -65,7 +110,7 @@ def unfinished(
 
 def completions(
     receipts: tuple[Receipt, ...],
-    outcomes: Sequence[CallOutcome],
+    outcomes: Sequence[TaskOutcome],
     marked: Collection[str] | None = None,
     *,
     waited: Mapping[str, Collection[str]] | None = None,
@@ -74,7 +119,7 @@ def completions(
     the accepting call's receipt, now ``completed``, naming the call that showed it done.
 
     A completion counts only from a status tool declared as evidence for the tool that accepted
-    the task (``CallOutcome.evidence_for``), and only from a check made after the acceptance:
+    the task (``evidence_for``), and only from a check made after the acceptance:
     ``waited`` maps each call of the batch ``outcomes`` come from to the calls of that batch it
     waited for (:func:`waited_for`); a task accepted in this batch is completed only by a call
     that waited for its accepting call (one accepted in an earlier step, by any later call).
@@ -143,7 +188,7 @@ def waited_for(calls: Sequence[ToolProposal]) -> dict[str, frozenset[str]]:
 
 
 def open_tasks_after(
-    state_open: tuple[str, ...], outcomes: Sequence[CallOutcome], completed: tuple[Receipt, ...]
+    state_open: tuple[str, ...], outcomes: Sequence[TaskOutcome], completed: tuple[Receipt, ...]
 ) -> tuple[str, ...]:
     """The open task ids once ``outcomes`` are in: new accepted tasks added, completed removed."""
     left = list((*state_open, *(o.task_id for o in outcomes if o.task_id is not None)))

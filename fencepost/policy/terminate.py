@@ -16,7 +16,7 @@ what the answer may cite), and get one frozen answer back:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from fencepost.policy.context import RunContext
@@ -29,13 +29,13 @@ from fencepost.policy.observation import AnswerPayload
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.ownership import check_owner
 from fencepost.policy.phase import Phase, TerminationReason
-from fencepost.policy.receipt import Receipt, ReceiptStatus, evidence_ids
+from fencepost.policy.receipt import Receipt, ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.reservations import stop_for_unknown_account
 from fencepost.policy.run_sources import answer_untrusted
 from fencepost.policy.state import AgentState, StopRequest, stop
 from fencepost.policy.stop_report import stop_report
-from fencepost.policy.tasks import pending_tasks, unfinished
+from fencepost.policy.tasks import evidence_ids, pending_tasks, unfinished
 
 TASKS_PENDING = "tasks_pending"
 """The code of a final answer given while accepted work is pending (work accepted is not work
@@ -124,24 +124,13 @@ class AnswerFacts:
     work accepted that it still waits on (``pending``: task ids, or call ids) and what it may
     cite (``citable``).
 
-    The graph gathers them from the ledger's markers (:meth:`from_ledger`): a receipt or an
-    observation in state is a caller's ``update_state`` away from forged, the ledger's marker
-    is not. :meth:`from_state` reads them from state alone, where no ledger was asked."""
+    The graph gathers them where it reads the ledger's markers (``graph.account.answer_facts``,
+    with ``tasks.evidence_ids``): a receipt or an observation in state is a caller's
+    ``update_state`` away from forged, the ledger's marker is not. :meth:`from_state` reads
+    them from state alone, where no ledger was asked."""
 
     pending: tuple[str, ...]
     citable: frozenset[str]
-
-    @classmethod
-    def from_ledger(
-        cls, state: AgentState, *, pending: Sequence[str], produced: Collection[str]
-    ) -> AnswerFacts:
-        """The facts about an answer of the run in ``state``, as the ledger vouches for them:
-        ``pending``, the tasks accepted work still waits on as its completion markers tell it;
-        ``produced``, the calls it marks as having had their tool return a result. A citable
-        call is an observation of a successful call of the run (``receipt.evidence_ids``) that
-        the ledger marks as produced."""
-        known = evidence_ids(state.receipts, state.observations)
-        return cls(pending=tuple(pending), citable=known.intersection(produced))
 
     @classmethod
     def from_state(cls, state: AgentState) -> AnswerFacts:
@@ -202,8 +191,9 @@ def validate_final_answer(
     Raises :class:`UnsupportedCitation` or (with ``require_citations``) :class:`MissingCitation`.
     """
     asked = StopRequest(reason=TerminationReason.COMPLETED, answer=answer)
-    known = evidence_ids(state.receipts, state.observations)
-    facts = AnswerFacts(pending=(), citable=known if produced is None else known & set(produced))
+    facts = AnswerFacts(
+        pending=(), citable=evidence_ids(state.receipts, state.observations, produced)
+    )
     code = conclude(asked, facts, require_citations=require_citations).stop.error_code
     if code == MissingCitation.code:
         raise MissingCitation("answer has no citations")

@@ -17,10 +17,13 @@ from fencepost.policy import (
     ErrorCode,
     FinalProposal,
     InvalidProposal,
+    Observation,
     StopRequest,
     TerminationReason,
     ToolRegistry,
 )
+from fencepost.policy.context import RunContext
+from fencepost.policy.deadline import SystemClock
 from fencepost.policy.decide import (
     Settlement,
     StepEnd,
@@ -28,13 +31,15 @@ from fencepost.policy.decide import (
     StepSettings,
     end_step,
     model_failure,
-    unpriced_stop,
+    plan_step,
+    settle_step,
 )
 from fencepost.policy.decision_model import Decided
+from fencepost.policy.ledger import Reservation
 from fencepost.policy.pricing import ModelPrice
-from fencepost.policy.state import AgentState
+from fencepost.policy.state import AgentState, stop
 from fencepost.policy.terminate import AnswerFacts
-from tests.policy.factories import make_proposal, make_state
+from tests.policy.factories import make_proposal, make_state, reader
 
 
 def _plan(**settings: Any) -> StepPlan:
@@ -74,9 +79,29 @@ def test_an_unpriced_step_holds_no_money_and_counts_no_text_where_nothing_limits
     plan = _plan()
     assert not plan.holds_money
     assert plan.hold(sent, None, None) == (0, 0)
-    assert unpriced_stop(None) is None
-    refused = unpriced_stop(100.0)
-    assert refused is not None and refused.error_code == "money_unpriced"
+
+
+@pytest.mark.parametrize("money_left", [0.0, 100.0, float("inf")])
+def test_any_money_limit_on_an_unpriced_run_is_its_stop_before_its_first_step(
+    money_left: float,
+) -> None:
+    state = make_state()
+    ctx = RunContext(tenant_id="tenant-a", principal=reader())
+    settings = _plan().settings
+
+    def planned(left: float | None) -> StopRequest | None:
+        clock = SystemClock()
+        return plan_step(
+            state, ctx, settings, given=ctx, remaining_steps=None, clock=clock, money_left=left
+        ).stop
+
+    refused = planned(money_left)
+    assert refused is not None
+    assert (refused.reason, refused.error_code) == (
+        TerminationReason.POLICY_DENIED,
+        "money_unpriced",
+    )
+    assert planned(None) is None  # no limit: nothing to price
 
 
 @pytest.mark.parametrize("passed", [False, True])
@@ -98,11 +123,16 @@ def test_any_other_model_failure_keeps_its_own_code_whatever_the_deadline(
     assert (stop.reason, stop.error_code) == (TerminationReason.FAILED, code.value)
 
 
+_NO_FACTS = AnswerFacts(pending=(), citable=frozenset())
+
+
 def _end(
     state: AgentState,
     outcome: Decided | InvalidProposal | StopRequest,
     *,
     final_turn: bool = False,
+    charged: Reservation | StopRequest | None = None,
+    facts: AnswerFacts | None = _NO_FACTS,
     **settings: Any,
 ) -> StepEnd:
     settled = Settlement(
@@ -111,8 +141,7 @@ def _end(
         usage={"input_tokens": None, "output_tokens": None},
         final_turn=final_turn,
     )
-    facts = AnswerFacts(pending=(), citable=frozenset())
-    return end_step(_plan(**settings), state, outcome, settled, None, facts)
+    return end_step(_plan(**settings), state, outcome, settled, charged, facts)
 
 
 def test_a_retryable_model_error_is_retried_up_to_model_retries_in_a_row() -> None:
@@ -161,3 +190,80 @@ def test_a_decisions_trace_record_says_whether_it_stands() -> None:
     assert _record(_end(state, invalid))[:2] == ("invalid", "denied")
     gated = _end(state, tool)
     assert gated.record is None and list(gated.calls) == [tool.decision]
+
+
+def _charge(exceeded: tuple[str, str] | None) -> Reservation:
+    return Reservation(account="acct", key="overage", amounts={"tokens": 5.0}, exceeded=exceeded)
+
+
+@pytest.mark.parametrize(
+    ("charged", "ending"),
+    [
+        (
+            _charge(("acct", "tokens")),
+            (TerminationReason.STEP_BUDGET_EXHAUSTED, "tokens_exhausted"),
+        ),
+        (
+            _charge(("acct", "no_such_axis")),
+            (TerminationReason.STEP_BUDGET_EXHAUSTED, "tokens_exhausted"),
+        ),
+        (
+            stop(TerminationReason.CANCELLED, "cancelled"),
+            (TerminationReason.CANCELLED, "cancelled"),
+        ),
+    ],
+)
+def test_a_charge_past_a_limit_or_refused_by_the_ledger_ends_the_step_whatever_was_decided(
+    charged: Reservation | StopRequest, ending: tuple[TerminationReason, str]
+) -> None:
+    state = make_state()
+    answered = AnswerFacts(pending=(), citable=frozenset({"call-0001"}))
+    final = _decided(FinalProposal(answer=AnswerPayload(text="x", citations=("call-0001",))))
+    for outcome in (final, _decided(make_proposal({"query": "q"}))):
+        end = _end(state, outcome, charged=charged, facts=answered)
+        assert end.state.stop is not None and end.record is not None and not end.calls
+        assert (end.state.stop.reason, end.state.stop.error_code) == ending
+        assert end.record["outcome"] == "denied"
+    failed = model_failure(ErrorCode.INTERNAL_ERROR, run_deadline_passed=False)
+    end = _end(state, failed, charged=charged)
+    assert end.state.stop is not None
+    assert (end.state.stop.reason, end.state.stop.error_code) == ending
+    within = _end(state, final, charged=_charge(None), facts=answered)
+    assert within.state.stop is not None
+    assert within.state.stop.reason is TerminationReason.COMPLETED
+
+
+@given(cited=st.lists(st.text(min_size=1, max_size=6), max_size=4))
+def test_a_final_answers_citations_are_what_the_ledger_is_asked_to_vouch_for(
+    cited: list[str],
+) -> None:
+    answer = AnswerPayload(text="x", citations=tuple(cited))
+    state = make_state()
+
+    def settled(outcome: Decided | InvalidProposal | StopRequest) -> tuple[str, ...] | None:
+        return settle_step(_plan(), state, outcome, (0, 0), lambda: 0, len).citations
+
+    assert settled(_decided(FinalProposal(answer=answer))) == answer.citations
+    assert settled(_decided(AbstainProposal(reason="insufficient_evidence"))) is None
+    assert settled(_decided(make_proposal({"query": "q"}))) is None
+    assert settled(InvalidProposal("malformed_decision")) is None
+    assert settled(model_failure(ErrorCode.TIMEOUT, run_deadline_passed=False)) is None
+
+
+@given(cited=st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=4))
+def test_a_final_answer_judged_without_the_ledgers_facts_cites_nothing(cited: list[str]) -> None:
+    # Observations in state that the answer cites: state alone would vouch for them.
+    observed = make_state(
+        observations=tuple(
+            Observation(sequence=n, call_id=c, tool_name="search_logs", kind="tool_result")
+            for n, c in enumerate(dict.fromkeys(cited))
+        )
+    )
+    final = _decided(FinalProposal(answer=AnswerPayload(text="x", citations=tuple(cited))))
+    end = _end(observed, final, facts=None)
+    assert end.state.stop is not None
+    assert (end.state.stop.reason, end.state.stop.error_code) == (
+        TerminationReason.INVALID_PROPOSAL,
+        "unsupported_citation",
+    )
+    assert end.record is not None and end.record["outcome"] == "denied"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import pytest
 
 from fencepost.policy import (
@@ -31,6 +33,7 @@ from fencepost.policy.ownership import run_owner
 from fencepost.policy.receipt import Receipt, ReceiptStatus
 from fencepost.policy.registry import ToolRegistry
 from fencepost.policy.state import StopRequest, stop
+from fencepost.policy.tasks import evidence_ids
 from fencepost.policy.terminate import AnswerFacts, EndingPlan, plan_ending
 from fencepost.policy.tool import Principal
 from tests.policy.factories import make_proposal, make_spec, make_state
@@ -179,12 +182,18 @@ def _plan(state: AgentState, balance: Balance | None, ctx: RunContext = _CTX) ->
     )
 
 
+def _vouched(state: AgentState, produced: Collection[str]) -> AnswerFacts:
+    """The ledger's facts about an answer when it marks ``produced`` as having returned a
+    result and no accepted work is pending (``graph.account.answer_facts``)."""
+    return AnswerFacts(
+        pending=(), citable=evidence_ids(state.receipts, state.observations, produced)
+    )
+
+
 def test_a_completed_stop_is_judged_by_the_ledgers_facts_on_the_callers_own_account() -> None:
     plan = _plan(_observed().model_copy(update={"stop": _COMPLETED}), _balance())
     assert (plan.owned, plan.citations) == (True, ("call-0001",))
-    vouched = plan.end(
-        facts=AnswerFacts.from_ledger(plan.current, pending=(), produced={"call-0001"})
-    )
+    vouched = plan.end(facts=_vouched(plan.current, {"call-0001"}))
     assert (vouched.stop, vouched.state.termination, vouched.closes) == (
         _COMPLETED,
         TerminationReason.COMPLETED,
@@ -192,7 +201,7 @@ def test_a_completed_stop_is_judged_by_the_ledgers_facts_on_the_callers_own_acco
     )
     assert vouched.state.report is not None
     # The observation in state is no marker: a citation the ledger does not vouch for fails.
-    refused = plan.end(facts=AnswerFacts.from_ledger(plan.current, pending=(), produced=()))
+    refused = plan.end(facts=_vouched(plan.current, ()))
     unvouched = refused.stop
     assert (unvouched.reason, unvouched.error_code) == (
         TerminationReason.INVALID_PROPOSAL,
@@ -238,7 +247,7 @@ def test_an_ending_stands_unless_it_reads_completed_on_an_account_not_closed_com
 
 def test_a_cancel_that_closed_the_account_first_wins() -> None:
     plan = _plan(_observed().model_copy(update={"stop": _COMPLETED}), _balance())
-    end = plan.end(facts=AnswerFacts.from_ledger(plan.current, pending=(), produced={"call-0001"}))
+    end = plan.end(facts=_vouched(plan.current, {"call-0001"}))
     assert end.after_close("completed") is end
     assert end.after_close(None) is end
     cancel = stop(TerminationReason.CANCELLED, "cancelled")
