@@ -13,7 +13,11 @@ update that names one field twice, or one of a field an earlier command's update
 pause wrote (still pending: its answer was asked again) would have two writers of one field:
 LangGraph saves such a Command's writes before applying them and then raises
 ``InvalidUpdateError`` (at every later invoke of the thread, for the first three). It is refused before anything is saved (:class:`CommandRefused`), and so
-is an update of LangGraph's own channels (a goto by another name) and any ``Send``.
+is an update of LangGraph's own channels (a goto by another name) and any ``Send``. So is an
+answer (a ``Command`` with a ``resume``) whose update rewrites the run's identity
+(:data:`IDENTITY_FIELDS`) to another tenant or principal: LangGraph would save that write
+before the approval judged the answer, and a refused answer would leave the run another
+principal's.
 
 A resume value no checkpoint could hold (nested past what the serializer writes, an integer
 past 64 bits, a type the serializer does not write) is replaced, before LangGraph stores it, by
@@ -202,6 +206,37 @@ def _refusal(
     if targets and any(node != targets[0] for node in waiting):
         return f"goto beside {', '.join(waiting)}, which the thread is waiting on"
     return _update_refusal(command, fields, written)
+
+
+IDENTITY_FIELDS = ("tenant_id", "principal_id")
+"""The run record's fields that say whose run it is, bound at its start."""
+
+
+def _identity_written(command: Command[Any]) -> dict[str, Any]:
+    """What an answer's update writes of :data:`IDENTITY_FIELDS` to the run record (read as
+    the record will take the write: :func:`~fencepost.graph.record.caller_write`); nothing
+    for a command that answers nothing."""
+    if command.resume is None:
+        return {}
+    written: dict[str, Any] = {}
+    for key, value in _pairs(command.update) or ():
+        if key == "run":
+            taken = caller_write(value)
+            written.update((name, taken[name]) for name in IDENTITY_FIELDS if name in taken)
+    return written
+
+
+def _identity_refusal(written: Mapping[str, Any], values: Mapping[str, Any]) -> str | None:
+    """Why an answer whose update writes ``written`` of the run's identity is refused, given
+    the thread's channel ``values``: it names another tenant or principal than the run's.
+    LangGraph saves a command's update before the node judges its answer, so a refused
+    answer's rewrite would stay, and the requester's own answer would then read as another
+    principal's."""
+    record = record_of(values)
+    for name, value in written.items():
+        if name in record and record[name] != value:
+            return f"the answer's update rewrites the run's {name!r}: an answer cannot change whose run it is"
+    return None
 
 
 def _unknown_key(keys: list[Any], fields: Mapping[str, Any]) -> str | None:
@@ -620,6 +655,9 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
                 self.builder.channels,
                 self._written(input, config),
             )
+            identity = _identity_written(input)
+            if why is None and identity and config is not None and self.checkpointer is not None:
+                why = _identity_refusal(identity, self.get_state(config).values)
             if why is not None:
                 raise CommandRefused(why)
             input = _storable(input, self._serde())
@@ -656,6 +694,9 @@ class BoundedCompiledGraph(CompiledStateGraph[Any, Any, Any, Any]):
                 self.builder.channels,
                 await self._awritten(input, config),
             )
+            identity = _identity_written(input)
+            if why is None and identity and config is not None and self.checkpointer is not None:
+                why = _identity_refusal(identity, (await self.aget_state(config)).values)
             if why is not None:
                 raise CommandRefused(why)
             input = _storable(input, self._serde())

@@ -12,6 +12,7 @@ answer — the write then runs once.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from fencepost.policy.approval import may_answer
 from fencepost.policy.keys import run_account, run_tag
 from fencepost.policy.ownership import RUN, recorded_capabilities, run_owner
 from tests.graph.kit import (
+    ABSTAIN,
     Calls,
     budget,
     call,
@@ -335,3 +337,34 @@ def test_may_answer_is_one_policy_question() -> None:
     assert may_answer(owner, OTHER_TENANT_LEAD, right) == "wrong_tenant"
     assert may_answer(owner, None, right) == "missing_context"
     assert may_answer(owner, None, right, given="acme") == "invalid_context"
+
+
+@pytest.mark.parametrize("field", ["principal_id", "tenant_id"])
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_an_answer_that_rewrites_whose_run_it_is_is_refused_and_the_requester_can_still_answer(
+    field: str, mode: str
+) -> None:
+    # LangGraph saves a command's update before the approval judges its answer: an intruder's
+    # answer that also rewrote the run's identity would leave the run another principal's,
+    # and the requester's own answer would then end it context_mismatch.
+    h = harness([call("write_note", 1, note="hi"), ABSTAIN], approval="interrupt")
+    config, owner, intruder = thread(), context(principal="u-1"), context(principal="u-2")
+    h.graph.invoke(fp.start("q", budget()), config, context=owner)
+    before = h.graph.get_state(config)
+    forged = Command(resume="approve", update={"run": {field: "u-2"}})
+    with pytest.raises(fp.CommandRefused, match=field):
+        if mode == "invoke":
+            h.graph.invoke(forged, config, context=intruder)
+        else:
+            asyncio.run(h.graph.ainvoke(forged, config, context=intruder))
+    # Nothing of it was saved: the thread is at the checkpoint it paused at.
+    after = h.graph.get_state(config)
+    assert after.config == before.config and after.values == before.values
+    assert h.calls.count("write_note") == 0
+    out = h.graph.invoke(Command(resume="approve"), config, context=owner)
+    assert h.calls.count("write_note") == 1
+    # The model abstains after the write: the run ends as its model says, still u-1's (a
+    # rewritten principal would have ended it policy_denied, context_mismatch).
+    ended = fp.run_output(out)
+    assert ended.termination is TerminationReason.INSUFFICIENT_EVIDENCE
+    assert ended.principal_id == "u-1" and ended.last_error_code is None

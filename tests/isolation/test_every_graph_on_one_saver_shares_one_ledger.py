@@ -94,7 +94,10 @@ def test_another_tenants_resume_through_a_second_graph_never_runs_the_paused_wri
 
     globex = context(tenant="globex", principal="u-9")
     update = {"run": {"tenant_id": "globex", "principal_id": "u-9"}}
-    out = app.agent().invoke(Command(resume="approve", update=update), config, context=globex)
+    # The rewrite as an update of its own (with the answer, it is refused before anything is
+    # saved), then the answer, each through a graph object of its own.
+    app.agent().invoke(Command(update=update), config, context=globex)
+    out = app.agent().invoke(Command(resume="approve"), config, context=globex)
 
     # Judged against the owner the shared ledger recorded, not the state the update rewrote:
     # the answer is not taken, and the run still waits for its own tenant.

@@ -94,7 +94,10 @@ def test_a_state_update_cannot_rebind_a_paused_write_to_another_tenant(key: byte
         principal=fp.Principal(id="intruder", capabilities=frozenset({"notes:write"})),
     )
     update = {"run": {"tenant_id": "other-tenant", "principal_id": "intruder"}}
-    out = h.graph.invoke(Command(update=update, resume="approve"), config, context=intruder)
+    # Written with the answer, the rewrite is refused before anything is saved
+    # (tests/features/test_approval_by_people.py); written first, it reaches state.
+    h.graph.invoke(Command(update=update), config, context=intruder)
+    out = h.graph.invoke(Command(resume="approve"), config, context=intruder)
     assert h.calls.count("write_note") == 0
     # The ledger's owner, not the rewritten state, says whose run it is: not taken.
     assert out["__interrupt__"][0].value["error"]["code"] == "wrong_tenant"
@@ -120,17 +123,24 @@ def test_rebinding_a_paused_write_by_renaming_the_run_is_refused_on_the_default_
     h = harness([call("write_note", 1, note="hi"), ABSTAIN], approval="interrupt")
     config = thread()
     h.graph.invoke(fp.start("q", budget()), config, context=context())
-    out = h.graph.invoke(Command(update=REBIND, resume="approve"), config, context=INTRUDER)
+    out = _rebind_then_answer(h, config)
     assert h.calls.count("write_note") == 0
     assert out["__interrupt__"][0].value["error"]["code"] == "wrong_tenant"
+
+
+def _rebind_then_answer(h: Any, config: Any) -> Any:
+    """The intruder's rewrite of whose run it is, then its answer: an answer's own update may
+    not write the identity (refused, nothing saved), so the rewrite comes first, as an update
+    of its own, and reaches state."""
+    h.graph.invoke(Command(update=REBIND), config, context=INTRUDER)
+    return h.graph.invoke(Command(resume="approve"), config, context=INTRUDER)
 
 
 def _rebind_paused_write(**build: Any) -> tuple[Any, fp.AgentState]:
     h = harness([call("write_note", 1, note="hi"), ABSTAIN], approval="interrupt", **build)
     config = thread()
     h.graph.invoke(fp.start("q", budget()), config, context=context())
-    out = h.graph.invoke(Command(update=REBIND, resume="approve"), config, context=INTRUDER)
-    return h, fp.run_output(out)
+    return h, fp.run_output(_rebind_then_answer(h, config))
 
 
 def test_rebinding_a_paused_write_by_renaming_the_run_is_refused_with_a_durable_ledger(

@@ -378,8 +378,8 @@ def test_two_workers_racing_to_approve_one_paused_write_run_it_once(workers: Poo
 
 
 def approve_as_intruder(workers: Pool, *, rebind: bool) -> tuple[RunSpec, fp.AgentState]:
-    """A write paused for u-1 on one worker, approved by u-2 on another. With ``rebind`` the
-    approval also rewrites the state's principal to u-2, so only the ledger account's owner
+    """A write paused for u-1 on one worker, approved by u-2 on another. With ``rebind`` u-2
+    first rewrites the state's principal to u-2 (an update of its own), so only the ledger account's owner
     (recorded when the run started, on the first worker) still says who the run acts for."""
     batch = uuid.uuid4().hex
     spec = new_run("write")

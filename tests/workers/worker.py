@@ -242,12 +242,18 @@ class Worker:
                 fp.RuntimeBudget(steps_remaining=spec.steps, tool_calls_remaining=spec.tool_calls),
                 run_id=spec.run_id,
             ),
-            "approve": Command(
-                resume="approve",
-                update={"run": {"principal_id": spec.principal}} if spec.rebind else None,
-            ),
+            "approve": Command(resume="approve"),
             "resume": None,
         }[kind]
+        if kind == "approve" and spec.rebind:
+            # The rewrite as an update of its own: written with the answer, it is refused
+            # before anything is saved (an answer cannot change whose run it is).
+            graph.invoke(
+                Command(update={"run": {"principal_id": spec.principal}}),
+                config,
+                context=ctx,
+                durability="sync",
+            )
         out = graph.invoke(payload, config, context=ctx, durability="sync")
         state = fp.run_output(out)
         return {"interrupted": "__interrupt__" in out, "state": state.model_dump(mode="json")}
