@@ -1124,11 +1124,16 @@ def _model_contained(request: ModelRequest[Any]) -> ModelRequest[Any]:
     holds) and keeping its signature (LangChain passes ``run_manager`` only to a method that
     takes one). The copy serves only as the entry LangChain calls them through: its fields,
     callbacks, cache and rate limiter are the same objects. A model that is not a LangChain
-    chat model is sent as it is."""
+    chat model, or that refuses to be copied, is sent as it is."""
     model = request.model
     if not isinstance(model, BaseChatModel):
         return request
-    copy = model.model_copy()
+    try:
+        copy = model.model_copy()
+    except Exception:
+        # A model that will not be copied (a live connection, a lock) is sent as it is:
+        # healthy, it answers as under invoke; only those two would still escape its task.
+        return request
     # An instance attribute shadows the class's method on this copy only (a pydantic model
     # keeps a ``__dict__``); the caller's model is never changed.
     object.__setattr__(copy, "_agenerate", _carried_call(model._agenerate))
