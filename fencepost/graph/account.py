@@ -305,7 +305,10 @@ async def answer_facts(
     (``tasks.evidence_ids``) among the cited calls the ledger marks as having had their tool
     return a result (:func:`produced`)."""
     pending = await pending_work(io, account, state.receipts)
-    made = await produced(io, account, citations)
+    # Citations are the model's output, unbounded: only a call the run holds a result of can
+    # be evidence, so only those cost the ledger a read.
+    observed = {o.call_id for o in state.observations}
+    made = await produced(io, account, [c for c in citations if c in observed])
     return AnswerFacts(pending, evidence_ids(state.receipts, state.observations, made))
 
 
