@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.caches import BaseCache
 from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.rate_limiters import BaseRateLimiter
 from langgraph.types import Command
 
 import fencepost as fp
+from fencepost.policy import Receipt, ReceiptStatus
+from fencepost.policy.outcome import RunReport
 from tests.adapters import fakes
 from tests.adapters.fakes import ToolLog, ai_call, arun, build, decider, langchain_registry
 from tests.features.test_dependent_calls import ON_UPLOAD, UPLOAD, upload_registry
@@ -410,6 +415,187 @@ def test_model_calls_that_never_return_hold_a_bounded_number_of_threads() -> Non
     assert held <= 2
 
 
+def _paused_for_u1() -> tuple[Any, dict[str, Any], fp.RunContext, fp.RunContext]:
+    h = harness([call("write_note", 1, note="hi"), ABSTAIN], approval="interrupt")
+    config, owner, intruder = thread(), context(principal="u-1"), context(principal="u-2")
+    h.graph.invoke(fp.start("q", budget()), config, context=owner)
+    return h, config, owner, intruder
+
+
+def _the_owner_can_still_answer(h: Any, config: dict[str, Any], owner: fp.RunContext) -> None:
+    out = h.graph.invoke(Command(resume="approve"), config, context=owner)
+    assert h.calls.count("write_note") == 1
+    ended = fp.run_output(out)
+    assert ended.termination is fp.TerminationReason.INSUFFICIENT_EVIDENCE
+    assert ended.principal_id == "u-1" and ended.last_error_code is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="LangGraph saves a Command's update before the approve node judges its answer: only "
+    "an update rewriting tenant_id/principal_id is refused first (compiled.py); one writing "
+    "run_id, stop or phase stays and ends the run at the owner's answer",
+)
+@pytest.mark.parametrize(
+    "write",
+    [{"run_id": "run-mine-now"}, {"stop": {"reason": "cancelled"}}, {"phase": "terminal"}],
+    ids=["run_id", "stop", "phase"],
+)
+def test_a_refused_answer_changes_nothing_whatever_its_update_writes(
+    write: dict[str, Any],
+) -> None:
+    """DESIGN, "Approvals and provenance" (a resume that is wrong in any way changes nothing;
+    the right person can still answer). An intruder's refused answer whose update writes the
+    run's id (the owner's answer then ends ``account_conflict``), a stop (the run ends
+    ``cancelled``, though ``fp.cancel`` would refuse this caller) or the terminal phase
+    (``invalid_state``) still ends the owner's run. Not fixed: the fix is to judge the answer
+    (``may_answer`` against the ledger's owner) before LangGraph saves anything, or to refuse
+    any record write sent with an answer that changes a value; both change what the caller-value
+    tests pin about updates sent with answers."""
+    h, config, owner, intruder = _paused_for_u1()
+    before = h.graph.get_state(config)
+    with contextlib.suppress(fp.CommandRefused):
+        h.graph.invoke(Command(resume="approve", update={"run": write}), config, context=intruder)
+    assert h.calls.count("write_note") == 0
+    assert h.graph.get_state(config).values["run"] == before.values["run"]
+    _the_owner_can_still_answer(h, config, owner)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a caller's write of the run record's principal_id is taken by the record's fold; the "
+    "run then ends context_mismatch at its owner's next step instead of keeping its identity",
+)
+@pytest.mark.parametrize(
+    "command",
+    [
+        Command(update={"run": {"principal_id": "u-2"}}),
+        Command(goto="approve", update={"run": {"principal_id": "u-2"}}),
+    ],
+    ids=["update-alone", "goto-the-waiting-node"],
+)
+def test_a_command_without_an_answer_cannot_change_whose_run_it_is(command: Command[Any]) -> None:
+    """Invariant 5 (the identity bound to a thread at start cannot be changed by any state
+    update), read strictly: today the rewrite never acts (the run ends ``policy_denied``,
+    ``context_mismatch``, at the owner's next step, and the ledger's owner still refuses the
+    intruder), but the record keeps the intruder's principal and the owner loses the run.
+    Not fixed: the fix (the record's fold ignoring a caller's write of ``tenant_id``,
+    ``principal_id`` and ``run_id`` once the run has started) changes what the isolation and
+    caller-value tests pin about such writes."""
+    h, config, owner, intruder = _paused_for_u1()
+    with contextlib.suppress(fp.CommandRefused):
+        h.graph.invoke(command, config, context=intruder)
+    assert h.graph.get_state(config).values["run"]["principal_id"] == "u-1"
+    _the_owner_can_still_answer(h, config, owner)
+
+
+class _ChildGaveUp(RunReport):
+    note: str = "the child ran out of budget"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the ledger marks a call whose tool returned as having produced a result, incomplete "
+    "or not: only the latest receipt in state keeps an incomplete run report uncitable, and a "
+    "caller can append a later completed one",
+)
+@pytest.mark.parametrize("how", ["command", "update_state"])
+def test_a_forged_completed_receipt_never_makes_an_incomplete_run_report_citable(how: str) -> None:
+    """DESIGN (seed 002): work is done, and an answer supported, only by what a tool of this run
+    produced, as the ledger's records show, never by a receipt a caller wrote into state. A
+    child run that reported ``completed=False`` is receipted ``failed``/``incomplete``; a
+    forged later ``completed`` receipt makes it citable and the run ends ``completed``.
+    Not fixed: writing no result marker for an incomplete outcome changes what a dependent call may
+    wait on (a design decision); the marker could instead record the outcome's status."""
+    h = harness(
+        [
+            call("search_logs", 1),
+            call("write_note", 2, note="a"),
+            fp.FinalProposal(answer=fp.AnswerPayload(text="done", citations=("call-0001",))),
+            ABSTAIN,
+        ],
+        approval="interrupt",
+        search_result=_ChildGaveUp(completed=False),
+    )
+    config, ctx = thread(), context()
+    h.graph.invoke(fp.start("q", budget()), config, context=ctx)
+    forged = {
+        "run": {
+            "receipts": [
+                Receipt(
+                    call_id="call-0001", tool_name="search_logs", status=ReceiptStatus.COMPLETED
+                )
+            ]
+        }
+    }
+    if how == "command":
+        out = h.graph.invoke(Command(resume="approve", update=forged), config, context=ctx)
+    else:
+        h.graph.update_state(config, forged)
+        out = h.graph.invoke(Command(resume="approve"), config, context=ctx)
+    state = fp.run_output(out)
+    assert state.termination is not fp.TerminationReason.COMPLETED
+    assert state.last_error_code == "unsupported_citation"
+
+
+class _ExitingLimiter(BaseRateLimiter):
+    def acquire(self, *, blocking: bool = True) -> bool:
+        raise SystemExit(3)
+
+    async def aacquire(self, *, blocking: bool = True) -> bool:
+        raise SystemExit(3)
+
+
+class _ExitingCache(BaseCache):
+    def lookup(self, prompt: str, llm_string: str) -> Any:
+        raise SystemExit(3)
+
+    def update(self, prompt: str, llm_string: str, return_val: Any) -> None:
+        pass
+
+    def clear(self, **kwargs: Any) -> None:
+        pass
+
+    async def alookup(self, prompt: str, llm_string: str) -> Any:
+        raise SystemExit(3)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="LangChain calls a chat model's rate_limiter and cache on the generation task, outside "
+    "the _agenerate/_astream the middleware wraps: their SystemExit leaves the event loop",
+    raises=SystemExit,
+)
+@pytest.mark.parametrize("part", ["rate_limiter", "cache"])
+def test_a_chat_models_rate_limiter_or_cache_raising_system_exit_under_ainvoke_ends_the_run_typed(
+    part: str,
+) -> None:
+    """Invariant 1 (nothing escapes ``ainvoke``) and DESIGN, "Isolation" (a ``BaseException``
+    from an application's code is contained), in the middleware binding: a chat model whose
+    rate limiter or cache (its fields, its code) raises ``SystemExit`` under ``ainvoke`` ends
+    the caller's event loop; under ``invoke`` the run ends ``failed`` (``internal_error``).
+    Not fixed: the copy the middleware hands LangChain would need wrapped stand-ins for both
+    fields (a ``BaseRateLimiter`` and a ``BaseCache`` delegating to the model's own)."""
+    from tests.middleware.kit import Ran, agent, ask, ctx, lc_tools, specs
+    from tests.middleware.kit import budget as mw_budget
+    from tests.middleware.kit import thread as mw_thread
+
+    def script() -> Any:
+        while True:
+            yield AIMessage(content="checkout is down")
+
+    given = (
+        {"rate_limiter": _ExitingLimiter()}
+        if part == "rate_limiter"
+        else {"cache": _ExitingCache()}
+    )
+    tools = lc_tools(Ran())
+    guard = fp.FencepostMiddleware(specs(tools), budget=mw_budget(), model_retries=0)
+    graph = agent(fakes.FakeToolChatModel(messages=script(), **given), tools, [guard])
+    out = asyncio.run(graph.ainvoke(ask(), mw_thread(), context=ctx()))
+    assert (out["termination"], out["last_error_code"]) == ("failed", "internal_error")
+
+
 def test_every_middleware_limit_names_a_strict_xfail_here() -> None:
     tree = ast.parse(Path(__file__).read_text())
     xfails = {
@@ -437,7 +623,7 @@ def test_every_known_limit_is_strict_and_names_the_design_rule_it_breaks() -> No
         if isinstance(node, ast.FunctionDef)
     }
     limits = {name: found for name, found in marks.items() if found}
-    assert len(limits) == 11
+    assert len(limits) == 15
     for name, (mark,) in limits.items():
         assert isinstance(mark, ast.Call), name
         strict = {k.arg: k.value for k in mark.keywords}.get("strict")
