@@ -53,6 +53,7 @@ if TYPE_CHECKING:
         SystemMessage,
         ToolMessage,
     )
+    from langchain_core.prompt_values import ChatPromptValue
     from langchain_core.runnables import Runnable, RunnableConfig
 
 __all__ = [
@@ -337,6 +338,22 @@ def _message_types() -> tuple[
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
     return AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+
+@cache
+def _chat_prompt() -> type[ChatPromptValue]:
+    from langchain_core.prompt_values import ChatPromptValue
+
+    return ChatPromptValue
+
+
+def _prompt(messages: list[BaseMessage]) -> ChatPromptValue:
+    """``messages`` as the chat model's prompt: the ``ChatPromptValue`` LangChain makes of a
+    list, made without converting and validating each message again (each is one this decider
+    just built). Given a list, a chat model does that for the whole conversation at every call:
+    about half of the 0.5 µs LangChain spends per message shown, and a conversation grows by
+    two messages a step."""
+    return _chat_prompt().model_construct(messages=messages)
 
 
 def _ending_tools(final_tool: str, abstain_tool: str) -> list[dict[str, Any]]:
@@ -815,7 +832,7 @@ class ChatModelDecider:
         """Ask the chat model once and parse its reply (the loop bounds the call by ``deadline``)."""
         runnable = self._runnable(input.catalog)
         reply = await runnable.ainvoke(
-            self.messages(input), config=_run_config(stream_tokens=self.stream_tokens)
+            _prompt(self.messages(input)), config=_run_config(stream_tokens=self.stream_tokens)
         )
         decided = parse_ai_message(
             reply,

@@ -42,8 +42,10 @@ from tests.adapters.fakes import (
     build,
     data_block,
     decider,
+    decision_input,
     final_citing_all,
     langchain_registry,
+    tool_observation,
 )
 from tests.strategies import json_tree
 
@@ -618,3 +620,18 @@ async def test_graph_refuses_a_call_id_reused_across_steps() -> None:
     # Either it is refused, or it runs and is observed; never charged-and-dropped.
     refused = state.termination is fp.TerminationReason.INVALID_PROPOSAL
     assert refused or len(log.calls) == state.budget.tool_calls_used == 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(results=st.lists(json_values, max_size=6), question=st.text(max_size=20))
+def test_the_model_is_given_exactly_the_conversation_the_decider_renders(
+    results: list[Any], question: str
+) -> None:
+    # The conversation reaches the chat model as a prompt value, not as a list LangChain
+    # converts and validates message by message again: the model is still given every message
+    # messages() renders, in order, whatever the tool results and the question hold.
+    observations = tuple(tool_observation(n, {"value": r}) for n, r in enumerate(results))
+    inp = decision_input(observations, {"query": "q"}).model_copy(update={"question": question})
+    model, chat = decider([ai_final("done")])
+    asyncio.run(model.decide(inp, deadline=fp.Deadline.after(5)))
+    assert chat.received == [model.messages(inp)]
