@@ -325,8 +325,10 @@ async def model_step(
             # it stays charged, and this attempt holds the number after it.
             break
     # One name for the state the model is asked in: the budget view's copy before it is not
-    # kept alive through the call (a run in flight waits there).
+    # kept alive through the call (a run in flight waits there), nor is the step's reservation
+    # (its balance's books: about 1.7 KB a run, read only for the view above).
     state = asked = state.model_copy(update={"phase": Phase.DECIDE})
+    del held
     outcome = await ask_model(io, plan, asked, ctx)
     settled = settle_step(plan, asked, outcome, holds, sent, count_tokens)
     # A settlement that gives nothing back leaves the view the hold wrote: it waits to be

@@ -352,7 +352,10 @@ def _apply(out: RunRecord, changes: Mapping[str, Any]) -> None:
             continue  # read by _starts_run and _taken: no field of the run
         if key in APPENDED:
             if value:
-                out[key] = [*out.get(key, ()), *value]
+                # Concatenated, not unpacked into a growing list: the record holds the list
+                # for as long as the run is in flight, and a grown list keeps spare slots.
+                held = out.get(key)
+                out[key] = _as_list(held) + _as_list(value) if held else _as_list(value)[:]
         elif key in COUNTED:
             counts = dict(out.get(key) or {})
             for entry, count in value.items():
@@ -364,6 +367,10 @@ def _apply(out: RunRecord, changes: Mapping[str, Any]) -> None:
                 out[key] = {**(out.get(key) or {}), **value}
         else:
             out[key] = value
+
+
+def _as_list(items: Any) -> list[Any]:
+    return items if type(items) is list else list(items)
 
 
 def _defaults() -> dict[str, Any]:

@@ -12,10 +12,7 @@ from functools import lru_cache
 from json.encoder import encode_basestring_ascii
 
 
-# A run's account and each call id are hashed again at every reservation, settlement and marker
-# of the run; the digest is a pure function of its text, so a bounded cache is safe to share.
-@lru_cache(maxsize=4096)
-def _digest(*parts: str) -> str:
+def _hashed(*parts: str) -> str:
     # JSON keeps the parts apart whatever they contain: ("a\x1fb", "c") is not ("a", "b\x1fc").
     # Written as json.dumps(parts, ensure_ascii=True) writes it (durable ledgers hold these
     # keys), without building an encoder per call: a fresh call id misses the cache.
@@ -24,6 +21,13 @@ def _digest(*parts: str) -> str:
     else:
         joined = "[" + ", ".join(map(encode_basestring_ascii, parts)) + "]"
     return hashlib.sha256(joined.encode("ascii")).hexdigest()[:32]
+
+
+# A run's tag, its thread's claims and each call id are hashed again at every reservation,
+# settlement and marker of the run; the digest is a pure function of its text, so a bounded cache
+# is safe to share. What is hashed once a run (its account, cached whole below; the run id of a
+# task) is not kept in it: an entry never read again, held while the run is in flight.
+_digest = lru_cache(maxsize=4096)(_hashed)
 
 
 # One string object per account: a run's reservations, markers and ledger records all hold it.
@@ -47,10 +51,10 @@ def run_account(
     if branch is not None:
         at = (*at, f"fork:{branch}")
     if thread_id and namespace:
-        return f"run:{_digest('thread', thread_id, namespace, *at)}"
+        return f"run:{_hashed('thread', thread_id, namespace, *at)}"
     if thread_id:
-        return f"run:{_digest('thread', thread_id, *at)}"
-    return f"run:{_digest('run', run_id)}"
+        return f"run:{_hashed('thread', thread_id, *at)}"
+    return f"run:{_hashed('run', run_id)}"
 
 
 def task_run_id(thread_id: str, task_namespace: str) -> str:
@@ -58,7 +62,7 @@ def task_run_id(thread_id: str, task_namespace: str) -> str:
     task that starts it: LangGraph derives a task's id from the checkpoint it runs after, so
     the first step run again after a crash names the same run, and a run started on the same
     thread id elsewhere (another checkpointer) another."""
-    return f"run-{_digest('task-run', thread_id, task_namespace)[:16]}"
+    return f"run-{_hashed('task-run', thread_id, task_namespace)[:16]}"
 
 
 def conversation_account_name(tenant_id: str, thread_id: str) -> str:

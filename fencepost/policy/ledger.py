@@ -780,6 +780,35 @@ class _Record(NamedTuple):
 # A record made from its three fields without the NamedTuple's Python-level __new__.
 _new_record = tuple.__new__
 
+Pairs = tuple[tuple[str, float], ...]
+
+_PAIRS: dict[Pairs, Pairs] = {}
+"""One tuple per distinct amounts: most reservations of every run hold the same few (one step,
+one tool call), and a paused run keeps its records for as long as it is in flight, so a copy per
+record (104 bytes each) would be held ten times a five-step run. Keyed by the amounts
+themselves, so what is found is exactly what was asked: no name or text of a run's."""
+_PAIRS_MOST = 256
+
+
+def _pairs(amounts: Mapping[str, float]) -> Pairs:
+    """``amounts`` as a record holds them: its (axis, amount) pairs, shared with every record
+    of equal amounts (see :data:`_PAIRS`)."""
+    made = tuple(amounts.items())
+    if not made:
+        return ()
+    for axis, amount in made:
+        # Only exact strs and positive floats: a str subclass may claim to equal any axis,
+        # and -0.0 equals 0.0 (a record keeps what it was given).
+        if type(axis) is not str or type(amount) is not float or not amount > 0.0:
+            return made
+    shared = _PAIRS.get(made)
+    if shared is None:
+        if len(_PAIRS) >= _PAIRS_MOST:
+            _PAIRS.clear()  # token estimates vary: the common amounts come back at once
+        _PAIRS[made] = shared = made
+    return shared
+
+
 R = TypeVar("R")
 
 
@@ -1022,9 +1051,7 @@ class InMemoryLedger(Ledger, ScopeStore):
             for axis, amount in clean.items():
                 holds[axis] = holds.get(axis, 0.0) + amount
                 flies[axis] = flies.get(axis, 0.0) + amount
-        stored = _new_record(
-            _Record, (account, tuple(clean.items()), ReservationStatus.RESERVED, now)
-        )
+        stored = _new_record(_Record, (account, _pairs(clean), ReservationStatus.RESERVED, now))
         if type(key) is not str:
             self._odd_keys = True  # before it is stored: _check_key reads outside the lock
         self._reservations[key] = stored
@@ -1055,7 +1082,7 @@ class InMemoryLedger(Ledger, ScopeStore):
                     now = belongs.at
                 self._add_windows(chain, clean, now)
                 prior = _new_record(
-                    _Record, (account, tuple(clean.items()), ReservationStatus.SETTLED, now)
+                    _Record, (account, _pairs(clean), ReservationStatus.SETTLED, now)
                 )
                 if type(key) is not str:
                     self._odd_keys = True  # before it is stored: _check_key reads unlocked
@@ -1163,9 +1190,9 @@ class InMemoryLedger(Ledger, ScopeStore):
             return self._out(key, reservation, existing=True)  # see existing_outcome
         refund, final = settlement(dict(reservation.amounts), actual)
         self._refund(reservation, refund)
-        settled = _Record(
-            reservation.account, tuple(final.items()), ReservationStatus.SETTLED, reservation.at
-        )
+        # Nothing refunded: the record keeps the amounts it holds (no copy of equal pairs).
+        amounts = reservation.amounts if not refund else _pairs(final)
+        settled = _Record(reservation.account, amounts, ReservationStatus.SETTLED, reservation.at)
         self._reservations[key] = settled
         return self._out(key, settled)
 

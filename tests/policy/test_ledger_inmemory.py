@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
@@ -649,3 +650,45 @@ def test_batches_from_many_threads_on_children_of_one_parent_hold_exactly_what_t
     assert ledger.balance("tenant").held == {"tool_calls": 7.0}
     held = [ledger.balance(child).held.get("tool_calls", 0.0) for child in ("run-a", "run-b")]
     assert sum(held) == 7.0
+
+
+def test_a_paused_runs_settled_reservations_hold_no_copy_of_equal_amounts() -> None:
+    # A run in flight keeps every record of its steps and calls, most holding one step or one
+    # call: equal amounts are held once, and a settle that refunds nothing copies none.
+    ledger = InMemoryLedger()
+    ledger.open_account("run", {"steps": 5000, "tool_calls": 5000})
+    for i in range(100):  # warm: the dict and any shared amounts exist before counting
+        ledger.reserve("run", f"warm:{i:05d}", {"steps": 1.0})
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for i in range(1000):
+            ledger.reserve("run", f"step:{i:05d}", {"steps": 1.0})
+            ledger.settle(f"step:{i:05d}")
+            ledger.reserve("run", f"call:{i:05d}", {"tool_calls": 1.0})
+            ledger.settle(f"call:{i:05d}", {"tool_calls": 1.0})
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # A key (59 bytes), its record (72), its share of the dict and of the account's key list:
+    # about 175 bytes. A copy of the amounts per record makes it about 290.
+    per_record = (held - before) / 2000
+    assert per_record < 230, per_record
+    assert ledger.balance("run").held == {"steps": 1100.0, "tool_calls": 1000.0}
+    assert ledger.get("call:00999") == ledger.get("call:00000").model_copy(
+        update={"key": "call:00999"}
+    )
+
+
+@pytest.mark.parametrize("first", [0.0, -0.0])
+def test_a_reservation_keeps_the_amounts_it_was_given_whatever_an_equal_one_holds(
+    ledger: InMemoryLedger, first: float
+) -> None:
+    ledger.open_account("run", {"steps": 5})
+    second = -first
+    ledger.reserve("run", "a", {"steps": first})
+    ledger.reserve("run", "b", {"steps": second})
+    got = ledger.get("b")
+    assert got is not None and math.copysign(1.0, got.amounts["steps"]) == math.copysign(
+        1.0, second
+    )

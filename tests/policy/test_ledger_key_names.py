@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import uuid
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fencepost.policy import keys
-from fencepost.policy.keys import _digest, run_account
+from fencepost.policy.keys import _digest, call_key, run_account, task_run_id
 
 
 def test_names_of_a_run_in_flight_do_not_change_across_releases() -> None:
@@ -127,3 +128,18 @@ def test_a_one_part_ledger_key_is_the_json_digest_durable_ledgers_already_hold(p
     text = str.__str__(part)
     expected = hashlib.sha256(json.dumps((text,), ensure_ascii=True).encode("ascii"))
     assert _digest(part) == expected.hexdigest()[:32]
+
+
+def test_names_hashed_once_a_run_keep_no_entry_in_the_shared_digest_cache() -> None:
+    # A run's account (cached whole by run_account) and a task's run id are hashed once a run:
+    # an entry for them in the digest cache would never be read, and is held while the run is.
+    thread = f"thread-{uuid.uuid4()}"
+    _digest.cache_clear()  # not full: an entry added is counted, not traded for an evicted one
+    before = _digest.cache_info().currsize
+    run_account(thread, "run-1")
+    run_account(thread, "run-1", "child:1", turn=2, branch="b")
+    task_run_id(thread, "decide:1")
+    assert _digest.cache_info().currsize == before
+    # A call id is hashed at every key of the call: kept.
+    call_key(run_account(thread, "run-1"), f"call-{uuid.uuid4()}", 1)
+    assert _digest.cache_info().currsize == before + 1
