@@ -598,17 +598,22 @@ class SqlLedger(Ledger, ScopeStore):
         )
 
     def _locked_reservation(
-        self, tx: Transaction, key: str
+        self, tx: Transaction, key: str, read: list[_Link] | None = None
     ) -> tuple[Reservation, list[str], list[_Link]]:
         """The reservation under ``key`` and its account's chain, both locked: the chain's names
-        and its rows as read (the account's first)."""
+        and its rows as read (the account's first). ``read``: a chain read and locked earlier in
+        ``tx``, used when it is this reservation's account's."""
         row = tx.execute(self._RESERVATION, (key,)).fetchone()
         if row is None:
             raise UnknownReservation(key)
-        # an account's parent never changes once opened
-        links = self._chain(tx, row[0])
-        chain = [link[0] for link in links]
-        self._lock_chain(tx, chain)
+        if read is not None and read[0][0] == row[0]:
+            links = read
+            chain = [link[0] for link in links]
+        else:
+            # an account's parent never changes once opened
+            links = self._chain(tx, row[0])
+            chain = [link[0] for link in links]
+            self._lock_chain(tx, chain)
         if self._RESERVATION_FOR_UPDATE != self._RESERVATION:
             # A backend with row locks reads it again under its lock, after the chain's.
             row = tx.execute(self._RESERVATION_FOR_UPDATE, (key,)).fetchone()
@@ -761,14 +766,25 @@ class SqlLedger(Ledger, ScopeStore):
         )
         return Reservation(account=account, key=key, amounts=clean, balance=balance)
 
-    def _mark_in(self, tx: Transaction, account: str, key: str) -> _ChainRead | None:
+    def _mark_in(
+        self, tx: Transaction, account: str, key: str, read: _ChainRead | None = None
+    ) -> _ChainRead | None:
         """:meth:`_reserve_in` of a zero-amount marker whose answer is dropped (a call's claim,
         a result marker): its refusals and its writes, without reading what no one reads. The
-        account's chain and windows as it read them (``None``: the key was there, nothing read)."""
+        account's chain and windows as it read them (``None``: the key was there, nothing read;
+        ``read``: see :meth:`_insert_in`)."""
         if self._prior_in(tx, account, key) is not None:
             return None
-        links, _, windows = self._insert_in(tx, account, key, {})
+        links, _, windows = self._insert_in(tx, account, key, {}, read)
         return links, windows
+
+    def _read_of(self, tx: Transaction, links: list[_Link]) -> _ChainRead:
+        """A chain read (and locked) earlier in ``tx``, with its windows, as :meth:`_insert_in`
+        takes it: within one transaction nothing another writer does can change it, and a
+        chain's rows and windows are never changed by the operations that pass it on."""
+        if not any(link[4] for link in links):
+            return links, {}
+        return links, self._windows(tx, [link[0] for link in links])
 
     def _insert_in(
         self,
@@ -800,12 +816,7 @@ class SqlLedger(Ledger, ScopeStore):
         if clean:
             holdings, flying = self._room(tx, chain)
             check_room(holdings, clean, flying)
-        if read is not None:
-            windows = read[1]
-        elif any(link[4] for link in links):
-            windows = self._windows(tx, chain)
-        else:
-            windows = {}
+        windows = read[1] if read is not None else self._read_of(tx, links)[1]
         now = self._clock.now().timestamp() if windows else 0.0
         if windows and clean:
             check_windows(
@@ -894,12 +905,17 @@ class SqlLedger(Ledger, ScopeStore):
         return self._run(work)
 
     def _settle_in(
-        self, tx: Transaction, key: str, actual: Mapping[str, float] | None
-    ) -> Reservation:
-        """:meth:`settle` inside ``tx``."""
-        reservation, chain, links = self._locked_reservation(tx, key)
+        self,
+        tx: Transaction,
+        key: str,
+        actual: Mapping[str, float] | None,
+        read: list[_Link] | None = None,
+    ) -> tuple[Reservation, list[_Link]]:
+        """:meth:`settle` inside ``tx``, and the chain it read (``read``: see
+        :meth:`_locked_reservation`)."""
+        reservation, chain, links = self._locked_reservation(tx, key, read)
         if (outcome := existing_outcome(reservation)) is not None:
-            return outcome.model_copy(update={"balance": self._balance_of(tx, links[0])})
+            return outcome.model_copy(update={"balance": self._balance_of(tx, links[0])}), links
         refund, final = settlement(reservation.amounts, actual)
         self._add_held(tx, chain, {axis: -amount for axis, amount in refund.items()})
         self._refund_windows(tx, key, links, refund)
@@ -911,17 +927,18 @@ class SqlLedger(Ledger, ScopeStore):
                 [(final[axis], key, axis) for axis in refund],
             )
         self._set_status(tx, key, ReservationStatus.SETTLED)
-        return reservation.model_copy(
+        settled = reservation.model_copy(
             update={
                 "amounts": final,
                 "status": ReservationStatus.SETTLED,
                 "balance": self._balance_of(tx, links[0]),
             }
         )
+        return settled, links
 
     def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         validate_name(key)
-        return self._run(lambda tx: self._settle_in(tx, key, actual))
+        return self._run(lambda tx: self._settle_in(tx, key, actual)[0])
 
     def _reserved_in(self, tx: Transaction, account: str, key: str) -> Reservation | None:
         """:meth:`reserved` inside ``tx``."""
@@ -936,14 +953,19 @@ class SqlLedger(Ledger, ScopeStore):
         return self._run(lambda tx: self._reserved_in(tx, account, key), read_only=True)
 
     def _begin_in(
-        self, tx: Transaction, account: str, marker: str, claim: str | None
+        self,
+        tx: Transaction,
+        account: str,
+        marker: str,
+        claim: str | None,
+        read: _ChainRead | None = None,
     ) -> tuple[Attempt | None, Exception | None]:
         """:meth:`begin_attempt` inside ``tx``: the attempt, or the refusal to raise once what
-        was written before it (the claim) is committed, as two calls would leave it."""
-        read = None
+        was written before it (the claim) is committed, as two calls would leave it. ``read``:
+        the account's chain as read earlier in ``tx`` (see :meth:`_insert_in`)."""
         if claim is not None:
             try:
-                read = self._mark_in(tx, account, claim)
+                read = self._mark_in(tx, account, claim, read) or read
             except LedgerConflict:
                 return Attempt(claimed=False), None
         try:
@@ -977,10 +999,16 @@ class SqlLedger(Ledger, ScopeStore):
         def work(
             tx: Transaction,
         ) -> tuple[tuple[Reservation | None, Attempt | None] | None, Exception | None]:
-            found = self._reserved_in(tx, account, key)
-            if found is None or not begins(found):
+            prior = self._reservation(tx, key)
+            if prior is None:
+                return (None, None), None  # a write transaction that wrote nothing
+            # The account's chain, read once: its row for the balance, all of it for the markers.
+            links = self._chain(tx, account)  # raises UnknownAccount
+            self._lock_chain(tx, [link[0] for link in links])
+            found = existing_reservation(prior, account, self._balance_of(tx, links[0]))
+            if not begins(found):
                 return (found, None), None  # a write transaction that wrote nothing
-            begun, refused = self._begin_in(tx, account, marker, claim)
+            begun, refused = self._begin_in(tx, account, marker, claim, self._read_of(tx, links))
             return (None, refused) if refused is not None else ((found, begun), None)
 
         return _raised(self._run(work))
@@ -999,11 +1027,12 @@ class SqlLedger(Ledger, ScopeStore):
             validate_name(result)
 
         def work(tx: Transaction) -> tuple[Reservation | None, Exception | None]:
+            read = None
             if result is not None:
                 with contextlib.suppress(*MARKER_REFUSALS):
-                    self._mark_in(tx, account, result)
+                    read = self._mark_in(tx, account, result)
             try:
-                return self._settle_in(tx, key, actual), None
+                return self._settle_in(tx, key, actual, read[0] if read else None)[0], None
             except _REFUSALS as refused:
                 return None, refused  # the marker made above is kept, as two calls would
 
@@ -1024,14 +1053,17 @@ class SqlLedger(Ledger, ScopeStore):
         ) -> tuple[
             tuple[Reservation, list[Reservation | BudgetExhausted]] | None, Exception | None
         ]:
-            settled = self._settle_in(tx, key, actual)
+            settled, links = self._settle_in(tx, key, actual)
+            # The holds' chain is the step's, read above, when they are on its account.
+            read = self._read_of(tx, links) if asked and links[0][0] == account else None
             held: list[Reservation | BudgetExhausted] = []
             for hold, amounts in asked:
                 try:
                     # Checked here, in order, as each separate reserve would check its own.
                     validate_name(account, "account")
                     validate_name(hold)
-                    held.append(self._reserve_in(tx, account, hold, validate_amounts(amounts)))
+                    clean = validate_amounts(amounts)
+                    held.append(self._reserve_in(tx, account, hold, clean, read))
                 except BudgetExhausted as refused:
                     held.append(refused)  # refused before it wrote: the next is asked
                 except _REFUSALS as refused:

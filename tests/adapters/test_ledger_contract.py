@@ -1320,9 +1320,9 @@ class _DiesWritingTheSecond(SqliteLedger):
             raise KeyboardInterrupt  # the process going away: nothing after it runs
         return held
 
-    def _mark_in(self, tx: Any, account: str, key: str) -> Any:
+    def _mark_in(self, tx: Any, account: str, key: str, read: Any = None) -> Any:
         # A claim or result marker: written without an answer, dies the same way.
-        read = super()._mark_in(tx, account, key)
+        read = super()._mark_in(tx, account, key, read)
         if key == self.dies_at:
             raise KeyboardInterrupt
         return read
