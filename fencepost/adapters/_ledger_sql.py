@@ -298,8 +298,32 @@ class KeyRace(Exception):
     """Another transaction committed the same idempotency key first: retry to return it."""
 
 
-_Link = tuple[str, str | None, str, str | None]
-"""One account of a chain as read: ``(name, parent, owner, closed)``."""
+_Link = tuple[str, str | None, str, str | None, bool]
+"""One account of a chain as read: ``(name, parent, owner, closed, has windows)``. Whether an
+account has spend windows is read with its row: windows are fixed when the account opens, so an
+account without any costs no read of the windows table (most accounts have none)."""
+
+_ACCOUNT_ROW = (
+    "SELECT parent, owner, closed,"
+    " EXISTS (SELECT 1 FROM fencepost_ledger_windows w WHERE w.account = a.name)"
+    " FROM fencepost_ledger_accounts a WHERE a.name = ?"
+)
+"""One account's row as a :data:`_Link` holds it (its name aside)."""
+
+_CHAIN = """
+    WITH RECURSIVE chain (name, parent, owner, closed, depth) AS (
+        SELECT name, parent, owner, closed, 0
+        FROM fencepost_ledger_accounts WHERE name = ?
+        UNION ALL
+        SELECT a.name, a.parent, a.owner, a.closed, c.depth + 1
+        FROM fencepost_ledger_accounts a JOIN chain c ON a.name = c.parent
+        WHERE c.depth < ?
+    )
+    SELECT name, parent, owner, closed,
+        EXISTS (SELECT 1 FROM fencepost_ledger_windows w WHERE w.account = chain.name)
+    FROM chain ORDER BY depth
+"""
+"""An account and its ancestors as :data:`_Link` rows, nearest first."""
 
 _ChainRead = tuple[list[_Link], dict[str, list[tuple[int, Window]]]]
 """An account's chain and the chain's windows (by account, ``(position, window)``), as read."""
@@ -387,15 +411,17 @@ class SqlLedger(Ledger, ScopeStore):
         return out
 
     def _balance(self, tx: Transaction, account: str) -> Balance:
-        parent, limits, owner, closed = self._account(tx, account)
-        return self._balance_of(tx, (account, parent, owner, closed), limits)
+        row = tx.execute(_ACCOUNT_ROW, (account,)).fetchone()
+        if row is None:
+            raise UnknownAccount(account)
+        return self._balance_of(tx, (account, row[0], row[1], row[2], bool(row[3])))
 
     def _balance_of(
         self, tx: Transaction, link: _Link, limits: dict[str, float] | None = None
     ) -> Balance:
         """The balance of the account of ``link`` (its row as :meth:`_chain` read it in this
         transaction: parent, owner and closed are not read again), and ``limits`` where read."""
-        account, parent, owner, closed = link
+        account, parent, owner, closed, windowed = link
         return Balance(
             account=account,
             parent=parent,
@@ -403,7 +429,7 @@ class SqlLedger(Ledger, ScopeStore):
             held=self._held(tx, account),
             owner=decode_owner(owner),
             closed=closed,
-            windows=self._window_uses(tx, account),
+            windows=self._window_uses(tx, account) if windowed else (),
         )
 
     @staticmethod
@@ -478,39 +504,27 @@ class SqlLedger(Ledger, ScopeStore):
         return self._clock.now().timestamp()
 
     def _refund_windows(
-        self, tx: Transaction, key: str, chain: list[str], refund: Mapping[str, float]
+        self, tx: Transaction, key: str, links: list[_Link], refund: Mapping[str, float]
     ) -> None:
-        """Give ``refund`` back in the buckets the reservation under ``key`` was counted in."""
-        if not refund:
+        """Give ``refund`` back in the buckets the reservation under ``key`` was counted in (a
+        chain without windows was counted in none: a reservation's chain never changes)."""
+        if not refund or not any(link[4] for link in links):
             return
         row = tx.execute(
             "SELECT at FROM fencepost_ledger_reservation_at WHERE key = ?", (key,)
         ).fetchone()
         if row is None:
             return
-        windows = self._windows(tx, chain)
+        windows = self._windows(tx, [link[0] for link in links])
         self._add_windows(tx, windows, {a: -v for a, v in refund.items()}, float(row[0]))
 
     @staticmethod
     def _chain(tx: Transaction, account: str) -> list[_Link]:
         """``account`` and its ancestors, nearest first, in one query."""
-        rows = tx.execute(
-            """
-            WITH RECURSIVE chain (name, parent, owner, closed, depth) AS (
-                SELECT name, parent, owner, closed, 0
-                FROM fencepost_ledger_accounts WHERE name = ?
-                UNION ALL
-                SELECT a.name, a.parent, a.owner, a.closed, c.depth + 1
-                FROM fencepost_ledger_accounts a JOIN chain c ON a.name = c.parent
-                WHERE c.depth < ?
-            )
-            SELECT name, parent, owner, closed FROM chain ORDER BY depth
-            """,
-            (account, _MAX_DEPTH),
-        ).fetchall()
+        rows = tx.execute(_CHAIN, (account, _MAX_DEPTH)).fetchall()
         # A chain cut off at _MAX_DEPTH ends on a parent the rows do not hold: UnknownAccount.
         walk_chain(account, {row[0]: row[1] for row in rows})
-        return [(row[0], row[1], row[2], row[3]) for row in rows]
+        return [(row[0], row[1], row[2], row[3], bool(row[4])) for row in rows]
 
     @staticmethod
     def _holdings(
@@ -584,23 +598,28 @@ class SqlLedger(Ledger, ScopeStore):
         )
 
     def _locked_reservation(
-        self, tx: Transaction, key: str
-    ) -> tuple[Reservation, list[str], _Link]:
-        """The reservation under ``key`` and its account's chain, both locked, with the
-        account's row as the chain read it."""
+        self, tx: Transaction, key: str, read: list[_Link] | None = None
+    ) -> tuple[Reservation, list[str], list[_Link]]:
+        """The reservation under ``key`` and its account's chain, both locked: the chain's names
+        and its rows as read (the account's first). ``read``: a chain read and locked earlier in
+        ``tx``, used when it is this reservation's account's."""
         row = tx.execute(self._RESERVATION, (key,)).fetchone()
         if row is None:
             raise UnknownReservation(key)
-        # an account's parent never changes once opened
-        links = self._chain(tx, row[0])
-        chain = [link[0] for link in links]
-        self._lock_chain(tx, chain)
+        if read is not None and read[0][0] == row[0]:
+            links = read
+            chain = [link[0] for link in links]
+        else:
+            # an account's parent never changes once opened
+            links = self._chain(tx, row[0])
+            chain = [link[0] for link in links]
+            self._lock_chain(tx, chain)
         if self._RESERVATION_FOR_UPDATE != self._RESERVATION:
             # A backend with row locks reads it again under its lock, after the chain's.
             row = tx.execute(self._RESERVATION_FOR_UPDATE, (key,)).fetchone()
             if row is None:  # pragma: no cover - reservations are never deleted
                 raise UnknownReservation(key)
-        return self._with_amounts(tx, key, row), chain, links[0]
+        return self._with_amounts(tx, key, row), chain, links
 
     # -- writes inside a transaction --------------------------------------------------------------
 
@@ -736,7 +755,7 @@ class SqlLedger(Ledger, ScopeStore):
             after = dict(held)
             for axis, amount in clean.items():
                 after[axis] = after.get(axis, 0.0) + amount
-        _, parent, owner, _ = links[0]
+        _, parent, owner, _, _ = links[0]
         balance = Balance(
             account=account,
             parent=parent,
@@ -747,14 +766,25 @@ class SqlLedger(Ledger, ScopeStore):
         )
         return Reservation(account=account, key=key, amounts=clean, balance=balance)
 
-    def _mark_in(self, tx: Transaction, account: str, key: str) -> _ChainRead | None:
+    def _mark_in(
+        self, tx: Transaction, account: str, key: str, read: _ChainRead | None = None
+    ) -> _ChainRead | None:
         """:meth:`_reserve_in` of a zero-amount marker whose answer is dropped (a call's claim,
         a result marker): its refusals and its writes, without reading what no one reads. The
-        account's chain and windows as it read them (``None``: the key was there, nothing read)."""
+        account's chain and windows as it read them (``None``: the key was there, nothing read;
+        ``read``: see :meth:`_insert_in`)."""
         if self._prior_in(tx, account, key) is not None:
             return None
-        links, _, windows = self._insert_in(tx, account, key, {})
+        links, _, windows = self._insert_in(tx, account, key, {}, read)
         return links, windows
+
+    def _read_of(self, tx: Transaction, links: list[_Link]) -> _ChainRead:
+        """A chain read (and locked) earlier in ``tx``, with its windows, as :meth:`_insert_in`
+        takes it: within one transaction nothing another writer does can change it, and a
+        chain's rows and windows are never changed by the operations that pass it on."""
+        if not any(link[4] for link in links):
+            return links, {}
+        return links, self._windows(tx, [link[0] for link in links])
 
     def _insert_in(
         self,
@@ -780,13 +810,13 @@ class SqlLedger(Ledger, ScopeStore):
         else:
             links = read[0]
             chain = [link[0] for link in links]
-        check_open((name, closed) for name, _, _, closed in links)
+        check_open((name, closed) for name, _, _, closed, _ in links)
         holdings = None
         flying: dict[str, dict[str, float]] = {}
         if clean:
             holdings, flying = self._room(tx, chain)
             check_room(holdings, clean, flying)
-        windows = self._windows(tx, chain) if read is None else read[1]
+        windows = read[1] if read is not None else self._read_of(tx, links)[1]
         now = self._clock.now().timestamp() if windows else 0.0
         if windows and clean:
             check_windows(
@@ -838,7 +868,8 @@ class SqlLedger(Ledger, ScopeStore):
         clean = validate_amounts(amounts)
 
         def work(tx: Transaction) -> Reservation:
-            chain = [link[0] for link in self._chain(tx, account)]  # raises UnknownAccount
+            links = self._chain(tx, account)  # raises UnknownAccount
+            chain = [link[0] for link in links]
             self._lock_chain(tx, chain)
             prior = self._reservation(tx, key)
             if prior is not None:
@@ -853,7 +884,7 @@ class SqlLedger(Ledger, ScopeStore):
                 if inserted == 0:
                     raise KeyRace  # committed by another transaction since the first look
                 self._add_held(tx, chain, clean)
-                windows = self._windows(tx, chain)
+                windows = self._windows(tx, chain) if any(link[4] for link in links) else {}
                 if windows:
                     self._add_windows(tx, windows, clean, self._charged_at(tx, account, of))
                 tx.executemany(
@@ -874,15 +905,20 @@ class SqlLedger(Ledger, ScopeStore):
         return self._run(work)
 
     def _settle_in(
-        self, tx: Transaction, key: str, actual: Mapping[str, float] | None
-    ) -> Reservation:
-        """:meth:`settle` inside ``tx``."""
-        reservation, chain, link = self._locked_reservation(tx, key)
+        self,
+        tx: Transaction,
+        key: str,
+        actual: Mapping[str, float] | None,
+        read: list[_Link] | None = None,
+    ) -> tuple[Reservation, list[_Link]]:
+        """:meth:`settle` inside ``tx``, and the chain it read (``read``: see
+        :meth:`_locked_reservation`)."""
+        reservation, chain, links = self._locked_reservation(tx, key, read)
         if (outcome := existing_outcome(reservation)) is not None:
-            return outcome.model_copy(update={"balance": self._balance_of(tx, link)})
+            return outcome.model_copy(update={"balance": self._balance_of(tx, links[0])}), links
         refund, final = settlement(reservation.amounts, actual)
         self._add_held(tx, chain, {axis: -amount for axis, amount in refund.items()})
-        self._refund_windows(tx, key, chain, refund)
+        self._refund_windows(tx, key, links, refund)
         self._landed(tx, chain, reservation)
         if refund:
             tx.executemany(
@@ -891,17 +927,18 @@ class SqlLedger(Ledger, ScopeStore):
                 [(final[axis], key, axis) for axis in refund],
             )
         self._set_status(tx, key, ReservationStatus.SETTLED)
-        return reservation.model_copy(
+        settled = reservation.model_copy(
             update={
                 "amounts": final,
                 "status": ReservationStatus.SETTLED,
-                "balance": self._balance_of(tx, link),
+                "balance": self._balance_of(tx, links[0]),
             }
         )
+        return settled, links
 
     def settle(self, key: str, actual: Mapping[str, float] | None = None) -> Reservation:
         validate_name(key)
-        return self._run(lambda tx: self._settle_in(tx, key, actual))
+        return self._run(lambda tx: self._settle_in(tx, key, actual)[0])
 
     def _reserved_in(self, tx: Transaction, account: str, key: str) -> Reservation | None:
         """:meth:`reserved` inside ``tx``."""
@@ -916,14 +953,19 @@ class SqlLedger(Ledger, ScopeStore):
         return self._run(lambda tx: self._reserved_in(tx, account, key), read_only=True)
 
     def _begin_in(
-        self, tx: Transaction, account: str, marker: str, claim: str | None
+        self,
+        tx: Transaction,
+        account: str,
+        marker: str,
+        claim: str | None,
+        read: _ChainRead | None = None,
     ) -> tuple[Attempt | None, Exception | None]:
         """:meth:`begin_attempt` inside ``tx``: the attempt, or the refusal to raise once what
-        was written before it (the claim) is committed, as two calls would leave it."""
-        read = None
+        was written before it (the claim) is committed, as two calls would leave it. ``read``:
+        the account's chain as read earlier in ``tx`` (see :meth:`_insert_in`)."""
         if claim is not None:
             try:
-                read = self._mark_in(tx, account, claim)
+                read = self._mark_in(tx, account, claim, read) or read
             except LedgerConflict:
                 return Attempt(claimed=False), None
         try:
@@ -957,10 +999,16 @@ class SqlLedger(Ledger, ScopeStore):
         def work(
             tx: Transaction,
         ) -> tuple[tuple[Reservation | None, Attempt | None] | None, Exception | None]:
-            found = self._reserved_in(tx, account, key)
-            if found is None or not begins(found):
+            prior = self._reservation(tx, key)
+            if prior is None:
+                return (None, None), None  # a write transaction that wrote nothing
+            # The account's chain, read once: its row for the balance, all of it for the markers.
+            links = self._chain(tx, account)  # raises UnknownAccount
+            self._lock_chain(tx, [link[0] for link in links])
+            found = existing_reservation(prior, account, self._balance_of(tx, links[0]))
+            if not begins(found):
                 return (found, None), None  # a write transaction that wrote nothing
-            begun, refused = self._begin_in(tx, account, marker, claim)
+            begun, refused = self._begin_in(tx, account, marker, claim, self._read_of(tx, links))
             return (None, refused) if refused is not None else ((found, begun), None)
 
         return _raised(self._run(work))
@@ -979,11 +1027,12 @@ class SqlLedger(Ledger, ScopeStore):
             validate_name(result)
 
         def work(tx: Transaction) -> tuple[Reservation | None, Exception | None]:
+            read = None
             if result is not None:
                 with contextlib.suppress(*MARKER_REFUSALS):
-                    self._mark_in(tx, account, result)
+                    read = self._mark_in(tx, account, result)
             try:
-                return self._settle_in(tx, key, actual), None
+                return self._settle_in(tx, key, actual, read[0] if read else None)[0], None
             except _REFUSALS as refused:
                 return None, refused  # the marker made above is kept, as two calls would
 
@@ -1004,14 +1053,17 @@ class SqlLedger(Ledger, ScopeStore):
         ) -> tuple[
             tuple[Reservation, list[Reservation | BudgetExhausted]] | None, Exception | None
         ]:
-            settled = self._settle_in(tx, key, actual)
+            settled, links = self._settle_in(tx, key, actual)
+            # The holds' chain is the step's, read above, when they are on its account.
+            read = self._read_of(tx, links) if asked and links[0][0] == account else None
             held: list[Reservation | BudgetExhausted] = []
             for hold, amounts in asked:
                 try:
                     # Checked here, in order, as each separate reserve would check its own.
                     validate_name(account, "account")
                     validate_name(hold)
-                    held.append(self._reserve_in(tx, account, hold, validate_amounts(amounts)))
+                    clean = validate_amounts(amounts)
+                    held.append(self._reserve_in(tx, account, hold, clean, read))
                 except BudgetExhausted as refused:
                     held.append(refused)  # refused before it wrote: the next is asked
                 except _REFUSALS as refused:
@@ -1024,18 +1076,18 @@ class SqlLedger(Ledger, ScopeStore):
         validate_name(key)
 
         def work(tx: Transaction) -> Reservation:
-            reservation, chain, link = self._locked_reservation(tx, key)
+            reservation, chain, links = self._locked_reservation(tx, key)
             if (outcome := existing_outcome(reservation)) is not None:
-                return outcome.model_copy(update={"balance": self._balance_of(tx, link)})
+                return outcome.model_copy(update={"balance": self._balance_of(tx, links[0])})
             refund = {axis: -amount for axis, amount in reservation.amounts.items()}
             self._add_held(tx, chain, refund)
-            self._refund_windows(tx, key, chain, reservation.amounts)
+            self._refund_windows(tx, key, links, reservation.amounts)
             self._landed(tx, chain, reservation)
             self._set_status(tx, key, ReservationStatus.RELEASED)
             return reservation.model_copy(
                 update={
                     "status": ReservationStatus.RELEASED,
-                    "balance": self._balance_of(tx, link),
+                    "balance": self._balance_of(tx, links[0]),
                 }
             )
 

@@ -1320,9 +1320,9 @@ class _DiesWritingTheSecond(SqliteLedger):
             raise KeyboardInterrupt  # the process going away: nothing after it runs
         return held
 
-    def _mark_in(self, tx: Any, account: str, key: str) -> Any:
+    def _mark_in(self, tx: Any, account: str, key: str, read: Any = None) -> Any:
         # A claim or result marker: written without an answer, dies the same way.
-        read = super()._mark_in(tx, account, key)
+        read = super()._mark_in(tx, account, key, read)
         if key == self.dies_at:
             raise KeyboardInterrupt
         return read
@@ -1926,6 +1926,31 @@ def test_every_window_of_the_chain_is_checked_nearest_first(
         ledger.reserve("run", "b", {"steps": 1})
     assert caught.value.window == "steps per day (Europe/Berlin)"
     assert ledger.get("b") is None  # nothing of a refused reservation is kept
+
+
+def test_a_step_and_its_calls_written_together_check_and_count_every_window_of_the_chain(
+    clocked: tuple[Ledger, FakeClock],
+) -> None:
+    ledger, _ = clocked
+    ledger.open_account("tenant", {}, windows=[_daily(limit=500)])
+    ledger.open_account("run", {"tokens": 10_000}, parent="tenant")
+    ledger.reserve("run", "step-1", {"tokens": 300})
+    # Settled at 100 (200 back in the tenant's window), then its calls held: the second
+    # crosses the window as the settlement and the first hold left it.
+    _, held = ledger.settle_and_reserve(
+        "step-1", {"tokens": 100}, "run", [("call-1", {"tokens": 350}), ("call-2", {"tokens": 100})]
+    )
+    assert isinstance(held[0], Reservation)
+    assert isinstance(held[1], BudgetExhausted)
+    assert (held[1].account, held[1].window) == ("tenant", "tokens per day (Europe/Berlin)")
+    assert ledger.balance("tenant").windows[0].held == 450.0
+    found, begun = ledger.start_attempt(
+        "run", "call-1", "call-1:started", claim="claim-1", begins=lambda _: True
+    )
+    assert found is not None and begun is not None and begun.claimed
+    assert ledger.balance("tenant").windows[0].held == 450.0  # markers hold nothing
+    ledger.finish_attempt("run", "call-1", result="result-1", actual={"tokens": 50})
+    assert ledger.balance("tenant").windows[0].held == 150.0  # 300 back, in the same window
 
 
 def test_an_account_reopened_with_other_windows_raises_ledger_conflict(
