@@ -347,8 +347,20 @@ class SqlLedger(Ledger, ScopeStore):
     # -- what a backend supplies ------------------------------------------------------------------
 
     @abstractmethod
-    def _run(self, work: Callable[[Transaction], _T], *, read_only: bool = False) -> _T:
-        """Run ``work`` in one transaction (retrying it as the backend needs) and commit."""
+    def _run(
+        self,
+        work: Callable[[Transaction], _T],
+        *,
+        read_only: bool = False,
+        covered: bool = False,
+    ) -> _T:
+        """Run ``work`` in one transaction (retrying it as the backend needs) and commit.
+
+        ``covered``: what the transaction records need not be on disk when it returns, because
+        the loop makes a synced write to the same ledger before any external call that depends
+        on it (a settled step's calls are begun with a synced ``start_attempt`` or
+        ``begin_attempt``; a finished call is followed by the next step's ``reserve``): a
+        backend whose commits wait for the disk may let this one not wait."""
 
     def _lock_chain(self, tx: Transaction, chain: list[str]) -> None:
         """Lock the chain's account rows until the transaction ends.
@@ -1036,7 +1048,8 @@ class SqlLedger(Ledger, ScopeStore):
             except _REFUSALS as refused:
                 return None, refused  # the marker made above is kept, as two calls would
 
-        return _raised(self._run(work))
+        # Covered by the next step's reserve (or the next call's start) before any external call.
+        return _raised(self._run(work, covered=True))
 
     def settle_and_reserve(
         self,
@@ -1070,7 +1083,8 @@ class SqlLedger(Ledger, ScopeStore):
                     return None, refused  # what was written above is kept, as separate calls
             return (settled, held), None
 
-        return _raised(self._run(work))
+        # Covered by start_attempt / begin_attempt, synced, before any of the held calls runs.
+        return _raised(self._run(work, covered=True))
 
     def release(self, key: str) -> Reservation:
         validate_name(key)
