@@ -622,6 +622,7 @@ async def reserve_batch(
     *,
     gated: dict[str, Any] | None = None,
     settle: StepSettlement | None = None,
+    run: RunAccount | None = None,
 ) -> tuple[AgentState, StopRequest | None]:
     """Reserve the batch's allowed calls in order (attempt 1 of each; ``only`` these call ids
     when given); those the budget cannot cover are marked and receipted as never run, so with
@@ -630,18 +631,20 @@ async def reserve_batch(
     ``gated``: fields the gate step sets (its batch, phase and repeat counts), written into the
     state returned. Reserving reads only state's run id (the run's account, its owner), which
     the gate step does not set. ``settle``: the step's settlement that waited for these holds,
-    written with them in one ledger write (``Ledger.settle_and_reserve``)."""
+    written with them in one ledger write (``Ledger.settle_and_reserve``). ``run``: the run's
+    account, where the node named it already (:func:`run_account_of` of ``state``)."""
     cfg = io.cfg
-    run = run_account_of(state)
+    if run is None:
+        run = run_account_of(state)
     account = run.name
     update: dict[str, Any] = dict(gated) if gated else {}
     current: Batch = update.get("batch", state.batch)
-    entries = [e for e in to_reserve(current) if only is None or e.call_id in only]
+    entries = to_reserve(current)
+    if only is not None:
+        entries = [e for e in entries if e.call_id in only]
+    registry = cfg.registry
     holds = [
-        (
-            call_key(account, e.call_id, 1),
-            call_amounts(cfg.registry.get(e.proposal.tool_name)),
-        )
+        (call_key(account, e.call_id, 1), call_amounts(registry.get(e.proposal.tool_name)))
         for e in entries
     ]
     ledger = io.ledger
@@ -649,12 +652,13 @@ async def reserve_batch(
     # its owner checked once, with no Reservation or Balance made per hold. Only the exact type:
     # a subclass may change what reserve or settle does.
     if type(ledger) is InMemoryLedger:
+        run_id = run.run_id
         try:
             held = ledger.reserve_batch(
                 account,
                 holds,
                 settle=settle,
-                refuses=lambda owner: check_owner(owner, ctx, run.run_id),
+                refuses=lambda owner: check_owner(owner, ctx, run_id),
             )
         except (AccountClosed, UnknownAccount, LedgerConflict, ValueError) as refusal:
             # Only the settlement raises: each hold's refusal comes back as data.
@@ -674,13 +678,16 @@ async def reserve_batch(
         for entry, short in zip(entries, held.outcomes, strict=True)
         if short is not None
     }
-    batch, stopped = after_reservations(
-        current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key, only=only
-    )
-    if refused:
-        EVENTS.budget_refused(state.run_id, current, refused, cfg.registry)
-    if batch is not state.batch:
-        update["batch"] = batch
+    if refused or cfg.verdict_key is not None:
+        batch, stopped = after_reservations(
+            current, refused, run_id=state.run_id, verdict_key=cfg.verdict_key, only=only
+        )
+        if refused:
+            EVENTS.budget_refused(state.run_id, current, refused, cfg.registry)
+        if batch is not state.batch:
+            update["batch"] = batch
+    elif current is not state.batch:
+        update["batch"] = current
     return (state.model_copy(update=update) if update else state), stopped
 
 

@@ -199,7 +199,8 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
     two phases made of it."""
     ctx = coerce_context(runtime.context)
     before, state = await _loaded(io, values, ctx)
-    stepped = await model_step(io, run_account_of(state), state, ctx, values, runtime)
+    run = run_account_of(state)
+    stepped = await model_step(io, run, state, ctx, values, runtime)
     if stepped.calls is None or stepped.ctx is None:
         if stepped.record is None or stepped.ctx is None:
             return step_writes(before, stepped.state)
@@ -207,7 +208,13 @@ async def decide(io: NodeIO, values: dict[str, Any], runtime: Runtime[Any]) -> U
         return step_writes(before, recorded(stepped.state, runtime, [m]))
     try:
         state, manifests = await gate(
-            io, stepped.state, stepped.ctx, stepped.calls, stepped.usage, settle=stepped.settle
+            io,
+            stepped.state,
+            stepped.ctx,
+            stepped.calls,
+            stepped.usage,
+            settle=stepped.settle,
+            account=run,
         )
     except BaseException:
         await settle_pending(io, stepped.settle)  # never left in flight by what the gate raised

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from fencepost.graph.account import (
+    RunAccount,
     StepSettlement,
-    account_of,
     produced,
     reserve_batch,
+    run_account_of,
     settle_pending,
 )
 from fencepost.graph.containment.model import run_model
@@ -28,7 +29,6 @@ from fencepost.graph.events import EVENTS
 from fencepost.graph.node_io import NodeIO
 from fencepost.graph.rules import ContainedRules, judged_with_rules
 from fencepost.graph.settings import LoopConfig
-from fencepost.graph.trace import checked_manifest
 from fencepost.policy import (
     AgentState,
     Deadline,
@@ -56,6 +56,7 @@ from fencepost.policy.conditional_approval import (
 from fencepost.policy.context import RunContext
 from fencepost.policy.developer_log import APPROVAL, raised
 from fencepost.policy.gating import GatedBatch, GatePlan, GateSettings, end_gate, plan_gate
+from fencepost.policy.manifest import manifest_base
 from fencepost.policy.provenance import ObservedOutput
 from fencepost.policy.remembered import Remember, scopes_named, scopes_to_remember
 from fencepost.policy.rule_runner import run_directly
@@ -96,6 +97,7 @@ async def gate(
     *,
     outputs: Sequence[ObservedOutput] | None = None,
     settle: StepSettlement | None = None,
+    account: RunAccount | None = None,
 ) -> tuple[AgentState, list[StepManifest]]:
     """Plan the gate (what the ledger is asked, who decides what); judge the whole batch with
     the tools' rules contained; ask each ``needs_approval`` and the approver, contained, and
@@ -103,12 +105,17 @@ async def gate(
     by call, before any of it runs. ``outputs`` are the earlier tool outputs provenance traces
     values to (``None``: the run's own observations; a binding that keeps none passes its
     record of them). ``settle``: the model step's settlement that waited, written with the
-    batch's reservations (or alone, when there are none)."""
+    batch's reservations (or alone, when there are none). ``account``: the run's ledger
+    account, where the node named it already (``account.run_account_of`` of ``state``)."""
     cfg = io.cfg
     plan = plan_gate(calls, gate_settings(cfg))
     # The phase is set with the step's first real change (one state copy less per decision);
     # nothing before it reads the phase.
-    outside = await produced(io, account_of(state), plan.outside) if plan.outside else ()
+    if plan.outside:
+        account = account or run_account_of(state)
+        outside: Collection[str] = await produced(io, account.name, plan.outside)
+    else:
+        outside = ()
     refused = plan.refused(state, outside)
     if refused is not None:
         EVENTS.batch_refused(state.run_id, calls, cfg.registry, refused.error_code or "")
@@ -118,13 +125,18 @@ async def gate(
         judged = judged_in_place(io, plan, state, ctx, outputs)
     else:
         judged = await judge_batch(io, plan, state, ctx, outputs)
-    end = end_gate(plan, state, judged, usage)
-    manifests = [checked_manifest(state, cfg, ctx, phase=Phase.VALIDATE, **r) for r in end.records]
+    deadline = ctx.deadline
+    left = deadline.remaining_ms(clock=cfg.clock) if deadline is not None else None
+    base = manifest_base(state.run_id, state.step, state.budget, Phase.VALIDATE, left)
+    end = end_gate(plan, state, judged, usage, base)
+    manifests = list(end.manifests)
     if not end.reserves:
         await settle_pending(io, settle)
         return end.state, manifests
     # Written with the reservations' result: one copy of state for both.
-    state, stopped = await reserve_batch(io, end.state, ctx, gated=end.gated, settle=settle)
+    state, stopped = await reserve_batch(
+        io, end.state, ctx, gated=end.gated, settle=settle, run=account
+    )
     return end.reserved(state, stopped), manifests
 
 
@@ -140,7 +152,8 @@ def judged_in_place(
     gated = plan.judge(
         state,
         ctx,
-        now=io.cfg.clock.now(),
+        # Only a polling tool's call is judged by the time (``GatePlan.polls``).
+        now=io.cfg.clock.now() if plan.polls else None,
         remembered={},
         outputs=outputs,
         run_rule=run_directly,

@@ -20,6 +20,7 @@ from collections import ChainMap
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from fencepost.policy.approval import ApprovalMode
@@ -43,7 +44,13 @@ from fencepost.policy.events import reduce_tool_events
 from fencepost.policy.execution import budget_refusals
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gates import gate_call, repeat_limit_of, tool_gate
-from fencepost.policy.manifest import verdict_outcome
+from fencepost.policy.manifest import (
+    ManifestBase,
+    StepManifest,
+    call_manifest,
+    step_manifest,
+    verdict_outcome,
+)
 from fencepost.policy.outcome import receipt_for
 from fencepost.policy.phase import Phase, TerminationReason
 from fencepost.policy.progress import repeat_key
@@ -388,11 +395,17 @@ class GatePlan(NamedTuple):
     deciders: Mapping[str, NeedsApproval]
     in_place: bool = False
     specs: tuple[ToolSpec | None, ...] | None = None
+    polls: bool = True
+    """Whether a call of the batch is of a polling tool (``poll_interval_seconds``), judged by
+    the time it is asked at: the only judging that reads the clock."""
 
     def refused(self, state: AgentState, produced: Collection[str]) -> StopRequest | None:
         """The stop that refuses the whole batch before any call of it is gated
         (:func:`refused_batch`; ``produced``: which of ``outside`` the ledger marks)."""
-        return refused_batch(self.calls, state.answered, produced)
+        calls, answered = self.calls, state.answered
+        if len(calls) == 1 and not calls[0].depends_on and calls[0].call_id not in answered:
+            return None  # most decisions: one call, a new id, no dependency
+        return refused_batch(calls, answered, produced)
 
     def remembered(
         self, scopes: Mapping[str, Sequence[ApprovalScope]], tenant_id: str, now: datetime
@@ -420,13 +433,14 @@ class GatePlan(NamedTuple):
         state: AgentState,
         ctx: RunContext,
         *,
-        now: datetime,
+        now: datetime | None,
         remembered: Mapping[str, ApprovalScope],
         outputs: Sequence[ObservedOutput] | None,
         run_rule: RuleRunner,
         needs_approval: Mapping[str, bool] | None = None,
     ) -> GatedBatch:
-        """The batch judged (:func:`gate_batch`) in ``ctx``, at ``now``."""
+        """The batch judged (:func:`gate_batch`) in ``ctx``, at ``now`` (``None`` only where
+        no call of it is judged by the time: not :attr:`polls`)."""
         cfg = self.settings
         return gate_batch(
             cfg.registry,
@@ -522,22 +536,25 @@ def plan_gate(calls: Sequence[ToolProposal], settings: GateSettings) -> GatePlan
     """Before a batch is judged: what the ledger is asked about it, and who decides per call
     whether it needs approval (:func:`~fencepost.policy.conditional_approval.deciding`)."""
     registry, graph_decides = settings.registry, settings.needs_approval
-    outside: frozenset[str] = _NONE
-    if any(c.depends_on for c in calls):
-        inside = {c.call_id for c in calls}
-        outside = frozenset(d for c in calls for d in c.depends_on if d not in inside)
     scoped: set[str] = set()
     deciders: dict[str, NeedsApproval] = {}
     specs: list[ToolSpec | None] = []
+    names: list[str] = []
+    depends = polls = False
     # A read no ``needs_approval`` decides never needs approval: nobody is asked about it.
-    in_place = not outside
+    in_place = True
     for call in calls:
         name = call.tool_name
+        names.append(name)
+        if call.depends_on:
+            depends = True
         if name not in registry:
             specs.append(None)
             continue
         spec = registry.get(name)
         specs.append(spec)
+        if spec.poll_interval_seconds is not None:
+            polls = True
         if spec.effect is not Effect.READ:
             in_place = False
             if type(name) is str:
@@ -548,15 +565,21 @@ def plan_gate(calls: Sequence[ToolProposal], settings: GateSettings) -> GatePlan
             in_place = False
         elif in_place and tool_gate(spec).runs_rules:
             in_place = False
+    outside: frozenset[str] = _NONE
+    if depends:
+        inside = {c.call_id for c in calls}
+        outside = frozenset(d for c in calls for d in c.depends_on if d not in inside)
+        in_place = in_place and not outside
     return GatePlan(
-        calls=calls,
-        settings=settings,
-        names=tuple(c.tool_name for c in calls),
-        outside=outside,
-        scoped=tuple(sorted(scoped)) if scoped else (),
-        deciders=deciders,
-        in_place=in_place,
-        specs=tuple(specs),
+        calls,
+        settings,
+        tuple(names),
+        outside,
+        tuple(sorted(scoped)) if scoped else (),
+        deciders,
+        in_place,
+        tuple(specs),
+        polls,
     )
 
 
@@ -565,12 +588,12 @@ _NONE: frozenset[str] = frozenset()
 
 class GateEnd(NamedTuple):
     """After the batch was judged (and its approver answered): the run to write, one
-    manifest's fields per call, and whether the batch is reserved (``reserves``: its allowed
-    calls, in order, with ``gated``, the fields the gate sets, written into the run). A named
-    tuple: made once per decision."""
+    manifest per call, and whether the batch is reserved (``reserves``: its allowed calls, in
+    order, with ``gated``, the fields the gate sets, written into the run). A named tuple:
+    made once per decision."""
 
     state: AgentState
-    records: tuple[dict[str, Any], ...]
+    manifests: tuple[StepManifest, ...]
     reserves: bool
     gated: dict[str, Any]
 
@@ -588,9 +611,11 @@ def end_gate(
     state: AgentState,
     judged: GatedBatch | StopRequest,
     usage: Mapping[str, Any],
+    base: ManifestBase,
 ) -> GateEnd:
     """What the judged batch (or its refusal, :meth:`GatePlan.refused`) means for the run:
-    each call's manifest (its verdict, who answered, the safe code of a denial settled as data;
+    each call's manifest (from ``base``, the step's :func:`~fencepost.policy.manifest.
+    manifest_base`: its verdict, who answered, the safe code of a denial settled as data;
     ``usage``, the step's reported tokens, on the first), then the batch's stop, or its
     denials settled and the rest reserved. A refused batch is one ``denied`` manifest with the
     refusal's code, and its stop.
@@ -601,31 +626,32 @@ def end_gate(
     passes clears the repair notes. A call denied as data (or rejected by the approver) is
     observed and receipted now, never run; the rest of the batch goes on."""
     if isinstance(judged, StopRequest):
-        record = {"outcome": "denied", "decision_kind": "tool", "code": judged.error_code}
+        fields = {"decision_kind": "tool", "code": judged.error_code, **usage}
         return GateEnd(
             state=state.model_copy(update={"phase": Phase.VALIDATE, "stop": judged}),
-            records=({**record, **usage},),
+            manifests=(step_manifest(base, "denied", fields),),
             reserves=False,
             gated={},
         )
     gated, cfg = judged, plan.settings
-    records = []
-    extra = dict(usage)
+    manifests = []
+    extra: Mapping[str, Any] = usage
+    every_allowed = True
     for entry, spec in zip(gated.batch, gated.specs, strict=True):
         verdict = entry.verdict
-        records.append(
-            {
-                "outcome": verdict_outcome(verdict.code),
-                "decision_kind": "tool",
-                # The registered name (an exact str): the model's may be a str subclass.
-                "tool_name": spec.name if spec else None,
-                "effect": spec.effect if spec else None,
-                "verdict": verdict.code,
-                **extra,
-                **gate_record(verdict, cfg.denial),
-            }
-        )
-        extra = {}
+        code = verdict.code
+        # The registered name (an exact str): the model's may be a str subclass.
+        name, effect = (spec.name, spec.effect) if spec is not None else (None, None)
+        if code is VerdictCode.ALLOWED and verdict.provenance is None and verdict.approval is None:
+            # What ``gate_record`` adds to such a call: nothing.
+            manifests.append(call_manifest(base, "allowed", name, effect, code, extra))
+        else:
+            every_allowed = False
+            record = gate_record(verdict, cfg.denial)
+            fields = {**extra, **record} if extra else record
+            outcome = verdict_outcome(code)
+            manifests.append(call_manifest(base, outcome, name, effect, code, fields))
+        extra = _NO_FIELDS
     update: dict[str, Any] = {
         "phase": Phase.VALIDATE,
         "batch": gated.batch,
@@ -638,10 +664,11 @@ def end_gate(
             if notes is not None
             else state.model_copy(update={**update, "stop": gated.stop})
         )
-        return GateEnd(state=ended, records=tuple(records), reserves=False, gated={})
+        return GateEnd(state=ended, manifests=tuple(manifests), reserves=False, gated={})
     if state.repair_notes:
         update["repair_notes"] = ()
-    settled = settled_calls(gated.batch, cfg.registry, cfg.denial)
+    # An allowed call is never settled as data (``settled_calls``).
+    settled = () if every_allowed else settled_calls(gated.batch, cfg.registry, cfg.denial)
     if settled:
         state = reduce_tool_events(
             state.model_copy(update={"batch": gated.batch}), tuple(o.event for o in settled)
@@ -649,4 +676,7 @@ def end_gate(
         state = state.model_copy(
             update={"receipts": state.receipts + tuple(receipt_for(o) for o in settled)}
         )
-    return GateEnd(state=state, records=tuple(records), reserves=True, gated=update)
+    return GateEnd(state=state, manifests=tuple(manifests), reserves=True, gated=update)
+
+
+_NO_FIELDS: Mapping[str, Any] = MappingProxyType({})

@@ -13,6 +13,7 @@ from fencepost.policy.context import RunContext
 from fencepost.policy.decision import ToolProposal
 from fencepost.policy.fingerprint import proposal_fingerprint
 from fencepost.policy.gating import GatedBatch, GatePlan, GateSettings, end_gate, plan_gate
+from fencepost.policy.manifest import ManifestBase, manifest_base
 from fencepost.policy.phase import Phase, TerminationReason
 from fencepost.policy.receipt import ReceiptStatus
 from fencepost.policy.remembered import Remember, new_scope, scopes_named, scopes_to_remember
@@ -49,6 +50,10 @@ def _settings(**changes: object) -> GateSettings:
     }
     fields.update(changes)
     return GateSettings(**fields)  # type: ignore[arg-type]
+
+
+def _base(state: AgentState) -> ManifestBase:
+    return manifest_base(state.run_id, state.step, state.budget, Phase.VALIDATE, None)
 
 
 def _judged(
@@ -124,25 +129,32 @@ def test_a_refused_batch_records_one_denied_manifest_with_the_usage_and_stops() 
     plan = plan_gate(calls, _settings())
     refused = plan.refused(state, ())
     assert refused is not None and refused.error_code == "duplicate_call_id"
-    end = end_gate(plan, state, refused, {"input_tokens": 7})
+    end = end_gate(plan, state, refused, {"input_tokens": 7}, _base(state))
     assert not end.reserves
-    assert end.records == (
-        {
-            "outcome": "denied",
-            "decision_kind": "tool",
-            "code": "duplicate_call_id",
-            "input_tokens": 7,
-        },
-    )
+    [manifest] = end.manifests
+    assert manifest.model_dump(exclude_unset=True) == {
+        "run_id": state.run_id,
+        "step": state.step,
+        "phase": Phase.VALIDATE,
+        "steps_remaining": state.budget.steps_remaining,
+        "tool_calls_remaining": state.budget.tool_calls_remaining,
+        "tokens_used": state.budget.tokens_used,
+        "deadline_remaining_ms": None,
+        "outcome": "denied",
+        "decision_kind": "tool",
+        "code": "duplicate_call_id",
+        "input_tokens": 7,
+    }
     assert end.state.stop == refused and end.state.phase is Phase.VALIDATE
 
 
 def test_each_call_has_its_manifest_and_only_the_first_carries_the_usage() -> None:
     calls = [make_proposal(call_id="call-0001"), make_proposal({"query": "b"}, call_id="call-0002")]
     plan, state, gated = _judged(calls)
-    end = end_gate(plan, state, gated, {"input_tokens": 7})
-    assert [r.get("input_tokens") for r in end.records] == [7, None]
-    assert [r["verdict"] for r in end.records] == [VerdictCode.ALLOWED, VerdictCode.ALLOWED]
+    end = end_gate(plan, state, gated, {"input_tokens": 7}, _base(state))
+    assert [m.input_tokens for m in end.manifests] == [7, None]
+    assert [m.verdict for m in end.manifests] == [VerdictCode.ALLOWED, VerdictCode.ALLOWED]
+    assert ["input_tokens" in m.model_fields_set for m in end.manifests] == [True, False]
     assert end.reserves and end.gated["batch"] == gated.batch
 
 
@@ -150,10 +162,10 @@ def test_a_stopped_batch_is_reserved_nowhere_and_a_repairable_one_is_given_back(
     calls = [make_proposal({"query": 3}, call_id="call-0001")]
     plan, state, gated = _judged(calls)
     assert gated.stop is not None
-    end = end_gate(plan, state, gated, {})
+    end = end_gate(plan, state, gated, {}, _base(state))
     assert not end.reserves and end.state.stop == gated.stop
     plan, state, gated = _judged(calls, repair_attempts=1)
-    given = end_gate(plan, state, gated, {})
+    given = end_gate(plan, state, gated, {}, _base(state))
     assert not given.reserves and given.state.stop is None
     assert given.state.repairs == 1 and given.state.batch == ()
 
@@ -170,7 +182,7 @@ def test_a_denial_observed_as_data_is_receipted_now_and_the_rest_is_reserved() -
     gated = plan.judge(
         state, reader_only, now=NOW, remembered={}, outputs=None, run_rule=run_directly
     )
-    end = end_gate(plan, state, gated, {})
+    end = end_gate(plan, state, gated, {}, _base(state))
     assert end.reserves
     assert [(r.call_id, r.status) for r in end.state.receipts] == [
         ("call-0001", ReceiptStatus.DENIED)
@@ -180,7 +192,7 @@ def test_a_denial_observed_as_data_is_receipted_now_and_the_rest_is_reserved() -
 def test_a_reservation_that_stops_the_batch_receipts_every_unfunded_call() -> None:
     calls = [make_proposal(call_id="call-0001")]
     plan, state, gated = _judged(calls)
-    end = end_gate(plan, state, gated, {})
+    end = end_gate(plan, state, gated, {}, _base(state))
     unfunded = gated.batch[0].with_verdict(
         gated.batch[0].verdict.model_copy(update={"code": VerdictCode.BUDGET_EXHAUSTED})
     )
