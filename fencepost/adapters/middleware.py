@@ -45,6 +45,7 @@ from langchain.agents.middleware import (
     hook_config,
 )
 from langchain.agents.middleware.types import OmitFromInput
+from langchain_core.caches import BaseCache
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
@@ -53,6 +54,7 @@ from langchain_core.messages import (
     RemoveMessage,
     ToolMessage,
 )
+from langchain_core.rate_limiters import BaseRateLimiter
 from langgraph.config import get_stream_writer
 from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command, interrupt
@@ -1122,8 +1124,9 @@ def _model_contained(request: ModelRequest[Any]) -> ModelRequest[Any]:
     it defines: ``_astream``, ``_astream_chat_model_events``), each bound to the caller's model
     (what the model keeps on itself, a call count or a client, stays on the model the caller
     holds) and keeping its signature (LangChain passes ``run_manager`` only to a method that
-    takes one). The copy serves only as the entry LangChain calls them through: its fields,
-    callbacks, cache and rate limiter are the same objects. A model that is not a LangChain
+    takes one). The copy serves only as the entry LangChain calls them through: its fields
+    and callbacks are the same objects, its rate limiter and cache (asked on the same task)
+    the model's own, wrapped the same way. A model that is not a LangChain
     chat model, or that refuses to be copied, is sent as it is."""
     model = request.model
     if not isinstance(model, BaseChatModel):
@@ -1141,7 +1144,53 @@ def _model_contained(request: ModelRequest[Any]) -> ModelRequest[Any]:
         method = getattr(model, name, None)
         if method is not None:
             object.__setattr__(copy, name, _carried_stream(method))
+    # LangChain asks the model's rate limiter and cache on the same task, outside those
+    # methods: their code is the model's too.
+    if isinstance(model.rate_limiter, BaseRateLimiter):
+        object.__setattr__(copy, "rate_limiter", _CarriedLimiter(model.rate_limiter))
+    if isinstance(model.cache, BaseCache):
+        object.__setattr__(copy, "cache", _CarriedCache(model.cache))
     return request.override(model=copy)
+
+
+class _CarriedLimiter(BaseRateLimiter):
+    """A chat model's rate limiter, raising :class:`_ModelRaised` where its ``aacquire``
+    raises ``SystemExit`` or ``KeyboardInterrupt``."""
+
+    def __init__(self, limiter: BaseRateLimiter) -> None:
+        self.limiter = limiter
+
+    def acquire(self, *, blocking: bool = True) -> bool:
+        return self.limiter.acquire(blocking=blocking)
+
+    async def aacquire(self, *, blocking: bool = True) -> bool:
+        return await _carried_call(self.limiter.aacquire)(blocking=blocking)  # type: ignore[no-any-return]
+
+
+class _CarriedCache(BaseCache):
+    """A chat model's cache, raising :class:`_ModelRaised` where its async methods raise
+    ``SystemExit`` or ``KeyboardInterrupt``."""
+
+    def __init__(self, cache: BaseCache) -> None:
+        self.cache = cache
+
+    def lookup(self, prompt: str, llm_string: str) -> Any:
+        return self.cache.lookup(prompt, llm_string)
+
+    def update(self, prompt: str, llm_string: str, return_val: Any) -> None:
+        self.cache.update(prompt, llm_string, return_val)
+
+    def clear(self, **kwargs: Any) -> None:
+        self.cache.clear(**kwargs)
+
+    async def alookup(self, prompt: str, llm_string: str) -> Any:
+        return await _carried_call(self.cache.alookup)(prompt, llm_string)
+
+    async def aupdate(self, prompt: str, llm_string: str, return_val: Any) -> None:
+        await _carried_call(self.cache.aupdate)(prompt, llm_string, return_val)
+
+    async def aclear(self, **kwargs: Any) -> None:
+        await _carried_call(self.cache.aclear)(**kwargs)
 
 
 def _carried_call(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

@@ -21,7 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain.agents import create_agent
+from langchain_core.caches import BaseCache
 from langchain_core.messages import AIMessage
+from langchain_core.rate_limiters import BaseRateLimiter
 from langgraph.checkpoint.memory import InMemorySaver
 
 import fencepost as fp
@@ -105,6 +107,58 @@ def test_a_chat_model_raising_system_exit_under_ainvoke_ends_the_run_typed(
     logged = [r for r in caplog.records if r.name == "fencepost.model" and r.exc_info]
     assert logged and logged[0].exc_info is not None
     assert logged[0].exc_info[0] is type(failure)
+
+
+class _ExitingLimiter(BaseRateLimiter):
+    def acquire(self, *, blocking: bool = True) -> bool:
+        raise SystemExit(3)
+
+    async def aacquire(self, *, blocking: bool = True) -> bool:
+        raise SystemExit(3)
+
+
+class _ExitingCache(BaseCache):
+    def lookup(self, prompt: str, llm_string: str) -> Any:
+        raise SystemExit(3)
+
+    def update(self, prompt: str, llm_string: str, return_val: Any) -> None:
+        pass
+
+    def clear(self, **kwargs: Any) -> None:
+        pass
+
+    async def alookup(self, prompt: str, llm_string: str) -> Any:
+        raise SystemExit(3)
+
+
+@pytest.mark.parametrize("part", ["rate_limiter", "cache"])
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke", "astream"])
+def test_a_chat_models_rate_limiter_or_cache_raising_system_exit_ends_the_run_typed(
+    part: str, mode: str
+) -> None:
+    # LangChain asks a chat model's rate limiter and cache on the model's own task, outside
+    # the methods that generate: their code is the model's, contained as it is.
+    given = (
+        {"rate_limiter": _ExitingLimiter()}
+        if part == "rate_limiter"
+        else {"cache": _ExitingCache()}
+    )
+    tools = lc_tools(Ran())
+    guard = fp.FencepostMiddleware(specs(tools), budget=budget(), model_retries=0)
+    graph, config = agent(FakeToolChatModel(messages=_script(), **given), tools, [guard]), thread()
+
+    async def streamed() -> Any:
+        async for _ in graph.astream(ask(), config, context=ctx(), stream_mode="messages"):
+            pass
+        return (await graph.aget_state(config)).values
+
+    if mode == "invoke":
+        out = graph.invoke(ask(), config, context=ctx())
+    elif mode == "ainvoke":
+        out = asyncio.run(graph.ainvoke(ask(), config, context=ctx()))
+    else:
+        out = asyncio.run(streamed())
+    assert (out["termination"], out["last_error_code"]) == ("failed", "internal_error")
 
 
 def test_a_chat_model_called_under_ainvoke_keeps_its_own_state_and_streams_its_tokens() -> None:
