@@ -134,6 +134,9 @@ class Job:
         """Set under the pool's lock when handing the job failed before any worker took it: its
         slot was given back then, so the worker that takes it after all counts nothing."""
 
+    blocks_caller = False
+    """Whether its caller blocks its thread until it ends (no event loop to keep running)."""
+
     def discard(self) -> None:
         """A withdrawn job, as its worker takes it: the body is dropped, never called."""
         del self.fn
@@ -158,6 +161,8 @@ class LoopJob(Job):
 
 class BlockingJob(Job):
     """A job whose caller blocks its thread in :meth:`wait` (the sync graph: no event loop)."""
+
+    blocks_caller = True
 
     def __init__(self, fn: Callable[[], Any], tenant: str) -> None:
         # A lock released once as the job ends: one C call on each side (an Event's condition
@@ -199,6 +204,10 @@ class _Worker:
         # Daemon: an abandoned body may never return, and must not hold the interpreter's exit.
         self.thread = threading.Thread(target=self._work, name="fencepost-tool", daemon=True)
         self.bell = _bell(self)
+        self.on_bell = False
+        """Whether it parks on its bell (its last caller blocked), else on its queue. Set by
+        the worker before the pool's lock puts it back in the idle list, read by the caller
+        that takes it from there: both sides agree on how it is woken."""
 
     def give(self, job: Job) -> None:
         """Hand ``job`` to this thread (parked, or not started yet)."""
@@ -207,11 +216,11 @@ class _Worker:
         finally:
             # Rung even if the caller is interrupted right after the put: a job in the queue
             # always gets its worker, which drops it if its caller withdrew it.
-            if self.bell is not None:
+            if self.on_bell and self.bell is not None:
                 _ring(self.bell)
 
     def _next(self) -> Job:
-        if self.bell is not None:
+        if self.on_bell and self.bell is not None:
             # Rung after the put, so the queue holds the job by the time the wait returns.
             os.eventfd_read(self.bell)
         return self.jobs.get()
@@ -225,6 +234,7 @@ class _Worker:
                     job.run()
                 else:
                     job.discard()
+                self.on_bell = job.blocks_caller
                 keep = self.pool._finished(self, job)
                 # The caller hears only now, with this thread back in the pool: its next call
                 # takes this thread rather than starting another, and the woken caller does not
@@ -238,12 +248,16 @@ class _Worker:
             _close_bell(self)
 
 
-# A parked worker waits on an eventfd rather than on its queue's lock. The caller rings it from
-# ``os.eventfd_write``, which lets go of the GIL before it wakes the worker: woken through a lock
-# (released with the GIL held), the worker often ran at once on the caller's core, found the GIL
-# still held by the caller it had just preempted, and slept again until the caller blocked —
-# per hop, about three context switches where one does (and the caller was held off its core
-# meanwhile, holding the GIL). Where eventfd is missing or refused, the queue's own lock wakes it.
+# A worker whose last caller blocked for it (the sync graph) parks on an eventfd rather than on
+# its queue's lock, as that caller is likely its next. Such a caller is about to block anyway,
+# and rings it from ``os.eventfd_write``, which lets go of the GIL before it wakes the worker:
+# woken through a lock (released with the GIL held), the worker often ran at once on the
+# caller's core, found the GIL still held by the caller it had just preempted, and slept again
+# until the caller blocked — per hop, about three context switches where one does. A caller on
+# an event loop is not about to block: letting go of the GIL mid-step hands it to the worker
+# while the loop may have other work ready (in-graph ``ainvoke`` A/Bs of it were inconclusive),
+# so a worker whose last caller was a loop parks on its queue, woken by the put, as before.
+# Where eventfd is missing or refused, every worker parks on its queue.
 _belled: weakref.WeakSet[_Worker] = weakref.WeakSet()
 """The workers with a bell open: a forked child closes its copies (those workers do not exist
 there) and takes the bells off them, so a worker object of the parent's never rings a
