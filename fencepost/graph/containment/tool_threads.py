@@ -43,6 +43,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,6 +134,9 @@ class Job:
         """Set under the pool's lock when handing the job failed before any worker took it: its
         slot was given back then, so the worker that takes it after all counts nothing."""
 
+    blocks_caller = False
+    """Whether its caller blocks its thread until it ends (no event loop to keep running)."""
+
     def discard(self) -> None:
         """A withdrawn job, as its worker takes it: the body is dropped, never called."""
         del self.fn
@@ -157,6 +161,8 @@ class LoopJob(Job):
 
 class BlockingJob(Job):
     """A job whose caller blocks its thread in :meth:`wait` (the sync graph: no event loop)."""
+
+    blocks_caller = True
 
     def __init__(self, fn: Callable[[], Any], tenant: str) -> None:
         # A lock released once as the job ends: one C call on each side (an Event's condition
@@ -190,28 +196,98 @@ def _wake(future: asyncio.Future[Any]) -> None:
 
 
 class _Worker:
+    """One tool thread: parked between jobs, handed one job at a time (:meth:`give`)."""
+
     def __init__(self, pool: ToolThreads) -> None:
         self.pool = pool
-        self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
         # Daemon: an abandoned body may never return, and must not hold the interpreter's exit.
         self.thread = threading.Thread(target=self._work, name="fencepost-tool", daemon=True)
+        self.bell = _bell(self)
+        self.on_bell = False
+        """Whether it parks on its bell (its last caller blocked), else on its queue. Set by
+        the worker before the pool's lock puts it back in the idle list, read by the caller
+        that takes it from there: both sides agree on how it is woken."""
+
+    def give(self, job: Job) -> None:
+        """Hand ``job`` to this thread (parked, or not started yet)."""
+        try:
+            self.jobs.put(job)
+        finally:
+            # Rung even if the caller is interrupted right after the put: a job in the queue
+            # always gets its worker, which drops it if its caller withdrew it.
+            if self.on_bell and self.bell is not None:
+                _ring(self.bell)
+
+    def _next(self) -> Job:
+        if self.on_bell and self.bell is not None:
+            # Rung after the put, so the queue holds the job by the time the wait returns.
+            os.eventfd_read(self.bell)
+        return self.jobs.get()
 
     def _work(self) -> None:
-        job = self.jobs.get()
-        while job is not None:
-            ran = self.pool._begin(job)
-            if ran:
-                job.run()
-            else:
-                job.discard()
-            keep = self.pool._finished(self, job)
-            # The caller hears only now, with this thread back in the pool: its next call
-            # takes this thread rather than starting another, and the woken caller does not
-            # wait for the GIL while this thread does the pool's bookkeeping.
-            if ran and job.outcome is not None:
-                job.notify(job.outcome)
-            del job
-            job = self.jobs.get() if keep else None
+        try:
+            job: Job | None = self._next()
+            while job is not None:
+                ran = self.pool._begin(job)
+                if ran:
+                    job.run()
+                else:
+                    job.discard()
+                self.on_bell = job.blocks_caller
+                keep = self.pool._finished(self, job)
+                # The caller hears only now, with this thread back in the pool: its next call
+                # takes this thread rather than starting another, and the woken caller does not
+                # wait for the GIL while this thread does the pool's bookkeeping.
+                if ran and job.outcome is not None:
+                    job.notify(job.outcome)
+                del job
+                job = self._next() if keep else None
+        finally:
+            # Not in the idle list any more: nobody rings it again.
+            _close_bell(self)
+
+
+# A worker whose last caller blocked for it (the sync graph) parks on an eventfd rather than on
+# its queue's lock, as that caller is likely its next. Such a caller is about to block anyway,
+# and rings it from ``os.eventfd_write``, which lets go of the GIL before it wakes the worker:
+# woken through a lock (released with the GIL held), the worker often ran at once on the
+# caller's core, found the GIL still held by the caller it had just preempted, and slept again
+# until the caller blocked — per hop, about three context switches where one does. A caller on
+# an event loop is not about to block: letting go of the GIL mid-step hands it to the worker
+# while the loop may have other work ready (in-graph ``ainvoke`` A/Bs of it were inconclusive),
+# so a worker whose last caller was a loop parks on its queue, woken by the put, as before.
+# Where eventfd is missing or refused, every worker parks on its queue.
+_belled: weakref.WeakSet[_Worker] = weakref.WeakSet()
+"""The workers with a bell open: a forked child closes its copies (those workers do not exist
+there) and takes the bells off them, so a worker object of the parent's never rings a
+descriptor the child has since reused."""
+_bells_lock = threading.Lock()
+
+
+def _bell(worker: _Worker) -> int | None:
+    make = getattr(os, "eventfd", None)
+    if make is None:
+        return None
+    try:
+        fd: int = make(0, os.EFD_CLOEXEC | os.EFD_SEMAPHORE)
+    except OSError:  # out of descriptors: this worker is woken through its queue instead
+        return None
+    with _bells_lock:
+        _belled.add(worker)
+    return fd
+
+
+def _ring(fd: int) -> None:
+    os.eventfd_write(fd, 1)
+
+
+def _close_bell(worker: _Worker) -> None:
+    with _bells_lock:
+        fd, worker.bell = worker.bell, None
+        _belled.discard(worker)
+    if fd is not None:
+        os.close(fd)
 
 
 class _NoSlot(enum.Enum):
@@ -388,11 +464,13 @@ class ToolThreads:
         try:
             if worker is None:
                 worker = _Worker(self)
-                worker.jobs.put(job)
+                worker.give(job)
                 worker.thread.start()
             else:
-                worker.jobs.put(job)
+                worker.give(job)
         except BaseException as exc:
+            if worker is not None and worker.thread.ident is None:
+                _close_bell(worker)  # its thread never started: nothing else will close it
             # No thread could be started — or the caller was interrupted (Ctrl-C) while one
             # started, after the job was queued: a worker may take it after all. One that
             # already has it releases the slot when it ends; otherwise the job is withdrawn (a
@@ -500,7 +578,14 @@ def pool() -> ToolThreads:
 
 def _new_pool_in_child() -> None:
     # The parent's workers do not exist in a forked child, and its lock may be held forever.
-    global _threads
+    global _threads, _bells_lock
+    _bells_lock = threading.Lock()
+    for worker in list(_belled):
+        fd, worker.bell = worker.bell, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # the child's copy: the parent's workers keep theirs
+    _belled.clear()
     _threads = ToolThreads(_threads.base, _threads.cap, _threads.tenant_cap)
 
 
