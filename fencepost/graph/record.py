@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from copy import deepcopy
 from enum import Enum
+from functools import cache
 from typing import Any, get_args
 
 from langgraph.channels.delta import DeltaChannel
@@ -373,13 +375,20 @@ def _as_list(items: Any) -> list[Any]:
     return items if type(items) is list else list(items)
 
 
+@cache
+def _default_values() -> tuple[tuple[str, Any], ...]:
+    # pydantic's get_default inspects each factory's signature at every call (about 0.1 ms a
+    # run start); the defaults are constants (no factory reads a clock or makes an id).
+    return tuple(
+        (name, plain(info.get_default(call_default_factory=True)))
+        for name, info in AgentState.model_fields.items()
+        if not info.is_required()
+    )
+
+
 def _defaults() -> dict[str, Any]:
     """Every field of a run at its default, plain (fresh containers each time)."""
-    out: dict[str, Any] = {}
-    for name, info in AgentState.model_fields.items():
-        if not info.is_required():
-            out[name] = plain(info.get_default(call_default_factory=True))
-    return out
+    return {name: deepcopy(value) for name, value in _default_values()}
 
 
 def _completed(out: RunRecord) -> RunRecord:

@@ -28,7 +28,7 @@ from pydantic import Field, Strict
 
 from fencepost.policy.batch import BatchEntry
 from fencepost.policy.budget import BudgetStop
-from fencepost.policy.contract import Frozen
+from fencepost.policy.contract import Frozen, assemble
 from fencepost.policy.effect import Effect
 from fencepost.policy.error_codes import ErrorCode
 from fencepost.policy.hints import what_to_do
@@ -234,16 +234,26 @@ class Ended(Protocol):
     def final_answer(self) -> AnswerPayload | None: ...
 
 
+_REPORTED_FROM_RECEIPT = frozenset(
+    [
+        "call_id",
+        "tool_name",
+        "error_code",
+        "effect",
+        "approval",
+        "approved_by",
+        "missing_capability",
+    ]
+)
+
+
 def _reported(receipt: Receipt) -> ReportedCall:
-    return ReportedCall(
-        call_id=receipt.call_id,
-        tool_name=receipt.tool_name,
-        error_code=receipt.error_code,
-        effect=receipt.effect,
-        approval=receipt.approval,
-        approved_by=receipt.approved_by,
-        missing_capability=receipt.missing_capability,
-    )
+    # A receipt's fields were validated as the same types the report's are: assembled, not
+    # validated again (a run's end reports every call it made).
+    fields = receipt.__dict__
+    values = {name: fields[name] for name in _REPORTED_FROM_RECEIPT}
+    values["verdict"] = None
+    return assemble(ReportedCall, values, _REPORTED_FROM_RECEIPT)
 
 
 def _unstarted(entry: BatchEntry) -> ReportedCall:

@@ -409,3 +409,48 @@ def test_every_call_lands_in_exactly_one_list_and_the_report_holds_only_ids_and_
     for text in _strings(report.model_dump(mode="json")):
         assert text in allowed or re.fullmatch(SAFE_CODE, text), text
     assert "sk-999" not in report.model_dump_json()
+
+
+_receipts = st.builds(
+    Receipt,
+    call_id=st.text(min_size=1, max_size=12),
+    tool_name=st.text(min_size=1, max_size=12),
+    status=st.sampled_from(ReceiptStatus),
+    error_code=st.none() | st.sampled_from(ErrorCode),
+    effect=st.none() | st.sampled_from(Effect),
+    approval=st.sampled_from([None, "approver", "human"]),
+    approved_by=st.none() | st.text(max_size=8),
+    missing_capability=st.none() | st.text(max_size=8),
+)
+
+
+@given(st.lists(_receipts, max_size=6, unique_by=lambda r: r.call_id))
+@settings(max_examples=60, deadline=None)
+def test_a_reported_call_is_what_validating_its_receipts_fields_makes(
+    receipts: list[Receipt],
+) -> None:
+    """Each call the report lists holds its receipt's values, of the types (and with the
+    fields set) validation gives them: the same report, dumped the same."""
+    report = stop_report(ended(TerminationReason.FAILED, tuple(receipts)))
+    listed = [
+        *report.completed,
+        *report.failed,
+        *report.never_started,
+        *report.uncertain,
+        *report.pending,
+    ]
+    assert len(listed) == len(receipts)
+    for call in listed:
+        receipt = next(r for r in receipts if r.call_id == call.call_id)
+        validated = ReportedCall(
+            call_id=receipt.call_id,
+            tool_name=receipt.tool_name,
+            error_code=receipt.error_code,
+            effect=receipt.effect,
+            approval=receipt.approval,
+            approved_by=receipt.approved_by,
+            missing_capability=receipt.missing_capability,
+        )
+        assert call == validated
+        assert call.model_fields_set == validated.model_fields_set
+        assert call.model_dump(mode="json") == validated.model_dump(mode="json")
