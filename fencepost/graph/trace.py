@@ -18,7 +18,7 @@ from fencepost.graph.settings import LoopConfig
 from fencepost.policy import AgentState, Phase, StepManifest
 from fencepost.policy.context import RunContext
 from fencepost.policy.contract import assemble
-from fencepost.policy.manifest import Outcome
+from fencepost.policy.manifest import SHARED_FIELDS, Outcome
 
 
 def manifest(
@@ -100,7 +100,7 @@ def checked_manifest(
     names = tuple(fields)
     given = _GIVEN.get(names)
     if given is None and fields.keys() <= _OPTIONAL:
-        given = _GIVEN[names] = frozenset(_MANIFEST_BASE | fields.keys())
+        given = _GIVEN[names] = frozenset(SHARED_FIELDS | fields.keys())
     if (
         given is None
         or not (type(state.run_id) is str and type(step) is type(steps) is type(calls) is int)
@@ -120,19 +120,7 @@ def checked_manifest(
 
 
 _OUTCOMES = frozenset(get_args(Outcome))
-_MANIFEST_BASE = frozenset(
-    (
-        "run_id",
-        "step",
-        "phase",
-        "steps_remaining",
-        "tool_calls_remaining",
-        "tokens_used",
-        "deadline_remaining_ms",
-        "outcome",
-    )
-)
-_OPTIONAL = frozenset(_MANIFEST_DEFAULTS) - _MANIFEST_BASE
+_OPTIONAL = frozenset(_MANIFEST_DEFAULTS) - SHARED_FIELDS
 _GIVEN: dict[tuple[str, ...], frozenset[str]] = {}
 """The fields set of a manifest given each tuple of optional field names (fencepost's own call
 sites name a handful): validation records the names given, defaults aside."""

@@ -76,7 +76,7 @@ _DEFAULTS: dict[str, Any] = {
 }
 """Every field of a manifest in declared order, at its default (the required ones ``None``,
 always given): what a step's manifests are made from."""
-_SHARED = frozenset(
+SHARED_FIELDS = frozenset(
     (
         "run_id",
         "step",
@@ -88,8 +88,9 @@ _SHARED = frozenset(
         "outcome",
     )
 )
-"""The fields every manifest is given (:func:`manifest_base`, and its outcome)."""
-_OPTIONAL = frozenset(_DEFAULTS) - _SHARED
+"""The fields every manifest is given (:func:`manifest_base`, and its outcome): the run, the
+step, the budget and time left."""
+_OPTIONAL = frozenset(_DEFAULTS) - SHARED_FIELDS
 _CALL = frozenset(("decision_kind", "tool_name", "effect", "verdict"))
 _GIVEN: dict[frozenset[str], frozenset[str]] = {}
 """The fields set of a manifest given each set of optional field names (fencepost's own
@@ -176,7 +177,7 @@ def _made(base: ManifestBase, values: dict[str, Any], names: Any) -> StepManifes
     key = names if type(names) is frozenset else frozenset(names)
     given = _GIVEN.get(key)
     if given is None and key <= _OPTIONAL:
-        given = _GIVEN[key] = _SHARED | key
+        given = _GIVEN[key] = SHARED_FIELDS | key
     if given is None or not base.checked or values["outcome"] not in _OUTCOMES:
         # A key no manifest has, a shared value of another type or an outcome no manifest
         # has: judged, and refused, by validation (given what was given, defaults aside).
@@ -185,7 +186,7 @@ def _made(base: ManifestBase, values: dict[str, Any], names: Any) -> StepManifes
 
 
 def _given(values: Mapping[str, Any], names: frozenset[str]) -> list[str]:
-    return [name for name in values if name in _SHARED or name in names]
+    return [name for name in values if name in SHARED_FIELDS or name in names]
 
 
 _OUTCOMES = frozenset(get_args(Outcome))
