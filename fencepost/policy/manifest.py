@@ -70,12 +70,29 @@ def verdict_outcome(code: VerdictCode) -> Outcome:
 
 # -- a step's manifests, assembled from checked values ------------------------------------------
 
-_DEFAULTS: dict[str, Any] = {
-    name: None if info.is_required() else info.get_default(call_default_factory=True)
-    for name, info in StepManifest.model_fields.items()
-}
+
+class _ManifestLayout:
+    """A plain object whose attributes are a manifest's fields: its ``__dict__`` is a
+    split-table dict (keys shared by every instance), see :data:`MANIFEST_DEFAULTS`."""
+
+
+def _split_table(values: dict[str, Any]) -> dict[str, Any]:
+    layout = _ManifestLayout()
+    for name, value in values.items():
+        setattr(layout, name, value)
+    return layout.__dict__
+
+
+MANIFEST_DEFAULTS: dict[str, Any] = _split_table(
+    {
+        name: None if info.is_required() else info.get_default(call_default_factory=True)
+        for name, info in StepManifest.model_fields.items()
+    }
+)
 """Every field of a manifest in declared order, at its default (the required ones ``None``,
-always given): what a step's manifests are made from."""
+always given): what a step's manifests are made from. A split-table dict: a copy of it (and
+assignments to the fields it has) stays one, holding only its values (296 bytes, where a dict of
+its own 18 keys takes 464), and a manifest is kept for as long as its run is. Never changed."""
 SHARED_FIELDS = frozenset(
     (
         "run_id",
@@ -90,7 +107,7 @@ SHARED_FIELDS = frozenset(
 )
 """The fields every manifest is given (:func:`manifest_base`, and its outcome): the run, the
 step, the budget and time left."""
-_OPTIONAL = frozenset(_DEFAULTS) - SHARED_FIELDS
+_OPTIONAL = frozenset(MANIFEST_DEFAULTS) - SHARED_FIELDS
 _CALL = frozenset(("decision_kind", "tool_name", "effect", "verdict"))
 _GIVEN: dict[frozenset[str], frozenset[str]] = {}
 """The fields set of a manifest given each set of optional field names (fencepost's own
@@ -123,7 +140,7 @@ def manifest_base(
     shares, in ``phase``, with ``deadline_remaining_ms`` left (``None``: the run has no
     deadline). Read from a state as it is: a caller may have written it."""
     steps, calls, used = budget.steps_remaining, budget.tool_calls_remaining, budget.tokens_used
-    values = _DEFAULTS.copy()
+    values = MANIFEST_DEFAULTS.copy()
     values["run_id"] = run_id
     values["step"] = step
     values["phase"] = phase
